@@ -1,0 +1,58 @@
+"""Rotary position embeddings of the text backbone (Qwen3.5's interleaved multimodal RoPE).
+
+Positions are (3, B, T): temporal, height and width indices. For text all three are the token
+index; image tokens get their grid coordinates (see dohnuts.model.vision). Only the first
+`rotary_dim` = head_dim × partial_rotary_factor channels rotate. Frequency j takes its angle from
+axis T, H or W in an interleaved pattern: j % 3 == 1 → H (for j < 3·sections[1]), j % 3 == 2 →
+W (for j < 3·sections[2]), otherwise T — transformers' `Qwen3_5TextRotaryEmbedding`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dohnuts.config import TextConfig
+
+
+def inverse_frequencies(cfg: TextConfig, device: torch.device | None = None) -> torch.Tensor:
+    dim = cfg.rotary_dim
+    return 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
+
+
+def axis_of_frequency(cfg: TextConfig) -> torch.Tensor:
+    """(rotary_dim // 2,) long: which position axis (0=T, 1=H, 2=W) drives each frequency."""
+    n = cfg.rotary_dim // 2
+    axis = torch.zeros(n, dtype=torch.long)
+    for a, offset in ((1, 1), (2, 2)):
+        axis[offset: cfg.mrope_section[a] * 3: 3] = a
+    return axis
+
+
+def rotary_cos_sin(cfg: TextConfig, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """position_ids (3, B, T) → cos, sin (B, T, rotary_dim), computed in FP32 then cast."""
+    inv = inverse_frequencies(cfg, position_ids.device)  # (F,)
+    axis = axis_of_frequency(cfg).to(position_ids.device)  # (F,)
+    pos = position_ids.float()  # (3, B, T)
+    # Select, per frequency, the position of its axis: (B, T, F).
+    pos_f = pos.permute(1, 2, 0)[..., axis]
+    freqs = pos_f * inv
+    emb = torch.cat([freqs, freqs], dim=-1)  # (B, T, rotary_dim)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, H, T, D); cos/sin (B, T, R) with R <= D: rotate the first R channels."""
+    r = cos.shape[-1]
+    cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, R)
+    rot, rest = x[..., :r], x[..., r:]
+    return torch.cat([rot * cos + _rotate_half(rot) * sin, rest], dim=-1)
+
+
+def text_positions(batch: int, length: int, start: int = 0, device: torch.device | None = None) -> torch.Tensor:
+    """(3, B, T) positions of plain text: every axis counts tokens from `start`."""
+    return torch.arange(start, start + length, device=device).view(1, 1, -1).expand(3, batch, -1)

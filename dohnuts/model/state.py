@@ -1,0 +1,67 @@
+"""Per-layer sequence state of the text backbone: explicit objects, never hidden caches.
+
+A full-attention layer's state is its keys and values (KV cache); a Gated DeltaNet layer's is
+its short-conv history and its recurrent matrix. A `BackboneState` is what a pass over a token
+prefix leaves behind; `fork(n)` turns a batch-1 prefix state into n independent branches.
+
+Lifetime (DESIGN.md "Shared causal prefix"): a state belongs to one request and one weight
+snapshot. It is created by a forward pass and passed explicitly to the next; nothing in the
+model keeps a reference to it, so nothing survives an optimizer update or another request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class KVState:
+    """Keys and values of a full-attention layer, (B, Hkv, T, D) each, after rotary embedding."""
+
+    key: torch.Tensor
+    value: torch.Tensor
+
+    def fork(self, n: int) -> KVState:
+        # Attention only reads past keys (the suffix pass concatenates, creating new tensors), so
+        # expanded views are safe and cost no memory.
+        return KVState(self.key.expand(n, -1, -1, -1), self.value.expand(n, -1, -1, -1))
+
+
+@dataclass(frozen=True)
+class LinearAttentionState:
+    """A Gated DeltaNet layer: conv history (B, D_conv, W) and recurrent state (B, HV, K, V) FP32."""
+
+    conv: torch.Tensor
+    recurrent: torch.Tensor
+
+    def fork(self, n: int) -> LinearAttentionState:
+        # The fused kernels index these densely, so the branches get real copies; `expand` +
+        # `contiguous` keeps the autograd edge to the prefix (gradients of all branches add up).
+        return LinearAttentionState(
+            self.conv.expand(n, -1, -1).contiguous(),
+            self.recurrent.expand(n, -1, -1, -1).contiguous(),
+        )
+
+
+LayerState = KVState | LinearAttentionState
+
+
+@dataclass(frozen=True)
+class BackboneState:
+    """The state of every layer after `length` tokens (text positions 0..length-1 consumed)."""
+
+    layers: tuple[LayerState, ...]
+    length: int
+    next_position: int  # the rotary position the next token takes (differs from length with images)
+
+    @property
+    def batch_size(self) -> int:
+        first = self.layers[0]
+        return (first.key if isinstance(first, KVState) else first.conv).shape[0]
+
+    def fork(self, n: int) -> BackboneState:
+        if self.batch_size != 1:
+            raise ValueError(f"only a batch-1 prefix state can be forked, this one has batch {self.batch_size}")
+        return BackboneState(tuple(s.fork(n) for s in self.layers), self.length, self.next_position)

@@ -1,0 +1,212 @@
+"""The Qwen3.5 text backbone: Gated DeltaNet and gated full-attention layers with SwiGLU MLPs.
+
+Parameter names equal transformers' `Qwen3_5TextModel` (model_type `qwen3_5_text`), so its
+checkpoints load as they are. Every layer takes an optional incoming state and can return its
+outgoing state (dohnuts.model.state), which is how a shared prefix is computed once and forked.
+The backbone ends at the final norm: no vocabulary projection exists in dohnuts.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint
+from torch import nn
+
+from dohnuts import ops
+from dohnuts.config import TextConfig
+from dohnuts.model.rope import apply_rotary, rotary_cos_sin, text_positions
+from dohnuts.model.state import BackboneState, KVState, LinearAttentionState
+
+
+class RMSNorm(nn.Module):
+    """Zero-centred RMSNorm: y = x / rms(x) · (1 + w), w initialised to 0."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm(x, 1.0 + self.weight.float(), self.eps)
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm with a SiLU output gate (Gated DeltaNet's output norm); plain scale w, init 1."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return ops.gated_rms_norm(x, gate, self.weight, self.eps)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+class GatedDeltaNet(nn.Module):
+    """Linear-attention token mixer: short conv → gated delta rule → gated RMSNorm → out_proj."""
+
+    def __init__(self, cfg: TextConfig):
+        super().__init__()
+        self.cfg = cfg
+        hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
+        self.in_proj_qkv = nn.Linear(cfg.hidden_size, cfg.linear_conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(cfg.hidden_size, cfg.linear_value_dim, bias=False)
+        self.in_proj_b = nn.Linear(cfg.hidden_size, hv, bias=False)
+        self.in_proj_a = nn.Linear(cfg.hidden_size, hv, bias=False)
+        # Depthwise conv weight in transformers' nn.Conv1d layout (D, 1, W); only its weight is used.
+        self.conv1d = nn.Conv1d(cfg.linear_conv_dim, cfg.linear_conv_dim, cfg.linear_conv_kernel_dim,
+                                groups=cfg.linear_conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(hv))
+        self.A_log = nn.Parameter(torch.empty(hv).uniform_(1, 16).log())
+        self.norm = GatedRMSNorm(dv, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(cfg.linear_value_dim, cfg.hidden_size, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, state: LinearAttentionState | None, return_state: bool
+    ) -> tuple[torch.Tensor, LinearAttentionState | None]:
+        cfg = self.cfg
+        B, T, _ = x.shape
+        mixed = self.in_proj_qkv(x)  # (B, T, 2·H·K + HV·V)
+        z = self.in_proj_z(x).view(B, T, cfg.linear_num_value_heads, cfg.linear_value_head_dim)
+        beta = self.in_proj_b(x).sigmoid()  # (B, T, HV)
+        # Log-space decay g = -exp(A_log) · softplus(a + dt_bias) <= 0, in FP32.
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+
+        mixed, conv_state = ops.causal_conv1d(
+            mixed, self.conv1d.weight.squeeze(1), None if state is None else state.conv, return_state
+        )
+        q, k, v = mixed.split([cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim], dim=-1)
+        q = q.reshape(B, T, cfg.linear_num_key_heads, cfg.linear_key_head_dim)  # (B, T, H, K)
+        k = k.reshape(B, T, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
+        v = v.reshape(B, T, cfg.linear_num_value_heads, cfg.linear_value_head_dim)  # (B, T, HV, V)
+
+        o, recurrent = ops.gated_delta_rule(
+            q, k, v, g, beta, initial_state=None if state is None else state.recurrent,
+            output_final_state=return_state, use_qk_l2norm=True,
+        )  # (B, T, HV, V)
+        o = self.norm(o, z).reshape(B, T, cfg.linear_value_dim)
+        new_state = LinearAttentionState(conv_state, recurrent) if return_state else None
+        return self.out_proj(o), new_state
+
+
+class Attention(nn.Module):
+    """Gated GQA attention: q/k RMSNorm per head, partial RoPE, sigmoid output gate."""
+
+    def __init__(self, cfg: TextConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.head_dim
+        # q_proj emits the query and its output gate interleaved per head: (Hq, 2·D).
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_attention_heads * d * 2, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * d, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * d, bias=False)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * d, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], state: KVState | None, return_state: bool
+    ) -> tuple[torch.Tensor, KVState | None]:
+        cfg = self.cfg
+        B, T, _ = x.shape
+        d = cfg.head_dim
+        q, gate = self.q_proj(x).view(B, T, cfg.num_attention_heads, 2 * d).chunk(2, dim=-1)
+        gate = gate.reshape(B, T, cfg.num_attention_heads * d)
+        q = self.q_norm(q).transpose(1, 2)  # (B, Hq, T, D)
+        k = self.k_norm(self.k_proj(x).view(B, T, cfg.num_key_value_heads, d)).transpose(1, 2)  # (B, Hkv, T, D)
+        v = self.v_proj(x).view(B, T, cfg.num_key_value_heads, d).transpose(1, 2)
+        cos, sin = rope
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if state is not None:
+            k = torch.cat([state.key, k], dim=2)  # (B, Hkv, P + T, D)
+            v = torch.cat([state.value, v], dim=2)
+        o = ops.causal_attention(q, k, v, scale=d ** -0.5)  # (B, Hq, T, D)
+        o = o.transpose(1, 2).reshape(B, T, cfg.num_attention_heads * d) * torch.sigmoid(gate)
+        return self.o_proj(o), (KVState(k, v) if return_state else None)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TextConfig, layer_type: str):
+        super().__init__()
+        self.layer_type = layer_type
+        if layer_type == "linear_attention":
+            self.linear_attn = GatedDeltaNet(cfg)
+        else:
+            self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, rope, state, return_state):
+        h = self.input_layernorm(x)
+        if self.layer_type == "linear_attention":
+            h, new_state = self.linear_attn(h, state, return_state)
+        else:
+            h, new_state = self.self_attn(h, rope, state, return_state)
+        x = x + h
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, new_state
+
+
+class TextBackbone(nn.Module):
+    """Token embeddings → decoder layers → final norm. Hidden states only, never logits."""
+
+    def __init__(self, cfg: TextConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, t) for t in cfg.layer_types)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        *,
+        inputs_embeds: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        state: BackboneState | None = None,
+        return_state: bool = False,
+        checkpoint_layers: bool = False,
+    ) -> tuple[torch.Tensor, BackboneState | None]:
+        """input_ids (B, T) or inputs_embeds (B, T, H) → hidden (B, T, H) [, state after them].
+
+        `position_ids` (3, B, T) default to text positions continuing from `state`. Sequences
+        of unequal length are right-padded: every op is causal, so padding never reaches a real
+        token's output (it does reach the returned state, which is only asked for unpadded).
+        `checkpoint_layers` recomputes each layer in the backward pass (activation checkpointing).
+        """
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        B, T, _ = x.shape
+        start = 0 if state is None else state.next_position
+        if position_ids is None:
+            position_ids = text_positions(B, T, start, x.device)
+        rope = rotary_cos_sin(self.cfg, position_ids, x.dtype)
+        new_states = []
+        for i, layer in enumerate(self.layers):
+            layer_state = None if state is None else state.layers[i]
+            if checkpoint_layers and torch.is_grad_enabled():
+                x, s = torch.utils.checkpoint.checkpoint(layer, x, rope, layer_state, return_state,
+                                                         use_reentrant=False)
+            else:
+                x, s = layer(x, rope, layer_state, return_state)
+            new_states.append(s)
+        x = self.norm(x)
+        if not return_state:
+            return x, None
+        length = T + (0 if state is None else state.length)
+        next_position = int(position_ids.max()) + 1
+        return x, BackboneState(tuple(new_states), length, next_position)

@@ -1,0 +1,74 @@
+"""Tokenization without downloads.
+
+A checkpoint directory with a `tokenizer.json` is tokenized by the `tokenizers` library with the
+checkpoint's own vocabulary and special tokens. Presets use `ByteTokenizer`: UTF-8 bytes are ids
+0..255 and a handful of special ids follow; it needs no files and every preset's vocabulary
+(>= 264 ids) holds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dohnuts.config import ModelConfig
+from dohnuts.errors import CheckpointError
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    pad: int  # right padding (never seen by a real token: every op is causal)
+    score: int  # ends each candidate: the scalar head reads the hidden state at this token
+    image: int  # image placeholder, one per merged image patch
+    vision_start: int
+    vision_end: int
+
+
+class ByteTokenizer:
+    """UTF-8 bytes → ids 0..255; 256 pad, 257 bos, 258 score marker; image ids from the config."""
+
+    name = "bytes"
+
+    def __init__(self, cfg: ModelConfig):
+        self.special = SpecialIds(pad=256, score=258, image=cfg.image_token_id,
+                                  vision_start=cfg.vision_start_token_id, vision_end=cfg.vision_end_token_id)
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+
+class HFTokenizer:
+    """A checkpoint's `tokenizer.json` through the `tokenizers` library."""
+
+    name = "tokenizer.json"
+
+    def __init__(self, path: Path, cfg: ModelConfig):
+        from tokenizers import Tokenizer
+
+        try:
+            self._tok = Tokenizer.from_file(str(path))
+        except Exception as exc:
+            raise CheckpointError(f"cannot be read as a tokenizer ({exc})", source=str(path)) from None
+
+        def tid(*names: str) -> int | None:
+            for n in names:
+                i = self._tok.token_to_id(n)
+                if i is not None:
+                    return i
+            return None
+
+        score = tid("<|im_end|>", "<|endoftext|>", "</s>")
+        pad = tid("<|endoftext|>", "<|im_end|>", "<pad>")
+        if score is None or pad is None:
+            raise CheckpointError("has no <|im_end|> or <|endoftext|> token to mark candidates", source=str(path))
+        self.special = SpecialIds(pad=pad, score=score, image=cfg.image_token_id,
+                                  vision_start=cfg.vision_start_token_id, vision_end=cfg.vision_end_token_id)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+
+def tokenizer_for(cfg: ModelConfig, checkpoint_dir: Path | None) -> ByteTokenizer | HFTokenizer:
+    if checkpoint_dir is not None and (checkpoint_dir / "tokenizer.json").exists():
+        return HFTokenizer(checkpoint_dir / "tokenizer.json", cfg)
+    return ByteTokenizer(cfg)

@@ -1,0 +1,65 @@
+"""The one place that imports flash-linear-attention (fla) and Triton.
+
+fla is imported lazily, on the first fused call on a CUDA device: importing dohnuts costs
+nothing, and CPU-only machines never import Triton.
+
+Hopper note (fla issue #640, see docs/known-issues.md KI-1): fla 0.6.0 refuses the gated
+delta rule's backward kernel `chunk_bwd_dqkwg` on Hopper GPUs with Triton in [3.4, 3.7.1),
+because that Triton miscompiles it at block size BK=64. Qwen3.5's key head dim is 128, for
+which Hopper selects BK=128; fla's guard does not distinguish the two. We lift the guard only
+for head dims whose block size is 128 on Hopper, and only because our own GPU gradient-parity
+test (tests/test_ops_gpu.py::test_gated_delta_rule_grad_parity_qwen_sizes) compares that exact
+backward against an FP32 reference on every GPU test run. For any other head dim the guard
+stays and fla raises its own error. The lift is announced once on stderr; it is never silent.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from types import SimpleNamespace
+
+
+@functools.cache
+def fla() -> SimpleNamespace:
+    """The fla entry points dohnuts uses (imported on first use)."""
+    from fla.modules.activations import swiglu
+    from fla.modules.causal_conv1d import causal_conv1d
+    from fla.modules.norm.fused_norm_gate import rms_norm_gated
+    from fla.modules.norm.layernorm import rms_norm
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    return SimpleNamespace(
+        rms_norm=rms_norm,
+        rms_norm_gated=rms_norm_gated,
+        swiglu=swiglu,
+        causal_conv1d=causal_conv1d,
+        chunk_gated_delta_rule=chunk_gated_delta_rule,
+    )
+
+
+@functools.cache
+def hopper_backward_hazard() -> bool:
+    """Whether this machine has the #640 hazard (Hopper GPU and Triton in [3.4, 3.7.1)).
+
+    Read once, before any lift, from fla's own flags."""
+    import fla.ops.common.chunk_o as chunk_o
+
+    return bool(chunk_o.IS_NVIDIA_HOPPER and chunk_o.TRITON_ABOVE_3_4_0 and not chunk_o.TRITON_ABOVE_3_7_1)
+
+
+@functools.cache
+def allow_hopper_backward_for_bk128() -> None:
+    """Lift fla's #640 guard once (see module docstring); callers check the head dim first."""
+    import fla.ops.common.chunk_o as chunk_o
+    import triton
+
+    if not hopper_backward_hazard():
+        return
+    chunk_o.TRITON_ABOVE_3_7_1 = True  # the guard reads this module global at call time
+    print(
+        "dohnuts: lifting fla's Hopper guard (fla #640) on the gated delta-rule backward for key head "
+        f"dims with block size BK=128, Triton {triton.__version__}; proven by the GPU gradient-parity "
+        "test, see docs/known-issues.md KI-1",
+        file=sys.stderr,
+    )

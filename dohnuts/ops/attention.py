@@ -1,0 +1,47 @@
+"""Causal grouped-query attention with keys/values that may include a cached past.
+
+q holds the last Tq positions of a sequence whose keys/values span Tk >= Tq positions (the
+first Tk - Tq come from a KV cache, e.g. a shared prefix). Query i sits at absolute position
+Tk - Tq + i and sees keys 0..Tk - Tq + i.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from dohnuts.ops._dispatch import use_fused
+
+
+def _suffix_causal_mask(tq: int, tk: int, device: torch.device) -> torch.Tensor:
+    """(Tq, Tk) bool, True where attention is allowed (bottom-right aligned causal mask)."""
+    qpos = torch.arange(tk - tq, tk, device=device)[:, None]
+    kpos = torch.arange(tk, device=device)[None, :]
+    return kpos <= qpos
+
+
+def causal_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    B, Hq, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    kr = k.repeat_interleave(group, dim=1).float()  # (B, Hq, Tk, D)
+    vr = v.repeat_interleave(group, dim=1).float()
+    scores = (q.float() @ kr.transpose(-1, -2)) * scale  # (B, Hq, Tq, Tk)
+    scores = scores.masked_fill(~_suffix_causal_mask(Tq, Tk, q.device), float("-inf"))
+    probs = scores.softmax(dim=-1)
+    return (probs @ vr).to(q.dtype)  # (B, Hq, Tq, D)
+
+
+def causal_attention_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    Tq, Tk = q.shape[2], k.shape[2]
+    if Tq == Tk:
+        # No cached past: plain causal attention, which SDPA runs on its flash kernel.
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+    mask = _suffix_causal_mask(Tq, Tk, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q: (B, Hq, Tq, D); k, v: (B, Hkv, Tk, D) with Hq % Hkv == 0 → (B, Hq, Tq, D)."""
+    fn = causal_attention_fused if use_fused(q) else causal_attention_reference
+    return fn(q, k, v, scale)

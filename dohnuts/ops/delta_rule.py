@@ -1,0 +1,133 @@
+"""The gated delta rule (Gated DeltaNet's token mixer), with recurrent state in and out.
+
+Per value head, with state S (K × V), log-decay g_t <= 0 and write strength beta_t in (0, 1):
+
+    S_t = exp(g_t) · S_{t-1}
+    S_t = S_t + k_t (beta_t · (v_t − k_tᵀ S_t))ᵀ      (delta rule: write only the correction)
+    o_t = (scale · q_t)ᵀ S_t
+
+q and k are L2-normalised first (Qwen3.5 always does). Query/key heads are shared by
+HV / H consecutive value heads (grouped value attention). Shapes: q, k (B, T, H, K);
+v (B, T, HV, V); g, beta (B, T, HV); state (B, HV, K, V) in FP32.
+
+Three implementations with one signature: the fused fla chunked kernel (GPU), a chunked FP32
+torch reference (CPU; the WY/UT-transform algorithm of fla and transformers), and a naive
+token-by-token recurrence used only by tests as the ground truth.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from dohnuts.ops._dispatch import use_fused
+
+CHUNK = 64
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def _prepare(q, k, v, g, beta, scale, use_qk_l2norm):
+    """FP32, head-major (B, HV, T, ·) tensors with q/k expanded to the value heads."""
+    H, HV = q.shape[2], v.shape[2]
+    if HV != H:
+        q = q.repeat_interleave(HV // H, dim=2)
+        k = k.repeat_interleave(HV // H, dim=2)
+    q, k, v, g, beta = (x.transpose(1, 2).float() for x in (q, k, v, g, beta))
+    if use_qk_l2norm:
+        q, k = _l2norm(q), _l2norm(k)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return q * scale, k, v, g, beta
+
+
+def gated_delta_rule_recurrent(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                               use_qk_l2norm=True):
+    """Token-by-token ground truth (slow; tests only)."""
+    dtype = v.dtype
+    q, k, v, g, beta = _prepare(q, k, v, g, beta, scale, use_qk_l2norm)
+    B, HV, T, K = k.shape
+    Vd = v.shape[-1]
+    S = q.new_zeros(B, HV, K, Vd) if initial_state is None else initial_state.float()
+    out = []
+    for t in range(T):
+        S = S * g[:, :, t].exp()[..., None, None]
+        pred = (S * k[:, :, t, :, None]).sum(-2)  # (B, HV, V)
+        delta = (v[:, :, t] - pred) * beta[:, :, t, None]
+        S = S + k[:, :, t, :, None] * delta[:, :, None, :]
+        out.append((S * q[:, :, t, :, None]).sum(-2))
+    o = torch.stack(out, dim=2).transpose(1, 2).to(dtype)  # (B, T, HV, V)
+    return o, (S if output_final_state else None)
+
+
+def gated_delta_rule_reference(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                               use_qk_l2norm=True):
+    """Chunked FP32 reference: exact in exact arithmetic, O(T/C) sequential steps."""
+    dtype = v.dtype
+    q, k, v, g, beta = _prepare(q, k, v, g, beta, scale, use_qk_l2norm)
+    B, HV, T, K = k.shape
+    Vd = v.shape[-1]
+    C = CHUNK
+    pad = (-T) % C
+    if pad:
+        # Padded steps have k = 0, beta = 0 and g = 0: they neither decay nor write the state.
+        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        g, beta = (F.pad(x, (0, pad)) for x in (g, beta))
+    N = (T + pad) // C
+    q, k, v = (x.reshape(B, HV, N, C, -1) for x in (q, k, v))  # (B, HV, N, C, ·)
+    g, beta = g.reshape(B, HV, N, C), beta.reshape(B, HV, N, C)
+
+    gc = g.cumsum(-1)  # log decay from chunk start to position i (inclusive)
+    upper = torch.ones(C, C, dtype=torch.bool, device=q.device).triu(1)
+    decay = (gc[..., :, None] - gc[..., None, :]).masked_fill(upper, float("-inf")).exp()  # (B,HV,N,C,C) i>=j
+
+    kb = k * beta[..., None]
+    # UT transform: (I + strictly_lower(diag(beta) K Kᵀ ∘ decay)) U = [beta·V, beta·K·exp(gc)].
+    A = (kb @ k.transpose(-1, -2)) * decay
+    rhs = torch.cat([v * beta[..., None], kb * gc.exp()[..., None]], dim=-1)
+    sol = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
+    u, w = sol[..., :Vd], sol[..., Vd:]  # u: new values, w: decayed keys that read the old state
+
+    attn = (q @ k.transpose(-1, -2)) * decay  # intra-chunk scores, causal incl. diagonal
+    q_dec = q * gc.exp()[..., None]
+    k_dec = k * (gc[..., -1:] - gc).exp()[..., None]
+    chunk_decay = gc[..., -1].exp()[..., None, None]  # (B, HV, N, 1, 1)
+
+    S = q.new_zeros(B, HV, K, Vd) if initial_state is None else initial_state.float()
+    outs = []
+    for i in range(N):
+        v_new = u[:, :, i] - w[:, :, i] @ S  # (B, HV, C, V)
+        outs.append(q_dec[:, :, i] @ S + attn[:, :, i] @ v_new)
+        S = S * chunk_decay[:, :, i] + k_dec[:, :, i].transpose(-1, -2) @ v_new
+    o = torch.stack(outs, dim=2).reshape(B, HV, N * C, Vd)[:, :, :T]
+    return o.transpose(1, 2).to(dtype), (S if output_final_state else None)
+
+
+def gated_delta_rule_fused(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                           use_qk_l2norm=True):
+    from dohnuts.ops._fla import allow_hopper_backward_for_bk128, fla, hopper_backward_hazard
+
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, g, beta))
+    if needs_grad and hopper_backward_hazard():
+        K = q.shape[-1]
+        if 1 << (K - 1).bit_length() < 128:  # fla picks BK = min(next_pow2(K), 128) on Hopper
+            raise RuntimeError(
+                f"gated delta rule backward at key head dim {K} would run at block size BK<128 on Hopper "
+                "with a Triton that miscompiles it (fla #640); dohnuts allows only BK=128 there "
+                "(docs/known-issues.md KI-1)"
+            )
+        allow_hopper_backward_for_bk128()
+    if initial_state is not None:
+        initial_state = initial_state.float().contiguous()
+    return fla().chunk_gated_delta_rule(
+        q, k, v, g.float(), beta, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm,
+    )
+
+
+def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                     use_qk_l2norm=True):
+    """Returns (o (B, T, HV, V), final_state (B, HV, K, V) FP32 or None)."""
+    fn = gated_delta_rule_fused if use_fused(q) else gated_delta_rule_reference
+    return fn(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm)

@@ -1,0 +1,45 @@
+"""Helpers that build transformers' Qwen3.5 (the reference implementation) beside dohnuts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dohnuts.config import ModelConfig, to_hf_text_config, to_hf_vision_config
+
+
+def hf_text_model(cfg: ModelConfig, seed: int = 0):
+    from transformers import Qwen3_5TextConfig, Qwen3_5TextModel
+
+    torch.manual_seed(seed)
+    model = Qwen3_5TextModel(Qwen3_5TextConfig(**to_hf_text_config(cfg.text)))
+    # transformers initialises norms at exactly 0/1 and A_log uniformly; perturb every parameter
+    # so that parity cannot hide behind a symmetric or zero weight.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.add_(torch.randn_like(p) * (0.05 if p.ndim == 1 else 0.01))
+    return model.eval()
+
+
+def hf_full_config(cfg: ModelConfig):
+    from transformers import Qwen3_5Config
+
+    return Qwen3_5Config(
+        text_config=to_hf_text_config(cfg.text),
+        vision_config=to_hf_vision_config(cfg.vision),
+        image_token_id=cfg.image_token_id,
+        vision_start_token_id=cfg.vision_start_token_id,
+        vision_end_token_id=cfg.vision_end_token_id,
+    )
+
+
+def save_text_checkpoint(cfg: ModelConfig, path: Path, seed: int = 0, **save_kwargs):
+    model = hf_text_model(cfg, seed)
+    model.save_pretrained(path, **save_kwargs)
+    return model
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))

@@ -1,0 +1,88 @@
+"""Reference ops on the CPU: each against an independent formulation, and state hand-over."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dohnuts.ops.attention import causal_attention_reference
+from dohnuts.ops.conv import causal_conv1d_reference
+from dohnuts.ops.delta_rule import gated_delta_rule_recurrent, gated_delta_rule_reference
+from dohnuts.ops.norm import gated_rms_norm_reference, rms_norm_reference
+from tests.reference import relative_error
+
+
+def _gdr_inputs(B=2, T=150, H=2, HV=4, K=16, V=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=g)
+    k = torch.randn(B, T, H, K, generator=g)
+    v = torch.randn(B, T, HV, V, generator=g)
+    gate = -F.softplus(torch.randn(B, T, HV, generator=g))  # log decay <= 0
+    beta = torch.rand(B, T, HV, generator=g)
+    h0 = torch.randn(B, HV, K, V, generator=g) * 0.1
+    return q, k, v, gate, beta, h0
+
+
+@pytest.mark.parametrize("T", [1, 63, 64, 150])
+def test_chunked_delta_rule_equals_recurrence(T):
+    q, k, v, g, beta, h0 = _gdr_inputs(T=T)
+    o1, s1 = gated_delta_rule_reference(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    o2, s2 = gated_delta_rule_recurrent(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert relative_error(o1, o2) < 1e-5
+    assert relative_error(s1, s2) < 1e-5
+
+
+def test_delta_rule_state_handover():
+    q, k, v, g, beta, _ = _gdr_inputs(T=200)
+    o, s = gated_delta_rule_reference(q, k, v, g, beta, output_final_state=True)
+    o_a, s_a = gated_delta_rule_reference(q[:, :77], k[:, :77], v[:, :77], g[:, :77], beta[:, :77],
+                                          output_final_state=True)
+    o_b, s_b = gated_delta_rule_reference(q[:, 77:], k[:, 77:], v[:, 77:], g[:, 77:], beta[:, 77:],
+                                          initial_state=s_a, output_final_state=True)
+    assert relative_error(torch.cat([o_a, o_b], 1), o) < 1e-5
+    assert relative_error(s_b, s) < 1e-5
+
+
+def test_delta_rule_single_token_by_hand():
+    """One token from a zero state: S = beta · k̂ vᵀ, o = (scale · q̂)ᵀ S."""
+    q, k, v, g, beta, _ = _gdr_inputs(B=1, T=1, H=1, HV=1, K=4, V=3)
+    o, s = gated_delta_rule_reference(q, k, v, g, beta, output_final_state=True)
+    qn, kn = F.normalize(q[0, 0, 0], dim=0), F.normalize(k[0, 0, 0], dim=0)
+    S = beta[0, 0, 0] * torch.outer(kn, v[0, 0, 0])
+    assert torch.allclose(s[0, 0], S, atol=1e-5)
+    assert torch.allclose(o[0, 0, 0], (qn * 4 ** -0.5) @ S, atol=1e-5)
+
+
+def test_conv_matches_padded_conv1d_and_hands_over_state():
+    B, T, D, W = 2, 40, 12, 4
+    x = torch.randn(B, T, D)
+    w = torch.randn(D, W)
+    y, state = causal_conv1d_reference(x, w, output_final_state=True)
+    expect = F.silu(F.conv1d(x.transpose(1, 2), w.unsqueeze(1), padding=W - 1, groups=D)[..., :T]).transpose(1, 2)
+    assert torch.allclose(y, expect, atol=1e-6)
+    assert torch.equal(state, x[:, -W:].transpose(1, 2))
+    ya, sa = causal_conv1d_reference(x[:, :13], w, output_final_state=True)
+    yb, sb = causal_conv1d_reference(x[:, 13:], w, initial_state=sa, output_final_state=True)
+    assert torch.allclose(torch.cat([ya, yb], 1), y, atol=1e-6)
+    assert torch.equal(sb, state)
+
+
+def test_attention_with_cached_past_equals_full():
+    B, Hq, Hkv, T, D = 2, 4, 2, 30, 8
+    q, k, v = torch.randn(B, Hq, T, D), torch.randn(B, Hkv, T, D), torch.randn(B, Hkv, T, D)
+    full = causal_attention_reference(q, k, v, D ** -0.5)
+    sdpa = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True)
+    assert torch.allclose(full, sdpa, atol=1e-5)
+    tail = causal_attention_reference(q[:, :, 11:], k, v, D ** -0.5)
+    assert torch.allclose(tail, full[:, :, 11:], atol=1e-6)
+
+
+def test_norms_by_hand():
+    x = torch.tensor([[3.0, 4.0]])
+    w = torch.tensor([2.0, 0.5])
+    rms = (12.5 + 1e-6) ** 0.5
+    assert torch.allclose(rms_norm_reference(x, w, 1e-6), torch.tensor([[6 / rms, 2 / rms]]))
+    gate = torch.tensor([[0.0, 1.0]])
+    y = gated_rms_norm_reference(x, gate, w, 1e-6)
+    assert torch.allclose(y, torch.tensor([[0.0, 2 / rms * F.silu(torch.tensor(1.0))]]))
