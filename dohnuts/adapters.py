@@ -1,0 +1,101 @@
+"""Adapter checkpoints: unmerged LoRA + scalar head weights, bound to the base they adapt.
+
+One safetensors file. Its metadata holds the format, the LoRA config, the calibration
+temperature and the base identity (architecture hash + weights fingerprint); loading verifies
+the identity and refuses a mismatch naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from dohnuts.errors import CheckpointError
+from dohnuts.model.lora import LoRAConfig, apply_lora, lora_state_dict
+
+FORMAT = "dohnuts-adapter-1"
+
+
+def adapter_tensors(model) -> dict[str, torch.Tensor]:
+    tensors = {f"backbone.{k}": v for k, v in lora_state_dict(model.backbone).items()}
+    tensors["head.weight"] = model.head.weight.detach()
+    return {k: v.float().contiguous().cpu() for k, v in tensors.items()}
+
+
+def save_adapter(model, path: str | Path, extra: dict | None = None) -> None:
+    from safetensors.torch import save_file
+
+    if model.lora_config is None:
+        raise CheckpointError("the model has no LoRA adapters to save (it was merged or never adapted)",
+                              source=str(path))
+    meta = {
+        "format": FORMAT,
+        "base_identity": json.dumps(model.base_identity, sort_keys=True),
+        "lora": json.dumps({"rank": model.lora_config.rank, "alpha": model.lora_config.alpha,
+                            "dropout": model.lora_config.dropout, "targets": list(model.lora_config.targets)}),
+        "temperature": repr(float(model.temperature)),
+        "extra": json.dumps(extra or {}),
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    save_file(adapter_tensors(model), str(tmp), metadata=meta)
+    tmp.replace(path)  # atomic: an interrupted save never leaves a half-written adapter
+
+
+def read_adapter(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError("does not exist", source=str(path))
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as exc:
+        raise CheckpointError(f"cannot be read as safetensors ({exc})", source=str(path)) from None
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"is {meta.get('format')!r}, expected {FORMAT!r}", source=str(path), field="format")
+    return tensors, meta
+
+
+def load_adapter(model, path: str | Path) -> dict:
+    """Apply the file's LoRA config to `model` and load its weights; returns its `extra` metadata."""
+    tensors, meta = read_adapter(path)
+    want = model.base_identity
+    try:
+        have = json.loads(meta["base_identity"])
+    except (KeyError, json.JSONDecodeError):
+        raise CheckpointError("is missing or unreadable", source=str(path), field="base_identity") from None
+    for key in sorted(set(want) | set(have)):
+        if want.get(key) != have.get(key):
+            raise CheckpointError(
+                f"belongs to a base with {key}={have.get(key)!r}, but the loaded base has {key}={want.get(key)!r}",
+                source=str(path), field=f"base_identity.{key}",
+            )
+    lora = json.loads(meta["lora"])
+    cfg = LoRAConfig(rank=lora["rank"], alpha=lora["alpha"], dropout=lora["dropout"], targets=tuple(lora["targets"]))
+    if model.lora_config is None:
+        apply_lora(model.backbone, cfg)
+        model.lora_config = cfg
+        for p in model.head.parameters():
+            p.requires_grad_(True)
+    elif model.lora_config != cfg:
+        raise CheckpointError(f"has LoRA config {cfg} but the model carries {model.lora_config}", source=str(path),
+                              field="lora")
+    own = {f"backbone.{k}": v for k, v in lora_state_dict(model.backbone).items()}
+    own["head.weight"] = model.head.weight
+    if set(own) != set(tensors):
+        missing = sorted(set(own) - set(tensors)) or sorted(set(tensors) - set(own))
+        raise CheckpointError(f"tensor set differs from the model's adapters (first: {missing[0]!r})", source=str(path))
+    with torch.no_grad():
+        for k, dst in own.items():
+            if tuple(tensors[k].shape) != tuple(dst.shape):
+                raise CheckpointError(f"tensor {k!r} has shape {tuple(tensors[k].shape)}, expected {tuple(dst.shape)}",
+                                      source=str(path))
+            dst.copy_(tensors[k].to(dst.dtype))
+    model.temperature = float(meta.get("temperature", "1.0"))
+    return json.loads(meta.get("extra", "{}"))

@@ -1,0 +1,95 @@
+"""The Python API: `dohnuts.load(...)` → a `ScoringModel`; `model.predict(requests)`."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from dohnuts.model.build import build_text_backbone, resolve_source
+from dohnuts.model.lora import LoRAConfig, apply_lora
+from dohnuts.model.scorer import ScoringModel
+from dohnuts.model.tokenizer import tokenizer_for
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """BF16 weights on accelerators, FP32 on the CPU (where BF16 matmuls are slow and inexact)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def _weights_fingerprint(root: Path) -> str:
+    """A cheap identity of a checkpoint's weights: safetensors headers + every 1-D tensor's bytes."""
+    from safetensors import safe_open
+
+    h = hashlib.sha256()
+    for f in sorted(root.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            h.update(fh.read(n))
+        with safe_open(str(f), framework="pt") as st:
+            for k in sorted(st.keys()):
+                t = st.get_slice(k)
+                if len(t.get_shape()) == 1:
+                    h.update(st.get_tensor(k).float().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def load(source: str | Path = "tiny", *, adapter: str | Path | None = None, lora: LoRAConfig | None = None,
+         device: str | torch.device | None = None, dtype: torch.dtype | None = None, seed: int = 0,
+         max_len: int = 8192) -> ScoringModel:
+    """A scoring model from a preset name or a checkpoint directory.
+
+    `adapter` loads a saved LoRA + head file (verified against this base); `lora` adds fresh
+    adapters for training. Without either the model scores with its (random) head.
+    """
+    device = torch.device(device) if device is not None else default_device()
+    dtype = dtype or default_dtype(device)
+    cfg, ckpt = resolve_source(source)
+    backbone, vision_tensors = build_text_backbone(cfg, device=device, dtype=dtype, seed=seed, checkpoint_dir=ckpt)
+    weights = f"preset:{cfg.name}:seed{seed}" if ckpt is None else f"checkpoint:{_weights_fingerprint(ckpt)}"
+    visual = _build_visual(cfg, vision_tensors, ckpt, device=device, dtype=dtype, seed=seed)
+    model = ScoringModel(cfg, backbone, visual=visual, tokenizer=tokenizer_for(cfg, ckpt),
+                         base_identity={"config_hash": cfg.config_hash(), "weights": weights}, max_len=max_len)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        model.head.weight.copy_(torch.randn(model.head.weight.shape, generator=gen) * cfg.text.hidden_size ** -0.5)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if adapter is not None:
+        from dohnuts.adapters import load_adapter
+
+        load_adapter(model, adapter)
+    elif lora is not None:
+        apply_lora(model.backbone, lora)
+        model.lora_config = lora
+        for p in model.head.parameters():
+            p.requires_grad_(True)
+    return model
+
+
+def _build_visual(cfg, vision_tensors, ckpt, *, device, dtype, seed):
+    """The vision tower when the config has one (seeded, or from the checkpoint's tensors)."""
+    if cfg.vision is None:
+        return None
+    try:
+        from dohnuts.model.vision import VisionTower
+    except ImportError:  # the tower is optional until dohnuts.model.vision exists
+        return None
+    from dohnuts.model.checkpoint import assign_weights, init_weights
+
+    if ckpt is not None and vision_tensors:
+        with torch.device("meta"):
+            tower = VisionTower(cfg.vision)
+        assign_weights(tower, vision_tensors, source=str(ckpt), what="vision")
+    else:
+        with torch.device("meta"):
+            tower = VisionTower(cfg.vision)
+        tower.to_empty(device="cpu")
+        init_weights(tower, seed + 7)
+    return tower.to(device=device, dtype=dtype)

@@ -1,0 +1,101 @@
+"""Token plan → tensors: a pinned host batch, and its device copy.
+
+CPU workers build `HostBatch`es (pinned memory on CUDA machines, so the copy can be
+asynchronous); `HostBatch.to(device)` issues the non-blocking copies on the current stream.
+Sequences are right-padded to the longest one; padding never reaches a real token (every op is
+causal) and is counted in `WorkCounts`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from dohnuts.runtime.plan import RequestPlan
+from dohnuts.runtime.work import WorkCounts
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Tensors of one model invocation (host or device side)."""
+
+    ids: torch.Tensor  # (B, L) long: whole sequences, or suffixes after the shared prefix
+    score_index: torch.Tensor  # (C,) long: flat indices into the (B·L) rows of the batched pass
+    cand_matrix: torch.Tensor  # (Q, Kmax) long: candidate → row of the score vector, −1 = none
+    prefix_ids: torch.Tensor | None = None  # (1, P) long: the shared prefix, computed once
+    positions: torch.Tensor | None = None  # (3, 1, P + L) long: MRoPE positions (images only)
+    rewards: torch.Tensor | None = None  # (Q, Kmax) float32: training targets, 0 where no candidate
+    pixel_patches: torch.Tensor | None = None  # (N, C·Tp·P·P) float32: the image's patches
+
+    def to(self, device: torch.device, non_blocking: bool = True) -> Batch:
+        moved = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            moved[f.name] = v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+        return Batch(**moved)
+
+    def pin(self) -> Batch:
+        pinned = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            pinned[f.name] = v.pin_memory() if isinstance(v, torch.Tensor) else v
+        return Batch(**pinned)
+
+    def nbytes(self) -> int:
+        return sum(v.numel() * v.element_size() for f in fields(self)
+                   if isinstance(v := getattr(self, f.name), torch.Tensor))
+
+
+@dataclass(frozen=True)
+class HostBatch:
+    plan: RequestPlan
+    tensors: Batch
+    work: WorkCounts
+    image: object | None = None  # dohnuts.runtime.images.PreparedImage when the request has one
+
+
+def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
+            positions: torch.Tensor | None = None) -> HostBatch:
+    """Build the (unpinned) tensors of one request. `positions` (3, T_max) for image requests."""
+    P = plan.prefix_len
+    rows = [s[P:] for s in plan.sequences]
+    L = max(len(r) for r in rows)
+    B = len(rows)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+
+    flat, kmax = [], max(len(p) for p in plan.score_positions)
+    cand = torch.full((B, kmax), -1, dtype=torch.long)
+    for qi, pos in enumerate(plan.score_positions):
+        for ki, p in enumerate(pos):
+            cand[qi, ki] = len(flat)
+            flat.append(qi * L + (p - P))
+    rewards = None
+    if train or all(q.rewards is not None for q in plan.request.questions):
+        if any(q.rewards is None for q in plan.request.questions):
+            from dohnuts.errors import RequestError
+
+            raise RequestError("training needs 'answer' or 'rewards' on every question", source=plan.request.id)
+        rewards = torch.zeros(B, kmax)
+        for qi, q in enumerate(plan.request.questions):
+            rewards[qi, : len(q.rewards)] = torch.tensor(q.rewards)
+
+    prefix_ids = torch.tensor([plan.sequences[0][:P]], dtype=torch.long) if P else None
+    pos = None
+    if positions is not None:
+        pos = positions[:, : P + L].unsqueeze(1)  # (3, 1, P + L): every question shares the layout
+    patches = image.patches if image is not None else None
+    batch = Batch(ids=ids, score_index=torch.tensor(flat, dtype=torch.long), cand_matrix=cand,
+                  prefix_ids=prefix_ids, positions=pos, rewards=rewards, pixel_patches=patches)
+    work = WorkCounts(
+        sequences=B, seq_lens=tuple(plan.lengths), padded_len=L, prefix_len=P, candidates=len(flat),
+        image_tokens=plan.image_tokens, train=train,
+    )
+    return HostBatch(plan=plan, tensors=batch, work=work, image=image)
+
+
+def without_patches(hb: HostBatch) -> HostBatch:
+    """The same batch minus its pixel patches (the image's features are already cached)."""
+    return replace(hb, tensors=replace(hb.tensors, pixel_patches=None))

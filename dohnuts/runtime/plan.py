@@ -1,0 +1,89 @@
+"""Request → token plan: the sequences, the scored positions, and the shared-prefix split.
+
+Each question becomes one causal sequence:
+
+    [vision_start, image × n, vision_end]   if the request has an image
+    prefix tokens, "\n"                      if the request has a prefix
+    "Question: " + text + "\n"
+    for each candidate: "Answer: " + candidate, SCORE
+
+The scalar head reads the hidden state at each SCORE token. Because the image and the prefix
+come first, all questions of a request share a causal prefix; `shared_prefix_split` decides
+whether to compute it once (DESIGN.md "Shared causal prefix").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dohnuts.errors import RequestError
+from dohnuts.runtime.requests import Request
+
+PREFIX_ALIGN = 64  # the split lands on a multiple of 64 tokens (the delta-rule chunk size)
+MIN_SHARED_PREFIX = 128  # below this, one batched pass is cheaper than prefix + fork
+
+
+@dataclass(frozen=True)
+class RequestPlan:
+    request: Request
+    sequences: tuple[tuple[int, ...], ...]  # token ids per question
+    score_positions: tuple[tuple[int, ...], ...]  # per question, index of each candidate's SCORE token
+    image_tokens: int = 0  # placeholder tokens at positions 1..image_tokens (after vision_start)
+    image_grid: tuple[int, int, int] | None = None  # (t, h, w) patch grid of the image
+    prefix_len: int = 0  # tokens computed once and forked (0 = single batched pass)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(s) for s in self.sequences]
+
+
+def longest_common_prefix(seqs: tuple[tuple[int, ...], ...]) -> int:
+    first = seqs[0]
+    n = min(len(s) for s in seqs)
+    for i in range(n):
+        t = first[i]
+        if any(s[i] != t for s in seqs[1:]):
+            return i
+    return n
+
+
+def shared_prefix_split(plan_seqs, score_positions, *, align: int = PREFIX_ALIGN,
+                        min_shared: int = MIN_SHARED_PREFIX) -> int:
+    """Split point P: ≤ the longest common prefix, ≤ every first candidate position (all scored
+    positions stay in the suffix, and every suffix is non-empty), aligned down to `align`;
+    0 when there is one question or P < `min_shared`."""
+    if len(plan_seqs) < 2:
+        return 0
+    p = longest_common_prefix(plan_seqs)
+    p = min(p, min(pos[0] for pos in score_positions))
+    p -= p % align
+    return p if p >= min_shared else 0
+
+
+def plan_request(req: Request, tokenizer, *, max_len: int, image_tokens: int = 0,
+                 image_grid: tuple[int, int, int] | None = None, share_prefix: bool = True,
+                 min_shared: int = MIN_SHARED_PREFIX, source: str | None = None) -> RequestPlan:
+    sp = tokenizer.special
+    head: list[int] = []
+    if image_tokens:
+        head = [sp.vision_start] + [sp.image] * image_tokens + [sp.vision_end]
+    if req.prefix:
+        head += tokenizer.encode(req.prefix + "\n")
+    seqs, positions = [], []
+    for qi, q in enumerate(req.questions):
+        ids = head + tokenizer.encode(f"Question: {q.text}\n")
+        pos = []
+        for ci, cand in enumerate(q.candidates):
+            ids += tokenizer.encode(f"Answer: {cand}")
+            ids.append(sp.score)
+            pos.append(len(ids) - 1)
+            if len(ids) > max_len:
+                raise RequestError(
+                    f"candidate {ci} brings the sequence to {len(ids)} tokens, over the context of {max_len}",
+                    source=source or req.id, field=f"questions[{qi}].candidates[{ci}]",
+                )
+        seqs.append(tuple(ids))
+        positions.append(tuple(pos))
+    seqs_t, pos_t = tuple(seqs), tuple(positions)
+    prefix = shared_prefix_split(seqs_t, pos_t, min_shared=min_shared) if share_prefix else 0
+    return RequestPlan(req, seqs_t, pos_t, image_tokens, image_grid, prefix)
