@@ -99,6 +99,17 @@ class Predictor:
             ready.record(self._copy_stream)
         return dev, ready
 
+    def device_batch(self, hb: HostBatch):
+        """Copy a prepared batch to the device and make the compute stream wait for it."""
+        dev, ready = self.transfer(hb)
+        if ready is not None:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(ready)
+            for t in vars(dev).values():
+                if isinstance(t, torch.Tensor):
+                    t.record_stream(stream)
+        return dev
+
     def compute(self, hb: HostBatch, dev, ready, timer=NULL_TIMER):
         """Score on the compute stream; returns (host probs, host choices, host scores, done event)."""
         if ready is not None:
