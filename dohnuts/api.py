@@ -77,19 +77,9 @@ def _build_visual(cfg, vision_tensors, ckpt, *, device, dtype, seed):
     """The vision tower when the config has one (seeded, or from the checkpoint's tensors)."""
     if cfg.vision is None:
         return None
-    try:
-        from dohnuts.model.vision import VisionTower
-    except ImportError:  # the tower is optional until dohnuts.model.vision exists
-        return None
-    from dohnuts.model.checkpoint import assign_weights, init_weights
+    from dohnuts.model.vision import build_vision_tower
 
-    if ckpt is not None and vision_tensors:
-        with torch.device("meta"):
-            tower = VisionTower(cfg.vision)
-        assign_weights(tower, vision_tensors, source=str(ckpt), what="vision")
-    else:
-        with torch.device("meta"):
-            tower = VisionTower(cfg.vision)
-        tower.to_empty(device="cpu")
-        init_weights(tower, seed + 7)
-    return tower.to(device=device, dtype=dtype)
+    if ckpt is not None and not vision_tensors:
+        return None  # a text-only checkpoint: requests with images are refused clearly
+    return build_vision_tower(cfg.vision, tensors=vision_tensors if ckpt is not None else None, seed=seed + 7,
+                              device=device, dtype=dtype, source=str(ckpt) if ckpt else "<vision tower>")

@@ -41,10 +41,10 @@ def init_weights(module: nn.Module, seed: int) -> None:
             vals = torch.ones(p.shape)
         elif name.endswith("linear_attn.norm.weight"):
             vals = torch.ones(p.shape)
-        elif p.ndim == 1 and ("norm" in name):
+        elif p.ndim == 1 and "norm" in name and leaf == "weight":
             # Zero-centred RMSNorm (1 + w) weights start at 0; LayerNorm (vision) weights at 1.
             vals = torch.zeros(p.shape) if _is_zero_centred(name) else torch.ones(p.shape)
-        elif p.ndim == 1:  # biases
+        elif p.ndim == 1:  # biases (LayerNorm biases included)
             vals = torch.zeros(p.shape)
         elif "conv1d" in name:
             bound = 1.0 / math.sqrt(p.shape[-1])

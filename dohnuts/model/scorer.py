@@ -63,39 +63,41 @@ class ScoringModel(nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
-    def _embed(self, ids: torch.Tensor, features: torch.Tensor | None) -> torch.Tensor:
+    def _embed(self, ids: torch.Tensor, features: torch.Tensor | None, start: int) -> torch.Tensor:
+        """Token embeddings (B, T, H) with `features` (m, H) in place of tokens start..start+m−1.
+
+        Every row gets the same features (one image per request). The span is known on the
+        host, so this is slicing, not a mask: no device synchronisation."""
         x = self.backbone.embed_tokens(ids)  # (B, T, H)
-        if features is not None:
-            mask = ids == self.cfg.image_token_id  # (B, T)
-            n = int(mask.sum(dim=1)[0]) if mask.any() else 0
-            if n:
-                # Every row holding the image gets the same features (one image per request).
-                rows = mask.any(dim=1)
-                feats = features.to(x.dtype).unsqueeze(0).expand(int(rows.sum()), -1, -1).reshape(-1, x.shape[-1])
-                x = x.masked_scatter(mask.unsqueeze(-1), feats)
-        return x
+        if features is None or features.shape[0] == 0:
+            return x
+        B, m = x.shape[0], features.shape[0]
+        feats = features.to(x.dtype).unsqueeze(0).expand(B, -1, -1)  # (B, m, H)
+        return torch.cat([x[:, :start], feats, x[:, start + m:]], dim=1)
 
     def score(self, batch: Batch, *, image_features: torch.Tensor | None = None, timer=NULL_TIMER,
               checkpoint_layers: bool = False) -> torch.Tensor:
         """One request's candidate scores (C,) FP32, in the order of `batch.score_index`."""
         B, L = batch.ids.shape
         pos = batch.positions
+        n_img = batch.image_tokens if image_features is not None else 0
         if batch.prefix_ids is not None:
             P = batch.prefix_ids.shape[1]
+            k = max(0, min(P - 1, n_img))  # image tokens (absolute 1..n_img) that fall in the prefix
             with timer.stage("prefix"):
-                x = self._embed(batch.prefix_ids, image_features)
+                x = self._embed(batch.prefix_ids, image_features[:k] if n_img else None, 1)
                 prefix_pos = None if pos is None else pos[:, :, :P]
                 _, state = self.backbone(inputs_embeds=x, position_ids=prefix_pos, return_state=True,
                                          checkpoint_layers=checkpoint_layers)
                 state = state.fork(B)
             with timer.stage("suffix"):
-                x = self._embed(batch.ids, None)
+                x = self._embed(batch.ids, image_features[k:] if n_img else None, 0)
                 suffix_pos = None if pos is None else pos[:, :, P:P + L].expand(-1, B, -1)
                 h, _ = self.backbone(inputs_embeds=x, position_ids=suffix_pos, state=state,
                                      checkpoint_layers=checkpoint_layers)
         else:
             with timer.stage("forward"):
-                x = self._embed(batch.ids, image_features)
+                x = self._embed(batch.ids, image_features, 1)
                 full_pos = None if pos is None else pos[:, :, :L].expand(-1, B, -1)
                 h, _ = self.backbone(inputs_embeds=x, position_ids=full_pos, checkpoint_layers=checkpoint_layers)
         with timer.stage("head"):
@@ -134,8 +136,54 @@ def _scoring_model_api():
         self.lora_config = None
         return n
 
+    def prepare_image(self, req, source=None):
+        """CPU side of a request's image: decode + patches under the fixed policy.
+
+        Returns (PreparedImage, True, merged token count, grid). Raises RequestError when the
+        model has no vision tower, ImageError (a RequestError) for unusable files."""
+        from dohnuts.errors import RequestError
+        from dohnuts.runtime.images import prepare_image
+
+        if self.visual is None:
+            raise RequestError("this model has no vision tower (a text-only checkpoint)", source=source or req.id,
+                               field="image")
+        img = prepare_image(req.image, self.cfg.vision)
+        return img, True, img.token_count, img.grid_thw
+
+    def sequence_positions(self, plan) -> torch.Tensor:
+        """(3, T_max) MRoPE positions of the request's longest sequence (all share the image head)."""
+        from dohnuts.model.vision import mrope_position_ids
+
+        longest = max(plan.sequences, key=len)
+        return mrope_position_ids(torch.tensor(longest), [plan.image_grid], image_token_id=self.cfg.image_token_id,
+                                  spatial_merge_size=self.cfg.vision.spatial_merge_size)
+
+    def image_features_for(self, hb, dev, timer=NULL_TIMER) -> torch.Tensor:
+        """The request image's merged features through the frozen-feature cache (stage `vision`).
+
+        On a miss the tower encodes the patches the transfer stream already copied (or copies
+        them now if the prefetch guessed a hit that has since been evicted)."""
+        img = hb.image
+        before = self.image_cache.stats()
+        with timer.stage("vision"), torch.no_grad():
+            dev_patches = dev.pixel_patches
+
+            def encode(patches, grids):
+                p = dev_patches if dev_patches is not None else patches.to(self.device, non_blocking=True)
+                return self.visual(p.to(self.compute_dtype), grids.to(self.device))
+
+            (feats,) = self.image_cache.features([img], encode)
+        after = self.image_cache.stats()
+        encoded = after.misses - before.misses
+        timer.mark("image", {"encoded_image_patches": [img.patches.shape[0]] * encoded,
+                             "cached_images": 1 - encoded, "cache": after.__dict__})
+        return feats
+
     ScoringModel.predict = predict
     ScoringModel.merge_lora = merge_lora
+    ScoringModel.prepare_image = prepare_image
+    ScoringModel.sequence_positions = sequence_positions
+    ScoringModel.image_features_for = image_features_for
 
 
 _scoring_model_api()

@@ -27,6 +27,7 @@ class Batch:
     positions: torch.Tensor | None = None  # (3, 1, P + L) long: MRoPE positions (images only)
     rewards: torch.Tensor | None = None  # (Q, Kmax) float32: training targets, 0 where no candidate
     pixel_patches: torch.Tensor | None = None  # (N, C·Tp·P·P) float32: the image's patches
+    image_tokens: int = 0  # image placeholders at absolute positions 1..image_tokens of every sequence
 
     def to(self, device: torch.device, non_blocking: bool = True) -> Batch:
         moved = {}
@@ -88,7 +89,8 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
         pos = positions[:, : P + L].unsqueeze(1)  # (3, 1, P + L): every question shares the layout
     patches = image.patches if image is not None else None
     batch = Batch(ids=ids, score_index=torch.tensor(flat, dtype=torch.long), cand_matrix=cand,
-                  prefix_ids=prefix_ids, positions=pos, rewards=rewards, pixel_patches=patches)
+                  prefix_ids=prefix_ids, positions=pos, rewards=rewards, pixel_patches=patches,
+                  image_tokens=plan.image_tokens)
     work = WorkCounts(
         sequences=B, seq_lens=tuple(plan.lengths), padded_len=L, prefix_len=P, candidates=len(flat),
         image_tokens=plan.image_tokens, train=train,

@@ -21,7 +21,7 @@ import torch
 
 from dohnuts.errors import DohnutsError, RequestError
 from dohnuts.model.scorer import decide
-from dohnuts.runtime.batch import HostBatch, collate
+from dohnuts.runtime.batch import HostBatch, collate, without_patches
 from dohnuts.runtime.plan import plan_request
 from dohnuts.runtime.requests import Request
 from dohnuts.runtime.timing import NULL_TIMER
@@ -85,6 +85,8 @@ class Predictor:
             positions = self.model.sequence_positions(plan)
         hb = collate(plan, pad_id=self.model.tokenizer.special.pad, image=image, train=self.train,
                      positions=positions)
+        if image is not None and image.key in self.model.image_cache:
+            hb = without_patches(hb)  # cached features: no pixels to move (re-read from host if evicted)
         if self.cuda:
             hb = HostBatch(hb.plan, hb.tensors.pin(), hb.work, hb.image)
         return hb

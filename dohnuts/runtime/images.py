@@ -1,0 +1,200 @@
+"""Image preprocessing: file or bytes → patches for the vision tower, under one fixed policy.
+
+The policy is versioned (`PREPROCESS_POLICY`) because cached image features are only valid for
+the exact pixels the tower saw: change any step below and the version must change, which
+changes every content key (dohnuts.runtime.image_cache) and so invalidates nothing by accident.
+
+Policy v1 (the Qwen3-VL image processor's arithmetic, with a smaller pixel budget):
+
+1. Decode with Pillow (first frame only; EXIF orientation is *not* applied, like transformers).
+   Images over `MAX_DECODE_PIXELS` are refused from the header, before any pixel is decoded.
+2. Convert to RGB, compositing transparency onto white (as transformers' `convert_to_rgb`).
+3. Resize (bicubic, on uint8) to `smart_resize`: both sides multiples of patch·merge (32), aspect
+   kept, pixel count within [MIN_PIXELS, MAX_PIXELS] = [256², 1024²], i.e. 64..1024 text tokens.
+   Qwen3-VL's own budget is 256²..4096², up to 16384 tokens an image: far too many for a
+   scoring model on one card, so v1 caps at 1024².
+4. Rescale to [0, 1], then normalise with mean = std = 0.5 per channel (Qwen3-VL's
+   preprocessor values; Qwen2-VL's processor defaults to the OpenAI CLIP mean/std instead).
+5. Repeat the frame temporal_patch_size times and flatten into (N, C·Tp·P·P) patches in
+   spatial-merge-block order — exactly the rows of transformers' Qwen2-VL image processor.
+
+The content key is sha256 over the policy identity, the patch geometry, the original width and
+height and the decoded RGB bytes: the same pixels hit under any file name or lossless format,
+different pixels never do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from dohnuts.config import VisionConfig
+from dohnuts.errors import ImageError
+
+PREPROCESS_POLICY = (
+    "v1: pillow decode (first frame, no exif transpose), RGB over white, smart_resize bicubic to "
+    "[65536, 1048576] px in multiples of patch*merge, x/255, mean=std=0.5, frame repeated to temporal_patch_size, "
+    "qwen2-vl merge-block patch order"
+)
+MIN_PIXELS = 256 * 256
+MAX_PIXELS = 1024 * 1024
+MAX_ASPECT_RATIO = 200
+# Refuse larger images from the header alone. 8192² stays below Pillow's own bomb warning
+# threshold (≈ 89.5 M pixels), so an image we accept never trips Pillow's check first.
+MAX_DECODE_PIXELS = 8192 * 8192
+IMAGE_MEAN = (0.5, 0.5, 0.5)
+IMAGE_STD = (0.5, 0.5, 0.5)
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedImage:
+    """One image ready for the tower. `key` identifies its pixels under this policy.
+
+    patches (N, C·Tp·P·P) float32 in merge-block order; grid_thw = (1, H/P, W/P) patches;
+    token_count = merged tokens it occupies in the text; width/height are the decoded size.
+    """
+
+    key: str
+    patches: torch.Tensor
+    grid_thw: tuple[int, int, int]
+    token_count: int
+    width: int
+    height: int
+    source: str
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int = MIN_PIXELS,
+                 max_pixels: int = MAX_PIXELS) -> tuple[int, int]:
+    """Target (height, width): multiples of `factor`, aspect kept, pixels in [min, max].
+
+    The same arithmetic as transformers' Qwen2-VL `smart_resize` (Python's round-half-even included),
+    so our grids equal the reference processor's.
+    """
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise ValueError(f"aspect ratio {max(height, width) / min(height, width):.0f} exceeds {MAX_ASPECT_RATIO}")
+    h = round(height / factor) * factor
+    w = round(width / factor) * factor
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return h, w
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def decode_rgb(source: str | Path | bytes, *, name: str | None = None) -> Image.Image:
+    """Decode an image file (path or bytes) to a loaded RGB Pillow image; ImageError otherwise."""
+    where = name if name is not None else ("<bytes>" if isinstance(source, (bytes, bytearray)) else str(source))
+    if isinstance(source, (bytes, bytearray)):
+        if not source:
+            raise ImageError("is empty (0 bytes)", source=where)
+        fp = io.BytesIO(source)
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ImageError("no such image file" if not path.exists() else "is not a file", source=where)
+        if path.stat().st_size == 0:
+            raise ImageError("is empty (0 bytes)", source=where)
+        fp = path
+    try:
+        # Pillow warns (then errors at 2×) on huge images; make its warning an error too. Our own
+        # header check below is the real limit, so this only matters above ≈ 89.5 M pixels.
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(fp) as im:
+                w, h = im.size
+                if w <= 0 or h <= 0:
+                    raise ImageError(f"has zero size ({w}×{h})", source=where)
+                if w * h > MAX_DECODE_PIXELS:
+                    raise ImageError(f"is {w}×{h} = {w * h} pixels, over the limit of {MAX_DECODE_PIXELS} "
+                                     "(possible decompression bomb)", source=where)
+                im.load()
+                return _to_rgb(im)
+    except ImageError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise ImageError(f"is too large to decode (possible decompression bomb): {_one_line(exc)}",
+                         source=where) from None
+    except Image.UnidentifiedImageError:
+        raise ImageError("cannot be identified as an image (unknown format, or an invalid header such as a zero "
+                         "width or height)", source=where) from None
+    except MemoryError:
+        raise ImageError("ran out of memory while decoding", source=where) from None
+    except Exception as exc:  # Pillow signals truncated/corrupt data with OSError, SyntaxError, ValueError, ...
+        raise ImageError(f"cannot be decoded (truncated or corrupt): {_one_line(exc)}", source=where) from None
+
+
+def _to_rgb(im: Image.Image) -> Image.Image:
+    """RGB, with any transparency composited onto white (transformers' convert_to_rgb)."""
+    if "A" in im.getbands() or im.info.get("transparency") is not None:
+        rgba = im.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return im.convert("RGB")
+
+
+def content_key(rgb: Image.Image, vision: VisionConfig) -> str:
+    """sha256 over policy, patch geometry, size and decoded RGB bytes (hex)."""
+    w, h = rgb.size
+    header = (f"{PREPROCESS_POLICY}|patch={vision.patch_size}|temporal={vision.temporal_patch_size}"
+              f"|merge={vision.spatial_merge_size}|channels={vision.in_channels}|{w}x{h}|").encode()
+    digest = hashlib.sha256(header)
+    digest.update(rgb.tobytes())
+    return digest.hexdigest()
+
+
+def patchify(pixels: torch.Tensor, patch_size: int, merge_size: int, temporal_patch_size: int) -> torch.Tensor:
+    """pixels (C, H, W) → (H/P · W/P, C·Tp·P·P) in merge-block order (Qwen2-VL processor layout).
+
+    Row r is patch (block_row, block_col, in_row, in_col) in that nesting order; within a row the
+    values run over (channel, frame, pixel row, pixel column) — the Conv3d kernel's order.
+    """
+    C, H, W = pixels.shape
+    P, m = patch_size, merge_size
+    gh, gw = H // P, W // P
+    x = pixels.reshape(C, gh // m, m, P, gw // m, m, P)
+    x = x.permute(1, 4, 2, 5, 0, 3, 6)  # (gh/m, gw/m, m, m, C, P, P)
+    x = x.unsqueeze(5).expand(*x.shape[:5], temporal_patch_size, P, P)  # (gh/m, gw/m, m, m, C, Tp, P, P)
+    return x.reshape(gh * gw, C * temporal_patch_size * P * P)
+
+
+def prepare_image(source: str | Path | bytes, vision: VisionConfig, *, name: str | None = None) -> PreparedImage:
+    """Decode, key, resize, normalise and patchify one image under PREPROCESS_POLICY."""
+    where = name if name is not None else ("<bytes>" if isinstance(source, (bytes, bytearray)) else str(source))
+    if vision.in_channels != 3:
+        raise ImageError(f"the vision tower expects {vision.in_channels} channels; policy v1 produces RGB",
+                         source=where)
+    rgb = decode_rgb(source, name=where)
+    key = content_key(rgb, vision)
+    width, height = rgb.size
+    factor = vision.patch_size * vision.spatial_merge_size
+    try:
+        th, tw = smart_resize(height, width, factor)
+    except ValueError as exc:
+        raise ImageError(f"cannot be resized ({exc})", source=where) from None
+    resized = rgb.resize((tw, th), resample=Image.Resampling.BICUBIC)
+    # Rescale in float64 then round to float32, normalise in float32 (the reference's arithmetic).
+    pixels = torch.from_numpy((np.asarray(resized, dtype=np.float64) * (1 / 255)).astype(np.float32))  # (H, W, C)
+    mean, std = torch.tensor(IMAGE_MEAN), torch.tensor(IMAGE_STD)
+    pixels = ((pixels - mean) / std).permute(2, 0, 1)  # (C, H, W)
+    patches = patchify(pixels, vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size)
+    grid = (1, th // vision.patch_size, tw // vision.patch_size)
+    m = vision.spatial_merge_size
+    return PreparedImage(key=key, patches=patches.contiguous(), grid_thw=grid,
+                         token_count=grid[0] * grid[1] * grid[2] // (m * m),
+                         width=width, height=height, source=where)

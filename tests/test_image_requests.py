@@ -1,0 +1,89 @@
+"""Requests with images: scores equal those from transformers' vision features spliced in the
+same way; the cache serves repeats; a bad image fails only its own request."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import dohnuts.api as api
+from dohnuts.runtime.predict import Predictor, RequestFailure
+from dohnuts.runtime.requests import Question, Request
+from dohnuts.runtime.timing import StageTimer
+from tests.reference import hf_full_config, relative_error
+
+
+def _png(path, seed, size=(96, 64)):
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
+    return str(path)
+
+
+def _request(image, rid="r", prefix="a photo"):
+    qs = (Question("q1", "what colour?", ("red", "green")), Question("q2", "how many?", ("one", "two", "three")))
+    return Request(id=rid, questions=qs, prefix=prefix, image=image)
+
+
+def _scores(results):
+    return torch.tensor([s for r in results for q in r.questions for s in q.scores])
+
+
+def test_scores_equal_transformers_features_spliced(tmp_path):
+    from transformers import Qwen3_5Model
+
+    model = api.load("tiny")
+    req = _request(_png(tmp_path / "a.png", 0))
+    ours = _scores(model.predict([req], share_prefix=False))
+
+    hf = Qwen3_5Model(hf_full_config(model.cfg)).eval()
+    hf.visual.load_state_dict(model.visual.state_dict())
+    pred = Predictor(model, share_prefix=False)
+    hb = pred.prepare(req)
+    with torch.no_grad():
+        feats = hf.visual(hb.image.patches, grid_thw=torch.tensor([hb.image.grid_thw])).pooler_output
+        scores = model.score(hb.tensors, image_features=feats)
+    assert relative_error(ours, scores) < 1e-4
+    # and the image really matters
+    other = _scores(model.predict([_request(_png(tmp_path / "b.png", 1))], share_prefix=False))
+    assert relative_error(ours, other) > 1e-4
+
+
+def test_shared_prefix_with_image_equals_unshared(tmp_path):
+    model = api.load("tiny")
+    req = _request(_png(tmp_path / "a.png", 3, size=(448, 448)))  # 196 image tokens: a prefix ≥ 128
+    pred = Predictor(model, share_prefix=True)
+    assert pred.prepare(req).plan.prefix_len == 192  # 196 + 2 + prefix text, aligned down to 64
+    shared = _scores(model.predict([req], share_prefix=True))
+    model.image_cache.clear()
+    unshared = _scores(model.predict([req], share_prefix=False))
+    assert relative_error(shared, unshared) < 1e-5
+
+
+def test_cache_serves_repeats_and_same_pixels_other_file(tmp_path):
+    model = api.load("tiny")
+    a = _png(tmp_path / "a.png", 5)
+    Image.open(a).save(tmp_path / "a_copy.bmp")
+    pred = Predictor(model)
+    marks = []
+    for path in (a, a, str(tmp_path / "a_copy.bmp")):
+        timer = StageTimer(model.device)
+        res, _ = pred.call(_request(path), timer)
+        marks.append(timer.marks["image"])
+    assert [m["cached_images"] for m in marks] == [0, 1, 1]
+    assert model.image_cache.stats().encode_calls == 1
+
+
+def test_bad_image_fails_only_its_request(tmp_path):
+    model = api.load("tiny")
+    good = _png(tmp_path / "good.png", 7)
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(open(good, "rb").read()[:100])  # truncated
+    empty = tmp_path / "empty.png"
+    empty.write_bytes(b"")
+    reqs = [_request(good, "r1"), _request(str(bad), "r2"), _request(str(empty), "r3"), _request(good, "r4")]
+    out = model.predict(reqs)
+    assert [type(r).__name__ for r in out] == ["RequestResult", "RequestFailure", "RequestFailure", "RequestResult"]
+    assert "bad.png" in out[1].error and "empty.png" in out[2].error
+    assert torch.equal(_scores([out[0]]), _scores([out[3]]))

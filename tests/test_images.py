@@ -1,0 +1,168 @@
+"""Preprocessing: patches equal transformers' Qwen2-VL image processor; keys follow pixels; bad files fail cleanly."""
+
+from __future__ import annotations
+
+import io
+import struct
+import warnings
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from dohnuts.config import preset
+from dohnuts.errors import ImageError
+from dohnuts.runtime.images import MAX_PIXELS, MIN_PIXELS, prepare_image, smart_resize
+
+VISION = preset("tiny").vision  # patch 16, temporal 2, merge 2 (the public sizes' geometry)
+FACTOR = VISION.patch_size * VISION.spatial_merge_size
+
+
+def _random_image(h: int, w: int, mode: str = "RGB", seed: int = 0) -> Image.Image:
+    channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]
+    arr = np.random.default_rng(seed).integers(0, 256, (h, w, channels), dtype=np.uint8)
+    return Image.fromarray(arr[..., 0] if channels == 1 else arr, mode)
+
+
+def _encode(im: Image.Image, fmt: str, **kwargs) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, fmt, **kwargs)
+    return buf.getvalue()
+
+
+def _hf_processor():
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(
+        patch_size=VISION.patch_size, temporal_patch_size=VISION.temporal_patch_size,
+        merge_size=VISION.spatial_merge_size, image_mean=[0.5] * 3, image_std=[0.5] * 3,
+        size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
+    )
+
+
+@pytest.mark.parametrize("h, w, mode", [
+    (100, 150, "RGB"),  # upscaled to the minimum budget
+    (1500, 900, "RGB"),  # downscaled to the maximum budget
+    (256, 320, "RGB"),  # already on the grid: no resize
+    (90, 200, "RGBA"),  # transparency composited onto white
+    (33, 47, "L"),  # greyscale
+])
+def test_patches_equal_transformers_processor(h, w, mode):
+    """The slow (PIL) Qwen2VL processor with Qwen3-VL settings gives the same pixel_values and grid."""
+    data = _encode(_random_image(h, w, mode), "PNG")
+    ours = prepare_image(data, VISION, name="x.png")
+    ref = _hf_processor()(images=[Image.open(io.BytesIO(data))], return_tensors="pt")
+    assert list(ours.grid_thw) == ref["image_grid_thw"][0].tolist()
+    assert ours.patches.dtype == torch.float32
+    assert torch.equal(ours.patches, ref["pixel_values"])
+    assert ours.token_count == ours.patches.shape[0] // VISION.spatial_merge_size ** 2
+
+
+def test_patch_order_by_hand(tmp_path):
+    """On a 256×320 image (no resize), check rows against the documented layout directly."""
+    im = _random_image(256, 320, seed=7)
+    path = tmp_path / "grid.png"
+    im.save(path)
+    prepared = prepare_image(path, VISION)
+    pixels = (torch.from_numpy(np.array(im)).float() / 255 - 0.5) / 0.5  # (H, W, C)
+    P = VISION.patch_size
+    gw = 320 // P  # 20 patch columns, 10 merge blocks per block row
+
+    def expected(r: int, c: int) -> torch.Tensor:  # patch at patch row r, column c
+        block = pixels[r * P:(r + 1) * P, c * P:(c + 1) * P].permute(2, 0, 1)  # (C, P, P)
+        return torch.stack([block, block], dim=1).flatten()  # (C, Tp, P, P): the frame twice
+
+    # Row index = ((block_row · blocks_per_row + block_col) · 2 + in_row) · 2 + in_col.
+    for index, (r, c) in {0: (0, 0), 1: (0, 1), 2: (1, 0), 3: (1, 1), 4: (0, 2), 4 * (gw // 2): (2, 0),
+                          4 * (gw // 2) + 7: (3, 3)}.items():
+        assert torch.allclose(prepared.patches[index], expected(r, c), atol=1e-6), (index, r, c)
+    assert prepared.grid_thw == (1, 16, 20) and prepared.width == 320 and prepared.height == 256
+
+
+@pytest.mark.parametrize("h, w", [(1, 1), (7, 1300), (3000, 4000), (480, 640), (32, 32), (100, 19000)])
+def test_smart_resize_bounds(h, w):
+    th, tw = smart_resize(h, w, FACTOR)
+    assert th % FACTOR == 0 and tw % FACTOR == 0
+    assert MIN_PIXELS <= th * tw <= MAX_PIXELS
+    # Aspect kept to within one grid step on each side.
+    assert abs(th / tw - h / w) <= (h / w) * (FACTOR / th + FACTOR / tw) + 1e-9
+
+
+def test_same_pixels_same_key_in_any_lossless_format(tmp_path):
+    im = _random_image(61, 83, seed=3)
+    files = {"a.png": ("PNG", {}), "copy_b.webp": ("WEBP", {"lossless": True}), "c.bmp": ("BMP", {})}
+    keys = set()
+    for name, (fmt, kwargs) in files.items():
+        (tmp_path / name).write_bytes(_encode(im, fmt, **kwargs))
+        keys.add(prepare_image(tmp_path / name, VISION).key)
+    keys.add(prepare_image(_encode(im, "PNG"), VISION, name="upload").key)  # bytes, not a path
+    assert len(keys) == 1
+
+    changed = np.asarray(im).copy()
+    changed[40, 17, 1] ^= 1  # one channel of one pixel, off by one
+    other = prepare_image(_encode(Image.fromarray(changed), "PNG"), VISION, name="changed.png")
+    assert other.key not in keys
+    assert not torch.equal(other.patches, prepare_image(tmp_path / "a.png", VISION).patches)
+
+
+def test_key_includes_dimensions():
+    """The same RGB bytes laid out as 4×6 and 6×4 are different images."""
+    raw = np.random.default_rng(1).integers(0, 256, (4 * 6 * 3,), dtype=np.uint8)
+    a = prepare_image(_encode(Image.fromarray(raw.reshape(4, 6, 3)), "PNG"), VISION, name="a")
+    b = prepare_image(_encode(Image.fromarray(raw.reshape(6, 4, 3)), "PNG"), VISION, name="b")
+    assert a.key != b.key
+
+
+def _png_header_only(width: int, height: int, data: bytes = b"") -> bytes:
+    """A PNG whose header claims width×height but whose pixel data is `data` (tiny)."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(data)) + chunk(b"IEND", b"")
+
+
+def _truncated() -> bytes:
+    data = _encode(_random_image(200, 300), "PNG")
+    return data[: len(data) // 2]
+
+
+def _corrupt() -> bytes:
+    data = bytearray(_encode(_random_image(200, 300), "PNG"))
+    data[100:140] = bytes(40)  # zeros over compressed pixel data: the chunk CRC no longer matches
+    return bytes(data)
+
+
+@pytest.mark.parametrize("name, make, phrase", [
+    ("truncated.png", _truncated, "truncated or corrupt"),
+    ("truncated.jpg", lambda: _encode(_random_image(64, 64), "JPEG")[:300], "truncated or corrupt"),
+    ("corrupt.png", _corrupt, "truncated or corrupt"),
+    ("garbage.png", lambda: b"not an image at all" * 10, "cannot be identified"),
+    ("empty.png", lambda: b"", "empty"),
+    ("zero_width.png", lambda: _png_header_only(0, 10), "zero width or height"),
+    ("zero_height.png", lambda: _png_header_only(10, 0), "zero width or height"),
+    ("bomb_ours.png", lambda: _png_header_only(9000, 9000), "decompression bomb"),  # over our 64 Mpx limit
+    ("bomb_warn.png", lambda: _png_header_only(10000, 10000), "decompression bomb"),  # Pillow's warning
+    ("bomb_error.png", lambda: _png_header_only(100000, 100000), "decompression bomb"),  # Pillow's error
+    ("aspect.png", lambda: _encode(Image.new("RGB", (1000, 4)), "PNG"), "aspect ratio"),
+])
+def test_bad_images_raise_image_error_naming_the_file(tmp_path, name, make, phrase):
+    path = tmp_path / name
+    path.write_bytes(make())
+    for source in (path, path.read_bytes()):
+        with warnings.catch_warnings(record=True) as caught, pytest.raises(ImageError) as info:
+            warnings.simplefilter("always")
+            prepare_image(source, VISION, name=None if source is path else name)
+        message = str(info.value)
+        assert name in message and phrase in message, message
+        assert "\n" not in message
+        assert not caught, [str(w.message) for w in caught]  # Pillow's bomb warning became the error
+
+
+def test_missing_file_and_directory(tmp_path):
+    with pytest.raises(ImageError, match="nope.png: no such image file"):
+        prepare_image(tmp_path / "nope.png", VISION)
+    with pytest.raises(ImageError, match="is not a file"):
+        prepare_image(tmp_path, VISION)
