@@ -1,0 +1,13 @@
+"""Built-in targets: `dohnuts` (the product) and `transformers` (the same weights run by
+transformers' own Qwen3.5 implementation), measured on the same calls in the same run."""
+
+from __future__ import annotations
+
+from bench_plugins.targets.dohnuts_target import DohnutsTarget
+from bench_plugins.targets.transformers_target import TransformersTarget
+from dohnuts.bench.hookspecs import hookimpl
+
+
+@hookimpl
+def dohnuts_bench_register_targets():
+    return {"dohnuts": DohnutsTarget, "transformers": TransformersTarget}

@@ -1,0 +1,207 @@
+"""Built-in workload kinds: text, shared-prefix, image, image-cache (cold/warm), train-step.
+
+Every kind generates its requests itself (seeded, no downloads), sized in model tokens:
+
+    seq_tokens       tokens of one question's whole sequence (text; image tokens come on top)
+    prefix_tokens    shared context before every question of a request (0 = none)
+    questions        questions per request (= sequences in the batched pass)
+    candidates       candidates per question; candidate_tokens long each
+    requests         distinct requests, cycled through warm-up and measured calls
+
+With the byte tokenizer of the presets the sizes are exact; with a checkpoint's tokenizer they
+are met within a few tokens (the records carry the exact counts).
+"""
+
+from __future__ import annotations
+
+import string
+
+import numpy as np
+
+from dohnuts.bench.calls import PredictCall, TrainCall
+from dohnuts.bench.hookspecs import hookimpl
+from dohnuts.bench.workload import Field
+from dohnuts.errors import ConfigError
+from dohnuts.runtime.requests import Question, Request
+
+TEXT_FIELDS = {
+    "requests": Field(int, 4, min=1, help="distinct requests, cycled"),
+    "questions": Field(int, 8, min=1, help="questions per request"),
+    "seq_tokens": Field(int, 256, min=16, help="tokens per question sequence"),
+    "prefix_tokens": Field(int, 0, min=0, help="shared context tokens before every question"),
+    "candidates": Field(int, 4, min=1, help="candidates per question"),
+    "candidate_tokens": Field(int, 4, min=1, help="tokens per candidate"),
+}
+# Byte-tokenizer overhead of the sequence layout (dohnuts.runtime.plan): "\n" after the prefix,
+# "Question: " + "\n" around the question, "Answer: " + SCORE around each candidate.
+PREFIX_OVERHEAD, QUESTION_OVERHEAD, CANDIDATE_OVERHEAD = 1, 11, 9
+
+
+def filler(tokenizer, n_tokens: int, rng) -> str:
+    """Random lowercase text of about `n_tokens` tokens (exactly, for the byte tokenizer)."""
+    if n_tokens <= 0:
+        return ""
+    letters = string.ascii_lowercase
+    words = []
+    while True:
+        words.append("".join(rng.choice(letters) for _ in range(rng.randint(2, 8))))
+        text = " ".join(words)
+        if len(tokenizer.encode(text)) >= n_tokens:
+            break
+    ids = tokenizer.encode(text)
+    if len(ids) > n_tokens and getattr(tokenizer, "name", "") == "bytes":
+        text = text[:n_tokens]
+    return text
+
+
+def question_text_tokens(shape: dict) -> int:
+    prefix = shape["prefix_tokens"] + PREFIX_OVERHEAD if shape["prefix_tokens"] else 0
+    per_cand = CANDIDATE_OVERHEAD + shape["candidate_tokens"]
+    return shape["seq_tokens"] - prefix - QUESTION_OVERHEAD - shape["candidates"] * per_cand
+
+
+def validate_text(shape: dict, source: str) -> None:
+    if question_text_tokens(shape) < 1:
+        raise ConfigError(
+            f"is too small for {shape['prefix_tokens']} prefix tokens and {shape['candidates']} candidates of "
+            f"{shape['candidate_tokens']} tokens (needs at least {shape['seq_tokens'] - question_text_tokens(shape) + 1})",
+            source=source, field="shape.seq_tokens",
+        )
+
+
+def text_requests(ctx, *, image_for=None, answers: bool = False) -> list[Request]:
+    shape, rng, tok = ctx.spec.shape, ctx.rng, ctx.tokenizer
+    q_tokens = question_text_tokens(shape)
+    out = []
+    for r in range(shape["requests"]):
+        prefix = filler(tok, shape["prefix_tokens"], rng)
+        qs = []
+        for q in range(shape["questions"]):
+            cands = tuple(filler(tok, shape["candidate_tokens"], rng) for _ in range(shape["candidates"]))
+            rewards = None
+            if answers:
+                right = rng.randrange(len(cands))
+                rewards = tuple(1.0 if i == right else 0.0 for i in range(len(cands)))
+            qs.append(Question(id=f"q{q}", text=filler(tok, q_tokens, rng), candidates=cands, rewards=rewards))
+        image = image_for(r) if image_for is not None else None
+        out.append(Request(id=f"{ctx.spec.name}-{r}", questions=tuple(qs), prefix=prefix, image=image))
+    return out
+
+
+class TextKind:
+    name = "text"
+    fields = TEXT_FIELDS
+
+    def validate(self, shape: dict, source: str) -> None:
+        validate_text(shape, source)
+
+    def calls(self, ctx) -> list:
+        return [PredictCall(r) for r in text_requests(ctx)]
+
+
+class SharedPrefixKind(TextKind):
+    """Text requests whose questions share a long context (prefix_tokens > 0 required)."""
+
+    name = "shared-prefix"
+    fields = TEXT_FIELDS | {"prefix_tokens": Field(int, None, min=1, help="shared context tokens (required)")}
+
+
+IMAGE_FIELDS = TEXT_FIELDS | {
+    "resolution": Field(list, [448, 448], help="[width, height] or a list of them, cycled over images"),
+    "distinct_images": Field(int, 4, min=1, help="images in the pool"),
+    "duplicate_ratio": Field(float, 0.0, min=0.0, max=1.0, help="share of requests reusing an earlier image"),
+}
+
+
+def _resolutions(shape: dict, source: str) -> list[tuple[int, int]]:
+    res = shape["resolution"]
+    pairs = res if res and isinstance(res[0], list) else [res]
+    out = []
+    for i, p in enumerate(pairs):
+        if (not isinstance(p, list) or len(p) != 2 or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                               for x in p) or min(p) <= 0):
+            raise ConfigError(f"entry {i} must be [width, height] in positive pixels, got {p!r}", source=source,
+                              field="shape.resolution")
+        if p[0] * p[1] > 8192 * 8192:
+            raise ConfigError(f"entry {i} has {p[0] * p[1]} pixels, over the decoder limit of 8192²",
+                              source=source, field="shape.resolution")
+        out.append((p[0], p[1]))
+    return out
+
+
+class ImageKind:
+    name = "image"
+    fields = IMAGE_FIELDS
+
+    def validate(self, shape: dict, source: str) -> None:
+        validate_text(shape, source)
+        _resolutions(shape, source)
+
+    def _images(self, ctx) -> list[str]:
+        from PIL import Image
+
+        shape = ctx.spec.shape
+        res = _resolutions(shape, ctx.spec.file)
+        gen = np.random.default_rng(ctx.spec.seed)
+        paths = []
+        for i in range(shape["distinct_images"]):
+            w, h = res[i % len(res)]
+            path = ctx.workdir / f"image{i}.png"
+            # Smooth random colour fields, not noise: they compress like photos, so decode time is realistic.
+            small = gen.integers(0, 256, (max(1, h // 32), max(1, w // 32), 3), dtype=np.uint8)
+            Image.fromarray(small).resize((w, h), Image.BILINEAR).save(path)
+            paths.append(str(path))
+        return paths
+
+    def _assignment(self, ctx, n_images: int) -> list[int]:
+        """Image index per request: new images in order, or (duplicate_ratio) an earlier one."""
+        shape, rng = ctx.spec.shape, ctx.rng
+        out, nxt = [], 0
+        for r in range(shape["requests"]):
+            if out and (rng.random() < shape["duplicate_ratio"] or nxt >= n_images):
+                out.append(rng.choice(out))
+            else:
+                out.append(nxt)
+                nxt += 1
+        return out
+
+    def calls(self, ctx) -> list:
+        paths = self._images(ctx)
+        which = self._assignment(ctx, len(paths))
+        return [PredictCall(r) for r in text_requests(ctx, image_for=lambda r: paths[which[r]])]
+
+
+class ImageCacheKind(ImageKind):
+    """Image requests under a controlled cache state: `cold` empties the image-feature cache
+    before every call (every image is encoded), `warm` keeps it (the warm-up calls fill it)."""
+
+    name = "image-cache"
+    fields = IMAGE_FIELDS | {"cache": Field(str, None, choices=("cold", "warm"), help="cache state per call")}
+
+    def warmup_every_call(self, spec) -> bool:
+        """Warm: every distinct call is warmed once, so measured calls only ever hit."""
+        return spec.shape["cache"] == "warm"
+
+    def calls(self, ctx) -> list:
+        cold = ctx.spec.shape["cache"] == "cold"
+        return [PredictCall(c.request, cold_cache=cold) for c in super().calls(ctx)]
+
+
+class TrainStepKind:
+    """One optimizer update per call: 4 microbatches (one request each) of labelled questions."""
+
+    name = "train-step"
+    fields = TEXT_FIELDS | {"requests": Field(int, 8, min=4, help="distinct requests, 4 per update")}
+
+    def validate(self, shape: dict, source: str) -> None:
+        validate_text(shape, source)
+
+    def calls(self, ctx) -> list:
+        reqs = text_requests(ctx, answers=True)
+        return [TrainCall(tuple(reqs[(4 * i + j) % len(reqs)] for j in range(4))) for i in range(max(1, len(reqs) // 4))]
+
+
+@hookimpl
+def dohnuts_bench_register_workload_kinds():
+    kinds = (TextKind(), SharedPrefixKind(), ImageKind(), ImageCacheKind(), TrainStepKind())
+    return {k.name: k for k in kinds}

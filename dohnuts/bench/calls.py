@@ -1,0 +1,41 @@
+"""What a workload hands a target: one measured call's input, and what the target reports back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from dohnuts.runtime.requests import Request
+from dohnuts.runtime.work import WorkCounts
+
+
+@dataclass(frozen=True)
+class PredictCall:
+    """One complete prediction call: one request, prepared, transferred, scored, serialized."""
+
+    request: Request
+    cold_cache: bool = False  # clear the image-feature cache before the call
+
+
+@dataclass(frozen=True)
+class TrainCall:
+    """One optimizer update: 4 microbatches (one request each) at one parameter snapshot."""
+
+    requests: tuple[Request, ...]
+
+
+@dataclass(frozen=True)
+class CallResult:
+    decisions: int  # questions answered (or trained on)
+    work: WorkCounts  # what the call processed (for the cost model)
+    extra: dict = field(default_factory=dict)  # target-specific facts (cache stats, losses, ...)
+
+
+class Target(Protocol):
+    """An implementation under test. Built per workload by a registered factory
+    `factory(spec, device, dtype, options)`; it must give every call the same treatment it
+    would get in production (no caching of results between calls)."""
+
+    def run_call(self, call, timer) -> CallResult: ...
+
+    def close(self) -> None: ...

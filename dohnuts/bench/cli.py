@@ -1,0 +1,201 @@
+"""`dohnuts-bench`: measure complete calls of the scoring model and say how far each stage is
+from what the hardware allows.
+
+    dohnuts-bench run [WORKLOAD.yaml ...]    measure (no file: the embedded CPU quickstart set)
+    dohnuts-bench analyze RESULTS.jsonl      re-analyse raw records (from JSONL alone)
+    dohnuts-bench list                       plugins, workload kinds, targets, telemetry
+
+Bad input (a malformed or invalid workload file, an unknown kind/target/preset, a negative
+size) ends with one line naming the file and field, exit status 2, before anything is
+measured. Ctrl-C leaves a valid results.jsonl holding every completed record (exit 130).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from importlib import resources
+from pathlib import Path
+
+from dohnuts.errors import DohnutsError
+
+DEFAULT_RESULTS = Path("results/runs")
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=False, highlight=False)
+
+
+def quickstart_files() -> list[Path]:
+    root = resources.files("dohnuts.bench") / "quickstart"
+    return sorted(Path(str(p)) for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def _hwspec_for(name: str | None, device_name: str):
+    from dohnuts.bench.analysis import find_hwspec
+
+    if name:
+        return find_hwspec(name)
+    low = device_name.lower()
+    for key, spec in (("h200", "h200"), ("7900 xtx", "rx7900xtx"), ("7900xtx", "rx7900xtx")):
+        if key in low:
+            return find_hwspec(spec)
+    return None
+
+
+def cmd_run(args) -> int:
+    import json
+
+    import torch
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from dohnuts.bench.plugins import collect, plugin_manager
+    from dohnuts.bench.provenance import device_info, provenance
+    from dohnuts.bench.runner import RunContext, measure_workload, new_run_dir, resolve_device
+    from dohnuts.bench.telemetry import TelemetryThread
+    from dohnuts.bench.workload import load_workload
+
+    console = _console()
+    pm = plugin_manager()
+    kinds = collect(pm, "dohnuts_bench_register_workload_kinds")
+    targets = collect(pm, "dohnuts_bench_register_targets")
+    files = [Path(f) for f in args.workloads] or quickstart_files()
+    specs = [load_workload(f, kinds, targets) for f in files]  # validate everything before measuring
+    runnable = []
+    for spec in specs:
+        if resolve_device(spec) is None:
+            console.print(f"[yellow]skipped[/] {spec.file}: needs a CUDA GPU (requires_gpu / device: cuda)")
+        else:
+            runnable.append(spec)
+    if not runnable:
+        console.print("nothing to run on this machine")
+        return 0
+    device = resolve_device(runnable[0])
+    hw_name = args.hwspec or next((s.hwspec for s in runnable if s.hwspec), None)
+    hwspec = _hwspec_for(hw_name, device_info(device)["name"])
+    label = args.label or (runnable[0].name if len(runnable) == 1 else "run")
+    run_id, run_dir = new_run_dir(Path(args.out), label)
+    run = RunContext(run_id=run_id, run_dir=run_dir, device=device, hwspec=hwspec, console=console)
+
+    samplers = [s for group in pm.hook.dohnuts_bench_register_telemetry() for s in group]
+    for s in samplers:
+        if s.unavailable:
+            console.print(f"[dim]telemetry: {s.name}: {s.unavailable}[/]")
+    telemetry = TelemetryThread([s for s in samplers if not s.unavailable], interval_s=args.telemetry_interval)
+    pm.hook.dohnuts_bench_prepare_run(run=run)
+    (run_dir / "run.json").write_text(json.dumps({
+        "run_id": run_id, "workloads": [s.to_dict() for s in runnable], "hwspec": getattr(hwspec, "name", None),
+        "measured": run.measured, "provenance": provenance(device),
+        "telemetry": {s.name: s.unavailable or "available" for s in samplers},
+    }, indent=2, default=str))
+
+    results = run_dir / "results.jsonl"
+    console.print(f"run [bold]{run_id}[/] → {results}")
+    interrupted = False
+    telemetry.start()
+    try:
+        with open(results, "a", encoding="utf-8") as out, Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console, disable=args.quiet,
+        ) as progress:
+            for spec in runnable:
+                measure_workload(run, pm, spec, kinds, targets, telemetry, out, progress)
+    except KeyboardInterrupt:
+        interrupted = True
+        console.print("[yellow]interrupted[/]: results.jsonl holds every completed call")
+    finally:
+        telemetry.stop()
+    if results.stat().st_size:
+        analyze_and_report(results, hwspec, run.measured, run_dir, console, pm)
+    return 130 if interrupted else 0
+
+
+def analyze_and_report(results: Path, hwspec, measured: dict, run_dir: Path, console, pm=None) -> None:
+    from dohnuts.bench.analysis import read_jsonl
+    from dohnuts.bench.plugins import plugin_manager
+
+    pm = pm or plugin_manager()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records = read_jsonl(results)
+    for w in caught:
+        console.print(f"[yellow]warning[/]: {w.message}")
+    sections = [s for group in pm.hook.dohnuts_bench_analyze(records=records, hwspec=hwspec, measured=measured,
+                                                              run_dir=run_dir) if group for s in group]
+    pm.hook.dohnuts_bench_report(console=console, records=records, sections=sections, run_dir=run_dir)
+
+
+def cmd_analyze(args) -> int:
+    import json
+
+    path = Path(args.results)
+    if not path.exists():
+        raise DohnutsError("does not exist", source=str(path))
+    run_json = path.parent / "run.json"
+    meta = json.loads(run_json.read_text()) if run_json.exists() else {}
+    hw = args.hwspec or meta.get("hwspec")
+    from dohnuts.bench.analysis import find_hwspec
+
+    hwspec = find_hwspec(hw) if hw else None
+    out_dir = Path(args.out) if args.out else path.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    analyze_and_report(path, hwspec, meta.get("measured", {}), out_dir, _console())
+    return 0
+
+
+def cmd_list(args) -> int:
+    from rich.table import Table
+
+    from dohnuts.bench.plugins import collect, plugin_manager
+
+    pm = plugin_manager()
+    console = _console()
+    t = Table(title="dohnuts-bench plugins")
+    t.add_column("plugin")
+    t.add_column("hooks")
+    for name, plugin in pm.list_name_plugin():
+        t.add_row(str(name), ", ".join(h.name.removeprefix("dohnuts_bench_") for h in pm.get_hookcallers(plugin)))
+    console.print(t)
+    for hook, title in (("dohnuts_bench_register_workload_kinds", "workload kinds"),
+                        ("dohnuts_bench_register_targets", "targets")):
+        console.print(f"{title}: {', '.join(sorted(collect(pm, hook)))}")
+    samplers = [s for g in pm.hook.dohnuts_bench_register_telemetry() for s in g]
+    console.print("telemetry: " + ", ".join(f"{s.name} ({s.unavailable or 'available'})" for s in samplers))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dohnuts-bench", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="measure workloads (default: the embedded CPU quickstart set)")
+    r.add_argument("workloads", nargs="*", help="workload YAML files")
+    r.add_argument("--out", default=str(DEFAULT_RESULTS), help="folder for run directories (default: results/runs)")
+    r.add_argument("--label", help="run directory label (default: the workload name)")
+    r.add_argument("--hwspec", help="hardware spec name (hwspecs/NAME.yaml) or path (default: by device name)")
+    r.add_argument("--telemetry-interval", type=float, default=0.1, help="seconds between telemetry samples")
+    r.add_argument("--quiet", action="store_true", help="no progress display")
+    r.set_defaults(func=cmd_run)
+    a = sub.add_parser("analyze", help="re-analyse a results.jsonl")
+    a.add_argument("results")
+    a.add_argument("--hwspec", help="hardware spec name or path (default: the run's)")
+    a.add_argument("--out", help="folder for the report files (default: beside the JSONL)")
+    a.set_defaults(func=cmd_analyze)
+    ls = sub.add_parser("list", help="list plugins, workload kinds, targets and telemetry")
+    ls.set_defaults(func=cmd_list)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except DohnutsError as exc:
+        print(f"dohnuts-bench: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The run loop of `dohnuts-bench run`: validate everything, then measure, record, analyze.
+
+For each workload and each of its targets, in one process and on the same calls:
+warm-up calls (unrecorded), then measured calls until `repeat` calls and `min_duration_s`
+have both passed. Each measured call is timed per stage (CUDA events on the GPU, host clock
+always) and appended to `results.jsonl` as one record, flushed at once: an interrupted run
+(Ctrl-C) leaves a valid file holding every completed record.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import random
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from dohnuts.bench.calls import CallResult
+from dohnuts.bench.provenance import provenance
+from dohnuts.bench.telemetry import TelemetryThread
+from dohnuts.bench.workload import WorkloadSpec
+from dohnuts.runtime.timing import StageTimer
+
+SCHEMA = 1
+
+
+@dataclass
+class RunContext:
+    run_id: str
+    run_dir: Path
+    device: torch.device
+    hwspec: object | None  # dohnuts.bench.analysis.HwSpec
+    console: object  # rich.console.Console
+    measured: dict = field(default_factory=dict)  # measured ceilings etc., written to run.json
+    notes: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WorkloadContext:
+    """What a workload kind needs to build its calls."""
+
+    spec: WorkloadSpec
+    tokenizer: object
+    model_cfg: object
+    workdir: Path  # a folder for generated inputs (e.g. images)
+    rng: random.Random
+
+
+def resolve_device(spec: WorkloadSpec) -> torch.device | None:
+    """The workload's device, or None when it needs a GPU this machine lacks."""
+    if spec.device == "cuda" or spec.requires_gpu:
+        return torch.device("cuda") if torch.cuda.is_available() else None
+    if spec.device == "cpu":
+        return torch.device("cpu")
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_dtype(spec: WorkloadSpec, device: torch.device) -> torch.dtype:
+    if spec.precision == "bf16":
+        return torch.bfloat16
+    if spec.precision == "fp32":
+        return torch.float32
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def _stages_dict(timer: StageTimer) -> dict:
+    return {name: {"host_ms": st.host_ms, "device_ms": st.device_ms, "count": st.count}
+            for name, st in timer.result().items()}
+
+
+def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict, targets: dict, telemetry: TelemetryThread,
+                     out, progress=None) -> int:
+    """Measure every target of one workload; returns the number of records written."""
+    from dohnuts.model.build import resolve_source
+    from dohnuts.model.tokenizer import tokenizer_for
+
+    device = resolve_device(spec)
+    dtype = resolve_dtype(spec, device)
+    cfg, ckpt = resolve_source(spec.model)
+    workdir = run.run_dir / "inputs" / spec.name
+    workdir.mkdir(parents=True, exist_ok=True)
+    kind = kinds[spec.kind]
+    calls = kind.calls(WorkloadContext(spec, tokenizer_for(cfg, ckpt), cfg, workdir, random.Random(spec.seed)))
+    prov = provenance(device)
+    written = 0
+    warmup = spec.warmup
+    if getattr(kind, "warmup_every_call", lambda s: False)(spec):
+        warmup = max(warmup, len(calls))  # e.g. a warm cache: every distinct call seen once
+    for tspec in spec.targets:
+        factory = targets[tspec.name]
+        target = factory(spec, device, dtype, tspec.options)
+        task = None
+        if progress is not None:
+            task = progress.add_task(f"{spec.name} · {tspec.label}", total=warmup + spec.repeat)
+        try:
+            for i in range(warmup):
+                target.run_call(calls[i % len(calls)], StageTimer(device))
+                if progress is not None:
+                    progress.advance(task)
+            start = time.perf_counter()
+            i = 0
+            while i < spec.repeat or time.perf_counter() - start < spec.min_duration_s:
+                call = calls[(warmup + i) % len(calls)]
+                pm.hook.dohnuts_bench_before_call(run=run, spec=spec, target_name=tspec.label, iteration=i)
+                record = _measure_call(run, spec, tspec, target, call, device, dtype, cfg, prov, telemetry, i)
+                pm.hook.dohnuts_bench_after_call(run=run, spec=spec, target_name=tspec.label, record=record)
+                out.write(json.dumps(record) + "\n")
+                out.flush()
+                written += 1
+                i += 1
+                if progress is not None:
+                    progress.update(task, completed=warmup + min(i, spec.repeat))
+        finally:
+            target.close()
+            del target
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return written
+
+
+def _measure_call(run, spec, tspec, target, call, device, dtype, cfg, prov, telemetry, iteration) -> dict:
+    timer = StageTimer(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
+    result: CallResult = target.run_call(call, timer)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t1 = time.perf_counter()
+    stages = _stages_dict(timer)
+    work = result.work
+    image = timer.marks.get("image")
+    if image is not None:
+        work = replace(work, encoded_image_patches=tuple(image["encoded_image_patches"]),
+                       cached_images=image["cached_images"])
+    return {
+        "schema": SCHEMA,
+        "run_id": run.run_id,
+        "workload": {"name": spec.name, "kind": spec.kind, "file": spec.file, "file_hash": spec.file_hash},
+        "target": tspec.label,
+        "target_name": tspec.name,
+        "target_options": tspec.options,
+        "iteration": iteration,
+        "stages": stages,
+        "wall_ms": (t1 - t0) * 1e3,
+        "decisions": result.decisions,
+        "tokens": {"useful": work.useful_tokens, "padded": work.padded_tokens, "computed": work.computed_tokens},
+        "work": work.to_dict(),
+        "model": cfg.to_dict(),
+        "model_source": spec.model,
+        "config_hash": cfg.config_hash(),
+        "precision": "bf16" if dtype == torch.bfloat16 else "fp32",
+        "device": {"name": prov["device"]["name"], "type": device.type},
+        "hwspec": getattr(run.hwspec, "name", None),
+        "peak_mem_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+        "telemetry": telemetry.window(t0, t1),
+        "extra": result.extra | ({"image_cache": image["cache"]} if image else {}),
+        "provenance": prov,
+    }
+
+
+def new_run_dir(root: Path, label: str) -> tuple[str, Path]:
+    run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{label}"
+    path = root / run_id
+    n = 1
+    while path.exists():
+        n += 1
+        path = root / f"{run_id}-{n}"
+    path.mkdir(parents=True)
+    return path.name, path
+
+

@@ -1,0 +1,136 @@
+"""dohnuts-bench: every workload file validates, the CPU ones run, bad input fails clearly,
+Ctrl-C keeps a valid JSONL, and an external plugin registered by entry point is picked up."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dohnuts.bench.cli import main, quickstart_files
+from dohnuts.bench.hookspecs import hookimpl
+from dohnuts.bench.plugins import collect, plugin_manager
+from dohnuts.bench.workload import load_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+ALL_WORKLOADS = sorted((ROOT / "workloads").rglob("*.yaml"))
+
+
+def _registry():
+    pm = plugin_manager()
+    return collect(pm, "dohnuts_bench_register_workload_kinds"), collect(pm, "dohnuts_bench_register_targets")
+
+
+@pytest.mark.parametrize("path", ALL_WORKLOADS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_workload_file_validates(path):
+    kinds, targets = _registry()
+    spec = load_workload(path, kinds, targets)
+    assert spec.kind in kinds and spec.targets
+
+
+def test_quickstart_is_embedded_and_matches_the_repo_folder():
+    embedded = {p.name for p in quickstart_files()}
+    assert embedded == {p.name for p in (ROOT / "workloads" / "quickstart").glob("*.yaml")}
+    assert {"text.yaml", "shared-prefix.yaml", "image.yaml", "train-step.yaml"} <= embedded
+
+
+def test_quickstart_runs_on_cpu_and_records_every_call(tmp_path, capsys):
+    cpu = [p for p in ALL_WORKLOADS if not load_workload(p, *_registry()).requires_gpu]
+    assert cpu, "no CPU workload to smoke-run"
+    assert main(["run", *map(str, cpu), "--out", str(tmp_path), "--quiet"]) == 0
+    (run_dir,) = list(tmp_path.iterdir())
+    records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    kinds, targets = _registry()
+    expected = sum(load_workload(p, kinds, targets).repeat * len(load_workload(p, kinds, targets).targets) for p in cpu)
+    assert len(records) == expected
+    for r in records:
+        assert r["schema"] == 1 and r["wall_ms"] > 0 and r["decisions"] > 0
+        assert sum(s["host_ms"] for s in r["stages"].values()) <= r["wall_ms"] * 1.05
+        assert r["provenance"]["git"] and r["provenance"]["packages"]["torch"]
+        assert r["work"]["sequences"] * r["work"]["padded_len"] + r["work"]["prefix_len"] == r["tokens"]["computed"]
+    kinds_seen = {r["workload"]["kind"] for r in records}
+    assert {"text", "shared-prefix", "image", "image-cache", "train-step"} <= kinds_seen
+    cold = [r for r in records if r["workload"]["name"] == "image-cache-cold"]
+    warm = [r for r in records if r["workload"]["name"] == "image-cache-warm"]
+    assert all(r["work"]["cached_images"] == 0 and "vision" in r["stages"] for r in cold)
+    assert all(r["work"]["cached_images"] == 1 for r in warm)
+    shared = [r for r in records if r["workload"]["kind"] == "shared-prefix" and r["target"] == "dohnuts"]
+    assert all(r["work"]["prefix_len"] > 0 and "prefix" in r["stages"] for r in shared)
+    train = [r for r in records if r["workload"]["kind"] == "train-step"]
+    assert all({"forward", "backward", "optimizer"} <= set(r["stages"]) for r in train)
+    assert (run_dir / "report.txt").exists() and (run_dir / "summary.json").exists()
+
+
+BAD = {
+    "malformed": ("kind: text\nshape: {questions: 4\n", "is not valid YAML at line"),
+    "unknown_kind": ("kind: teleport\n", "field 'kind': unknown workload kind 'teleport'"),
+    "missing_field": ("targets: [dohnuts]\n", "field 'kind': is missing"),
+    "negative_size": ("kind: text\nshape: {questions: -3}\n", "field 'shape.questions': must be >= 1"),
+    "unknown_preset": ("kind: text\nmodel: qwen9000\n", "field 'model': unknown preset 'qwen9000'"),
+    "unknown_target": ("kind: text\ntargets: [vllm]\n", "field 'targets[0].name': unknown target 'vllm'"),
+    "unknown_shape_field": ("kind: text\nshape: {qestions: 3}\n", "field 'shape.qestions': unknown field"),
+    "target_cannot_run_kind": ("kind: train-step\ntargets: [transformers]\n", "cannot run 'train-step'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_workload_is_one_line_exit_2(case, tmp_path, capsys):
+    text, message = BAD[case]
+    path = tmp_path / f"{case}.yaml"
+    path.write_text(text)
+    assert main(["run", str(path), "--out", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(path) in err[0] and message in err[0], err
+    assert not (tmp_path / "runs").exists()  # nothing was measured
+
+
+class _Interrupt:
+    @hookimpl
+    def dohnuts_bench_after_call(self, run, spec, target_name, record):
+        if record["iteration"] == 2:
+            raise KeyboardInterrupt
+
+
+def test_interrupt_leaves_valid_jsonl(tmp_path, monkeypatch):
+    import dohnuts.bench.cli as cli
+    import dohnuts.bench.plugins as plugins
+
+    real = plugins.plugin_manager
+    monkeypatch.setattr(cli, "plugin_manager", lambda: real(extra=(_Interrupt(),)), raising=False)
+    monkeypatch.setattr(plugins, "plugin_manager", lambda extra=(): real(extra=(_Interrupt(), *extra)))
+    code = main(["run", str(ROOT / "workloads/quickstart/text.yaml"), "--out", str(tmp_path), "--quiet"])
+    assert code == 130
+    (run_dir,) = list(tmp_path.iterdir())
+    lines = (run_dir / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and all(json.loads(line)["schema"] == 1 for line in lines)
+
+
+def test_external_plugin_registered_by_entry_point(tmp_path, monkeypatch):
+    pkg = tmp_path / "site"
+    (pkg / "acme_bench").mkdir(parents=True)
+    (pkg / "acme_bench" / "__init__.py").write_text(textwrap.dedent("""
+        from dohnuts.bench.hookspecs import hookimpl
+
+        class Echo:
+            name = "echo"
+            fields = {}
+            def validate(self, shape, source):
+                pass
+            def calls(self, ctx):
+                return []
+
+        @hookimpl
+        def dohnuts_bench_register_workload_kinds():
+            return {"acme-echo": Echo()}
+    """))
+    dist = pkg / "acme_bench-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-bench\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[dohnuts_bench]\nacme = acme_bench\n")
+    monkeypatch.syspath_prepend(str(pkg))
+    kinds = collect(plugin_manager(), "dohnuts_bench_register_workload_kinds")
+    assert "acme-echo" in kinds and "text" in kinds
+    sys.modules.pop("acme_bench", None)
