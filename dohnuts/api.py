@@ -51,11 +51,13 @@ def load(source: str | Path = "tiny", *, adapter: str | Path | None = None, lora
     dtype = dtype or default_dtype(device)
     cfg, ckpt = resolve_source(source)
     backbone, vision_tensors = build_text_backbone(cfg, device=device, dtype=dtype, seed=seed, checkpoint_dir=ckpt)
-    weights = f"preset:{cfg.name}:seed{seed}" if ckpt is None else f"checkpoint:{_weights_fingerprint(ckpt)}"
+    # Preset weights are drawn on the device (dohnuts.model.checkpoint.init_weights): the identity
+    # says which kind of device drew them.
+    weights = f"preset:{cfg.name}:seed{seed}:{device.type}" if ckpt is None else f"checkpoint:{_weights_fingerprint(ckpt)}"
     visual = _build_visual(cfg, vision_tensors, ckpt, device=device, dtype=dtype, seed=seed)
     model = ScoringModel(cfg, backbone, visual=visual, tokenizer=tokenizer_for(cfg, ckpt),
                          base_identity={"config_hash": cfg.config_hash(), "weights": weights}, max_len=max_len)
-    gen = torch.Generator().manual_seed(seed + 1)
+    gen = torch.Generator().manual_seed(seed + 1)  # the head is tiny: drawn on the CPU, same on every device
     with torch.no_grad():
         model.head.weight.copy_(torch.randn(model.head.weight.shape, generator=gen) * cfg.text.hidden_size ** -0.5)
     model.eval()

@@ -1,8 +1,9 @@
 """Test configuration.
 
 transformers (the reference implementation) picks fla's kernels whenever `fla` imports, even
-for CPU tensors where they cannot run. Without a GPU, hide fla before anything imports
-transformers so its plain-torch paths run. dohnuts itself imports fla only for CUDA tensors.
+for CPU tensors where they cannot run, and it decides when its Qwen3.5 module is imported. The
+tests always compare against transformers' plain-torch paths: hide fla while that module is
+imported, then un-hide it so dohnuts' own fused ops can import fla on a GPU machine.
 """
 
 import sys
@@ -10,8 +11,24 @@ import sys
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    sys.modules.setdefault("fla", None)
+
+def _import_reference_without_fla() -> None:
+    had = sys.modules.get("fla", ...)
+    sys.modules["fla"] = None  # type: ignore[assignment]
+    try:
+        import transformers.models.qwen3_5.modeling_qwen3_5  # noqa: F401
+    except ImportError:
+        pass  # transformers absent: the parity tests that need it fail on their own import
+    finally:
+        if had is ...:
+            del sys.modules["fla"]
+        else:
+            sys.modules["fla"] = had
+    if not torch.cuda.is_available():
+        sys.modules.setdefault("fla", None)  # no GPU: nothing may use fla (its kernels need CUDA)
+
+
+_import_reference_without_fla()
 
 
 def pytest_collection_modifyitems(config, items):

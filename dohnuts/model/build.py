@@ -32,10 +32,10 @@ def build_text_backbone(cfg: ModelConfig, *, device: torch.device | str = "cpu",
     """The backbone with seeded random or checkpoint weights (and the checkpoint's vision tensors)."""
     if checkpoint_dir is None:
         with torch.device("meta"):
-            model = TextBackbone(cfg.text)
-        model.to_empty(device="cpu")
+            model = TextBackbone(cfg.text).to(dtype=dtype)
+        model.to_empty(device=device)  # allocate once, in the final dtype, on the final device
         init_weights(model, seed)
-        return model.to(device=device, dtype=dtype), None
+        return model, None
     files = _read_index(checkpoint_dir)
     text, vision = load_state_dicts(checkpoint_dir, files)
     with torch.device("meta"):

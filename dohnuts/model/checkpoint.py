@@ -31,26 +31,32 @@ _SKIPPED_PREFIXES = ("lm_head.", "mtp.", "model.mtp.")
 @torch.no_grad()
 def init_weights(module: nn.Module, seed: int) -> None:
     """Seeded random weights in the style of transformers' Qwen3.5 init (normal 0.02 for matrices,
-    zero-centred norms at 0, gated norm at 1, A_log = log U(1, 16), dt_bias = 1)."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    zero-centred norms at 0, gated norm at 1, A_log = log U(1, 16), dt_bias = 1).
+
+    Values are drawn on the parameters' device (a 2B model initialises in milliseconds on a GPU
+    instead of half a minute on a CPU), so the same seed gives different weights on a CPU and on
+    a GPU; the base identity of a preset records the device type for that reason."""
+    devices = {p.device for p in module.parameters()}
+    dev = devices.pop() if len(devices) == 1 else torch.device("cpu")
+    gen = torch.Generator(device=dev).manual_seed(seed)
     for name, p in module.named_parameters():
         leaf = name.rsplit(".", 1)[-1]
         if leaf == "A_log":
-            vals = torch.empty(p.shape).uniform_(1, 16, generator=gen).log()
+            vals = torch.empty(p.shape, device=dev).uniform_(1, 16, generator=gen).log()
         elif leaf == "dt_bias":
-            vals = torch.ones(p.shape)
+            vals = torch.ones(p.shape, device=dev)
         elif name.endswith("linear_attn.norm.weight"):
-            vals = torch.ones(p.shape)
+            vals = torch.ones(p.shape, device=dev)
         elif p.ndim == 1 and "norm" in name and leaf == "weight":
             # Zero-centred RMSNorm (1 + w) weights start at 0; LayerNorm (vision) weights at 1.
-            vals = torch.zeros(p.shape) if _is_zero_centred(name) else torch.ones(p.shape)
+            vals = torch.zeros(p.shape, device=dev) if _is_zero_centred(name) else torch.ones(p.shape, device=dev)
         elif p.ndim == 1:  # biases (LayerNorm biases included)
-            vals = torch.zeros(p.shape)
+            vals = torch.zeros(p.shape, device=dev)
         elif "conv1d" in name:
             bound = 1.0 / math.sqrt(p.shape[-1])
-            vals = torch.empty(p.shape).uniform_(-bound, bound, generator=gen)
+            vals = torch.empty(p.shape, device=dev).uniform_(-bound, bound, generator=gen)
         else:
-            vals = torch.empty(p.shape).normal_(0.0, 0.02, generator=gen)
+            vals = torch.empty(p.shape, device=dev).normal_(0.0, 0.02, generator=gen)
         p.copy_(vals.to(p.dtype))
 
 

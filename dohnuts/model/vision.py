@@ -295,6 +295,7 @@ def build_vision_tower(cfg: VisionConfig, *, tensors=None, seed: int = 0, device
     if tensors is not None:
         assign_weights(tower, tensors, source=source, what="vision")
     else:
-        tower.to_empty(device="cpu")
+        tower = tower.to(dtype=dtype)
+        tower.to_empty(device=device)
         init_weights(tower, seed)
     return tower.to(device=device, dtype=dtype)

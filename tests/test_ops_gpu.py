@@ -1,0 +1,194 @@
+"""Fused ops against their plain-torch references on the GPU (skipped without one).
+
+Forward and gradients at Qwen3.5's head sizes, BF16 inputs for the fused path against FP32
+references. `test_gated_delta_rule_grad_parity_qwen_sizes` is the proof behind lifting fla's
+Hopper guard (docs/known-issues.md KI-1): it runs the exact backward kernels the training path
+uses and must pass wherever GPU tests run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.reference import relative_error
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+BF16_TOL = 2e-2
+
+
+def _pair(*shape, scale=1.0, seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(*shape, device=DEV, generator=g) * scale
+    return x.bfloat16().requires_grad_(), x.clone().requires_grad_()
+
+
+def _grads(*xs):
+    return [x.grad for x in xs]
+
+
+def test_rms_norm_and_gated_norm():
+    from dohnuts.ops.norm import gated_rms_norm_fused, gated_rms_norm_reference, rms_norm_fused, rms_norm_reference
+
+    xb, xf = _pair(4, 77, 2048)
+    w = 1.0 + 0.1 * torch.randn(2048, device=DEV)
+    yb = rms_norm_fused(xb, w, 1e-6)
+    yf = rms_norm_reference(xf, w, 1e-6)
+    assert relative_error(yb.float(), yf) < BF16_TOL
+    go = torch.randn_like(yf)
+    yb.backward(go.bfloat16())
+    yf.backward(go)
+    assert relative_error(xb.grad.float(), xf.grad) < BF16_TOL
+
+    xb, xf = _pair(4 * 77 * 16, 128, seed=1)
+    gb, gf = _pair(4 * 77 * 16, 128, seed=2)
+    wn = (1.0 + 0.1 * torch.randn(128, device=DEV))
+    yb = gated_rms_norm_fused(xb, gb, wn.bfloat16(), 1e-6)
+    yf = gated_rms_norm_reference(xf, gf, wn, 1e-6)
+    assert relative_error(yb.float(), yf) < BF16_TOL
+    go = torch.randn_like(yf)
+    yb.backward(go.bfloat16())
+    yf.backward(go)
+    assert relative_error(xb.grad.float(), xf.grad) < BF16_TOL
+    assert relative_error(gb.grad.float(), gf.grad) < BF16_TOL
+
+
+def test_swiglu():
+    from dohnuts.ops.activation import swiglu_fused, swiglu_reference
+
+    ab, af = _pair(8, 128, 6144, seed=3)
+    bb, bf = _pair(8, 128, 6144, seed=4)
+    yb, yf = swiglu_fused(ab, bb), swiglu_reference(af, bf)
+    assert relative_error(yb.float(), yf) < BF16_TOL
+    go = torch.randn_like(yf)
+    yb.backward(go.bfloat16())
+    yf.backward(go)
+    assert relative_error(ab.grad.float(), af.grad) < BF16_TOL
+    assert relative_error(bb.grad.float(), bf.grad) < BF16_TOL
+
+
+def test_causal_conv1d_with_state():
+    from dohnuts.ops.conv import causal_conv1d_fused, causal_conv1d_reference
+
+    D = 2 * 16 * 128 + 16 * 128  # Qwen3.5-2b conv width
+    xb, xf = _pair(3, 130, D, seed=5)
+    wb, wf = _pair(D, 4, scale=0.5, seed=6)
+    sb, sf = _pair(3, D, 4, seed=7)
+    yb, stb = causal_conv1d_fused(xb, wb, sb, True)
+    yf, stf = causal_conv1d_reference(xf, wf, sf, True)
+    assert relative_error(yb.float(), yf) < BF16_TOL
+    assert relative_error(stb.float(), stf) < BF16_TOL
+    go = torch.randn_like(yf)
+    yb.backward(go.bfloat16())
+    yf.backward(go)
+    for a, b in ((xb, xf), (wb, wf), (sb, sf)):
+        assert relative_error(a.grad.float(), b.grad) < BF16_TOL
+
+
+@pytest.mark.parametrize("tk", [300, 300 + 448])  # without and with a cached past (shared prefix)
+def test_attention_gqa(tk):
+    from dohnuts.ops.attention import causal_attention_fused, causal_attention_reference
+
+    qb, qf = _pair(2, 8, 300, 256, seed=8)
+    kb, kf = _pair(2, 2, tk, 256, seed=9)
+    vb, vf = _pair(2, 2, tk, 256, seed=10)
+    yb = causal_attention_fused(qb, kb, vb, 256 ** -0.5)
+    yf = causal_attention_reference(qf, kf, vf, 256 ** -0.5)
+    assert relative_error(yb.float(), yf) < BF16_TOL
+    go = torch.randn_like(yf)
+    yb.backward(go.bfloat16())
+    yf.backward(go)
+    for a, b in ((qb, qf), (kb, kf), (vb, vf)):
+        assert relative_error(a.grad.float(), b.grad) < BF16_TOL
+
+
+@pytest.mark.parametrize("heads", [(16, 16), (16, 32)])  # (H, HV): 0.8b/2b and 4b/9b
+def test_gated_delta_rule_grad_parity_qwen_sizes(heads):
+    """fla's chunked kernels (BF16) vs the chunked FP32 reference: outputs, final state and every
+    input gradient, K = V = 128, T not a multiple of 64, with an initial state."""
+    from dohnuts.ops.delta_rule import gated_delta_rule_fused, gated_delta_rule_reference
+
+    H, HV = heads
+    B, T, K = 2, 500, 128
+    qb, qf = _pair(B, T, H, K, seed=11)
+    kb, kf = _pair(B, T, H, K, seed=12)
+    vb, vf = _pair(B, T, HV, K, seed=13)
+    g0 = -F.softplus(torch.randn(B, T, HV, device=DEV)) * 0.5
+    gb, gf = g0.clone().requires_grad_(), g0.clone().requires_grad_()
+    b0 = torch.rand(B, T, HV, device=DEV)
+    bb, bf = b0.bfloat16().requires_grad_(), b0.clone().requires_grad_()
+    h0 = torch.randn(B, HV, K, K, device=DEV) * 0.1
+    hb, hf = h0.clone().requires_grad_(), h0.clone().requires_grad_()
+    ob, sb = gated_delta_rule_fused(qb, kb, vb, gb, bb, initial_state=hb, output_final_state=True)
+    of, sf = gated_delta_rule_reference(qf, kf, vf, gf, bf, initial_state=hf, output_final_state=True)
+    assert relative_error(ob.float(), of) < BF16_TOL
+    assert relative_error(sb.float(), sf) < BF16_TOL
+    go, gs = torch.randn_like(of), torch.randn_like(sf)
+    (ob.float() * go).sum().add_((sb.float() * gs).sum()).backward()
+    ((of * go).sum() + (sf * gs).sum()).backward()
+    for name, a, b in (("dq", qb, qf), ("dk", kb, kf), ("dv", vb, vf), ("dg", gb, gf), ("dbeta", bb, bf),
+                       ("dh0", hb, hf)):
+        err = relative_error(a.grad.float(), b.grad)
+        assert err < BF16_TOL, f"{name}: relative error {err:.2e}"
+
+
+def _force_reference(monkeypatch):
+    import dohnuts.ops.activation as a
+    import dohnuts.ops.attention as at
+    import dohnuts.ops.conv as c
+    import dohnuts.ops.delta_rule as d
+    import dohnuts.ops.norm as n
+
+    for mod in (a, at, c, d, n):
+        monkeypatch.setattr(mod, "use_fused", lambda x: False)
+
+
+def test_backbone_fused_bf16_matches_reference_fp32(monkeypatch):
+    """A 4-layer model with Qwen3.5-2b widths: fused BF16 hidden states vs FP32 reference."""
+    from dataclasses import replace
+
+    from dohnuts.config import preset
+    from dohnuts.model.build import build_text_backbone
+
+    cfg = preset("qwen3.5-2b")
+    cfg = replace(cfg, text=replace(cfg.text, num_hidden_layers=4, layer_types=()))
+    fused, _ = build_text_backbone(cfg, device=DEV, dtype=torch.bfloat16, seed=0)
+    ref, _ = build_text_backbone(cfg, device=DEV, dtype=torch.float32, seed=0)
+    ids = torch.randint(0, 20000, (4, 333), device=DEV)
+    with torch.no_grad():
+        hb, _ = fused(ids)
+        _force_reference(monkeypatch)
+        hf, _ = ref(ids)
+    assert relative_error(hb.float(), hf) < 3e-2
+
+
+def test_shared_prefix_equals_unshared_bf16():
+    """Scores and LoRA/head gradients with sharing equal those without, in BF16 on the GPU."""
+    import dohnuts.api as api
+    from dohnuts.model.lora import LoRAConfig, LoRALinear
+    from dohnuts.runtime.predict import Predictor
+    from dohnuts.train.objective import RLCDConfig
+    from dohnuts.train.step import microbatch_loss
+    from dohnuts.train.task import synthetic_requests
+
+    model = api.load("tiny", device=DEV, dtype=torch.bfloat16, lora=LoRAConfig(rank=4))
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, LoRALinear):
+                m.lora_B.normal_(0, 0.05)
+    (req,) = synthetic_requests(1, questions=6, shared_prefix=300, seed=4)
+    grads, losses = [], []
+    for share in (True, False):
+        pred = Predictor(model, share_prefix=share, train=True)
+        hb = pred.prepare(req)
+        assert (hb.plan.prefix_len > 0) == share
+        model.zero_grad()
+        model.train()
+        loss = microbatch_loss(model, pred.device_batch(hb), RLCDConfig())
+        loss.backward()
+        losses.append(float(loss))
+        grads.append(torch.cat([p.grad.flatten().float() for p in model.trainable_parameters()]))
+    assert abs(losses[0] - losses[1]) < 2e-2 * max(1.0, abs(losses[1]))
+    assert relative_error(grads[0], grads[1]) < 5e-2
