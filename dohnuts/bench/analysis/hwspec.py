@@ -1,0 +1,357 @@
+"""Hardware specs: the ceilings a stage's work is bounded by, with the derivation of each.
+
+A spec is a YAML file (see hwspecs/README.md; built-in: hwspecs/rx7900xtx.yaml, hwspecs/h200.yaml):
+
+    name: AMD Radeon RX 7900 XTX          # required
+    device_names: ["7900 XTX"]            # substrings of torch's device name this spec describes
+    target_fraction: 0.8                  # the "80% target" (default 0.8)
+    overlap_compute_kinds: false          # may matrix and vector work run at the same time?
+    ceilings:                             # one or more named ceilings
+      bf16_matrix:
+        kind: compute                     # compute (FLOP/s) | bandwidth (B/s)
+        provenance: derived               # datasheet | derived | measured
+        factors: {compute_units: 96, clock_hz: 2.5e9, flops_per_clock_per_cu: 512}
+        value: 122.88e12                  # optional when factors are given; checked against them
+        source: "AMD ..."                 # required: where the number (or each factor) comes from
+        date: 2026-11-30                  # required for measured ceilings
+        note: "..."                       # optional
+    roles:                                # per precision: which ceiling bounds which kind of work
+      bf16: {matrix: bf16_matrix, attention: bf16_matrix, scan: bf16_matrix, vector: fp32_vector,
+             memory: gddr6, host_link: pcie4_x16}
+    measured_roles:                       # optional: the same roles met by *measured* ceilings;
+      bf16: {matrix: bf16_matmul_8192}    # roles left out fall back to `roles`
+
+A ceiling's value is the product of its factors (numbers, or fractions written "128/130"); when
+both are given they must agree within 0.1%, so a typo in either is caught. `derived` ceilings
+must show their factors; `measured` ones must say when they were measured. Every problem is a
+ConfigError naming the file and the dotted field (e.g. `ceilings.bf16_matrix.factors.clock_hz`).
+
+`with_measured_ceilings(spec, measured)` adds the ceilings the harness measures at the start of
+a run (a large BF16 matmul, a device copy, pinned host copies) as measured roles.
+
+Why two role tables: a datasheet number is what the silicon allows, a measured microbenchmark
+is what this software stack reaches on it; efficiency is reported against both, and a
+microbenchmark is never mistaken for API throughput.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from dohnuts.errors import ConfigError
+
+COMPUTE_ROLES = ("matrix", "attention", "scan", "vector")  # kinds of FLOPs (dohnuts.bench.analysis.flops)
+BANDWIDTH_ROLES = ("memory", "host_link")  # device memory traffic, host<->device transfers
+ROLES = COMPUTE_ROLES + BANDWIDTH_ROLES
+KINDS = ("compute", "bandwidth")
+PROVENANCES = ("datasheet", "derived", "measured")
+BASES = ("datasheet", "measured")  # `datasheet` = the `roles` table (datasheet or derived numbers)
+PRODUCT_TOLERANCE = 1e-3  # stated value vs product of factors
+_TOP_KEYS = {"schema", "name", "description", "device_names", "target_fraction", "overlap_compute_kinds",
+             "ceilings", "roles", "measured_roles", "memory_capacity_bytes"}
+_CEILING_KEYS = {"kind", "provenance", "factors", "value", "source", "date", "note", "unit"}
+BUILTIN_DIR = Path(__file__).resolve().parents[3] / "hwspecs"  # repository root hwspecs/
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """One rate limit of the device: FLOP/s (compute) or B/s (bandwidth), and where it comes from."""
+
+    name: str
+    kind: str  # "compute" | "bandwidth"
+    value: float  # FLOP/s or B/s; the product of `factors` when they are given
+    provenance: str  # "datasheet" | "derived" | "measured"
+    source: str
+    factors: tuple[tuple[str, float], ...] = ()
+    stated: float | None = None  # the value as written in the file, if any
+    date: str | None = None
+    note: str | None = None
+
+    @property
+    def unit(self) -> str:
+        return "FLOP/s" if self.kind == "compute" else "B/s"
+
+    def target(self, fraction: float) -> float:
+        """The rate a stage must reach to meet the target (e.g. 0.8 × 122.88e12 = 98.304e12)."""
+        return self.value * fraction
+
+    def describe(self) -> str:
+        """`96 × 2.5e+09 × 512 = 1.229e+14 FLOP/s (derived)`: the derivation in one line."""
+        text = f"{self.value:.4g} {self.unit} ({self.provenance})"
+        if self.factors:
+            text = " × ".join(f"{v:g}" for _, v in self.factors) + " = " + text
+        return text
+
+
+@dataclass(frozen=True)
+class HwSpec:
+    """A device: its named ceilings and which ceiling bounds which kind of work, per precision."""
+
+    name: str
+    ceilings: Mapping[str, Ceiling]
+    roles: Mapping[str, Mapping[str, str]]  # precision → role → ceiling name
+    measured_roles: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    target_fraction: float = 0.8
+    overlap_compute_kinds: bool = False
+    device_names: tuple[str, ...] = ()
+    description: str = ""
+    source: str | None = None  # the file it was read from
+
+    def precisions(self) -> tuple[str, ...]:
+        return tuple(self.roles)
+
+    def has_measured(self, precision: str) -> bool:
+        return bool(self.measured_roles.get(precision))
+
+    def ceiling(self, role: str, precision: str, basis: str = "datasheet") -> Ceiling:
+        """The ceiling that bounds `role` work at `precision`. The measured basis falls back to
+        the datasheet ceiling for roles nobody measured (the limiter then names that ceiling)."""
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r} (expected one of {ROLES})")
+        if basis not in BASES:
+            raise ValueError(f"unknown basis {basis!r} (expected one of {BASES})")
+        if precision not in self.roles:
+            raise ConfigError(f"has no roles for precision {precision!r} (it has {', '.join(self.roles)})",
+                              source=self.source, field="roles")
+        if basis == "measured" and role in self.measured_roles.get(precision, {}):
+            return self.ceilings[self.measured_roles[precision][role]]
+        return self.ceilings[self.roles[precision][role]]
+
+    def matches(self, device_name: str) -> bool:
+        """Whether a record's device name is one this spec describes (case-insensitive substring)."""
+        low = device_name.lower()
+        return any(n.lower() in low for n in self.device_names)
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_hwspec(path: str | Path) -> HwSpec:
+    """Read and validate a hwspec YAML file."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot be read ({exc.strerror})", source=str(path)) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"is not valid YAML: {exc}", source=str(path)) from None
+    return parse_hwspec(data, source=str(path))
+
+
+def find_hwspec(name_or_path: str | Path) -> HwSpec:
+    """A path to a YAML file, or the name of a built-in spec (`rx7900xtx`, `h200`)."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return load_hwspec(path)
+    builtin = BUILTIN_DIR / f"{name_or_path}.yaml"
+    if builtin.exists():
+        return load_hwspec(builtin)
+    known = sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml")) if BUILTIN_DIR.is_dir() else []
+    raise ConfigError(f"is neither a file nor a built-in hwspec (known: {', '.join(known) or 'none'})",
+                      source=str(name_or_path))
+
+
+def parse_hwspec(data: Any, *, source: str) -> HwSpec:
+    """Validate the parsed YAML of a spec; every error names `source` and the dotted field."""
+    if not isinstance(data, dict):
+        raise ConfigError("must be a mapping at the top level", source=source)
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise ConfigError(f"is not a hwspec field (known: {', '.join(sorted(_TOP_KEYS))})",
+                          source=source, field=unknown[0])
+    if data.get("schema", 1) != 1:
+        raise ConfigError(f"is {data['schema']!r}; this version reads schema 1", source=source, field="schema")
+    name = data.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError("is missing (a non-empty string)", source=source, field="name")
+    fraction = _number(data.get("target_fraction", 0.8), source, "target_fraction")
+    if not 0.0 < fraction <= 1.0:
+        raise ConfigError(f"must lie in (0, 1], got {fraction}", source=source, field="target_fraction")
+    overlap = data.get("overlap_compute_kinds", False)
+    if not isinstance(overlap, bool):
+        raise ConfigError("must be true or false", source=source, field="overlap_compute_kinds")
+    names = data.get("device_names", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError("must be a list of non-empty strings", source=source, field="device_names")
+
+    raw = data.get("ceilings")
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError("is missing (a mapping of named ceilings)", source=source, field="ceilings")
+    ceilings = {str(k): _ceiling(str(k), v, source) for k, v in raw.items()}
+    roles = _roles(data.get("roles"), ceilings, source, "roles", required=True)
+    measured = _roles(data.get("measured_roles"), ceilings, source, "measured_roles", required=False)
+    for precision in measured:
+        if precision not in roles:
+            raise ConfigError(f"names precision {precision!r}, which `roles` does not", source=source,
+                              field=f"measured_roles.{precision}")
+    return HwSpec(name=name.strip(), ceilings=ceilings, roles=roles, measured_roles=measured,
+                  target_fraction=fraction, overlap_compute_kinds=overlap, device_names=tuple(names),
+                  description=str(data.get("description", "")), source=source)
+
+
+def _number(value: Any, source: str, where: str) -> float:
+    """A finite number. Strings are accepted because PyYAML reads `2.5e9` (no exponent sign) as a
+    string; `a/b` fractions let a factor be written exactly (PCIe's 128/130 line code)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"must be a number, got {value!r}", source=source, field=where)
+    if isinstance(value, (int, float)):
+        out = float(value)
+    elif isinstance(value, str):
+        try:
+            if "/" in value:
+                num, den = value.split("/")
+                out = float(num) / float(den)
+            else:
+                out = float(value)
+        except (ValueError, ZeroDivisionError):
+            raise ConfigError(f"must be a number or a fraction a/b, got {value!r}", source=source,
+                              field=where) from None
+    else:
+        raise ConfigError(f"must be a number, got {value!r}", source=source, field=where)
+    if not math.isfinite(out):
+        raise ConfigError(f"must be finite, got {value!r}", source=source, field=where)
+    return out
+
+
+def _positive(value: Any, source: str, where: str) -> float:
+    out = _number(value, source, where)
+    if out <= 0:
+        raise ConfigError(f"must be positive, got {value!r}", source=source, field=where)
+    return out
+
+
+def _ceiling(name: str, d: Any, source: str) -> Ceiling:
+    where = f"ceilings.{name}"
+    if not isinstance(d, dict):
+        raise ConfigError("must be a mapping (kind, provenance, value and/or factors, source)", source=source,
+                          field=where)
+    unknown = sorted(set(d) - _CEILING_KEYS)
+    if unknown:
+        raise ConfigError(f"is not a ceiling field (known: {', '.join(sorted(_CEILING_KEYS))})", source=source,
+                          field=f"{where}.{unknown[0]}")
+    kind = d.get("kind")
+    if kind not in KINDS:
+        raise ConfigError(f"must be one of {KINDS}, got {kind!r}", source=source, field=f"{where}.kind")
+    provenance = d.get("provenance")
+    if provenance not in PROVENANCES:
+        raise ConfigError(f"must be one of {PROVENANCES}, got {provenance!r}", source=source,
+                          field=f"{where}.provenance")
+    src = d.get("source")
+    if not isinstance(src, str) or not src.strip():
+        raise ConfigError("is missing: say where the number comes from", source=source, field=f"{where}.source")
+    raw_factors = d.get("factors") or {}
+    if not isinstance(raw_factors, dict):
+        raise ConfigError("must be a mapping of named factors", source=source, field=f"{where}.factors")
+    factors = tuple((str(k), _positive(v, source, f"{where}.factors.{k}")) for k, v in raw_factors.items())
+    stated = None if d.get("value") is None else _positive(d["value"], source, f"{where}.value")
+    if stated is None and not factors:
+        raise ConfigError("is missing (give the value, its factors, or both)", source=source, field=f"{where}.value")
+    if provenance == "derived" and not factors:
+        raise ConfigError("is required for a derived ceiling", source=source, field=f"{where}.factors")
+    date = d.get("date")
+    if provenance == "measured" and not date:
+        raise ConfigError("is required for a measured ceiling (when it was measured)", source=source,
+                          field=f"{where}.date")
+    value = stated
+    if factors:
+        value = math.prod(v for _, v in factors)
+        if stated is not None and abs(stated - value) > PRODUCT_TOLERANCE * value:
+            raise ConfigError(
+                f"is {stated:.6g} but its factors multiply to {value:.6g} "
+                f"({abs(stated - value) / value:.3%} apart, more than {PRODUCT_TOLERANCE:.1%})",
+                source=source, field=f"{where}.value")
+    unit = d.get("unit")
+    expected = "FLOP/s" if kind == "compute" else "B/s"
+    if unit is not None and unit != expected:
+        raise ConfigError(f"must be {expected!r} for a {kind} ceiling, got {unit!r}", source=source,
+                          field=f"{where}.unit")
+    return Ceiling(name=name, kind=kind, value=float(value), provenance=provenance, source=src.strip(),
+                   factors=factors, stated=stated, date=None if date is None else str(date),
+                   note=None if d.get("note") is None else str(d["note"]))
+
+
+def _roles(d: Any, ceilings: Mapping[str, Ceiling], source: str, key: str, *, required: bool
+           ) -> dict[str, dict[str, str]]:
+    if d is None and not required:
+        return {}
+    if not isinstance(d, dict) or not d:
+        raise ConfigError("is missing (precision → role → ceiling name)", source=source, field=key)
+    out: dict[str, dict[str, str]] = {}
+    for precision, table in d.items():
+        where = f"{key}.{precision}"
+        if not isinstance(table, dict):
+            raise ConfigError(f"must map roles {ROLES} to ceiling names", source=source, field=where)
+        for role in table:
+            if role not in ROLES:
+                raise ConfigError(f"is not a role (expected one of {ROLES})", source=source, field=f"{where}.{role}")
+        if required:
+            for role in ROLES:
+                if role not in table or table[role] is None:
+                    raise ConfigError("is missing: every role needs a ceiling", source=source,
+                                      field=f"{where}.{role}")
+        for role, name in table.items():
+            if name not in ceilings:
+                raise ConfigError(f"names ceiling {name!r}, which is not defined under `ceilings`",
+                                  source=source, field=f"{where}.{role}")
+            want = "compute" if role in COMPUTE_ROLES else "bandwidth"
+            if ceilings[name].kind != want:
+                raise ConfigError(f"needs a {want} ceiling, but {name!r} is {ceilings[name].kind}",
+                                  source=source, field=f"{where}.{role}")
+            if key == "measured_roles" and ceilings[name].provenance != "measured":
+                raise ConfigError(f"may only name measured ceilings; {name!r} is {ceilings[name].provenance}",
+                                  source=source, field=f"{where}.{role}")
+        out[str(precision)] = {str(r): str(n) for r, n in table.items()}
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Ceilings measured by the harness at the start of a run
+
+# microbenchmark key → roles it meets, and the precisions it applies to (None = every precision)
+RUN_MEASUREMENTS = {
+    "bf16_matmul": (("matrix", "attention", "scan"), ("bf16",)),
+    "device_copy": (("memory",), None),
+    "h2d_pinned": (("host_link",), None),
+    "d2h_pinned": (("host_link",), None),
+}
+
+
+def with_measured_ceilings(spec: HwSpec, measured: Mapping[str, Mapping[str, Any]]) -> HwSpec:
+    """`spec` plus the ceilings the harness measured on this machine at the start of the run.
+
+    `measured` maps a microbenchmark (bench_plugins.analyzers.microbench: bf16_matmul,
+    device_copy, h2d_pinned, d2h_pinned) to {"value", "kind", "method", "date"}. Each becomes a
+    measured ceiling `<key>_this_run` that takes its roles in `measured_roles`, replacing the
+    file's measured numbers (this machine, now). The two pinned copies share the host-link
+    role; the faster one is kept, since a bound must stay optimistic. Entries that are unknown,
+    of the wrong kind or not a positive finite number are ignored: the basis then falls back to
+    the file's measured ceilings, or to the datasheet."""
+    ceilings = dict(spec.ceilings)
+    roles = {p: dict(t) for p, t in spec.measured_roles.items()}
+    for key, entry in measured.items():
+        if key not in RUN_MEASUREMENTS or not isinstance(entry, Mapping):
+            continue
+        role_names, precisions = RUN_MEASUREMENTS[key]
+        kind = "compute" if role_names[0] in COMPUTE_ROLES else "bandwidth"
+        value = entry.get("value")
+        if (entry.get("kind", kind) != kind or isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value) or value <= 0):
+            continue
+        name = f"{key}_this_run"
+        ceilings[name] = Ceiling(name=name, kind=kind, value=float(value), provenance="measured",
+                                 source=str(entry.get("method") or key) + " (measured at the start of this run)",
+                                 date=None if entry.get("date") is None else str(entry["date"]))
+        for precision in [p for p in precisions or tuple(spec.roles) if p in spec.roles]:
+            table = roles.setdefault(precision, {})
+            for role in role_names:
+                current = ceilings.get(table.get(role, ""))
+                if current is None or not current.name.endswith("_this_run") or current.value < value:
+                    table[role] = name
+    return dataclasses.replace(spec, ceilings=ceilings, measured_roles=roles)

@@ -1,0 +1,238 @@
+"""From raw JSONL records to an Analysis: per workload and target, per stage and per call.
+
+Records are grouped by (workload name, target). Per record: the stage costs of its WorkCounts
+(cost.py) and their bounds under the hwspec's datasheet ceilings and, when the spec has them
+for the run's precision, its measured ceilings (bounds.py). Per group and stage: the median
+measured time (device time when recorded, else host time), the median bound, efficiency =
+median bound / median measured, the limiter, the 80%-target verdict. Per call: stage medians
+combined over the pipeline graph (sum, max, critical path, single-call latency) for bounds
+and for measurements, the median wall time, whole-call efficiency = critical-path bound /
+measured wall, decisions per second measured and at the bound, and the useful / padded /
+repeated tokens and FLOPs. Stages without a cost model (CPU preparation, serialization) are
+reported with their measurements and bound 0: no analytic bound exists for them.
+
+When a target times one `forward` interval and none of prefix / suffix / head (the training
+step, a peer implementation), those cost stages are folded into `forward` so the comparison is
+like for like.
+
+A group must not mix precisions or model architectures (that would average different
+experiments); it may pool several runs of the same workload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from dataclasses import dataclass
+from typing import Iterable
+
+from dohnuts.bench.analysis.bounds import CallBounds, combine, efficiency, meets_target, stage_bound
+from dohnuts.bench.analysis.cost import StageCost, call_totals, fold_stages, stage_costs, token_counts
+from dohnuts.bench.analysis.critical_path import STAGE_RESOURCES, CallGraph, default_call_graph
+from dohnuts.bench.analysis.hwspec import HwSpec
+from dohnuts.bench.analysis.records import (
+    DTYPE_BYTES, RecordError, check_record, lora_of, model_of, stage_ms, where, work_of,
+)
+
+# A target that times one `forward` and none of prefix / suffix / head (the training step, a
+# peer implementation) is compared with the bound of all of them together.
+FOLDED_INTO_FORWARD = ("prefix", "suffix", "head", "forward")
+
+
+@dataclass(frozen=True)
+class StageRow:
+    stage: str
+    resource: str
+    measured_ms: float | None  # median over the group's calls; None when the stage was not timed
+    bound_ms: dict[str, float]  # basis → median T_lower
+    efficiency: dict[str, float | None]  # basis → bound / measured
+    limiter: dict[str, str]  # basis → "compute (bf16_matrix)", "bandwidth (gddr6)", "—"
+    meets_target: dict[str, bool | None]  # basis → measured <= bound / 0.8
+    useful_flops: dict[str, float]  # kind → FLOP (median call)
+    padded_flops: float
+    repeated_flops: float
+    useful_bytes: float  # device memory
+    link_bytes: float  # host link
+    modelled: bool  # False: no cost model for this stage (bound 0, measured only)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def intensity(self) -> float | None:
+        """Useful FLOPs per necessary device byte (the roofline's x axis)."""
+        total = sum(self.useful_flops.values())
+        return total / self.useful_bytes if total and self.useful_bytes else None
+
+
+@dataclass(frozen=True)
+class CallRow:
+    wall_ms: float  # median measured wall time of a call
+    bound: dict[str, CallBounds]  # basis → stage bounds combined
+    measured: CallBounds  # measured stage medians combined over the same graph
+    efficiency: dict[str, float | None]  # basis → critical-path bound / wall
+    meets_target: dict[str, bool | None]
+    decisions: float  # median decisions per call
+    decisions_per_s: float | None  # measured
+    ceiling_decisions_per_s: dict[str, float | None]  # decisions / critical-path bound
+    tokens: dict[str, float]  # useful, padded, repeated, recomputed (median call)
+    flops: dict[str, float]  # useful, padded, repeated (median call, all stages)
+
+
+@dataclass(frozen=True)
+class GroupAnalysis:
+    workload: str
+    target: str
+    precision: str
+    device: str
+    model: str
+    calls: int
+    runs: tuple[str, ...]
+    bases: tuple[str, ...]  # ("datasheet",) or ("datasheet", "measured")
+    stages: tuple[StageRow, ...]
+    call: CallRow
+    graph: CallGraph
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Analysis:
+    hwspec: HwSpec
+    groups: tuple[GroupAnalysis, ...]
+    warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        """A JSON-serialisable summary (for the run's summary file; raw records stay the source)."""
+        spec = self.hwspec
+        return {
+            "hwspec": {"name": spec.name, "source": spec.source, "target_fraction": spec.target_fraction,
+                       "overlap_compute_kinds": spec.overlap_compute_kinds,
+                       "ceilings": {c.name: {"kind": c.kind, "value": c.value, "unit": c.unit,
+                                             "provenance": c.provenance, "factors": dict(c.factors),
+                                             "source": c.source, "date": c.date} for c in spec.ceilings.values()}},
+            "groups": [_group_dict(g) for g in self.groups],
+            "warnings": list(self.warnings),
+        }
+
+
+def _group_dict(g: GroupAnalysis) -> dict:
+    c = g.call
+    return {
+        "workload": g.workload, "target": g.target, "precision": g.precision, "device": g.device,
+        "model": g.model, "calls": g.calls, "runs": list(g.runs), "bases": list(g.bases),
+        "stages": [dataclasses.asdict(r) | {"intensity": r.intensity} for r in g.stages],
+        "call": {"wall_ms": c.wall_ms, "bound": {b: dataclasses.asdict(x) for b, x in c.bound.items()},
+                 "measured": dataclasses.asdict(c.measured), "efficiency": c.efficiency,
+                 "meets_target": c.meets_target, "decisions": c.decisions, "decisions_per_s": c.decisions_per_s,
+                 "ceiling_decisions_per_s": c.ceiling_decisions_per_s, "tokens": c.tokens, "flops": c.flops},
+        "graph": {"stages": [list(s) for s in g.graph.stages],
+                  "dependencies": [dataclasses.asdict(d) for d in g.graph.dependencies]},
+        "warnings": list(g.warnings),
+    }
+
+
+def _median(values: Iterable[float]) -> float:
+    return float(statistics.median(list(values)))
+
+
+def analyze_records(records: list[dict], hwspec: HwSpec, *, buffers: int = 2) -> Analysis:
+    """Analyse schema-1 records (read_jsonl's output) against `hwspec`."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for rec in records:
+        check_record(rec)
+        groups.setdefault((str(rec["workload"]["name"]), str(rec["target"])), []).append(rec)
+    out = [_group(key, recs, hwspec, buffers) for key, recs in groups.items()]
+    warnings = tuple(w for g in out for w in g.warnings)
+    return Analysis(hwspec, tuple(out), warnings)
+
+
+def _group(key: tuple[str, str], recs: list[dict], spec: HwSpec, buffers: int) -> GroupAnalysis:
+    workload, target = key
+    first = recs[0]
+    precision, model = first["precision"], model_of(first)
+    for rec in recs[1:]:
+        if rec["precision"] != precision:
+            raise RecordError(f"mixes precisions {precision!r} and {rec['precision']!r} in workload {workload!r} "
+                              f"({target})", source=where(rec), field="precision")
+        if model_of(rec).config_hash() != model.config_hash():
+            raise RecordError(f"mixes model architectures in workload {workload!r} ({target})", source=where(rec),
+                              field="model")
+    warnings = []
+    device = str(first["device"].get("name", "?"))
+    if first["device"].get("type") == "cpu":
+        warnings.append(f"{workload} ({target}): a CPU run analysed against {spec.name}: the bounds do not apply")
+    elif spec.device_names and not spec.matches(device):
+        warnings.append(f"{workload} ({target}): device {device!r} is not one {spec.name} describes")
+    if precision not in spec.roles:
+        raise RecordError(f"is {precision!r}, for which hwspec {spec.name} has no roles", source=where(first),
+                          field="precision")
+    bases = ("datasheet", "measured") if spec.has_measured(precision) else ("datasheet",)
+    lora = lora_of(first)
+
+    timed = {n for r in recs for n in r["stages"]}
+    fold = "forward" in timed and not timed & set(FOLDED_INTO_FORWARD[:-1])
+    costs: list[dict[str, StageCost]] = []
+    for rec in recs:
+        try:
+            c = stage_costs(model, work_of(rec), DTYPE_BYTES[precision], lora)
+        except ValueError as exc:
+            raise RecordError(str(exc), source=where(rec), field="work") from None
+        costs.append(fold_stages(c, "forward", FOLDED_INTO_FORWARD) if fold else c)
+    names = list(dict.fromkeys([n for c in costs for n in c] + [n for r in recs for n in r["stages"]]))
+    known = {s for s, _ in STAGE_RESOURCES}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        warnings.append(f"{workload} ({target}): stage(s) {', '.join(unknown)} have no cost model; "
+                        "placed on the host before h2d")
+    graph = default_call_graph(names, buffers=buffers)
+    resource = dict(graph.stages)
+
+    rows, measured_med, bound_med = [], {}, {b: {} for b in bases}
+    for name in graph.names:
+        times = [stage_ms(r["stages"][name]) for r in recs if name in r["stages"]]
+        measured = _median(times) if times else None
+        have = [c[name] for c in costs if name in c]
+        bound = {b: _median(stage_bound(c, spec, precision, b).ms for c in have) if have else 0.0 for b in bases}
+        # The representative call (median datasheet bound) names the limiter and the FLOP split.
+        mid = sorted(have, key=lambda c: stage_bound(c, spec, precision).ms)[len(have) // 2] if have else None
+        limiter = {b: stage_bound(mid, spec, precision, b).describe() if mid else "—" for b in bases}
+        rows.append(StageRow(
+            stage=name, resource=resource[name], measured_ms=measured, bound_ms=bound,
+            efficiency={b: efficiency(bound[b], measured) if have else None for b in bases},
+            limiter=limiter,
+            meets_target={b: meets_target(measured, bound[b], spec.target_fraction) if have else None for b in bases},
+            useful_flops=mid.useful.kinds() if mid else {},
+            padded_flops=_median(c.padded.total_flops for c in have) if have else 0.0,
+            repeated_flops=_median(c.repeated.total_flops for c in have) if have else 0.0,
+            useful_bytes=_median(c.useful.device_bytes for c in have) if have else 0.0,
+            link_bytes=_median(c.useful.link_bytes for c in have) if have else 0.0,
+            modelled=bool(have), notes=mid.notes if mid else ()))
+        for b, eff in rows[-1].efficiency.items():
+            if eff is not None and eff > 1.0 + 1e-9:  # a lower bound above a measurement is a wrong bound
+                warnings.append(f"{workload} ({target}): stage {name} ran faster than its {b} bound "
+                                f"({eff:.0%}): the cost model overstates its work or the hwspec a ceiling")
+        if measured is not None:
+            measured_med[name] = measured
+        for b in bases:
+            bound_med[b][name] = bound[b]
+    return GroupAnalysis(workload, target, precision, device, model.name, len(recs),
+                         tuple(sorted({str(r["run_id"]) for r in recs})), bases, tuple(rows),
+                         _call_row(recs, costs, graph, bases, measured_med, bound_med, spec), graph, tuple(warnings))
+
+
+def _call_row(recs, costs, graph, bases, measured_med, bound_med, spec) -> CallRow:
+    wall = _median(float(r["wall_ms"]) for r in recs)
+    decisions = _median(float(r.get("decisions") or 0) for r in recs)
+    bound = {b: combine(bound_med[b], graph) for b in bases}
+    eff = {b: efficiency(bound[b].critical_ms, wall) for b in bases}
+    works = [work_of(r) for r in recs]
+    tokens = [token_counts(w) for w in works]
+    totals = [call_totals(c) for c in costs]
+    return CallRow(
+        wall_ms=wall, bound=bound, measured=combine(measured_med, graph), efficiency=eff,
+        meets_target={b: meets_target(wall, bound[b].critical_ms, spec.target_fraction) for b in bases},
+        decisions=decisions, decisions_per_s=decisions / wall * 1e3 if wall > 0 else None,
+        ceiling_decisions_per_s={b: decisions / bound[b].critical_ms * 1e3 if bound[b].critical_ms > 0 else None
+                                 for b in bases},
+        tokens={"useful": _median(t["useful"] for t in tokens), "padded": _median(t["padded"] for t in tokens),
+                "repeated": _median(t["repeated"] for t in tokens),
+                "recomputed": _median(w.recomputed_tokens for w in works)},
+        flops={k: _median(t[k].total_flops for t in totals) for k in ("useful", "padded", "repeated")})

@@ -1,0 +1,141 @@
+"""Reading raw JSONL safely, grouping records, and the reports (rich tables, roofline PNG)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+from dohnuts.bench.analysis import (
+    LoraShape, RecordError, RecordWarning, analyze_records, find_hwspec, print_analysis, read_jsonl, roofline_png,
+    stage_bound, stage_costs,
+)
+from dohnuts.bench.analysis.records import stage_ms
+from dohnuts.config import preset
+from dohnuts.runtime.work import WorkCounts
+from tests.test_bounds import _record
+
+WORK = WorkCounts(sequences=3, seq_lens=(200, 230, 250), padded_len=122, prefix_len=128, candidates=9,
+                  image_tokens=64, encoded_image_patches=(256,))
+STAGES = {"prepare": 0.8, "h2d": 0.2, "vision": 1.5, "prefix": 1.0, "suffix": 2.5, "head": 0.05, "d2h": 0.02,
+          "serialize": 0.3}
+
+
+def _lines(n: int, **kw) -> list[str]:
+    return [json.dumps(_record(WORK, STAGES, wall=7.0, model="tiny", iteration=i, **kw)) for i in range(n)]
+
+
+def test_truncated_last_line_is_skipped_with_a_warning(tmp_path):
+    path = tmp_path / "run.jsonl"
+    lines = _lines(3)
+    path.write_text("\n".join(lines[:2]) + "\n" + lines[2][: len(lines[2]) // 2])  # killed mid-append
+    with pytest.warns(RecordWarning, match=r"run.jsonl:3: skipped a truncated last line"):
+        recs = read_jsonl(path)
+    assert [r["iteration"] for r in recs] == [0, 1]
+    assert recs[0]["_source"] == f"{path}:1"
+
+
+def test_other_schema_records_are_skipped_with_a_warning(tmp_path):
+    path = tmp_path / "run.jsonl"
+    other = json.loads(_lines(1)[0]) | {"schema": 2}
+    path.write_text("\n".join([_lines(1)[0], json.dumps(other), "", _lines(2)[1]]) + "\n")
+    with pytest.warns(RecordWarning, match=r"skipped 1 record\(s\) of schema 2 .*lines 2"):
+        recs = read_jsonl(path)
+    assert len(recs) == 2 and all(r["schema"] == 1 for r in recs)
+
+
+def test_a_corrupt_line_in_the_middle_is_an_error_with_its_line_number(tmp_path):
+    path = tmp_path / "run.jsonl"
+    lines = _lines(3)
+    lines[1] = lines[1][:40]
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(RecordError, match=r"run.jsonl: field 'line 2': line 2 is not valid JSON"):
+        read_jsonl(path)
+
+
+def test_missing_fields_and_inconsistent_counts_name_the_record(tmp_path):
+    spec = find_hwspec("rx7900xtx")
+    rec = json.loads(_lines(1)[0]) | {"_source": "run.jsonl:7"}
+    del rec["work"]
+    with pytest.raises(RecordError, match=r"run.jsonl:7: field 'work': is missing"):
+        analyze_records([rec], spec)
+    bad = json.loads(_lines(1)[0]) | {"_source": "run.jsonl:8"}
+    bad["work"]["padded_len"] = 5
+    with pytest.raises(RecordError, match=r"run.jsonl:8: field 'work': padded_len=5"):
+        analyze_records([bad], spec)
+    mixed = [json.loads(line) for line in _lines(2)]
+    mixed[1]["precision"] = "fp32"
+    with pytest.raises(RecordError, match="mixes precisions"):
+        analyze_records(mixed, spec)
+
+
+def test_device_time_is_preferred_over_host_time():
+    assert stage_ms({"host_ms": 5.0, "device_ms": 3.0, "count": 1}) == 3.0
+    assert stage_ms({"host_ms": 5.0, "device_ms": None, "count": 1}) == 5.0
+
+
+def test_groups_by_workload_and_target_and_renders(tmp_path):
+    path = tmp_path / "run.jsonl"
+    peer = [json.dumps(_record(WORK, {**STAGES, "suffix": 9.0}, wall=14.0, model="tiny", iteration=i,
+                               target="transformers", device="NVIDIA H200")) for i in range(2)]
+    path.write_text("\n".join(_lines(3, device="NVIDIA H200") + peer) + "\n")
+    spec = find_hwspec("h200")
+    analysis = analyze_records(read_jsonl(path), spec)
+    assert [(g.workload, g.target, g.calls) for g in analysis.groups] == [("w", "dohnuts", 3), ("w", "transformers", 2)]
+    dohnuts, peer_group = analysis.groups
+    assert dohnuts.bases == ("datasheet", "measured")
+    suffix = {r.stage: r for r in dohnuts.stages}["suffix"]
+    assert suffix.bound_ms["measured"] > suffix.bound_ms["datasheet"]  # measured ceilings are lower
+    assert suffix.efficiency["measured"] > suffix.efficiency["datasheet"]
+    m = dohnuts.call.measured
+    assert m.max_ms <= m.critical_ms <= m.sum_ms
+    assert peer_group.call.efficiency["datasheet"] < dohnuts.call.efficiency["datasheet"]
+
+    console = Console(record=True, width=220)
+    print_analysis(analysis, console)
+    text = console.export_text()
+    for word in ("NVIDIA H200", "suffix", "vision", "critical path", "transformers", "bandwidth", "compute"):
+        assert word in text
+    png = roofline_png(analysis, tmp_path / "plots" / "roofline.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_a_cpu_run_or_another_device_is_flagged():
+    spec = find_hwspec("rx7900xtx")
+    rec = json.loads(_lines(1, device="NVIDIA H200")[0])
+    assert "not one AMD Radeon RX 7900 XTX describes" in analyze_records([rec], spec).warnings[0]
+    rec["device"] = {"name": "cpu", "type": "cpu"}
+    assert "CPU run" in analyze_records([rec], spec).warnings[0]
+
+
+def test_a_stage_faster_than_its_lower_bound_is_flagged():
+    rec = json.loads(_lines(1)[0])
+    rec["stages"]["suffix"]["device_ms"] = 1e-9  # impossible: below any lower bound
+    warnings = analyze_records([rec], find_hwspec("rx7900xtx")).warnings
+    assert any("stage suffix ran faster than its datasheet bound" in w for w in warnings)
+
+
+def test_a_training_step_timed_as_one_forward_gets_the_bound_of_its_parts():
+    micro = [WorkCounts(sequences=3, seq_lens=(200, 230, 250), padded_len=122, prefix_len=128, candidates=9)] * 4
+    call = WorkCounts(sequences=12, seq_lens=micro[0].seq_lens * 4, padded_len=122, prefix_len=128, candidates=36,
+                      train=True, extra={"microbatches": [w.to_dict() for w in micro]})
+    stages = {"prepare": 1.0, "h2d": 0.1, "forward": 4.0, "backward": 8.0, "optimizer": 0.5}
+    rec = _record(call, stages, wall=14.0, model="tiny") | {"target_options": {"lora_rank": 8}}
+    spec = find_hwspec("rx7900xtx")
+    g = analyze_records([rec], spec).groups[0]
+    rows = {r.stage: r for r in g.stages}
+    assert list(rows) == ["prepare", "h2d", "forward", "backward", "optimizer", "d2h"]
+    assert all(r.modelled for n, r in rows.items() if n != "prepare")
+    parts = stage_costs(preset("tiny"), call, lora=LoraShape(rank=8))
+    flops = sum(parts[s].useful.total_flops for s in ("prefix", "suffix", "head"))
+    assert sum(rows["forward"].useful_flops.values()) == pytest.approx(flops, rel=1e-12)
+    assert rows["optimizer"].bound_ms["datasheet"] == stage_bound(parts["optimizer"], spec, "bf16").ms
+
+
+def test_analysis_serialises_to_json():
+    analysis = analyze_records([json.loads(line) for line in _lines(2)], find_hwspec("h200"))
+    d = json.loads(json.dumps(analysis.to_dict()))
+    assert d["groups"][0]["stages"][0]["stage"] == "prepare"
+    assert d["groups"][0]["call"]["bound"]["measured"]["critical_ms"] > 0
+    assert d["hwspec"]["ceilings"]["bf16_matmul_measured"]["provenance"] == "measured"

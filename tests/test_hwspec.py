@@ -1,0 +1,181 @@
+"""Hardware specs: the built-in numbers, their derivation check, and every bad-input error."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dohnuts.bench.analysis.hwspec import BUILTIN_DIR, ROLES, find_hwspec, load_hwspec
+from dohnuts.errors import ConfigError
+
+
+def test_rx7900xtx_matches_the_seed_derivation():
+    spec = find_hwspec("rx7900xtx")
+    bf16 = spec.ceiling("matrix", "bf16")
+    assert bf16.name == "bf16_matrix" and bf16.provenance == "derived"
+    assert dict(bf16.factors) == {"compute_units": 96, "clock_hz": 2.5e9, "flops_per_clock_per_cu": 512}
+    assert bf16.value == 96 * 2.5e9 * 512 == 122.88e12
+    assert bf16.target(spec.target_fraction) == 98.304e12
+    mem = spec.ceiling("memory", "bf16")
+    assert mem.value == 960e9 and mem.target(spec.target_fraction) == 768e9
+    vec = spec.ceiling("vector", "bf16")
+    assert vec.provenance == "datasheet" and vec.value == pytest.approx(61.44e12, rel=0)
+    link = spec.ceiling("host_link", "bf16")  # PCIe 4.0 x16, theoretical, per direction
+    assert link.value == pytest.approx(16e9 * 16 * 128 / 130 / 8) and 31e9 < link.value < 32e9
+    assert spec.ceiling("matrix", "fp32").name == "fp32_vector"  # no FP32 matrix unit
+    assert not spec.has_measured("bf16") and spec.overlap_compute_kinds is False
+    assert spec.matches("AMD Radeon RX 7900 XTX") and not spec.matches("NVIDIA H200")
+
+
+def test_h200_datasheet_and_measured_ceilings_are_labelled():
+    spec = find_hwspec("h200")
+    ds = spec.ceiling("matrix", "bf16", "datasheet")
+    assert (ds.value, ds.provenance, ds.factors) == (989e12, "datasheet", ())
+    assert spec.ceiling("memory", "bf16").value == 4.8e12
+    assert spec.ceiling("vector", "bf16").value == 67e12
+    measured = spec.ceiling("matrix", "bf16", "measured")
+    assert (measured.value, measured.provenance, measured.date) == (763e12, "measured", "2026-11-30")
+    copy = spec.ceiling("memory", "bf16", "measured")
+    assert (copy.value, copy.provenance) == (4.28e12, "measured")
+    # Roles nobody measured fall back to the datasheet ceiling.
+    assert spec.ceiling("vector", "bf16", "measured").name == "fp32_vector"
+    assert spec.ceiling("host_link", "bf16", "measured").value == pytest.approx(32e9 * 16 * 128 / 130 / 8)
+    assert spec.has_measured("bf16") and spec.overlap_compute_kinds is True
+
+
+def _minimal() -> dict:
+    return {
+        "name": "Test GPU",
+        "ceilings": {
+            "mm": {"kind": "compute", "provenance": "derived", "source": "test",
+                   "factors": {"units": 10, "clock_hz": "2e9", "flops_per_clock": 100}},
+            "mem": {"kind": "bandwidth", "provenance": "datasheet", "source": "test", "value": 1e12},
+            "link": {"kind": "bandwidth", "provenance": "derived", "source": "test",
+                     "factors": {"rate": "16e9", "lanes": 16, "code": "128/130", "bytes_per_bit": "1/8"}},
+        },
+        "roles": {"bf16": {"matrix": "mm", "attention": "mm", "scan": "mm", "vector": "mm", "memory": "mem",
+                           "host_link": "link"}},
+    }
+
+
+def _write(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_user_device_loads_and_derives_products(tmp_path):
+    spec = load_hwspec(_write(tmp_path, _minimal()))
+    assert spec.ceiling("matrix", "bf16").value == 10 * 2e9 * 100
+    assert spec.ceiling("host_link", "bf16").value == pytest.approx(16e9 * 16 * 128 / 130 / 8)
+    assert spec.source.endswith("gpu.yaml") and spec.target_fraction == 0.8
+
+
+def test_stated_value_within_tolerance_is_accepted_and_the_product_wins(tmp_path):
+    data = _minimal()
+    data["ceilings"]["mm"]["value"] = 2.0019e12  # 0.095% above 2e12
+    assert load_hwspec(_write(tmp_path, data)).ceiling("matrix", "bf16").value == 2e12
+
+
+def _error(tmp_path, data) -> ConfigError:
+    path = _write(tmp_path, data)
+    with pytest.raises(ConfigError) as info:
+        load_hwspec(path)
+    err = info.value
+    assert err.source == str(path) and str(path) in str(err), "the error must name the file"
+    return err
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d["ceilings"]["mm"].update(value=2.01e12), "ceilings.mm.value"),  # 0.5% off its factors
+    (lambda d: d["ceilings"]["mem"].update(value=0), "ceilings.mem.value"),
+    (lambda d: d["ceilings"]["mem"].update(value=-1e12), "ceilings.mem.value"),
+    (lambda d: d["ceilings"]["mm"]["factors"].update(clock_hz=0), "ceilings.mm.factors.clock_hz"),
+    (lambda d: d["ceilings"]["mm"]["factors"].update(clock_hz="fast"), "ceilings.mm.factors.clock_hz"),
+    (lambda d: d["ceilings"]["mem"].pop("value"), "ceilings.mem.value"),  # neither value nor factors
+    (lambda d: d["ceilings"]["mm"].update(provenance="datasheet", factors=None), "ceilings.mm.value"),
+    (lambda d: d["ceilings"]["mem"].update(provenance="derived"), "ceilings.mem.factors"),
+    (lambda d: d["ceilings"]["mem"].update(provenance="measured"), "ceilings.mem.date"),
+    (lambda d: d["ceilings"]["mem"].update(provenance="rumour"), "ceilings.mem.provenance"),
+    (lambda d: d["ceilings"]["mem"].update(kind="speed"), "ceilings.mem.kind"),
+    (lambda d: d["ceilings"]["mem"].pop("source"), "ceilings.mem.source"),
+    (lambda d: d["ceilings"]["mem"].update(colour="red"), "ceilings.mem.colour"),
+    (lambda d: d.pop("ceilings"), "ceilings"),
+    (lambda d: d["roles"]["bf16"].pop("memory"), "roles.bf16.memory"),  # a missing ceiling
+    (lambda d: d["roles"]["bf16"].update(memory="hbm"), "roles.bf16.memory"),  # an undefined one
+    (lambda d: d["roles"]["bf16"].update(memory="mm"), "roles.bf16.memory"),  # compute for bandwidth
+    (lambda d: d["roles"]["bf16"].update(tensor="mm"), "roles.bf16.tensor"),
+    (lambda d: d.update(measured_roles={"bf16": {"matrix": "mm"}}), "measured_roles.bf16.matrix"),
+    (lambda d: d.update(measured_roles={"fp8": {}}), "measured_roles.fp8"),
+    (lambda d: d.update(target_fraction=1.5), "target_fraction"),
+    (lambda d: d.update(overlap_compute_kinds="yes"), "overlap_compute_kinds"),
+    (lambda d: d.update(flops=1), "flops"),
+    (lambda d: d.pop("name"), "name"),
+])
+def test_bad_specs_name_file_and_field(tmp_path, mutate, field):
+    data = _minimal()
+    mutate(data)
+    err = _error(tmp_path, data)
+    assert err.field == field and f"field '{field}'" in str(err)
+
+
+def test_measured_ceiling_needs_and_keeps_its_date(tmp_path):
+    data = _minimal()
+    data["ceilings"]["mm_measured"] = {"kind": "compute", "provenance": "measured", "value": 1.5e12,
+                                       "date": "2026-11-30", "source": "8192³ matmul"}
+    data["measured_roles"] = {"bf16": {"matrix": "mm_measured"}}
+    spec = load_hwspec(_write(tmp_path, data))
+    assert spec.ceiling("matrix", "bf16", "measured").value == 1.5e12
+    assert spec.ceiling("matrix", "bf16", "datasheet").value == 2e12
+
+
+def test_unreadable_and_unknown_specs(tmp_path):
+    with pytest.raises(ConfigError, match="neither a file nor a built-in"):
+        find_hwspec("no-such-gpu")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_hwspec(bad)
+
+
+def test_every_builtin_spec_loads_and_fills_every_role():
+    files = sorted(BUILTIN_DIR.glob("*.yaml"))
+    assert {f.stem for f in files} >= {"rx7900xtx", "h200"}
+    for f in files:
+        spec = load_hwspec(f)
+        for precision in spec.precisions():
+            for role in ROLES:
+                assert spec.ceiling(role, precision).value > 0
+        for c in spec.ceilings.values():
+            assert c.source, f"{f.name}: {c.name} has no source"
+
+
+def test_readme_documents_every_field():
+    from dohnuts.bench.analysis import hwspec
+
+    text = (BUILTIN_DIR / "README.md").read_text()
+    for key in sorted(hwspec._TOP_KEYS | hwspec._CEILING_KEYS) + list(ROLES) + list(hwspec.PROVENANCES):
+        assert re.search(rf"`{key}`", text), f"hwspecs/README.md does not document `{key}`"
+
+
+def test_ceilings_measured_at_run_start_take_the_measured_roles():
+    from dohnuts.bench.analysis.hwspec import with_measured_ceilings
+
+    run = {"bf16_matmul": {"value": 700e12, "kind": "compute", "method": "8192³", "date": "2027-01-02"},
+           "device_copy": {"value": 4.1e12, "kind": "bandwidth", "method": "2 GiB copy"},
+           "h2d_pinned": {"value": 50e9, "kind": "bandwidth"}, "d2h_pinned": {"value": 53e9, "kind": "bandwidth"},
+           "broken": {"value": 1.0}, "nan_copy": {"value": float("nan")}}
+    spec = with_measured_ceilings(find_hwspec("h200"), run)
+    assert spec.ceiling("matrix", "bf16", "measured").value == 700e12  # replaces the file's 763e12
+    assert spec.ceiling("matrix", "bf16", "measured").date == "2027-01-02"
+    assert spec.ceiling("memory", "fp32", "measured").value == 4.1e12
+    assert spec.ceiling("host_link", "bf16", "measured").value == 53e9  # the faster direction
+    assert spec.ceiling("matrix", "bf16", "datasheet").value == 989e12  # datasheet untouched
+    assert spec.ceiling("matrix", "fp32", "measured").name == "fp32_vector"  # a BF16 matmul says nothing of FP32
+    rx = with_measured_ceilings(find_hwspec("rx7900xtx"), {"bf16_matmul": {"value": -1.0},
+                                                           "device_copy": {"value": 800e9, "kind": "bandwidth"}})
+    assert rx.has_measured("bf16") and rx.ceiling("matrix", "bf16", "measured").name == "bf16_matrix"
+    assert rx.ceiling("memory", "bf16", "measured").value == 800e9
