@@ -146,7 +146,9 @@ def _force_reference(monkeypatch):
 
 
 def test_backbone_fused_bf16_matches_reference_fp32(monkeypatch):
-    """A 4-layer model with Qwen3.5-2b widths: fused BF16 hidden states vs FP32 reference."""
+    """A 4-layer model with Qwen3.5-2b widths: the fused BF16 path is as close to the FP32
+    reference as the plain-torch path run in BF16 is (kernels keep the mathematics; only
+    rounding may differ), and both are within BF16 drift of it."""
     from dataclasses import replace
 
     from dohnuts.config import preset
@@ -155,13 +157,17 @@ def test_backbone_fused_bf16_matches_reference_fp32(monkeypatch):
     cfg = preset("qwen3.5-2b")
     cfg = replace(cfg, text=replace(cfg.text, num_hidden_layers=4, layer_types=()))
     fused, _ = build_text_backbone(cfg, device=DEV, dtype=torch.bfloat16, seed=0)
-    ref, _ = build_text_backbone(cfg, device=DEV, dtype=torch.float32, seed=0)
+    ref32, _ = build_text_backbone(cfg, device=DEV, dtype=torch.float32, seed=0)
     ids = torch.randint(0, 20000, (4, 333), device=DEV)
     with torch.no_grad():
-        hb, _ = fused(ids)
+        h_fused, _ = fused(ids)
         _force_reference(monkeypatch)
-        hf, _ = ref(ids)
-    assert relative_error(hb.float(), hf) < 3e-2
+        h_ref16, _ = fused(ids)  # same BF16 weights, plain-torch ops
+        h_ref32, _ = ref32(ids)
+    err_fused = relative_error(h_fused.float(), h_ref32)
+    err_ref16 = relative_error(h_ref16.float(), h_ref32)
+    assert err_fused < 6e-2 and err_ref16 < 6e-2
+    assert err_fused < 1.5 * err_ref16, f"fused BF16 {err_fused:.3e} vs plain BF16 {err_ref16:.3e}"
 
 
 def test_shared_prefix_equals_unshared_bf16():

@@ -28,6 +28,8 @@ class DohnutsTarget:
         self.train = spec.kind == "train-step"
         lora = LoRAConfig(rank=int(options.get("lora_rank", 16))) if self.train else None
         self.model = api.load(spec.model, device=device, dtype=dtype, seed=spec.seed, lora=lora)
+        # Prediction runs a deployed model (adapters merged: no adapter cost); training carries them.
+        self.lora_info = ({"rank": lora.rank, "targets": list(lora.targets), "merged": False} if lora else None)
         self.predictor = Predictor(self.model, share_prefix=bool(options.get("share_prefix", True)), train=self.train)
         if self.train:
             from dohnuts.train.objective import RLCDConfig
@@ -56,9 +58,12 @@ class DohnutsTarget:
             devs = [self.predictor.device_batch(hb) for hb in hbs]
         res = optimizer_update(self.model, self.optimizer, devs, self.objective, self.optim_cfg, timer=timer)
         works = [hb.work for hb in hbs]
+        if self.optim_cfg.checkpoint_layers:  # every layer's forward runs again in the backward
+            works = [replace(w, recomputed_tokens=w.computed_tokens) for w in works]
         work = replace(
             works[0], sequences=sum(w.sequences for w in works), seq_lens=tuple(n for w in works for n in w.seq_lens),
             candidates=sum(w.candidates for w in works), train=True,
+            recomputed_tokens=sum(w.recomputed_tokens for w in works),
             extra={"microbatches": [w.to_dict() for w in works]},
         )
         return CallResult(decisions=work.sequences, work=work, extra={"loss": res.loss, "grad_norm": res.grad_norm})

@@ -149,7 +149,8 @@ def _measure_call(run, spec, tspec, target, call, device, dtype, cfg, prov, tele
         "stages": stages,
         "wall_ms": (t1 - t0) * 1e3,
         "decisions": result.decisions,
-        "tokens": {"useful": work.useful_tokens, "padded": work.padded_tokens, "computed": work.computed_tokens},
+        "tokens": token_totals(work),
+        "lora": getattr(target, "lora_info", None),
         "work": work.to_dict(),
         "model": cfg.to_dict(),
         "model_source": spec.model,
@@ -162,6 +163,15 @@ def _measure_call(run, spec, tspec, target, call, device, dtype, cfg, prov, tele
         "extra": result.extra | ({"image_cache": image["cache"]} if image else {}),
         "provenance": prov,
     }
+
+
+def token_totals(work) -> dict:
+    """Useful / padded / computed tokens of a call (summed over microbatches for a train step)."""
+    from dohnuts.runtime.work import WorkCounts
+
+    parts = [WorkCounts.from_dict(m) for m in work.extra.get("microbatches", [])] or [work]
+    return {"useful": sum(w.useful_tokens for w in parts), "padded": sum(w.padded_tokens for w in parts),
+            "computed": sum(w.computed_tokens for w in parts)}
 
 
 def new_run_dir(root: Path, label: str) -> tuple[str, Path]:

@@ -57,7 +57,7 @@ class TelemetryThread:
         if self._thread is not None:
             self._thread.join(timeout=2)
 
-    def window(self, t0: float, t1: float, limit: int = 20) -> list[dict]:
+    def window(self, t0: float, t1: float, limit: int = 8) -> list[dict]:
         """Samples taken in [t0, t1] (perf_counter), at most `limit`; a fresh one if none."""
         if not self.samplers:
             return []

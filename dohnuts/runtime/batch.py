@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from dohnuts.runtime.plan import RequestPlan
+from dohnuts.runtime.plan import RequestPlan, longest_common_prefix
 from dohnuts.runtime.work import WorkCounts
 
 
@@ -94,6 +94,9 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
     work = WorkCounts(
         sequences=B, seq_lens=tuple(plan.lengths), padded_len=L, prefix_len=P, candidates=len(flat),
         image_tokens=plan.image_tokens, train=train,
+        # The prefix every question repeats, whether or not this call shares it: the analysis
+        # counts a duplicated prefix as repeated work, so all targets are compared on one basis.
+        extra={"common_prefix_len": longest_common_prefix(plan.sequences)},
     )
     return HostBatch(plan=plan, tensors=batch, work=work, image=image)
 

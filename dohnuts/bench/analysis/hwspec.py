@@ -56,7 +56,8 @@ PRODUCT_TOLERANCE = 1e-3  # stated value vs product of factors
 _TOP_KEYS = {"schema", "name", "description", "device_names", "target_fraction", "overlap_compute_kinds",
              "ceilings", "roles", "measured_roles", "memory_capacity_bytes"}
 _CEILING_KEYS = {"kind", "provenance", "factors", "value", "source", "date", "note", "unit"}
-BUILTIN_DIR = Path(__file__).resolve().parents[3] / "hwspecs"  # repository root hwspecs/
+# The repository's hwspecs/, reached through the dohnuts/bench/hwspecs link, which installs as package data.
+BUILTIN_DIR = Path(__file__).resolve().parents[1] / "hwspecs"
 
 
 @dataclass(frozen=True)
