@@ -1,0 +1,95 @@
+"""Where the time of a shared-prefix call goes: device time vs GPU busy time vs host launch time
+of the prefix pass (1 × P), the forked suffix pass (B × S) and the unshared pass (B × (P + S)).
+
+    python benchmarks/profile_passes.py --preset qwen3.5-2b --batch 32 --prefix 448 --suffix 64 --out DIR
+
+device_ms: CUDA events around the pass (includes GPU idle gaps); busy_ms: the sum of the GPU
+kernel times torch.profiler saw (what the GPU actually worked); host_ms: the Python wall time to
+issue the pass. busy << device ≈ host means the pass is launch-bound (the CPU cannot feed the GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def measure(fn, repeat=5):
+    dev, host = [], []
+    for _ in range(repeat):
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        e.record()
+        e.synchronize()
+        dev.append(s.elapsed_time(e))
+        host.append((t1 - t0) * 1e3)
+    return statistics.median(dev), statistics.median(host)
+
+
+def busy_ms(fn, out: Path, name: str):
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    busy = sum(ev.self_device_time_total for ev in events) / 1e3
+    (out / f"profile_{name}.txt").write_text(
+        events.table(sort_by="self_cpu_time_total", row_limit=25) + "\n\n"
+        + events.table(sort_by="self_device_time_total", row_limit=15))
+    return busy, sum(ev.count for ev in events if ev.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--preset", default="qwen3.5-2b")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--prefix", type=int, default=448)
+    p.add_argument("--suffix", type=int, default=64)
+    p.add_argument("--out", default=".")
+    a = p.parse_args(argv)
+    from dohnuts.config import preset
+    from dohnuts.model.build import build_text_backbone
+
+    out = Path(a.out)
+    cfg = preset(a.preset)
+    model, _ = build_text_backbone(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    full = torch.randint(0, 200000, (a.batch, a.prefix + a.suffix), device="cuda", generator=g)
+    full[:, : a.prefix] = full[0, : a.prefix]
+    pre, suf = full[:1, : a.prefix], full[:, a.prefix:]
+    res = {"preset": a.preset, "batch": a.batch, "prefix": a.prefix, "suffix": a.suffix,
+           "device": torch.cuda.get_device_name()}
+    with torch.inference_mode():
+        _, state = model(pre, return_state=True)
+        forked = state.fork(a.batch)
+        passes = {
+            "prefix_1xP": lambda: model(pre, return_state=True),
+            "fork": lambda: state.fork(a.batch),
+            "suffix_BxS": lambda: model(suf, state=forked),
+            "full_Bx(P+S)": lambda: model(full),
+        }
+        for _ in range(3):
+            for fn in passes.values():
+                fn()
+        for name, fn in passes.items():
+            d, h = measure(fn)
+            b, n = busy_ms(fn, out, name.split("_")[0])
+            res[name] = {"device_ms": d, "host_ms": h, "gpu_busy_ms": b, "kernels": n}
+            print(name, res[name], flush=True)
+    (out / "profile_passes.json").write_text(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
