@@ -43,7 +43,9 @@ def busy_ms(fn, out: Path, name: str):
         fn()
         torch.cuda.synchronize()
     events = prof.key_averages()
-    busy = sum(ev.self_device_time_total for ev in events) / 1e3
+    # Only the kernels' own rows: an operator row repeats the device time of the kernels it
+    # launched (summing every row counted the work twice — the 2026-11-30 run's `gpu_busy_ms`).
+    busy = sum(ev.self_device_time_total for ev in events if ev.device_type == torch.autograd.DeviceType.CUDA) / 1e3
     (out / f"profile_{name}.txt").write_text(
         events.table(sort_by="self_cpu_time_total", row_limit=25) + "\n\n"
         + events.table(sort_by="self_device_time_total", row_limit=15))
