@@ -134,3 +134,13 @@ def test_external_plugin_registered_by_entry_point(tmp_path, monkeypatch):
     kinds = collect(plugin_manager(), "dohnuts_bench_register_workload_kinds")
     assert "acme-echo" in kinds and "text" in kinds
     sys.modules.pop("acme_bench", None)
+
+
+def test_reanalysis_of_committed_h200_run(tmp_path):
+    """`dohnuts-bench analyze` works from a committed JSONL alone (the run's hwspec by name)."""
+    src = ROOT / "results/h200/2026-11-30/text-shared/results.jsonl"
+    assert main(["analyze", str(src), "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    rows = {(r["workload"], r["target"]): r for r in summary["summary"]}
+    assert rows[("text-2b", "dohnuts")]["decisions_per_s"] > rows[("text-2b", "transformers")]["decisions_per_s"]
+    assert "efficiency" in summary["sections"] and (tmp_path / "roofline.png").exists()

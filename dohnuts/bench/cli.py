@@ -35,6 +35,7 @@ def quickstart_files() -> list[Path]:
 
 
 def _hwspec_for(name: str | None, device_name: str):
+    """The spec named (a built-in name or a path), else the built-in matching the device."""
     from dohnuts.bench.analysis import find_hwspec
 
     if name:
@@ -44,6 +45,32 @@ def _hwspec_for(name: str | None, device_name: str):
         if key in low:
             return find_hwspec(spec)
     return None
+
+
+def _hwspec_ref(spec) -> str | None:
+    """How run.json names a spec: a built-in's name (portable), else its file path."""
+    from dohnuts.bench.analysis.hwspec import BUILTIN_DIR
+
+    if spec is None or spec.source is None:
+        return None
+    path = Path(spec.source).resolve()
+    return path.stem if path.parent == BUILTIN_DIR.resolve() else str(path)
+
+
+def _stored_hwspec(ref: str):
+    """A run.json's hwspec: its file path or built-in name, or (older runs) its display name."""
+    from dohnuts.bench.analysis import find_hwspec
+    from dohnuts.bench.analysis.hwspec import BUILTIN_DIR
+    from dohnuts.errors import ConfigError
+
+    try:
+        return find_hwspec(ref)
+    except ConfigError:
+        for path in sorted(BUILTIN_DIR.glob("*.yaml")):
+            spec = find_hwspec(path)
+            if spec.name == ref:
+                return spec
+        raise
 
 
 def cmd_run(args) -> int:
@@ -87,7 +114,7 @@ def cmd_run(args) -> int:
     telemetry = TelemetryThread([s for s in samplers if not s.unavailable], interval_s=args.telemetry_interval)
     pm.hook.dohnuts_bench_prepare_run(run=run)
     (run_dir / "run.json").write_text(json.dumps({
-        "run_id": run_id, "workloads": [s.to_dict() for s in runnable], "hwspec": getattr(hwspec, "name", None),
+        "run_id": run_id, "workloads": [s.to_dict() for s in runnable], "hwspec": _hwspec_ref(hwspec),
         "measured": run.measured, "provenance": provenance(device),
         "telemetry": {s.name: s.unavailable or "available" for s in samplers},
     }, indent=2, default=str))
@@ -136,10 +163,10 @@ def cmd_analyze(args) -> int:
         raise DohnutsError("does not exist", source=str(path))
     run_json = path.parent / "run.json"
     meta = json.loads(run_json.read_text()) if run_json.exists() else {}
-    hw = args.hwspec or meta.get("hwspec")
     from dohnuts.bench.analysis import find_hwspec
 
-    hwspec = find_hwspec(hw) if hw else None
+    hwspec = find_hwspec(args.hwspec) if args.hwspec else (
+        _stored_hwspec(meta["hwspec"]) if meta.get("hwspec") else None)
     out_dir = Path(args.out) if args.out else path.parent
     out_dir.mkdir(parents=True, exist_ok=True)
     analyze_and_report(path, hwspec, meta.get("measured", {}), out_dir, _console())

@@ -1,0 +1,145 @@
+"""Shared causal prefix: computing it once and forking equals computing it per question —
+scores and gradients — and no state outlives its request or a weight update."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dohnuts.api as api
+from dohnuts.model.lora import LoRAConfig, LoRALinear
+from dohnuts.runtime.plan import PREFIX_ALIGN, longest_common_prefix, shared_prefix_split
+from dohnuts.runtime.predict import Predictor
+from dohnuts.runtime.requests import Question, Request
+from dohnuts.train.objective import RLCDConfig
+from dohnuts.train.step import microbatch_loss
+from tests.reference import relative_error
+
+
+def _model(seed=0):
+    model = api.load("tiny", lora=LoRAConfig(rank=4))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, LoRALinear):
+                m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.05)
+    return model
+
+
+def _request(prefix: str, texts=("alpha", "beta", "gamma"), cands=("one", "two", "three")) -> Request:
+    qs = tuple(Question(f"q{i}", t, cands, rewards=tuple(float(j == i % len(cands)) for j in range(len(cands))))
+               for i, t in enumerate(texts))
+    return Request(id="r", questions=qs, prefix=prefix)
+
+
+def _scores_and_grads(model, req, share):
+    pred = Predictor(model, share_prefix=share, train=True)
+    hb = pred.prepare(req)
+    model.zero_grad()
+    model.train()
+    loss = microbatch_loss(model, hb.tensors, RLCDConfig())
+    loss.backward()
+    grads = torch.cat([p.grad.flatten() for p in model.trainable_parameters()])
+    model.eval()
+    with torch.no_grad():
+        scores = model.score(hb.tensors)
+    return hb.plan, scores, grads
+
+
+@pytest.mark.parametrize("prefix_chars", [300, 255, 129])  # 300 → split 256 (not a multiple of 64 itself)
+def test_sharing_equals_not_sharing(prefix_chars):
+    model = _model()
+    req = _request("x" * prefix_chars)
+    plan_s, s_shared, g_shared = _scores_and_grads(model, req, True)
+    plan_u, s_plain, g_plain = _scores_and_grads(model, req, False)
+    assert plan_u.prefix_len == 0
+    lcp = longest_common_prefix(plan_s.sequences)
+    assert plan_s.prefix_len == lcp - lcp % PREFIX_ALIGN and plan_s.prefix_len >= 128
+    assert relative_error(s_shared, s_plain) < 1e-5
+    assert relative_error(g_shared, g_plain) < 1e-5
+
+
+def test_prefix_shorter_than_threshold_takes_one_pass():
+    model = _model()
+    req = _request("short")
+    plan, _, _ = _scores_and_grads(model, req, True)
+    assert plan.prefix_len == 0
+
+
+def test_candidate_right_after_the_split():
+    """The first candidate starts exactly at the split: every scored position is in the suffix."""
+    model = _model()
+    # "Question: q\n" is 12 bytes; a prefix of 243 chars + "\n" puts the question end at 256.
+    req = _request("y" * 243, texts=("q", "q", "q"), cands=("a", "b", "c"))
+    pred = Predictor(model, share_prefix=True)
+    plan = pred.prepare(req).plan
+    assert plan.prefix_len == 256
+    assert min(p[0] for p in plan.score_positions) >= plan.prefix_len
+    assert any(len(s) > plan.prefix_len and plan.score_positions[0][0] - plan.prefix_len < 10 for s in plan.sequences)
+    shared = torch.tensor([s for q in model.predict([req], share_prefix=True)[0].questions for s in q.scores])
+    plain = torch.tensor([s for q in model.predict([req], share_prefix=False)[0].questions for s in q.scores])
+    assert relative_error(shared, plain) < 1e-5
+
+
+def test_split_rules():
+    seqs = ((1,) * 200 + (2, 3), (1,) * 200 + (4, 5), (1,) * 150 + (9,) * 52)
+    pos = ((201,), (201,), (201,))
+    assert shared_prefix_split(seqs, pos) == 128  # LCP 150 → aligned down to 128
+    assert shared_prefix_split(seqs, ((100,), (201,), (201,))) == 0  # a candidate at 100 caps it below 128
+    assert shared_prefix_split(seqs[:1], pos[:1]) == 0  # one question: nothing to share
+
+
+def test_no_state_survives_a_request(monkeypatch):
+    """Poison every prefix state right after it is used: the next request is unaffected."""
+    from dohnuts.model.state import BackboneState
+
+    model = _model()
+    a, b = _request("a" * 300), _request("b" * 300, texts=("delta", "eps", "zeta"))
+    expected = model.predict([b], share_prefix=True)[0]
+    states = []
+    real_fork = BackboneState.fork
+
+    def spy(self, n):
+        states.append(self)
+        return real_fork(self, n)
+
+    monkeypatch.setattr(BackboneState, "fork", spy)
+    model.predict([a], share_prefix=True)
+    assert states
+    with torch.inference_mode():  # the states were made under inference mode
+        for st in states:
+            for layer in st.layers:
+                for t in vars(layer).values():
+                    t.fill_(float("nan"))
+    again = model.predict([b], share_prefix=True)[0]
+    assert again.questions == expected.questions
+
+
+def test_no_state_survives_an_optimizer_step():
+    """After an update, shared scores equal unshared scores of the *new* weights."""
+    from dohnuts.train.step import OptimConfig, make_optimizer, optimizer_update
+
+    model = _model()
+    req = _request("z" * 300)
+    before = torch.tensor([s for q in model.predict([req])[0].questions for s in q.scores])
+    pred = Predictor(model, train=True)
+    opt = make_optimizer(model, OptimConfig(lr=1e-2))
+    optimizer_update(model, opt, [pred.prepare(req).tensors] * 4, RLCDConfig(), OptimConfig(lr=1e-2))
+    shared = torch.tensor([s for q in model.predict([req], share_prefix=True)[0].questions for s in q.scores])
+    plain = torch.tensor([s for q in model.predict([req], share_prefix=False)[0].questions for s in q.scores])
+    assert relative_error(shared, plain) < 1e-5
+    assert relative_error(shared, before) > 1e-4  # the weights really changed
+
+
+def test_activation_checkpointing_recomputes_the_shared_request():
+    model = _model()
+    req = _request("c" * 300)
+    hb = Predictor(model, share_prefix=True, train=True).prepare(req)
+    assert hb.plan.prefix_len > 0
+    grads = []
+    for ckpt in (False, True):
+        model.zero_grad()
+        model.train()
+        microbatch_loss(model, hb.tensors, RLCDConfig(), checkpoint_layers=ckpt).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.trainable_parameters()]))
+    assert relative_error(grads[1], grads[0]) < 1e-6
