@@ -19,21 +19,6 @@ import sys
 import torch
 
 
-def time_forward(fn, warmup: int, repeat: int) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeat):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        out.append(s.elapsed_time(e))
-    return out
-
-
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
@@ -72,6 +57,7 @@ def main(argv=None) -> int:
     from transformers import Qwen3_5TextConfig, Qwen3_5TextModel
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
 
+    from dohnuts.bench.cudatime import cuda_times_ms
     from dohnuts.config import preset, to_hf_text_config
     from dohnuts.model.build import build_text_backbone
 
@@ -105,7 +91,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
         for name, fn in (("dohnuts", lambda: ours(ids)),
                          ("transformers", lambda: hf(input_ids=ids, use_cache=False))):
-            ms = time_forward(fn, args.warmup, args.repeat)
+            ms = cuda_times_ms(fn, args.warmup, args.repeat)
             med = statistics.median(ms)
             result[name] = {"median_ms": med, "min_ms": min(ms), "max_ms": max(ms), "tokens_per_s": tokens / (med / 1e3)}
     result["speedup"] = result["transformers"]["median_ms"] / result["dohnuts"]["median_ms"]

@@ -4,12 +4,11 @@ same way; the cache serves repeats; a bad image fails only its own request."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 from PIL import Image
 
 import dohnuts.api as api
-from dohnuts.runtime.predict import Predictor, RequestFailure
+from dohnuts.runtime.predict import Predictor
 from dohnuts.runtime.requests import Question, Request
 from dohnuts.runtime.timing import StageTimer
 from tests.reference import hf_full_config, relative_error

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
 
 import dohnuts.api as api
-from dohnuts.adapters import load_adapter, save_adapter
+from dohnuts.adapters import save_adapter
 from dohnuts.errors import CheckpointError
 from dohnuts.model.lora import LoRAConfig, LoRALinear, apply_lora
 from dohnuts.model.text import TextBackbone

@@ -13,20 +13,11 @@ import time
 
 import torch
 
+from dohnuts.bench.cudatime import cuda_times_ms
 
-def _time_ms(fn, warmup: int = 3, repeat: int = 10) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+
+def _time_ms(fn) -> float:
+    return statistics.median(cuda_times_ms(fn, warmup=3, repeat=10))
 
 
 def measure_ceilings(device: torch.device, n: int = 8192, copy_bytes: int = 2 << 30) -> dict:

@@ -76,7 +76,6 @@ def _stored_hwspec(ref: str):
 def cmd_run(args) -> int:
     import json
 
-    import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dohnuts.bench.plugins import collect, plugin_manager
