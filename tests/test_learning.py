@@ -34,4 +34,4 @@ def test_tiny_learns_synthetic_task():
     for step in range(50):
         mbs = [pred.prepare(train[(4 * step + j) % len(train)]).tensors for j in range(4)]
         optimizer_update(model, opt, mbs, RLCDConfig(), cfg)
-    assert _accuracy(model, held_out) > 0.55
+    assert _accuracy(model, held_out) > 0.6  # measured 0.825 (deterministic: seeded data, LoRA, head)

@@ -88,7 +88,8 @@ class ScoringModel(nn.Module):
                 x = self._embed(batch.prefix_ids, image_features[:k] if n_img else None, 1)
                 prefix_pos = None if pos is None else pos[:, :, :P]
                 _, state = self.backbone(inputs_embeds=x, position_ids=prefix_pos, return_state=True,
-                                         checkpoint_layers=checkpoint_layers)
+                                         checkpoint_layers=checkpoint_layers,
+                                         next_position=batch.prefix_next_position)
                 state = state.fork(B)
             with timer.stage("suffix"):
                 x = self._embed(batch.ids, image_features[k:] if n_img else None, 0)

@@ -179,6 +179,7 @@ class TextBackbone(nn.Module):
         state: BackboneState | None = None,
         return_state: bool = False,
         checkpoint_layers: bool = False,
+        next_position: int | None = None,
     ) -> tuple[torch.Tensor, BackboneState | None]:
         """input_ids (B, T) or inputs_embeds (B, T, H) → hidden (B, T, H) [, state after them].
 
@@ -186,14 +187,18 @@ class TextBackbone(nn.Module):
         of unequal length are right-padded: every op is causal, so padding never reaches a real
         token's output (it does reach the returned state, which is only asked for unpadded).
         `checkpoint_layers` recomputes each layer in the backward pass (activation checkpointing).
+        `next_position` (with `return_state` and explicit `position_ids`): the rotary position
+        after these tokens, when the caller knows it on the host; otherwise it is read from the
+        device, which synchronises (text positions never need that).
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         B, T, _ = x.shape
         start = 0 if state is None else state.next_position
+        rope_positions_default = None
         if position_ids is None:
-            position_ids = text_positions(B, T, start, x.device)
+            position_ids = rope_positions_default = text_positions(B, T, start, x.device)
         rope = rotary_cos_sin(self.cfg, position_ids, x.dtype)
         new_states = []
         for i, layer in enumerate(self.layers):
@@ -208,5 +213,7 @@ class TextBackbone(nn.Module):
         if not return_state:
             return x, None
         length = T + (0 if state is None else state.length)
-        next_position = int(position_ids.max()) + 1
+        if next_position is None:
+            explicit = position_ids is not None and position_ids is not rope_positions_default
+            next_position = int(position_ids.max()) + 1 if explicit else start + T
         return x, BackboneState(tuple(new_states), length, next_position)

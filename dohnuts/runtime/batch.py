@@ -28,6 +28,7 @@ class Batch:
     rewards: torch.Tensor | None = None  # (Q, Kmax) float32: training targets, 0 where no candidate
     pixel_patches: torch.Tensor | None = None  # (N, C·Tp·P·P) float32: the image's patches
     image_tokens: int = 0  # image placeholders at absolute positions 1..image_tokens of every sequence
+    prefix_next_position: int | None = None  # rotary position after the prefix (host-known: no sync)
 
     def to(self, device: torch.device, non_blocking: bool = True) -> Batch:
         moved = {}
@@ -84,13 +85,15 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
             rewards[qi, : len(q.rewards)] = torch.tensor(q.rewards)
 
     prefix_ids = torch.tensor([plan.sequences[0][:P]], dtype=torch.long) if P else None
-    pos = None
+    pos, next_pos = None, None
     if positions is not None:
         pos = positions[:, : P + L].unsqueeze(1)  # (3, 1, P + L): every question shares the layout
+        if P:
+            next_pos = int(positions[:, :P].max()) + 1
     patches = image.patches if image is not None else None
     batch = Batch(ids=ids, score_index=torch.tensor(flat, dtype=torch.long), cand_matrix=cand,
                   prefix_ids=prefix_ids, positions=pos, rewards=rewards, pixel_patches=patches,
-                  image_tokens=plan.image_tokens)
+                  image_tokens=plan.image_tokens, prefix_next_position=next_pos)
     work = WorkCounts(
         sequences=B, seq_lens=tuple(plan.lengths), padded_len=L, prefix_len=P, candidates=len(flat),
         image_tokens=plan.image_tokens, train=train,

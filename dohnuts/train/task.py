@@ -30,10 +30,12 @@ def synthetic_requests(n_requests: int, *, questions: int = 8, candidates: int =
         qs = []
         for q in range(questions):
             target = _word(rng, word_len)
-            cands = {target}
+            cands = [target]  # a list, not a set: set order follows the per-process string hash seed
             while len(cands) < candidates:
-                cands.add(_word(rng, word_len))
-            cands = sorted(cands, key=lambda _: rng.random())
+                word = _word(rng, word_len)
+                if word not in cands:
+                    cands.append(word)
+            rng.shuffle(cands)
             qs.append(Question(id=f"q{q}", text=f"find {target}", candidates=tuple(cands),
                                rewards=tuple(1.0 if c == target else 0.0 for c in cands)))
         out.append(Request(id=f"{id_prefix}{r}", questions=tuple(qs), prefix=prefix))
