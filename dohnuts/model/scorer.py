@@ -105,24 +105,6 @@ class ScoringModel(nn.Module):
             rows = h.reshape(B * L, -1).index_select(0, batch.score_index)  # (C, H)
             return self.head(rows)
 
-
-def candidate_logits(scores: torch.Tensor, cand_matrix: torch.Tensor) -> torch.Tensor:
-    """scores (C,) → (Q, Kmax) with −inf where a question has fewer candidates."""
-    safe = cand_matrix.clamp_min(0)
-    return scores[safe].masked_fill(cand_matrix < 0, float("-inf"))
-
-
-def decide(scores: torch.Tensor, cand_matrix: torch.Tensor, temperature: float = 1.0):
-    """Per question: probabilities softmax(s / T) (Q, Kmax) and the chosen index (Q,)."""
-    logits = candidate_logits(scores, cand_matrix)
-    probs = torch.softmax(logits / temperature, dim=-1)
-    return probs, logits.argmax(dim=-1)
-
-
-def _scoring_model_api():
-    """Methods of ScoringModel that reach into the runtime (kept out of the class body above so the
-    model file reads top to bottom as arithmetic)."""
-
     def predict(self, requests, *, share_prefix: bool = True):
         """Score requests (dohnuts.runtime.requests.Request) → RequestResult / RequestFailure list."""
         from dohnuts.runtime.predict import predict as _predict
@@ -180,11 +162,15 @@ def _scoring_model_api():
                              "cached_images": 1 - encoded, "cache": after.__dict__})
         return feats
 
-    ScoringModel.predict = predict
-    ScoringModel.merge_lora = merge_lora
-    ScoringModel.prepare_image = prepare_image
-    ScoringModel.sequence_positions = sequence_positions
-    ScoringModel.image_features_for = image_features_for
+
+def candidate_logits(scores: torch.Tensor, cand_matrix: torch.Tensor) -> torch.Tensor:
+    """scores (C,) → (Q, Kmax) with −inf where a question has fewer candidates."""
+    safe = cand_matrix.clamp_min(0)
+    return scores[safe].masked_fill(cand_matrix < 0, float("-inf"))
 
 
-_scoring_model_api()
+def decide(scores: torch.Tensor, cand_matrix: torch.Tensor, temperature: float = 1.0):
+    """Per question: probabilities softmax(s / T) (Q, Kmax) and the chosen index (Q,)."""
+    logits = candidate_logits(scores, cand_matrix)
+    probs = torch.softmax(logits / temperature, dim=-1)
+    return probs, logits.argmax(dim=-1)

@@ -104,22 +104,22 @@ class Predictor:
     def device_batch(self, hb: HostBatch):
         """Copy a prepared batch to the device and make the compute stream wait for it."""
         dev, ready = self.transfer(hb)
-        if ready is not None:
-            stream = torch.cuda.current_stream(self.device)
-            stream.wait_event(ready)
-            for t in vars(dev).values():
-                if isinstance(t, torch.Tensor):
-                    t.record_stream(stream)
+        self._await(dev, ready)
         return dev
+
+    def _await(self, dev, ready) -> None:
+        """Make the compute stream wait for a copy, and keep the copied buffers alive for it."""
+        if ready is None:
+            return
+        stream = torch.cuda.current_stream(self.device)
+        stream.wait_event(ready)
+        for t in vars(dev).values():
+            if isinstance(t, torch.Tensor):
+                t.record_stream(stream)  # the copy stream allocated it; the compute stream uses it
 
     def compute(self, hb: HostBatch, dev, ready, timer=NULL_TIMER):
         """Score on the compute stream; returns (host probs, host choices, host scores, done event)."""
-        if ready is not None:
-            stream = torch.cuda.current_stream(self.device)
-            stream.wait_event(ready)
-            for t in vars(dev).values():
-                if isinstance(t, torch.Tensor):
-                    t.record_stream(stream)  # the copy stream allocated it; the compute stream uses it
+        self._await(dev, ready)
         with torch.inference_mode():
             feats = self.model.image_features_for(hb, dev, timer) if hb.image is not None else None
             scores = self.model.score(dev, image_features=feats, timer=timer)
