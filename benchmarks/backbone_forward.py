@@ -10,7 +10,6 @@ zeros), BF16 weights, no padding. Reports tokens/s of both and their ratio.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import json
 import statistics
@@ -18,28 +17,11 @@ import sys
 
 import torch
 
+from dohnuts import ops
+
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
-
-
-@contextlib.contextmanager
-def reference_ops():
-    """Within the block every dohnuts op takes its plain-torch reference path."""
-    import dohnuts.ops.activation as a
-    import dohnuts.ops.attention as at
-    import dohnuts.ops.conv as c
-    import dohnuts.ops.delta_rule as d
-    import dohnuts.ops.norm as n
-
-    saved = [(mod, mod.use_fused) for mod in (a, at, c, d, n)]
-    for mod, _ in saved:
-        mod.use_fused = lambda x: False
-    try:
-        yield
-    finally:
-        for mod, fn in saved:
-            mod.use_fused = fn
 
 
 def main(argv=None) -> int:
@@ -84,7 +66,7 @@ def main(argv=None) -> int:
         # Both BF16 runs against an FP32 plain-torch run of the same weights (4 sequences):
         # BF16 drift, not a mistake, if both sit at a similar distance from it.
         ref = copy.deepcopy(ours).float()
-        with reference_ops():
+        with ops.reference():
             c, _ = ref(ids[:4])
         result["relative_error_vs_fp32"] = {"dohnuts": _rel(a, c), "transformers": _rel(b, c)}
         del ref, c

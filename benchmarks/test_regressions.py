@@ -38,7 +38,7 @@ def test_backbone_forward(benchmark, model):
 
     def run():
         with torch.inference_mode():
-            model.backbone(ids)
+            model.model.backbone(ids)
         _sync(model)
 
     benchmark(run)

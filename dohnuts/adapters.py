@@ -13,35 +13,38 @@ from pathlib import Path
 import torch
 
 from dohnuts.errors import CheckpointError
-from dohnuts.model.lora import LoRAConfig, apply_lora, lora_state_dict
+from dohnuts.model.lora import LoRAConfig, lora_state_dict
 
 FORMAT = "dohnuts-adapter-1"
 
 
-def adapter_tensors(model) -> dict[str, torch.Tensor]:
+def adapter_tensors(session) -> dict[str, torch.Tensor]:
+    model = session.model
     tensors = {f"backbone.{k}": v for k, v in lora_state_dict(model.backbone).items()}
     tensors["head.weight"] = model.head.weight.detach()
     return {k: v.float().contiguous().cpu() for k, v in tensors.items()}
 
 
-def save_adapter(model, path: str | Path, extra: dict | None = None) -> None:
+def save_adapter(session, path: str | Path, extra: dict | None = None) -> None:
+    """Write the session's adapters, head, temperature and base identity to one file, atomically."""
     from safetensors.torch import save_file
 
-    if model.lora_config is None:
+    lora = session.lora
+    if lora is None:
         raise CheckpointError("the model has no LoRA adapters to save (it was merged or never adapted)",
                               source=str(path))
     meta = {
         "format": FORMAT,
-        "base_identity": json.dumps(model.base_identity, sort_keys=True),
-        "lora": json.dumps({"rank": model.lora_config.rank, "alpha": model.lora_config.alpha,
-                            "dropout": model.lora_config.dropout, "targets": list(model.lora_config.targets)}),
-        "temperature": repr(float(model.temperature)),
+        "base_identity": json.dumps(session.base_identity, sort_keys=True),
+        "lora": json.dumps({"rank": lora.rank, "alpha": lora.alpha, "dropout": lora.dropout,
+                            "targets": list(lora.targets)}),
+        "temperature": repr(float(session.temperature)),
         "extra": json.dumps(extra or {}),
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    save_file(adapter_tensors(model), str(tmp), metadata=meta)
+    save_file(adapter_tensors(session), str(tmp), metadata=meta)
     tmp.replace(path)  # atomic: an interrupted save never leaves a half-written adapter
 
 
@@ -62,10 +65,11 @@ def read_adapter(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     return tensors, meta
 
 
-def load_adapter(model, path: str | Path) -> dict:
-    """Apply the file's LoRA config to `model` and load its weights; returns its `extra` metadata."""
+def load_adapter(session, path: str | Path) -> dict:
+    """Attach the file's LoRA config to the session (Session.attach_lora: the one way adapters are
+    attached) and load its weights and temperature; returns its `extra` metadata."""
     tensors, meta = read_adapter(path)
-    want = model.base_identity
+    want = session.base_identity
     try:
         have = json.loads(meta["base_identity"])
     except (KeyError, json.JSONDecodeError):
@@ -78,14 +82,12 @@ def load_adapter(model, path: str | Path) -> dict:
             )
     lora = json.loads(meta["lora"])
     cfg = LoRAConfig(rank=lora["rank"], alpha=lora["alpha"], dropout=lora["dropout"], targets=tuple(lora["targets"]))
-    if model.lora_config is None:
-        apply_lora(model.backbone, cfg)
-        model.lora_config = cfg
-        for p in model.head.parameters():
-            p.requires_grad_(True)
-    elif model.lora_config != cfg:
-        raise CheckpointError(f"has LoRA config {cfg} but the model carries {model.lora_config}", source=str(path),
+    if session.lora is None:
+        session.attach_lora(cfg)
+    elif session.lora != cfg:
+        raise CheckpointError(f"has LoRA config {cfg} but the model carries {session.lora}", source=str(path),
                               field="lora")
+    model = session.model
     own = {f"backbone.{k}": v for k, v in lora_state_dict(model.backbone).items()}
     own["head.weight"] = model.head.weight
     if set(own) != set(tensors):
@@ -97,5 +99,5 @@ def load_adapter(model, path: str | Path) -> dict:
                 raise CheckpointError(f"tensor {k!r} has shape {tuple(tensors[k].shape)}, expected {tuple(dst.shape)}",
                                       source=str(path))
             dst.copy_(tensors[k].to(dst.dtype))
-    model.temperature = float(meta.get("temperature", "1.0"))
+    session.temperature = float(meta.get("temperature", "1.0"))
     return json.loads(meta.get("extra", "{}"))

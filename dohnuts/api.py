@@ -1,4 +1,9 @@
-"""The Python API: `dohnuts.load(...)` → a `ScoringModel`; `model.predict(requests)`."""
+"""The Python API: `dohnuts.load(...)` → a runtime `Session`; `model.predict(requests)`.
+
+    import dohnuts
+    model = dohnuts.load("qwen3.5-2b")            # a preset, or a HF Qwen3.5 checkpoint directory
+    results = model.predict(requests)
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,10 @@ from pathlib import Path
 import torch
 
 from dohnuts.model.build import build_text_backbone, resolve_source
-from dohnuts.model.lora import LoRAConfig, apply_lora
+from dohnuts.model.lora import LoRAConfig
 from dohnuts.model.scorer import ScoringModel
-from dohnuts.model.tokenizer import tokenizer_for
+from dohnuts.runtime.session import Session
+from dohnuts.runtime.tokenizer import tokenizer_for
 
 
 def default_device() -> torch.device:
@@ -40,11 +46,12 @@ def _weights_fingerprint(root: Path) -> str:
 
 
 def load(source: str | Path = "tiny", *, adapter: str | Path | None = None, lora: LoRAConfig | None = None,
-         device: str | torch.device | None = None, dtype: torch.dtype | None = None, seed: int = 0,
-         max_len: int = 8192) -> ScoringModel:
-    """A scoring model from a preset name or a checkpoint directory.
+         merge: bool = False, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
+         seed: int = 0, max_len: int = 8192) -> Session:
+    """A scoring session from a preset name or a checkpoint directory.
 
-    `adapter` loads a saved LoRA + head file (verified against this base); `lora` adds fresh
+    `adapter` loads a saved LoRA + head file (verified against this base); with `merge` its
+    adapters are then folded into the base (deployment: no adapter cost). `lora` attaches fresh
     adapters for training. Without either the model scores with its (random) head.
     """
     device = torch.device(device) if device is not None else default_device()
@@ -55,24 +62,24 @@ def load(source: str | Path = "tiny", *, adapter: str | Path | None = None, lora
     # says which kind of device drew them.
     weights = f"preset:{cfg.name}:seed{seed}:{device.type}" if ckpt is None else f"checkpoint:{_weights_fingerprint(ckpt)}"
     visual = _build_visual(cfg, vision_tensors, ckpt, device=device, dtype=dtype, seed=seed)
-    model = ScoringModel(cfg, backbone, visual=visual, tokenizer=tokenizer_for(cfg, ckpt),
-                         base_identity={"config_hash": cfg.config_hash(), "weights": weights}, max_len=max_len)
+    model = ScoringModel(cfg, backbone, visual=visual)
     gen = torch.Generator().manual_seed(seed + 1)  # the head is tiny: drawn on the CPU, same on every device
     with torch.no_grad():
         model.head.weight.copy_(torch.randn(model.head.weight.shape, generator=gen) * cfg.text.hidden_size ** -0.5)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
+    session = Session(model, tokenizer=tokenizer_for(cfg, ckpt),
+                      base_identity={"config_hash": cfg.config_hash(), "weights": weights}, max_len=max_len)
     if adapter is not None:
         from dohnuts.adapters import load_adapter
 
-        load_adapter(model, adapter)
+        load_adapter(session, adapter)
+        if merge:
+            session.merge_lora()
     elif lora is not None:
-        apply_lora(model.backbone, lora)
-        model.lora_config = lora
-        for p in model.head.parameters():
-            p.requires_grad_(True)
-    return model
+        session.attach_lora(lora)
+    return session
 
 
 def _build_visual(cfg, vision_tensors, ckpt, *, device, dtype, seed):

@@ -35,6 +35,11 @@ def cmd_predict(args) -> int:
         raise DohnutsError("does not exist", source=str(src))
     total = sum(1 for line in src.open(encoding="utf-8") if line.strip())
     model = api.load(args.model, adapter=args.adapter, device=args.device)
+    if args.adapter:
+        # Deployment merges (the seed): the adapters are folded into the base, no adapter cost.
+        n = model.merge_lora()
+        print(f"dohnuts: merged {n} LoRA adapters of {args.adapter} into the base weights for prediction "
+              f"(temperature {model.temperature:.3f})", file=sys.stderr)
     predictor = Predictor(model, share_prefix=not args.no_share_prefix)
     refused = 0
     out = open(args.output, "w", encoding="utf-8") if args.output != "-" else sys.stdout
@@ -97,12 +102,15 @@ def cmd_train(args) -> int:
     )
     log = lambda msg: print(f"dohnuts: {msg}", file=sys.stderr)  # noqa: E731
     trainer = Trainer(cfg, data, log=log)
-    if args.resume and trainer.resume():
-        log(f"resumed at update {trainer.update}")
-    with _progress() as bar:
-        task = bar.add_task("training", total=cfg.updates, completed=trainer.update)
-        trainer.train(progress=lambda u, loss: bar.update(task, completed=u, description=f"loss {loss:.3f}"))
-    summary = trainer.finish()
+    try:
+        if args.resume and trainer.resume():
+            log(f"resumed at update {trainer.update}")
+        with _progress() as bar:
+            task = bar.add_task("training", total=cfg.updates, completed=trainer.update)
+            trainer.train(progress=lambda u, loss: bar.update(task, completed=u, description=f"loss {loss:.3f}"))
+        summary = trainer.finish()
+    finally:
+        trainer.close()
     log(f"selected update {summary['best_update']} (dev accuracy {summary['dev_accuracy']:.3f}); "
         f"temperature {summary['temperature']:.3f}; test accuracy {summary['test_accuracy']:.3f}, "
         f"NLL {summary['test_nll']:.3f}, ECE {summary['test_ece']:.3f} → {Path(cfg.out) / 'summary.json'}")
@@ -117,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("requests", help="JSONL file, one request per line (see README 'Requests')")
     pr.add_argument("-o", "--output", default="-", help="output JSONL (default: stdout)")
     pr.add_argument("--model", default="tiny", help="preset name or checkpoint directory (default: tiny)")
-    pr.add_argument("--adapter", help="adapter file (LoRA + head) saved by `dohnuts train`")
+    pr.add_argument("--adapter", help="adapter file (LoRA + head + temperature) saved by `dohnuts train`; its "
+                    "adapters are merged into the base weights before scoring (deployment)")
     pr.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
     pr.add_argument("--no-share-prefix", action="store_true", help="never compute a shared prefix once")
     pr.set_defaults(func=cmd_predict)

@@ -119,7 +119,7 @@ def test_a_stage_faster_than_its_lower_bound_is_flagged():
 def test_a_training_step_timed_as_one_forward_gets_the_bound_of_its_parts():
     micro = [WorkCounts(sequences=3, seq_lens=(200, 230, 250), padded_len=122, prefix_len=128, candidates=9)] * 4
     call = WorkCounts(sequences=12, seq_lens=micro[0].seq_lens * 4, padded_len=122, prefix_len=128, candidates=36,
-                      train=True, extra={"microbatches": [w.to_dict() for w in micro]})
+                      train=True, microbatches=tuple(micro))
     stages = {"prepare": 1.0, "h2d": 0.1, "forward": 4.0, "backward": 8.0, "optimizer": 0.5}
     rec = _record(call, stages, wall=14.0, model="tiny") | {"target_options": {"lora_rank": 8}}
     spec = find_hwspec("rx7900xtx")

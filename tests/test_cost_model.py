@@ -158,7 +158,7 @@ def test_useful_tokens_credit_the_shared_prefix_and_padding_is_separate():
     lens, P = (200, 230, 250), 128
     shared = WorkCounts(sequences=3, seq_lens=lens, padded_len=130, prefix_len=P, candidates=6)
     plain = WorkCounts(sequences=3, seq_lens=lens, padded_len=250, candidates=6,
-                       extra={"common_prefix_len": P})  # same questions, prefix not shared
+                       common_prefix_len=P)  # same questions, prefix not shared
     per_token = text_token_flops(cfg.text)["linear"]
     useful = P + sum(n - P for n in lens)
     assert token_counts(shared) == {"useful": useful, "padded": 3 * 130 - sum(n - P for n in lens), "repeated": 0}
@@ -241,7 +241,7 @@ def test_a_training_call_is_costed_microbatch_by_microbatch():
                         prefix_len=64 * (i % 2), candidates=4) for i in range(4)]
     # The merged record keeps the first microbatch's padded_len: wrong for the others on purpose.
     call = WorkCounts(sequences=8, seq_lens=tuple(n for w in micro for n in w.seq_lens), padded_len=100,
-                      candidates=16, train=True, extra={"microbatches": [w.to_dict() for w in micro]})
+                      candidates=16, train=True, microbatches=tuple(micro))
     lora = LoraShape(rank=4)
     costs = stage_costs(cfg, call, lora=lora)
     alone = [stage_costs(cfg, dataclasses.replace(w, train=True), lora=lora) for w in micro]

@@ -10,7 +10,6 @@ from PIL import Image
 import dohnuts.api as api
 from dohnuts.runtime.predict import Predictor
 from dohnuts.runtime.requests import Question, Request
-from dohnuts.runtime.timing import StageTimer
 from tests.reference import hf_full_config, relative_error
 
 
@@ -37,12 +36,11 @@ def test_scores_equal_transformers_features_spliced(tmp_path):
     ours = _scores(model.predict([req], share_prefix=False))
 
     hf = Qwen3_5Model(hf_full_config(model.cfg)).eval()
-    hf.visual.load_state_dict(model.visual.state_dict())
-    pred = Predictor(model, share_prefix=False)
-    hb = pred.prepare(req)
+    hf.visual.load_state_dict(model.model.visual.state_dict())
+    hb = model.prepare(req, share_prefix=False)
     with torch.no_grad():
         feats = hf.visual(hb.image.patches, grid_thw=torch.tensor([hb.image.grid_thw])).pooler_output
-        scores = model.score(hb.tensors, image_features=feats)
+        scores = model.model(hb.tensors.score_inputs(feats))
     assert relative_error(ours, scores) < 1e-4
     # and the image really matters
     other = _scores(model.predict([_request(_png(tmp_path / "b.png", 1))], share_prefix=False))
@@ -52,8 +50,7 @@ def test_scores_equal_transformers_features_spliced(tmp_path):
 def test_shared_prefix_with_image_equals_unshared(tmp_path):
     model = api.load("tiny")
     req = _request(_png(tmp_path / "a.png", 3, size=(448, 448)))  # 196 image tokens: a prefix ≥ 128
-    pred = Predictor(model, share_prefix=True)
-    assert pred.prepare(req).plan.prefix_len == 192  # 196 + 2 + prefix text, aligned down to 64
+    assert model.prepare(req, share_prefix=True).plan.prefix_len == 192  # 196 + 2 + prefix text, aligned down to 64
     shared = _scores(model.predict([req], share_prefix=True))
     model.image_cache.clear()
     unshared = _scores(model.predict([req], share_prefix=False))
@@ -65,12 +62,10 @@ def test_cache_serves_repeats_and_same_pixels_other_file(tmp_path):
     a = _png(tmp_path / "a.png", 5)
     Image.open(a).save(tmp_path / "a_copy.bmp")
     pred = Predictor(model)
-    marks = []
-    for path in (a, a, str(tmp_path / "a_copy.bmp")):
-        timer = StageTimer(model.device)
-        res, _ = pred.call(_request(path), timer)
-        marks.append(timer.marks["image"])
-    assert [m["cached_images"] for m in marks] == [0, 1, 1]
+    works = [pred.call(_request(path))[1] for path in (a, a, str(tmp_path / "a_copy.bmp"))]
+    assert [w.cached_images for w in works] == [0, 1, 1]
+    n_patches = model.prepare(_request(a)).image.patches.shape[0]
+    assert [w.encoded_image_patches for w in works] == [(n_patches,), (), ()]
     assert model.image_cache.stats().encode_calls == 1
 
 

@@ -23,7 +23,7 @@ def _scores(model, reqs):
 def _randomize_adapters(model, seed=0):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for m in model.modules():
+        for m in model.model.modules():
             if isinstance(m, LoRALinear):
                 m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.05)
 
@@ -35,11 +35,11 @@ def test_merged_equals_unmerged():
     base = api.load("tiny")
     before = _scores(model, reqs)
     assert relative_error(before, _scores(base, reqs)) > 1e-3  # the adapters do change the scores
-    adapters = sum(1 for m in model.modules() if isinstance(m, LoRALinear))
+    adapters = sum(1 for m in model.model.modules() if isinstance(m, LoRALinear))
     assert adapters == 3 * 6 + 1 * 7  # tiny: 3 DeltaNet layers × (3 mixer + 3 MLP) + 1 attention × (4 + 3)
     n = model.merge_lora()
     assert n == adapters
-    assert not any(isinstance(m, LoRALinear) for m in model.modules())
+    assert not any(isinstance(m, LoRALinear) for m in model.model.modules())
     assert relative_error(_scores(model, reqs), before) < 1e-5
 
 
@@ -51,7 +51,7 @@ def test_unmatched_target_warns():
 
 def test_only_adapters_and_head_train():
     model = api.load("tiny", lora=LoRAConfig(rank=2))
-    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    names = {n for n, p in model.model.named_parameters() if p.requires_grad}
     assert names and all(".lora_A" in n or ".lora_B" in n or n.startswith("head.") for n in names)
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from dohnuts import ops
 from tests.reference import relative_error
 
 pytestmark = pytest.mark.gpu
@@ -134,18 +135,7 @@ def test_gated_delta_rule_grad_parity_qwen_sizes(heads):
         assert err < BF16_TOL, f"{name}: relative error {err:.2e}"
 
 
-def _force_reference(monkeypatch):
-    import dohnuts.ops.activation as a
-    import dohnuts.ops.attention as at
-    import dohnuts.ops.conv as c
-    import dohnuts.ops.delta_rule as d
-    import dohnuts.ops.norm as n
-
-    for mod in (a, at, c, d, n):
-        monkeypatch.setattr(mod, "use_fused", lambda x: False)
-
-
-def test_backbone_fused_bf16_matches_reference_fp32(monkeypatch):
+def test_backbone_fused_bf16_matches_reference_fp32():
     """A 4-layer model with Qwen3.5-2b widths: the fused BF16 path is as close to the FP32
     reference as the plain-torch path run in BF16 is (kernels keep the mathematics; only
     rounding may differ), and both are within BF16 drift of it."""
@@ -161,9 +151,9 @@ def test_backbone_fused_bf16_matches_reference_fp32(monkeypatch):
     ids = torch.randint(0, 20000, (4, 333), device=DEV)
     with torch.no_grad():
         h_fused, _ = fused(ids)
-        _force_reference(monkeypatch)
-        h_ref16, _ = fused(ids)  # same BF16 weights, plain-torch ops
-        h_ref32, _ = ref32(ids)
+        with ops.reference():
+            h_ref16, _ = fused(ids)  # same BF16 weights, plain-torch ops
+            h_ref32, _ = ref32(ids)
     err_fused = relative_error(h_fused.float(), h_ref32)
     err_ref16 = relative_error(h_ref16.float(), h_ref32)
     assert err_fused < 6e-2 and err_ref16 < 6e-2
@@ -184,25 +174,26 @@ def test_shared_prefix_equals_unshared_bf16(monkeypatch):
     wide = replace(tiny, text=replace(tiny.text, linear_key_head_dim=128, linear_value_head_dim=128))
     monkeypatch.setitem(config.PRESETS, "tiny", lambda: wide)
     from dohnuts.model.lora import LoRAConfig, LoRALinear
-    from dohnuts.runtime.predict import Predictor
+    from dohnuts.runtime.pipeline import Pipeline
     from dohnuts.train.objective import RLCDConfig
     from dohnuts.train.step import microbatch_loss
     from dohnuts.train.task import synthetic_requests
 
-    model = api.load("tiny", device=DEV, dtype=torch.bfloat16, lora=LoRAConfig(rank=4))
+    session = api.load("tiny", device=DEV, dtype=torch.bfloat16, lora=LoRAConfig(rank=4))
+    model = session.model
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, LoRALinear):
                 m.lora_B.normal_(0, 0.05)
     (req,) = synthetic_requests(1, questions=6, shared_prefix=300, seed=4)
     grads, losses = [], []
+    pipe = Pipeline(session.device)
     for share in (True, False):
-        pred = Predictor(model, share_prefix=share, train=True)
-        hb = pred.prepare(req)
+        hb = session.prepare(req, share_prefix=share, train=True)
         assert (hb.plan.prefix_len > 0) == share
         model.zero_grad()
         model.train()
-        loss = microbatch_loss(model, pred.device_batch(hb), RLCDConfig())
+        loss = microbatch_loss(model, pipe.wait(*pipe.transfer(hb)), RLCDConfig())
         loss.backward()
         losses.append(float(loss))
         grads.append(torch.cat([p.grad.flatten().float() for p in model.trainable_parameters()]))

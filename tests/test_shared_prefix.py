@@ -9,7 +9,6 @@ import torch
 import dohnuts.api as api
 from dohnuts.model.lora import LoRAConfig, LoRALinear
 from dohnuts.runtime.plan import PREFIX_ALIGN, longest_common_prefix, shared_prefix_split
-from dohnuts.runtime.predict import Predictor
 from dohnuts.runtime.requests import Question, Request
 from dohnuts.train.objective import RLCDConfig
 from dohnuts.train.step import microbatch_loss
@@ -20,7 +19,7 @@ def _model(seed=0):
     model = api.load("tiny", lora=LoRAConfig(rank=4))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for m in model.modules():
+        for m in model.model.modules():
             if isinstance(m, LoRALinear):
                 m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.05)
     return model
@@ -32,9 +31,9 @@ def _request(prefix: str, texts=("alpha", "beta", "gamma"), cands=("one", "two",
     return Request(id="r", questions=qs, prefix=prefix)
 
 
-def _scores_and_grads(model, req, share):
-    pred = Predictor(model, share_prefix=share, train=True)
-    hb = pred.prepare(req)
+def _scores_and_grads(session, req, share):
+    hb = session.prepare(req, share_prefix=share, train=True)
+    model = session.model
     model.zero_grad()
     model.train()
     loss = microbatch_loss(model, hb.tensors, RLCDConfig())
@@ -42,7 +41,7 @@ def _scores_and_grads(model, req, share):
     grads = torch.cat([p.grad.flatten() for p in model.trainable_parameters()])
     model.eval()
     with torch.no_grad():
-        scores = model.score(hb.tensors)
+        scores = model(hb.tensors.score_inputs())
     return hb.plan, scores, grads
 
 
@@ -71,8 +70,7 @@ def test_candidate_right_after_the_split():
     model = _model()
     # "Question: q\n" is 12 bytes; a prefix of 243 chars + "\n" puts the question end at 256.
     req = _request("y" * 243, texts=("q", "q", "q"), cands=("a", "b", "c"))
-    pred = Predictor(model, share_prefix=True)
-    plan = pred.prepare(req).plan
+    plan = model.prepare(req, share_prefix=True).plan
     assert plan.prefix_len == 256
     assert min(p[0] for p in plan.score_positions) >= plan.prefix_len
     assert any(len(s) > plan.prefix_len and plan.score_positions[0][0] - plan.prefix_len < 10 for s in plan.sequences)
@@ -117,14 +115,13 @@ def test_no_state_survives_a_request(monkeypatch):
 
 def test_no_state_survives_an_optimizer_step():
     """After an update, shared scores equal unshared scores of the *new* weights."""
-    from dohnuts.train.step import OptimConfig, make_optimizer, optimizer_update
+    from dohnuts.train.step import OptimConfig, Updater, make_optimizer
 
     model = _model()
     req = _request("z" * 300)
     before = torch.tensor([s for q in model.predict([req])[0].questions for s in q.scores])
-    pred = Predictor(model, train=True)
     opt = make_optimizer(model, OptimConfig(lr=1e-2))
-    optimizer_update(model, opt, [pred.prepare(req).tensors] * 4, RLCDConfig(), OptimConfig(lr=1e-2))
+    Updater(model, opt, RLCDConfig(), OptimConfig(lr=1e-2)).update([req] * 4)
     shared = torch.tensor([s for q in model.predict([req], share_prefix=True)[0].questions for s in q.scores])
     plain = torch.tensor([s for q in model.predict([req], share_prefix=False)[0].questions for s in q.scores])
     assert relative_error(shared, plain) < 1e-5
@@ -134,12 +131,12 @@ def test_no_state_survives_an_optimizer_step():
 def test_activation_checkpointing_recomputes_the_shared_request():
     model = _model()
     req = _request("c" * 300)
-    hb = Predictor(model, share_prefix=True, train=True).prepare(req)
+    hb = model.prepare(req, share_prefix=True, train=True)
     assert hb.plan.prefix_len > 0
     grads = []
     for ckpt in (False, True):
-        model.zero_grad()
-        model.train()
-        microbatch_loss(model, hb.tensors, RLCDConfig(), checkpoint_layers=ckpt).backward()
+        model.model.zero_grad()
+        model.model.train()
+        microbatch_loss(model.model, hb.tensors, RLCDConfig(), checkpoint_layers=ckpt).backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.trainable_parameters()]))
     assert relative_error(grads[1], grads[0]) < 1e-6

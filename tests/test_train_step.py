@@ -7,10 +7,9 @@ import torch
 
 import dohnuts.api as api
 from dohnuts.model.lora import LoRAConfig, LoRALinear
-from dohnuts.runtime.predict import Predictor
 from dohnuts.runtime.requests import Request
 from dohnuts.train.objective import RLCDConfig
-from dohnuts.train.step import OptimConfig, make_optimizer, microbatch_loss, optimizer_update
+from dohnuts.train.step import OptimConfig, Updater, make_optimizer, microbatch_loss
 from dohnuts.train.task import synthetic_requests
 from tests.reference import relative_error
 
@@ -19,7 +18,7 @@ def _model():
     model = api.load("tiny", lora=LoRAConfig(rank=4))
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for m in model.modules():
+        for m in model.model.modules():
             if isinstance(m, LoRALinear):
                 m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.05)
     return model
@@ -35,22 +34,21 @@ def test_four_microbatches_equal_concatenated_batch():
     objective, cfg = RLCDConfig(), OptimConfig(lr=1e-2, max_grad_norm=1e9)
 
     a = _model()
-    prep = Predictor(a, train=True)
-    mbs = [prep.prepare(r).tensors for r in reqs]
+    mbs = [a.prepare(r, train=True).tensors for r in reqs]
     opt_a = make_optimizer(a, cfg)
-    res = optimizer_update(a, opt_a, mbs, objective, cfg)
+    res = Updater(a, opt_a, objective, cfg).update(reqs)
 
     b = _model()
     opt_b = make_optimizer(b, cfg)
-    b.train()
-    loss_b = microbatch_loss(b, Predictor(b, train=True).prepare(merged).tensors, objective)
+    b.model.train()
+    loss_b = microbatch_loss(b.model, b.prepare(merged, train=True).tensors, objective)
     loss_b.backward()
     assert abs(res.loss - float(loss_b.detach())) < 1e-6
     # gradients were consumed by step(); recompute a's on the same snapshot to compare
     a2 = _model()
-    a2.train()
+    a2.model.train()
     for mb in mbs:
-        (microbatch_loss(a2, mb, objective) / 4).backward()
+        (microbatch_loss(a2.model, mb, objective) / 4).backward()
     assert relative_error(_grads(a2), _grads(b)) < 1e-5
     opt_b.step()
     pa = torch.cat([p.detach().flatten() for p in a.trainable_parameters()])
@@ -62,10 +60,9 @@ def test_clip_applies_once_to_averaged_gradient():
     reqs = synthetic_requests(4, questions=2, seed=12)
     objective = RLCDConfig()
     ref = _model()
-    ref.train()
-    mbs = [Predictor(ref, train=True).prepare(r).tensors for r in reqs]
-    for mb in mbs:
-        (microbatch_loss(ref, mb, objective) / 4).backward()
+    ref.model.train()
+    for r in reqs:
+        (microbatch_loss(ref.model, ref.prepare(r, train=True).tensors, objective) / 4).backward()
     g = _grads(ref)
     max_norm = float(g.norm()) / 3  # force clipping
     cfg = OptimConfig(lr=0.0, max_grad_norm=max_norm)  # lr 0: only the gradients matter
@@ -79,7 +76,7 @@ def test_clip_applies_once_to_averaged_gradient():
         return orig_step(*args, **kwargs)
 
     opt.step = spy
-    res = optimizer_update(model, opt, mbs, objective, cfg)
+    res = Updater(model, opt, objective, cfg).update(reqs)
     assert len(grads_seen) == 1  # one step per update
     assert abs(res.grad_norm - float(g.norm())) / float(g.norm()) < 1e-5
     assert relative_error(grads_seen[0], g * (max_norm / float(g.norm()))) < 1e-5

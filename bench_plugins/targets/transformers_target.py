@@ -16,6 +16,7 @@ import torch
 
 from dohnuts.bench.calls import CallResult, PredictCall
 from dohnuts.errors import ConfigError
+from dohnuts.runtime.predict import Predictor
 
 TEXT_KINDS = ("text", "shared-prefix")
 
@@ -43,7 +44,6 @@ class TransformersTarget:
             raise ConfigError("the transformers target takes no options", source=spec.file, field="targets")
         import dohnuts.api as api
         from dohnuts.config import to_hf_text_config
-        from dohnuts.runtime.predict import Predictor
 
         Config, Model, Rotary = _import_transformers(device)
         self.device = device
@@ -52,19 +52,16 @@ class TransformersTarget:
         hf_cfg._attn_implementation = "sdpa"
         with torch.device("meta"):
             model = Model(hf_cfg)
-        model.load_state_dict(self.ours.backbone.state_dict(), assign=True)  # the same tensors
+        model.load_state_dict(self.ours.model.backbone.state_dict(), assign=True)  # the same tensors
         model.rotary_emb = Rotary(config=hf_cfg).to(device)  # non-persistent buffers are not in the state dict
         self.model = model.eval()
-        self.prepare = Predictor(self.ours, share_prefix=False)
 
     @torch.inference_mode()
     def run_call(self, call, timer) -> CallResult:
-        from dohnuts.model.scorer import decide
-
         if not isinstance(call, PredictCall):
             raise TypeError(f"transformers target cannot run {type(call).__name__}")
         with timer.stage("prepare"):
-            hb = self.prepare.prepare(call.request)
+            hb = self.ours.prepare(call.request, share_prefix=False)
             lengths = torch.tensor(hb.plan.lengths)
             padded = bool((lengths != lengths.max()).any())
             mask = (torch.arange(hb.tensors.ids.shape[1])[None] < lengths[:, None]).long() if padded else None
@@ -74,16 +71,14 @@ class TransformersTarget:
         with timer.stage("forward"):
             h = self.model(input_ids=dev.ids, attention_mask=mask, use_cache=False).last_hidden_state
         with timer.stage("head"):
-            B, L = dev.ids.shape
-            scores = self.ours.head(h.reshape(B * L, -1).index_select(0, dev.score_index))
+            scores = self.ours.model.head_scores(h, dev.score_index)
         with timer.stage("d2h"):
-            probs, choice = decide(scores, dev.cand_matrix, self.ours.temperature)
+            probs, choice = self.ours.decide(scores, dev.cand_matrix)
             host = [probs.cpu(), choice.cpu(), scores.cpu()]
         with timer.stage("serialize"):
-            result = self.prepare.serialize(hb, host, None)
+            result = Predictor.serialize(hb, host, None)
             result.to_json()
         return CallResult(decisions=len(result.questions), work=hb.work)
 
     def close(self) -> None:
-        self.prepare.close()
         del self.model, self.ours

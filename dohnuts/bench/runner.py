@@ -13,7 +13,7 @@ import gc
 import json
 import random
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -75,7 +75,7 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict, targe
                      out, progress=None) -> int:
     """Measure every target of one workload; returns the number of records written."""
     from dohnuts.model.build import resolve_source
-    from dohnuts.model.tokenizer import tokenizer_for
+    from dohnuts.runtime.tokenizer import tokenizer_for
 
     device = resolve_device(spec)
     dtype = resolve_dtype(spec, device)
@@ -134,10 +134,6 @@ def _measure_call(run, spec, tspec, target, call, device, dtype, cfg, prov, tele
     t1 = time.perf_counter()
     stages = _stages_dict(timer)
     work = result.work
-    image = timer.marks.get("image")
-    if image is not None:
-        work = replace(work, encoded_image_patches=tuple(image["encoded_image_patches"]),
-                       cached_images=image["cached_images"])
     return {
         "schema": SCHEMA,
         "run_id": run.run_id,
@@ -160,16 +156,14 @@ def _measure_call(run, spec, tspec, target, call, device, dtype, cfg, prov, tele
         "hwspec": getattr(run.hwspec, "name", None),
         "peak_mem_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         "telemetry": telemetry.window(t0, t1),
-        "extra": result.extra | ({"image_cache": image["cache"]} if image else {}),
+        "extra": result.extra,
         "provenance": prov,
     }
 
 
 def token_totals(work) -> dict:
     """Useful / padded / computed tokens of a call (summed over microbatches for a train step)."""
-    from dohnuts.runtime.work import WorkCounts
-
-    parts = [WorkCounts.from_dict(m) for m in work.extra.get("microbatches", [])] or [work]
+    parts = work.passes()
     return {"useful": sum(w.useful_tokens for w in parts), "padded": sum(w.padded_tokens for w in parts),
             "computed": sum(w.computed_tokens for w in parts)}
 

@@ -1,21 +1,32 @@
-"""The product's model: backbone (+ vision tower) + LoRA + a scalar head over candidates.
+"""The product's model: backbone (+ vision tower) + a scalar head over candidates.
 
-`ScoringModel.score(batch)` is one batched model invocation for one request: optionally the
-vision tower (through the frozen-feature cache), then either one batched pass, or the shared
-prefix once (batch 1) followed by its forked state and the batched suffixes; then the hidden
-states at the candidates' SCORE tokens go through the scalar head. No vocabulary projection and
-no token generation exist anywhere.
+`ScoringModel` is tensors in, scores out: a `ScoreInputs` (dohnuts.model.inputs) goes in, one
+FP32 score per candidate comes out. It knows nothing of tokenizers, image caches, calibration
+temperatures or adapter files — those live in the runtime session (dohnuts.runtime.session).
+A pass makes no host reads, so each of its passes can be captured as a CUDA graph.
+
+One request is one invocation: either one batched pass, or the shared prefix once (batch 1)
+followed by its forked state and the batched suffixes; then the hidden states at the candidates'
+SCORE tokens go through the scalar head. No vocabulary projection and no token generation exist
+anywhere.
 """
 
 from __future__ import annotations
+
+from contextlib import nullcontext
 
 import torch
 from torch import nn
 
 from dohnuts.config import ModelConfig
+from dohnuts.model.inputs import ScoreInputs
+from dohnuts.model.state import BackboneState
 from dohnuts.model.text import TextBackbone
-from dohnuts.runtime.batch import Batch
-from dohnuts.runtime.timing import NULL_TIMER
+
+
+def no_stage(name: str):
+    """The default `stage` hook of `ScoringModel.forward`: brackets nothing."""
+    return nullcontext()
 
 
 class ScalarHead(nn.Module):
@@ -34,23 +45,14 @@ class ScalarHead(nn.Module):
 
 
 class ScoringModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, backbone: TextBackbone, *, visual: nn.Module | None = None,
-                 tokenizer=None, base_identity: dict | None = None, max_len: int = 8192):
+    """backbone + optional vision tower + scalar head. Pure: tensors in, scores out."""
+
+    def __init__(self, cfg: ModelConfig, backbone: TextBackbone, visual: nn.Module | None = None):
         super().__init__()
         self.cfg = cfg
         self.backbone = backbone
         self.visual = visual
         self.head = ScalarHead(cfg.text.hidden_size).to(next(backbone.parameters()).device)
-        self.tokenizer = tokenizer
-        self.base_identity = base_identity or {"config_hash": cfg.config_hash()}
-        self.max_len = max_len
-        self.temperature = 1.0  # calibration temperature (fitted after LoRA merge)
-        self.lora_config = None
-        self.image_cache = None
-        if visual is not None:
-            from dohnuts.runtime.image_cache import ImageFeatureCache
-
-            self.image_cache = ImageFeatureCache()
 
     @property
     def device(self) -> torch.device:
@@ -63,7 +65,15 @@ class ScoringModel(nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
-    def _embed(self, ids: torch.Tensor, features: torch.Tensor | None, start: int) -> torch.Tensor:
+    # -- passes -------------------------------------------------------------------------------
+
+    def encode_images(self, patches: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        """The frozen vision tower: patches (N, C·Tp·P·P) + grids (n, 3) → merged features (Σ m_i, H)."""
+        if self.visual is None:
+            raise RuntimeError("this model has no vision tower")
+        return self.visual(patches.to(self.compute_dtype), grid_thw)
+
+    def embed(self, ids: torch.Tensor, features: torch.Tensor | None, start: int) -> torch.Tensor:
         """Token embeddings (B, T, H) with `features` (m, H) in place of tokens start..start+m−1.
 
         Every row gets the same features (one image per request). The span is known on the
@@ -75,92 +85,55 @@ class ScoringModel(nn.Module):
         feats = features.to(x.dtype).unsqueeze(0).expand(B, -1, -1)  # (B, m, H)
         return torch.cat([x[:, :start], feats, x[:, start + m:]], dim=1)
 
-    def score(self, batch: Batch, *, image_features: torch.Tensor | None = None, timer=NULL_TIMER,
-              checkpoint_layers: bool = False) -> torch.Tensor:
-        """One request's candidate scores (C,) FP32, in the order of `batch.score_index`."""
-        B, L = batch.ids.shape
-        pos = batch.positions
-        n_img = batch.image_tokens if image_features is not None else 0
-        if batch.prefix_ids is not None:
-            P = batch.prefix_ids.shape[1]
-            k = max(0, min(P - 1, n_img))  # image tokens (absolute 1..n_img) that fall in the prefix
-            with timer.stage("prefix"):
-                x = self._embed(batch.prefix_ids, image_features[:k] if n_img else None, 1)
-                prefix_pos = None if pos is None else pos[:, :, :P]
-                _, state = self.backbone(inputs_embeds=x, position_ids=prefix_pos, return_state=True,
-                                         checkpoint_layers=checkpoint_layers,
-                                         next_position=batch.prefix_next_position)
-                state = state.fork(B)
-            with timer.stage("suffix"):
-                x = self._embed(batch.ids, image_features[k:] if n_img else None, 0)
-                suffix_pos = None if pos is None else pos[:, :, P:P + L].expand(-1, B, -1)
-                h, _ = self.backbone(inputs_embeds=x, position_ids=suffix_pos, state=state,
-                                     checkpoint_layers=checkpoint_layers)
+    def prefix_state(self, x: ScoreInputs, *, checkpoint_layers: bool = False) -> BackboneState:
+        """The shared prefix (1, P) once: the state every branch continues from (batch 1)."""
+        k = x.image_tokens_in_prefix
+        emb = self.embed(x.prefix_ids, x.image_features[:k] if k else None, 1)
+        pos = None if x.positions is None else x.positions[:, :, :x.prefix_len]
+        _, state = self.backbone(inputs_embeds=emb, position_ids=pos, return_state=True,
+                                 checkpoint_layers=checkpoint_layers, next_position=x.prefix_next_position)
+        return state
+
+    def suffix_hidden(self, x: ScoreInputs, state: BackboneState, *, checkpoint_layers: bool = False) -> torch.Tensor:
+        """The B suffix rows continuing a batch-1 prefix state (forked here) → hidden (B, L, H)."""
+        B, L = x.ids.shape
+        P, k = x.prefix_len, x.image_tokens_in_prefix
+        rest = x.image_features[k:] if x.image_features is not None and x.image_tokens else None
+        emb = self.embed(x.ids, rest, 0)
+        pos = None if x.positions is None else x.positions[:, :, P:P + L].expand(-1, B, -1)
+        h, _ = self.backbone(inputs_embeds=emb, position_ids=pos, state=state.fork(B),
+                             checkpoint_layers=checkpoint_layers)
+        return h
+
+    def full_hidden(self, x: ScoreInputs, *, checkpoint_layers: bool = False) -> torch.Tensor:
+        """One batched pass over whole sequences → hidden (B, L, H)."""
+        B, L = x.ids.shape
+        feats = x.image_features if x.image_tokens else None
+        emb = self.embed(x.ids, feats, 1)
+        pos = None if x.positions is None else x.positions[:, :, :L].expand(-1, B, -1)
+        h, _ = self.backbone(inputs_embeds=emb, position_ids=pos, checkpoint_layers=checkpoint_layers)
+        return h
+
+    def head_scores(self, h: torch.Tensor, score_index: torch.Tensor) -> torch.Tensor:
+        """hidden (B, L, H) → the scores (C,) FP32 of the rows `score_index` names."""
+        B, L, H = h.shape
+        return self.head(h.reshape(B * L, H).index_select(0, score_index))
+
+    def forward(self, x: ScoreInputs, *, checkpoint_layers: bool = False, stage=no_stage) -> torch.Tensor:
+        """One request's candidate scores (C,) FP32, in the order of `x.score_index`.
+
+        `stage(name)` brackets each pass (`prefix`, `suffix` or `forward`, `head`) with a
+        context manager — the runtime's stage timer, or nothing."""
+        if x.prefix_ids is not None:
+            with stage("prefix"):
+                state = self.prefix_state(x, checkpoint_layers=checkpoint_layers)
+            with stage("suffix"):
+                h = self.suffix_hidden(x, state, checkpoint_layers=checkpoint_layers)
         else:
-            with timer.stage("forward"):
-                x = self._embed(batch.ids, image_features, 1)
-                full_pos = None if pos is None else pos[:, :, :L].expand(-1, B, -1)
-                h, _ = self.backbone(inputs_embeds=x, position_ids=full_pos, checkpoint_layers=checkpoint_layers)
-        with timer.stage("head"):
-            rows = h.reshape(B * L, -1).index_select(0, batch.score_index)  # (C, H)
-            return self.head(rows)
-
-    def predict(self, requests, *, share_prefix: bool = True):
-        """Score requests (dohnuts.runtime.requests.Request) → RequestResult / RequestFailure list."""
-        from dohnuts.runtime.predict import predict as _predict
-
-        return _predict(self, requests, share_prefix=share_prefix)
-
-    def merge_lora(self) -> int:
-        """Fold the LoRA adapters into the frozen base (deployment); returns how many merged."""
-        from dohnuts.model.lora import merge_lora
-
-        n = merge_lora(self.backbone)
-        self.lora_config = None
-        return n
-
-    def prepare_image(self, req, source=None):
-        """CPU side of a request's image: decode + patches under the fixed policy.
-
-        Returns (PreparedImage, True, merged token count, grid). Raises RequestError when the
-        model has no vision tower, ImageError (a RequestError) for unusable files."""
-        from dohnuts.errors import RequestError
-        from dohnuts.runtime.images import prepare_image
-
-        if self.visual is None:
-            raise RequestError("this model has no vision tower (a text-only checkpoint)", source=source or req.id,
-                               field="image")
-        img = prepare_image(req.image, self.cfg.vision)
-        return img, True, img.token_count, img.grid_thw
-
-    def sequence_positions(self, plan) -> torch.Tensor:
-        """(3, T_max) MRoPE positions of the request's longest sequence (all share the image head)."""
-        from dohnuts.model.vision import mrope_position_ids
-
-        longest = max(plan.sequences, key=len)
-        return mrope_position_ids(torch.tensor(longest), [plan.image_grid], image_token_id=self.cfg.image_token_id,
-                                  spatial_merge_size=self.cfg.vision.spatial_merge_size)
-
-    def image_features_for(self, hb, dev, timer=NULL_TIMER) -> torch.Tensor:
-        """The request image's merged features through the frozen-feature cache (stage `vision`).
-
-        On a miss the tower encodes the patches the transfer stream already copied (or copies
-        them now if the prefetch guessed a hit that has since been evicted)."""
-        img = hb.image
-        before = self.image_cache.stats()
-        with timer.stage("vision"), torch.no_grad():
-            dev_patches = dev.pixel_patches
-
-            def encode(patches, grids):
-                p = dev_patches if dev_patches is not None else patches.to(self.device, non_blocking=True)
-                return self.visual(p.to(self.compute_dtype), grids.to(self.device))
-
-            (feats,) = self.image_cache.features([img], encode)
-        after = self.image_cache.stats()
-        encoded = after.misses - before.misses
-        timer.mark("image", {"encoded_image_patches": [img.patches.shape[0]] * encoded,
-                             "cached_images": 1 - encoded, "cache": after.__dict__})
-        return feats
+            with stage("forward"):
+                h = self.full_hidden(x, checkpoint_layers=checkpoint_layers)
+        with stage("head"):
+            return self.head_scores(h, x.score_index)
 
 
 def candidate_logits(scores: torch.Tensor, cand_matrix: torch.Tensor) -> torch.Tensor:

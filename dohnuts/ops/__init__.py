@@ -1,13 +1,16 @@
 """Kernels. The ONLY package that imports fla or Triton (lazily, on first CUDA use).
 
 Each op has a fused path (`*_fused`) and a plain-torch reference path (`*_reference`) with the
-same signature; the un-suffixed function picks by device. Tests compare the two.
+same signature; the un-suffixed function picks by device. Tests compare the two, and
+`with dohnuts.ops.reference():` runs a whole model on the reference paths (parity tests,
+benchmarks); nothing in the runtime switches paths.
 """
 
+from dohnuts.ops._dispatch import reference
 from dohnuts.ops.activation import swiglu
 from dohnuts.ops.attention import causal_attention
 from dohnuts.ops.conv import causal_conv1d
 from dohnuts.ops.delta_rule import gated_delta_rule
 from dohnuts.ops.norm import gated_rms_norm, rms_norm
 
-__all__ = ["causal_attention", "causal_conv1d", "gated_delta_rule", "gated_rms_norm", "rms_norm", "swiglu"]
+__all__ = ["reference", "causal_attention", "causal_conv1d", "gated_delta_rule", "gated_rms_norm", "rms_norm", "swiglu"]

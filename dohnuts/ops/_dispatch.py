@@ -1,14 +1,35 @@
-"""How an op chooses its path: the device decides, there is no public switch.
+"""How an op chooses its path: the device decides; tests may ask for the reference explicitly.
 
 CUDA tensors take the fused path (fla / Triton / SDPA-flash); everything else takes the
 plain-torch reference path with the same signature. On a CUDA device without fla installed the
 fused path fails loudly rather than falling back silently to a slow reference.
+
+`reference()` is the one explicit switch: inside the block every op runs its plain-torch
+reference, on any device. It exists for parity tests and benchmarks (fused vs reference on the
+same tensors); the runtime never uses it. It is a context variable, so it applies to the thread
+(and async task) that entered it and nowhere else.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
+
+_REFERENCE: ContextVar[bool] = ContextVar("dohnuts_ops_reference", default=False)
+
+
+@contextmanager
+def reference() -> Iterator[None]:
+    """Run every dohnuts op on its plain-torch reference path inside this block."""
+    token = _REFERENCE.set(True)
+    try:
+        yield
+    finally:
+        _REFERENCE.reset(token)
 
 
 def use_fused(x: torch.Tensor) -> bool:
-    return x.is_cuda
+    return x.is_cuda and not _REFERENCE.get()

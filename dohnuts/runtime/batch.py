@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from dohnuts.model.inputs import ScoreInputs
 from dohnuts.runtime.plan import RequestPlan, longest_common_prefix
 from dohnuts.runtime.work import WorkCounts
 
@@ -44,6 +45,12 @@ class Batch:
             pinned[f.name] = v.pin_memory() if isinstance(v, torch.Tensor) else v
         return Batch(**pinned)
 
+    def score_inputs(self, image_features: torch.Tensor | None = None) -> ScoreInputs:
+        """What the model reads (a device batch plus the request image's cached features)."""
+        return ScoreInputs(ids=self.ids, score_index=self.score_index, prefix_ids=self.prefix_ids,
+                           positions=self.positions, image_features=image_features, image_tokens=self.image_tokens,
+                           prefix_next_position=self.prefix_next_position)
+
     def nbytes(self) -> int:
         return sum(v.numel() * v.element_size() for f in fields(self)
                    if isinstance(v := getattr(self, f.name), torch.Tensor))
@@ -55,6 +62,10 @@ class HostBatch:
     tensors: Batch
     work: WorkCounts
     image: object | None = None  # dohnuts.runtime.images.PreparedImage when the request has one
+
+    def pinned(self) -> HostBatch:
+        """The same batch in page-locked memory (so the host→device copy can be asynchronous)."""
+        return replace(self, tensors=self.tensors.pin())
 
 
 def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
@@ -96,10 +107,7 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
                   image_tokens=plan.image_tokens, prefix_next_position=next_pos)
     work = WorkCounts(
         sequences=B, seq_lens=tuple(plan.lengths), padded_len=L, prefix_len=P, candidates=len(flat),
-        image_tokens=plan.image_tokens, train=train,
-        # The prefix every question repeats, whether or not this call shares it: the analysis
-        # counts a duplicated prefix as repeated work, so all targets are compared on one basis.
-        extra={"common_prefix_len": longest_common_prefix(plan.sequences)},
+        image_tokens=plan.image_tokens, train=train, common_prefix_len=longest_common_prefix(plan.sequences),
     )
     return HostBatch(plan=plan, tensors=batch, work=work, image=image)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -72,12 +72,15 @@ class ImageFeatureCache:
         self._entries.clear()
         self._bytes = 0
 
-    def features(self, images: list[PreparedImage], encode: Encoder) -> list[torch.Tensor]:
+    def features(self, images: list[PreparedImage], encode: Encoder,
+                 staged: Mapping[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Merged features (token_count, out_hidden) of each image, in the order given.
 
         `encode(patches (N, C·Tp·P·P), grid_thw (n, 3) long) -> (Σ token_count, out_hidden)` runs the
-        tower on the concatenated misses (it moves them to its device). Returned tensors are shared
-        with the cache: treat them as read-only.
+        tower on the concatenated misses (it moves them to its device). `staged` maps keys to
+        copies of an image's patches already on the device (prefetched by the transfer stream):
+        when every miss has one, those are concatenated instead of the host patches. Returned
+        tensors are shared with the cache: treat them as read-only.
         """
         found: dict[str, torch.Tensor] = {}
         misses: dict[str, PreparedImage] = {}  # distinct, in first-seen order
@@ -91,11 +94,14 @@ class ImageFeatureCache:
             else:
                 misses[img.key] = img
         if misses:
-            found.update(self._encode(list(misses.values()), encode))
+            found.update(self._encode(list(misses.values()), encode, staged or {}))
         return [found[img.key] for img in images]
 
-    def _encode(self, misses: list[PreparedImage], encode: Encoder) -> dict[str, torch.Tensor]:
-        patches = torch.cat([img.patches for img in misses])  # (Σ N_i, C·Tp·P·P)
+    def _encode(self, misses: list[PreparedImage], encode: Encoder,
+                staged: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        parts = [staged[img.key] for img in misses] if all(img.key in staged for img in misses) else \
+            [img.patches for img in misses]
+        patches = parts[0] if len(parts) == 1 else torch.cat(parts)  # (Σ N_i, C·Tp·P·P)
         grids = torch.tensor([img.grid_thw for img in misses], dtype=torch.long)  # (n, 3)
         out = encode(patches, grids)  # (Σ token_count_i, out_hidden)
         self._encode_calls += 1

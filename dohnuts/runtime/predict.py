@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
 from dohnuts.errors import DohnutsError, RequestError
-from dohnuts.model.scorer import decide
-from dohnuts.runtime.batch import HostBatch, collate, without_patches
-from dohnuts.runtime.plan import plan_request
+from dohnuts.runtime.batch import HostBatch
+from dohnuts.runtime.pipeline import Pipeline
 from dohnuts.runtime.requests import Request
 from dohnuts.runtime.timing import NULL_TIMER
+from dohnuts.runtime.work import WorkCounts
 
 
 @dataclass(frozen=True)
@@ -58,82 +57,38 @@ class RequestFailure:
 
 
 class Predictor:
-    """Runs requests through one model with prefetching and asynchronous transfers."""
+    """Runs requests through one session with prefetching and asynchronous transfers."""
 
-    def __init__(self, model, *, share_prefix: bool = True, workers: int = 2, train: bool = False):
-        self.model = model
+    def __init__(self, session, *, share_prefix: bool = True, workers: int = 2):
+        self.session = session
         self.share_prefix = share_prefix
-        self.train = train
-        self.device = model.device
-        self.cuda = self.device.type == "cuda"
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dohnuts-prepare")
-        self._copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self.pipeline = Pipeline(session.device, workers=workers)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self.pipeline.close()
 
     # -- stages -------------------------------------------------------------------------------
 
     def prepare(self, req: Request, source: str | None = None) -> HostBatch:
-        """CPU work for one request: image decode, tokens, plan, tensors (pinned on CUDA)."""
-        image, positions, n_img, grid = None, None, 0, None
-        if req.image is not None:
-            image, positions, n_img, grid = self.model.prepare_image(req, source=source)
-        plan = plan_request(req, self.model.tokenizer, max_len=self.model.max_len, image_tokens=n_img,
-                            image_grid=grid, share_prefix=self.share_prefix, source=source)
-        if positions is not None:
-            positions = self.model.sequence_positions(plan)
-        hb = collate(plan, pad_id=self.model.tokenizer.special.pad, image=image, train=self.train,
-                     positions=positions)
-        if image is not None and image.key in self.model.image_cache:
-            hb = without_patches(hb)  # cached features: no pixels to move (re-read from host if evicted)
-        if self.cuda:
-            hb = HostBatch(hb.plan, hb.tensors.pin(), hb.work, hb.image)
-        return hb
-
-    def transfer(self, hb: HostBatch):
-        """Issue the host→device copy; returns (device batch, event the compute stream must wait on)."""
-        if not self.cuda:
-            return hb.tensors, None
-        with torch.cuda.stream(self._copy_stream):
-            dev = hb.tensors.to(self.device, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record(self._copy_stream)
-        return dev, ready
-
-    def device_batch(self, hb: HostBatch):
-        """Copy a prepared batch to the device and make the compute stream wait for it."""
-        dev, ready = self.transfer(hb)
-        self._await(dev, ready)
-        return dev
-
-    def _await(self, dev, ready) -> None:
-        """Make the compute stream wait for a copy, and keep the copied buffers alive for it."""
-        if ready is None:
-            return
-        stream = torch.cuda.current_stream(self.device)
-        stream.wait_event(ready)
-        for t in vars(dev).values():
-            if isinstance(t, torch.Tensor):
-                t.record_stream(stream)  # the copy stream allocated it; the compute stream uses it
+        """CPU work for one request (see Session.prepare)."""
+        return self.session.prepare(req, share_prefix=self.share_prefix, source=source)
 
     def compute(self, hb: HostBatch, dev, ready, timer=NULL_TIMER):
-        """Score on the compute stream; returns (host probs, host choices, host scores, done event)."""
-        self._await(dev, ready)
+        """Score on the compute stream; returns (host probs, choices, scores; done event; work counts)."""
+        self.pipeline.wait(dev, ready)
         with torch.inference_mode():
-            feats = self.model.image_features_for(hb, dev, timer) if hb.image is not None else None
-            scores = self.model.score(dev, image_features=feats, timer=timer)
+            scores, work = self.session.score(hb, dev, timer)
             with timer.stage("d2h"):
-                probs, choice = decide(scores, dev.cand_matrix, self.model.temperature)
+                probs, choice = self.session.decide(scores, dev.cand_matrix)
                 out = [probs, choice, scores]
-                if self.cuda:
-                    host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in out]
-                    for h, t in zip(host, out):
-                        h.copy_(t, non_blocking=True)
-                    done = torch.cuda.Event()
-                    done.record()
-                    return host, done
-                return out, None
+                if not self.pipeline.cuda:
+                    return out, None, work
+                host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in out]
+                for h, t in zip(host, out):
+                    h.copy_(t, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record()
+                return host, done, work
 
     @staticmethod
     def serialize(hb: HostBatch, host, done) -> RequestResult:
@@ -152,17 +107,17 @@ class Predictor:
 
     # -- whole calls --------------------------------------------------------------------------
 
-    def call(self, req: Request, timer=NULL_TIMER, source: str | None = None) -> tuple[RequestResult, HostBatch]:
+    def call(self, req: Request, timer=NULL_TIMER, source: str | None = None) -> tuple[RequestResult, WorkCounts]:
         """One request end to end, without overlap (the harness times each stage of it)."""
         with timer.stage("prepare"):
             hb = self.prepare(req, source)
         with timer.stage("h2d"):
-            dev, ready = self.transfer(hb)
-        host, done = self.compute(hb, dev, ready, timer)
+            dev, ready = self.pipeline.transfer(hb)
+        host, done, work = self.compute(hb, dev, ready, timer)
         with timer.stage("serialize"):
             result = self.serialize(hb, host, done)
             result.to_json()
-        return result, hb
+        return result, work
 
     def run(self, items: Iterable[tuple[str, Request | DohnutsError]],
             timer_for: Callable[[int], object] | None = None) -> Iterator[RequestResult | RequestFailure]:
@@ -183,7 +138,7 @@ class Predictor:
             if isinstance(req, DohnutsError):
                 pending.append((source, req, None))
             else:
-                pending.append((source, req, self._pool.submit(self.prepare, req, source)))
+                pending.append((source, req, self.pipeline.submit(self.prepare, req, source)))
 
         for _ in range(3):
             submit_next()
@@ -196,9 +151,9 @@ class Predictor:
                 if fut is None:
                     raise req
                 hb = fut.result()
-                dev, ready = self.transfer(hb)
+                dev, ready = self.pipeline.transfer(hb)
                 timer = timer_for(index) if timer_for else NULL_TIMER
-                host, done = self.compute(hb, dev, ready, timer)
+                host, done, _ = self.compute(hb, dev, ready, timer)
             except DohnutsError as exc:
                 if previous is not None:
                     yield self.serialize(*previous)
@@ -223,13 +178,4 @@ def _line_of(source: str | None) -> int | None:
     return None
 
 
-def predict(model, requests: Iterable[Request], *, share_prefix: bool = True) -> list[RequestResult | RequestFailure]:
-    """Score a list of requests (the Python API behind `ScoringModel.predict`)."""
-    pred = Predictor(model, share_prefix=share_prefix)
-    try:
-        return list(pred.run((r.id, r) for r in requests))
-    finally:
-        pred.close()
-
-
-__all__ = ["Predictor", "QuestionResult", "RequestFailure", "RequestResult", "RequestError", "predict"]
+__all__ = ["Predictor", "QuestionResult", "RequestFailure", "RequestResult", "RequestError"]

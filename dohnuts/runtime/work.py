@@ -8,7 +8,8 @@ cost model later.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,12 @@ class WorkCounts:
     cached_images: int = 0  # images whose features came from the cache
     train: bool = False  # forward + backward (+ optimizer) instead of forward only
     recomputed_tokens: int = 0  # tokens whose forward ran again (activation checkpointing)
-    extra: dict = field(default_factory=dict)
+    # The prefix every question repeats, whether or not this call shares it: the analysis counts a
+    # duplicated prefix as repeated work, so every target is compared on one basis.
+    common_prefix_len: int = 0
+    # A training update: the batched pass of each of its microbatches (this record's own token
+    # fields then hold the totals).
+    microbatches: tuple[WorkCounts, ...] = ()
 
     @property
     def real_tokens(self) -> int:
@@ -43,15 +49,41 @@ class WorkCounts:
     def padded_tokens(self) -> int:
         return self.computed_tokens - self.useful_tokens
 
+    @classmethod
+    def of_update(cls, parts: Sequence[WorkCounts], *, recompute: bool = False) -> WorkCounts:
+        """A training update over its microbatches: totals at the top level, each pass kept.
+
+        `recompute`: activation checkpointing ran every layer's forward again in the backward."""
+        if recompute:
+            parts = [replace(w, recomputed_tokens=w.computed_tokens) for w in parts]
+        return replace(
+            parts[0], sequences=sum(w.sequences for w in parts), seq_lens=tuple(n for w in parts for n in w.seq_lens),
+            candidates=sum(w.candidates for w in parts), train=True,
+            encoded_image_patches=tuple(n for w in parts for n in w.encoded_image_patches),
+            cached_images=sum(w.cached_images for w in parts),
+            recomputed_tokens=sum(w.recomputed_tokens for w in parts), microbatches=tuple(parts),
+        )
+
+    def passes(self) -> tuple[WorkCounts, ...]:
+        """The batched passes of the call: its microbatches, or the call itself."""
+        return self.microbatches or (self,)
+
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["seq_lens"] = list(self.seq_lens)
         d["encoded_image_patches"] = list(self.encoded_image_patches)
+        d["microbatches"] = [m.to_dict() for m in self.microbatches]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> WorkCounts:
+        """From `to_dict` output, or from a schema-1 record of 2026-11-30, whose prefix length
+        and microbatches sat in an untyped `extra` dict."""
         d = dict(d)
+        extra = d.pop("extra", None) or {}
+        d.setdefault("common_prefix_len", int(extra.get("common_prefix_len", 0) or 0))
+        micro = d.get("microbatches") or extra.get("microbatches") or ()
+        d["microbatches"] = tuple(cls.from_dict(m) for m in micro)
         d["seq_lens"] = tuple(d["seq_lens"])
         d["encoded_image_patches"] = tuple(d.get("encoded_image_patches", ()))
         return cls(**d)

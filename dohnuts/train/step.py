@@ -1,13 +1,23 @@
-"""One optimizer update = 4 microbatches at one parameter snapshot.
+"""One optimizer update = 4 microbatches at one parameter snapshot, fed by the runtime pipeline.
 
 The optimizer sees the average of the 4 microbatch losses (each the mean over its questions):
 gradients of all 4 accumulate, the global gradient norm is clipped once, and AdamW steps once.
 Only LoRA adapters and the scalar head train (FP32 master weights); on the GPU the forward runs
 under BF16 autocast over the BF16 frozen base.
+
+`Updater` is the one training loop of the project (`dohnuts train` and the bench's train-step
+workload both run it). Its batches come from exactly the calls prediction uses:
+
+    worker threads  Session.prepare of the update's 4 requests (and of the next update's,
+                    while this one computes)
+    vision          Session.image_features over all 4 microbatches at once: one cache call, misses
+                    encoded together, a repeated image once (the same 128 MiB cache prediction uses)
+    transfer stream microbatch i+1 is copied while microbatch i runs forward and backward
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -15,7 +25,10 @@ import torch
 
 from dohnuts.model.scorer import candidate_logits
 from dohnuts.runtime.batch import Batch
+from dohnuts.runtime.pipeline import Pipeline
+from dohnuts.runtime.requests import Request
 from dohnuts.runtime.timing import NULL_TIMER
+from dohnuts.runtime.work import WorkCounts
 from dohnuts.train.objective import RLCDConfig, rlcd_loss
 
 MICROBATCHES = 4
@@ -30,20 +43,22 @@ class OptimConfig:
     checkpoint_layers: bool = False  # activation checkpointing (recompute each layer in backward)
 
 
-def make_optimizer(model, cfg: OptimConfig) -> torch.optim.AdamW:
-    params = model.trainable_parameters()
+def make_optimizer(session, cfg: OptimConfig) -> torch.optim.AdamW:
+    params = session.trainable_parameters()
     if not params:
         raise ValueError("the model has no trainable parameters (load it with lora=LoRAConfig(...))")
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
 
 
-def microbatch_loss(model, batch: Batch, objective: RLCDConfig, *, image_features=None, timer=NULL_TIMER,
+def microbatch_loss(model, batch: Batch, objective: RLCDConfig, *, image_features: torch.Tensor | None = None,
                     checkpoint_layers: bool = False) -> torch.Tensor:
+    """RLCD loss (mean over the microbatch's questions) of the pure model on one request's batch
+    (on the model's device) with its image's features."""
     if batch.rewards is None:
         raise ValueError("a training batch needs rewards")
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if model.device.type == "cuda" else nullcontext())
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if model.device.type == "cuda" else nullcontext()
     with autocast:
-        scores = model.score(batch, image_features=image_features, timer=timer, checkpoint_layers=checkpoint_layers)
+        scores = model(batch.score_inputs(image_features), checkpoint_layers=checkpoint_layers)
     return rlcd_loss(candidate_logits(scores, batch.cand_matrix), batch.rewards, objective)
 
 
@@ -51,27 +66,73 @@ def microbatch_loss(model, batch: Batch, objective: RLCDConfig, *, image_feature
 class UpdateResult:
     loss: float
     grad_norm: float  # before clipping
+    work: WorkCounts  # the update's microbatches (with their image-cache outcomes)
 
 
-def optimizer_update(model, optimizer, microbatches: list, objective: RLCDConfig, cfg: OptimConfig,
-                     timer=NULL_TIMER, features_for=None) -> UpdateResult:
-    """Average the microbatch losses, clip once, step once. `microbatches` are device `Batch`es."""
-    if len(microbatches) != MICROBATCHES:
-        raise ValueError(f"an update takes exactly {MICROBATCHES} microbatches, got {len(microbatches)}")
-    model.train()
-    optimizer.zero_grad(set_to_none=True)
-    total = torch.zeros((), device=model.device)
-    for i, mb in enumerate(microbatches):
-        feats = features_for(i) if features_for is not None else None
-        with timer.stage("forward"):
-            loss = microbatch_loss(model, mb, objective, image_features=feats,
-                                   checkpoint_layers=cfg.checkpoint_layers) / len(microbatches)
-        with timer.stage("backward"):
-            loss.backward()
-        total += loss.detach()
-    with timer.stage("optimizer"):
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        optimizer.step()
-    model.eval()
-    return UpdateResult(loss=float(total), grad_norm=float(norm))
+class Updater:
+    """Optimizer updates of a session's adapters, 4 microbatches (one request each) per update."""
+
+    def __init__(self, session, optimizer: torch.optim.Optimizer, objective: RLCDConfig, cfg: OptimConfig, *,
+                 share_prefix: bool = True, workers: int = 2):
+        self.session = session
+        self.optimizer = optimizer
+        self.objective = objective
+        self.cfg = cfg
+        self.share_prefix = share_prefix
+        self.pipeline = Pipeline(session.device, workers=workers)
+
+    def close(self) -> None:
+        self.pipeline.close()
+
+    def _submit(self, requests: Sequence[Request]) -> list:
+        if len(requests) != MICROBATCHES:
+            raise ValueError(f"an update takes exactly {MICROBATCHES} microbatches, got {len(requests)}")
+        return [self.pipeline.submit(self.session.prepare, r, share_prefix=self.share_prefix, train=True)
+                for r in requests]
+
+    def update(self, requests: Sequence[Request], timer=NULL_TIMER) -> UpdateResult:
+        """One update over 4 requests (prepared by the workers, copied one microbatch ahead)."""
+        return self._update(self._submit(requests), timer)
+
+    def run(self, updates: Iterable[Sequence[Request]]) -> Iterator[UpdateResult]:
+        """Updates in order; the workers prepare update u+1 while update u computes."""
+        updates = iter(updates)
+        nxt = next(updates, None)
+        pending = self._submit(nxt) if nxt is not None else None
+        while pending is not None:
+            current = pending
+            nxt = next(updates, None)
+            pending = self._submit(nxt) if nxt is not None else None
+            yield self._update(current, NULL_TIMER)
+
+    def _update(self, futures: list, timer) -> UpdateResult:
+        session, model, pipe = self.session, self.session.model, self.pipeline
+        with timer.stage("prepare"):  # waiting for the workers (zero when they were ahead)
+            hbs = [f.result() for f in futures]
+        with timer.stage("h2d"):
+            staged = [pipe.transfer(hbs[0])]
+        with timer.stage("vision"):  # one cache call for the whole update
+            uses = session.image_features([(hb, staged[0][0] if i == 0 else None) for i, hb in enumerate(hbs)])
+        model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=session.device)
+        for i, hb in enumerate(hbs):
+            if i + 1 < len(hbs):
+                with timer.stage("h2d"):
+                    staged.append(pipe.transfer(hbs[i + 1]))  # one microbatch ahead, on the copy stream
+            dev = pipe.wait(*staged[i])
+            with timer.stage("forward"):
+                loss = microbatch_loss(model, dev, self.objective,
+                                       image_features=uses[i].features if uses[i] is not None else None,
+                                       checkpoint_layers=self.cfg.checkpoint_layers) / len(hbs)
+            with timer.stage("backward"):
+                loss.backward()
+            total += loss.detach()
+        with timer.stage("optimizer"):
+            params = [p for g in self.optimizer.param_groups for p in g["params"]]
+            norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
+            self.optimizer.step()
+        model.eval()
+        works = [hb.work if use is None else use.counted(hb.work) for hb, use in zip(hbs, uses)]
+        work = WorkCounts.of_update(works, recompute=self.cfg.checkpoint_layers)
+        return UpdateResult(loss=float(total), grad_norm=float(norm), work=work)

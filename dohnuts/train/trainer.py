@@ -28,10 +28,10 @@ import torch
 
 from dohnuts.adapters import load_adapter, save_adapter
 from dohnuts.model.lora import LoRAConfig
-from dohnuts.runtime.predict import Predictor, RequestResult
+from dohnuts.runtime.predict import RequestResult
 from dohnuts.train.calibration import expected_calibration_error, fit_temperature, nll
 from dohnuts.train.objective import RLCDConfig
-from dohnuts.train.step import MICROBATCHES, OptimConfig, make_optimizer, optimizer_update
+from dohnuts.train.step import MICROBATCHES, OptimConfig, Updater, make_optimizer
 
 
 @dataclass(frozen=True)
@@ -106,20 +106,23 @@ class Trainer:
         self.cfg, self.data, self.log = cfg, data, log
         self.out = Path(cfg.out)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.model = api.load(cfg.model, lora=None if cfg.initialize_from else cfg.lora, device=cfg.device,
+        self.session = api.load(cfg.model, lora=None if cfg.initialize_from else cfg.lora, device=cfg.device,
                               seed=cfg.seed)
         if cfg.initialize_from:
-            load_adapter(self.model, cfg.initialize_from)  # verifies the base identity
-        self.optimizer = make_optimizer(self.model, cfg.optim)
+            load_adapter(self.session, cfg.initialize_from)  # verifies the base identity
+        self.optimizer = make_optimizer(self.session, cfg.optim)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _schedule(cfg))
         self.update = 0
         self.best = {"update": None, "accuracy": -1.0}
-        self.predictor = Predictor(self.model, train=True)
+        self.updater = Updater(self.session, self.optimizer, cfg.objective, cfg.optim)
+
+    def close(self) -> None:
+        self.updater.close()
 
     # -- persistence --------------------------------------------------------------------------
 
     def _save_state(self) -> None:
-        save_adapter(self.model, self.out / "last.safetensors")
+        save_adapter(self.session, self.out / "last.safetensors")
         state = {
             "update": self.update, "best": self.best, "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
@@ -140,7 +143,7 @@ class Trainer:
             state = torch.load(path, weights_only=False)
         except Exception as exc:
             raise CheckpointError(f"cannot be read ({exc})", source=str(path)) from None
-        load_adapter(self.model, self.out / "last.safetensors")
+        load_adapter(self.session, self.out / "last.safetensors")
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["torch_rng"])
@@ -162,11 +165,11 @@ class Trainer:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def _evaluate_dev(self) -> None:
-        metrics = evaluate(self.model, self.data.dev)
+        metrics = evaluate(self.session, self.data.dev)
         self._record("dev", **metrics)
         if metrics["accuracy"] > self.best["accuracy"]:
             self.best = {"update": self.update, "accuracy": metrics["accuracy"]}
-            save_adapter(self.model, self.out / "best.safetensors", extra={"update": self.update})
+            save_adapter(self.session, self.out / "best.safetensors", extra={"update": self.update})
         self.log(f"update {self.update}: dev accuracy {metrics['accuracy']:.3f} (best {self.best['accuracy']:.3f} "
                  f"at update {self.best['update']})")
 
@@ -177,10 +180,8 @@ class Trainer:
             self._save_state()
         n = len(self.data.train)
         end = self.cfg.updates if stop_at is None else min(stop_at, self.cfg.updates)
-        while self.update < end:
-            idx = microbatch_order(n, self.cfg.seed, self.update)
-            mbs = [self.predictor.device_batch(self.predictor.prepare(self.data.train[i])) for i in idx]
-            res = optimizer_update(self.model, self.optimizer, mbs, self.cfg.objective, self.cfg.optim)
+        order = ([self.data.train[i] for i in microbatch_order(n, self.cfg.seed, u)] for u in range(self.update, end))
+        for res in self.updater.run(order):
             self.scheduler.step()
             self.update += 1
             self._record("update", loss=res.loss, grad_norm=res.grad_norm, lr=self.scheduler.get_last_lr()[0])
@@ -194,9 +195,8 @@ class Trainer:
         """Best adapter → merge → calibrate on `calib` → test. Writes summary.json."""
         import dohnuts.api as api
 
-        model = api.load(self.cfg.model, adapter=self.out / "best.safetensors", device=self.cfg.device,
+        model = api.load(self.cfg.model, adapter=self.out / "best.safetensors", merge=True, device=self.cfg.device,
                          seed=self.cfg.seed)
-        model.merge_lora()
         logits, correct = question_logits(model.predict(self.data.calib), self.data.calib)
         model.temperature = fit_temperature(logits, correct)
         test_logits, test_correct = question_logits(model.predict(self.data.test), self.data.test)

@@ -30,14 +30,14 @@ Stages (keys of the result, in call order; each on one resource of critical_path
             12 FLOPs and 28 bytes (param r/w, grad r, two moments r/w) per parameter.
   d2h       device→host: one FP32 score per candidate (+ the loss when training).
 
-A training call of several microbatches (WorkCounts.extra["microbatches"]) is costed per
+A training call of several microbatches (WorkCounts.microbatches) is costed per
 microbatch and summed per stage; the optimizer runs once per call. `fold_stages` merges stages
 that a target times as one interval (the training step's `forward` = prefix + suffix + head).
 
 Useful, padded and repeated work never mix:
   useful    tokens: P + Σ (L_i − P) each computed once; attention over causal pairs only.
   padded    computed − real: right-padding of the batched rows (tokens and their pairs).
-  repeated  (a) duplicated prefixes: work.extra["common_prefix_len"] = Pc tokens that all
+  repeated  (a) duplicated prefixes: work.common_prefix_len = Pc tokens that all
             sequences share, whether or not the target shared them; rows 2..B of a pass recompute
             positions P..Pc−1. (b) activation checkpointing: `recomputed_tokens` re-run the
             forward (charged to `backward`, as the forward work × recomputed / computed tokens).
@@ -134,9 +134,9 @@ def _check(work: WorkCounts) -> int:
         raise ValueError(f"prefix_len={work.prefix_len} must be shorter than every sequence {list(work.seq_lens)}")
     if work.padded_len < max(n - work.prefix_len for n in work.seq_lens):
         raise ValueError(f"padded_len={work.padded_len} is shorter than the longest suffix")
-    common = int(work.extra.get("common_prefix_len", 0) or 0)
+    common = work.common_prefix_len
     if common > min(work.seq_lens):
-        raise ValueError(f"extra.common_prefix_len={common} exceeds the shortest sequence")
+        raise ValueError(f"common_prefix_len={common} exceeds the shortest sequence")
     if min(work.candidates, work.image_tokens, work.cached_images, work.recomputed_tokens) < 0:
         raise ValueError("counts must not be negative")
     return max(common, work.prefix_len)
@@ -185,8 +185,7 @@ def stage_costs(model: ModelConfig, work: WorkCounts, dtype_bytes: int = 2,
                 lora: LoraShape | None = None) -> dict[str, StageCost]:
     """Per stage of one call: useful / padded / repeated work (see the module docstring).
 
-    A training call of several microbatches (work.extra["microbatches"], each a WorkCounts dict)
-    is costed microbatch by microbatch and summed stage by stage; the optimizer runs once."""
+    A training call of several microbatches (work.microbatches) is costed microbatch by microbatch and summed stage by stage; the optimizer runs once."""
     out = _sum_stages([_batch_costs(model, w, dtype_bytes, lora) for w in batches(work)])
     if work.train:
         if work.recomputed_tokens and "backward" in out:
@@ -203,13 +202,7 @@ def stage_costs(model: ModelConfig, work: WorkCounts, dtype_bytes: int = 2,
 def batches(work: WorkCounts) -> list[WorkCounts]:
     """The batched passes of a call: the call itself, or its microbatches (train, recompute
     bookkeeping stays with the call)."""
-    micro = work.extra.get("microbatches")
-    if not micro:
-        return [dataclasses.replace(work, recomputed_tokens=0)]
-    try:
-        return [dataclasses.replace(WorkCounts.from_dict(m), train=work.train, recomputed_tokens=0) for m in micro]
-    except (TypeError, KeyError) as exc:
-        raise ValueError(f"extra.microbatches cannot be read as WorkCounts ({exc})") from None
+    return [dataclasses.replace(w, train=work.train, recomputed_tokens=0, microbatches=()) for w in work.passes()]
 
 
 def _sum_stages(parts: list[dict[str, StageCost]]) -> dict[str, StageCost]:

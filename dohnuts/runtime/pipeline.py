@@ -1,0 +1,51 @@
+"""The transfer pipeline shared by prediction and training.
+
+CPU worker threads prepare pinned batches (`submit`); one transfer stream copies batch i+1 to the
+device while the compute stream runs batch i (`transfer`); a CUDA event orders each copy before
+its use and `record_stream` keeps the copied buffers alive until the compute stream is done with
+them (`wait`). On the CPU the same calls run without streams.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from dohnuts.runtime.batch import Batch, HostBatch
+
+
+class Pipeline:
+    def __init__(self, device: torch.device, *, workers: int = 2):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dohnuts-prepare")
+        self._copy_stream = torch.cuda.Stream(device) if self.cuda else None
+
+    def submit(self, fn, *args, **kwargs) -> Future:
+        """Run CPU preparation on a worker thread."""
+        return self._pool.submit(fn, *args, **kwargs)
+
+    def transfer(self, hb: HostBatch) -> tuple[Batch, torch.cuda.Event | None]:
+        """Issue the host→device copy on the transfer stream; returns (device batch, ready event)."""
+        if not self.cuda:
+            return hb.tensors, None
+        with torch.cuda.stream(self._copy_stream):
+            dev = hb.tensors.to(self.device, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(self._copy_stream)
+        return dev, ready
+
+    def wait(self, dev: Batch, ready: torch.cuda.Event | None) -> Batch:
+        """Make the compute stream wait for a copy, and keep the copied buffers alive for it."""
+        if ready is None:
+            return dev
+        stream = torch.cuda.current_stream(self.device)
+        stream.wait_event(ready)
+        for t in vars(dev).values():
+            if isinstance(t, torch.Tensor):
+                t.record_stream(stream)  # the copy stream allocated it; the compute stream uses it
+        return dev
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)

@@ -1,0 +1,171 @@
+"""The runtime session: a loaded scoring model and everything around it.
+
+    request ──prepare──▶ HostBatch (plan, tensors, work counts, prepared image)      CPU worker
+            ──transfer─▶ device Batch                                               copy stream
+            ──features─▶ image features from the 128 MiB frozen-feature cache       compute stream
+            ──model────▶ candidate scores (dohnuts.model.ScoringModel, pure)        compute stream
+            ──decide───▶ calibrated probabilities and choices
+
+`Session` owns what the pure model must not: the tokenizer, the image-feature cache, the
+calibration temperature, the LoRA configuration (attach, merge — one code path each) and the
+base identity adapters are verified against. Prediction (dohnuts.runtime.predict) and training
+(dohnuts.train.step) both get their batches from `prepare` and their image features from
+`image_features`, so what training sees is by construction what prediction sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from dohnuts.config import ModelConfig
+from dohnuts.errors import RequestError
+from dohnuts.model.lora import LoRAConfig, apply_lora, merge_lora
+from dohnuts.model.scorer import ScoringModel, decide, no_stage
+from dohnuts.runtime.batch import Batch, HostBatch, collate, without_patches
+from dohnuts.runtime.image_cache import ImageFeatureCache
+from dohnuts.runtime.plan import plan_request
+from dohnuts.runtime.requests import Request
+from dohnuts.runtime.timing import NULL_TIMER
+from dohnuts.runtime.work import WorkCounts
+
+
+@dataclass(frozen=True)
+class ImageUse:
+    """How one batch's image was served: its features and whether this call encoded them."""
+
+    features: torch.Tensor  # (m, H) on the device, shared with the cache (read-only)
+    encoded_patches: int  # patches the tower ran on for this image in this call (0 = served from the cache)
+
+    def counted(self, work: WorkCounts) -> WorkCounts:
+        """`work` with this image's cache outcome (encoded patches, or one cached image)."""
+        if self.encoded_patches:
+            return replace(work, encoded_image_patches=(self.encoded_patches,), cached_images=0)
+        return replace(work, encoded_image_patches=(), cached_images=1)
+
+
+class Session:
+    """A scoring model with its tokenizer, image-feature cache, temperature and adapters."""
+
+    def __init__(self, model: ScoringModel, *, tokenizer, base_identity: dict | None = None, max_len: int = 8192):
+        self.model = model
+        self.cfg: ModelConfig = model.cfg
+        self.tokenizer = tokenizer
+        self.base_identity = base_identity or {"config_hash": self.cfg.config_hash()}
+        self.max_len = max_len
+        self.temperature = 1.0  # calibration temperature (fitted after LoRA merge)
+        self.lora: LoRAConfig | None = None  # the attached (unmerged) adapters' configuration
+        # A fresh cache per loaded model (the seed: loading a model creates a fresh cache).
+        self.image_cache = ImageFeatureCache() if model.visual is not None else None
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    # -- adapters ------------------------------------------------------------------------------
+
+    def attach_lora(self, cfg: LoRAConfig, seed: int = 0) -> list[str]:
+        """Fresh trainable adapters on the frozen base; the head trains too. Returns adapted names."""
+        if self.lora is not None:
+            raise ValueError("the model already carries LoRA adapters")
+        names = apply_lora(self.model.backbone, cfg, seed=seed)
+        self.lora = cfg
+        self.model.head.weight.requires_grad_(True)
+        return names
+
+    def merge_lora(self) -> int:
+        """Fold the adapters into the frozen base for deployment; returns how many were merged."""
+        n = merge_lora(self.model.backbone)
+        self.lora = None
+        self.model.head.weight.requires_grad_(False)
+        return n
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return self.model.trainable_parameters()
+
+    # -- the data path -------------------------------------------------------------------------
+
+    def prepare(self, req: Request, *, share_prefix: bool = True, train: bool = False,
+                source: str | None = None) -> HostBatch:
+        """CPU work for one request: image decode, tokens, plan, tensors (pinned on CUDA).
+
+        Thread-safe (prediction and training call it from worker threads). Raises RequestError
+        (ImageError for unusable images) naming the request."""
+        from dohnuts.model.vision import mrope_position_ids
+        from dohnuts.runtime.images import prepare_image
+
+        image, grid, n_img = None, None, 0
+        if req.image is not None:
+            if self.model.visual is None:
+                raise RequestError("this model has no vision tower (a text-only checkpoint)",
+                                   source=source or req.id, field="image")
+            image = prepare_image(req.image, self.cfg.vision)
+            grid, n_img = image.grid_thw, image.token_count
+        plan = plan_request(req, self.tokenizer, max_len=self.max_len, image_tokens=n_img, image_grid=grid,
+                            share_prefix=share_prefix, source=source)
+        positions = None
+        if image is not None:  # (3, T_max): every question shares the image head, so the longest decides
+            longest = max(plan.sequences, key=len)
+            positions = mrope_position_ids(torch.tensor(longest), [grid], image_token_id=self.cfg.image_token_id,
+                                           spatial_merge_size=self.cfg.vision.spatial_merge_size)
+        hb = collate(plan, pad_id=self.tokenizer.special.pad, image=image, train=train, positions=positions)
+        if image is not None and image.key in self.image_cache:
+            hb = without_patches(hb)  # cached features: no pixels to move (re-read from host if evicted)
+        return hb.pinned() if self.device.type == "cuda" else hb
+
+    def image_features(self, batches: Sequence[tuple[HostBatch, Batch | None]]) -> list[ImageUse | None]:
+        """Features of every batch's image through the cache, in ONE call: all distinct misses
+        are encoded together, a repeated image once. Device copies of patches a batch already
+        holds are used; the rest are copied now. None for batches without an image."""
+        imgs = [hb.image for hb, _ in batches if hb.image is not None]
+        if not imgs:
+            return [None] * len(batches)
+        staged = {hb.image.key: dev.pixel_patches for hb, dev in batches
+                  if hb.image is not None and dev is not None and dev.pixel_patches is not None}
+        # Which batch encodes its image: the first occurrence of a key not cached before this call.
+        encodes, seen = [], set()
+        for img in imgs:
+            encodes.append(img.key not in self.image_cache and img.key not in seen)
+            seen.add(img.key)
+
+        def encode(patches: torch.Tensor, grids: torch.Tensor) -> torch.Tensor:
+            return self.model.encode_images(patches.to(self.device, non_blocking=True), grids.to(self.device))
+
+        with torch.no_grad():
+            feats = iter(zip(self.image_cache.features(imgs, encode, staged), encodes, imgs))
+        out = []
+        for hb, _ in batches:
+            if hb.image is None:
+                out.append(None)
+                continue
+            f, encoded, img = next(feats)
+            out.append(ImageUse(f, img.patches.shape[0] if encoded else 0))
+        return out
+
+    def score(self, hb: HostBatch, dev: Batch, timer=NULL_TIMER) -> tuple[torch.Tensor, WorkCounts]:
+        """Prediction scores (C,) FP32 of one prepared request on the device, and its work counts
+        (with the image's cache outcome). Call under torch.inference_mode()."""
+        work = hb.work
+        feats = None
+        if hb.image is not None:
+            with timer.stage("vision"):
+                (use,) = self.image_features([(hb, dev)])
+            feats, work = use.features, use.counted(work)
+        stage = timer.stage if timer is not NULL_TIMER else no_stage
+        return self.model(dev.score_inputs(feats), stage=stage), work
+
+    def decide(self, scores: torch.Tensor, cand_matrix: torch.Tensor):
+        """Per question: calibrated probabilities (Q, Kmax) at this session's temperature, choice (Q,)."""
+        return decide(scores, cand_matrix, self.temperature)
+
+    def predict(self, requests: Iterable[Request], *, share_prefix: bool = True) -> list:
+        """Score requests → RequestResult / RequestFailure per request, in order."""
+        from dohnuts.runtime.predict import Predictor
+
+        pred = Predictor(self, share_prefix=share_prefix)
+        try:
+            return list(pred.run((r.id, r) for r in requests))
+        finally:
+            pred.close()
