@@ -58,10 +58,6 @@ class TextConfig:
     source: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not self.layer_types:
-            object.__setattr__(self, "layer_types", default_layer_types(self.num_hidden_layers))
-        object.__setattr__(self, "layer_types", tuple(self.layer_types))
-        object.__setattr__(self, "mrope_section", tuple(self.mrope_section))
         _check_positive(
             self,
             (
@@ -72,6 +68,13 @@ class TextConfig:
             ),
             self.source,
         )
+        if not self.layer_types:
+            object.__setattr__(self, "layer_types", default_layer_types(self.num_hidden_layers))
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        if not isinstance(self.mrope_section, (list, tuple)):
+            raise ConfigError(f"must be a list of integers, got {self.mrope_section!r}", source=self.source,
+                              field="mrope_section")
+        object.__setattr__(self, "mrope_section", tuple(self.mrope_section))
         if len(self.layer_types) != self.num_hidden_layers:
             raise ConfigError(
                 f"has {len(self.layer_types)} entries but num_hidden_layers is {self.num_hidden_layers}",
@@ -92,22 +95,41 @@ class TextConfig:
                 f"linear_num_key_heads {self.linear_num_key_heads}",
                 source=self.source, field="linear_num_value_heads",
             )
-        if not 0.0 < self.partial_rotary_factor <= 1.0:
-            raise ConfigError("must lie in (0, 1]", source=self.source, field="partial_rotary_factor")
-        if self.rotary_dim % 2:
-            raise ConfigError(f"head_dim × partial_rotary_factor = {self.rotary_dim} must be even",
-                              source=self.source, field="partial_rotary_factor")
-        if sum(self.mrope_section) != self.rotary_dim // 2:
+        # Rotary checks follow what transformers' Qwen3_5TextRotaryEmbedding can run: `rotary_dim`
+        # = int(head_dim × partial_rotary_factor) (0 means no rotary at all); an odd rotary_dim has
+        # (rotary_dim + 1) // 2 frequencies and rotates rotary_dim + 1 channels, which must fit in
+        # the head (transformers refuses or fails on anything else).
+        for name in ("partial_rotary_factor", "rope_theta", "rms_norm_eps"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ConfigError(f"must be a number, got {value!r}", source=self.source, field=name)
+        if self.rotary_dim < 0 or 2 * ((self.rotary_dim + 1) // 2) > self.head_dim:
             raise ConfigError(
-                f"sums to {sum(self.mrope_section)} but the rotary dimension needs {self.rotary_dim // 2}",
-                source=self.source, field="mrope_section",
+                f"head_dim {self.head_dim} × partial_rotary_factor {self.partial_rotary_factor} gives "
+                f"{self.rotary_dim} rotary channels, outside [0, head_dim] once rounded up to even",
+                source=self.source, field="partial_rotary_factor",
             )
-        if self.rms_norm_eps <= 0 or self.rope_theta <= 0:
-            raise ConfigError("rms_norm_eps and rope_theta must be positive", source=self.source,
-                              field="rms_norm_eps" if self.rms_norm_eps <= 0 else "rope_theta")
+        # mrope_section: only entries 1 (H) and 2 (W) are read, as slice stops 3·s over the
+        # frequencies (longer sections are cut at the rotary half-dim, shorter ones leave the rest
+        # on T, entry 0 and any entry past 2 are ignored) — the sum need not match anything.
+        if len(self.mrope_section) < 3 or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in self.mrope_section[1:3]
+        ):
+            raise ConfigError(f"must list at least 3 integers (T, H, W), got {list(self.mrope_section)!r}",
+                              source=self.source, field="mrope_section")
+        if self.rope_theta <= 0:
+            raise ConfigError(f"must be positive, got {self.rope_theta!r}", source=self.source, field="rope_theta")
+        if not isinstance(self.max_position_embeddings, int) or isinstance(self.max_position_embeddings, bool):
+            raise ConfigError(f"must be an integer, got {self.max_position_embeddings!r}", source=self.source,
+                              field="max_position_embeddings")
+        if self.rms_norm_eps < 0:
+            raise ConfigError(f"must not be negative, got {self.rms_norm_eps!r}", source=self.source,
+                              field="rms_norm_eps")
 
     @property
     def rotary_dim(self) -> int:
+        """int(head_dim × partial_rotary_factor), transformers' `dim`: (rotary_dim + 1) // 2
+        frequencies, rotating the first 2 × that many channels of each head."""
         return int(self.head_dim * self.partial_rotary_factor)
 
     @property
@@ -223,7 +245,7 @@ def _tiny() -> ModelConfig:
     )
     vision = VisionConfig(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                           num_position_embeddings=64)
-    # Byte tokenizer specials (dohnuts.model.tokenizer.ByteTokenizer): 256.. are special ids.
+    # Byte tokenizer specials (dohnuts.runtime.tokenizer.ByteTokenizer): 256.. are special ids.
     return ModelConfig(name="tiny", text=text, vision=vision, image_token_id=259,
                        vision_start_token_id=260, vision_end_token_id=261)
 
@@ -259,26 +281,76 @@ _TEXT_KEYS = {f.name for f in dataclasses.fields(TextConfig)} - {"source"}
 _VISION_KEYS = {f.name for f in dataclasses.fields(VisionConfig)} - {"source"}
 
 
+# transformers' defaults for keys a config.json may leave out (transformers 5.x
+# models/qwen3_5/configuration_qwen3_5.py: Qwen3_5TextConfig fields and __post_init__,
+# RotaryEmbeddingConfigMixin.default_theta, Qwen3_5TextRotaryEmbedding's mrope_section default,
+# Qwen3_5VisionConfig fields). Some differ from the dataclass defaults above (rope_theta,
+# linear_num_value_heads, max_position_embeddings), which describe the presets.
+_HF_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 248320, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 32,
+    "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768,
+}
+_HF_ROPE_THETA = 10000.0
+_HF_PARTIAL_ROTARY_FACTOR = 0.25
+_HF_MROPE_SECTION = (11, 11, 10)
+_HF_VISION_DEFAULTS: dict[str, Any] = {
+    "depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16, "out_hidden_size": 3584,
+}
+_ROPE_KEYS = {"rope_theta", "partial_rotary_factor", "mrope_section"}
+
+
+def _hf_rope(d: dict[str, Any], layer_types: list[Any], source: str) -> dict[str, Any]:
+    """rope_theta / partial_rotary_factor / mrope_section as transformers resolves them.
+
+    `rope_scaling` (legacy name) wins over `rope_parameters`; inside the dict a value wins over
+    the top-level `rope_theta` / `partial_rotary_factor` keys, which win over the defaults
+    (RotaryEmbeddingConfigMixin.convert_rope_params_to_dict). `mrope_section` is read from the
+    dict only (a top-level `mrope_section` is ignored by transformers, and so here)."""
+    rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise ConfigError(f"must be an object, got {rope!r}", source=source, field="rope_parameters")
+    nested = [k for k in rope if k in layer_types]
+    if nested:  # transformers' text rotary then finds no top-level rope_type and fails
+        raise ConfigError(f"per-layer-type entries {nested} are not supported by Qwen3.5", source=source,
+                          field="rope_parameters")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    # "mrope" (a Qwen2-VL spelling) is accepted as the default rotary it means here.
+    if rope_type not in ("default", "mrope"):
+        raise ConfigError(f"unsupported rope_type {rope_type!r}", source=source, field="rope_parameters")
+    theta = d.get("rope_theta", _HF_ROPE_THETA)
+    # Qwen3_5TextConfig defaults a missing top-level factor to 0.25; an explicit null leaves it
+    # unset and the rotary then falls back to 1.0.
+    factor = d.get("partial_rotary_factor", _HF_PARTIAL_ROTARY_FACTOR)
+    return {
+        "rope_theta": rope.get("rope_theta", theta),
+        "partial_rotary_factor": rope.get("partial_rotary_factor", 1.0 if factor is None else factor),
+        "mrope_section": rope.get("mrope_section", _HF_MROPE_SECTION),
+    }
+
+
 def _text_from_hf(d: dict[str, Any], source: str) -> TextConfig:
-    kwargs = {k: d[k] for k in _TEXT_KEYS if k in d and d[k] is not None}
-    rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
-    if "rope_theta" in d:
-        kwargs["rope_theta"] = d["rope_theta"]
-    for key in ("rope_theta", "partial_rotary_factor", "mrope_section"):
-        if key in rope:
-            kwargs[key] = rope[key]
-    if rope.get("rope_type", "default") not in ("default", "mrope"):
-        raise ConfigError(f"unsupported rope_type {rope.get('rope_type')!r}", source=source, field="rope_parameters")
-    if "full_attention_interval" in d and "layer_types" not in d:
-        kwargs["layer_types"] = default_layer_types(d["num_hidden_layers"], d["full_attention_interval"])
+    if not isinstance(d, dict):
+        raise ConfigError(f"must be an object, got {d!r}", source=source, field="text_config")
+    kwargs = dict(_HF_TEXT_DEFAULTS)
+    kwargs.update({k: d[k] for k in _TEXT_KEYS - _ROPE_KEYS - {"layer_types"} if k in d})
+    layers = kwargs["num_hidden_layers"]
+    layer_types = d.get("layer_types")
+    if layer_types is None:  # Qwen3_5TextConfig.__post_init__: every full_attention_interval-th layer
+        interval = d.get("full_attention_interval", 4)
+        if not isinstance(interval, int) or isinstance(interval, bool) or interval <= 0:
+            raise ConfigError(f"must be a positive integer, got {interval!r}", source=source,
+                              field="full_attention_interval")
+        layer_types = default_layer_types(layers, interval) if isinstance(layers, int) and layers > 0 else []
+    elif not isinstance(layer_types, (list, tuple)) or (not layer_types and layers):
+        raise ConfigError(f"must list one type per layer, got {layer_types!r}", source=source, field="layer_types")
+    kwargs["layer_types"] = tuple(layer_types)
+    kwargs.update(_hf_rope(d, list(layer_types), source))
     if d.get("hidden_act", "silu") != "silu":
         raise ConfigError(f"unsupported hidden_act {d['hidden_act']!r}", source=source, field="hidden_act")
     if d.get("attention_bias"):
         raise ConfigError("attention_bias=true is not supported", source=source, field="attention_bias")
-    missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                           "num_attention_heads", "num_key_value_heads") if k not in kwargs]
-    if missing:
-        raise ConfigError("is missing", source=source, field=missing[0])
     try:
         return TextConfig(source=source, **kwargs)
     except TypeError as exc:  # pragma: no cover - defensive: a value of the wrong kind
@@ -286,26 +358,35 @@ def _text_from_hf(d: dict[str, Any], source: str) -> TextConfig:
 
 
 def _vision_from_hf(d: dict[str, Any], source: str) -> VisionConfig:
-    kwargs = {k: d[k] for k in _VISION_KEYS if k in d and d[k] is not None}
-    rope = d.get("rope_parameters") or {}
-    if "rope_theta" in rope:
+    if not isinstance(d, dict):
+        raise ConfigError(f"must be an object, got {d!r}", source=source, field="vision_config")
+    kwargs = dict(_HF_VISION_DEFAULTS)
+    kwargs.update({k: d[k] for k in _VISION_KEYS if k in d and d[k] is not None})
+    rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
+    if isinstance(rope, dict) and "rope_theta" in rope:
         kwargs["rope_theta"] = rope["rope_theta"]
     for key in ("patch_size", "temporal_patch_size"):
         if isinstance(kwargs.get(key), (list, tuple)):
             kwargs[key] = int(kwargs[key][0])
-    return VisionConfig(source=source, **kwargs)
+    try:
+        return VisionConfig(source=source, **kwargs)
+    except TypeError as exc:  # pragma: no cover - defensive: a value of the wrong kind
+        raise ConfigError(str(exc), source=source) from None
 
 
 def from_hf_config(d: dict[str, Any], *, source: str, name: str) -> ModelConfig:
-    """Translate a transformers `config.json` (model_type qwen3_5 or qwen3_5_text)."""
+    """Translate a transformers `config.json` (model_type qwen3_5 or qwen3_5_text).
+
+    Keys left out take transformers' defaults; a `qwen3_5` config without `text_config` or
+    `vision_config` gets the default text model or vision tower, as transformers builds them."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"must be a JSON object, got {type(d).__name__}", source=source)
     model_type = d.get("model_type")
     if model_type == "qwen3_5_text":
         return ModelConfig(name=name, text=_text_from_hf(d, source), vision=None)
     if model_type == "qwen3_5":
-        if "text_config" not in d:
-            raise ConfigError("is missing", source=source, field="text_config")
-        text = _text_from_hf(d["text_config"], source)
-        vision = _vision_from_hf(d["vision_config"], source) if d.get("vision_config") else None
+        text = _text_from_hf(d.get("text_config") or {}, source)
+        vision = _vision_from_hf(d.get("vision_config") or {}, source)
         ids = {k: d[k] for k in ("image_token_id", "vision_start_token_id", "vision_end_token_id") if k in d}
         return ModelConfig(name=name, text=text, vision=vision, **ids)
     raise ConfigError(f"is {model_type!r}; expected 'qwen3_5' or 'qwen3_5_text'", source=source, field="model_type")

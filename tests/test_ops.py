@@ -86,3 +86,34 @@ def test_norms_by_hand():
     gate = torch.tensor([[0.0, 1.0]])
     y = gated_rms_norm_reference(x, gate, w, 1e-6)
     assert torch.allclose(y, torch.tensor([[0.0, 2 / rms * F.silu(torch.tensor(1.0))]]))
+
+
+class _FakeCuda:
+    """Stands in for a CUDA tensor: the dispatch only asks `is_cuda`."""
+
+    is_cuda = True
+
+
+def test_reference_switch_is_explicit_scoped_and_per_thread():
+    import threading
+
+    from dohnuts import ops
+    from dohnuts.ops._dispatch import use_fused
+
+    x = _FakeCuda()
+    assert use_fused(x)  # a CUDA tensor takes the fused path by default
+    seen_in_thread = []
+    with ops.reference():
+        assert not use_fused(x)
+        with ops.reference():  # nests
+            assert not use_fused(x)
+        assert not use_fused(x)
+        t = threading.Thread(target=lambda: seen_in_thread.append(use_fused(x)))
+        t.start()
+        t.join()
+    assert use_fused(x)
+    assert seen_in_thread == [True]  # another thread is not switched
+    with pytest.raises(RuntimeError), ops.reference():
+        raise RuntimeError("boom")
+    assert use_fused(x)  # restored after an exception
+    assert not use_fused(torch.zeros(1))  # CPU tensors always take the reference path

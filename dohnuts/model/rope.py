@@ -1,10 +1,14 @@
 """Rotary position embeddings of the text backbone (Qwen3.5's interleaved multimodal RoPE).
 
 Positions are (3, B, T): temporal, height and width indices. For text all three are the token
-index; image tokens get their grid coordinates (see dohnuts.model.vision). Only the first
-`rotary_dim` = head_dim × partial_rotary_factor channels rotate. Frequency j takes its angle from
-axis T, H or W in an interleaved pattern: j % 3 == 1 → H (for j < 3·sections[1]), j % 3 == 2 →
-W (for j < 3·sections[2]), otherwise T — transformers' `Qwen3_5TextRotaryEmbedding`.
+index; image tokens get their grid coordinates (see dohnuts.model.vision). `rotary_dim` =
+int(head_dim × partial_rotary_factor) gives (rotary_dim + 1) // 2 frequencies, and the first
+twice that many channels of each head rotate. Frequency j takes its angle from axis T, H or W in
+an interleaved pattern: j % 3 == 1 → H (for j < 3·mrope_section[1]), j % 3 == 2 → W (for
+j < 3·mrope_section[2]), otherwise T — exactly transformers' `Qwen3_5TextRotaryEmbedding`
+(`recomposition_frequencies`), which slices `offset : 3·section : 3` over the frequencies: a
+section longer than the frequencies is cut, a shorter one leaves the rest on T, mrope_section[0]
+and entries past [2] are never read, and the sections need not sum to anything.
 """
 
 from __future__ import annotations
@@ -20,16 +24,20 @@ def inverse_frequencies(cfg: TextConfig, device: torch.device | None = None) -> 
 
 
 def axis_of_frequency(cfg: TextConfig) -> torch.Tensor:
-    """(rotary_dim // 2,) long: which position axis (0=T, 1=H, 2=W) drives each frequency."""
-    n = cfg.rotary_dim // 2
+    """((rotary_dim + 1) // 2,) long: which position axis (0=T, 1=H, 2=W) drives each frequency.
+
+    The same slices as transformers' `recomposition_frequencies` (H at `1 : 3·s[1] : 3`, W at
+    `2 : 3·s[2] : 3`, Python slice rules: stops past the end are cut, negative stops count from
+    the end), over the same number of frequencies as `inverse_frequencies`."""
+    n = len(range(0, cfg.rotary_dim, 2))  # = inverse_frequencies(cfg).numel()
     axis = torch.zeros(n, dtype=torch.long)
     for a, offset in ((1, 1), (2, 2)):
-        axis[offset: cfg.mrope_section[a] * 3: 3] = a
+        axis[slice(offset, cfg.mrope_section[a] * 3, 3)] = a
     return axis
 
 
 def rotary_cos_sin(cfg: TextConfig, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """position_ids (3, B, T) → cos, sin (B, T, rotary_dim), computed in FP32 then cast."""
+    """position_ids (3, B, T) → cos, sin (B, T, 2 × frequencies), computed in FP32 then cast."""
     inv = inverse_frequencies(cfg, position_ids.device)  # (F,)
     axis = axis_of_frequency(cfg).to(position_ids.device)  # (F,)
     pos = position_ids.float()  # (3, B, T)
