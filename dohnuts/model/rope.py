@@ -36,10 +36,20 @@ def axis_of_frequency(cfg: TextConfig) -> torch.Tensor:
     return axis
 
 
-def rotary_cos_sin(cfg: TextConfig, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """position_ids (3, B, T) → cos, sin (B, T, 2 × frequencies), computed in FP32 then cast."""
-    inv = inverse_frequencies(cfg, position_ids.device)  # (F,)
-    axis = axis_of_frequency(cfg).to(position_ids.device)  # (F,)
+def rotary_tables(cfg: TextConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inverse frequencies (F,) FP32, axis of each frequency (F,) long), both on `device`.
+
+    Building them copies the axis table from the host; a backbone builds them once per device
+    (TextBackbone caches them), so a pass copies nothing from the host and can be captured."""
+    return inverse_frequencies(cfg, device), axis_of_frequency(cfg).to(device)
+
+
+def rotary_cos_sin(cfg: TextConfig, position_ids: torch.Tensor, dtype: torch.dtype,
+                   tables: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """position_ids (3, B, T) → cos, sin (B, T, 2 × frequencies), computed in FP32 then cast.
+
+    `tables`: `rotary_tables(cfg, position_ids.device)`, built now when not given."""
+    inv, axis = tables if tables is not None else rotary_tables(cfg, position_ids.device)  # (F,), (F,)
     pos = position_ids.float()  # (3, B, T)
     # Select, per frequency, the position of its axis: (B, T, F).
     pos_f = pos.permute(1, 2, 0)[..., axis]

@@ -119,19 +119,21 @@ class ScoringModel(nn.Module):
         B, L, H = h.shape
         return self.head(h.reshape(B * L, H).index_select(0, score_index))
 
-    def forward(self, x: ScoreInputs, *, checkpoint_layers: bool = False, stage=no_stage) -> torch.Tensor:
-        """One request's candidate scores (C,) FP32, in the order of `x.score_index`.
-
-        `stage(name)` brackets each pass (`prefix`, `suffix` or `forward`, `head`) with a
-        context manager — the runtime's stage timer, or nothing."""
+    def hidden(self, x: ScoreInputs, *, checkpoint_layers: bool = False, stage=no_stage) -> torch.Tensor:
+        """Hidden states (B, L, H) of the request's rows: the prefix once and its forked suffixes,
+        or one batched pass. `stage(name)` brackets each pass (`prefix`, `suffix` or `forward`)
+        with a context manager — the runtime's stage timer, or nothing."""
         if x.prefix_ids is not None:
             with stage("prefix"):
                 state = self.prefix_state(x, checkpoint_layers=checkpoint_layers)
             with stage("suffix"):
-                h = self.suffix_hidden(x, state, checkpoint_layers=checkpoint_layers)
-        else:
-            with stage("forward"):
-                h = self.full_hidden(x, checkpoint_layers=checkpoint_layers)
+                return self.suffix_hidden(x, state, checkpoint_layers=checkpoint_layers)
+        with stage("forward"):
+            return self.full_hidden(x, checkpoint_layers=checkpoint_layers)
+
+    def forward(self, x: ScoreInputs, *, checkpoint_layers: bool = False, stage=no_stage) -> torch.Tensor:
+        """One request's candidate scores (C,) FP32, in the order of `x.score_index`."""
+        h = self.hidden(x, checkpoint_layers=checkpoint_layers, stage=stage)
         with stage("head"):
             return self.head_scores(h, x.score_index)
 

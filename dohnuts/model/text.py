@@ -15,7 +15,7 @@ from torch import nn
 
 from dohnuts import ops
 from dohnuts.config import TextConfig
-from dohnuts.model.rope import apply_rotary, rotary_cos_sin, text_positions
+from dohnuts.model.rope import apply_rotary, rotary_cos_sin, rotary_tables, text_positions
 from dohnuts.model.state import BackboneState, KVState, LinearAttentionState
 
 
@@ -169,6 +169,15 @@ class TextBackbone(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, t) for t in cfg.layer_types)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # Rotary tables per device, built on first use (not parameters, not in the state dict):
+        # a pass then reads them from the device instead of copying them from the host.
+        self._rotary_tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def rotary(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        dev = position_ids.device
+        if dev not in self._rotary_tables:
+            self._rotary_tables[dev] = rotary_tables(self.cfg, dev)
+        return rotary_cos_sin(self.cfg, position_ids, dtype, self._rotary_tables[dev])
 
     def forward(
         self,
@@ -199,7 +208,7 @@ class TextBackbone(nn.Module):
         rope_positions_default = None
         if position_ids is None:
             position_ids = rope_positions_default = text_positions(B, T, start, x.device)
-        rope = rotary_cos_sin(self.cfg, position_ids, x.dtype)
+        rope = self.rotary(position_ids, x.dtype)
         new_states = []
         for i, layer in enumerate(self.layers):
             layer_state = None if state is None else state.layers[i]

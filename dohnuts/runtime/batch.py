@@ -69,13 +69,21 @@ class HostBatch:
 
 
 def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
-            positions: torch.Tensor | None = None) -> HostBatch:
-    """Build the (unpinned) tensors of one request. `positions` (3, T_max) for image requests."""
+            positions: torch.Tensor | None = None, shape: tuple[int, int] | None = None) -> HostBatch:
+    """Build the (unpinned) tensors of one request. `positions` (3, T_max) for image requests.
+
+    `shape` (rows, length) pads the batched pass to a CUDA-graph bucket: whole padding rows below
+    the questions and right-padding after them (counted as padded work, never as useful)."""
     P = plan.prefix_len
     rows = [s[P:] for s in plan.sequences]
-    L = max(len(r) for r in rows)
-    B = len(rows)
-    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    B, L = len(rows), max(len(r) for r in rows)
+    if shape is not None:
+        if shape[0] < B or shape[1] < L:
+            raise ValueError(f"bucket {shape} is smaller than the batch ({B}, {L})")
+        B_pass, L = shape
+    else:
+        B_pass = B
+    ids = torch.full((B_pass, L), pad_id, dtype=torch.long)
     for i, r in enumerate(rows):
         ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
 
@@ -98,6 +106,9 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
     prefix_ids = torch.tensor([plan.sequences[0][:P]], dtype=torch.long) if P else None
     pos, next_pos = None, None
     if positions is not None:
+        if positions.shape[1] < P + L:  # bucket padding past the longest sequence: keep counting
+            extra = torch.arange(1, P + L - positions.shape[1] + 1)
+            positions = torch.cat([positions, positions[:, -1:] + extra], dim=1)
         pos = positions[:, : P + L].unsqueeze(1)  # (3, 1, P + L): every question shares the layout
         if P:
             next_pos = int(positions[:, :P].max()) + 1
@@ -106,7 +117,8 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
                   prefix_ids=prefix_ids, positions=pos, rewards=rewards, pixel_patches=patches,
                   image_tokens=plan.image_tokens, prefix_next_position=next_pos)
     work = WorkCounts(
-        sequences=B, seq_lens=tuple(plan.lengths), padded_len=L, prefix_len=P, candidates=len(flat),
+        sequences=B, seq_lens=tuple(plan.lengths), padded_len=L, padded_rows=B_pass - B, prefix_len=P,
+        candidates=len(flat),
         image_tokens=plan.image_tokens, train=train, common_prefix_len=longest_common_prefix(plan.sequences),
     )
     return HostBatch(plan=plan, tensors=batch, work=work, image=image)

@@ -25,6 +25,7 @@ from dohnuts.errors import RequestError
 from dohnuts.model.lora import LoRAConfig, apply_lora, merge_lora
 from dohnuts.model.scorer import ScoringModel, decide, no_stage
 from dohnuts.runtime.batch import Batch, HostBatch, collate, without_patches
+from dohnuts.runtime.graphs import PassGraphs
 from dohnuts.runtime.image_cache import ImageFeatureCache
 from dohnuts.runtime.plan import plan_request
 from dohnuts.runtime.requests import Request
@@ -49,7 +50,8 @@ class ImageUse:
 class Session:
     """A scoring model with its tokenizer, image-feature cache, temperature and adapters."""
 
-    def __init__(self, model: ScoringModel, *, tokenizer, base_identity: dict | None = None, max_len: int = 8192):
+    def __init__(self, model: ScoringModel, *, tokenizer, base_identity: dict | None = None, max_len: int = 8192,
+                 cuda_graphs: bool = True):
         self.model = model
         self.cfg: ModelConfig = model.cfg
         self.tokenizer = tokenizer
@@ -59,6 +61,9 @@ class Session:
         self.lora: LoRAConfig | None = None  # the attached (unmerged) adapters' configuration
         # A fresh cache per loaded model (the seed: loading a model creates a fresh cache).
         self.image_cache = ImageFeatureCache() if model.visual is not None else None
+        # Inference passes replay CUDA graphs on a GPU (dohnuts.runtime.graphs). `cuda_graphs=False`
+        # runs them eagerly: for parity tests and eager-vs-graph measurements, not a user setting.
+        self.graphs = PassGraphs(model) if cuda_graphs and model.device.type == "cuda" else None
 
     @property
     def device(self) -> torch.device:
@@ -71,6 +76,7 @@ class Session:
         if self.lora is not None:
             raise ValueError("the model already carries LoRA adapters")
         names = apply_lora(self.model.backbone, cfg, seed=seed)
+        self._modules_changed()
         self.lora = cfg
         self.model.head.weight.requires_grad_(True)
         return names
@@ -78,9 +84,14 @@ class Session:
     def merge_lora(self) -> int:
         """Fold the adapters into the frozen base for deployment; returns how many were merged."""
         n = merge_lora(self.model.backbone)
+        self._modules_changed()
         self.lora = None
         self.model.head.weight.requires_grad_(False)
         return n
+
+    def _modules_changed(self) -> None:
+        if self.graphs is not None:
+            self.graphs.clear()  # captured graphs point at the replaced modules' weights
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return self.model.trainable_parameters()
@@ -110,7 +121,12 @@ class Session:
             longest = max(plan.sequences, key=len)
             positions = mrope_position_ids(torch.tensor(longest), [grid], image_token_id=self.cfg.image_token_id,
                                            spatial_merge_size=self.cfg.vision.spatial_merge_size)
-        hb = collate(plan, pad_id=self.tokenizer.special.pad, image=image, train=train, positions=positions)
+        shape = None
+        if self.graphs is not None and not train:  # pad to the shape of a captured graph
+            rows = len(plan.sequences)
+            shape = self.graphs.buckets.fit(rows, max(plan.lengths) - plan.prefix_len)
+        hb = collate(plan, pad_id=self.tokenizer.special.pad, image=image, train=train, positions=positions,
+                     shape=shape)
         if image is not None and image.key in self.image_cache:
             hb = without_patches(hb)  # cached features: no pixels to move (re-read from host if evicted)
         return hb.pinned() if self.device.type == "cuda" else hb
@@ -154,7 +170,12 @@ class Session:
                 (use,) = self.image_features([(hb, dev)])
             feats, work = use.features, use.counted(work)
         stage = timer.stage if timer is not NULL_TIMER else no_stage
-        return self.model(dev.score_inputs(feats), stage=stage), work
+        x = dev.score_inputs(feats)
+        h = self.graphs.hidden(x, stage) if self.graphs is not None else None
+        if h is None:
+            h = self.model.hidden(x, stage=stage)
+        with stage("head"):
+            return self.model.head_scores(h, x.score_index), work
 
     def decide(self, scores: torch.Tensor, cand_matrix: torch.Tensor):
         """Per question: calibrated probabilities (Q, Kmax) at this session's temperature, choice (Q,)."""

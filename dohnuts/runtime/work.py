@@ -24,6 +24,7 @@ class WorkCounts:
     cached_images: int = 0  # images whose features came from the cache
     train: bool = False  # forward + backward (+ optimizer) instead of forward only
     recomputed_tokens: int = 0  # tokens whose forward ran again (activation checkpointing)
+    padded_rows: int = 0  # all-padding rows added to the batched pass (a CUDA-graph shape bucket)
     # The prefix every question repeats, whether or not this call shares it: the analysis counts a
     # duplicated prefix as repeated work, so every target is compared on one basis.
     common_prefix_len: int = 0
@@ -37,8 +38,8 @@ class WorkCounts:
 
     @property
     def computed_tokens(self) -> int:
-        """Tokens the backbone actually ran: the prefix once plus every padded suffix row."""
-        return self.prefix_len + self.sequences * self.padded_len
+        """Tokens the backbone actually ran: the prefix once plus every row of the batched pass."""
+        return self.prefix_len + (self.sequences + self.padded_rows) * self.padded_len
 
     @property
     def useful_tokens(self) -> int:

@@ -36,7 +36,8 @@ that a target times as one interval (the training step's `forward` = prefix + su
 
 Useful, padded and repeated work never mix:
   useful    tokens: P + Σ (L_i − P) each computed once; attention over causal pairs only.
-  padded    computed − real: right-padding of the batched rows (tokens and their pairs).
+  padded    computed − real: right-padding of the batched rows and whole padding rows (a CUDA-graph
+            shape bucket: `padded_rows`), tokens and their pairs.
   repeated  (a) duplicated prefixes: work.common_prefix_len = Pc tokens that all
             sequences share, whether or not the target shared them; rows 2..B of a pass recompute
             positions P..Pc−1. (b) activation checkpointing: `recomputed_tokens` re-run the
@@ -137,20 +138,21 @@ def _check(work: WorkCounts) -> int:
     common = work.common_prefix_len
     if common > min(work.seq_lens):
         raise ValueError(f"common_prefix_len={common} exceeds the shortest sequence")
-    if min(work.candidates, work.image_tokens, work.cached_images, work.recomputed_tokens) < 0:
+    if min(work.candidates, work.image_tokens, work.cached_images, work.recomputed_tokens, work.padded_rows) < 0:
         raise ValueError("counts must not be negative")
     return max(common, work.prefix_len)
 
 
 def _splits(work: WorkCounts, common: int) -> dict[str, _Split]:
     P, B, T = work.prefix_len, work.sequences, work.padded_len
+    R = B + work.padded_rows  # rows the batched pass ran: the questions plus all-padding rows
     real = [n - P for n in work.seq_lens]
     dup = common - P if B > 1 else 0  # positions P..Pc−1 recomputed by rows 2..B
     real_pairs = sum(attention_pairs(P, n) for n in real)
     rep = ((B - 1) * dup, (B - 1) * attention_pairs(P, dup))
     batched = _Split(useful=(sum(real) - rep[0], real_pairs - rep[1]),
-                     padded=(B * T - sum(real), B * attention_pairs(P, T) - real_pairs),
-                     repeated=rep, rows_reading_state=B if P else 0, writes_state=False)
+                     padded=(R * T - sum(real), R * attention_pairs(P, T) - real_pairs),
+                     repeated=rep, rows_reading_state=R if P else 0, writes_state=False)
     if not P:
         return {"forward": batched}
     prefix = _Split(useful=(P, attention_pairs(0, P)), padded=(0, 0), repeated=(0, 0), rows_reading_state=0,

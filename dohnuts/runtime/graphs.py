@@ -1,0 +1,218 @@
+"""CUDA graphs of the inference passes: the host issues one replay instead of ~1,000 kernels.
+
+A 24-layer pass launches about a thousand kernels; from Python each costs 50–90 µs of host time,
+so every pass below ~16k tokens used to wait on the host, not on the GPU (docs/known-issues.md
+KI-2). Here each pass shape is captured once and replayed:
+
+    prefix   (1, P)        → the prefix state (KV, conv and recurrent per layer)      key (P, image)
+    suffix   (B_b, L_b)    → hidden states, continuing the prefix graph's state       key (P, B_b, L_b, image)
+    full     (B_b, L_b)    → hidden states of one batched pass                        key (B_b, L_b, image)
+
+Shapes are bucketed (`ShapeBuckets`): lengths on the 64-token grid the planner already uses,
+batch rows on a short ladder. The collate step pads a request to its bucket — whole padding
+rows and right-padding, both counted as padded work — so a handful of graphs serve every
+request. A shape outside every bucket, or past the graph budget, runs eagerly and is counted.
+
+Static buffers. A graph reads its inputs from fixed tensors (one per name and shape, shared by
+the graphs that take that shape) and writes fixed outputs; `hidden()` copies each request's
+inputs into the buffers before replaying. The suffix graph reads the prefix graph's output state
+directly, so the state never leaves the graphs' memory; it is overwritten by the next request's
+prefix replay (no state outlives its request). Parameters are read in place, so optimizer steps
+need no recapture; replacing modules (LoRA merge or attach) does, and the session clears the
+graphs then.
+
+Capture. On the first request of a shape the pass runs eagerly twice (Triton autotuning and
+lazy initialisation happen outside the capture), is captured into the shared memory pool, and
+is then replayed. Capture time, the pool's growth, replays and eager fallbacks are counted in
+`GraphStats`. Without a GPU (`emulate=True`, the CPU tests) a "graph" re-runs its pass on the
+static buffers and copies the result into its static outputs: the same buffer discipline, so a
+stale buffer shows up on the CPU too.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from dohnuts.model.inputs import ScoreInputs
+from dohnuts.model.scorer import ScoringModel, no_stage
+
+
+@dataclass(frozen=True)
+class ShapeBuckets:
+    """Which (rows, length) a batched pass is padded to. None: no bucket (runs eagerly)."""
+
+    rows: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+    length_step: int = 64
+    max_length: int = 4096
+
+    def fit(self, rows: int, length: int) -> tuple[int, int] | None:
+        b = next((r for r in self.rows if r >= rows), None)
+        L = -(-length // self.length_step) * self.length_step
+        if b is None or L > self.max_length:
+            return None
+        return b, L
+
+
+@dataclass
+class GraphStats:
+    captures: int = 0
+    capture_ms: float = 0.0  # warm-up + capture, summed
+    pool_bytes: int = 0  # growth of reserved device memory over all captures
+    replays: int = 0  # passes replayed
+    eager: dict[str, int] = field(default_factory=dict)  # passes run eagerly, by reason
+    graphs: int = 0  # graphs held now
+
+    def to_dict(self) -> dict:
+        return {"captures": self.captures, "capture_ms": self.capture_ms, "pool_bytes": self.pool_bytes,
+                "replays": self.replays, "eager": dict(self.eager), "graphs": self.graphs}
+
+
+def _tensors(obj) -> list[torch.Tensor]:
+    """The tensors of a pass output (a tensor, or a BackboneState), in a fixed order."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    return [t for layer in obj.layers for t in vars(layer).values()]
+
+
+class _Captured:
+    """One captured pass: replay() recomputes `output` in place from the static buffers."""
+
+    def __init__(self, fn: Callable[[], object], pool, emulate: bool):
+        self.fn = fn
+        self.emulate = emulate
+        if emulate:
+            self.graph = None
+            self.output = fn()
+            return
+        for _ in range(2):  # autotune, compile and lazily initialise outside the capture
+            fn()
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.output = fn()
+
+    def replay(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+            return
+        for dst, src in zip(_tensors(self.output), _tensors(self.fn())):
+            dst.copy_(src)
+
+
+class PassGraphs:
+    """The captured passes of one model, keyed by pass shape (see the module docstring)."""
+
+    def __init__(self, model: ScoringModel, *, buckets: ShapeBuckets = ShapeBuckets(), max_graphs: int = 48,
+                 emulate: bool = False):
+        self.model = model
+        self.buckets = buckets
+        self.max_graphs = max_graphs
+        self.emulate = emulate
+        self.stats_ = GraphStats()
+        self._graphs: dict[tuple, _Captured] = {}
+        self._failed: dict[tuple, str] = {}
+        self._buffers: dict[tuple, torch.Tensor] = {}
+        self._pool = None if emulate else torch.cuda.graph_pool_handle()
+
+    def stats(self) -> GraphStats:
+        return replace(self.stats_, eager=dict(self.stats_.eager), graphs=len(self._graphs))
+
+    def clear(self) -> None:
+        """Drop every graph and buffer (the model's modules changed: LoRA merged or attached)."""
+        self._graphs.clear()
+        self._failed.clear()
+        self._buffers.clear()
+        self._pool = None if self.emulate else torch.cuda.graph_pool_handle()
+
+    # -- static buffers -------------------------------------------------------------------------
+
+    def _buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        key = (name, tuple(like.shape), like.dtype)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = torch.empty_like(like)
+        return buf
+
+    def _static(self, x: ScoreInputs) -> ScoreInputs:
+        """Copy the request's inputs into the static buffers; returns the inputs graphs read."""
+        out = {}
+        for name in ("ids", "prefix_ids", "positions", "image_features"):
+            t = getattr(x, name)
+            if t is not None:
+                buf = self._buffer(name, t)
+                buf.copy_(t)
+                t = buf
+            out[name] = t
+        return replace(x, **out)
+
+    # -- passes ---------------------------------------------------------------------------------
+
+    def _eager(self, reason: str) -> None:
+        self.stats_.eager[reason] = self.stats_.eager.get(reason, 0) + 1
+
+    def _get(self, key: tuple, fn: Callable[[], object]) -> _Captured | None:
+        g = self._graphs.get(key)
+        if g is not None:
+            return g
+        if key in self._failed:
+            return None
+        if len(self._graphs) >= self.max_graphs:
+            return None
+        before = 0 if self.emulate else torch.cuda.memory_reserved()
+        t0 = time.perf_counter()
+        try:
+            g = _Captured(fn, self._pool, self.emulate)
+        except Exception as exc:  # a pass that cannot be captured runs eagerly, said once
+            self._failed[key] = f"{type(exc).__name__}: {exc}"
+            print(f"dohnuts: a pass of shape {key} cannot be captured as a CUDA graph and runs eagerly "
+                  f"({self._failed[key].splitlines()[0]})", file=sys.stderr)
+            return None
+        self.stats_.captures += 1
+        self.stats_.capture_ms += (time.perf_counter() - t0) * 1e3
+        if not self.emulate:
+            self.stats_.pool_bytes += torch.cuda.memory_reserved() - before
+        self._graphs[key] = g
+        return g
+
+    def hidden(self, x: ScoreInputs, stage=no_stage) -> torch.Tensor | None:
+        """Hidden states (B_b, L_b, H) of the request's passes by graph replay, or None when the
+        shape has no graph (then the caller runs the passes eagerly). The returned tensor is the
+        graph's static output: use it before the next call."""
+        B, L = x.ids.shape
+        if self.buckets.fit(B, L) != (B, L):
+            self._eager("no bucket")
+            return None
+        model = self.model
+        img = (x.image_tokens, x.prefix_next_position) if x.image_features is not None and x.image_tokens else None
+        if x.prefix_ids is not None:
+            P = x.prefix_len
+            with stage("prefix"):
+                xs = self._static(x)
+                pre = self._get(("prefix", P, img), lambda: model.prefix_state(xs))
+                if pre is None:
+                    self._eager("graph budget or capture failure")
+                    return None
+                pre.replay()
+                self.stats_.replays += 1
+            with stage("suffix"):
+                suf = self._get(("suffix", P, B, L, img), lambda: model.suffix_hidden(xs, pre.output))
+                if suf is None:
+                    self._eager("graph budget or capture failure")
+                    return None
+                suf.replay()
+                self.stats_.replays += 1
+            return suf.output
+        with stage("forward"):
+            xs = self._static(x)
+            full = self._get(("full", B, L, img), lambda: model.full_hidden(xs))
+            if full is None:
+                self._eager("graph budget or capture failure")
+                return None
+            full.replay()
+            self.stats_.replays += 1
+        return full.output

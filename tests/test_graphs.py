@@ -1,0 +1,121 @@
+"""Graph-replayed inference (dohnuts.runtime.graphs) on the CPU, in emulation: the same static
+buffers and shape buckets as on the GPU, with each "replay" recomputing its pass from the static
+buffers into the static outputs. Scores equal the eager path's for changing inputs (a stale
+buffer fails), bucket padding is counted as padded work, and the budget and LoRA changes are
+honoured. The CUDA replay itself is tested in tests/test_ops_gpu.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import dohnuts.api as api
+from dohnuts.bench.analysis.cost import token_counts
+from dohnuts.model.lora import LoRAConfig, LoRALinear
+from dohnuts.runtime.graphs import PassGraphs, ShapeBuckets
+from dohnuts.runtime.requests import Question, Request
+from dohnuts.train.task import synthetic_requests
+from tests.reference import relative_error
+
+
+def _graphed(session, **kw):
+    session.graphs = PassGraphs(session.model, emulate=True, **kw)
+    return session
+
+
+def _scores(session, reqs, share=True):
+    return [torch.tensor([s for q in r.questions for s in q.scores]) for r in session.predict(reqs, share_prefix=share)]
+
+
+def _png(path, seed):
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, (448, 448, 3), dtype=np.uint8)).save(path)
+    return str(path)
+
+
+def test_buckets():
+    b = ShapeBuckets(rows=(1, 2, 4, 8), length_step=64, max_length=256)
+    assert b.fit(3, 70) == (4, 128)
+    assert b.fit(8, 64) == (8, 64)
+    assert b.fit(1, 1) == (1, 64)
+    assert b.fit(9, 64) is None  # more rows than the largest bucket
+    assert b.fit(2, 257) is None  # longer than the longest bucket
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_replay_equals_eager_for_changing_inputs(share):
+    eager = api.load("tiny")
+    graphed = _graphed(api.load("tiny"))
+    # Same shape bucket, different tokens: each replay must see its own request's inputs.
+    reqs = synthetic_requests(3, questions=5, shared_prefix=300, seed=7)
+    reqs = [reqs[0], reqs[1], reqs[0], reqs[2]]
+    want = _scores(eager, reqs, share)
+    got = _scores(graphed, reqs, share)
+    for w, g in zip(want, got):
+        assert relative_error(g, w) < 1e-5
+    assert relative_error(got[0], got[1]) > 1e-3  # the requests really differ
+    stats = graphed.graphs.stats()
+    passes = 2 if share else 1
+    assert stats.captures == passes and stats.replays == 4 * passes and not stats.eager
+
+
+def test_image_requests_replay_with_the_prefix_cutting_the_image(tmp_path):
+    eager, graphed = api.load("tiny"), _graphed(api.load("tiny"))
+    qs = (Question("q1", "what?", ("red", "green")), Question("q2", "how many?", ("one", "two", "three")))
+    reqs = [Request(id=f"r{i}", questions=qs, prefix="a photo", image=_png(tmp_path / f"{i}.png", i)) for i in range(2)]
+    assert graphed.prepare(reqs[0]).plan.prefix_len == 192  # 196 image tokens: the split cuts the image
+    for share in (True, False):
+        for w, g in zip(_scores(eager, reqs, share), _scores(graphed, reqs, share)):
+            assert relative_error(g, w) < 1e-5
+    assert graphed.graphs.stats().captures == 3  # prefix + suffix, and one full pass
+
+
+def test_bucket_padding_is_counted_as_padded_work():
+    session = _graphed(api.load("tiny"))
+    (req,) = synthetic_requests(1, questions=3, seed=1)
+    hb = session.prepare(req, share_prefix=False)
+    real = max(hb.plan.lengths)
+    assert hb.tensors.ids.shape == (4, 64 * -(-real // 64))  # 3 questions → 4 rows, length → the 64 grid
+    assert hb.work.padded_rows == 1 and hb.work.padded_len % 64 == 0
+    counts = token_counts(hb.work)
+    assert counts["useful"] + counts["repeated"] == sum(hb.plan.lengths)  # (the shared question head repeats)
+    assert counts["padded"] == 4 * hb.work.padded_len - sum(hb.plan.lengths)
+    plain = api.load("tiny").prepare(req, share_prefix=False).work
+    assert token_counts(plain)["useful"] == counts["useful"] and token_counts(plain)["padded"] < counts["padded"]
+
+
+def test_budget_and_unbucketed_shapes_run_eagerly():
+    eager = api.load("tiny")
+    session = _graphed(api.load("tiny"), max_graphs=1)
+    a = synthetic_requests(1, questions=2, seed=2)[0]
+    b = synthetic_requests(1, questions=6, seed=3)[0]  # another row bucket: over the budget of one graph
+    for w, g in zip(_scores(eager, [a, b], False), _scores(session, [a, b], False)):
+        assert relative_error(g, w) < 1e-5
+    stats = session.graphs.stats()
+    assert stats.graphs == 1 and stats.eager == {"graph budget or capture failure": 1}
+    wide = _graphed(api.load("tiny"), buckets=ShapeBuckets(rows=(1, 2)))
+    for w, g in zip(_scores(eager, [b], False), _scores(wide, [b], False)):
+        assert relative_error(g, w) < 1e-5
+    assert wide.graphs.stats().eager == {"no bucket": 1} and wide.prepare(b).work.padded_rows == 0
+
+
+def test_weight_updates_are_seen_and_module_changes_recapture():
+    session = _graphed(api.load("tiny", lora=LoRAConfig(rank=4)))
+    reqs = synthetic_requests(1, questions=3, shared_prefix=200, seed=4)
+    before = _scores(session, reqs)[0]
+    with torch.no_grad():  # an optimizer step: parameters change in place
+        for m in session.model.modules():
+            if isinstance(m, LoRALinear):
+                m.lora_B.normal_(0, 0.05)
+    after = _scores(session, reqs)[0]
+    assert relative_error(after, before) > 1e-3
+    plain = api.load("tiny", lora=LoRAConfig(rank=4))
+    plain.model.load_state_dict(session.model.state_dict())
+    assert relative_error(after, _scores(plain, reqs)[0]) < 1e-5
+    captures = session.graphs.stats().captures
+    session.merge_lora()  # modules replaced: the graphs are dropped and captured again
+    assert session.graphs.stats().graphs == 0
+    merged = _scores(session, reqs)[0]
+    assert relative_error(merged, after) < 1e-5 and session.graphs.stats().captures == captures + 2
