@@ -1,35 +1,53 @@
 #!/usr/bin/env bash
 # One batched GPU session on the lent H200 (docs/gpu.md): install the carried fla wheels, then
 # run what the environment asks for, everything written under $OUT.
+#   WORKLOADS='workloads/gpu/a.yaml ...'                     one dohnuts-bench run over them (first)
 #   TESTS='pytest -k expression' (or 'all', default none)   GPU tests of tests/test_ops_gpu.py
 #   BACKBONE=1                                               benchmarks/backbone_forward.py on 2b
-#   WORKLOADS='workloads/gpu/a.yaml ...'                     one dohnuts-bench run over them
+#   PROFILE=1                                                benchmarks/profile_passes.py on 2b
+#   BUDGET=seconds (default 540)                             stop starting new steps after this
+# Compiled Triton kernels and fla's autotuning choices persist in .triton_cache (TRITON_CACHE_DIR):
+# carry it into the next call (`carry: [.whl, .triton_cache]`); the session packs it into
+# $OUT/triton_cache.tar.gz.* (15 MB parts) for the way back. Unpack with
+#   cat triton_cache.tar.gz.* | tar xz
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+BUDGET=${BUDGET:-540}
+START=$(date +%s)
+mkdir -p "$OUT" .triton_cache
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$PWD/.triton_cache
+left() { echo $((BUDGET - ($(date +%s) - START))); }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
+echo "triton cache at start: $(du -sh .triton_cache | cut -f1), $(find .triton_cache -name '*.autotune.json' | wc -l) autotune entries" | tee -a "$OUT/gpu.txt"
 
-if [ -n "${TESTS:-}" ]; then
-  echo "== GPU tests ($TESTS)"
-  sel=(); [ "$TESTS" != all ] && sel=(-k "$TESTS")
-  timeout 400 python3 -m pytest -q tests/test_ops_gpu.py "${sel[@]}" -p no:cacheprovider --durations=10 2>&1 \
-    | tee "$OUT/gpu_tests.txt" | tail -25
-fi
-if [ -n "${BACKBONE:-}" ]; then
-  echo "== backbone forward, qwen3.5-2b, 32 x 512"
-  timeout 240 python3 benchmarks/backbone_forward.py --preset qwen3.5-2b --batch 32 --seq 512 \
-    --out "$OUT/backbone_forward_2b.json" 2>&1 | tail -30
-fi
-if [ -n "${WORKLOADS:-}" ]; then
-  echo "== dohnuts-bench run $WORKLOADS"
+if [ -n "${WORKLOADS:-}" ] && [ "$(left)" -gt 60 ]; then
+  echo "== dohnuts-bench run $WORKLOADS ($(left) s left)"
   # shellcheck disable=SC2086
-  python3 -m dohnuts.bench.cli run $WORKLOADS --out /tmp/runs --label h200 --quiet 2>&1 \
-    | tee "$OUT/bench_log.txt" | grep -v '^\s*$' | tail -40
+  timeout $(($(left) - 30)) python3 -m dohnuts.bench.cli run $WORKLOADS --out /tmp/runs --label h200 --quiet 2>&1 \
+    | tee "$OUT/bench_log.txt" | grep -v '^\s*$' | tail -60
   d=$(ls -d /tmp/runs/*/ | tail -1)
   cp "$d/results.jsonl" "$d/run.json" "$d/summary.json" "$d/report.txt" "$OUT/" 2>/dev/null
   cp "$d/roofline.png" "$OUT/" 2>/dev/null
 fi
+if [ -n "${TESTS:-}" ] && [ "$(left)" -gt 60 ]; then
+  echo "== GPU tests ($TESTS, $(left) s left)"
+  sel=(); [ "$TESTS" != all ] && sel=(-k "$TESTS")
+  timeout $(($(left) - 20)) python3 -m pytest -q tests/test_ops_gpu.py "${sel[@]}" -p no:cacheprovider --durations=10 2>&1 \
+    | tee "$OUT/gpu_tests.txt" | tail -25
+fi
+if [ -n "${BACKBONE:-}" ] && [ "$(left)" -gt 60 ]; then
+  echo "== backbone forward, qwen3.5-2b, 32 x 512"
+  timeout $(($(left) - 20)) python3 benchmarks/backbone_forward.py --preset qwen3.5-2b --batch 32 --seq 512 \
+    --out "$OUT/backbone_forward_2b.json" 2>&1 | tail -30
+fi
+if [ -n "${PROFILE:-}" ] && [ "$(left)" -gt 60 ]; then
+  echo "== pass profile, qwen3.5-2b"
+  mkdir -p "$OUT/profile"
+  timeout $(($(left) - 20)) python3 benchmarks/profile_passes.py --preset qwen3.5-2b --batch 32 --prefix 448 --suffix 64 \
+    --out "$OUT/profile" 2>&1 | tail -12
+fi
+echo "triton cache at end: $(du -sh .triton_cache | cut -f1), $(find .triton_cache -name '*.autotune.json' | wc -l) autotune entries" | tee -a "$OUT/gpu.txt"
+tar czf - .triton_cache | split -b 15m - "$OUT/triton_cache.tar.gz."
 ls -la "$OUT"

@@ -47,12 +47,14 @@ def _weights_fingerprint(root: Path) -> str:
 
 def load(source: str | Path = "tiny", *, adapter: str | Path | None = None, lora: LoRAConfig | None = None,
          merge: bool = False, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
-         seed: int = 0, max_len: int = 8192) -> Session:
+         seed: int = 0, max_len: int = 8192, cuda_graphs: bool = True) -> Session:
     """A scoring session from a preset name or a checkpoint directory.
 
     `adapter` loads a saved LoRA + head file (verified against this base); with `merge` its
     adapters are then folded into the base (deployment: no adapter cost). `lora` attaches fresh
-    adapters for training. Without either the model scores with its (random) head.
+    adapters for training. Without either the model scores with its (random) head. On a GPU the
+    inference passes replay CUDA graphs; `cuda_graphs=False` launches them eagerly (parity tests
+    and eager-vs-graph measurements only).
     """
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
@@ -70,7 +72,8 @@ def load(source: str | Path = "tiny", *, adapter: str | Path | None = None, lora
     for p in model.parameters():
         p.requires_grad_(False)
     session = Session(model, tokenizer=tokenizer_for(cfg, ckpt),
-                      base_identity={"config_hash": cfg.config_hash(), "weights": weights}, max_len=max_len)
+                      base_identity={"config_hash": cfg.config_hash(), "weights": weights}, max_len=max_len,
+                      cuda_graphs=cuda_graphs)
     if adapter is not None:
         from dohnuts.adapters import load_adapter
 

@@ -42,15 +42,20 @@ def test_quickstart_runs_on_cpu_and_records_every_call(tmp_path, capsys):
     assert cpu, "no CPU workload to smoke-run"
     assert main(["run", *map(str, cpu), "--out", str(tmp_path), "--quiet"]) == 0
     (run_dir,) = list(tmp_path.iterdir())
-    records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    every = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    records = [r for r in every if r["phase"] == "steady"]
+    first = [r for r in every if r["phase"] == "first-call"]
     kinds, targets = _registry()
-    expected = sum(load_workload(p, kinds, targets).repeat * len(load_workload(p, kinds, targets).targets) for p in cpu)
-    assert len(records) == expected
+    specs = [load_workload(p, kinds, targets) for p in cpu]
+    assert len(records) == sum(s.repeat * len(s.targets) for s in specs)
+    # each target's first call is recorded apart (iteration −1), once, when it has warm-up calls
+    assert len(first) == sum(len(s.targets) for s in specs if s.warmup) and all(r["iteration"] == -1 for r in first)
     for r in records:
         assert r["schema"] == 1 and r["wall_ms"] > 0 and r["decisions"] > 0
         assert sum(s["host_ms"] for s in r["stages"].values()) <= r["wall_ms"] * 1.05
         assert r["provenance"]["git"] and r["provenance"]["packages"]["torch"]
-        assert r["work"]["sequences"] * r["work"]["padded_len"] + r["work"]["prefix_len"] == r["tokens"]["computed"]
+        rows = r["work"]["sequences"] + r["work"]["padded_rows"]
+        assert rows * r["work"]["padded_len"] + r["work"]["prefix_len"] == r["tokens"]["computed"]
     kinds_seen = {r["workload"]["kind"] for r in records}
     assert {"text", "shared-prefix", "image", "image-cache", "train-step"} <= kinds_seen
     cold = [r for r in records if r["workload"]["name"] == "image-cache-cold"]
@@ -104,8 +109,9 @@ def test_interrupt_leaves_valid_jsonl(tmp_path, monkeypatch):
     code = main(["run", str(ROOT / "workloads/quickstart/text.yaml"), "--out", str(tmp_path), "--quiet"])
     assert code == 130
     (run_dir,) = list(tmp_path.iterdir())
-    lines = (run_dir / "results.jsonl").read_text().splitlines()
-    assert len(lines) == 2 and all(json.loads(line)["schema"] == 1 for line in lines)
+    records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert all(r["schema"] == 1 for r in records)  # the first call, then the measured calls 0 and 1
+    assert [r["iteration"] for r in records] == [-1, 0, 1]
 
 
 def test_external_plugin_registered_by_entry_point(tmp_path, monkeypatch):

@@ -7,6 +7,10 @@ workload file):
     adapter: PATH           an adapter file saved by `dohnuts train`: prediction merges it into the
                             base (as `dohnuts predict --adapter` serves it); a train-step workload
                             continues training it (as `dohnuts train --initialize-from` does)
+    cuda_graphs: true       replay the inference passes as CUDA graphs (false: launch them eagerly,
+                            to measure what the graphs save; the product always uses them on a GPU)
+
+Each record's `extra.graphs` counts the call's graph replays, captures and eager passes.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 from dohnuts.bench.calls import CallResult, PredictCall, TrainCall
 from dohnuts.errors import ConfigError
 
-OPTIONS = {"share_prefix", "lora_rank", "adapter"}
+OPTIONS = {"share_prefix", "lora_rank", "adapter", "cuda_graphs"}
 
 
 class DohnutsTarget:
@@ -33,7 +37,8 @@ class DohnutsTarget:
         lora = LoRAConfig(rank=int(options.get("lora_rank", 16))) if self.train and adapter is None else None
         # Prediction runs a deployed model (adapters merged: no adapter cost); training carries them.
         self.model = api.load(spec.model, device=device, dtype=dtype, seed=spec.seed, lora=lora, adapter=adapter,
-                              merge=adapter is not None and not self.train)
+                              merge=adapter is not None and not self.train,
+                              cuda_graphs=bool(options.get("cuda_graphs", True)))
         cfg = self.model.lora
         self.lora_info = {"rank": cfg.rank, "targets": list(cfg.targets), "merged": False} if cfg else None
         if self.train:
@@ -50,14 +55,29 @@ class DohnutsTarget:
         if isinstance(call, PredictCall) and not self.train:
             if call.cold_cache and self.model.image_cache is not None:
                 self.model.image_cache.clear()
+            before = self._graph_stats()
             result, work = self.predictor.call(call.request, timer, source=call.request.id)
-            return CallResult(decisions=len(result.questions), work=work, extra=self._cache_stats(work))
+            extra = self._cache_stats(work) | self._graph_delta(before)
+            return CallResult(decisions=len(result.questions), work=work, extra=extra)
         if isinstance(call, TrainCall) and self.train:
             res = self.updater.update(call.requests, timer)
             return CallResult(decisions=res.work.sequences, work=res.work,
                               extra={"loss": res.loss, "grad_norm": res.grad_norm} | self._cache_stats(res.work))
         raise TypeError(f"dohnuts target cannot run {type(call).__name__} in a {'train' if self.train else 'predict'}"
                         " workload")
+
+    def _graph_stats(self):
+        return self.model.graphs.stats() if self.model.graphs is not None else None
+
+    def _graph_delta(self, before) -> dict:
+        """What this call did with CUDA graphs: replays, captures (and their time), eager passes."""
+        if before is None:
+            return {}
+        after = self._graph_stats()
+        eager = {k: v - before.eager.get(k, 0) for k, v in after.eager.items() if v - before.eager.get(k, 0)}
+        return {"graphs": {"replays": after.replays - before.replays, "captures": after.captures - before.captures,
+                           "capture_ms": after.capture_ms - before.capture_ms, "eager": eager,
+                           "held": after.graphs, "pool_bytes": after.pool_bytes}}
 
     def _cache_stats(self, work) -> dict:
         """The image-feature cache's counters after a call that used images."""

@@ -4,6 +4,7 @@ One record per measured call, schema 1 (the harness writes them, append-only):
 
     {"schema": 1, "run_id": str, "workload": {"name", "kind", "file", "file_hash"},
      "target": "dohnuts" | "transformers", "iteration": int,
+     "phase": "steady" | "first-call",   # optional (steady): a target's first call is recorded apart
      "stages": {name: {"host_ms": float, "device_ms": float | null, "count": int}},
      "wall_ms": float, "decisions": int, "work": WorkCounts.to_dict(), "model": ModelConfig.to_dict(),
      "precision": "bf16" | "fp32", "device": {"name": str, "type": "cuda" | "cpu"},

@@ -138,7 +138,10 @@ def analyze_records(records: list[dict], hwspec: HwSpec, *, buffers: int = 2) ->
     groups: dict[tuple[str, str], list[dict]] = {}
     for rec in records:
         check_record(rec)
-        groups.setdefault((str(rec["workload"]["name"]), str(rec["target"])), []).append(rec)
+        target = str(rec["target"])
+        if rec.get("phase", "steady") != "steady":  # e.g. a target's first call: its own group
+            target += f" · {rec['phase']}"
+        groups.setdefault((str(rec["workload"]["name"]), target), []).append(rec)
     out = [_group(key, recs, hwspec, buffers) for key, recs in groups.items()]
     warnings = tuple(w for g in out for w in g.warnings)
     return Analysis(hwspec, tuple(out), warnings)
