@@ -77,8 +77,9 @@ def test_bucket_padding_is_counted_as_padded_work():
     (req,) = synthetic_requests(1, questions=3, seed=1)
     hb = session.prepare(req, share_prefix=False)
     real = max(hb.plan.lengths)
-    assert hb.tensors.ids.shape == (4, 64 * -(-real // 64))  # 3 questions → 4 rows, length → the 64 grid
-    assert hb.work.padded_rows == 1 and hb.work.padded_len % 64 == 0
+    step = session.graphs.buckets.length_step
+    assert hb.tensors.ids.shape == (4, step * -(-real // step))  # 3 questions → 4 rows, length → the grid
+    assert hb.work.padded_rows == 1 and hb.work.padded_len % step == 0
     counts = token_counts(hb.work)
     assert counts["useful"] + counts["repeated"] == sum(hb.plan.lengths)  # (the shared question head repeats)
     assert counts["padded"] == 4 * hb.work.padded_len - sum(hb.plan.lengths)

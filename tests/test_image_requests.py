@@ -37,6 +37,7 @@ def test_scores_equal_transformers_features_spliced(tmp_path):
 
     hf = Qwen3_5Model(hf_full_config(model.cfg)).eval()
     hf.visual.load_state_dict(model.model.visual.state_dict())
+    model.image_cache.clear()  # (a cached image is prepared without its pixels)
     hb = model.prepare(req, share_prefix=False)
     with torch.no_grad():
         feats = hf.visual(hb.image.patches, grid_thw=torch.tensor([hb.image.grid_thw])).pooler_output
@@ -64,7 +65,7 @@ def test_cache_serves_repeats_and_same_pixels_other_file(tmp_path):
     pred = Predictor(model)
     works = [pred.call(_request(path))[1] for path in (a, a, str(tmp_path / "a_copy.bmp"))]
     assert [w.cached_images for w in works] == [0, 1, 1]
-    n_patches = model.prepare(_request(a)).image.patches.shape[0]
+    n_patches = model.prepare(_request(a)).image.patch_count
     assert [w.encoded_image_patches for w in works] == [(n_patches,), (), ()]
     assert model.image_cache.stats().encode_calls == 1
 
@@ -81,3 +82,30 @@ def test_bad_image_fails_only_its_request(tmp_path):
     assert [type(r).__name__ for r in out] == ["RequestResult", "RequestFailure", "RequestFailure", "RequestResult"]
     assert "bad.png" in out[1].error and "empty.png" in out[2].error
     assert torch.equal(_scores([out[0]]), _scores([out[3]]))
+
+
+def test_cached_image_is_recognised_by_its_bytes_without_decoding(tmp_path, monkeypatch):
+    import dohnuts.runtime.session as session_mod
+
+    model = api.load("tiny")
+    calls = []
+    real = session_mod.prepare_image
+    monkeypatch.setattr(session_mod, "prepare_image", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    a = _png(tmp_path / "a.png", 11)
+    (tmp_path / "same_bytes.png").write_bytes(open(a, "rb").read())
+    first = _scores(model.predict([_request(a)]))
+    assert len(calls) == 1
+    hb = model.prepare(_request(str(tmp_path / "same_bytes.png")))  # same bytes, other name: no decode
+    assert len(calls) == 1 and hb.image.patches is None and hb.tensors.pixel_patches is None
+    assert torch.equal(_scores(model.predict([_request(str(tmp_path / "same_bytes.png"))])), first)
+    assert len(calls) == 1
+    b = _png(tmp_path / "b.png", 12)  # other bytes: decoded
+    model.predict([_request(b)])
+    assert len(calls) == 2
+    # Prepared without pixels, then evicted before use: decoded at use, same scores.
+    hb = model.prepare(_request(a))
+    assert hb.image.patches is None
+    model.image_cache.clear()
+    (use,) = model.image_features([(hb, None)])
+    assert len(calls) == 3 and use.encoded_patches == hb.image.patch_count
+    assert torch.equal(_scores(model.predict([_request(a)])), first)

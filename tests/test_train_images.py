@@ -95,7 +95,7 @@ def test_an_update_serves_its_images_from_one_cache_call(tmp_path):
     res = updater.update(reqs)
     s = session.image_cache.stats()
     assert (s.encode_calls, s.misses, s.hits, s.entries) == (1, 2, 2, 2)  # misses encoded together
-    patches = [session.prepare(r).image.patches.shape[0] for r in reqs[:2]]
+    patches = [session.prepare(r).image.patch_count for r in reqs[:2]]
     assert res.work.encoded_image_patches == tuple(patches) and res.work.cached_images == 2
     assert [w.image_tokens for w in res.work.microbatches] == [session.prepare(r).plan.image_tokens for r in reqs]
     # The next update finds every image cached: no encode at all.

@@ -8,8 +8,8 @@ KI-2). Here each pass shape is captured once and replayed:
     suffix   (B_b, L_b)    → hidden states, continuing the prefix graph's state       key (P, B_b, L_b, image)
     full     (B_b, L_b)    → hidden states of one batched pass                        key (B_b, L_b, image)
 
-Shapes are bucketed (`ShapeBuckets`): lengths on the 64-token grid the planner already uses,
-batch rows on a short ladder. The collate step pads a request to its bucket — whole padding
+Shapes are bucketed (`ShapeBuckets`): batched-pass lengths on a 32-token grid (the prefix is
+already a multiple of 64, the planner's split), batch rows on a short ladder. The collate step pads a request to its bucket — whole padding
 rows and right-padding, both counted as padded work — so a handful of graphs serve every
 request. A shape outside every bucket, or past the graph budget, runs eagerly and is counted.
 
@@ -47,7 +47,7 @@ class ShapeBuckets:
     """Which (rows, length) a batched pass is padded to. None: no bucket (runs eagerly)."""
 
     rows: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64)
-    length_step: int = 64
+    length_step: int = 32  # padding ≤ 31 tokens a row (a finer grid means more graphs)
     max_length: int = 4096
 
     def fit(self, rows: int, length: int) -> tuple[int, int] | None:

@@ -58,17 +58,73 @@ IMAGE_STD = (0.5, 0.5, 0.5)
 class PreparedImage:
     """One image ready for the tower. `key` identifies its pixels under this policy.
 
-    patches (N, C·Tp·P·P) float32 in merge-block order; grid_thw = (1, H/P, W/P) patches;
-    token_count = merged tokens it occupies in the text; width/height are the decoded size.
+    patches (N, C·Tp·P·P) float32 in merge-block order — or None when the image was recognised by
+    its file bytes (`ImageKeyMemo`) and its features were cached, so nothing was decoded;
+    grid_thw = (1, H/P, W/P) patches; token_count = merged tokens it occupies in the text;
+    width/height are the decoded size.
     """
 
     key: str
-    patches: torch.Tensor
+    patches: torch.Tensor | None
     grid_thw: tuple[int, int, int]
     token_count: int
     width: int
     height: int
     source: str
+
+
+    @property
+    def patch_count(self) -> int:
+        return self.grid_thw[0] * self.grid_thw[1] * self.grid_thw[2]
+
+
+class ImageKeyMemo:
+    """File bytes → what decoding them gave (content key, grid, size), bounded LRU, thread-safe.
+
+    Decoding, resizing and hashing the pixels cost ≈ 10 ms per 448² image on the H200's host
+    (docs/known-issues.md KI-6), for every request, because the feature cache is keyed by decoded
+    pixels. The same bytes always decode to the same pixels under one policy, so a digest of the
+    file bytes (blake2b, ≈ 1 ms per MB) finds the content key of an image seen before; when its
+    features are cached, the request needs no pixels at all.
+    """
+
+    def __init__(self, max_entries: int = 4096):
+        import threading
+        from collections import OrderedDict
+
+        self.max_entries = max_entries
+        self._entries: OrderedDict[str, PreparedImage] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def digest(source: str | Path | bytes) -> str | None:
+        """blake2b of the file's bytes (None when the file cannot be read: decoding then reports why)."""
+        try:
+            data = source if isinstance(source, (bytes, bytearray)) else Path(source).read_bytes()
+        except OSError:
+            return None
+        return hashlib.blake2b(data, digest_size=20, person=b"dohnuts-img-v1").hexdigest()
+
+    def get(self, digest: str | None) -> PreparedImage | None:
+        if digest is None:
+            return None
+        with self._lock:
+            hit = self._entries.get(digest)
+            if hit is not None:
+                self._entries.move_to_end(digest)
+            return hit
+
+    def put(self, digest: str | None, img: PreparedImage) -> None:
+        """Remember `img` without its patches (the memo holds metadata, not pixels)."""
+        if digest is None:
+            return
+        from dataclasses import replace
+
+        with self._lock:
+            self._entries[digest] = replace(img, patches=None)
+            self._entries.move_to_end(digest)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int = MIN_PIXELS,

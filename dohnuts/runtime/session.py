@@ -27,6 +27,7 @@ from dohnuts.model.scorer import ScoringModel, decide, no_stage
 from dohnuts.runtime.batch import Batch, HostBatch, collate, without_patches
 from dohnuts.runtime.graphs import PassGraphs
 from dohnuts.runtime.image_cache import ImageFeatureCache
+from dohnuts.runtime.images import ImageKeyMemo, PreparedImage, prepare_image
 from dohnuts.runtime.plan import plan_request
 from dohnuts.runtime.requests import Request
 from dohnuts.runtime.timing import NULL_TIMER
@@ -61,6 +62,7 @@ class Session:
         self.lora: LoRAConfig | None = None  # the attached (unmerged) adapters' configuration
         # A fresh cache per loaded model (the seed: loading a model creates a fresh cache).
         self.image_cache = ImageFeatureCache() if model.visual is not None else None
+        self._image_keys = ImageKeyMemo()  # file bytes → content key: cached images skip decoding
         # Inference passes replay CUDA graphs on a GPU (dohnuts.runtime.graphs). `cuda_graphs=False`
         # runs them eagerly: for parity tests and eager-vs-graph measurements, not a user setting.
         self.graphs = PassGraphs(model) if cuda_graphs and model.device.type == "cuda" else None
@@ -105,14 +107,13 @@ class Session:
         Thread-safe (prediction and training call it from worker threads). Raises RequestError
         (ImageError for unusable images) naming the request."""
         from dohnuts.model.vision import mrope_position_ids
-        from dohnuts.runtime.images import prepare_image
 
         image, grid, n_img = None, None, 0
         if req.image is not None:
             if self.model.visual is None:
                 raise RequestError("this model has no vision tower (a text-only checkpoint)",
                                    source=source or req.id, field="image")
-            image = prepare_image(req.image, self.cfg.vision)
+            image = self._prepare_image(req.image)
             grid, n_img = image.grid_thw, image.token_count
         plan = plan_request(req, self.tokenizer, max_len=self.max_len, image_tokens=n_img, image_grid=grid,
                             share_prefix=share_prefix, source=source)
@@ -131,6 +132,17 @@ class Session:
             hb = without_patches(hb)  # cached features: no pixels to move (re-read from host if evicted)
         return hb.pinned() if self.device.type == "cuda" else hb
 
+    def _prepare_image(self, path: str) -> PreparedImage:
+        """Decode + patches under the fixed policy; an image whose bytes were seen before and whose
+        features are cached is not decoded at all (patches None)."""
+        digest = self._image_keys.digest(path)
+        known = self._image_keys.get(digest)
+        if known is not None and known.key in self.image_cache:
+            return replace(known, source=path)
+        img = prepare_image(path, self.cfg.vision)
+        self._image_keys.put(digest, img)
+        return img
+
     def image_features(self, batches: Sequence[tuple[HostBatch, Batch | None]]) -> list[ImageUse | None]:
         """Features of every batch's image through the cache, in ONE call: all distinct misses
         are encoded together, a repeated image once. Device copies of patches a batch already
@@ -138,6 +150,10 @@ class Session:
         imgs = [hb.image for hb, _ in batches if hb.image is not None]
         if not imgs:
             return [None] * len(batches)
+        # An image prepared without pixels (its features were cached) whose entry has been evicted
+        # since: decode it now (rare: the cache filled up between preparation and use).
+        imgs = [img if img.patches is not None or img.key in self.image_cache
+                else prepare_image(img.source, self.cfg.vision) for img in imgs]
         staged = {hb.image.key: dev.pixel_patches for hb, dev in batches
                   if hb.image is not None and dev is not None and dev.pixel_patches is not None}
         # Which batch encodes its image: the first occurrence of a key not cached before this call.
@@ -157,7 +173,7 @@ class Session:
                 out.append(None)
                 continue
             f, encoded, img = next(feats)
-            out.append(ImageUse(f, img.patches.shape[0] if encoded else 0))
+            out.append(ImageUse(f, img.patch_count if encoded else 0))
         return out
 
     def score(self, hb: HostBatch, dev: Batch, timer=NULL_TIMER) -> tuple[torch.Tensor, WorkCounts]:
