@@ -25,7 +25,7 @@ from dohnuts.errors import RequestError
 from dohnuts.model.lora import LoRAConfig, apply_lora, merge_lora
 from dohnuts.model.scorer import ScoringModel, decide, no_stage
 from dohnuts.runtime.batch import Batch, HostBatch, collate, without_patches
-from dohnuts.runtime.graphs import PassGraphs
+from dohnuts.runtime.graphs import PassGraphs, ShapeBuckets
 from dohnuts.runtime.image_cache import ImageFeatureCache
 from dohnuts.runtime.images import ImageKeyMemo, PreparedImage, prepare_image
 from dohnuts.runtime.plan import plan_request
@@ -100,12 +100,13 @@ class Session:
 
     # -- the data path -------------------------------------------------------------------------
 
-    def prepare(self, req: Request, *, share_prefix: bool = True, train: bool = False,
+    def prepare(self, req: Request, *, share_prefix: bool = True, train: bool = False, bucket: bool | None = None,
                 source: str | None = None) -> HostBatch:
         """CPU work for one request: image decode, tokens, plan, tensors (pinned on CUDA).
 
-        Thread-safe (prediction and training call it from worker threads). Raises RequestError
-        (ImageError for unusable images) naming the request."""
+        `bucket` pads the batched pass to a CUDA-graph shape (default: for prediction when the
+        session replays graphs). Thread-safe (prediction and training call it from worker
+        threads). Raises RequestError (ImageError for unusable images) naming the request."""
         from dohnuts.model.vision import mrope_position_ids
 
         image, grid, n_img = None, None, 0
@@ -123,9 +124,9 @@ class Session:
             positions = mrope_position_ids(torch.tensor(longest), [grid], image_token_id=self.cfg.image_token_id,
                                            spatial_merge_size=self.cfg.vision.spatial_merge_size)
         shape = None
-        if self.graphs is not None and not train:  # pad to the shape of a captured graph
-            rows = len(plan.sequences)
-            shape = self.graphs.buckets.fit(rows, max(plan.lengths) - plan.prefix_len)
+        if bucket if bucket is not None else (self.graphs is not None and not train):
+            buckets = self.graphs.buckets if self.graphs is not None else ShapeBuckets()
+            shape = buckets.fit(len(plan.sequences), max(plan.lengths) - plan.prefix_len)
         hb = collate(plan, pad_id=self.tokenizer.special.pad, image=image, train=train, positions=positions,
                      shape=shape)
         if image is not None and image.key in self.image_cache:

@@ -29,6 +29,7 @@ from dohnuts.runtime.pipeline import Pipeline
 from dohnuts.runtime.requests import Request
 from dohnuts.runtime.timing import NULL_TIMER
 from dohnuts.runtime.work import WorkCounts
+from dohnuts.train.graphs import MicrobatchGraphs
 from dohnuts.train.objective import RLCDConfig, rlcd_loss
 
 MICROBATCHES = 4
@@ -44,10 +45,12 @@ class OptimConfig:
 
 
 def make_optimizer(session, cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over the adapters and the head; on a GPU the fused (one-kernel-per-group) step."""
     params = session.trainable_parameters()
     if not params:
         raise ValueError("the model has no trainable parameters (load it with lora=LoRAConfig(...))")
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    fused = session.device.type == "cuda"
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=fused)
 
 
 def microbatch_loss(model, batch: Batch, objective: RLCDConfig, *, image_features: torch.Tensor | None = None,
@@ -73,13 +76,21 @@ class Updater:
     """Optimizer updates of a session's adapters, 4 microbatches (one request each) per update."""
 
     def __init__(self, session, optimizer: torch.optim.Optimizer, objective: RLCDConfig, cfg: OptimConfig, *,
-                 share_prefix: bool = True, workers: int = 2):
+                 share_prefix: bool = True, workers: int = 2, graphs: MicrobatchGraphs | None = None):
         self.session = session
         self.optimizer = optimizer
         self.objective = objective
         self.cfg = cfg
         self.share_prefix = share_prefix
         self.pipeline = Pipeline(session.device, workers=workers)
+        # Microbatches replay CUDA graphs on a GPU when the session does (not with LoRA dropout,
+        # whose masks are random, nor with activation checkpointing, which is an eager recompute).
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        lora = session.lora
+        if graphs is None and session.graphs is not None and not cfg.checkpoint_layers and \
+                (lora is None or lora.dropout == 0):
+            graphs = MicrobatchGraphs(session.model, objective, params, divisor=MICROBATCHES)
+        self.graphs = graphs
 
     def close(self) -> None:
         self.pipeline.close()
@@ -87,8 +98,9 @@ class Updater:
     def _submit(self, requests: Sequence[Request]) -> list:
         if len(requests) != MICROBATCHES:
             raise ValueError(f"an update takes exactly {MICROBATCHES} microbatches, got {len(requests)}")
-        return [self.pipeline.submit(self.session.prepare, r, share_prefix=self.share_prefix, train=True)
-                for r in requests]
+        bucket = self.graphs is not None
+        return [self.pipeline.submit(self.session.prepare, r, share_prefix=self.share_prefix, train=True,
+                                     bucket=bucket) for r in requests]
 
     def update(self, requests: Sequence[Request], timer=NULL_TIMER) -> UpdateResult:
         """One update over 4 requests (prepared by the workers, copied one microbatch ahead)."""
@@ -114,19 +126,22 @@ class Updater:
         with timer.stage("vision"):  # one cache call for the whole update
             uses = session.image_features([(hb, staged[0][0] if i == 0 else None) for i, hb in enumerate(hbs)])
         model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        # Captured backward graphs add into fixed .grad tensors: zero them in place, never drop them.
+        self.optimizer.zero_grad(set_to_none=self.graphs is None)
         total = torch.zeros((), device=session.device)
         for i, hb in enumerate(hbs):
             if i + 1 < len(hbs):
                 with timer.stage("h2d"):
                     staged.append(pipe.transfer(hbs[i + 1]))  # one microbatch ahead, on the copy stream
             dev = pipe.wait(*staged[i])
-            with timer.stage("forward"):
-                loss = microbatch_loss(model, dev, self.objective,
-                                       image_features=uses[i].features if uses[i] is not None else None,
-                                       checkpoint_layers=self.cfg.checkpoint_layers) / len(hbs)
-            with timer.stage("backward"):
-                loss.backward()
+            feats = uses[i].features if uses[i] is not None else None
+            loss = self.graphs.step(dev, feats, timer) if self.graphs is not None else None
+            if loss is None:
+                with timer.stage("forward"):
+                    loss = microbatch_loss(model, dev, self.objective, image_features=feats,
+                                           checkpoint_layers=self.cfg.checkpoint_layers) / len(hbs)
+                with timer.stage("backward"):
+                    loss.backward()
             total += loss.detach()
         with timer.stage("optimizer"):
             params = [p for g in self.optimizer.param_groups for p in g["params"]]
