@@ -287,3 +287,23 @@ def test_training_graph_replay_equals_eager_gradients(monkeypatch):
         assert relative_error(grads_g, grads_e) < 2e-2 and float(grads_e.norm()) > 0
     stats = graphs.stats()
     assert stats.captures == 1 and stats.replays == 3 and not stats.eager
+
+
+def test_add_rms_norm():
+    """The fused residual add + RMSNorm (fla, prenorm) against add-then-norm in FP32: output, new
+    residual and the gradients of both inputs and of the weight."""
+    from dohnuts.ops.norm import add_rms_norm_fused, add_rms_norm_reference
+
+    xb, xf = _pair(4, 77, 2048, seed=21)
+    rb, rf = _pair(4, 77, 2048, seed=22)
+    wb = (1.0 + 0.1 * torch.randn(2048, device=DEV)).requires_grad_()
+    wf = wb.detach().clone().requires_grad_()
+    yb, sb = add_rms_norm_fused(xb, rb, wb, 1e-6)
+    yf, sf = add_rms_norm_reference(xf, rf, wf, 1e-6)
+    assert sb.dtype == rb.dtype and yb.dtype == xb.dtype
+    assert relative_error(yb.float(), yf) < BF16_TOL and relative_error(sb.float(), sf) < BF16_TOL
+    gy, gs = torch.randn_like(yf), torch.randn_like(sf)
+    ((yb.float() * gy).sum() + (sb.float() * gs).sum()).backward()
+    ((yf * gy).sum() + (sf * gs).sum()).backward()
+    for a, b in ((xb, xf), (rb, rf), (wb, wf)):
+        assert relative_error(a.grad.float(), b.grad) < BF16_TOL

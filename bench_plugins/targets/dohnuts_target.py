@@ -10,7 +10,8 @@ workload file):
     cuda_graphs: true       replay the inference passes as CUDA graphs (false: launch them eagerly,
                             to measure what the graphs save; the product always uses them on a GPU)
 
-Each record's `extra.graphs` counts the call's graph replays, captures and eager passes.
+Each record's `extra.graphs` counts the call's graph replays (inference passes, or training
+microbatches), captures and eager passes.
 """
 
 from __future__ import annotations
@@ -60,14 +61,16 @@ class DohnutsTarget:
             extra = self._cache_stats(work) | self._graph_delta(before)
             return CallResult(decisions=len(result.questions), work=work, extra=extra)
         if isinstance(call, TrainCall) and self.train:
+            before = self._graph_stats()
             res = self.updater.update(call.requests, timer)
-            return CallResult(decisions=res.work.sequences, work=res.work,
-                              extra={"loss": res.loss, "grad_norm": res.grad_norm} | self._cache_stats(res.work))
+            extra = {"loss": res.loss, "grad_norm": res.grad_norm} | self._cache_stats(res.work) | self._graph_delta(before)
+            return CallResult(decisions=res.work.sequences, work=res.work, extra=extra)
         raise TypeError(f"dohnuts target cannot run {type(call).__name__} in a {'train' if self.train else 'predict'}"
                         " workload")
 
     def _graph_stats(self):
-        return self.model.graphs.stats() if self.model.graphs is not None else None
+        graphs = self.updater.graphs if self.train else self.model.graphs
+        return graphs.stats() if graphs is not None else None
 
     def _graph_delta(self, before) -> dict:
         """What this call did with CUDA graphs: replays, captures (and their time), eager passes."""

@@ -30,6 +30,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.rms_norm(x, 1.0 + self.weight.float(), self.eps)
 
+    def add(self, delta: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(residual + delta), residual + delta), fused on the GPU."""
+        return ops.add_rms_norm(delta, residual, 1.0 + self.weight.float(), self.eps)
+
 
 class GatedRMSNorm(nn.Module):
     """RMSNorm with a SiLU output gate (Gated DeltaNet's output norm); plain scale w, init 1."""
@@ -149,15 +153,19 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, rope, state, return_state):
-        h = self.input_layernorm(x)
+    def forward(self, x, delta, rope, state, return_state):
+        """x: the residual stream (B, T, H); delta: the previous layer's MLP output, not yet added
+        (None before the first layer). Returns (residual stream, this layer's MLP output, state):
+        each residual add is fused into the norm that follows it."""
+        h = self.input_layernorm(x) if delta is None else None
+        if delta is not None:
+            h, x = self.input_layernorm.add(delta, x)
         if self.layer_type == "linear_attention":
             h, new_state = self.linear_attn(h, state, return_state)
         else:
             h, new_state = self.self_attn(h, rope, state, return_state)
-        x = x + h
-        x = x + self.mlp(self.post_attention_layernorm(x))
-        return x, new_state
+        h, x = self.post_attention_layernorm.add(h, x)
+        return x, self.mlp(h), new_state
 
 
 class TextBackbone(nn.Module):
@@ -210,15 +218,16 @@ class TextBackbone(nn.Module):
             position_ids = rope_positions_default = text_positions(B, T, start, x.device)
         rope = self.rotary(position_ids, x.dtype)
         new_states = []
+        delta = None  # the last MLP output, added to the residual stream by the next norm
         for i, layer in enumerate(self.layers):
             layer_state = None if state is None else state.layers[i]
             if checkpoint_layers and torch.is_grad_enabled():
-                x, s = torch.utils.checkpoint.checkpoint(layer, x, rope, layer_state, return_state,
-                                                         use_reentrant=False)
+                x, delta, s = torch.utils.checkpoint.checkpoint(layer, x, delta, rope, layer_state, return_state,
+                                                                use_reentrant=False)
             else:
-                x, s = layer(x, rope, layer_state, return_state)
+                x, delta, s = layer(x, delta, rope, layer_state, return_state)
             new_states.append(s)
-        x = self.norm(x)
+        x = self.norm(x) if delta is None else self.norm.add(delta, x)[0]
         if not return_state:
             return x, None
         length = T + (0 if state is None else state.length)

@@ -11,6 +11,6 @@ from dohnuts.ops.activation import swiglu
 from dohnuts.ops.attention import causal_attention
 from dohnuts.ops.conv import causal_conv1d
 from dohnuts.ops.delta_rule import gated_delta_rule
-from dohnuts.ops.norm import gated_rms_norm, rms_norm
+from dohnuts.ops.norm import add_rms_norm, gated_rms_norm, rms_norm
 
-__all__ = ["reference", "causal_attention", "causal_conv1d", "gated_delta_rule", "gated_rms_norm", "rms_norm", "swiglu"]
+__all__ = ["reference", "add_rms_norm", "causal_attention", "causal_conv1d", "gated_delta_rule", "gated_rms_norm", "rms_norm", "swiglu"]

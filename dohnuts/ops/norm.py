@@ -30,6 +30,33 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return rms_norm_fused(x, weight, eps) if use_fused(x) else rms_norm_reference(x, weight, eps)
 
 
+def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    r = residual + x.to(residual.dtype)
+    return rms_norm_reference(r, weight, eps), r
+
+
+def add_rms_norm_fused(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    from dohnuts.ops._fla import fla
+
+    # One kernel reads x and the residual once, writes the sum (in the residual's dtype) and the
+    # normalised sum; the norm is taken of the unrounded FP32 sum (≤ 1 BF16 ulp from the reference).
+    y, r = fla().rms_norm(x, weight, None, residual=residual, eps=eps, prenorm=True)
+    return y, r
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual update and the next norm in one: r = residual + x; returns (rmsnorm(r) * weight, r).
+
+    x, residual: (..., D); weight: (D,). Saves the separate add's full read and write of the
+    residual stream (two per decoder layer)."""
+    if use_fused(x):
+        return add_rms_norm_fused(x, residual, weight, eps)
+    return add_rms_norm_reference(x, residual, weight, eps)
+
+
 def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # Same rounding points as transformers' Qwen3_5RMSNormGated: normalise in FP32, scale in the
     # input dtype, gate in FP32.

@@ -42,22 +42,24 @@ class _MicrobatchGraph:
             self.loss = None
             return
         saved = [None if p.grad is None else p.grad.clone() for p in params]
-        for _ in range(2):  # autotune, lift kernel guards, initialise lazily: outside the capture
-            forward().backward()
-        torch.cuda.synchronize()
-        self.fwd, self.bwd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.fwd, pool=pool):
-            self.loss = forward()
-        with torch.cuda.graph(self.bwd, pool=pool):
-            self.loss.backward(retain_graph=True)  # accumulates into the existing .grad tensors
-        with torch.no_grad():  # the warm-up passes' gradients are not part of the update
-            for p, g in zip(params, saved):
-                if p.grad is None:
-                    continue
-                if g is None:
-                    p.grad.zero_()
-                else:
-                    p.grad.copy_(g)
+        try:
+            for _ in range(2):  # autotune, lift kernel guards, initialise lazily: outside the capture
+                forward().backward()
+            torch.cuda.synchronize()
+            self.fwd, self.bwd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.fwd, pool=pool):
+                self.loss = forward()
+            with torch.cuda.graph(self.bwd, pool=pool):
+                self.loss.backward(retain_graph=True)  # accumulates into the existing .grad tensors
+        finally:
+            with torch.no_grad():  # the warm-up passes' gradients are not part of the update
+                for p, g in zip(params, saved):
+                    if p.grad is None:
+                        continue
+                    if g is None:
+                        p.grad.zero_()
+                    else:
+                        p.grad.copy_(g)
 
     def forward(self) -> torch.Tensor:
         if self.emulate:
