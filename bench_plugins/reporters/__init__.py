@@ -11,6 +11,7 @@ from collections import defaultdict
 from rich.console import Console
 from rich.table import Table
 
+from dohnuts.bench.analysis.records import group_key
 from dohnuts.bench.hookspecs import hookimpl
 
 
@@ -32,7 +33,7 @@ def summarize(records: list[dict]) -> list[dict]:
     """Per (workload, target): per-stage and whole-call statistics over the measured calls."""
     groups = defaultdict(list)
     for r in records:
-        groups[(r["workload"]["name"], r["target"])].append(r)
+        groups[group_key(r)].append(r)
     out = []
     for (workload, target), recs in groups.items():
         walls = [r["wall_ms"] for r in recs]

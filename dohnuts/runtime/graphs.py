@@ -62,7 +62,7 @@ class ShapeBuckets:
 class GraphStats:
     captures: int = 0
     capture_ms: float = 0.0  # warm-up + capture, summed
-    pool_bytes: int = 0  # growth of reserved device memory over all captures
+    pool_bytes: int = 0  # growth of reserved device memory over all captures (graph pool + static buffers)
     replays: int = 0  # passes replayed
     eager: dict[str, int] = field(default_factory=dict)  # passes run eagerly, by reason
     graphs: int = 0  # graphs held now
@@ -163,6 +163,11 @@ class PassGraphs:
             return None
         if len(self._graphs) >= self.max_graphs:
             return None
+        if not self.emulate:
+            # torch.cuda.graph empties the allocator's cache when a capture begins; do it first, so
+            # the growth of reserved memory measures what the capture (and its warm-up) kept.
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
         before = 0 if self.emulate else torch.cuda.memory_reserved()
         t0 = time.perf_counter()
         try:
@@ -175,7 +180,7 @@ class PassGraphs:
         self.stats_.captures += 1
         self.stats_.capture_ms += (time.perf_counter() - t0) * 1e3
         if not self.emulate:
-            self.stats_.pool_bytes += torch.cuda.memory_reserved() - before
+            self.stats_.pool_bytes += max(0, torch.cuda.memory_reserved() - before)
         self._graphs[key] = g
         return g
 

@@ -111,6 +111,15 @@ def stage_ms(entry: dict) -> float:
     return float(entry["device_ms"] if entry.get("device_ms") is not None else entry["host_ms"])
 
 
+def group_key(rec: dict) -> tuple[str, str]:
+    """(workload, target) a record is summarised under: a target's first call (`phase`
+    "first-call") is its own group, never mixed with the steady-state calls."""
+    target = str(rec["target"])
+    if rec.get("phase", "steady") != "steady":
+        target += f" · {rec['phase']}"
+    return str(rec["workload"]["name"]), target
+
+
 def work_of(rec: dict) -> WorkCounts:
     try:
         return WorkCounts.from_dict(rec["work"])
