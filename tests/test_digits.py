@@ -257,3 +257,22 @@ def test_module_entry_point(tmp_path):
     r = subprocess.run([sys.executable, "-m", "dohnuts.train.digits", str(tmp_path / "m"), "--limit", "-3"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "--limit" in r.stderr
+
+
+def test_digit_subset(tmp_path, sk):
+    summary = digits.write_digits(tmp_path / "d01", digits=(1, 0))
+    assert summary["digits"] == [0, 1]
+    n = int(np.isin(sk[1], (0, 1)).sum())
+    assert summary["samples"] == n
+    labels = []
+    for split in ("train", "dev", "calib", "test"):
+        reqs = [r for _, r in read_requests(tmp_path / "d01" / f"{split}.jsonl")]
+        split_labels = {r.questions[0].rewards.index(1.0) for r in reqs}
+        assert split_labels == {0, 1}  # both digits in every split
+        assert len(reqs[0].questions[0].candidates) == 10  # the questions still offer all ten
+        labels += [r.questions[0].rewards.index(1.0) for r in reqs]
+    assert len(labels) == n
+    for bad in ((), (3, 12), (True,)):
+        with pytest.raises(DohnutsError, match="digits"):
+            digits.write_digits(tmp_path / "bad", digits=bad)
+    assert digits.main([str(tmp_path / "cli"), "--digits", "2,3"]) == 0

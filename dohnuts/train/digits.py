@@ -30,13 +30,14 @@ model that beats chance on the real folder but not on this one is reading the im
 
 Used by the end-to-end training tests and by hand:
 
-    python -m dohnuts.train.digits OUT_DIR [--seed N] [--limit N] [--constant-image]
+    python -m dohnuts.train.digits OUT_DIR [--seed N] [--limit N] [--constant-image] [--digits 0,1]
     dohnuts train --data OUT_DIR ...
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 import json
 import sys
 from pathlib import Path
@@ -106,7 +107,7 @@ def split_indices(labels: np.ndarray, *, seed: int = 0, limit: int | None = None
     return {s: sorted(v) for s, v in out.items()}
 
 
-def _check_args(seed: int, limit: int | None) -> None:
+def _check_args(seed: int, limit: int | None, n_digits: int = 10) -> None:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise DohnutsError(f"must be a non-negative integer, got {seed!r}", field="seed")
     if limit is not None:
@@ -114,8 +115,8 @@ def _check_args(seed: int, limit: int | None) -> None:
             raise DohnutsError(f"must be an integer, got {limit!r}", field="limit")
         if limit < 0:
             raise DohnutsError(f"must not be negative, got {limit}", field="limit")
-        if limit < MIN_LIMIT:
-            raise DohnutsError(f"must be at least {MIN_LIMIT} (4 splits × 10 digits), got {limit}",
+        if limit < 4 * n_digits:
+            raise DohnutsError(f"must be at least {4 * n_digits} (4 splits × {n_digits} digits), got {limit}",
                                field="limit")
 
 
@@ -127,17 +128,25 @@ def _save_png(pixels: np.ndarray, path: Path) -> None:
 
 
 def write_digits(out_dir: str | Path, *, seed: int = 0, limit: int | None = None,
-                 constant_image: bool = False) -> dict:
+                 constant_image: bool = False, digits: Sequence[int] | None = None) -> dict:
     """Write images/ and train/dev/calib/test.jsonl under `out_dir`; return a summary.
 
     The summary: {"out_dir", "seed", "limit", "constant_image", "samples", "images",
     "splits": {"train": n, "dev": n, "calib": n, "test": n}}. Files already there are
     overwritten; other files are left alone. Bad arguments raise `DohnutsError` naming the
-    argument (`seed`, `limit`, `out_dir`); a missing scikit-learn raises `MissingScikitLearn`.
+    argument (`seed`, `limit`, `out_dir`, `digits`); a missing scikit-learn raises `MissingScikitLearn`.
+    `digits` keeps only the samples of those digits (the questions still offer all ten
+    candidates): a smaller, faster task for tests.
     """
-    _check_args(seed, limit)
+    chosen = sorted(set(range(10) if digits is None else digits))
+    if not chosen or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or not 0 <= d <= 9
+                         for d in chosen):
+        raise DohnutsError(f"must be digits 0..9, got {digits!r}", field="digits")
+    _check_args(seed, limit, len(chosen))
     images, labels = load_digits()
-    splits = split_indices(labels, seed=int(seed), limit=None if limit is None else int(limit))
+    keep = np.flatnonzero(np.isin(labels, chosen))  # dataset indices of the chosen digits
+    sub = split_indices(labels[keep], seed=int(seed), limit=None if limit is None else int(limit))
+    splits = {name: sorted(int(keep[j]) for j in idx) for name, idx in sub.items()}
     out = Path(out_dir)
     try:
         img_dir = out / "images"
@@ -169,6 +178,7 @@ def write_digits(out_dir: str | Path, *, seed: int = 0, limit: int | None = None
         "seed": int(seed),
         "limit": limit,
         "constant_image": bool(constant_image),
+        "digits": chosen,
         "samples": sum(len(v) for v in splits.values()),
         "images": written,
         "splits": {s: len(splits[s]) for s in SPLITS},
@@ -193,14 +203,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"stratified subset of this many samples first (at least {MIN_LIMIT}; default: all 1797)")
     p.add_argument("--constant-image", action="store_true",
                    help="control: every request points at one constant image")
+    p.add_argument("--digits", type=_digit_list, default=None,
+                   help="keep only these digits, e.g. 0,1 (the questions still offer all ten; default: all)")
     return p
+
+
+def _digit_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be digits separated by commas, got {text!r}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     prog = "dohnuts.train.digits"
     try:
         args = build_parser().parse_args(argv)
-        s = write_digits(args.out_dir, seed=args.seed, limit=args.limit, constant_image=args.constant_image)
+        s = write_digits(args.out_dir, seed=args.seed, limit=args.limit, constant_image=args.constant_image,
+                         digits=args.digits)
     except _ArgError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
