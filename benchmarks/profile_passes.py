@@ -3,9 +3,12 @@ of the prefix pass (1 × P), the forked suffix pass (B × S) and the unshared pa
 
     python benchmarks/profile_passes.py --preset qwen3.5-2b --batch 32 --prefix 448 --suffix 64 --out DIR
 
-device_ms: CUDA events around the pass (includes GPU idle gaps); busy_ms: the sum of the GPU
-kernel times torch.profiler saw (what the GPU actually worked); host_ms: the Python wall time to
-issue the pass. busy << device ≈ host means the pass is launch-bound (the CPU cannot feed the GPU).
+device_ms: CUDA events around the eager pass (includes GPU idle gaps); busy_ms: the sum of the
+GPU kernel times torch.profiler saw (what the GPU actually worked); host_ms: the Python wall time
+to issue the pass; graph_ms: CUDA events around a replay of the same pass captured as a CUDA graph
+(what the runtime runs since issue 11); graph_host_ms: the host time to issue that replay.
+busy << device ≈ host means the eager pass is launch-bound; graph_ms ≈ busy_ms means replay
+removed the launch cost.
 """
 
 from __future__ import annotations
@@ -87,8 +90,13 @@ def main(argv=None) -> int:
         for name, fn in passes.items():
             d, h = measure(fn)
             b, n = busy_ms(fn, out, name.split("_")[0])
-            res[name] = {"device_ms": d, "host_ms": h, "gpu_busy_ms": b, "kernels": n}
-            print(name, res[name], flush=True)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            gd, gh = measure(g.replay)
+            res[name] = {"device_ms": d, "host_ms": h, "gpu_busy_ms": b, "kernels": n, "graph_ms": gd,
+                         "graph_host_ms": gh}
+            print(name, {k: round(v, 2) for k, v in res[name].items()}, flush=True)
     (out / "profile_passes.json").write_text(json.dumps(res, indent=2))
     return 0
 

@@ -20,7 +20,9 @@ from dohnuts.errors import RequestError
 from dohnuts.runtime.requests import Request
 
 PREFIX_ALIGN = 64  # the split lands on a multiple of 64 tokens (the delta-rule chunk size)
-MIN_SHARED_PREFIX = 128  # below this, one batched pass is cheaper than prefix + fork
+# The planner proposes a split only from this many shared tokens on; whether prediction then
+# computes it once is measured per shape (dohnuts.runtime.sharing). Training follows the proposal.
+MIN_SHARED_PREFIX = 128
 
 
 @dataclass(frozen=True)

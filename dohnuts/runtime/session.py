@@ -30,6 +30,7 @@ from dohnuts.runtime.image_cache import ImageFeatureCache
 from dohnuts.runtime.images import ImageKeyMemo, PreparedImage, prepare_image
 from dohnuts.runtime.plan import plan_request
 from dohnuts.runtime.requests import Request
+from dohnuts.runtime.sharing import ShareTuner, device_time_ms, share_key
 from dohnuts.runtime.timing import NULL_TIMER
 from dohnuts.runtime.work import WorkCounts
 
@@ -66,6 +67,9 @@ class Session:
         # Inference passes replay CUDA graphs on a GPU (dohnuts.runtime.graphs). `cuda_graphs=False`
         # runs them eagerly: for parity tests and eager-vs-graph measurements, not a user setting.
         self.graphs = PassGraphs(model) if cuda_graphs and model.device.type == "cuda" else None
+        # Whether to compute a shared prefix once is measured per shape class (runtime/sharing.py);
+        # None: follow the planner's token threshold.
+        self.share_tuner: ShareTuner | None = ShareTuner(device_time_ms(model.device))
 
     @property
     def device(self) -> torch.device:
@@ -123,15 +127,31 @@ class Session:
             longest = max(plan.sequences, key=len)
             positions = mrope_position_ids(torch.tensor(longest), [grid], image_token_id=self.cfg.image_token_id,
                                            spatial_merge_size=self.cfg.vision.spatial_merge_size)
-        shape = None
-        if bucket if bucket is not None else (self.graphs is not None and not train):
-            buckets = self.graphs.buckets if self.graphs is not None else ShapeBuckets()
-            shape = buckets.fit(len(plan.sequences), max(plan.lengths) - plan.prefix_len)
-        hb = collate(plan, pad_id=self.tokenizer.special.pad, image=image, train=train, positions=positions,
-                     shape=shape)
+        if bucket is None:
+            bucket = self.graphs is not None and not train
+        alternative = None
+        if plan.prefix_len and not train and self.share_tuner is not None:
+            decided = self.share_tuner.decision(self._share_key(plan))
+            if decided is False:
+                plan = replace(plan, prefix_len=0)  # measured: one batched pass is faster for this shape
+            elif decided is None:
+                alternative = self._collate(replace(plan, prefix_len=0), image, train, positions, bucket)
+        hb = replace(self._collate(plan, image, train, positions, bucket), alternative=alternative)
         if image is not None and image.key in self.image_cache:
             hb = without_patches(hb)  # cached features: no pixels to move (re-read from host if evicted)
         return hb.pinned() if self.device.type == "cuda" else hb
+
+    def _collate(self, plan, image, train: bool, positions, bucket: bool) -> HostBatch:
+        shape = None
+        if bucket:  # pad the batched pass to the shape of a captured graph
+            buckets = self.graphs.buckets if self.graphs is not None else ShapeBuckets()
+            shape = buckets.fit(len(plan.sequences), max(plan.lengths) - plan.prefix_len)
+        return collate(plan, pad_id=self.tokenizer.special.pad, image=image, train=train, positions=positions,
+                       shape=shape)
+
+    @staticmethod
+    def _share_key(plan) -> tuple:
+        return share_key(len(plan.sequences), plan.prefix_len, max(plan.lengths), plan.image_tokens)
 
     def _prepare_image(self, path: str) -> PreparedImage:
         """Decode + patches under the fixed policy; an image whose bytes were seen before and whose
@@ -179,20 +199,35 @@ class Session:
 
     def score(self, hb: HostBatch, dev: Batch, timer=NULL_TIMER) -> tuple[torch.Tensor, WorkCounts]:
         """Prediction scores (C,) FP32 of one prepared request on the device, and its work counts
-        (with the image's cache outcome). Call under torch.inference_mode()."""
-        work = hb.work
-        feats = None
+        (with the image's cache outcome). Call under torch.inference_mode().
+
+        A batch that carries an unshared alternative (sharing not yet decided for its shape) is
+        first run both ways and the decision recorded; the faster variant is then scored. Both
+        variants score the same candidates in the same order."""
+        feats, use = None, None
         if hb.image is not None:
             with timer.stage("vision"):
                 (use,) = self.image_features([(hb, dev)])
-            feats, work = use.features, use.counted(work)
+            feats = use.features
+        if hb.alternative is not None:
+            key = self._share_key(hb.plan)
+            alt = hb.alternative
+            alt_dev = alt.tensors.to(self.device, non_blocking=True)
+            if self.share_tuner.decision(key) is None:
+                xs, xu = dev.score_inputs(feats), alt_dev.score_inputs(feats)
+                self.share_tuner.decide(key, lambda: self._scores(xs), lambda: self._scores(xu))
+            if not self.share_tuner.decision(key):
+                hb, dev = alt, alt_dev
+        work = use.counted(hb.work) if use is not None else hb.work
         stage = timer.stage if timer is not NULL_TIMER else no_stage
-        x = dev.score_inputs(feats)
+        return self._scores(dev.score_inputs(feats), stage), work
+
+    def _scores(self, x, stage=no_stage) -> torch.Tensor:
         h = self.graphs.hidden(x, stage) if self.graphs is not None else None
         if h is None:
             h = self.model.hidden(x, stage=stage)
         with stage("head"):
-            return self.model.head_scores(h, x.score_index), work
+            return self.model.head_scores(h, x.score_index)
 
     def decide(self, scores: torch.Tensor, cand_matrix: torch.Tensor):
         """Per question: calibrated probabilities (Q, Kmax) at this session's temperature, choice (Q,)."""
