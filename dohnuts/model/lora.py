@@ -64,12 +64,16 @@ class LoRALinear(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)
+        y = F.linear(x, self.weight, self.bias)  # (..., out)
         xd = F.dropout(x, self.dropout, self.training) if self.dropout else x
         a, b = self.lora_A, self.lora_B
         if not torch.is_autocast_enabled(x.device.type):
             a, b = a.to(x.dtype), b.to(x.dtype)
-        return y + F.linear(F.linear(xd, a), b) * self.scaling
+        # The scale goes on the rank-r activations, and the update is accumulated into y by the
+        # second GEMM itself (addmm): no element-wise pass over the (…, out) output for either.
+        h = F.linear(xd, a) * self.scaling  # (..., r)
+        out = torch.addmm(y.reshape(-1, y.shape[-1]), h.reshape(-1, h.shape[-1]), b.t())
+        return out.view(y.shape)
 
     @torch.no_grad()
     def merged(self) -> nn.Linear:
