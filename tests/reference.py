@@ -43,3 +43,17 @@ def save_text_checkpoint(cfg: ModelConfig, path: Path, seed: int = 0, **save_kwa
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def adapted_tiny(rank: int = 4, seed: int = 0):
+    """The tiny preset with LoRA adapters whose B is random (so the adapters change the scores)."""
+    import dohnuts.api as api
+    from dohnuts.model.lora import LoRAConfig, LoRALinear
+
+    session = api.load("tiny", lora=LoRAConfig(rank=rank))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in session.model.modules():
+            if isinstance(m, LoRALinear):
+                m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.05)
+    return session

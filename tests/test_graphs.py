@@ -17,7 +17,7 @@ from dohnuts.model.lora import LoRAConfig, LoRALinear
 from dohnuts.runtime.graphs import PassGraphs, ShapeBuckets
 from dohnuts.runtime.requests import Question, Request
 from dohnuts.train.task import synthetic_requests
-from tests.reference import relative_error
+from tests.reference import adapted_tiny, relative_error
 
 
 def _graphed(session, **kw):
@@ -131,15 +131,6 @@ def test_training_microbatch_graphs_equal_eager_updates(tmp_path):
     from dohnuts.train.objective import RLCDConfig
     from dohnuts.train.step import MICROBATCHES, OptimConfig, Updater, make_optimizer
 
-    def session():
-        s = api.load("tiny", lora=LoRAConfig(rank=4))
-        g = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for m in s.model.modules():
-                if isinstance(m, LoRALinear):
-                    m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.05)
-        return s
-
     texts = synthetic_requests(6, questions=3, shared_prefix=200, seed=8)  # 3 questions → 4 bucket rows
     img = Request(id="img", questions=(Question("q", "what?", ("red", "green"), rewards=(0.0, 1.0)),),
                   prefix="a photo", image=_png(tmp_path / "a.png", 3))
@@ -147,7 +138,7 @@ def test_training_microbatch_graphs_equal_eager_updates(tmp_path):
     cfg, obj = OptimConfig(lr=1e-2), RLCDConfig()
     results = []
     for graphed in (False, True):
-        s = session()
+        s = adapted_tiny()
         opt = make_optimizer(s, cfg)
         params = [p for g in opt.param_groups for p in g["params"]]
         graphs = MicrobatchGraphs(s.model, obj, params, divisor=MICROBATCHES, emulate=True) if graphed else None

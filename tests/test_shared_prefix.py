@@ -6,23 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-import dohnuts.api as api
-from dohnuts.model.lora import LoRAConfig, LoRALinear
 from dohnuts.runtime.plan import PREFIX_ALIGN, longest_common_prefix, shared_prefix_split
 from dohnuts.runtime.requests import Question, Request
 from dohnuts.train.objective import RLCDConfig
 from dohnuts.train.step import microbatch_loss
-from tests.reference import relative_error
+from tests.reference import adapted_tiny, relative_error
 
 
 def _model(seed=0):
-    model = api.load("tiny", lora=LoRAConfig(rank=4))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.model.modules():
-            if isinstance(m, LoRALinear):
-                m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.05)
-    return model
+    return adapted_tiny(seed=seed)
 
 
 def _request(prefix: str, texts=("alpha", "beta", "gamma"), cands=("one", "two", "three")) -> Request:

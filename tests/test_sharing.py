@@ -36,8 +36,10 @@ def test_share_key_classes():
 
 
 def _tuned(times):
+    """`times` (shared, unshared) per decision: scripted once per interleaved repeat."""
     session = api.load("tiny")
-    session.share_tuner = ShareTuner(ScriptedClock(*times))
+    session.share_tuner = ShareTuner(ScriptedClock(*[t for pair in zip(times[::2], times[1::2])
+                                                     for t in pair * 3]), repeats=3)
     return session
 
 
@@ -58,7 +60,7 @@ def test_unshared_measured_faster_is_used_and_remembered():
     for r in reqs:
         want = reference.predict([r], share_prefix=True)[0]
         assert relative_error(_scores(pred.call(r)[0]), _scores(want)) < 1e-5
-    assert session.share_tuner.measure.calls == 2
+    assert session.share_tuner.measure.calls == 6  # 3 interleaved repeats of each variant, once
     pred.close()
 
 
@@ -76,8 +78,14 @@ def test_each_shape_class_is_measured_once_and_training_is_never_measured():
     small = synthetic_requests(1, questions=3, shared_prefix=300, seed=3)[0]
     wide = synthetic_requests(1, questions=9, shared_prefix=300, seed=4)[0]  # another rows class
     results = session.predict([small, wide, small, wide])
-    assert len(session.share_tuner.decisions) == 2 and session.share_tuner.measure.calls == 4
+    assert len(session.share_tuner.decisions) == 2 and session.share_tuner.measure.calls == 12
     assert sorted(session.share_tuner.decisions.values()) == [False, True]
     assert torch.equal(_scores(results[0]), _scores(results[2]))
     assert session.prepare(small, train=True).alternative is None  # training follows the planner
     assert session.prepare(small, share_prefix=False).alternative is None
+
+
+def test_decision_compares_minima_of_interleaved_repeats():
+    tuner = ShareTuner(ScriptedClock(9.0, 5.0, 4.0, 6.0, 8.0, 5.5))  # shared min 4.0 < unshared min 5.0
+    assert tuner.decide(("k",), lambda: None, lambda: None) is True
+    assert tuner.timings[("k",)] == (4.0, 5.0)

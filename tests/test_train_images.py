@@ -11,15 +11,13 @@ import pytest
 import torch
 from PIL import Image
 
-import dohnuts.api as api
 from dohnuts.cli import main
-from dohnuts.model.lora import LoRAConfig, LoRALinear
 from dohnuts.model.scorer import candidate_logits
 from dohnuts.runtime.predict import Predictor
 from dohnuts.runtime.requests import Question, Request
 from dohnuts.train.objective import RLCDConfig, rlcd_loss
 from dohnuts.train.step import OptimConfig, Updater, make_optimizer, microbatch_loss
-from tests.reference import relative_error
+from tests.reference import adapted_tiny, relative_error
 
 
 def _png(path, seed, size=(64, 48)):
@@ -35,13 +33,7 @@ def _request(image, rid="r"):
 
 
 def _session():
-    session = api.load("tiny", lora=LoRAConfig(rank=4))
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for m in session.model.modules():
-            if isinstance(m, LoRALinear):
-                m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.05)
-    return session
+    return adapted_tiny()
 
 
 def _grads(session):

@@ -5,23 +5,15 @@ from __future__ import annotations
 
 import torch
 
-import dohnuts.api as api
-from dohnuts.model.lora import LoRAConfig, LoRALinear
 from dohnuts.runtime.requests import Request
 from dohnuts.train.objective import RLCDConfig
 from dohnuts.train.step import OptimConfig, Updater, make_optimizer, microbatch_loss
 from dohnuts.train.task import synthetic_requests
-from tests.reference import relative_error
+from tests.reference import adapted_tiny, relative_error
 
 
 def _model():
-    model = api.load("tiny", lora=LoRAConfig(rank=4))
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for m in model.model.modules():
-            if isinstance(m, LoRALinear):
-                m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.05)
-    return model
+    return adapted_tiny()
 
 
 def _grads(model):

@@ -9,9 +9,9 @@ graphs it wins 4.2×. A token threshold cannot know that.
 
 `ShareTuner` measures instead: the first prediction request of a shape class — (batch rows,
 shared prefix P, longest sequence, image tokens), with lengths rounded to the 32-token grid of
-the graph buckets — is run both ways (each twice: the first run captures graphs, tunes kernels;
-the second is timed on the device), and the faster variant is remembered for every later
-request of that class. A request planned before its class was decided carries both batches and
+the graph buckets — is run both ways (once untimed: graph capture, kernel tuning; then three
+times each, interleaved and timed on the device; the minima are compared), and the faster
+variant is remembered for every later request of that class. A request planned before its class was decided carries both batches and
 is resolved at scoring time. Training follows the planner (no alternative is measured there).
 """
 
@@ -58,6 +58,7 @@ class ShareTuner:
     """Measured sharing decisions by shape class (thread-safe: prepare workers read them)."""
 
     measure: Callable[[Callable[[], object]], float]
+    repeats: int = 3
     decisions: dict[Key, bool] = field(default_factory=dict)  # True: share
     timings: dict[Key, tuple[float, float]] = field(default_factory=dict)  # (shared ms, unshared ms)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -67,10 +68,12 @@ class ShareTuner:
             return self.decisions.get(key)
 
     def decide(self, key: Key, shared: Callable[[], object], unshared: Callable[[], object]) -> bool:
-        """Run both variants twice, time the second runs, remember and return whether to share."""
+        """Run each variant once untimed (captures, tuning), then `repeats` times interleaved;
+        the minimum of each is compared (robust to interference), remembered and returned."""
         shared()
         unshared()
-        t_shared, t_unshared = self.measure(shared), self.measure(unshared)
+        times = [(self.measure(shared), self.measure(unshared)) for _ in range(self.repeats)]
+        t_shared, t_unshared = min(t for t, _ in times), min(t for _, t in times)
         with self._lock:
             self.decisions[key] = t_shared <= t_unshared
             self.timings[key] = (t_shared, t_unshared)
