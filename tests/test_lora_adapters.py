@@ -74,3 +74,29 @@ def test_corrupt_adapter(tmp_path):
     path.write_bytes(b"not a safetensors file")
     with pytest.raises(CheckpointError, match="bad.safetensors: cannot be read"):
         api.load("tiny", adapter=path)
+
+
+def test_bench_target_serves_an_adapter_merged(tmp_path):
+    """The bench's dohnuts target with `adapter:` measures the model as `dohnuts predict --adapter`
+    serves it: adapters merged into the base, the adapter's temperature, the same scores."""
+    from bench_plugins.targets.dohnuts_target import DohnutsTarget
+    from dohnuts.bench.calls import PredictCall
+    from dohnuts.runtime.timing import NULL_TIMER
+
+    model = api.load("tiny", lora=LoRAConfig(rank=4))
+    _randomize_adapters(model, seed=4)
+    model.temperature = 0.7
+    path = tmp_path / "adapter.safetensors"
+    save_adapter(model, path)
+
+    class Spec:
+        kind, model, seed, file = "text", "tiny", 0, "w.yaml"
+
+    target = DohnutsTarget(Spec(), torch.device("cpu"), torch.float32, {"adapter": str(path)})
+    assert target.model.lora is None and target.model.temperature == 0.7 and target.lora_info is None
+    assert not any(isinstance(m, LoRALinear) for m in target.model.model.modules())
+    (req,) = synthetic_requests(1, seed=6)
+    result = target.run_call(PredictCall(req), NULL_TIMER)
+    assert result.decisions == len(req.questions)
+    assert relative_error(_scores(target.model, [req]), _scores(model, [req])) < 1e-5
+    target.close()

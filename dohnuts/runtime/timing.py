@@ -29,9 +29,6 @@ class _NullTimer:
     def stage(self, name: str):
         yield
 
-    def mark(self, name: str, value) -> None:
-        pass
-
 
 NULL_TIMER = _NullTimer()
 
@@ -41,7 +38,6 @@ class StageTimer:
     device: torch.device
     _events: dict[str, list[tuple]] = field(default_factory=dict)
     _host: dict[str, StageTime] = field(default_factory=dict)
-    marks: dict[str, object] = field(default_factory=dict)
 
     @contextmanager
     def stage(self, name: str):
@@ -60,10 +56,6 @@ class StageTimer:
             st = self._host.setdefault(name, StageTime())
             st.host_ms += (t1 - t0) * 1e3
             st.count += 1
-
-    def mark(self, name: str, value) -> None:
-        """Attach a fact about the call (e.g. the prefix length chosen) to its record."""
-        self.marks[name] = value
 
     def result(self) -> dict[str, StageTime]:
         """Per-stage times, in the order stages were first entered (synchronises the device)."""
