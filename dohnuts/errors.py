@@ -11,6 +11,7 @@ class DohnutsError(Exception):
     """Bad input from the user: a file, a field or a request that cannot be used."""
 
     def __init__(self, message: str, *, source: str | None = None, field: str | None = None):
+        self.message = message
         self.source = source
         self.field = field
         where = ""

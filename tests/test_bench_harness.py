@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from dohnuts.bench.cli import main, quickstart_files
+from dohnuts.bench.cli import main, standard_files
 from dohnuts.bench.hookspecs import hookimpl
 from dohnuts.bench.plugins import collect, plugin_manager
 from dohnuts.bench.workload import load_workload
+from dohnuts.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL_WORKLOADS = sorted((ROOT / "workloads").rglob("*.yaml"))
@@ -31,9 +32,11 @@ def test_every_workload_file_validates(path):
     assert spec.kind in kinds and spec.targets
 
 
-def test_quickstart_is_embedded_and_matches_the_repo_folder():
-    embedded = {p.name for p in quickstart_files()}
-    assert embedded == {p.name for p in (ROOT / "workloads" / "quickstart").glob("*.yaml")}
+def test_standard_suite_is_embedded_and_matches_the_repo_folder():
+    embedded = {p.name for p in standard_files()}
+    assert embedded == {p.name for p in (ROOT / "workloads").glob("*.yaml")}
+    assert {"text.yaml", "shared-prefix.yaml", "image.yaml", "image-cache-cold.yaml", "image-cache-warm.yaml",
+            "train-step.yaml"} <= embedded
     assert {"text.yaml", "shared-prefix.yaml", "image.yaml", "train-step.yaml"} <= embedded
 
 
@@ -108,7 +111,7 @@ def test_interrupt_leaves_valid_jsonl(tmp_path, monkeypatch):
     real = plugins.plugin_manager
     monkeypatch.setattr(cli, "plugin_manager", lambda: real(extra=(_Interrupt(),)), raising=False)
     monkeypatch.setattr(plugins, "plugin_manager", lambda extra=(): real(extra=(_Interrupt(), *extra)))
-    code = main(["run", str(ROOT / "workloads/quickstart/text.yaml"), "--out", str(tmp_path), "--quiet"])
+    code = main(["run", str(ROOT / "workloads/text.yaml"), "--out", str(tmp_path), "--quiet"])
     assert code == 130
     (run_dir,) = list(tmp_path.iterdir())
     records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
@@ -152,3 +155,39 @@ def test_reanalysis_of_committed_h200_run(tmp_path):
     rows = {(r["workload"], r["target"]): r for r in summary["summary"]}
     assert rows[("text-2b", "dohnuts")]["decisions_per_s"] > rows[("text-2b", "transformers")]["decisions_per_s"]
     assert "efficiency" in summary["sections"] and (tmp_path / "roofline.png").exists()
+
+
+def test_standard_suite_sizes_for_the_device():
+    """One file, two sizes: tiny on a CPU, qwen3.5-2b on a GPU (both validated on any machine)."""
+    kinds, targets = _registry()
+    for path in standard_files():
+        cpu = load_workload(path, kinds, targets, gpu=False)
+        gpu = load_workload(path, kinds, targets, gpu=True)
+        assert cpu.model == "tiny" and gpu.model == "qwen3.5-2b", path.name
+        assert cpu.kind == gpu.kind and cpu.name == gpu.name
+    text = load_workload(ROOT / "workloads" / "text.yaml", kinds, targets, gpu=True)
+    assert (text.shape["questions"], text.shape["seq_tokens"]) == (32, 512)
+    assert text.shape["candidates"] == 4  # not overridden: the CPU value stays
+
+
+def test_on_gpu_errors_name_the_field(tmp_path):
+    kinds, targets = _registry()
+    bad = tmp_path / "w.yaml"
+    for text, field in (("on_gpu: {shape: {questions: -1}}", "on_gpu.shape.questions"),
+                        ("on_gpu: {kind: image}", "on_gpu.kind"),
+                        ("on_gpu: {model: no-such-preset}", "on_gpu.model"),
+                        ("on_gpu: [1, 2]", "on_gpu")):
+        bad.write_text("kind: text\nmodel: tiny\n" + text + "\n")
+        with pytest.raises(ConfigError, match=rf"w.yaml: field '{field}'"):
+            load_workload(bad, kinds, targets, gpu=False)  # the GPU variant is checked on a CPU too
+
+
+def test_a_target_that_cannot_run_here_is_skipped_with_its_reason(tmp_path, capsys, monkeypatch):
+    from bench_plugins.targets.transformers_target import TransformersTarget
+
+    monkeypatch.setattr(TransformersTarget, "unavailable", staticmethod(lambda: "transformers is not installed"))
+    assert main(["run", str(ROOT / "workloads" / "text.yaml"), "--out", str(tmp_path), "--quiet"]) == 0
+    assert "skipped target transformers" in capsys.readouterr().out
+    (run_dir,) = list(tmp_path.iterdir())
+    records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert records and {r["target"] for r in records} == {"dohnuts"}

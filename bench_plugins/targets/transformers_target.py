@@ -36,6 +36,15 @@ def _import_transformers(device: torch.device):
 class TransformersTarget:
     kinds = TEXT_KINDS  # checked when the workload file is validated
 
+    @staticmethod
+    def unavailable() -> str | None:
+        """Why this target cannot run on this machine (the runner skips it and says so), or None."""
+        import importlib.util
+
+        if importlib.util.find_spec("transformers") is None:
+            return "transformers is not installed (pip install 'dohnuts[peer]')"
+        return None
+
     def __init__(self, spec, device, dtype, options: dict):
         if spec.kind not in TEXT_KINDS:
             raise ConfigError(f"the transformers target runs text workloads only ({', '.join(TEXT_KINDS)}), "

@@ -1,7 +1,7 @@
 """`dohnuts-bench`: measure complete calls of the scoring model and say how far each stage is
 from what the hardware allows.
 
-    dohnuts-bench run [WORKLOAD.yaml ...]    measure (no file: the embedded CPU quickstart set)
+    dohnuts-bench run [WORKLOAD.yaml ...]    measure (no file: the embedded standard suite, workloads/*.yaml)
     dohnuts-bench analyze RESULTS.jsonl      re-analyse raw records (from JSONL alone)
     dohnuts-bench list                       plugins, workload kinds, targets, telemetry
 
@@ -13,6 +13,7 @@ measured. Ctrl-C leaves a valid results.jsonl holding every completed record (ex
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import warnings
 from importlib import resources
@@ -29,8 +30,10 @@ def _console():
     return Console(stderr=False, highlight=False)
 
 
-def quickstart_files() -> list[Path]:
-    root = resources.files("dohnuts.bench") / "quickstart"
+def standard_files() -> list[Path]:
+    """The standard suite (workloads/*.yaml, embedded as package data): text, shared prefix, image,
+    cold/warm image cache and train step, each sized for a CPU and (its `on_gpu` fields) a GPU."""
+    root = resources.files("dohnuts.bench") / "standard"
     return sorted(Path(str(p)) for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
@@ -88,14 +91,22 @@ def cmd_run(args) -> int:
     pm = plugin_manager()
     kinds = collect(pm, "dohnuts_bench_register_workload_kinds")
     targets = collect(pm, "dohnuts_bench_register_targets")
-    files = [Path(f) for f in args.workloads] or quickstart_files()
+    files = [Path(f) for f in args.workloads] or standard_files()
     specs = [load_workload(f, kinds, targets) for f in files]  # validate everything before measuring
     runnable = []
     for spec in specs:
         if resolve_device(spec) is None:
             console.print(f"[yellow]skipped[/] {spec.file}: needs a CUDA GPU (requires_gpu / device: cuda)")
-        else:
-            runnable.append(spec)
+            continue
+        kept = []
+        for t in spec.targets:  # a target that cannot run here (e.g. its library is missing) is skipped
+            reason = getattr(targets[t.name], "unavailable", lambda: None)()
+            if reason:
+                console.print(f"[yellow]skipped[/] target {t.label} of {spec.file}: {reason}")
+            else:
+                kept.append(t)
+        if kept:
+            runnable.append(dataclasses.replace(spec, targets=tuple(kept)))
     if not runnable:
         console.print("nothing to run on this machine")
         return 0
@@ -196,7 +207,7 @@ def cmd_list(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dohnuts-bench", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="measure workloads (default: the embedded CPU quickstart set)")
+    r = sub.add_parser("run", help="measure workloads (default: the embedded standard suite, workloads/*.yaml)")
     r.add_argument("workloads", nargs="*", help="workload YAML files")
     r.add_argument("--out", default=str(DEFAULT_RESULTS), help="folder for run directories (default: results/runs)")
     r.add_argument("--label", help="run directory label (default: the workload name)")

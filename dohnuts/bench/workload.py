@@ -14,6 +14,10 @@
     seed: 0
     hwspec: h200                # optional: hwspecs/<name>.yaml or a path (default: by device name)
     shape: {...}                # the kind's own fields (see each kind's `fields`)
+    on_gpu:                     # optional: what changes when the workload runs on a GPU, so one
+      model: qwen3.5-2b         #   file measures a size that fits each device (the standard suite in
+      shape: {questions: 32}    #   workloads/*.yaml: tiny on a CPU, 2b on a GPU); `shape` entries
+                                #   replace the CPU ones key by key; any field but `kind` and `on_gpu`
 
 Every error names the file and the field (`ConfigError`); the CLI prints it on one line and
 exits with status 2.
@@ -125,6 +129,7 @@ COMMON = {
     "seed": Field(int, 0),
     "hwspec": Field(str, ""),
     "shape": Field(dict, {}),
+    "on_gpu": Field(dict, {}),
 }
 
 
@@ -159,8 +164,16 @@ def _targets(raw: list, known: dict, kind: str, source: str) -> tuple[TargetSpec
     return tuple(out)
 
 
-def load_workload(path: str | Path, kinds: dict, targets: dict) -> WorkloadSpec:
-    """Read and validate one workload file against the registered kinds and targets."""
+def load_workload(path: str | Path, kinds: dict, targets: dict, *, gpu: bool | None = None) -> WorkloadSpec:
+    """Read and validate one workload file against the registered kinds and targets.
+
+    `gpu`: build the variant for a GPU machine (the file's `on_gpu` fields applied); default: whether
+    this machine has one. Both variants are validated either way, so a file that is wrong on the
+    other kind of machine is refused here too."""
+    if gpu is None:
+        import torch
+
+        gpu = torch.cuda.is_available()
     path = Path(path)
     source = str(path)
     if not path.exists():
@@ -174,6 +187,29 @@ def load_workload(path: str | Path, kinds: dict, targets: dict) -> WorkloadSpec:
         raise ConfigError(f"is not valid YAML{where} ({getattr(exc, 'problem', exc)})", source=source) from None
     if not isinstance(data, dict):
         raise ConfigError("must be a YAML mapping of workload fields", source=source)
+    on_gpu = data.get("on_gpu") or {}
+    if not isinstance(on_gpu, dict):
+        raise ConfigError("must be a mapping of workload fields", source=source, field="on_gpu")
+    for key in ("kind", "on_gpu"):
+        if key in on_gpu:
+            raise ConfigError("cannot change on a GPU", source=source, field=f"on_gpu.{key}")
+    gpu_data = {**data, **on_gpu, "shape": {**(data.get("shape") or {}), **(on_gpu.get("shape") or {})}}
+    cpu_spec = _spec(path, source, raw_bytes, data, kinds, targets)
+    gpu_spec = _spec(path, source, raw_bytes, gpu_data, kinds, targets, prefix="on_gpu.") if on_gpu else cpu_spec
+    return gpu_spec if gpu else cpu_spec
+
+
+def _spec(path: Path, source: str, raw_bytes: bytes, data: dict, kinds: dict, targets: dict, *,
+          prefix: str = "") -> WorkloadSpec:
+    try:
+        return _build_spec(path, source, raw_bytes, data, kinds, targets)
+    except ConfigError as exc:
+        if not prefix or exc.field is None or exc.field.startswith(prefix):
+            raise
+        raise ConfigError(exc.message, source=source, field=f"{prefix}{exc.field}") from None
+
+
+def _build_spec(path: Path, source: str, raw_bytes: bytes, data: dict, kinds: dict, targets: dict) -> WorkloadSpec:
     common = check_fields(data, COMMON, source=source)
     kind = common["kind"]
     if kind not in kinds:
