@@ -3,6 +3,9 @@ from what the hardware allows.
 
     dohnuts-bench run [WORKLOAD.yaml ...]    measure (no file: the embedded standard suite, workloads/*.yaml)
     dohnuts-bench analyze RESULTS.jsonl      re-analyse raw records (from JSONL alone)
+    dohnuts-bench compare RUN_A RUN_B        B against A per workload, target and stage: ratio of
+                                             medians, bootstrap interval, rank test, verdict
+                                             (run directories or results.jsonl; --json OUT)
     dohnuts-bench list                       plugins, workload kinds, targets, telemetry
 
 Bad input (a malformed or invalid workload file, an unknown kind/target/preset, a negative
@@ -183,6 +186,49 @@ def cmd_analyze(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    """`compare RUN_A RUN_B`: the table of dohnuts.bench.analysis.compare (its docstring has the rule)."""
+    import json
+
+    from dohnuts.bench.analysis.compare import compare_runs, comparison_dict, comparison_table
+    from dohnuts.bench.analysis.records import read_jsonl
+
+    console = _console()
+    paths = []
+    for arg in (args.run_a, args.run_b):
+        path = Path(arg)
+        if path.is_dir():
+            path = path / "results.jsonl"
+        if not path.is_file():
+            raise DohnutsError("does not exist (expected a run directory or its results.jsonl)", source=str(path))
+        paths.append(path)
+    runs = []
+    for path in paths:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            records = read_jsonl(path)
+        for w in caught:
+            console.print(f"[yellow]warning[/]: {w.message}")
+        if not any(r.get("phase", "steady") == "steady" for r in records):
+            raise DohnutsError("holds no steady-state records", source=str(path))
+        runs.append(records)
+    comparison = compare_runs(runs[0], runs[1], confidence=args.confidence, min_effect=args.min_effect,
+                              label_a=str(paths[0]), label_b=str(paths[1]))
+    if not comparison.rows:
+        only = sorted({f"{w} / {t}" for w, t in (*comparison.only_in_a, *comparison.only_in_b)})
+        raise DohnutsError(f"no (workload, target) measured in both runs ({', '.join(only)})",
+                           source=f"{paths[0]} vs {paths[1]}")
+    console.print(comparison_table(comparison))
+    for note in comparison.warnings:
+        console.print(f"[yellow]warning[/]: {note}")
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(comparison_dict(comparison), indent=2))
+        console.print(f"[dim]wrote {out}[/]")
+    return 0
+
+
 def cmd_list(args) -> int:
     from rich.table import Table
 
@@ -220,6 +266,14 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--hwspec", help="hardware spec name or path (default: the run's)")
     a.add_argument("--out", help="folder for the report files (default: beside the JSONL)")
     a.set_defaults(func=cmd_analyze)
+    c = sub.add_parser("compare", help="compare run B against run A (ratio of medians, interval, verdict)")
+    c.add_argument("run_a", metavar="RUN_A", help="run directory or results.jsonl (the baseline)")
+    c.add_argument("run_b", metavar="RUN_B", help="run directory or results.jsonl (compared against RUN_A)")
+    c.add_argument("--confidence", type=float, default=0.95, help="confidence of the intervals (default: 0.95)")
+    c.add_argument("--min-effect", type=float, default=0.02,
+                   help="smallest relative change given a verdict (default: 0.02)")
+    c.add_argument("--json", metavar="OUT", help="also write the comparison as JSON to OUT")
+    c.set_defaults(func=cmd_compare)
     ls = sub.add_parser("list", help="list plugins, workload kinds, targets and telemetry")
     ls.set_defaults(func=cmd_list)
     return p

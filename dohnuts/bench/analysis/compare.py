@@ -1,0 +1,453 @@
+"""Comparing two runs honestly: is B faster, slower, or not distinguishable from A?
+
+    comparison = compare_runs(read_jsonl("runs/a/results.jsonl"), read_jsonl("runs/b/results.jsonl"))
+    Console().print(comparison_table(comparison))
+    json.dumps(comparison_dict(comparison))
+
+For every (workload, target) measured in both runs (steady-state calls only: a target's first
+call, `phase: first-call`, is never part of the statistics), and for the whole call ("wall") and
+each stage (`stage_ms`: device time where recorded, else host time), a row holds:
+
+- the ratio median(B) / median(A) (> 1: B is slower);
+- its bootstrap confidence interval: `scipy.stats.bootstrap` over the two samples resampled
+  independently, statistic = ratio of the medians, percentile method by default (BCa on request;
+  BCa's jackknife of a median is degenerate on small samples with repeated values), seeded per
+  row from (seed, workload, target, stage), so the same inputs always give the same interval;
+- the two-sided Mann-Whitney U p-value (`scipy.stats.mannwhitneyu`): a rank test, which holds its
+  level whatever the distribution (latencies are skewed and have outliers);
+- the verdict, decided by this rule (alpha = 1 - confidence, m = min_effect):
+
+      "slower"  when the whole interval lies above 1 + m        and p < alpha
+      "faster"  when the whole interval lies below 1 / (1 + m)  and p < alpha
+      "no detectable change" otherwise
+      "too few calls" when either run has fewer than 3 calls of that group/stage
+
+  Why: a bootstrap interval of medians is unreliable on a handful of calls (the resampled
+  medians can only take the observed values, so 3 fully separated calls per run already give a
+  tight interval, e.g. 2.3-3.5 for a p of 0.1); the rank test holds its level (exact p for small
+  samples without ties), so it keeps the false-alarm rate at most alpha for two samples of one
+  distribution; and requiring the interval
+  to clear the band [1/(1+m), 1+m] (symmetric in log scale: 2 % slower mirrors 1/1.02 faster)
+  means a verdict always claims a change of at least m that the data support at the stated
+  confidence. "no detectable change" therefore reads: no change of m or more could be shown;
+  the interval says how large a change these calls could still hide. With 3 calls per run the
+  exact rank test cannot go below p = 0.1, so 3 calls never give a verdict at 95 %; 4 can.
+
+Groups measured in only one run are listed as such (`only_in_a`, `only_in_b`), as are stages
+recorded in only one run. Medians of zero give no ratio (both zero: no change).
+
+`required_calls` and `spread_warning` use a normal approximation (documented there); `aa_noise`
+compares the two interleaved halves of one run (records' `aa_half`): the noise budget of a run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import zlib
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from statistics import NormalDist
+
+import numpy as np
+
+from dohnuts.bench.analysis.records import RecordError, stage_ms, where
+from dohnuts.errors import DohnutsError
+
+FASTER = "faster"
+SLOWER = "slower"
+NO_CHANGE = "no detectable change"
+TOO_FEW = "too few calls"
+UNDEFINED = "ratio undefined (one median is 0)"
+MIN_CALLS = 3
+DEFAULT_MIN_EFFECT = 0.02
+DEFAULT_RESAMPLES = 9999
+WALL = "wall"
+RULE = ("slower: interval above 1+min_effect and rank-test p < 1-confidence; faster: interval below "
+        "1/(1+min_effect) and p < 1-confidence; otherwise no detectable change; < 3 calls: too few calls")
+
+
+@dataclass(frozen=True)
+class StageComparison:
+    """One (workload, target, stage) of two runs: B over A."""
+
+    workload: str
+    target: str
+    stage: str                      # "wall" for the whole call
+    n_a: int
+    n_b: int
+    median_a: float | None          # ms; None where the stage is missing from that run
+    median_b: float | None
+    ratio: float | None             # median_b / median_a
+    ci_low: float | None
+    ci_high: float | None
+    p_value: float | None
+    verdict: str
+
+
+@dataclass(frozen=True)
+class Comparison:
+    rows: tuple[StageComparison, ...]
+    only_in_a: tuple[tuple[str, str], ...]
+    only_in_b: tuple[tuple[str, str], ...]
+    confidence: float
+    min_effect: float
+    resamples: int
+    seed: int
+    method: str
+    label_a: str = "A"
+    label_b: str = "B"
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    def row(self, workload: str, target: str, stage: str = WALL) -> StageComparison:
+        for r in self.rows:
+            if (r.workload, r.target, r.stage) == (workload, target, stage):
+                return r
+        raise KeyError((workload, target, stage))
+
+    @property
+    def groups(self) -> list[tuple[str, str]]:
+        return list(dict.fromkeys((r.workload, r.target) for r in self.rows))
+
+
+@dataclass(frozen=True)
+class NoiseBudget:
+    """An A/A comparison of one run's two interleaved halves (half 1 over half 0)."""
+
+    workload: str
+    target: str
+    rows: tuple[StageComparison, ...]   # "wall" first, then the stages
+
+    def row(self, stage: str = WALL) -> StageComparison:
+        for r in self.rows:
+            if r.stage == stage:
+                return r
+        raise KeyError(stage)
+
+    def halfwidth(self, stage: str = WALL) -> float | None:
+        """The largest relative distance of the interval from 1: changes smaller than this cannot
+        be told from this run's own noise (None: too few calls or no ratio)."""
+        r = self.row(stage)
+        if r.ci_low is None or r.ci_high is None:
+            return None
+        return max(r.ci_high - 1.0, 1.0 - r.ci_low)
+
+
+# ----------------------------------------------------------------------------------------------
+# samples
+
+
+def _steady(rec: dict) -> bool:
+    return rec.get("phase", "steady") == "steady"
+
+
+def _key(rec: dict) -> tuple[str, str]:
+    wl = rec.get("workload")
+    if not isinstance(wl, dict) or "name" not in wl:
+        raise RecordError("must be an object with a name", source=where(rec), field="workload")
+    if "target" not in rec:
+        raise RecordError("is missing", source=where(rec), field="target")
+    return str(wl["name"]), str(rec["target"])
+
+
+def _samples(records: list[dict]) -> dict[tuple[str, str], dict[str, list[float]]]:
+    """{(workload, target): {"wall": [...], stage: [...]}} over the steady-state records."""
+    out: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for rec in records:
+        if not _steady(rec):
+            continue
+        key = _key(rec)
+        groups = out.setdefault(key, defaultdict(list))
+        wall = rec.get("wall_ms")
+        if not isinstance(wall, (int, float)) or isinstance(wall, bool) or not math.isfinite(wall) or wall < 0:
+            raise RecordError(f"must be a non-negative number, got {wall!r}", source=where(rec), field="wall_ms")
+        groups[WALL].append(float(wall))
+        stages = rec.get("stages", {})
+        if not isinstance(stages, dict):
+            raise RecordError("must be an object of stage times", source=where(rec), field="stages")
+        for name, entry in stages.items():
+            try:
+                value = stage_ms(entry)
+            except (TypeError, KeyError, ValueError, AttributeError):
+                raise RecordError("needs host_ms (and device_ms a number or null)", source=where(rec),
+                                  field=f"stages.{name}") from None
+            if not math.isfinite(value) or value < 0:
+                raise RecordError(f"is {value!r}; expected a non-negative time", source=where(rec),
+                                  field=f"stages.{name}")
+            groups[str(name)].append(value)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# statistics of one pair of samples
+
+
+def _ratio_of_medians(a, b, axis=-1):
+    ma = np.median(a, axis=axis)
+    mb = np.median(b, axis=axis)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(ma > 0, mb / np.where(ma > 0, ma, 1.0), np.where(mb > 0, np.inf, 1.0))
+    return r
+
+
+def _rng_kwargs(seed_seq: list[int]) -> dict:
+    from scipy import stats
+
+    rng = np.random.default_rng(seed_seq)
+    if "rng" in inspect.signature(stats.bootstrap).parameters:   # scipy >= 1.15
+        return {"rng": rng}
+    return {"random_state": rng}
+
+
+def _row_seed(seed: int, *names: str) -> list[int]:
+    return [int(seed) & 0xFFFFFFFF, zlib.crc32("\0".join(names).encode())]
+
+
+def _interval(a: np.ndarray, b: np.ndarray, confidence: float, resamples: int, method: str,
+              seed_seq: list[int]) -> tuple[float, float]:
+    from scipy import stats
+
+    if np.all(a == a[0]) and np.all(b == b[0]):        # no spread at all: the ratio is exact
+        r = float(_ratio_of_medians(a, b))
+        return r, r
+    res = stats.bootstrap((a, b), _ratio_of_medians, n_resamples=resamples, vectorized=True, paired=False,
+                          confidence_level=confidence, method=method, **_rng_kwargs(seed_seq))
+    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    # resamples whose median of A is 0 give an infinite ratio; an undefined end is an open end
+    lo = 0.0 if math.isnan(lo) else lo
+    hi = math.inf if math.isnan(hi) else hi
+    return lo, hi
+
+
+def _p_value(a: np.ndarray, b: np.ndarray) -> float:
+    from scipy import stats
+
+    if np.all(a == a[0]) and np.all(b == a[0]):        # every value tied: nothing to rank
+        return 1.0
+    return float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
+
+
+def verdict(ci_low: float, ci_high: float, p_value: float, *, confidence: float, min_effect: float) -> str:
+    """The rule of the module docstring."""
+    alpha = 1.0 - confidence
+    if p_value < alpha and ci_low > 1.0 + min_effect:
+        return SLOWER
+    if p_value < alpha and ci_high < 1.0 / (1.0 + min_effect):
+        return FASTER
+    return NO_CHANGE
+
+
+def _compare_samples(workload: str, target: str, stage: str, a: list[float] | None, b: list[float] | None, *,
+                     confidence: float, min_effect: float, resamples: int, seed: int,
+                     method: str) -> StageComparison:
+    xa = np.asarray(a if a else [], dtype=float)
+    xb = np.asarray(b if b else [], dtype=float)
+    med_a = float(np.median(xa)) if xa.size else None
+    med_b = float(np.median(xb)) if xb.size else None
+    base = {"workload": workload, "target": target, "stage": stage, "n_a": int(xa.size), "n_b": int(xb.size),
+            "median_a": med_a, "median_b": med_b}
+    if med_a is None or med_b is None:
+        return StageComparison(**base, ratio=None, ci_low=None, ci_high=None, p_value=None,
+                               verdict="only in A" if med_b is None else "only in B")
+    if med_a == 0 or med_b == 0:
+        both = med_a == 0 and med_b == 0
+        return StageComparison(**base, ratio=1.0 if both else None, ci_low=None, ci_high=None, p_value=None,
+                               verdict=NO_CHANGE if both else UNDEFINED)
+    ratio = med_b / med_a
+    if xa.size < MIN_CALLS or xb.size < MIN_CALLS:
+        return StageComparison(**base, ratio=ratio, ci_low=None, ci_high=None, p_value=None, verdict=TOO_FEW)
+    lo, hi = _interval(xa, xb, confidence, resamples, method, _row_seed(seed, workload, target, stage))
+    p = _p_value(xa, xb)
+    return StageComparison(**base, ratio=ratio, ci_low=lo, ci_high=hi, p_value=p,
+                           verdict=verdict(lo, hi, p, confidence=confidence, min_effect=min_effect))
+
+
+def _check_options(confidence: float, resamples: int, min_effect: float, method: str) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise DohnutsError(f"must be between 0 and 1 (exclusive), got {confidence!r}", field="confidence")
+    if int(resamples) < 100:
+        raise DohnutsError(f"must be at least 100, got {resamples!r}", field="resamples")
+    if not min_effect >= 0.0:
+        raise DohnutsError(f"must be non-negative, got {min_effect!r}", field="min_effect")
+    if method.lower() not in ("percentile", "bca"):
+        raise DohnutsError(f"must be 'percentile' or 'BCa', got {method!r}", field="method")
+
+
+# ----------------------------------------------------------------------------------------------
+# public API
+
+
+def compare_runs(records_a: list[dict], records_b: list[dict], *, confidence: float = 0.95,
+                 resamples: int = DEFAULT_RESAMPLES, seed: int = 0, min_effect: float = DEFAULT_MIN_EFFECT,
+                 method: str = "percentile", label_a: str = "A", label_b: str = "B") -> Comparison:
+    """B against A per (workload, target) measured in both, for "wall" and every stage (rule:
+    module docstring). Deterministic for a given seed. Warnings (one line each) name groups whose
+    spread is too large to resolve a change of `min_effect` with the calls measured."""
+    _check_options(confidence, resamples, min_effect, method)
+    sa, sb = _samples(records_a), _samples(records_b)
+    common = [k for k in sa if k in sb]
+    rows, notes = [], []
+    for workload, target in common:
+        stages = list(dict.fromkeys([WALL, *sa[(workload, target)], *sb[(workload, target)]]))
+        for stage in stages:
+            rows.append(_compare_samples(workload, target, stage, sa[(workload, target)].get(stage),
+                                         sb[(workload, target)].get(stage), confidence=confidence,
+                                         min_effect=min_effect, resamples=int(resamples), seed=seed, method=method))
+        if min_effect > 0:
+            for label, s in ((label_a, sa), (label_b, sb)):
+                w = spread_warning(s[(workload, target)][WALL], min_effect, confidence=confidence)
+                if w:
+                    notes.append(f"{workload} / {target} in {label}: {w}")
+    return Comparison(rows=tuple(rows), only_in_a=tuple(k for k in sa if k not in sb),
+                      only_in_b=tuple(k for k in sb if k not in sa), confidence=confidence, min_effect=min_effect,
+                      resamples=int(resamples), seed=seed, method=method, label_a=label_a, label_b=label_b,
+                      warnings=tuple(notes))
+
+
+def _spread_parts(samples) -> tuple[np.ndarray, float, float]:
+    x = np.asarray(list(samples), dtype=float)
+    if x.size < 2:
+        raise ValueError(f"needs at least 2 samples, got {x.size}")
+    med = float(np.median(x))
+    if med <= 0:
+        raise ValueError(f"needs a positive median, got {med}")
+    p10, p90 = (float(v) for v in np.quantile(x, [0.1, 0.9]))   # linear interpolation, as the reports
+    return x, med, p90 - p10
+
+
+def _median_halfwidth_factor(confidence: float) -> float:
+    """Relative half-width of the median's interval = factor * sigma / (median * sqrt(n))."""
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    return z * math.sqrt(math.pi / 2)
+
+
+_P10_P90_SIGMAS = 2 * NormalDist().inv_cdf(0.9)   # p90 - p10 of a normal distribution, in sigmas (2.563)
+
+
+def required_calls(samples, rel_halfwidth: float = 0.05, confidence: float = 0.95) -> int:
+    """Calls needed for the median's confidence interval to have about ±rel_halfwidth (relative).
+
+    Normal approximation on the median's standard error, SE(median) = sqrt(pi/2) * sigma / sqrt(n)
+    (exact asymptotically for normal data), with sigma estimated robustly from the observed
+    p10-p90 range, sigma = (p90 - p10) / 2.563 (a single outlier does not dominate it):
+
+        n = ceil((z * sqrt(pi/2) * sigma / (rel_halfwidth * median))**2),  z = z_(1+confidence)/2
+
+    and never fewer than 3 (the fewest calls a comparison gives a verdict on).
+    """
+    if not rel_halfwidth > 0:
+        raise ValueError(f"rel_halfwidth must be positive, got {rel_halfwidth!r}")
+    _, med, p10_p90 = _spread_parts(samples)
+    sigma = p10_p90 / _P10_P90_SIGMAS
+    n = (_median_halfwidth_factor(confidence) * sigma / (rel_halfwidth * med)) ** 2
+    return max(MIN_CALLS, math.ceil(n - 1e-9))
+
+
+def median_halfwidth(samples, confidence: float = 0.95) -> float:
+    """The relative half-width these samples give the median (same approximation as required_calls)."""
+    x, med, p10_p90 = _spread_parts(samples)
+    return _median_halfwidth_factor(confidence) * (p10_p90 / _P10_P90_SIGMAS) / (med * math.sqrt(x.size))
+
+
+def spread_warning(samples, claimed_precision: float, *, confidence: float = 0.95) -> str | None:
+    """One line when the spread, (p90 - p10) / median, is too large for the calls measured to
+    give the median within ±claimed_precision (relative) at `confidence`; else None."""
+    x, med, p10_p90 = _spread_parts(samples)
+    half = median_halfwidth(x, confidence)
+    if half <= claimed_precision:
+        return None
+    need = required_calls(x, claimed_precision, confidence)
+    return (f"spread {100 * p10_p90 / med:,.0f}% (p90 − p10 over the median): {x.size} calls give the median to "
+            f"about ±{100 * half:.1f}%, not ±{100 * claimed_precision:g}%; about {need:,} calls needed")
+
+
+def aa_noise(records: list[dict], group: tuple[str, str], *, confidence: float = 0.95,
+             resamples: int = DEFAULT_RESAMPLES, seed: int = 0, method: str = "percentile") -> NoiseBudget:
+    """The noise budget of a run: its steady-state calls of `group` (workload, target), measured as
+    two interleaved halves (each record's integer `aa_half`, 0 or 1), compared half 1 over half 0
+    like two runs. The interval around 1 is what the run's own noise allows; `halfwidth()` is the
+    smallest relative change it can tell from noise."""
+    _check_options(confidence, resamples, 0.0, method)
+    halves: list[list[dict]] = [[], []]
+    found = False
+    for rec in records:
+        if not _steady(rec) or _key(rec) != tuple(group):
+            continue
+        found = True
+        half = rec.get("aa_half")
+        if half is None:
+            raise RecordError("is missing: the run was not measured as two interleaved halves", source=where(rec),
+                              field="aa_half")
+        if isinstance(half, bool) or half not in (0, 1):
+            raise RecordError(f"must be 0 or 1, got {half!r}", source=where(rec), field="aa_half")
+        halves[int(half)].append(rec)
+    if not found:
+        raise DohnutsError(f"no steady-state records of workload {group[0]!r}, target {group[1]!r}")
+    comp = compare_runs(halves[0], halves[1], confidence=confidence, resamples=resamples, seed=seed,
+                        min_effect=0.0, method=method, label_a="half 0", label_b="half 1")
+    if not comp.rows:
+        empty = 0 if not halves[0] else 1
+        raise DohnutsError(f"half {empty} of workload {group[0]!r}, target {group[1]!r} has no records",
+                           field="aa_half")
+    return NoiseBudget(workload=str(group[0]), target=str(group[1]), rows=comp.rows)
+
+
+# ----------------------------------------------------------------------------------------------
+# rendering
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def comparison_dict(comparison: Comparison) -> dict:
+    """A plain, strict-JSON dict (non-finite numbers as None)."""
+    rows = []
+    for r in comparison.rows:
+        d = asdict(r)
+        rows.append({k: (_finite(v) if isinstance(v, float) else v) for k, v in d.items()})
+    return {
+        "a": comparison.label_a, "b": comparison.label_b, "confidence": comparison.confidence,
+        "min_effect": comparison.min_effect, "resamples": comparison.resamples, "seed": comparison.seed,
+        "method": comparison.method, "rule": RULE, "rows": rows,
+        "only_in_a": [{"workload": w, "target": t} for w, t in comparison.only_in_a],
+        "only_in_b": [{"workload": w, "target": t} for w, t in comparison.only_in_b],
+        "warnings": list(comparison.warnings),
+    }
+
+
+def _ms(x: float | None) -> str:
+    if x is None:
+        return "—"
+    return f"{x:.3f}" if x < 100 else f"{x:.1f}"
+
+
+def _num(x: float | None, fmt: str = "{:.3f}") -> str:
+    if x is None:
+        return "—"
+    return "∞" if math.isinf(x) else fmt.format(x)
+
+
+def comparison_table(comparison: Comparison):
+    """A rich Table: one row per (workload, target, stage), then the groups measured in one run only."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    colour = {SLOWER: "red", FASTER: "green"}
+    t = Table(title=f"B over A (A = {comparison.label_a}, B = {comparison.label_b}); median ms; "
+                    f"{100 * comparison.confidence:g}% bootstrap interval of the ratio; Mann-Whitney p; "
+                    f"changes under {100 * comparison.min_effect:g}% are not verdicts")
+    for col in ("workload", "target", "stage"):
+        t.add_column(col)
+    for col in ("median A", "median B", "ratio", "CI low–high", "p-value"):
+        t.add_column(col, justify="right")
+    t.add_column("verdict", no_wrap=True)
+    for r in comparison.rows:
+        ci = "—" if r.ci_low is None else f"{_num(r.ci_low)}–{_num(r.ci_high)}"
+        p = "—" if r.p_value is None else f"{r.p_value:.2g}"
+        v = f"[{colour[r.verdict]}]{r.verdict}[/]" if r.verdict in colour else r.verdict
+        t.add_row(escape(r.workload), escape(r.target), escape(r.stage), _ms(r.median_a), _ms(r.median_b),
+                  _num(r.ratio, "{:.3f}×"), ci, p, v)
+    for (w, tg), where_ in [*((k, "A") for k in comparison.only_in_a), *((k, "B") for k in comparison.only_in_b)]:
+        t.add_row(escape(w), escape(tg), "—", "—", "—", "—", "—", "—", f"only in {where_}")
+    return t
