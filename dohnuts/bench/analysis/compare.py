@@ -304,6 +304,15 @@ def compare_runs(records_a: list[dict], records_b: list[dict], *, confidence: fl
                       warnings=tuple(notes))
 
 
+def compare_samples(name: str, a: list[float], b: list[float], *, confidence: float = 0.95,
+                    resamples: int = DEFAULT_RESAMPLES, seed: int = 0, min_effect: float = DEFAULT_MIN_EFFECT,
+                    method: str = "percentile") -> StageComparison:
+    """Two raw samples of one quantity (e.g. a pytest-benchmark's timings of two builds), B over A."""
+    _check_options(confidence, resamples, min_effect, method)
+    return _compare_samples(name, "", WALL, a, b, confidence=confidence, min_effect=min_effect,
+                            resamples=int(resamples), seed=seed, method=method)
+
+
 def _spread_parts(samples) -> tuple[np.ndarray, float, float]:
     x = np.asarray(list(samples), dtype=float)
     if x.size < 2:
