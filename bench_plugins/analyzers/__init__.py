@@ -12,28 +12,36 @@ from dohnuts.bench.report import Section
 
 @hookimpl
 def dohnuts_bench_prepare_run(run):
-    if run.device.type != "cuda":
-        run.notes.append("measured ceilings: skipped (no GPU)")
-        return
-    from bench_plugins.analyzers.microbench import measure_ceilings
+    from bench_plugins.analyzers.microbench import measure_ceilings, measure_cpu_ceilings
 
-    run.console.print("[dim]measuring ceilings (bf16 matmul, device copy, host link)…[/]")
+    if run.device.type != "cuda":
+        run.console.print("[dim]measuring ceilings (fp32/bf16 matmul, fp32 vector, memory copy)…[/]")
+        run.measured["ceilings"] = measure_cpu_ceilings()
+        return
+    run.console.print("[dim]measuring ceilings (bf16 matmul, device copy, host link, fp32 vector)…[/]")
     run.measured["ceilings"] = measure_ceilings(run.device)
 
 
 @hookimpl
 def dohnuts_bench_analyze(records, hwspec, measured, run_dir):
-    if hwspec is None:
-        device = records[0]["device"]["name"] if records else "?"
-        return [Section("efficiency", Text(f"efficiency: no hardware spec for device {device!r}; "
-                                           "pass --hwspec NAME (hwspecs/NAME.yaml) or a path"))]
     from dohnuts.bench.analysis import analysis_tables, analyze_records, roofline_png
-    from dohnuts.bench.analysis.hwspec import with_measured_ceilings
+    from dohnuts.bench.analysis.hwspec import measured_hwspec, with_measured_ceilings
 
-    spec = with_measured_ceilings(hwspec, (measured or {}).get("ceilings", {}))
+    ceilings = (measured or {}).get("ceilings", {})
+    device = records[0]["device"]["name"] if records else "?"
+    if hwspec is None:
+        # No datasheet spec describes this device (the CPU, an unknown GPU): bound every stage by
+        # what this machine measured at the start of the run, and say so.
+        spec = measured_hwspec(device, ceilings)
+        if spec is None:
+            return [Section("efficiency", Text(f"efficiency: no hardware spec for device {device!r} and no measured "
+                                               "ceilings in this run; pass --hwspec NAME or a path"))]
+    else:
+        spec = with_measured_ceilings(hwspec, ceilings)
     analysis = analyze_records(records, spec)
     png = roofline_png(analysis, run_dir / "roofline.png")
-    parts = [Text(f"{spec.name}: bounds and efficiency ({spec.source or 'built in'})", style="bold")]
+    origin = spec.source or ("ceilings measured at the start of this run" if not spec.roles else "built in")
+    parts = [Text(f"{spec.name}: bounds and efficiency ({origin})", style="bold")]
     parts += analysis_tables(analysis)
     parts += [Text(f"warning: {w}", style="yellow") for w in analysis.warnings]
     return [Section("efficiency", Group(*parts), data=analysis.to_dict(), files=[str(png)])]

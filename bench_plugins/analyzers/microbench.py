@@ -1,8 +1,11 @@
 """Measured ceilings: what this device really sustains on the simplest possible work.
 
-A large BF16 matmul (8192³, random data — never zeros) and a large device-to-device copy
-(bytes read + written), and pinned host↔device copies, each timed with CUDA events after
-warm-up, median of several runs. These are recorded beside the datasheet ceilings; they are
+GPU: a large BF16 matmul (8192³, random data — never zeros), a large device-to-device copy
+(bytes read + written), pinned host↔device copies and an FP32 element-wise multiply-add, each
+timed with CUDA events after warm-up, median of several runs. CPU: an FP32 and a BF16 matmul
+(1024³), an FP32 multiply-add over a cache-resident vector, and a large memory copy, timed with
+the host clock, median of several runs. These are recorded beside the datasheet ceilings — and
+are the only ceilings of a device no hwspec describes (the CPU, an unknown GPU). They are
 microbenchmarks, not API throughput.
 """
 
@@ -46,5 +49,57 @@ def measure_ceilings(device: torch.device, n: int = 8192, copy_bytes: int = 2 <<
     out["d2h_pinned"] = {"value": (256 << 20) / (ms / 1e3), "unit": "B/s", "kind": "bandwidth",
                          "method": "256 MiB device-to-pinned-host copy", "date": date}
     del host, dev
+    x = torch.randn(1 << 26, device=device, generator=gen)  # 256 MiB: a multiply-add per element
+    y, z = torch.randn_like(x), torch.empty_like(x)
+    ms = _time_ms(lambda: torch.addcmul(x, x, y, out=z))
+    out["fp32_vector"] = {"value": 2 * x.numel() / (ms / 1e3), "unit": "FLOP/s", "kind": "compute",
+                          "method": "fp32 addcmul over 2^26 elements (2 FLOP each; memory-bound on most GPUs)",
+                          "date": date}
+    del x, y, z
     torch.cuda.empty_cache()
+    return out
+
+
+def _host_ms(fn, warmup: int = 2, repeat: int = 7) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def measure_cpu_ceilings(n: int = 1024, copy_bytes: int = 256 << 20, vector: int = 1 << 18) -> dict:
+    """The CPU's ceilings with the threads torch uses (a few seconds on a 2-core machine)."""
+    date = time.strftime("%Y-%m-%d")
+    threads = torch.get_num_threads()
+    out = {}
+    gen = torch.Generator().manual_seed(0)
+    for dtype, key in ((torch.float32, "fp32_matmul"), (torch.bfloat16, "bf16_matmul")):
+        a = torch.randn(n, n, generator=gen).to(dtype)
+        b = torch.randn(n, n, generator=gen).to(dtype)
+        ms = _host_ms(lambda: a @ b)
+        out[key] = {"value": 2 * n ** 3 / (ms / 1e3), "unit": "FLOP/s", "kind": "compute",
+                    "method": f"torch.matmul {str(dtype).removeprefix('torch.')} {n}x{n}x{n} on {threads} threads, "
+                              "random normal, median of 7", "date": date}
+    x = torch.randn(vector, generator=gen)  # 1 MiB: stays in cache, so this is arithmetic, not memory
+    y, z = torch.randn_like(x), torch.empty_like(x)
+
+    def fma():
+        for _ in range(64):
+            torch.addcmul(x, x, y, out=z)
+
+    ms = _host_ms(fma)
+    out["fp32_vector"] = {"value": 64 * 2 * vector / (ms / 1e3), "unit": "FLOP/s", "kind": "compute",
+                          "method": f"64 × fp32 addcmul over {vector} cache-resident elements on {threads} threads",
+                          "date": date}
+    src = torch.empty(copy_bytes, dtype=torch.uint8).random_(generator=gen)
+    dst = torch.empty_like(src)
+    ms = _host_ms(lambda: dst.copy_(src))
+    out["device_copy"] = {"value": 2 * copy_bytes / (ms / 1e3), "unit": "B/s", "kind": "bandwidth",
+                          "method": f"{copy_bytes >> 20} MiB memory copy, bytes read + written", "date": date}
+    # No host link on a CPU: a "transfer" is a copy in the same memory (the h2d stage moves nothing).
+    out["host_copy"] = dict(out["device_copy"], method=out["device_copy"]["method"] + " (stands for the host link)")
     return out

@@ -68,6 +68,19 @@ class DohnutsTarget:
         raise TypeError(f"dohnuts target cannot run {type(call).__name__} in a {'train' if self.train else 'predict'}"
                         " workload")
 
+    def run_stream(self, calls, timer_for) -> list[dict] | None:
+        """The calls as one pipelined stream (`Predictor.run`, as `dohnuts predict` runs a file):
+        per request its decisions, work counts and trace (submitted / started / done, host
+        clock). None for workloads a stream cannot reproduce (training; a cache cleared per call)."""
+        if self.train or any(not isinstance(c, PredictCall) or c.cold_cache for c in calls):
+            return None
+        trace: dict[int, dict] = {}
+        results = list(self.predictor.run(((c.request.id, c.request) for c in calls), timer_for=timer_for,
+                                          trace=trace))
+        return [{"decisions": len(getattr(r, "questions", ())), "work": trace[i].get("work"),
+                 "submitted": trace[i]["submitted"], "started": trace[i].get("started"), "done": trace[i]["done"]}
+                for i, r in enumerate(results)]
+
     def _graph_stats(self):
         graphs = self.updater.graphs if self.train else self.model.graphs
         return graphs.stats() if graphs is not None else None

@@ -13,6 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from dohnuts.runtime.batch import Batch, HostBatch
+from dohnuts.runtime.timing import NULL_TIMER
 
 
 class Pipeline:
@@ -26,12 +27,16 @@ class Pipeline:
         """Run CPU preparation on a worker thread."""
         return self._pool.submit(fn, *args, **kwargs)
 
-    def transfer(self, hb: HostBatch) -> tuple[Batch, torch.cuda.Event | None]:
-        """Issue the host→device copy on the transfer stream; returns (device batch, ready event)."""
+    def transfer(self, hb: HostBatch, timer=NULL_TIMER) -> tuple[Batch, torch.cuda.Event | None]:
+        """Issue the host→device copy on the transfer stream; returns (device batch, ready event).
+
+        The `h2d` stage is timed on the transfer stream itself, so its device time is the copy's."""
         if not self.cuda:
-            return hb.tensors, None
+            with timer.stage("h2d"):
+                return hb.tensors, None
         with torch.cuda.stream(self._copy_stream):
-            dev = hb.tensors.to(self.device, non_blocking=True)
+            with timer.stage("h2d"):  # the timer records its events on the current (copy) stream
+                dev = hb.tensors.to(self.device, non_blocking=True)
             ready = torch.cuda.Event()
             ready.record(self._copy_stream)
         return dev, ready

@@ -13,6 +13,7 @@ On the CPU the same code runs without streams. Every request is one model invoca
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -111,8 +112,7 @@ class Predictor:
         """One request end to end, without overlap (the harness times each stage of it)."""
         with timer.stage("prepare"):
             hb = self.prepare(req, source)
-        with timer.stage("h2d"):
-            dev, ready = self.pipeline.transfer(hb)
+        dev, ready = self.pipeline.transfer(hb, timer)
         host, done, work = self.compute(hb, dev, ready, timer)
         with timer.stage("serialize"):
             result = self.serialize(hb, host, done)
@@ -120,12 +120,17 @@ class Predictor:
         return result, work
 
     def run(self, items: Iterable[tuple[str, Request | DohnutsError]],
-            timer_for: Callable[[int], object] | None = None) -> Iterator[RequestResult | RequestFailure]:
+            timer_for: Callable[[int], object] | None = None,
+            trace: dict[int, dict] | None = None) -> Iterator[RequestResult | RequestFailure]:
         """Pipelined prediction over (source, request-or-error) items, results in input order.
 
         While the device scores request i, a worker prepares i+1 and i+2, the copy stream moves
         i+1, and the host serializes i−1. A request that fails validation or preparation yields a
         `RequestFailure` in its place; the others are still scored.
+
+        `timer_for(i)` times request i's stages; `trace` (a dict) receives per request i the host
+        clock (time.perf_counter) when it entered the pipeline (`submitted`), when its device work
+        was issued (`started`) and when its result was yielded (`done`), and its work counts.
         """
         items = iter(items)
         pending = []  # futures of prepared batches, in order
@@ -135,6 +140,8 @@ class Predictor:
             if nxt is None:
                 return
             source, req = nxt
+            if trace is not None:
+                trace[len(trace)] = {"submitted": time.perf_counter()}
             if isinstance(req, DohnutsError):
                 pending.append((source, req, None))
             else:
@@ -142,7 +149,15 @@ class Predictor:
 
         for _ in range(3):
             submit_next()
-        previous = None  # (hb, host, done) awaiting serialization
+        previous = None  # (index, hb, host, done) awaiting serialization
+
+        def finish(prev):
+            i, hb, host, done = prev
+            result = self.serialize(hb, host, done)
+            if trace is not None:
+                trace[i]["done"] = time.perf_counter()
+            return result
+
         index = 0
         while pending:
             source, req, fut = pending.pop(0)
@@ -151,23 +166,29 @@ class Predictor:
                 if fut is None:
                     raise req
                 hb = fut.result()
-                dev, ready = self.pipeline.transfer(hb)
                 timer = timer_for(index) if timer_for else NULL_TIMER
-                host, done, _ = self.compute(hb, dev, ready, timer)
+                if trace is not None:
+                    trace[index]["started"] = time.perf_counter()
+                dev, ready = self.pipeline.transfer(hb, timer)
+                host, done, work = self.compute(hb, dev, ready, timer)
+                if trace is not None:
+                    trace[index]["work"] = work
             except DohnutsError as exc:
                 if previous is not None:
-                    yield self.serialize(*previous)
+                    yield finish(previous)
                     previous = None
                 rid = req.id if isinstance(req, Request) else source
+                if trace is not None:
+                    trace[index]["done"] = time.perf_counter()
                 yield RequestFailure(id=str(rid), error=str(exc), line=_line_of(source))
                 index += 1
                 continue
             if previous is not None:
-                yield self.serialize(*previous)  # overlaps the device work just launched
-            previous = (hb, host, done)
+                yield finish(previous)  # overlaps the device work just launched
+            previous = (index, hb, host, done)
             index += 1
         if previous is not None:
-            yield self.serialize(*previous)
+            yield finish(previous)
 
 
 def _line_of(source: str | None) -> int | None:

@@ -121,8 +121,7 @@ class Updater:
         session, model, pipe = self.session, self.session.model, self.pipeline
         with timer.stage("prepare"):  # waiting for the workers (zero when they were ahead)
             hbs = [f.result() for f in futures]
-        with timer.stage("h2d"):
-            staged = [pipe.transfer(hbs[0])]
+        staged = [pipe.transfer(hbs[0], timer)]  # (its `h2d` stage is timed on the copy stream)
         with timer.stage("vision"):  # one cache call for the whole update
             uses = session.image_features([(hb, staged[0][0] if i == 0 else None) for i, hb in enumerate(hbs)])
         model.train()
@@ -131,8 +130,7 @@ class Updater:
         total = torch.zeros((), device=session.device)
         for i, hb in enumerate(hbs):
             if i + 1 < len(hbs):
-                with timer.stage("h2d"):
-                    staged.append(pipe.transfer(hbs[i + 1]))  # one microbatch ahead, on the copy stream
+                staged.append(pipe.transfer(hbs[i + 1], timer))  # one microbatch ahead, on the copy stream
             dev = pipe.wait(*staged[i])
             feats = uses[i].features if uses[i] is not None else None
             loss = self.graphs.step(dev, feats, timer) if self.graphs is not None else None

@@ -105,10 +105,18 @@ class HwSpec:
     source: str | None = None  # the file it was read from
 
     def precisions(self) -> tuple[str, ...]:
-        return tuple(self.roles)
+        return tuple(dict.fromkeys((*self.roles, *self.measured_roles)))
 
     def has_measured(self, precision: str) -> bool:
         return bool(self.measured_roles.get(precision))
+
+    def bases(self, precision: str) -> tuple[str, ...]:
+        """The bases a bound at `precision` is reported on: the datasheet (the `roles` table) when
+        the spec has one, the measured ceilings when it has them — a spec synthesised from this
+        machine's microbenchmarks has only the latter."""
+        out = (("datasheet",) if precision in self.roles else ()) + (("measured",) if self.has_measured(precision)
+                                                                      else ())
+        return out
 
     def ceiling(self, role: str, precision: str, basis: str = "datasheet") -> Ceiling:
         """The ceiling that bounds `role` work at `precision`. The measured basis falls back to
@@ -117,11 +125,12 @@ class HwSpec:
             raise ValueError(f"unknown role {role!r} (expected one of {ROLES})")
         if basis not in BASES:
             raise ValueError(f"unknown basis {basis!r} (expected one of {BASES})")
-        if precision not in self.roles:
-            raise ConfigError(f"has no roles for precision {precision!r} (it has {', '.join(self.roles)})",
-                              source=self.source, field="roles")
         if basis == "measured" and role in self.measured_roles.get(precision, {}):
             return self.ceilings[self.measured_roles[precision][role]]
+        if precision not in self.roles:
+            raise ConfigError(f"has no {basis} ceiling for {role!r} work at precision {precision!r} "
+                              f"(it has roles for {', '.join(self.precisions()) or 'none'})",
+                              source=self.source, field="roles")
         return self.ceilings[self.roles[precision][role]]
 
     def matches(self, device_name: str) -> bool:
@@ -356,3 +365,48 @@ def with_measured_ceilings(spec: HwSpec, measured: Mapping[str, Mapping[str, Any
                 if current is None or not current.name.endswith("_this_run") or current.value < value:
                     table[role] = name
     return dataclasses.replace(spec, ceilings=ceilings, measured_roles=roles)
+
+
+# --------------------------------------------------------------------------------------------
+# A spec from measurements alone (a device without a datasheet spec: the CPU, an unknown GPU)
+
+# microbenchmark key → roles it meets per precision (bench_plugins.analyzers.microbench)
+SYNTHESIS = {
+    "fp32_matmul": {"fp32": ("matrix", "attention", "scan")},
+    "bf16_matmul": {"bf16": ("matrix", "attention", "scan")},
+    "fp32_vector": {"fp32": ("vector",), "bf16": ("vector",)},
+    "device_copy": {"fp32": ("memory",), "bf16": ("memory",)},
+    "h2d_pinned": {"fp32": ("host_link",), "bf16": ("host_link",)},
+    "host_copy": {"fp32": ("host_link",), "bf16": ("host_link",)},
+}
+
+
+def measured_hwspec(device_name: str, measured: Mapping[str, Mapping[str, Any]]) -> HwSpec | None:
+    """A spec of this machine from the ceilings measured at the start of the run, when no datasheet
+    spec names the device: measured roles only (reported as the `measured` basis, never as a
+    datasheet). A precision is covered only when every role has a ceiling; None when none is."""
+    ceilings: dict[str, Ceiling] = {}
+    roles: dict[str, dict[str, str]] = {}
+    for key, entry in measured.items():
+        if key not in SYNTHESIS or not isinstance(entry, Mapping):
+            continue
+        value = entry.get("value")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            continue
+        kind = "compute" if next(iter(SYNTHESIS[key].values()))[0] in COMPUTE_ROLES else "bandwidth"
+        name = f"{key}_this_run"
+        ceilings[name] = Ceiling(name=name, kind=kind, value=float(value), provenance="measured",
+                                 source=str(entry.get("method") or key) + " (measured at the start of this run)",
+                                 date=None if entry.get("date") is None else str(entry["date"]))
+        for precision, role_names in SYNTHESIS[key].items():
+            table = roles.setdefault(precision, {})
+            for role in role_names:
+                current = ceilings.get(table.get(role, ""))
+                if current is None or current.value < value:  # a bound stays optimistic: the faster one
+                    table[role] = name
+    complete = {p: t for p, t in roles.items() if set(t) == set(ROLES)}
+    if not complete:
+        return None
+    return HwSpec(name=f"{device_name} (measured at run start, no datasheet spec)", ceilings=ceilings, roles={},
+                  measured_roles=complete, device_names=(device_name,), source=None,
+                  description="synthesised from the run's microbenchmarks; efficiency against them only")

@@ -86,7 +86,7 @@ class GroupAnalysis:
     model: str
     calls: int
     runs: tuple[str, ...]
-    bases: tuple[str, ...]  # ("datasheet",) or ("datasheet", "measured")
+    bases: tuple[str, ...]  # ("datasheet",), ("datasheet", "measured") or ("measured",) (no datasheet spec)
     stages: tuple[StageRow, ...]
     call: CallRow
     graph: CallGraph
@@ -157,14 +157,14 @@ def _group(key: tuple[str, str], recs: list[dict], spec: HwSpec, buffers: int) -
                               field="model")
     warnings = []
     device = str(first["device"].get("name", "?"))
-    if first["device"].get("type") == "cpu":
+    if first["device"].get("type") == "cpu" and spec.roles:  # (a spec measured on this CPU does apply)
         warnings.append(f"{workload} ({target}): a CPU run analysed against {spec.name}: the bounds do not apply")
     elif spec.device_names and not spec.matches(device):
         warnings.append(f"{workload} ({target}): device {device!r} is not one {spec.name} describes")
-    if precision not in spec.roles:
+    bases = spec.bases(precision)
+    if not bases:
         raise RecordError(f"is {precision!r}, for which hwspec {spec.name} has no roles", source=where(first),
                           field="precision")
-    bases = ("datasheet", "measured") if spec.has_measured(precision) else ("datasheet",)
     lora = lora_of(first)
 
     timed = {n for r in recs for n in r["stages"]}
@@ -192,7 +192,7 @@ def _group(key: tuple[str, str], recs: list[dict], spec: HwSpec, buffers: int) -
         have = [c[name] for c in costs if name in c]
         bound = {b: _median(stage_bound(c, spec, precision, b).ms for c in have) if have else 0.0 for b in bases}
         # The representative call (median datasheet bound) names the limiter and the FLOP split.
-        mid = sorted(have, key=lambda c: stage_bound(c, spec, precision).ms)[len(have) // 2] if have else None
+        mid = sorted(have, key=lambda c: stage_bound(c, spec, precision, bases[0]).ms)[len(have) // 2] if have else None
         limiter = {b: stage_bound(mid, spec, precision, b).describe() if mid else "—" for b in bases}
         rows.append(StageRow(
             stage=name, resource=resource[name], measured_ms=measured, bound_ms=bound,
