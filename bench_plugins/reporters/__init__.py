@@ -1,5 +1,12 @@
 """Built-in reporters: the per-stage timing summary (median, p10/p90, spread, throughput,
-memory), the analyzers' sections, and `report.txt` / `summary.json` in the run directory."""
+memory), the analyzers' sections, and `report.txt` / `summary.json` in the run directory.
+
+Width: the tables are `dohnuts.bench.analysis.render.FitTable`s, which pick their layout from the
+width they are printed at (its module docstring has the rule). On the console that is the
+terminal's width (or COLUMNS; 80 in a log): the full table when it fits, else narrower tables
+with the names as headings, else one block per row — never a cell cut with "…". `report.txt` is
+written at the natural width of the widest renderable (at least 80 columns), so it always holds
+the full tables, whatever the terminal. summary.json does not depend on any width."""
 
 from __future__ import annotations
 
@@ -9,9 +16,10 @@ import statistics
 from collections import defaultdict
 
 from rich.console import Console
-from rich.table import Table
+from rich.measure import Measurement
 
 from dohnuts.bench.analysis.records import group_key
+from dohnuts.bench.analysis.render import UNBOUNDED, Col, FitTable
 from dohnuts.bench.hookspecs import hookimpl
 
 
@@ -58,11 +66,12 @@ def summarize(records: list[dict]) -> list[dict]:
     return out
 
 
-def summary_table(rows: list[dict]) -> Table:
-    t = Table(title="Measured calls (median over calls; p10–p90; spread = (p90 − p10) / median)")
-    for col in ("workload", "target", "calls", "wall ms", "p10–p90", "spread", "decisions/s", "tokens/s",
-                "peak mem"):
-        t.add_column(col, justify="right" if col not in ("workload", "target") else "left")
+def summary_table(rows: list[dict]) -> FitTable:
+    """One row per (workload, target); narrow: a table per workload, split in two if need be."""
+    t = FitTable("Measured calls (median over calls; p10–p90; spread = (p90 − p10) / median)",
+                 [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("calls"), Col("wall ms"),
+                  Col("p10–p90"), Col("spread"), Col("decisions/s"), Col("tokens/s"), Col("peak mem")],
+                 sections=1, groups=[(2,), (3, 4), (5,), (6,), (7,), (8,)], title_justify="center")
     for r in rows:
         mem = f"{r['peak_mem_bytes'] / 2**30:.2f} GiB" if r["peak_mem_bytes"] else "—"
         t.add_row(r["workload"], r["target"], str(r["calls"]), f"{r['wall_median_ms']:.2f}",
@@ -71,14 +80,12 @@ def summary_table(rows: list[dict]) -> Table:
     return t
 
 
-def stage_table(rows: list[dict]) -> Table:
-    t = Table(title="Stages (median ms, device time where measured; p10–p90)")
-    t.add_column("workload")
-    t.add_column("target")
-    t.add_column("stage")
-    t.add_column("median ms", justify="right")
-    t.add_column("p10–p90", justify="right")
-    t.add_column("share of wall", justify="right")
+def stage_table(rows: list[dict]) -> FitTable:
+    """One row per (workload, target, stage); narrow: a table per workload · target."""
+    t = FitTable("Stages (median ms, device time where measured; p10–p90)",
+                 [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("stage", "left", wrap=True),
+                  Col("median ms"), Col("p10–p90"), Col("share of wall")],
+                 sections=2, groups=[(3, 4), (5,)], title_justify="center")
     for r in rows:
         for name, s in r["stages"].items():
             t.add_row(r["workload"], r["target"], name, f"{s['median_ms']:.3f}", f"{s['p10_ms']:.3f}–{s['p90_ms']:.3f}",
@@ -86,15 +93,21 @@ def stage_table(rows: list[dict]) -> Table:
     return t
 
 
+def full_width(renderables: list, minimum: int = 80) -> int:
+    """The console width at which every renderable prints at its natural width (nothing wraps
+    that would not wrap on an unbounded console): the widest natural width, at least `minimum`."""
+    probe = Console(width=UNBOUNDED, file=io.StringIO())
+    return max([minimum] + [Measurement.get(probe, probe.options, r).maximum for r in renderables])
+
+
 @hookimpl
 def dohnuts_bench_report(console, records, sections, run_dir):
     rows = summarize(records)
-    file_console = Console(record=True, width=160, file=io.StringIO())
+    report = [summary_table(rows), stage_table(rows), *(s.renderable for s in sections)]
+    file_console = Console(record=True, width=full_width(report), file=io.StringIO())
     for c in (console, file_console):
-        c.print(summary_table(rows))
-        c.print(stage_table(rows))
-        for s in sections:
-            c.print(s.renderable)
+        for renderable in report:
+            c.print(renderable)
     (run_dir / "report.txt").write_text(file_console.export_text())
     summary = {"summary": rows, "sections": {s.title: s.data for s in sections}}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
