@@ -20,9 +20,9 @@ import torch
 
 from dohnuts.bench.calls import CallResult
 from dohnuts.bench.provenance import provenance
-from dohnuts.bench.telemetry import TelemetryThread
+from dohnuts.bench.telemetry import DEFAULT_MIN_CLOCK_FRACTION, TelemetryThread, call_validity
 from dohnuts.bench.workload import WorkloadSpec
-from dohnuts.runtime.timing import StageTimer
+from dohnuts.runtime.timing import StageTimer, empty_stage_cost
 
 SCHEMA = 1
 
@@ -133,6 +133,7 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict, targe
 
 def _measure_call(run, spec, tspec, target, call, device, dtype, cfg, prov, telemetry, iteration,
                   phase: str = "steady") -> dict:
+    calibration = harness_calibration(run, device)
     timer = StageTimer(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -142,9 +143,11 @@ def _measure_call(run, spec, tspec, target, call, device, dtype, cfg, prov, tele
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t1 = time.perf_counter()
+    window, validity = _telemetry_window(telemetry, t0, t1)
+    t2 = time.perf_counter()
     stages = _stages_dict(timer)
     work = result.work
-    return {
+    record = {
         "schema": SCHEMA,
         "run_id": run.run_id,
         "workload": {"name": spec.name, "kind": spec.kind, "file": spec.file, "file_hash": spec.file_hash},
@@ -166,10 +169,55 @@ def _measure_call(run, spec, tspec, target, call, device, dtype, cfg, prov, tele
         "device": {"name": prov["device"]["name"], "type": device.type},
         "hwspec": getattr(run.hwspec, "name", None),
         "peak_mem_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
-        "telemetry": telemetry.window(t0, t1),
+        "telemetry": window,
+        "validity": validity,
         "extra": result.extra,
         "provenance": prov,
     }
+    t3 = time.perf_counter()
+    overhead = harness_overhead(timer, calibration, telemetry_s=t2 - t1, record_s=t3 - t2)
+    record["harness_overhead_ms"] = overhead["total_ms"]
+    record["harness_overhead"] = overhead
+    return record
+
+
+def harness_calibration(run, device: torch.device) -> dict:
+    """The cost of one empty stage on `device` (`empty_stage_cost`), measured once per run and
+    device — before the first measured call on it — and kept in `run.measured["harness_calibration"]`."""
+    per_device = run.measured.setdefault("harness_calibration", {})
+    key = str(device)
+    if key not in per_device:
+        per_device[key] = empty_stage_cost(device)
+    return per_device[key]
+
+
+def harness_overhead(timer: StageTimer, calibration: dict, telemetry_s: float, record_s: float) -> dict:
+    """The harness's own time in one call, in ms.
+
+    Inside the measured wall time: what the timer measured of itself (`timer_ms`: events, clock
+    reads, bookkeeping) plus, per stage entered, the calibrated part of an empty stage it cannot see
+    from inside (`timer_unaccounted_ms`: the context manager's machinery). After it: the telemetry
+    window lookup (`telemetry_ms`, a synchronous sample when none fell in the call) and building
+    the record (`record_ms`, including reading the stage times back). `total_ms` is their sum;
+    serialising and writing the record (the run loop) is not in it.
+    """
+    timer_ms = timer.overhead_ms
+    unaccounted_ms = timer.entries * calibration["unaccounted_ms"]
+    in_call = timer_ms + unaccounted_ms
+    after = (telemetry_s + record_s) * 1e3
+    return {"total_ms": in_call + after, "in_call_ms": in_call, "timer_ms": timer_ms,
+            "timer_unaccounted_ms": unaccounted_ms, "stage_entries": timer.entries,
+            "telemetry_ms": telemetry_s * 1e3, "record_ms": record_s * 1e3,
+            "empty_stage_ms": calibration["host_ms"], "empty_stage_device_ms": calibration.get("device_ms")}
+
+
+def _telemetry_window(telemetry, t0: float, t1: float) -> tuple[list, dict]:
+    """The call's telemetry samples and their validity (every sample in the call is checked)."""
+    both = getattr(telemetry, "window_and_validity", None)
+    if both is not None:
+        return both(t0, t1)
+    window = telemetry.window(t0, t1)
+    return window, call_validity(window, getattr(telemetry, "min_clock_fraction", DEFAULT_MIN_CLOCK_FRACTION))
 
 
 def token_totals(work) -> dict:

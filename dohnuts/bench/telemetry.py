@@ -4,13 +4,91 @@ A `Sampler` has a `name`, an `unavailable` reason (None when it works) and `samp
 The runner calls every available sampler every `interval_s` and attaches to each call record the
 samples taken during that call (at least the one nearest its end), so short calls still carry
 clocks, power and temperature.
+
+Validity gates. A GPU sampler reports, beside its readings, the keys `call_validity` reads:
+
+- `throttling`: the active reasons that mean the clock was reduced (power cap, thermal or
+  hardware slowdown, ...), by name; an empty list when none;
+- `sm_clock_mhz` / `max_sm_clock_mhz` (NVML) or `gfx_clock_mhz` / `max_gfx_clock_mhz` (amdsmi):
+  the current clock and the device's maximum;
+- `idle`: true when the device reports itself idle (no work, the clock parked low): its clock
+  then says nothing about throttling and is not checked.
+
+A call is invalid when any sample taken during it shows a throttling reason, or a clock below
+`min_clock_fraction` (default 0.9; `DOHNUTS_BENCH_MIN_CLOCK_FRACTION` overrides it) of the
+maximum. The runner writes `{"valid", "reasons", "detail", "gpu_samples"}` into the record.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
+
+DEFAULT_MIN_CLOCK_FRACTION = 0.9
+_LOOKBACK_S = 5.0
+CLOCK_KEYS = (("sm_clock_mhz", "max_sm_clock_mhz", "SM"), ("gfx_clock_mhz", "max_gfx_clock_mhz", "GFX"))
+
+
+def default_min_clock_fraction() -> float:
+    """0.9, or `DOHNUTS_BENCH_MIN_CLOCK_FRACTION` when set (a number in (0, 1])."""
+    raw = os.environ.get("DOHNUTS_BENCH_MIN_CLOCK_FRACTION")
+    if raw is None or not raw.strip():
+        return DEFAULT_MIN_CLOCK_FRACTION
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"DOHNUTS_BENCH_MIN_CLOCK_FRACTION must be a number in (0, 1], got {raw!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"DOHNUTS_BENCH_MIN_CLOCK_FRACTION must be in (0, 1], got {value}")
+    return value
+
+
+def _num(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def call_validity(samples: list[dict], min_clock_fraction: float = DEFAULT_MIN_CLOCK_FRACTION) -> dict:
+    """Whether the samples taken during one call show a throttled or down-clocked GPU.
+
+    `samples`: telemetry rows ({sampler name: reading, ...}; other keys such as `t`/`dt_ms` are
+    ignored). Returns {"valid", "reasons", "detail", "gpu_samples"}: one reason per sampler and
+    cause (a stable string, e.g. "nvml: throttled (sw_power_cap)"), `detail[i]` how many samples
+    showed reason i (and the clocks seen); `gpu_samples` counts the readings that could be checked
+    (0: nothing was checked, e.g. a CPU run — valid by default).
+    """
+    throttled: dict[tuple[str, str], int] = {}
+    low: dict[tuple[str, str], list[float]] = {}
+    checked: dict[str, int] = {}
+    for row in samples:
+        for name, reading in row.items():
+            if not isinstance(reading, dict) or "error" in reading:
+                continue
+            seen = False
+            active = reading.get("throttling")
+            if isinstance(active, (list, tuple)):
+                seen = True
+                for r in dict.fromkeys(map(str, active)):
+                    throttled[(name, r)] = throttled.get((name, r), 0) + 1
+            for cur_key, max_key, label in CLOCK_KEYS:
+                cur, top = _num(reading.get(cur_key)), _num(reading.get(max_key))
+                if cur is None or not top:
+                    continue
+                seen = True
+                if not reading.get("idle") and cur < min_clock_fraction * top:
+                    low.setdefault((name, f"{label}|{top:g}"), []).append(cur)
+            if seen:
+                checked[name] = checked.get(name, 0) + 1
+    reasons, detail = [], []
+    for (name, reason), n in throttled.items():
+        reasons.append(f"{name}: throttled ({reason})")
+        detail.append(f"in {n}/{checked[name]} samples")
+    for (name, key), clocks in low.items():
+        label, top = key.split("|")
+        reasons.append(f"{name}: {label} clock below {min_clock_fraction:g} × max {top} MHz")
+        detail.append(f"{min(clocks):g}–{max(clocks):g} MHz in {len(clocks)}/{checked[name]} samples")
+    return {"valid": not reasons, "reasons": reasons, "detail": detail, "gpu_samples": max(checked.values(), default=0)}
 
 
 class Sampler:
@@ -25,10 +103,15 @@ class Sampler:
 class TelemetryThread:
     samplers: list
     interval_s: float = 0.1
+    min_clock_fraction: float = field(default_factory=default_min_clock_fraction)
     _samples: list = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.min_clock_fraction <= 1.0:
+            raise ValueError(f"min_clock_fraction must be in (0, 1], got {self.min_clock_fraction}")
 
     def _poll_once(self) -> None:
         t = time.perf_counter()
@@ -59,14 +142,35 @@ class TelemetryThread:
 
     def window(self, t0: float, t1: float, limit: int = 8) -> list[dict]:
         """Samples taken in [t0, t1] (perf_counter), at most `limit`; a fresh one if none."""
+        return self._thin(self._rows(t0, t1), t0, limit)
+
+    def window_and_validity(self, t0: float, t1: float, limit: int = 8) -> tuple[list[dict], dict]:
+        """`window(t0, t1, limit)` and `call_validity` of every sample taken in [t0, t1] — all of
+        them, not only the `limit` the window keeps (a throttled sample is never thinned away)."""
+        rows = self._rows(t0, t1)
+        return self._thin(rows, t0, limit), call_validity(rows, self.min_clock_fraction)
+
+    def _rows(self, t0: float, t1: float) -> list[dict]:
         if not self.samplers:
             return []
         with self._lock:
-            rows = [r for r in self._samples if t0 <= r["t"] <= t1]
+            # Newest first, stopping well before t0: the lookup costs the window, not the run's
+            # history (rows are appended in time order up to one overlapping poll's duration).
+            rows = []
+            for r in reversed(self._samples):
+                if r["t"] < t0 - _LOOKBACK_S:
+                    break
+                if t0 <= r["t"] <= t1:
+                    rows.append(r)
+            rows.sort(key=lambda r: r["t"])
         if not rows:
             self._poll_once()
             with self._lock:
                 rows = [self._samples[-1]]
+        return rows
+
+    @staticmethod
+    def _thin(rows: list[dict], t0: float, limit: int) -> list[dict]:
         if len(rows) > limit:
             step = len(rows) / limit
             rows = [rows[int(i * step)] for i in range(limit)]

@@ -6,6 +6,11 @@ synchronisation) and always a host perf_counter interval (host time). On the CPU
 clock exists. Production code receives `NULL_TIMER`, whose stages cost nothing.
 
 A stage may be entered several times in one call (e.g. one `h2d` per microbatch): its times add.
+
+The timer also measures its own cost: the host time each `stage()` spends outside the interval it
+reports (creating and recording the CUDA events, the clock reads, its bookkeeping) is added to
+`overhead_ms`, and `entries` counts the stages entered. What it cannot see from inside — the
+context manager's own enter/exit machinery — is what `empty_stage_cost()` measures from outside.
 """
 
 from __future__ import annotations
@@ -38,9 +43,12 @@ class StageTimer:
     device: torch.device
     _events: dict[str, list[tuple]] = field(default_factory=dict)
     _host: dict[str, StageTime] = field(default_factory=dict)
+    _overhead_s: float = 0.0  # host seconds the timer spent on itself (outside the stage intervals)
+    entries: int = 0  # stages entered
 
     @contextmanager
     def stage(self, name: str):
+        o0 = time.perf_counter()
         use_cuda = self.device.type == "cuda"
         if use_cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -56,6 +64,14 @@ class StageTimer:
             st = self._host.setdefault(name, StageTime())
             st.host_ms += (t1 - t0) * 1e3
             st.count += 1
+            self.entries += 1
+            self._overhead_s += (t0 - o0) + (time.perf_counter() - t1)
+
+    @property
+    def overhead_ms(self) -> float:
+        """Host milliseconds the timer itself spent in its stages, outside the intervals it reports
+        (event creation and recording, clock reads, bookkeeping), summed over every stage entered."""
+        return self._overhead_s * 1e3
 
     def result(self) -> dict[str, StageTime]:
         """Per-stage times, in the order stages were first entered (synchronises the device)."""
@@ -68,3 +84,38 @@ class StageTimer:
                 dev = sum(s.elapsed_time(e) for s, e in self._events[name])
             out[name] = StageTime(host_ms=st.host_ms, device_ms=dev, count=st.count)
         return out
+
+
+def empty_stage_cost(device: torch.device, n: int = 200, warmup: int = 20, batches: int = 5) -> dict:
+    """What one stage entered and left with no work costs on `device` (calibration).
+
+    `host_ms`: the median, over `batches` batches of `n` empty stages, of the host time per stage
+    seen from outside (the context manager included); `accounted_ms`: the part of it the timer's
+    own `overhead_ms` sees; `unaccounted_ms` = the difference (≥ 0), the per-stage cost no timer
+    can measure about itself; `device_ms` (CUDA): the median device time between an empty stage's
+    events, the floor of every stage's device time.
+    """
+    import statistics
+
+    timer = StageTimer(device)
+    for _ in range(warmup):
+        with timer.stage("empty"):
+            pass
+    per_stage, accounted = [], []
+    for _ in range(batches):
+        timer = StageTimer(device)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            with timer.stage("empty"):
+                pass
+        t1 = time.perf_counter()
+        per_stage.append((t1 - t0) * 1e3 / n)
+        accounted.append(timer.overhead_ms / n)
+    host = statistics.median(per_stage)
+    acc = statistics.median(accounted)
+    out = {"host_ms": host, "accounted_ms": acc, "unaccounted_ms": max(0.0, host - acc), "device_ms": None,
+           "stages": n * batches}
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        out["device_ms"] = statistics.median(s.elapsed_time(e) for s, e in timer._events["empty"])
+    return out

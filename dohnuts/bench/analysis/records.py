@@ -9,7 +9,10 @@ One record per measured call, schema 1 (the harness writes them, append-only):
      "wall_ms": float, "decisions": int, "work": WorkCounts.to_dict(), "model": ModelConfig.to_dict(),
      "precision": "bf16" | "fp32", "device": {"name": str, "type": "cuda" | "cpu"},
      "peak_mem_bytes": int | null,
-     "lora": {"rank": int, "targets": [str], "merged": bool}}     # optional: the adapters' shape
+     "lora": {"rank": int, "targets": [str], "merged": bool},    # optional: the adapters' shape
+     "validity": {"valid": bool, "reasons": [str], "detail": [str], "gpu_samples": int},  # optional: the gate
+     "harness_overhead_ms": float,   # optional: the harness's own time in this call (breakdown in
+     "harness_overhead": {...}}      #   "harness_overhead", see dohnuts.bench.runner.harness_overhead)
 
 Reading never produces a wrong number: a truncated last line (a writer killed mid-append) is
 skipped with a warning, records of another schema version are skipped with a warning, and a
@@ -156,3 +159,67 @@ def lora_of(rec: dict) -> LoraShape | None:
         return LoraShape(rank=rank, targets=targets, merged=bool(d.get("merged", False)))
     except (TypeError, KeyError, ValueError) as exc:
         raise RecordError(f"needs a non-negative rank ({exc})", source=where(rec), field="lora") from None
+
+
+def valid_records(records: list[dict]) -> tuple[list[dict], int]:
+    """(the records whose call ran on an unthrottled GPU at full clock, how many were left out).
+
+    A record is left out when its `validity.valid` is false (the runner found a throttling reason
+    or a clock below the threshold in a telemetry sample taken during the call); records without
+    a `validity` field (older runs, other harnesses) count as valid. Order is kept.
+    """
+    kept = [r for r in records if not _invalid(r)]
+    return kept, len(records) - len(kept)
+
+
+def _invalid(rec: dict) -> bool:
+    validity = rec.get("validity")
+    return isinstance(validity, dict) and validity.get("valid") is False
+
+
+def validity_summary(records: list[dict]) -> dict[tuple[str, str], dict]:
+    """Per `group_key` (workload, target): {"n", "invalid", "reasons": {reason: calls}} — how many
+    calls the validity gate left out and why."""
+    out: dict[tuple[str, str], dict] = {}
+    for rec in records:
+        g = out.setdefault(group_key(rec), {"n": 0, "invalid": 0, "reasons": {}})
+        g["n"] += 1
+        if _invalid(rec):
+            g["invalid"] += 1
+            for reason in rec["validity"].get("reasons") or ["(no reason given)"]:
+                reason = str(reason)
+                g["reasons"][reason] = g["reasons"].get(reason, 0) + 1
+    return out
+
+
+OVERHEAD_TARGET_FRACTION = 0.01  # the harness may cost at most 1 % of the measured (wall) time
+
+
+def overhead_summary(records: list[dict]) -> dict[tuple[str, str], dict]:
+    """Per `group_key` (workload, target), over the records that carry `harness_overhead_ms`:
+    {"n", "median_ms", "median_fraction" (of wall_ms), "max_fraction", "median_in_call_ms",
+    "within_target" (median_fraction <= 1 %)}. Groups without the field are left out."""
+    groups: dict[tuple[str, str], list[tuple[float, float, float | None]]] = {}
+    for rec in records:
+        ms, wall = rec.get("harness_overhead_ms"), rec.get("wall_ms")
+        if not _number(ms) or not _number(wall) or wall <= 0:
+            continue
+        in_call = (rec.get("harness_overhead") or {}).get("in_call_ms")
+        groups.setdefault(group_key(rec), []).append((float(ms), float(ms) / float(wall),
+                                                      float(in_call) if _number(in_call) else None))
+    out = {}
+    for key, rows in groups.items():
+        fractions = [f for _, f, _ in rows]
+        in_call = [c for _, _, c in rows if c is not None]
+        med = _median([m for m, _, _ in rows])
+        frac = _median(fractions)
+        out[key] = {"n": len(rows), "median_ms": med, "median_fraction": frac, "max_fraction": max(fractions),
+                    "median_in_call_ms": _median(in_call) if in_call else None,
+                    "within_target": frac <= OVERHEAD_TARGET_FRACTION}
+    return out
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
