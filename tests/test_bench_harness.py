@@ -48,9 +48,22 @@ def test_quickstart_runs_on_cpu_and_records_every_call(tmp_path, capsys):
     every = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     records = [r for r in every if r["phase"] == "steady"]
     first = [r for r in every if r["phase"] == "first-call"]
+    stream = [r for r in every if r["phase"] == "stream"]
     kinds, targets = _registry()
     specs = [load_workload(p, kinds, targets) for p in cpu]
-    assert len(records) == sum(s.repeat * len(s.targets) for s in specs)
+    for s in specs:  # at least `repeat` calls, more when the spread asks for them, never past the cap
+        for t in s.targets:
+            n = sum(1 for r in records if r["workload"]["name"] == s.name and r["target"] == t.label)
+            assert s.repeat <= n <= (s.max_repeat or 4 * s.repeat), (s.name, t.label, n)
+            halves = [r["aa_half"] for r in records if r["workload"]["name"] == s.name and r["target"] == t.label]
+            assert halves == [i % 2 for i in range(len(halves))]  # interleaved A/A halves
+    # a pipelined stream per dohnuts prediction target (not for training nor a per-call cold cache)
+    streamed = {(r["workload"]["name"], r["target"]) for r in stream}
+    assert ("text", "dohnuts") in streamed and ("image-cache-warm", "dohnuts") in streamed
+    assert not any(name in ("train-step", "image-cache-cold") for name, _ in streamed)
+    assert not any(t == "transformers" for _, t in streamed)
+    for r in stream:
+        assert r["extra"]["stream"]["latency_ms"] >= r["extra"]["stream"]["queue_ms"] >= 0 and r["wall_ms"] > 0
     # each target's first call is recorded apart (iteration −1), once, when it has warm-up calls
     assert len(first) == sum(len(s.targets) for s in specs if s.warmup) and all(r["iteration"] == -1 for r in first)
     for r in records:
@@ -191,3 +204,42 @@ def test_a_target_that_cannot_run_here_is_skipped_with_its_reason(tmp_path, caps
     (run_dir,) = list(tmp_path.iterdir())
     records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     assert records and {r["target"] for r in records} == {"dohnuts"}
+
+
+def test_a_run_against_itself_slowed_down_compares_as_slower_with_its_interval(tmp_path, capsys):
+    """A real CPU run, compared with itself (no detectable change) and with a copy whose every time
+    is doubled (an injected 2× slowdown: slower, the interval holding 2); the quality table and the
+    stream table are in its report; calls flagged invalid are left out of the analysis, counted."""
+    from dohnuts.bench.analysis import analyze_records, read_jsonl
+    from dohnuts.bench.analysis.hwspec import find_hwspec
+
+    assert main(["run", str(ROOT / "workloads" / "text.yaml"), "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    (run_dir,) = list((tmp_path / "a").iterdir())
+    report = (run_dir / "report.txt").read_text()
+    assert "Measurement quality" in report and "Pipelined streams" in report and "A/A noise" in report
+    assert "measured at run start, no datasheet spec" in report  # the CPU's bounds: measured ceilings
+    assert (run_dir / "roofline.png").exists()
+    slow = tmp_path / "slow" / "results.jsonl"
+    slow.parent.mkdir()
+    lines = []
+    for line in (run_dir / "results.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        r["wall_ms"] *= 2
+        for st in r["stages"].values():
+            st["host_ms"] *= 2
+            st["device_ms"] = None if st["device_ms"] is None else 2 * st["device_ms"]
+        lines.append(json.dumps(r))
+    slow.write_text("\n".join(lines) + "\n")
+    capsys.readouterr()
+    assert main(["compare", str(run_dir), str(run_dir)]) == 0
+    same = capsys.readouterr().out
+    assert "no detectable change" in same and "slower" not in same
+    assert main(["compare", str(run_dir), str(slow), "--json", str(tmp_path / "cmp.json")]) == 0
+    rows = json.loads((tmp_path / "cmp.json").read_text())["rows"]
+    wall = next(r for r in rows if r["target"] == "dohnuts" and r["stage"] == "wall")
+    assert wall["verdict"] == "slower" and wall["ci_low"] <= 2.0 <= wall["ci_high"]
+    records = read_jsonl(run_dir / "results.jsonl")
+    records[1]["validity"] = {"valid": False, "reasons": ["sw_thermal_slowdown"]}
+    hw = find_hwspec("rx7900xtx")
+    analysis = analyze_records(records, hw)
+    assert any("1 call(s) left out" in w for w in analysis.warnings)

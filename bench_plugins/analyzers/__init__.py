@@ -15,10 +15,10 @@ def dohnuts_bench_prepare_run(run):
     from bench_plugins.analyzers.microbench import measure_ceilings, measure_cpu_ceilings
 
     if run.device.type != "cuda":
-        run.console.print("[dim]measuring ceilings (fp32/bf16 matmul, fp32 vector, memory copy)…[/]")
+        run.console.print("[dim]measuring ceilings: fp32/bf16 matmul, fp32 vector, memory copy[/]")
         run.measured["ceilings"] = measure_cpu_ceilings()
         return
-    run.console.print("[dim]measuring ceilings (bf16 matmul, device copy, host link, fp32 vector)…[/]")
+    run.console.print("[dim]measuring ceilings: bf16 matmul, device copy, host link, fp32 vector[/]")
     run.measured["ceilings"] = measure_ceilings(run.device)
 
 

@@ -37,8 +37,21 @@ def stage_ms(entry: dict) -> float:
     return entry["device_ms"] if entry.get("device_ms") is not None else entry["host_ms"]
 
 
+CLAIMED_PRECISION = 0.05  # the report's claim: medians within ±5 % (95 % interval)
+
+
 def summarize(records: list[dict]) -> list[dict]:
-    """Per (workload, target): per-stage and whole-call statistics over the measured calls."""
+    """Per (workload, target): per-stage and whole-call statistics over the measured calls, and
+    the quality of the measurement: calls left out by the validity gate (throttling, low clocks),
+    the harness's own overhead, the A/A noise budget of the interleaved halves, a warning when the
+    spread is too large for the claimed precision, and for a pipelined stream its latency,
+    queueing and throughput."""
+    from dohnuts.bench.analysis.compare import aa_noise, spread_warning
+    from dohnuts.bench.analysis.records import overhead_summary, valid_records, validity_summary
+
+    validity = validity_summary(records)
+    overhead = overhead_summary(records)
+    records, _ = valid_records(records)
     groups = defaultdict(list)
     for r in records:
         groups[group_key(r)].append(r)
@@ -54,7 +67,7 @@ def summarize(records: list[dict]) -> list[dict]:
             stages[name] = {"median_ms": statistics.median(xs), "p10_ms": _quantile(xs, 0.1),
                             "p90_ms": _quantile(xs, 0.9)}
         peak = [r["peak_mem_bytes"] for r in recs if r.get("peak_mem_bytes")]
-        out.append({
+        row = {
             "workload": workload, "target": target, "calls": len(recs), "wall_median_ms": med,
             "wall_p10_ms": _quantile(walls, 0.1), "wall_p90_ms": _quantile(walls, 0.9),
             "spread": (_quantile(walls, 0.9) - _quantile(walls, 0.1)) / med if med else 0.0,
@@ -62,8 +75,70 @@ def summarize(records: list[dict]) -> list[dict]:
             "padded_tokens": statistics.median(r["tokens"]["padded"] for r in recs),
             "peak_mem_bytes": max(peak) if peak else None, "stages": stages,
             "device": recs[0]["device"]["name"], "precision": recs[0]["precision"],
-        })
+            "excluded_calls": validity.get((workload, target), {}).get("invalid", 0),
+            "excluded_reasons": validity.get((workload, target), {}).get("reasons", {}),
+            "harness_overhead": overhead.get((workload, target)),
+            "aa_noise_halfwidth": None,
+            "spread_warning": spread_warning(walls, CLAIMED_PRECISION) if len(walls) >= 2 else None,
+        }
+        halves = [r.get("aa_half") for r in recs]
+        if halves.count(0) >= 3 and halves.count(1) >= 3:
+            row["aa_noise_halfwidth"] = aa_noise(recs, (workload, target)).halfwidth()
+        streams = [r["extra"]["stream"] for r in recs if "stream" in (r.get("extra") or {})]
+        if streams:
+            lat = [x["latency_ms"] for x in streams]
+            row["stream"] = {"requests": len(streams), "total_ms": streams[0]["total_ms"],
+                             "throughput_rps": len(streams) / (streams[0]["total_ms"] / 1e3),
+                             "latency_p50_ms": _quantile(lat, 0.5), "latency_p90_ms": _quantile(lat, 0.9),
+                             "latency_p99_ms": _quantile(lat, 0.99),
+                             "queue_p50_ms": _quantile([x["queue_ms"] for x in streams], 0.5)}
+        out.append(row)
+    # A stream's per-request time against the same target's single calls: the overlap measured.
+    single = {(r["workload"], r["target"]): r["wall_median_ms"] for r in out if "stream" not in r}
+    for r in out:
+        base = single.get((r["workload"], r["target"].removesuffix(" · stream")))
+        if "stream" in r and base:
+            r["stream"]["single_call_ms"] = base
+            r["stream"]["overlap"] = 1.0 - r["wall_median_ms"] / base
     return out
+
+
+def quality_table(rows: list[dict]) -> FitTable:
+    """How far the numbers can be trusted, per (workload, target)."""
+    t = FitTable(f"Measurement quality (claimed precision ±{CLAIMED_PRECISION:.0%}; A/A = interleaved halves)",
+                 [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("excluded"),
+                  Col("A/A noise ±"), Col("harness overhead"), Col("note", "left", wrap=True)],
+                 sections=1, groups=[(2,), (3,), (4,), (5,)], title_justify="center")
+    for r in rows:
+        o = r["harness_overhead"]
+        over = f"{o['median_ms']:.2f} ms ({100 * o['median_fraction']:.2f}%)" if o else "—"
+        aa = "—" if r["aa_noise_halfwidth"] is None else f"{100 * r['aa_noise_halfwidth']:.1f}%"
+        excluded = str(r["excluded_calls"])
+        if r["excluded_calls"]:
+            excluded += " (" + ", ".join(f"{k}: {v}" for k, v in r["excluded_reasons"].items()) + ")"
+        note = r["spread_warning"] or ("overhead above 1 %" if o and not o["within_target"] else "")
+        t.add_row(r["workload"], r["target"], excluded, aa, over, note)
+    return t
+
+
+def stream_table(rows: list[dict]) -> FitTable | None:
+    """Pipelined streams: throughput, latency percentiles, queueing, overlap against single calls."""
+    rows = [r for r in rows if "stream" in r]
+    if not rows:
+        return None
+    t = FitTable("Pipelined streams (Predictor.run: prefetch, copy stream, overlapped serialization)",
+                 [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("requests"),
+                  Col("ms / request"), Col("requests/s"), Col("latency p50/p90/p99 ms"), Col("queue p50 ms"),
+                  Col("single call ms"), Col("overlap")],
+                 sections=1, groups=[(2,), (3, 4), (5,), (6,), (7, 8)], title_justify="center")
+    for r in rows:
+        s = r["stream"]
+        t.add_row(r["workload"], r["target"], str(s["requests"]), f"{r['wall_median_ms']:.2f}",
+                  f"{s['throughput_rps']:.1f}",
+                  f"{s['latency_p50_ms']:.1f}/{s['latency_p90_ms']:.1f}/{s['latency_p99_ms']:.1f}",
+                  f"{s['queue_p50_ms']:.2f}", f"{s['single_call_ms']:.2f}" if "single_call_ms" in s else "—",
+                  f"{100 * s['overlap']:.0f}%" if "overlap" in s else "—")
+    return t
 
 
 def summary_table(rows: list[dict]) -> FitTable:
@@ -103,7 +178,9 @@ def full_width(renderables: list, minimum: int = 80) -> int:
 @hookimpl
 def dohnuts_bench_report(console, records, sections, run_dir):
     rows = summarize(records)
-    report = [summary_table(rows), stage_table(rows), *(s.renderable for s in sections)]
+    streams = stream_table(rows)
+    report = [summary_table(rows), stage_table(rows), *([streams] if streams else []), quality_table(rows),
+              *(s.renderable for s in sections)]
     file_console = Console(record=True, width=full_width(report), file=io.StringIO())
     for c in (console, file_console):
         for renderable in report:

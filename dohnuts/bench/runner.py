@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from dohnuts.bench.analysis.compare import required_calls
 from dohnuts.bench.calls import CallResult
 from dohnuts.bench.provenance import provenance
 from dohnuts.bench.telemetry import DEFAULT_MIN_CLOCK_FRACTION, TelemetryThread, call_validity
@@ -110,18 +111,32 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict, targe
                 if progress is not None:
                     progress.advance(task)
             start = time.perf_counter()
-            i = 0
-            while i < spec.repeat or time.perf_counter() - start < spec.min_duration_s:
+            i, wanted, walls = 0, spec.repeat, []
+            max_calls = spec.max_repeat or 4 * spec.repeat
+            while i < wanted or time.perf_counter() - start < spec.min_duration_s:
                 call = calls[(warmup + i) % len(calls)]
                 pm.hook.dohnuts_bench_before_call(run=run, spec=spec, target_name=tspec.label, iteration=i)
                 record = _measure_call(run, spec, tspec, target, call, device, dtype, cfg, prov, telemetry, i)
+                # Even and odd calls are two interleaved halves of one measurement: their difference
+                # is the run's own noise budget (A/A, dohnuts.bench.analysis.compare.aa_noise).
+                record["aa_half"] = i % 2
                 pm.hook.dohnuts_bench_after_call(run=run, spec=spec, target_name=tspec.label, record=record)
                 out.write(json.dumps(record) + "\n")
                 out.flush()
                 written += 1
                 i += 1
+                walls.append(record["wall_ms"])
+                if i == wanted and spec.halfwidth and wanted < max_calls:
+                    # As many calls as the observed spread needs for the median's confidence
+                    # interval to reach ±halfwidth (capped): the count follows the noise.
+                    wanted = min(max_calls, max(wanted, required_calls(walls, spec.halfwidth)))
+                    if progress is not None:
+                        progress.update(task, total=warmup + wanted)
                 if progress is not None:
-                    progress.update(task, completed=warmup + min(i, spec.repeat))
+                    progress.update(task, completed=warmup + min(i, wanted))
+            written += _measure_stream(run, spec, tspec, target, [calls[(warmup + j) % len(calls)]
+                                                                  for j in range(spec.repeat)],
+                                       device, dtype, cfg, prov, telemetry, out)
         finally:
             target.close()
             del target
@@ -145,9 +160,20 @@ def _measure_call(run, spec, tspec, target, call, device, dtype, cfg, prov, tele
     t1 = time.perf_counter()
     window, validity = _telemetry_window(telemetry, t0, t1)
     t2 = time.perf_counter()
-    stages = _stages_dict(timer)
-    work = result.work
-    record = {
+    record = _record(run, spec, tspec, target, cfg, dtype, device, prov, iteration=iteration, phase=phase,
+                     stages=_stages_dict(timer), wall_ms=(t1 - t0) * 1e3, decisions=result.decisions,
+                     work=result.work, window=window, validity=validity, extra=result.extra)
+    t3 = time.perf_counter()
+    overhead = harness_overhead(timer, calibration, telemetry_s=t2 - t1, record_s=t3 - t2)
+    record["harness_overhead_ms"] = overhead["total_ms"]
+    record["harness_overhead"] = overhead
+    return record
+
+
+def _record(run, spec, tspec, target, cfg, dtype, device, prov, *, iteration: int, phase: str, stages: dict,
+            wall_ms: float, decisions: int, work, window: list, validity: dict, extra: dict) -> dict:
+    """One raw JSONL record (schema: dohnuts.bench.analysis.records)."""
+    return {
         "schema": SCHEMA,
         "run_id": run.run_id,
         "workload": {"name": spec.name, "kind": spec.kind, "file": spec.file, "file_hash": spec.file_hash},
@@ -157,8 +183,8 @@ def _measure_call(run, spec, tspec, target, call, device, dtype, cfg, prov, tele
         "iteration": iteration,
         "phase": phase,
         "stages": stages,
-        "wall_ms": (t1 - t0) * 1e3,
-        "decisions": result.decisions,
+        "wall_ms": wall_ms,
+        "decisions": decisions,
         "tokens": token_totals(work),
         "lora": getattr(target, "lora_info", None),
         "work": work.to_dict(),
@@ -171,14 +197,53 @@ def _measure_call(run, spec, tspec, target, call, device, dtype, cfg, prov, tele
         "peak_mem_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         "telemetry": window,
         "validity": validity,
-        "extra": result.extra,
+        "extra": extra,
         "provenance": prov,
     }
-    t3 = time.perf_counter()
-    overhead = harness_overhead(timer, calibration, telemetry_s=t2 - t1, record_s=t3 - t2)
-    record["harness_overhead_ms"] = overhead["total_ms"]
-    record["harness_overhead"] = overhead
-    return record
+
+
+def _measure_stream(run, spec, tspec, target, calls, device, dtype, cfg, prov, telemetry, out) -> int:
+    """The calls as one pipelined stream (prefetch, transfer stream, overlapped serialization, as
+    users run a request file): one record per request with `phase: stream`, whose `wall_ms` is the
+    time since the previous result (the first: since the stream started), so the analysis sets the
+    pipelined per-request time against the critical-path bound. `extra.stream` holds each
+    request's latency (entered the pipeline → result) and queueing (entered → device work issued).
+    Targets without `run_stream` (or workloads a stream cannot reproduce) write nothing."""
+    run_stream = getattr(target, "run_stream", None)
+    if run_stream is None:
+        return 0
+    timers: dict[int, StageTimer] = {}
+
+    def timer_for(j: int) -> StageTimer:
+        timers[j] = StageTimer(device)
+        return timers[j]
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    rows = run_stream(calls, timer_for)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t1 = time.perf_counter()
+    if rows is None:
+        return 0
+    window, validity = _telemetry_window(telemetry, t0, t1)
+    previous = t0
+    for j, row in enumerate(rows):
+        if row["work"] is None:  # a request that failed: nothing to analyse
+            continue
+        timer = timers.get(j) or StageTimer(device)
+        stream = {"index": j, "requests": len(rows), "total_ms": (t1 - t0) * 1e3,
+                  "latency_ms": (row["done"] - row["submitted"]) * 1e3,
+                  "queue_ms": ((row["started"] or row["done"]) - row["submitted"]) * 1e3}
+        record = _record(run, spec, tspec, target, cfg, dtype, device, prov, iteration=j, phase="stream",
+                         stages=_stages_dict(timer), wall_ms=(row["done"] - previous) * 1e3,
+                         decisions=row["decisions"], work=row["work"], window=window, validity=validity,
+                         extra={"stream": stream})
+        previous = row["done"]
+        out.write(json.dumps(record) + "\n")
+        out.flush()
+    return len(rows)
 
 
 def harness_calibration(run, device: torch.device) -> dict:

@@ -9,8 +9,11 @@
     precision: auto             # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     requires_gpu: false         # true: skipped (with a message) on machines without a GPU
     warmup: 3                   # unmeasured calls per target
-    repeat: 10                  # measured calls per target ...
-    min_duration_s: 0           # ... and at least this long
+    repeat: 10                  # measured calls per target, at least ...
+    min_duration_s: 0           # ... and at least this long ...
+    halfwidth: 0.05             # ... and as many as the observed spread needs for the median's 95 %
+                                #     interval to be ±5 % (0: exactly `repeat`) ...
+    max_repeat: 0               # ... but at most this many (0: 4 × repeat)
     seed: 0
     hwspec: h200                # optional: hwspecs/<name>.yaml or a path (default: by device name)
     shape: {...}                # the kind's own fields (see each kind's `fields`)
@@ -56,6 +59,8 @@ class WorkloadSpec:
     warmup: int
     repeat: int
     min_duration_s: float
+    halfwidth: float
+    max_repeat: int
     seed: int
     hwspec: str | None
     shape: dict[str, Any]
@@ -64,7 +69,8 @@ class WorkloadSpec:
         return {"name": self.name, "kind": self.kind, "file": self.file, "file_hash": self.file_hash,
                 "targets": [t.label for t in self.targets], "model": self.model, "device": self.device,
                 "precision": self.precision, "warmup": self.warmup, "repeat": self.repeat,
-                "min_duration_s": self.min_duration_s, "seed": self.seed, "shape": self.shape}
+                "min_duration_s": self.min_duration_s, "halfwidth": self.halfwidth, "max_repeat": self.max_repeat,
+                "seed": self.seed, "shape": self.shape}
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,8 @@ COMMON = {
     "warmup": Field(int, 2, min=0),
     "repeat": Field(int, 5, min=1),
     "min_duration_s": Field(float, 0.0, min=0.0),
+    "halfwidth": Field(float, 0.05, min=0.0, max=1.0),
+    "max_repeat": Field(int, 0, min=0),
     "seed": Field(int, 0),
     "hwspec": Field(str, ""),
     "shape": Field(dict, {}),
@@ -222,7 +230,8 @@ def _build_spec(path: Path, source: str, raw_bytes: bytes, data: dict, kinds: di
         name=common["name"] or path.stem, kind=kind, file=source, file_hash=hashlib.sha256(raw_bytes).hexdigest()[:16],
         targets=_targets(common["targets"], targets, kind, source), model=common["model"], device=common["device"],
         precision=common["precision"], requires_gpu=common["requires_gpu"], warmup=common["warmup"],
-        repeat=common["repeat"], min_duration_s=common["min_duration_s"], seed=common["seed"],
+        repeat=common["repeat"], min_duration_s=common["min_duration_s"], halfwidth=common["halfwidth"],
+        max_repeat=common["max_repeat"], seed=common["seed"],
         hwspec=common["hwspec"] or None, shape=shape,
     )
 

@@ -31,7 +31,7 @@ from dohnuts.bench.analysis.cost import StageCost, call_totals, fold_stages, sta
 from dohnuts.bench.analysis.critical_path import STAGE_RESOURCES, CallGraph, default_call_graph
 from dohnuts.bench.analysis.hwspec import HwSpec
 from dohnuts.bench.analysis.records import (
-    DTYPE_BYTES, RecordError, check_record, group_key, lora_of, model_of, stage_ms, where, work_of,
+    DTYPE_BYTES, RecordError, check_record, group_key, lora_of, model_of, stage_ms, valid_records, where, work_of,
 )
 
 # A target that times one `forward` and none of prefix / suffix / head (the training step, a
@@ -138,9 +138,14 @@ def analyze_records(records: list[dict], hwspec: HwSpec, *, buffers: int = 2) ->
     groups: dict[tuple[str, str], list[dict]] = {}
     for rec in records:
         check_record(rec)
+    records, dropped = valid_records(records)  # calls on a throttled or down-clocked GPU
+    for rec in records:
         groups.setdefault(group_key(rec), []).append(rec)
     out = [_group(key, recs, hwspec, buffers) for key, recs in groups.items()]
     warnings = tuple(w for g in out for w in g.warnings)
+    if dropped:
+        warnings += (f"{dropped} call(s) left out: the GPU was throttling or below its clock threshold "
+                     "(see each record's `validity`)",)
     return Analysis(hwspec, tuple(out), warnings)
 
 
