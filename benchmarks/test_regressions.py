@@ -4,15 +4,15 @@ Measure this build and gate it against the baseline of this machine kind:
 
     pytest benchmarks/test_regressions.py --benchmark-enable --benchmark-save-data \\
         --benchmark-json=/tmp/current.json
-    python benchmarks/gate.py results/baselines/cpu-tiny.json /tmp/current.json
+    python benchmarks/gate.py results/baselines/cpu-tiny-*.json --current /tmp/current.json
 
-`gate.py` compares every benchmark's raw timings with the baseline's: a bootstrap confidence
-interval of the ratio of medians and a rank test (dohnuts.bench.analysis.compare), so the
-tolerance follows the spread both runs actually had instead of a fixed percentage (a fixed 25 %
-failed twice on unchanged code on the 2-core CI machine). It exits 1 when a benchmark is slower
-beyond its interval, 0 otherwise. Save a new baseline after an intended change by copying the
-current JSON over it (`results/baselines/<machine>.json`; cpu-tiny.json is the 2-core CI machine's,
-h200-2b.json the lent H200's with DOHNUTS_BENCH_PRESET=qwen3.5-2b).
+`gate.py` compares every benchmark's raw timings with the pooled baseline runs': a bootstrap
+confidence interval of the ratio of medians and a rank test (dohnuts.bench.analysis.compare),
+with a tolerance taken from the spread measured (within runs, and between the baseline's runs)
+instead of a fixed percentage (a fixed 25 % failed twice on unchanged code on the 2-core CI
+machine). It exits 1 when a benchmark is slower beyond that, 0 otherwise. After an intended
+change, save three new baseline runs (`results/baselines/<machine>-{1,2,3}.json`; cpu-tiny-* are
+the 2-core CI machine's; an H200 baseline with DOHNUTS_BENCH_PRESET=qwen3.5-2b is still to be made).
 
 The workloads are the product's hot paths: one prediction call, a shared-prefix call, an image
 call with the feature cache warm, and one training update (4 microbatches) — on whatever device
