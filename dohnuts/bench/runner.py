@@ -9,6 +9,7 @@ always) and appended to `results.jsonl` as one record, flushed at once: an inter
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import random
@@ -170,6 +171,13 @@ def _measure_call(run, spec, tspec, target, call, device, dtype, cfg, prov, tele
     return record
 
 
+@functools.lru_cache(maxsize=16)
+def _model_facts(cfg) -> tuple[dict, str]:
+    """(config dict, config hash) of a model config, computed once: every record carries both,
+    and building them per call was most of the harness's own time on short calls."""
+    return cfg.to_dict(), cfg.config_hash()
+
+
 def _record(run, spec, tspec, target, cfg, dtype, device, prov, *, iteration: int, phase: str, stages: dict,
             wall_ms: float, decisions: int, work, window: list, validity: dict, extra: dict) -> dict:
     """One raw JSONL record (schema: dohnuts.bench.analysis.records)."""
@@ -188,9 +196,9 @@ def _record(run, spec, tspec, target, cfg, dtype, device, prov, *, iteration: in
         "tokens": token_totals(work),
         "lora": getattr(target, "lora_info", None),
         "work": work.to_dict(),
-        "model": cfg.to_dict(),
+        "model": _model_facts(cfg)[0],
         "model_source": spec.model,
-        "config_hash": cfg.config_hash(),
+        "config_hash": _model_facts(cfg)[1],
         "precision": "bf16" if dtype == torch.bfloat16 else "fp32",
         "device": {"name": prov["device"]["name"], "type": device.type},
         "hwspec": getattr(run.hwspec, "name", None),
