@@ -33,6 +33,10 @@ each stage (`stage_ms`: device time where recorded, else host time), a row holds
   the interval says how large a change these calls could still hide. With 3 calls per run the
   exact rank test cannot go below p = 0.1, so 3 calls never give a verdict at 95 %; 4 can.
 
+A stage (not the whole call) whose medians differ by less than 1 % of the call's median wall time
+gets no verdict whatever the statistics say: small stages shift by microseconds between
+processes, which is real and immaterial.
+
 Groups measured in only one run are listed as such (`only_in_a`, `only_in_b`), as are stages
 recorded in only one run. Medians of zero give no ratio (both zero: no change).
 
@@ -42,6 +46,7 @@ compares the two interleaved halves of one run (records' `aa_half`): the noise b
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import zlib
@@ -58,6 +63,7 @@ FASTER = "faster"
 SLOWER = "slower"
 NO_CHANGE = "no detectable change"
 TOO_FEW = "too few calls"
+MIN_SHARE_OF_CALL = 0.01  # a stage verdict needs a change of at least this share of the call
 UNDEFINED = "ratio undefined (one median is 0)"
 MIN_CALLS = 3
 DEFAULT_MIN_EFFECT = 0.02
@@ -289,10 +295,17 @@ def compare_runs(records_a: list[dict], records_b: list[dict], *, confidence: fl
     rows, notes = [], []
     for workload, target in common:
         stages = list(dict.fromkeys([WALL, *sa[(workload, target)], *sb[(workload, target)]]))
+        wall_a = float(np.median(sa[(workload, target)][WALL]))
         for stage in stages:
-            rows.append(_compare_samples(workload, target, stage, sa[(workload, target)].get(stage),
-                                         sb[(workload, target)].get(stage), confidence=confidence,
-                                         min_effect=min_effect, resamples=int(resamples), seed=seed, method=method))
+            row = _compare_samples(workload, target, stage, sa[(workload, target)].get(stage),
+                                   sb[(workload, target)].get(stage), confidence=confidence,
+                                   min_effect=min_effect, resamples=int(resamples), seed=seed, method=method)
+            if (stage != WALL and row.verdict in (SLOWER, FASTER)
+                    and abs(row.median_b - row.median_a) < MIN_SHARE_OF_CALL * wall_a):
+                # A shift of a tiny stage (a few µs between processes) is real but immaterial: a
+                # stage verdict needs a change of at least 1 % of the whole call.
+                row = dataclasses.replace(row, verdict=NO_CHANGE)
+            rows.append(row)
         if min_effect > 0:
             for label, s in ((label_a, sa), (label_b, sb)):
                 w = spread_warning(s[(workload, target)][WALL], min_effect, confidence=confidence)
@@ -438,25 +451,25 @@ def _num(x: float | None, fmt: str = "{:.3f}") -> str:
 
 
 def comparison_table(comparison: Comparison):
-    """A rich Table: one row per (workload, target, stage), then the groups measured in one run only."""
-    from rich.markup import escape
-    from rich.table import Table
+    """A FitTable (fits any console width, never cuts a number): one row per (workload, target,
+    stage), then the groups measured in one run only."""
+    from rich.text import Text
+
+    from dohnuts.bench.analysis.render import Col, FitTable
 
     colour = {SLOWER: "red", FASTER: "green"}
-    t = Table(title=f"B over A (A = {comparison.label_a}, B = {comparison.label_b}); median ms; "
-                    f"{100 * comparison.confidence:g}% bootstrap interval of the ratio; Mann-Whitney p; "
-                    f"changes under {100 * comparison.min_effect:g}% are not verdicts")
-    for col in ("workload", "target", "stage"):
-        t.add_column(col)
-    for col in ("median A", "median B", "ratio", "CI low–high", "p-value"):
-        t.add_column(col, justify="right")
-    t.add_column("verdict", no_wrap=True)
+    t = FitTable(f"B over A (A = {comparison.label_a}, B = {comparison.label_b}); median ms; "
+                 f"{100 * comparison.confidence:g}% bootstrap interval of the ratio; Mann-Whitney p; "
+                 f"changes under {100 * comparison.min_effect:g}% (or under 1% of the call) are not verdicts",
+                 [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("stage", "left"),
+                  Col("median A"), Col("median B"), Col("ratio"), Col("CI low–high"), Col("p-value"),
+                  Col("verdict", "left")],
+                 sections=2, groups=[(3, 4), (5, 6), (7, 8)])
     for r in comparison.rows:
         ci = "—" if r.ci_low is None else f"{_num(r.ci_low)}–{_num(r.ci_high)}"
         p = "—" if r.p_value is None else f"{r.p_value:.2g}"
-        v = f"[{colour[r.verdict]}]{r.verdict}[/]" if r.verdict in colour else r.verdict
-        t.add_row(escape(r.workload), escape(r.target), escape(r.stage), _ms(r.median_a), _ms(r.median_b),
-                  _num(r.ratio, "{:.3f}×"), ci, p, v)
+        v = Text(r.verdict, style=colour[r.verdict]) if r.verdict in colour else r.verdict
+        t.add_row(r.workload, r.target, r.stage, _ms(r.median_a), _ms(r.median_b), _num(r.ratio, "{:.3f}×"), ci, p, v)
     for (w, tg), where_ in [*((k, "A") for k in comparison.only_in_a), *((k, "B") for k in comparison.only_in_b)]:
-        t.add_row(escape(w), escape(tg), "—", "—", "—", "—", "—", "—", f"only in {where_}")
+        t.add_row(w, tg, "—", "—", "—", "—", "—", "—", f"only in {where_}")
     return t
