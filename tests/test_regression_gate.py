@@ -22,7 +22,7 @@ def _gate_module():
 
 
 def _bench(out: Path, slowdown: float = 1.0) -> Path:
-    env = dict(os.environ, DOHNUTS_BENCH_ROUNDS="15", DOHNUTS_BENCH_SLOWDOWN=str(slowdown),
+    env = dict(os.environ, DOHNUTS_BENCH_ROUNDS="20", DOHNUTS_BENCH_SLOWDOWN=str(slowdown),
                DOHNUTS_BENCH_THREADS="1")
     subprocess.run([sys.executable, "-m", "pytest", "-q", str(ROOT / "benchmarks" / "test_regressions.py"),
                     "-k", "predict_call", "--benchmark-enable", "--benchmark-save-data", f"--benchmark-json={out}",
@@ -37,7 +37,7 @@ def test_gate_catches_an_injected_2x_slowdown_and_passes_an_unchanged_rerun(tmp_
     gate = _gate_module()
     base = [gate.timings(_bench(tmp_path / f"base{i}.json")) for i in range(2)]
     p10, med, p90 = np.percentile(base[0]["test_predict_call"], [10, 50, 90])
-    if (p90 - p10) / med > 0.3:  # another process is loading this machine: no timing can decide now
+    if (p90 - p10) / med > 1.0:  # the machine is thrashing: no timing can decide now
         pytest.skip(f"the machine is too noisy for a timing gate now (spread {(p90 - p10) / med:.0%})")
     again = gate.timings(_bench(tmp_path / "again.json"))
     slowed = gate.timings(_bench(tmp_path / "slow.json", slowdown=2.0))
