@@ -12,6 +12,7 @@ status is 2 if any line was refused (0 otherwise).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -25,24 +26,107 @@ def _progress():
                     transient=False, disable=not sys.stderr.isatty())
 
 
-def cmd_predict(args) -> int:
-    import dohnuts.api as api
-    from dohnuts.runtime.predict import Predictor, RequestFailure
-    from dohnuts.runtime.requests import read_requests
-
+def _predict_paths(args) -> tuple[Path, Path | None]:
+    """The input and the output (None: stdout) of `predict`, checked before anything is loaded or
+    written: the output must not be the input (same file through any path, symlink or hard link:
+    opening it for writing would truncate the requests before they are read)."""
     src = Path(args.requests)
     if not src.exists():
         raise DohnutsError("does not exist", source=str(src))
-    total = sum(1 for line in src.open(encoding="utf-8") if line.strip())
-    model = api.load(args.model, adapter=args.adapter, device=args.device)
+    if src.is_dir():
+        raise DohnutsError("is a directory, not a JSONL file", source=str(src))
+    if args.output == "-":
+        try:
+            same = os.path.samestat(os.fstat(sys.stdout.fileno()), os.stat(src))
+        except (OSError, ValueError, AttributeError):  # stdout captured or closed: not a file
+            same = False
+        if same:
+            raise DohnutsError("standard output is redirected to this input file; the results would overwrite "
+                               "or follow the requests (use -o with another file)", source=str(src))
+        return src, None
+    out = Path(args.output)
+    if out.is_dir():
+        raise DohnutsError("is a directory; -o needs a file path", source=str(out))
+    if out.exists() and os.path.samefile(src, out):
+        raise DohnutsError(f"is the input file {src}: writing it would destroy the requests (choose another -o)",
+                           source=str(out))
+    parent = out.parent
+    if not parent.is_dir():
+        why = "is not a directory" if parent.exists() else "does not exist"
+        raise DohnutsError(f"cannot be created: the folder {parent} {why}", source=str(out))
+    return src, out
+
+
+def _predict_device(spec: str | None) -> str | None:
+    """`--device` checked before the model is built: cpu, cuda or cuda:N of a visible GPU."""
+    if spec is None:
+        return None
+    import torch
+
+    where = f"--device {spec}"
+    try:
+        dev = torch.device(spec)
+    except (RuntimeError, ValueError):
+        raise DohnutsError("is not a device (use cpu, cuda or cuda:N)", source=where) from None
+    if dev.type == "cpu":
+        return spec
+    if dev.type != "cuda":
+        raise DohnutsError(f"device type '{dev.type}' is not supported (use cpu, cuda or cuda:N)", source=where)
+    if not torch.cuda.is_available():
+        raise DohnutsError("CUDA is not available (this torch has no CUDA, or no GPU is visible); use --device cpu",
+                           source=where)
+    n = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= n:
+        raise DohnutsError(f"only {n} CUDA device(s) are visible (cuda:0 to cuda:{n - 1})", source=where)
+    return spec
+
+
+def _open_output(out: Path | None):
+    if out is None:
+        return sys.stdout
+    try:
+        return open(out, "w", encoding="utf-8")
+    except OSError as exc:
+        raise DohnutsError(f"cannot be written ({exc.strerror or exc})", source=str(out)) from None
+
+
+def _failure_line(src: Path, failure) -> str:
+    """A refused line's message on stderr, always `file:line: ...` (an image error names the image)."""
+    if failure.line is None:
+        return failure.error
+    where = f"{src}:{failure.line}"
+    return failure.error if failure.error.startswith(where + ":") else f"{where}: {failure.error}"
+
+
+def _quiet_stdout() -> None:
+    """After the reader of stdout went away (`dohnuts predict r.jsonl | head -1`): point stdout's
+    file descriptor at /dev/null, so that the interpreter's final flush of sys.stdout cannot raise
+    BrokenPipeError again (the recipe of the Python docs, signal module, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def cmd_predict(args) -> int:
+    import dohnuts.api as api
+    from dohnuts.runtime.predict import Predictor, RequestFailure
+    from dohnuts.runtime.requests import count_requests, read_requests
+
+    src, out_path = _predict_paths(args)
+    device = _predict_device(args.device)
+    total = count_requests(src) if src.is_file() else None  # a pipe (/dev/stdin) can be read once only
+    model = api.load(args.model, adapter=args.adapter, device=device)
     if args.adapter:
         # Deployment merges (the seed): the adapters are folded into the base, no adapter cost.
         n = model.merge_lora()
         print(f"dohnuts: merged {n} LoRA adapters of {args.adapter} into the base weights for prediction "
               f"(temperature {model.temperature:.3f})", file=sys.stderr)
+    out = _open_output(out_path)
     predictor = Predictor(model, share_prefix=not args.no_share_prefix)
-    refused = 0
-    out = open(args.output, "w", encoding="utf-8") if args.output != "-" else sys.stdout
+    done = refused = 0
     try:
         items = ((f"{src}:{n}", item) for n, item in read_requests(src))
         with _progress() as bar:
@@ -50,26 +134,67 @@ def cmd_predict(args) -> int:
             for result in predictor.run(items):
                 if isinstance(result, RequestFailure):
                     refused += 1
-                    print(f"dohnuts: {result.error}", file=sys.stderr)
-                out.write(result.to_json() + "\n")
-                out.flush()
+                    print(f"dohnuts: {_failure_line(src, result)}", file=sys.stderr)
+                try:
+                    out.write(result.to_json() + "\n")
+                    out.flush()
+                except BrokenPipeError:
+                    raise  # main(): the reader of stdout has gone (`| head`), stop quietly
+                except OSError as exc:
+                    raise DohnutsError(f"cannot be written ({exc.strerror or exc}); the {done} records before "
+                                       "are kept", source=str(out_path or "<stdout>")) from None
+                done += 1
                 bar.advance(task)
     finally:
         predictor.close()
         if out is not sys.stdout:
-            out.close()
-    print(f"dohnuts: scored {total - refused} of {total} requests"
+            try:
+                out.close()
+            except OSError:
+                pass  # every complete record was flushed already; the error above says what failed
+    print(f"dohnuts: scored {done - refused} of {done} requests"
           + (f", refused {refused} (see the error records)" if refused else ""), file=sys.stderr)
     return 2 if refused else 0
 
 
 def cmd_train(args) -> int:
+    import math
+
     from dohnuts.model.lora import LoRAConfig
     from dohnuts.runtime.requests import read_requests
     from dohnuts.train.objective import RLCDConfig
     from dohnuts.train.step import OptimConfig
     from dohnuts.train.task import synthetic_requests
-    from dohnuts.train.trainer import Partitions, TrainConfig, Trainer
+    from dohnuts.train.trainer import (Partitions, TrainConfig, Trainer, check_resumable, check_run_dir,
+                                       data_fingerprint, read_checkpoint)
+
+    # Arguments first (one line naming the argument, exit status 2), before anything is read or written.
+    def need(ok: bool, arg: str, value, why: str) -> None:
+        if not ok:
+            raise DohnutsError(f"{why}, got {value!r}", source=arg)
+
+    need(args.updates >= 0, "--updates", args.updates, "must be ≥ 0")
+    need(args.eval_every >= 1, "--eval-every", args.eval_every, "must be ≥ 1")
+    need(args.synthetic_train >= 1, "--synthetic-train", args.synthetic_train, "must be ≥ 1")
+    need(math.isfinite(args.lr) and args.lr > 0, "--lr", args.lr, "must be a finite number > 0")
+    need(args.max_grad_norm > 0, "--max-grad-norm", args.max_grad_norm, "must be a number > 0 (inf: no clipping)")
+    need(args.lora_rank >= 1, "--lora-rank", args.lora_rank, "must be ≥ 1")
+    need(math.isfinite(args.lora_alpha) and args.lora_alpha > 0, "--lora-alpha", args.lora_alpha,
+         "must be a finite number > 0")
+    need(math.isfinite(args.margin_weight) and args.margin_weight >= 0, "--margin-weight", args.margin_weight,
+         "must be a finite number ≥ 0")
+    need(math.isfinite(args.margin), "--margin", args.margin, "must be a finite number")
+    splits = ("train", "dev", "calib", "test")
+    if args.data:
+        root = Path(args.data)
+        if not root.is_dir():
+            raise DohnutsError("is not a directory" if root.exists() else "does not exist", source=f"--data {root}")
+        for split in splits:
+            if not (root / f"{split}.jsonl").is_file():
+                raise DohnutsError(f"does not exist (--data needs {', '.join(x + '.jsonl' for x in splits)})",
+                                   source=str(root / f"{split}.jsonl"))
+    # A finished or started run is never overwritten; --resume needs something to resume.
+    ckpt = check_run_dir(args.out, resume=args.resume)
 
     def load_split(path):
         reqs = []
@@ -80,11 +205,12 @@ def cmd_train(args) -> int:
                 raise DohnutsError("training data needs 'answer' or 'rewards' on every question",
                                    source=f"{path}:{n}", field="questions")
             reqs.append(item)
+        if not reqs:
+            raise DohnutsError("holds no requests", source=str(path))
         return reqs
 
     if args.data:
-        root = Path(args.data)
-        data = Partitions(*(load_split(root / f"{s}.jsonl") for s in ("train", "dev", "calib", "test")))
+        data = Partitions(*(load_split(root / f"{split}.jsonl") for split in splits))
     else:
         s = args.seed
         data = Partitions(
@@ -99,7 +225,10 @@ def cmd_train(args) -> int:
         optim=OptimConfig(lr=args.lr, max_grad_norm=args.max_grad_norm),
         objective=RLCDConfig(margin_weight=args.margin_weight, margin=args.margin),
         initialize_from=args.initialize_from, device=args.device,
+        data=args.data or f"synthetic:{args.synthetic_train}",
     )
+    if ckpt is not None:  # changed arguments are refused before the model is loaded
+        check_resumable(read_checkpoint(ckpt), cfg, data_fingerprint(data), str(args.out))
     log = lambda msg: print(f"dohnuts: {msg}", file=sys.stderr)  # noqa: E731
     trainer = Trainer(cfg, data, log=log)
     try:
@@ -121,7 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dohnuts", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
 
-    pr = sub.add_parser("predict", help="score the candidates of every request in a JSONL file")
+    pr = sub.add_parser("predict", help="score the candidates of every request in a JSONL file",
+                        epilog="exit status: 0 every line scored; 2 bad input, or some lines refused (their error "
+                        "records are in the output); 141 (128 + SIGPIPE, as a process killed by SIGPIPE) when "
+                        "the reader of stdout closed it early, e.g. `dohnuts predict r.jsonl | head -1`: the "
+                        "run stops quietly, without a traceback")
     pr.add_argument("requests", help="JSONL file, one request per line (see README 'Requests')")
     pr.add_argument("-o", "--output", default="-", help="output JSONL (default: stdout)")
     pr.add_argument("--model", default="tiny", help="preset name or checkpoint directory (default: tiny)")
@@ -146,7 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--margin", type=float, default=1.0, help="RLCD m")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--initialize-from", help="start from a verified adapter file instead of fresh adapters")
-    tr.add_argument("--resume", action="store_true", help="continue the run in --out from its last state")
+    tr.add_argument("--resume", action="store_true",
+                    help="continue the run in --out from its last committed checkpoint, with the arguments it "
+                    "started with (only --updates, to train longer, and --device may change); without it, an --out "
+                    "that holds a run is refused")
     tr.add_argument("--device")
     tr.set_defaults(func=cmd_train)
     return p
@@ -162,6 +298,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("dohnuts: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader of stdout closed it (`dohnuts predict r.jsonl | head -1`): stop without a
+        # traceback and exit as a process killed by SIGPIPE reads in a shell (128 + 13), so that
+        # `set -o pipefail` still sees the output was cut short. Python ignores SIGPIPE; the docs
+        # advise against restoring SIG_DFL, and redirect stdout to devnull instead (_quiet_stdout).
+        _quiet_stdout()
+        return 141
 
 
 if __name__ == "__main__":

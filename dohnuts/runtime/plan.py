@@ -74,6 +74,17 @@ def plan_request(req: Request, tokenizer, *, max_len: int, image_tokens: int = 0
     seqs, positions = [], []
     for qi, q in enumerate(req.questions):
         ids = head + tokenizer.encode(f"Question: {q.text}\n")
+        if len(ids) >= max_len:  # no room left for a candidate: blame what filled the context
+            if len(head) < max_len:
+                what, field = "question", f"questions[{qi}].text"
+            elif image_tokens and image_tokens + 2 >= max_len:
+                what, field = "image", "image"
+            else:
+                what, field = "prefix", "prefix"
+            raise RequestError(
+                f"the {what} brings the sequence to {len(ids)} tokens before any candidate, over the context "
+                f"of {max_len}", source=source or req.id, field=field,
+            )
         pos = []
         for ci, cand in enumerate(q.candidates):
             ids += tokenizer.encode(f"Answer: {cand}")
