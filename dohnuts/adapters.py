@@ -8,6 +8,7 @@ the identity and refuses a mismatch naming the file and the field.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -16,6 +17,28 @@ from dohnuts.errors import CheckpointError
 from dohnuts.model.lora import LoRAConfig, lora_state_dict
 
 FORMAT = "dohnuts-adapter-1"
+
+
+def fsync_file(path: str | Path) -> None:
+    """Flush a written file's data to the disk (before a rename makes it visible)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Flush a directory's entries (a rename or a new file in it) to the disk; a no-op where
+    directories cannot be opened (Windows)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def adapter_tensors(session) -> dict[str, torch.Tensor]:
@@ -45,7 +68,9 @@ def save_adapter(session, path: str | Path, extra: dict | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     save_file(adapter_tensors(session), str(tmp), metadata=meta)
-    tmp.replace(path)  # atomic: an interrupted save never leaves a half-written adapter
+    fsync_file(tmp)
+    os.replace(tmp, path)  # atomic: an interrupted save never leaves a half-written adapter
+    fsync_dir(path.parent)
 
 
 def read_adapter(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:

@@ -1,0 +1,460 @@
+"""`dohnuts train` never loses or mixes a run: a started run is not overwritten, --resume continues
+only with the run's own arguments, a checkpoint is one atomic unit (interrupting its write at any
+step resumes consistently and ends equal to an uninterrupted run), the state is stored without
+pickle, the log reads as one run in strict JSON, non-finite numbers stop training, and bad
+arguments end in one line with exit status 2."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+from contextlib import contextmanager
+from dataclasses import replace
+
+import pytest
+import safetensors.torch
+import torch
+
+from dohnuts.adapters import adapter_tensors, read_adapter
+from dohnuts.cli import main
+from dohnuts.errors import CheckpointError, ConfigError
+from dohnuts.model.lora import LoRAConfig
+from dohnuts.runtime.requests import Question, Request
+from dohnuts.train.step import Updater
+from dohnuts.train.task import synthetic_requests
+from dohnuts.train.trainer import (CHECKPOINTS, POINTER, Partitions, TrainConfig, Trainer, checkpoint_adapter,
+                                   latest_checkpoint, strict_json)
+
+
+def _data():
+    return Partitions(train=synthetic_requests(12, questions=2, seed=1), dev=synthetic_requests(3, questions=2, seed=2),
+                      calib=synthetic_requests(3, questions=2, seed=3), test=synthetic_requests(3, questions=2, seed=4))
+
+
+def _cfg(out, updates, **kw):
+    return TrainConfig(model="tiny", out=str(out), updates=updates, eval_every=2, warmup=2,
+                       lora=LoRAConfig(rank=2), **kw)
+
+
+def _strict_lines(path):
+    """The log's records, refusing NaN/Infinity (strict JSON)."""
+    def no_constant(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+
+    return [json.loads(line, parse_constant=no_constant) for line in path.read_text().splitlines()]
+
+
+def _updates(log, kind="update"):
+    return [r["update"] for r in log if r["kind"] == kind]
+
+
+def _snapshot(root):
+    """{relative path: sha256} of every file under root."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _text_data(root, n_train=8):
+    root.mkdir(parents=True)
+    for split, n, seed in (("train", n_train, 1), ("dev", 2, 2), ("calib", 2, 3), ("test", 2, 4)):
+        lines = [json.dumps({"id": r.id, "questions": [
+            {"id": q.id, "text": q.text, "candidates": list(q.candidates), "rewards": list(q.rewards)}
+            for q in r.questions]}) for r in synthetic_requests(n, questions=2, seed=seed, id_prefix=split)]
+        (root / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def _common(data):
+    return ["train", "--model", "tiny", "--data", str(data), "--eval-every", "2", "--lora-rank", "2",
+            "--device", "cpu"]
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("dohnuts: error:")]
+    assert len(errors) == 1, err
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished CLI run (2 updates) and its data; tests copy it before touching it."""
+    root = tmp_path_factory.mktemp("finished")
+    data = _text_data(root / "data")
+    assert main([*_common(data), "--out", str(root / "run"), "--updates", "2"]) == 0
+    return root
+
+
+def _copy(finished, tmp_path):
+    shutil.copytree(finished / "data", tmp_path / "data")
+    shutil.copytree(finished / "run", tmp_path / "run")
+    return tmp_path / "data", tmp_path / "run"
+
+
+# -- 1. a started or finished run is never overwritten ------------------------------------------
+
+
+def test_fresh_start_into_a_finished_run_is_refused(finished, tmp_path, capsys):
+    data, run = _copy(finished, tmp_path)
+    before = _snapshot(run)
+    assert main([*_common(data), "--out", str(run), "--updates", "2"]) == 2
+    line = _error_line(capsys)
+    assert str(run) in line and "--resume" in line and "new --out" in line
+    assert _snapshot(run) == before  # best.safetensors, the log, the summary: untouched
+
+
+def test_fresh_start_into_a_started_run_is_refused(tmp_path, capsys):
+    """A run interrupted mid-way (a checkpoint and a log, no summary) is not restarted either."""
+    t = Trainer(_cfg(tmp_path / "run", 6), _data(), log=lambda m: None)
+    t.train(stop_at=3)
+    t.close()
+    before = _snapshot(tmp_path / "run")
+    with pytest.raises(CheckpointError, match="already holds a training run.*--resume"):
+        Trainer(_cfg(tmp_path / "run", 6), _data(), log=lambda m: None).train()
+    data = _text_data(tmp_path / "data")
+    assert main([*_common(data), "--out", str(tmp_path / "run"), "--updates", "6"]) == 2
+    assert "--resume" in _error_line(capsys)
+    assert _snapshot(tmp_path / "run") == before
+
+
+def test_resume_with_nothing_to_resume(tmp_path, capsys):
+    data = _text_data(tmp_path / "data")
+    # A folder holding a log but no committed checkpoint: refused, untouched.
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train_log.jsonl").write_text('{"kind": "dev", "update": 0}\n')
+    assert main([*_common(data), "--out", str(run), "--updates", "2", "--resume"]) == 2
+    assert "nothing to resume" in _error_line(capsys)
+    assert (run / "train_log.jsonl").read_text() == '{"kind": "dev", "update": 0}\n'
+    # An older layout (state.pt + last.safetensors) is refused by name, with or without --resume.
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "state.pt").write_bytes(b"\x80\x04")
+    for extra in ([], ["--resume"]):
+        assert main([*_common(data), "--out", str(old), "--updates", "2", *extra]) == 2
+        assert "older dohnuts layout" in _error_line(capsys)
+    # --resume into a new folder is a fresh start.
+    assert main([*_common(data), "--out", str(tmp_path / "new"), "--updates", "2", "--resume"]) == 0
+    assert latest_checkpoint(tmp_path / "new").name == "update-000002"
+
+
+# -- 3. --resume continues only with the run's own arguments -------------------------------------
+
+
+@pytest.mark.parametrize("arg, value, name", [
+    ("--lr", "1e-3", "--lr"), ("--margin", "2", "--margin"), ("--margin-weight", "0.1", "--margin-weight"),
+    ("--lora-rank", "4", "--lora-rank"), ("--lora-alpha", "8", "--lora-alpha"), ("--seed", "1", "--seed"),
+    ("--eval-every", "1", "--eval-every"), ("--max-grad-norm", "2", "--max-grad-norm"),
+    ("--updates", "1", "--updates"),  # below the checkpoint's update
+])
+def test_resume_refuses_changed_arguments(finished, tmp_path, capsys, arg, value, name):
+    data, run = _copy(finished, tmp_path)
+    before = _snapshot(run)
+    args = [*_common(data), "--out", str(run), "--updates", "2", "--resume"]
+    if arg in args:
+        args[args.index(arg) + 1] = value
+    else:
+        args += [arg, value]
+    assert main(args) == 2
+    line = _error_line(capsys)
+    assert f"{name} is " in line and str(run) in line
+    assert ("started with" if arg != "--updates" else "already at update 2") in line
+    assert _snapshot(run) == before
+
+
+def test_resume_refuses_other_data(finished, tmp_path, capsys):
+    data, run = _copy(finished, tmp_path)
+    before = _snapshot(run)
+    other = _text_data(tmp_path / "other", n_train=9)
+    assert main([*_common(other), "--out", str(run), "--updates", "2", "--resume"]) == 2
+    assert "--data" in _error_line(capsys)
+    # Same folder, different content.
+    (data / "train.jsonl").write_text("\n".join((data / "train.jsonl").read_text().splitlines()[:-1]) + "\n")
+    assert main([*_common(data), "--out", str(run), "--updates", "2", "--resume"]) == 2
+    assert "--data: the train requests differ" in _error_line(capsys)
+    assert _snapshot(run) == before
+
+
+def test_resume_may_raise_updates_and_keeps_the_schedule(finished, tmp_path, capsys):
+    data, run = _copy(finished, tmp_path)
+    assert main([*_common(data), "--out", str(run), "--updates", "4", "--resume"]) == 0
+    log = _strict_lines(run / "train_log.jsonl")
+    assert _updates(log) == [1, 2, 3, 4] and _updates(log, "dev") == [0, 2, 4]
+    assert _updates(log, "summary") == [4]  # the first finish's summary record was cut with the log
+    assert json.loads((run / "summary.json").read_text())["test_questions"] == 4
+    # Trainer level: the learning-rate schedule keeps the span it was laid out for (4 updates);
+    # the updates beyond it run at its final rate (0.1 × lr), those before are unchanged.
+    t = Trainer(_cfg(tmp_path / "t", 4), _data(), log=lambda m: None)
+    t.train()
+    t.close()
+    first = [r["lr"] for r in _strict_lines(tmp_path / "t" / "train_log.jsonl") if r["kind"] == "update"]
+    longer = Trainer(_cfg(tmp_path / "t", 6), _data(), log=lambda m: None)
+    assert longer.resume() and longer.update == 4
+    longer.train()
+    lrs = [r["lr"] for r in _strict_lines(tmp_path / "t" / "train_log.jsonl") if r["kind"] == "update"]
+    assert lrs[:4] == first and lrs[4:] == pytest.approx([0.1 * 2e-3] * 2)
+
+
+# -- 2. non-finite numbers ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loss, norm", [(float("nan"), 1.0), (0.5, float("inf"))])
+def test_nonfinite_update_stops_training_and_keeps_the_checkpoint(finished, tmp_path, capsys, monkeypatch, loss,
+                                                                   norm):
+    data = finished / "data"
+    run = tmp_path / "run"
+    original = Updater._update
+    calls = []
+
+    def poisoned(self, futures, timer):
+        res = original(self, futures, timer)
+        calls.append(1)
+        return replace(res, loss=loss, grad_norm=norm) if len(calls) == 3 else res
+
+    monkeypatch.setattr(Updater, "_update", poisoned)
+    assert main([*_common(data), "--out", str(run), "--updates", "4"]) == 2
+    line = _error_line(capsys)
+    assert "update 3:" in line and "not finite" in line and "update 2" in line
+    assert latest_checkpoint(run).name == "update-000002"
+    manifest = json.loads((latest_checkpoint(run) / "manifest.json").read_text())
+    assert hashlib.sha256((run / "best.safetensors").read_bytes()).hexdigest() == \
+        manifest["files"]["best.safetensors"]["sha256"]  # the selection as of update 2
+    log = _strict_lines(run / "train_log.jsonl")  # strict JSON: no NaN / Infinity
+    err = [r for r in log if r["kind"] == "error"]
+    assert len(err) == 1 and err[0]["update"] == 3
+    bad = "loss" if math.isnan(loss) else "grad_norm"
+    assert err[0][bad] is None and err[0]["nonfinite"] == [bad]
+    assert _updates(log) == [1, 2]  # the poisoned update was never counted
+    # With the cause gone, --resume continues from update 2; the log reads as one run.
+    monkeypatch.setattr(Updater, "_update", original)
+    assert main([*_common(data), "--out", str(run), "--updates", "4", "--resume"]) == 0
+    log = _strict_lines(run / "train_log.jsonl")
+    assert _updates(log) == [1, 2, 3, 4] and not [r for r in log if r["kind"] == "error"]
+
+
+def test_nonfinite_rewards_never_reach_the_objective(tmp_path):
+    data = _data()
+    q = Question("q", "which?", ("a", "b"), rewards=(float("nan"), 1.0))
+    data.train = [*data.train[:-1], Request(id="bad", questions=(q,))]
+    with pytest.raises(ConfigError, match="train request 'bad'.*non-finite reward"):
+        Trainer(_cfg(tmp_path / "run", 2), data)
+    assert not (tmp_path / "run").exists()
+
+
+def test_strict_json_names_nonfinite_values():
+    line = strict_json({"loss": float("nan"), "m": {"nll": float("inf")}, "ok": 1.5})
+    assert json.loads(line) == {"loss": None, "m": {"nll": None}, "ok": 1.5, "nonfinite": ["loss", "m.nll"]}
+
+
+# -- 6. argument validation ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, name", [
+    (["--eval-every", "0"], "--eval-every"), (["--eval-every", "-2"], "--eval-every"),
+    (["--synthetic-train", "0"], "--synthetic-train"), (["--lr", "nan"], "--lr"), (["--lr", "inf"], "--lr"),
+    (["--lr", "0"], "--lr"), (["--lr=-1e-3"], "--lr"), (["--updates", "-1"], "--updates"),
+    (["--max-grad-norm", "0"], "--max-grad-norm"), (["--max-grad-norm", "nan"], "--max-grad-norm"),
+    (["--lora-rank", "0"], "--lora-rank"), (["--lora-rank", "-3"], "--lora-rank"),
+    (["--margin", "nan"], "--margin"), (["--margin-weight", "inf"], "--margin-weight"),
+    (["--lora-alpha", "nan"], "--lora-alpha"),
+    (["--data", "MISSING"], "MISSING"),
+])
+def test_bad_arguments_end_in_one_line(tmp_path, capsys, args, name):
+    args = [a.replace("MISSING", str(tmp_path / "missing")) for a in args]
+    name = name.replace("MISSING", str(tmp_path / "missing"))
+    assert main(["train", "--model", "tiny", "--out", str(tmp_path / "run"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dohnuts: error:") and name in err, err
+    assert not (tmp_path / "run").exists()  # nothing was written
+
+
+def test_missing_split_file_is_named(tmp_path, capsys):
+    data = _text_data(tmp_path / "data")
+    (data / "calib.jsonl").unlink()
+    assert main([*_common(data), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(data / "calib.jsonl") in err
+    (data / "calib.jsonl").write_text("\n")
+    assert main([*_common(data), "--out", str(tmp_path / "run")]) == 2
+    assert "holds no requests" in _error_line(capsys) and not (tmp_path / "run").exists()
+
+
+# -- 4, 5, 7. the checkpoint: one directory, no pickle, verified; the log cut back on resume -----
+
+
+def test_checkpoint_layout_without_pickle(tmp_path):
+    t = Trainer(_cfg(tmp_path / "run", 4), _data(), log=lambda m: None)
+    t.train()
+    t.close()
+    root = tmp_path / "run" / CHECKPOINTS
+    assert sorted(p.name for p in root.iterdir()) == [POINTER, "update-000004"]  # the older ones are gone
+    ckpt = latest_checkpoint(tmp_path / "run")
+    assert sorted(p.name for p in ckpt.iterdir()) == ["adapter.safetensors", "best.safetensors", "manifest.json",
+                                                      "state.safetensors"]
+    assert not list((tmp_path / "run").glob("*.pt"))
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    assert manifest["update"] == 4 and manifest["config"]["optim.lr"] == 2e-3
+    state = safetensors.torch.load_file(str(ckpt / "state.safetensors"))
+    assert "rng.torch" in state and any(k.endswith(".exp_avg") for k in state)
+    # A damaged checkpoint file is refused by name.
+    blob = bytearray((ckpt / "state.safetensors").read_bytes())
+    blob[-1] ^= 0xFF
+    (ckpt / "state.safetensors").write_bytes(bytes(blob))
+    with pytest.raises(CheckpointError, match="state.safetensors.*damaged"):
+        Trainer(_cfg(tmp_path / "run", 4), _data(), log=lambda m: None).resume()
+    # A pointer naming a directory that is not there is refused too.
+    (root / POINTER).write_text("update-000099\n")
+    with pytest.raises(CheckpointError, match="latest"):
+        Trainer(_cfg(tmp_path / "run", 4), _data(), log=lambda m: None).resume()
+
+
+def test_resume_cuts_the_log_back_to_the_checkpoint(tmp_path):
+    t = Trainer(_cfg(tmp_path / "run", 6), _data(), log=lambda m: None)
+    t.train(stop_at=3)  # update 3 is logged after the checkpoint of update 2
+    t.close()
+    assert _updates(_strict_lines(tmp_path / "run" / "train_log.jsonl")) == [1, 2, 3]
+    messages = []
+    r = Trainer(_cfg(tmp_path / "run", 6), _data(), log=messages.append)
+    assert r.resume() and r.update == 2
+    assert _updates(_strict_lines(tmp_path / "run" / "train_log.jsonl")) == [1, 2]
+    assert any("dropped 1 records" in m for m in messages)
+    r.train()
+    log = _strict_lines(tmp_path / "run" / "train_log.jsonl")
+    assert _updates(log) == [1, 2, 3, 4, 5, 6] and _updates(log, "dev") == [0, 2, 4, 6]
+
+
+# -- 8. interrupting a checkpoint write at every step ------------------------------------------
+
+
+class Crash(Exception):
+    """The simulated interruption (not an OSError: nothing may catch and continue)."""
+
+
+_TARGETS = [(os, "replace"), (os, "rename"), (os, "fsync"), (os, "link"), (os, "mkdir"), (os, "unlink"),
+            (os, "rmdir"), (safetensors.torch, "save_file")]
+
+
+@contextmanager
+def _faults(monkeypatch, fail_at: int | None, counter: list):
+    """Count the file operations (write, fsync, rename, link, mkdir, delete); raise at number fail_at."""
+    with monkeypatch.context() as m:
+        for mod, name in _TARGETS:
+            fn = getattr(mod, name)
+
+            def wrapped(*a, _fn=fn, _name=name, **k):
+                counter.append(_name)
+                if len(counter) == fail_at:
+                    raise Crash(f"interrupted at {_name} (step {fail_at})")
+                return _fn(*a, **k)
+
+            m.setattr(mod, name, wrapped)
+        yield
+
+
+def _optimizer_tensors(trainer):
+    return {f"{pid}.{k}": v.clone() for pid, st in trainer.optimizer.state_dict()["state"].items()
+            for k, v in st.items()}
+
+
+def _equal(a: dict, b: dict):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def _small_data():
+    return Partitions(train=synthetic_requests(8, questions=1, candidates=3, seed=1),
+                      dev=synthetic_requests(2, questions=2, candidates=3, seed=2),
+                      calib=synthetic_requests(2, questions=1, seed=3), test=synthetic_requests(2, questions=1, seed=4))
+
+
+def test_interrupting_a_checkpoint_at_every_step_resumes_consistently(tmp_path, monkeypatch):
+    """Checkpoints at updates 0 (before anything else), 2 and 4 (the last). The write of the
+    checkpoint of update 4 (and then of the very first one) is interrupted at its k-th file
+    operation, for every k; --resume then starts from update 2 or 4 (0 or none for the first),
+    with adapters, optimizer, scheduler, best.safetensors and log all of that update, and ends
+    with the adapters, selection and log of the uninterrupted run."""
+    original = Trainer._save_checkpoint
+    reference = {}  # update → (adapters, optimizer tensors, best adapter tensors or None)
+
+    def recording(self):
+        original(self)
+        best = read_adapter(self.out / "best.safetensors")[0] if self.best["update"] is not None else None
+        adapters = {k: v.clone() for k, v in adapter_tensors(self.session).items()}  # (CPU: the live tensors)
+        reference[self.update] = (adapters, _optimizer_tensors(self), best)
+
+    def cfg(out):
+        return _cfg(out, 4)
+
+    monkeypatch.setattr(Trainer, "_save_checkpoint", recording)
+    full = Trainer(cfg(tmp_path / "full"), _small_data(), log=lambda m: None)
+    full.train(stop_at=2)
+    shutil.copytree(tmp_path / "full", tmp_path / "base")  # the run as it stands at update 2
+    full.train()
+    full.close()
+    final, final_log = checkpoint_adapter(tmp_path / "full")[0], _strict_lines(tmp_path / "full" / "train_log.jsonl")
+    assert sorted(reference) == [0, 2, 4] and reference[0][2] is None
+
+    def crashing(at_update, fail_at, counter):
+        def save(self):
+            if self.update != at_update or self.checkpoint == f"update-{at_update:06d}":
+                return original(self)
+            with _faults(monkeypatch, fail_at, counter):
+                original(self)
+        return save
+
+    def start(out, at_update):
+        """A trainer about to write the checkpoint of `at_update` (4: resumed from the copy at 2)."""
+        if at_update == 0:
+            return Trainer(cfg(out), _small_data(), log=lambda m: None)
+        shutil.copytree(tmp_path / "base", out)
+        t = Trainer(cfg(out), _small_data(), log=lambda m: None)
+        assert t.resume() and t.update == 2
+        return t
+
+    for at_update in (4, 0):
+        steps: list = []
+        monkeypatch.setattr(Trainer, "_save_checkpoint", crashing(at_update, None, steps))
+        t = start(tmp_path / f"count{at_update}", at_update)
+        t.train(stop_at=at_update)
+        t.close()
+        assert {"save_file", "fsync", "replace", "link" if at_update else "mkdir"} <= set(steps)
+        for k in range(1, len(steps) + 1):
+            out = tmp_path / f"crash{at_update}-{k}"
+            seen: list = []
+            monkeypatch.setattr(Trainer, "_save_checkpoint", crashing(at_update, k, seen))
+            t = start(out, at_update)
+            with pytest.raises(Crash):
+                t.train()
+            t.close()
+            where = f"checkpoint of update {at_update}, interrupted at step {k} of {len(steps)} ({seen[-1]})"
+            monkeypatch.setattr(Trainer, "_save_checkpoint", original)
+            r = Trainer(cfg(out), _small_data(), log=lambda m: None)
+            resumed = r.resume()  # the first checkpoint never committed: a fresh start is allowed
+            u = r.update
+            # The pointer names the checkpoint before (or none) or the new one, never a mix of the two.
+            assert u in ((2, 4) if at_update else (0,)) and (resumed or at_update == 0), where
+            if resumed:
+                adapters, optim, best = reference[u]
+                _equal(adapter_tensors(r.session), adapters)
+                _equal(_optimizer_tensors(r), optim)
+                assert r.scheduler.last_epoch == u, where
+                log = _strict_lines(out / "train_log.jsonl") if (out / "train_log.jsonl").exists() else []
+                assert _updates(log) == list(range(1, u + 1)), where
+                assert _updates(log, "dev") == ([] if best is None else list(range(0, u + 1, 2))), where
+                if best is not None:
+                    _equal(read_adapter(out / "best.safetensors")[0], best)
+            r.train(stop_at=2 if at_update == 0 else None)
+            r.close()
+            end = 2 if at_update == 0 else 4
+            _equal(checkpoint_adapter(out)[0], reference[end][0])
+            _equal(read_adapter(out / "best.safetensors")[0], reference[end][2])
+            log = _strict_lines(out / "train_log.jsonl")
+            assert _updates(log) == _updates(final_log)[:end], where
+            assert _updates(log, "dev") == list(range(0, end + 1, 2)), where
+            assert sorted(p.name for p in (out / CHECKPOINTS).iterdir()) == [POINTER, f"update-{end:06d}"], where
+    _equal(reference[4][0], final)
