@@ -165,8 +165,8 @@ def cmd_train(args) -> int:
     from dohnuts.train.objective import RLCDConfig
     from dohnuts.train.step import OptimConfig
     from dohnuts.train.task import synthetic_requests
-    from dohnuts.train.trainer import (Partitions, TrainConfig, Trainer, check_resumable, check_run_dir,
-                                       data_fingerprint, read_checkpoint)
+    from dohnuts.train.checkpoints import check_resumable, check_run_dir, data_fingerprint, read_checkpoint
+    from dohnuts.train.trainer import Partitions, TrainConfig, Trainer
 
     # Arguments first (one line naming the argument, exit status 2), before anything is read or written.
     def need(ok: bool, arg: str, value, why: str) -> None:

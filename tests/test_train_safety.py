@@ -25,8 +25,8 @@ from dohnuts.model.lora import LoRAConfig
 from dohnuts.runtime.requests import Question, Request
 from dohnuts.train.step import Updater
 from dohnuts.train.task import synthetic_requests
-from dohnuts.train.trainer import (CHECKPOINTS, POINTER, Partitions, TrainConfig, Trainer, checkpoint_adapter,
-                                   latest_checkpoint, strict_json)
+from dohnuts.train.checkpoints import CHECKPOINTS, POINTER, checkpoint_adapter, latest_checkpoint, strict_json
+from dohnuts.train.trainer import Partitions, TrainConfig, Trainer
 
 
 def _data():

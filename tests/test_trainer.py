@@ -10,7 +10,8 @@ import torch
 from dohnuts.errors import CheckpointError
 from dohnuts.model.lora import LoRAConfig
 from dohnuts.train.task import synthetic_requests
-from dohnuts.train.trainer import Partitions, TrainConfig, Trainer, checkpoint_adapter, microbatch_order
+from dohnuts.train.checkpoints import checkpoint_adapter
+from dohnuts.train.trainer import Partitions, TrainConfig, Trainer, microbatch_order
 
 
 def _data():

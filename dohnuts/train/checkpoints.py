@@ -1,0 +1,350 @@
+"""The run directory of `dohnuts train`: its checkpoints, their atomic switch, and what a resumed
+run may change.
+
+The run directory (`--out`):
+
+    checkpoints/update-000040/   one checkpoint = one directory, complete or ignored:
+        adapter.safetensors      LoRA + head (the adapter format of dohnuts.adapters)
+        state.safetensors        optimizer tensors, torch (and CUDA) RNG states
+        best.safetensors         the selected adapter as of this update (a hard link when possible)
+        manifest.json            update, selection, config, data fingerprint, scheduler and
+                                 optimizer hyper-parameters, Python RNG state (JSON, no pickle),
+                                 the log's length and hash, and the size and SHA-256 of each file
+    checkpoints/latest           the name of the committed checkpoint
+    best.safetensors, train_log.jsonl, summary.json
+
+A checkpoint is written into `checkpoints/.tmp-update-N/`, every file fsynced, renamed to
+`update-N/`, and only then committed by atomically replacing `latest` (write, fsync, rename);
+older checkpoints are deleted after the switch. An interruption at any point leaves `latest`
+naming a complete checkpoint (the new one or the one before); anything it does not name is
+ignored. Resume reads `latest`, verifies the files against the manifest, restores
+`best.safetensors` as of that checkpoint and cuts `train_log.jsonl` back to the length it had
+then (a new file renamed over the old one), so updates replayed after a resume are logged once.
+
+A run continues only with the arguments it started with (`check_resumable`): `updates` may
+change (not below the checkpoint's update; the learning-rate schedule keeps the span it was laid
+out for, so updates beyond it run at its final rate) and `device` may change (the adapter's base
+identity still has to match); anything that changes the objective, the schedule, the data, its
+order, the selection or the adapters may not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from dohnuts.adapters import fsync_dir, read_adapter
+from dohnuts.errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:
+    from dohnuts.train.trainer import Partitions, TrainConfig
+
+CHECKPOINT_FORMAT = "dohnuts-checkpoint-1"
+CHECKPOINTS = "checkpoints"
+POINTER = "latest"
+LOG = "train_log.jsonl"
+BEST = "best.safetensors"
+SUMMARY = "summary.json"
+_NAME = re.compile(r"update-\d{6,}")
+_OLD_LAYOUT = ("state.pt", "last.safetensors")
+
+# TrainConfig fields (flattened) → the `dohnuts train` argument that sets them.
+ARGUMENTS = {
+    "model": "--model", "data": "--data", "updates": "--updates", "eval_every": "--eval-every", "seed": "--seed",
+    "lora.rank": "--lora-rank", "lora.alpha": "--lora-alpha", "optim.lr": "--lr",
+    "optim.max_grad_norm": "--max-grad-norm", "objective.margin_weight": "--margin-weight",
+    "objective.margin": "--margin", "initialize_from": "--initialize-from", "device": "--device",
+}
+# What a resumed run may change (`updates` is checked on its own: not below the checkpoint; the
+# data is compared by content, so a moved --data folder is the same data).
+RESUME_MAY_CHANGE = ("out", "device", "updates", "schedule_updates", "optim.checkpoint_layers", "data")
+
+
+# -- validation --------------------------------------------------------------------------------
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def validate_config(cfg: TrainConfig) -> None:
+    """Refuse values that would divide by zero, never evaluate, or put NaN into the objective."""
+    def integer(v, least):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+    o, lora, obj = cfg.optim, cfg.lora, cfg.objective
+    checks = [
+        ("updates", cfg.updates, integer(cfg.updates, 0), "must be an integer ≥ 0"),
+        ("eval_every", cfg.eval_every, integer(cfg.eval_every, 1), "must be an integer ≥ 1"),
+        ("warmup", cfg.warmup, integer(cfg.warmup, 0), "must be an integer ≥ 0"),
+        ("optim.lr", o.lr, _finite(o.lr) and o.lr > 0, "must be a finite number > 0"),
+        ("optim.max_grad_norm", o.max_grad_norm, isinstance(o.max_grad_norm, (int, float)) and o.max_grad_norm > 0,
+         "must be a number > 0 (inf: no clipping)"),
+        ("lora.rank", lora.rank, integer(lora.rank, 1), "must be an integer ≥ 1"),
+        ("lora.alpha", lora.alpha, _finite(lora.alpha) and lora.alpha > 0, "must be a finite number > 0"),
+        ("objective.margin_weight", obj.margin_weight, _finite(obj.margin_weight) and obj.margin_weight >= 0,
+         "must be a finite number ≥ 0"),
+        ("objective.margin", obj.margin, _finite(obj.margin), "must be a finite number"),
+    ]
+    for key, value, ok, why in checks:
+        if not ok:
+            raise ConfigError(f"{why}, got {value!r}", source=ARGUMENTS.get(key, key))
+
+
+def validate_data(data: Partitions) -> None:
+    """Every partition holds requests, and every question has finite rewards (no NaN reaches the
+    objective or the selection, whatever the reader let through)."""
+    for split in ("train", "dev", "calib", "test"):
+        reqs = getattr(data, split)
+        if not reqs:
+            raise ConfigError("holds no requests", source=f"the {split} partition")
+        for req in reqs:
+            for q in req.questions:
+                if q.rewards is None:
+                    raise ConfigError("training data needs 'answer' or 'rewards' on every question",
+                                      source=f"{split} request {req.id!r}", field=f"questions.{q.id}")
+                if not all(_finite(r) for r in q.rewards):
+                    raise ConfigError(f"has a non-finite reward {list(q.rewards)}", source=f"{split} request {req.id!r}",
+                                      field=f"questions.{q.id}.rewards")
+
+
+def data_fingerprint(data: Partitions) -> dict[str, str]:
+    """SHA-256 of each partition's requests (ids, texts, candidates, rewards, images, prefixes)."""
+    out = {}
+    for split in ("train", "dev", "calib", "test"):
+        h = hashlib.sha256()
+        for req in getattr(data, split):
+            obj = asdict(req) if dataclasses.is_dataclass(req) else repr(req)
+            h.update(json.dumps(obj, sort_keys=True, default=str).encode())
+            h.update(b"\n")
+        out[split] = h.hexdigest()
+    return out
+
+
+# -- strict JSON -------------------------------------------------------------------------------
+
+
+def _strict(obj, path: str = "", bad: list | None = None):
+    """obj with every non-finite float replaced by None (its dotted path appended to `bad`)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        bad.append(path)
+        return None
+    if isinstance(obj, dict):
+        return {k: _strict(v, f"{path}.{k}" if path else str(k), bad) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_strict(v, f"{path}.{i}", bad) for i, v in enumerate(obj)]
+    return obj
+
+
+def strict_json(obj: dict, **kw) -> str:
+    """JSON without NaN/Infinity: non-finite numbers become null, listed under `nonfinite`."""
+    bad: list[str] = []
+    clean = _strict(obj, "", bad)
+    if bad:
+        clean["nonfinite"] = bad
+    return json.dumps(clean, allow_nan=False, **kw)
+
+
+# -- files -------------------------------------------------------------------------------------
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_durable(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace `path` by `data` all at once (write a temporary file, fsync, rename, fsync the folder)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    write_durable(tmp, data)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+# -- the run directory ---------------------------------------------------------------------------
+
+
+def run_contents(out: str | Path) -> list[str]:
+    """What of a training run `out` holds ([] for a new folder, or one with nothing but checkpoint
+    directories that were never committed: an interrupted first checkpoint)."""
+    out = Path(out)
+    found = []
+    if (out / CHECKPOINTS / POINTER).exists():
+        found.append(f"{CHECKPOINTS}/{POINTER}")
+    found += [n for n in (LOG, BEST, SUMMARY, *_OLD_LAYOUT) if (out / n).exists()]
+    return found
+
+
+def latest_checkpoint(out: str | Path) -> Path | None:
+    """The committed checkpoint directory of the run in `out` (what --resume restores), or None."""
+    ptr = Path(out) / CHECKPOINTS / POINTER
+    try:
+        name = ptr.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"cannot be read ({exc})", source=str(ptr)) from None
+    if not _NAME.fullmatch(name):
+        raise CheckpointError(f"names {name!r}, not a checkpoint directory (update-NNNNNN)", source=str(ptr))
+    ckpt = ptr.parent / name
+    if not (ckpt / "manifest.json").is_file():
+        raise CheckpointError(f"names {name}, which has no manifest.json (the checkpoint is missing or damaged)",
+                              source=str(ptr))
+    return ckpt
+
+
+def check_run_dir(out: str | Path, *, resume: bool) -> Path | None:
+    """Refuse to start over in a folder that holds a run, and to resume one with nothing to resume.
+    Returns the checkpoint to resume from (None: a fresh start)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError("exists and is not a directory", source=str(out))
+    found = run_contents(out)
+    if any(n in _OLD_LAYOUT for n in found) and f"{CHECKPOINTS}/{POINTER}" not in found:
+        raise CheckpointError("holds a run of an older dohnuts layout (state.pt + last.safetensors), which cannot "
+                              "be resumed safely; choose a new --out (its best.safetensors can seed it with "
+                              "--initialize-from)", source=str(out))
+    if not resume:
+        if found:
+            raise CheckpointError(f"already holds a training run ({', '.join(found)}); add --resume to continue it, "
+                                  "or choose a new --out (nothing was overwritten)", source=str(out))
+        return None
+    ckpt = latest_checkpoint(out)
+    if ckpt is None and found:
+        raise CheckpointError(f"has nothing to resume: no committed checkpoint ({CHECKPOINTS}/{POINTER}) beside "
+                              f"{', '.join(found)}; choose a new --out", source=str(out))
+    return ckpt
+
+
+def config_record(cfg: TrainConfig) -> dict:
+    """The config as flat JSON values ('lora.rank': 2, …), paths made absolute."""
+    raw = json.loads(json.dumps(asdict(cfg), default=str))
+    flat = {}
+
+    def walk(obj, prefix):
+        for k, v in obj.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                flat[f"{prefix}{k}"] = v
+
+    walk(raw, "")
+    for key in ("model", "data", "initialize_from", "out"):
+        v = flat.get(key)
+        if isinstance(v, str) and Path(v).exists():  # a path (a preset name or "synthetic:N" stays as it is)
+            flat[key] = str(Path(v).resolve())
+    return flat
+
+
+def read_checkpoint(ckpt: Path) -> dict:
+    """The manifest of a committed checkpoint, its files verified (size and SHA-256)."""
+    mpath = ckpt / "manifest.json"
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+        if manifest.get("format") != CHECKPOINT_FORMAT:
+            raise CheckpointError(f"is {manifest.get('format')!r}, expected {CHECKPOINT_FORMAT!r}", source=str(mpath),
+                                  field="format")
+        for name, info in manifest["files"].items():
+            path = ckpt / name
+            if not path.is_file() or path.stat().st_size != info["bytes"] or sha256_of(path) != info["sha256"]:
+                raise CheckpointError("does not match the checkpoint's manifest (missing or damaged)",
+                                      source=str(path))
+        for key in ("update", "best", "config", "data", "scheduler", "optimizer", "python_rng", "log",
+                    "schedule_updates"):
+            manifest[key]  # present
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"cannot be read ({type(exc).__name__}: {exc})", source=str(mpath)) from None
+    return manifest
+
+
+def check_resumable(manifest: dict, cfg: TrainConfig, fingerprint: dict, source: str) -> None:
+    """Refuse to continue a run with arguments that change what it computes (naming the argument,
+    the saved value and the new one)."""
+    saved, new = manifest["config"], config_record(cfg)
+    for key in sorted(set(saved) | set(new)):
+        if key in RESUME_MAY_CHANGE or saved.get(key) == new.get(key):
+            continue
+        arg = ARGUMENTS.get(key, key)
+        raise ConfigError(f"{arg} is {new.get(key)!r} but the run was started with {arg} {saved.get(key)!r}; "
+                          "--resume continues a run with its own arguments (only --updates and --device may "
+                          "change) — resume with the saved value, or choose a new --out", source=source)
+    if cfg.updates < manifest["update"]:
+        raise ConfigError(f"--updates is {cfg.updates} but the checkpoint is already at update {manifest['update']}; "
+                          "a run cannot be shortened below its checkpoint", source=source)
+    for split, digest in manifest["data"].items():
+        if fingerprint.get(split) != digest:
+            raise ConfigError(f"--data: the {split} requests differ from those the run was started with "
+                              f"(--data {manifest['config'].get('data')}); resume with the original data, or choose "
+                              "a new --out", source=source)
+
+
+def optimizer_tensors(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    tensors, scalars = {}, {}
+    for pid, st in sd["state"].items():
+        for k, v in st.items():
+            key = f"optimizer.{pid}.{k}"
+            if torch.is_tensor(v):
+                tensors[key] = v.detach().cpu().contiguous()
+            else:
+                scalars[key] = v
+    groups = []
+    for g in sd["param_groups"]:
+        if any(torch.is_tensor(v) for v in g.values()):
+            raise CheckpointError("an optimizer hyper-parameter is a tensor, which checkpoints do not store",
+                                  source="optimizer")
+        groups.append(dict(g))
+    return tensors, {"param_groups": groups, "scalars": scalars}
+
+
+def optimizer_state(tensors: dict[str, torch.Tensor], meta: dict, template: dict) -> dict:
+    state: dict[int, dict] = {}
+    for key, v in list(tensors.items()) + list(meta["scalars"].items()):
+        if key.startswith("optimizer."):
+            _, pid, name = key.split(".", 2)
+            state.setdefault(int(pid), {})[name] = v
+    groups = []
+    for g, t in zip(meta["param_groups"], template["param_groups"]):
+        groups.append({k: tuple(v) if isinstance(t.get(k), tuple) and isinstance(v, list) else v
+                       for k, v in g.items()})
+    return {"state": state, "param_groups": groups}
+
+
+def prune_checkpoints(root: Path, keep: str) -> None:
+    """Delete everything in checkpoints/ but the committed checkpoint `keep` and the pointer."""
+    for child in root.iterdir():
+        if child.name not in (keep, POINTER):
+            if child.is_dir():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
+
+
+def checkpoint_adapter(out: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """The adapter tensors and metadata of the run's committed checkpoint (the last trained state)."""
+    ckpt = latest_checkpoint(out)
+    if ckpt is None:
+        raise CheckpointError("has no committed checkpoint", source=str(out))
+    return read_adapter(ckpt / "adapter.safetensors")
