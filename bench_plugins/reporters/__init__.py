@@ -11,14 +11,13 @@ the full tables, whatever the terminal. summary.json does not depend on any widt
 from __future__ import annotations
 
 import io
-import json
 import statistics
 from collections import defaultdict
 
 from rich.console import Console
 from rich.measure import Measurement
 
-from dohnuts.bench.analysis.records import group_key
+from dohnuts.bench.analysis.records import group_key, write_json
 from dohnuts.bench.analysis.render import UNBOUNDED, Col, FitTable
 from dohnuts.bench.hookspecs import hookimpl
 
@@ -192,7 +191,9 @@ def dohnuts_bench_report(console, records, sections, run_dir):
             c.print(renderable)
     (run_dir / "report.txt").write_text(file_console.export_text())
     summary = {"summary": rows, "sections": {s.title: s.data for s in sections}}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    # Strict JSON (a non-finite number is written as null, never a bare NaN), written atomically:
+    # an interrupted report leaves no half-written summary.json.
+    write_json(run_dir / "summary.json", summary, indent=2, default=str)
     for s in sections:
         for f in s.files:
             console.print(f"[dim]wrote {f}[/]")

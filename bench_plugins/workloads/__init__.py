@@ -10,6 +10,13 @@ Every kind generates its requests itself (seeded, no downloads), sized in model 
 
 With the byte tokenizer of the presets the sizes are exact; with a checkpoint's tokenizer they
 are met within a few tokens (the records carry the exact counts).
+
+Upper bounds (so a typo cannot ask for inputs that never finish generating): requests ≤ 1024,
+questions ≤ 4096, candidates ≤ 1024, seq_tokens ≤ the model's context (checked when the file is
+validated: `sequence_tokens` below against dohnuts.bench.workload.check_context; never above
+2¹⁸), and requests × questions × seq_tokens ≤ 2²⁶ generated tokens (about half a minute of
+text generation). Image kinds: distinct_images ≤ 1024, at most 1024 resolutions, each image
+≤ 8192² pixels and the image pool ≤ 2³⁰ pixels in all.
 """
 
 from __future__ import annotations
@@ -24,32 +31,60 @@ from dohnuts.bench.workload import Field
 from dohnuts.errors import ConfigError
 from dohnuts.runtime.requests import Question, Request
 
+MAX_SEQ_TOKENS = 2**18  # above any context the runtime accepts; the model's context is checked too
+MAX_GENERATED_TOKENS = 2**26  # requests × questions × seq_tokens: the text a workload generates
 TEXT_FIELDS = {
-    "requests": Field(int, 4, min=1, help="distinct requests, cycled"),
-    "questions": Field(int, 8, min=1, help="questions per request"),
-    "seq_tokens": Field(int, 256, min=16, help="tokens per question sequence"),
-    "prefix_tokens": Field(int, 0, min=0, help="shared context tokens before every question"),
-    "candidates": Field(int, 4, min=1, help="candidates per question"),
-    "candidate_tokens": Field(int, 4, min=1, help="tokens per candidate"),
+    "requests": Field(int, 4, min=1, max=1024, help="distinct requests, cycled"),
+    "questions": Field(int, 8, min=1, max=4096, help="questions per request"),
+    "seq_tokens": Field(int, 256, min=16, max=MAX_SEQ_TOKENS,
+                        help="tokens per question sequence (at most the model's context)"),
+    "prefix_tokens": Field(int, 0, min=0, max=MAX_SEQ_TOKENS, help="shared context tokens before every question"),
+    "candidates": Field(int, 4, min=1, max=1024, help="candidates per question"),
+    "candidate_tokens": Field(int, 4, min=1, max=MAX_SEQ_TOKENS, help="tokens per candidate"),
 }
 # Byte-tokenizer overhead of the sequence layout (dohnuts.runtime.plan): "\n" after the prefix,
 # "Question: " + "\n" around the question, "Answer: " + SCORE around each candidate.
 PREFIX_OVERHEAD, QUESTION_OVERHEAD, CANDIDATE_OVERHEAD = 1, 11, 9
 
 
+def _word(rng, letters: str = string.ascii_lowercase) -> str:
+    return "".join(rng.choice(letters) for _ in range(rng.randint(2, 8)))
+
+
 def filler(tokenizer, n_tokens: int, rng) -> str:
-    """Random lowercase text of about `n_tokens` tokens (exactly, for the byte tokenizer)."""
+    """Random lowercase words of about `n_tokens` tokens (exactly, for the byte tokenizer): the
+    shortest run of seeded words whose encoding reaches `n_tokens`, cut to `n_tokens` characters
+    for the byte tokenizer.
+
+    Linear in `n_tokens`: words are drawn in batches that grow geometrically and the text is
+    encoded once per batch, not once per word; the stopping word is then found by bisection and
+    `rng` is rewound to just after it, so the text and every later draw are exactly those of
+    drawing and encoding word by word (the quadratic loop this replaces)."""
     if n_tokens <= 0:
         return ""
-    letters = string.ascii_lowercase
-    words = []
+    words: list[str] = []
+
+    def reaches(k: int) -> bool:
+        return len(tokenizer.encode(" ".join(words[:k]))) >= n_tokens
+
+    batch = max(1, n_tokens // 6)  # about 6 characters a word (2..8 letters and a space)
     while True:
-        words.append("".join(rng.choice(letters) for _ in range(rng.randint(2, 8))))
-        text = " ".join(words)
-        if len(tokenizer.encode(text)) >= n_tokens:
+        start, state = len(words), rng.getstate()
+        words.extend(_word(rng) for _ in range(batch))
+        if reaches(len(words)):
             break
-    ids = tokenizer.encode(text)
-    if len(ids) > n_tokens and getattr(tokenizer, "name", "") == "bytes":
+        batch = max(1, len(words) // 4, n_tokens // 6 - len(words))
+    lo, hi = start + 1, len(words)  # the first k in (start, len] whose text reaches n_tokens
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if reaches(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    rng.setstate(state)  # redraw the last batch up to the stopping word: rng ends where it would have
+    words[start:] = [_word(rng) for _ in range(lo - start)]
+    text = " ".join(words)
+    if len(tokenizer.encode(text)) > n_tokens and getattr(tokenizer, "name", "") == "bytes":
         text = text[:n_tokens]
     return text
 
@@ -67,6 +102,19 @@ def validate_text(shape: dict, source: str) -> None:
             f"{shape['candidate_tokens']} tokens (needs at least {shape['seq_tokens'] - question_text_tokens(shape) + 1})",
             source=source, field="shape.seq_tokens",
         )
+    total = shape["requests"] * shape["questions"] * shape["seq_tokens"]
+    if total > MAX_GENERATED_TOKENS:
+        raise ConfigError(
+            f"asks for {shape['requests']} requests × {shape['questions']} questions × {shape['seq_tokens']} tokens "
+            f"= {total} tokens of generated text, more than {MAX_GENERATED_TOKENS} (2^26)",
+            source=source, field="shape.seq_tokens",
+        )
+
+
+def text_sequence_tokens(shape: dict, model_cfg, *, source: str) -> int:
+    """The longest sequence of a text workload's calls: `seq_tokens` (prefix, question and
+    candidates; exact with the byte tokenizer)."""
+    return shape["seq_tokens"]
 
 
 def text_requests(ctx, *, image_for=None, answers: bool = False) -> list[Request]:
@@ -95,6 +143,9 @@ class TextKind:
     def validate(self, shape: dict, source: str) -> None:
         validate_text(shape, source)
 
+    def sequence_tokens(self, shape: dict, model_cfg, *, source: str) -> int:
+        return text_sequence_tokens(shape, model_cfg, source=source)
+
     def calls(self, ctx) -> list:
         return [PredictCall(r) for r in text_requests(ctx)]
 
@@ -106,9 +157,11 @@ class SharedPrefixKind(TextKind):
     fields = TEXT_FIELDS | {"prefix_tokens": Field(int, None, min=1, help="shared context tokens (required)")}
 
 
+MAX_IMAGE_POOL_PIXELS = 2**30
+MAX_RESOLUTIONS = 1024
 IMAGE_FIELDS = TEXT_FIELDS | {
     "resolution": Field(list, [448, 448], help="[width, height] or a list of them, cycled over images"),
-    "distinct_images": Field(int, 4, min=1, help="images in the pool"),
+    "distinct_images": Field(int, 4, min=1, max=1024, help="images in the pool"),
     "duplicate_ratio": Field(float, 0.0, min=0.0, max=1.0, help="share of requests reusing an earlier image"),
 }
 
@@ -116,6 +169,9 @@ IMAGE_FIELDS = TEXT_FIELDS | {
 def _resolutions(shape: dict, source: str) -> list[tuple[int, int]]:
     res = shape["resolution"]
     pairs = res if res and isinstance(res[0], list) else [res]
+    if len(pairs) > MAX_RESOLUTIONS:
+        raise ConfigError(f"lists {len(pairs)} resolutions, more than {MAX_RESOLUTIONS}", source=source,
+                          field="shape.resolution")
     out = []
     for i, p in enumerate(pairs):
         if (not isinstance(p, list) or len(p) != 2 or not all(isinstance(x, int) and not isinstance(x, bool)
@@ -129,13 +185,47 @@ def _resolutions(shape: dict, source: str) -> list[tuple[int, int]]:
     return out
 
 
+def _pool(shape: dict, source: str) -> list[tuple[int, int]]:
+    """(width, height) of every image of the pool (the resolutions cycled), within the pixel budget."""
+    res = _resolutions(shape, source)
+    pool = [res[i % len(res)] for i in range(shape["distinct_images"])]
+    pixels = sum(w * h for w, h in pool)
+    if pixels > MAX_IMAGE_POOL_PIXELS:
+        raise ConfigError(f"makes an image pool of {pixels} pixels ({shape['distinct_images']} images), more than "
+                          f"{MAX_IMAGE_POOL_PIXELS} (2^30)", source=source, field="shape.distinct_images")
+    return pool
+
+
+def image_tokens(width: int, height: int, vision) -> int:
+    """Text positions one generated image takes (dohnuts.runtime.images.prepare_image's arithmetic)."""
+    from dohnuts.runtime.images import smart_resize
+
+    th, tw = smart_resize(height, width, vision.patch_size * vision.spatial_merge_size)
+    m = vision.spatial_merge_size
+    return (th // vision.patch_size) * (tw // vision.patch_size) // (m * m)
+
+
 class ImageKind:
     name = "image"
     fields = IMAGE_FIELDS
 
     def validate(self, shape: dict, source: str) -> None:
         validate_text(shape, source)
-        _resolutions(shape, source)
+        _pool(shape, source)
+
+    def sequence_tokens(self, shape: dict, model_cfg, *, source: str) -> int:
+        """seq_tokens plus the largest image's tokens and its two vision markers."""
+        if model_cfg.vision is None:
+            raise ConfigError(f"model {model_cfg.name!r} has no vision tower, which {self.name} workloads need",
+                              source=source, field="model")
+        most = 0
+        for w, h in dict.fromkeys(_pool(shape, source)):
+            try:
+                most = max(most, image_tokens(w, h, model_cfg.vision))
+            except ValueError as exc:  # e.g. an aspect ratio the preprocessing refuses
+                raise ConfigError(f"{w}x{h} cannot be preprocessed ({exc})", source=source,
+                                  field="shape.resolution") from None
+        return shape["seq_tokens"] + most + 2
 
     def _images(self, ctx) -> list[str]:
         from PIL import Image
@@ -191,10 +281,13 @@ class TrainStepKind:
     """One optimizer update per call: 4 microbatches (one request each) of labelled questions."""
 
     name = "train-step"
-    fields = TEXT_FIELDS | {"requests": Field(int, 8, min=4, help="distinct requests, 4 per update")}
+    fields = TEXT_FIELDS | {"requests": Field(int, 8, min=4, max=1024, help="distinct requests, 4 per update")}
 
     def validate(self, shape: dict, source: str) -> None:
         validate_text(shape, source)
+
+    def sequence_tokens(self, shape: dict, model_cfg, *, source: str) -> int:
+        return text_sequence_tokens(shape, model_cfg, source=source)
 
     def calls(self, ctx) -> list:
         reqs = text_requests(ctx, answers=True)

@@ -8,23 +8,33 @@ from what the hardware allows.
                                              (run directories or results.jsonl; --json OUT)
     dohnuts-bench list                       plugins, workload kinds, targets, telemetry
 
-Bad input (a malformed or invalid workload file, an unknown kind/target/preset, a negative
-size) ends with one line naming the file and field, exit status 2, before anything is
-measured. Ctrl-C leaves a valid results.jsonl holding every completed record (exit 130).
+Bad input (a malformed or invalid workload file, an unknown kind/target/preset, a size out of
+its bounds or a sequence over the model's context, a bad hwspec, an `--out` that is a file)
+ends with one line on stderr naming the file and field, exit status 2, before anything is
+measured, and leaves no run directory behind. An error met while measuring (e.g. a target's
+option) stops the run: what was measured is reported, then the one line, exit 2. A target that
+runs out of device memory fails alone (run.json `failures`), the run goes on, the report is
+written, and the exit status is 1. Ctrl-C leaves a valid results.jsonl holding every completed
+record (exit 130), a second Ctrl-C during the report too. `analyze` refuses a file holding no
+schema-1 record, a corrupt line or run.json, or a non-finite number, the same way (exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import os
+import shutil
 import sys
 import warnings
 from importlib import resources
 from pathlib import Path
 
-from dohnuts.errors import DohnutsError
+from dohnuts.errors import ConfigError, DohnutsError
 
 DEFAULT_RESULTS = Path("results/runs")
+TELEMETRY_INTERVAL_S = (0.001, 60.0)  # bounds of --telemetry-interval
 
 
 def _console():
@@ -79,17 +89,33 @@ def _stored_hwspec(ref: str):
         raise
 
 
-def cmd_run(args) -> int:
-    import json
+def _check_telemetry_interval(value: float) -> None:
+    lo, hi = TELEMETRY_INTERVAL_S
+    if not (math.isfinite(value) and lo <= value <= hi):
+        raise ConfigError(f"must be a number of seconds in [{lo:g}, {hi:g}], got {value!r}", source="command line",
+                          field="--telemetry-interval")
 
+
+def _run_json(run, runnable, hwspec, samplers, device) -> dict:
+    from dohnuts.bench.provenance import provenance
+
+    return {"run_id": run.run_id, "workloads": [s.to_dict() for s in runnable], "hwspec": _hwspec_ref(hwspec),
+            "measured": run.measured, "provenance": provenance(device),
+            "telemetry": {s.name: s.unavailable or "available" for s in samplers},
+            "failures": run.failures}
+
+
+def cmd_run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from dohnuts.bench.analysis.records import write_json
     from dohnuts.bench.plugins import collect, plugin_manager
-    from dohnuts.bench.provenance import device_info, provenance
+    from dohnuts.bench.provenance import device_info
     from dohnuts.bench.runner import RunContext, measure_workload, new_run_dir, resolve_device
     from dohnuts.bench.telemetry import TelemetryThread
     from dohnuts.bench.workload import load_workload
 
+    _check_telemetry_interval(args.telemetry_interval)
     console = _console()
     pm = plugin_manager()
     kinds = collect(pm, "dohnuts_bench_register_workload_kinds")
@@ -114,10 +140,17 @@ def cmd_run(args) -> int:
         console.print("nothing to run on this machine")
         return 0
     device = resolve_device(runnable[0])
-    hw_name = args.hwspec or next((s.hwspec for s in runnable if s.hwspec), None)
-    hwspec = _hwspec_for(hw_name, device_info(device)["name"])
+    named_by = None if args.hwspec else next((s for s in runnable if s.hwspec), None)
+    try:
+        hwspec = _hwspec_for(args.hwspec or (named_by.hwspec if named_by else None), device_info(device)["name"])
+    except ConfigError as exc:
+        if named_by is None:
+            raise
+        raise ConfigError(f"cannot be used: {exc}", source=named_by.file, field="hwspec") from None
     label = args.label or (runnable[0].name if len(runnable) == 1 else "run")
-    run_id, run_dir = new_run_dir(Path(args.out), label)
+    out_root = Path(args.out)
+    created_root = not os.path.lexists(out_root)
+    run_id, run_dir = new_run_dir(out_root, label)  # created only now: every input has been validated
     run = RunContext(run_id=run_id, run_dir=run_dir, device=device, hwspec=hwspec, console=console)
 
     samplers = [s for group in pm.hook.dohnuts_bench_register_telemetry() for s in group]
@@ -125,36 +158,63 @@ def cmd_run(args) -> int:
         if s.unavailable:
             console.print(f"[dim]telemetry: {s.name}: {s.unavailable}[/]")
     telemetry = TelemetryThread([s for s in samplers if not s.unavailable], interval_s=args.telemetry_interval)
-    pm.hook.dohnuts_bench_prepare_run(run=run)
-    (run_dir / "run.json").write_text(json.dumps({
-        "run_id": run_id, "workloads": [s.to_dict() for s in runnable], "hwspec": _hwspec_ref(hwspec),
-        "measured": run.measured, "provenance": provenance(device),
-        "telemetry": {s.name: s.unavailable or "available" for s in samplers},
-    }, indent=2, default=str))
-
     results = run_dir / "results.jsonl"
-    console.print(f"run [bold]{run_id}[/] → {results}")
-    interrupted = False
-    telemetry.start()
+    meta = _run_json(run, runnable, hwspec, samplers, device)  # holds run.measured and run.failures as they grow
+    interrupted, error = False, None
     try:
-        with open(results, "a", encoding="utf-8") as out, Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=console, disable=args.quiet,
-        ) as progress:
-            for spec in runnable:
-                measure_workload(run, pm, spec, kinds, targets, telemetry, out, progress)
+        pm.hook.dohnuts_bench_prepare_run(run=run)
+        write_json(run_dir / "run.json", meta, indent=2, default=str)
+        console.print(f"run [bold]{run_id}[/] → {results}")
+        telemetry.start()
+        try:
+            with open(results, "a", encoding="utf-8") as out, Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=console, disable=args.quiet,
+            ) as progress:
+                for spec in runnable:
+                    measure_workload(run, pm, spec, kinds, targets, telemetry, out, progress)
+        finally:
+            telemetry.stop()
     except KeyboardInterrupt:
         interrupted = True
         console.print("[yellow]interrupted[/]: results.jsonl holds every completed call")
-    finally:
-        telemetry.stop()
-    if results.stat().st_size:
-        analyze_and_report(results, hwspec, run.measured, run_dir, console, pm)
-    return 130 if interrupted else 0
+    except DohnutsError as exc:  # refused while measuring (e.g. a target's option): report what was measured
+        error = exc
+    measured_any = results.exists() and results.stat().st_size > 0
+    if error is not None and not measured_any and not run.failures:
+        # Refused before any call was recorded: leave nothing behind.
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if created_root:
+            try:
+                out_root.rmdir()
+            except OSError:
+                pass
+        raise error
+    try:
+        write_json(run_dir / "run.json", meta, indent=2, default=str)  # now with the failures and calibrations
+        if measured_any:
+            analyze_and_report(results, hwspec, run.measured, run_dir, console, pm)
+    except KeyboardInterrupt:
+        # A second Ctrl-C (or the first, during the report): results.jsonl is complete and closed.
+        print("dohnuts-bench: interrupted while writing the report; results.jsonl holds every completed call "
+              f"(`dohnuts-bench analyze {results}` writes the report)", file=sys.stderr)
+        return 130
+    if error is not None:
+        raise error
+    if interrupted:
+        return 130
+    if run.failures:
+        first = run.failures[0]
+        print(f"dohnuts-bench: error: {len(run.failures)} target(s) failed, the rest was measured and reported "
+              f"(run.json `failures`); first: {first['file']}: target {first['target']}: {first['error']}",
+              file=sys.stderr)
+        return 1
+    return 0
 
 
 def analyze_and_report(results: Path, hwspec, measured: dict, run_dir: Path, console, pm=None) -> None:
     from dohnuts.bench.analysis import read_jsonl
+    from dohnuts.bench.analysis.records import RecordError, check_reportable
     from dohnuts.bench.plugins import plugin_manager
 
     pm = pm or plugin_manager()
@@ -163,26 +223,78 @@ def analyze_and_report(results: Path, hwspec, measured: dict, run_dir: Path, con
         records = read_jsonl(results)
     for w in caught:
         console.print(f"[yellow]warning[/]: {w.message}")
+    if not records:
+        skipped = f" ({caught[0].message})" if caught else ""
+        raise RecordError(f"holds no schema-1 records of a dohnuts-bench run{skipped}", source=str(results))
+    for rec in records:
+        check_reportable(rec)
     sections = [s for group in pm.hook.dohnuts_bench_analyze(records=records, hwspec=hwspec, measured=measured,
                                                               run_dir=run_dir) if group for s in group]
     pm.hook.dohnuts_bench_report(console=console, records=records, sections=sections, run_dir=run_dir)
 
 
-def cmd_analyze(args) -> int:
+def _run_meta(run_json: Path) -> dict:
+    """The run.json beside a results.jsonl ({} when there is none); a corrupt one is refused."""
     import json
 
-    path = Path(args.results)
-    if not path.exists():
-        raise DohnutsError("does not exist", source=str(path))
-    run_json = path.parent / "run.json"
-    meta = json.loads(run_json.read_text()) if run_json.exists() else {}
-    from dohnuts.bench.analysis import find_hwspec
+    if not run_json.exists():
+        return {}
+    try:
+        meta = json.loads(run_json.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise DohnutsError(f"cannot be read ({exc.strerror or exc})", source=str(run_json)) from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        reason = " ".join(str(exc).split())[:120]
+        raise DohnutsError(f"is not a run's JSON ({reason}); repair it or move it away to analyse the results "
+                           "beside it", source=str(run_json)) from None
+    if not isinstance(meta, dict):
+        raise DohnutsError("must be a JSON object (a run's run.json)", source=str(run_json))
+    if meta.get("hwspec") is not None and not isinstance(meta["hwspec"], str):
+        raise DohnutsError("must be a hwspec name or path", source=str(run_json), field="hwspec")
+    measured = meta.get("measured")
+    if measured is not None and (not isinstance(measured, dict) or not isinstance(measured.get("ceilings", {}), dict)):
+        raise DohnutsError("must be an object whose ceilings are an object", source=str(run_json), field="measured")
+    return meta
 
+
+def _output_dir(path: Path) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError("is not a directory (a folder for the report files)", source=str(path),
+                          field="--out") from None
+    except (OSError, ValueError) as exc:  # e.g. a file on the way, no permission
+        raise ConfigError(f"cannot be created ({getattr(exc, 'strerror', None) or exc})", source=str(path),
+                          field="--out") from None
+    return path
+
+
+def cmd_analyze(args) -> int:
+    from dohnuts.bench.analysis import find_hwspec
+    from dohnuts.bench.analysis.records import RecordError
+
+    path = Path(args.results)
+    try:
+        if path.is_dir():  # a run directory, as `compare` takes
+            path = path / "results.jsonl"
+        exists = path.exists()
+    except (OSError, ValueError) as exc:  # e.g. a name too long for a path
+        raise DohnutsError(f"cannot be read ({getattr(exc, 'strerror', None) or exc})", source=str(path)) from None
+    if not exists:
+        raise DohnutsError("does not exist", source=str(path))
+    meta = _run_meta(path.parent / "run.json")
     hwspec = find_hwspec(args.hwspec) if args.hwspec else (
         _stored_hwspec(meta["hwspec"]) if meta.get("hwspec") else None)
-    out_dir = Path(args.out) if args.out else path.parent
-    out_dir.mkdir(parents=True, exist_ok=True)
-    analyze_and_report(path, hwspec, meta.get("measured", {}), out_dir, _console())
+    out_dir = _output_dir(Path(args.out) if args.out else path.parent)
+    try:
+        analyze_and_report(path, hwspec, meta.get("measured") or {}, out_dir, _console())
+    except DohnutsError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as exc:
+        # Records that pass the structural checks but that an analysis still cannot read (a
+        # foreign or hand-edited file): one line naming the file, not a traceback.
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        raise RecordError(f"cannot be analysed ({reason})", source=str(path)) from None
     return 0
 
 
@@ -258,11 +370,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default=str(DEFAULT_RESULTS), help="folder for run directories (default: results/runs)")
     r.add_argument("--label", help="run directory label (default: the workload name)")
     r.add_argument("--hwspec", help="hardware spec name (hwspecs/NAME.yaml) or path (default: by device name)")
-    r.add_argument("--telemetry-interval", type=float, default=0.1, help="seconds between telemetry samples")
+    r.add_argument("--telemetry-interval", type=float, default=0.1,
+                   help="seconds between telemetry samples (0.001 to 60; default: 0.1)")
     r.add_argument("--quiet", action="store_true", help="no progress display")
     r.set_defaults(func=cmd_run)
     a = sub.add_parser("analyze", help="re-analyse a results.jsonl")
-    a.add_argument("results")
+    a.add_argument("results", help="a results.jsonl (or the run directory holding it)")
     a.add_argument("--hwspec", help="hardware spec name or path (default: the run's)")
     a.add_argument("--out", help="folder for the report files (default: beside the JSONL)")
     a.set_defaults(func=cmd_analyze)
@@ -284,8 +397,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except DohnutsError as exc:
-        print(f"dohnuts-bench: error: {exc}", file=sys.stderr)
+        print(f"dohnuts-bench: error: {' '.join(str(exc).split())}", file=sys.stderr)  # always one line
         return 2
+    except KeyboardInterrupt:
+        print("dohnuts-bench: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -4,15 +4,20 @@ For each workload and each of its targets, in one process and on the same calls:
 warm-up calls (unrecorded), then measured calls until `repeat` calls and `min_duration_s`
 have both passed. Each measured call is timed per stage (CUDA events on the GPU, host clock
 always) and appended to `results.jsonl` as one record, flushed at once: an interrupted run
-(Ctrl-C) leaves a valid file holding every completed record.
+(Ctrl-C) leaves a valid file holding every completed record. Records are strict JSON (no bare
+NaN or Infinity: a non-finite number a target reports is written as null).
+
+A target that runs out of memory (`is_out_of_memory`: torch.OutOfMemoryError, MemoryError, or a
+RuntimeError saying so) fails alone: the failure is kept in `run.failures` (written to run.json
+by the CLI), the records it completed stay, and the run goes on with the next target.
 """
 
 from __future__ import annotations
 
 import functools
 import gc
-import json
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +25,7 @@ from pathlib import Path
 import torch
 
 from dohnuts.bench.analysis.compare import required_calls
+from dohnuts.bench.analysis.records import dumps
 from dohnuts.bench.calls import CallResult
 from dohnuts.bench.provenance import provenance
 from dohnuts.bench.telemetry import DEFAULT_MIN_CLOCK_FRACTION, TelemetryThread, call_validity
@@ -38,6 +44,7 @@ class RunContext:
     console: object  # rich.console.Console
     measured: dict = field(default_factory=dict)  # measured ceilings etc., written to run.json
     notes: list = field(default_factory=list)
+    failures: list = field(default_factory=list)  # {"workload", "file", "target", "error"}: written to run.json
 
 
 @dataclass(frozen=True)
@@ -82,7 +89,7 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict, targe
     device = resolve_device(spec)
     dtype = resolve_dtype(spec, device)
     cfg, ckpt = resolve_source(spec.model)
-    workdir = run.run_dir / "inputs" / spec.name
+    workdir = run.run_dir / "inputs" / safe_name(spec.name)
     workdir.mkdir(parents=True, exist_ok=True)
     kind = kinds[spec.kind]
     calls = kind.calls(WorkloadContext(spec, tokenizer_for(cfg, ckpt), cfg, workdir, random.Random(spec.seed)))
@@ -92,59 +99,105 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict, targe
     if getattr(kind, "warmup_every_call", lambda s: False)(spec):
         warmup = max(warmup, len(calls))  # e.g. a warm cache: every distinct call seen once
     for tspec in spec.targets:
-        factory = targets[tspec.name]
-        target = factory(spec, device, dtype, tspec.options)
-        task = None
-        if progress is not None:
-            task = progress.add_task(f"{spec.name} · {tspec.label}", total=warmup + spec.repeat)
+        failed = False
         try:
-            for i in range(warmup):
-                if i == 0:
-                    # The target's first call (compilation, autotuning, graph capture, cold caches)
-                    # is part of end-to-end cost: recorded on its own, never mixed into the steady state.
-                    record = _measure_call(run, spec, tspec, target, calls[0], device, dtype, cfg, prov, telemetry,
-                                           -1, phase="first-call")
-                    out.write(json.dumps(record) + "\n")
-                    out.flush()
-                    written += 1
-                else:
-                    target.run_call(calls[i % len(calls)], StageTimer(device))
-                if progress is not None:
-                    progress.advance(task)
-            start = time.perf_counter()
-            i, wanted, walls = 0, spec.repeat, []
-            max_calls = spec.max_repeat or 4 * spec.repeat
-            while i < wanted or time.perf_counter() - start < spec.min_duration_s:
-                call = calls[(warmup + i) % len(calls)]
-                pm.hook.dohnuts_bench_before_call(run=run, spec=spec, target_name=tspec.label, iteration=i)
-                record = _measure_call(run, spec, tspec, target, call, device, dtype, cfg, prov, telemetry, i)
-                # Even and odd calls are two interleaved halves of one measurement: their difference
-                # is the run's own noise budget (A/A, dohnuts.bench.analysis.compare.aa_noise).
-                record["aa_half"] = i % 2
-                pm.hook.dohnuts_bench_after_call(run=run, spec=spec, target_name=tspec.label, record=record)
-                out.write(json.dumps(record) + "\n")
-                out.flush()
-                written += 1
-                i += 1
-                walls.append(record["wall_ms"])
-                if i == wanted and spec.halfwidth and wanted < max_calls:
-                    # As many calls as the observed spread needs for the median's confidence
-                    # interval to reach ±halfwidth (capped): the count follows the noise.
-                    wanted = min(max_calls, max(wanted, required_calls(walls, spec.halfwidth)))
-                    if progress is not None:
-                        progress.update(task, total=warmup + wanted)
-                if progress is not None:
-                    progress.update(task, completed=warmup + min(i, wanted))
-            written += _measure_stream(run, spec, tspec, target, [calls[(warmup + j) % len(calls)]
-                                                                  for j in range(spec.repeat)],
-                                       device, dtype, cfg, prov, telemetry, out)
-        finally:
-            target.close()
-            del target
+            written += _measure_target(run, pm, spec, tspec, targets[tspec.name], kind, calls, warmup, device, dtype,
+                                       cfg, prov, telemetry, out, progress)
+        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+            if not is_out_of_memory(exc):
+                raise
+            failure = {"workload": spec.name, "file": spec.file, "target": tspec.label,
+                       "error": f"out of memory: {_one_line(exc) if str(exc) else type(exc).__name__}"}
+            run.failures.append(failure)
+            run.console.print(f"[red]failed[/] {spec.name} · {tspec.label}: {failure['error']} "
+                              "(recorded in run.json; the run goes on)")
+            failed = True
+        if failed:  # the failed call's frames are released only now: give their memory back
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return written
+
+
+OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """An out-of-memory error: torch.OutOfMemoryError (torch.cuda's), Python's MemoryError, or a
+    RuntimeError whose message says so (HIP and cuBLAS "out of memory", torch's CPU allocator
+    "can't allocate memory"). Other device faults (an illegal memory access) are not: the device
+    may be unusable after them."""
+    oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
+    if (oom is not None and isinstance(exc, oom)) or isinstance(exc, MemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OOM_MESSAGES)
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _measure_target(run, pm, spec, tspec, factory, kind, calls, warmup, device, dtype, cfg, prov, telemetry, out,
+                    progress) -> int:
+    """Every call of one target of a workload (warm-up, first call, measured calls, stream)."""
+    written = 0
+    target = factory(spec, device, dtype, tspec.options)
+    task = None
+    if progress is not None:
+        task = progress.add_task(f"{spec.name} · {tspec.label}", total=warmup + spec.repeat)
+    try:
+        for i in range(warmup):
+            if i == 0:
+                # The target's first call (compilation, autotuning, graph capture, cold caches)
+                # is part of end-to-end cost: recorded on its own, never mixed into the steady state.
+                record = _measure_call(run, spec, tspec, target, calls[0], device, dtype, cfg, prov, telemetry,
+                                       -1, phase="first-call")
+                _write(out, record)
+                written += 1
+            else:
+                target.run_call(calls[i % len(calls)], StageTimer(device))
+            if progress is not None:
+                progress.advance(task)
+        start = time.perf_counter()
+        i, wanted, walls = 0, spec.repeat, []
+        max_calls = spec.max_repeat or 4 * spec.repeat
+        while i < wanted or time.perf_counter() - start < spec.min_duration_s:
+            call = calls[(warmup + i) % len(calls)]
+            pm.hook.dohnuts_bench_before_call(run=run, spec=spec, target_name=tspec.label, iteration=i)
+            record = _measure_call(run, spec, tspec, target, call, device, dtype, cfg, prov, telemetry, i)
+            # Even and odd calls are two interleaved halves of one measurement: their difference
+            # is the run's own noise budget (A/A, dohnuts.bench.analysis.compare.aa_noise).
+            record["aa_half"] = i % 2
+            pm.hook.dohnuts_bench_after_call(run=run, spec=spec, target_name=tspec.label, record=record)
+            _write(out, record)
+            written += 1
+            i += 1
+            walls.append(record["wall_ms"])
+            if i == wanted and spec.halfwidth and wanted < max_calls:
+                # As many calls as the observed spread needs for the median's confidence
+                # interval to reach ±halfwidth (capped): the count follows the noise.
+                wanted = min(max_calls, max(wanted, required_calls(walls, spec.halfwidth)))
+                if progress is not None:
+                    progress.update(task, total=warmup + wanted)
+            if progress is not None:
+                progress.update(task, completed=warmup + min(i, wanted))
+        written += _measure_stream(run, spec, tspec, target, [calls[(warmup + j) % len(calls)]
+                                                              for j in range(spec.repeat)],
+                                   device, dtype, cfg, prov, telemetry, out)
+    finally:
+        target.close()
+        del target
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return written
+
+
+def _write(out, record: dict) -> None:
+    """Append one record as one strict-JSON line and flush it (a killed run keeps every line)."""
+    out.write(dumps(record) + "\n")
+    out.flush()
 
 
 def _measure_call(run, spec, tspec, target, call, device, dtype, cfg, prov, telemetry, iteration,
@@ -249,8 +302,7 @@ def _measure_stream(run, spec, tspec, target, calls, device, dtype, cfg, prov, t
                          decisions=row["decisions"], work=row["work"], window=window, validity=validity,
                          extra={"stream": stream})
         previous = row["done"]
-        out.write(json.dumps(record) + "\n")
-        out.flush()
+        _write(out, record)
     return len(rows)
 
 
@@ -300,14 +352,38 @@ def token_totals(work) -> dict:
             "computed": sum(w.computed_tokens for w in parts)}
 
 
+def safe_name(name: str) -> str:
+    """`name` as one path component: anything but letters, digits, '.', '_', '+' and '-' becomes
+    '-' (a workload name or label never reaches outside the run directory)."""
+    out = re.sub(r"[^A-Za-z0-9._+-]+", "-", str(name)).strip(".-")[:100]
+    return out or "run"
+
+
 def new_run_dir(root: Path, label: str) -> tuple[str, Path]:
-    run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{label}"
-    path = root / run_id
-    n = 1
-    while path.exists():
-        n += 1
-        path = root / f"{run_id}-{n}"
-    path.mkdir(parents=True)
-    return path.name, path
+    """A new, empty run directory `<root>/<YYYYmmdd-HHMMSS>-<label>[-N]`, created atomically: two
+    runs started in the same second (or in parallel into the same `root`) never share one."""
+    from dohnuts.errors import ConfigError
 
-
+    root = Path(root)
+    try:
+        if root.exists() and not root.is_dir():
+            raise ConfigError("is not a directory (a folder for run directories)", source=str(root), field="--out")
+        root.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError("is not a directory (a folder for run directories)", source=str(root),
+                          field="--out") from None
+    except (OSError, ValueError) as exc:  # e.g. a file on the way, no permission, an embedded NUL
+        raise ConfigError(f"cannot be created ({getattr(exc, 'strerror', None) or exc})", source=str(root),
+                          field="--out") from None
+    run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{safe_name(label)}"
+    for n in range(1, 10_000):
+        path = root / (run_id if n == 1 else f"{run_id}-{n}")
+        try:
+            path.mkdir()  # atomic: exactly one creator succeeds
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise ConfigError(f"cannot hold a new run directory ({exc.strerror or exc})", source=str(root),
+                              field="--out") from None
+        return path.name, path
+    raise ConfigError(f"already holds 9999 run directories named {run_id}[-N]", source=str(root), field="--out")

@@ -24,7 +24,9 @@ A spec is a YAML file (see hwspecs/README.md; built-in: hwspecs/rx7900xtx.yaml, 
 A ceiling's value is the product of its factors (numbers, or fractions written "128/130"); when
 both are given they must agree within 0.1%, so a typo in either is caught. `derived` ceilings
 must show their factors; `measured` ones must say when they were measured. Every problem is a
-ConfigError naming the file and the dotted field (e.g. `ceilings.bf16_matrix.factors.clock_hz`).
+ConfigError naming the file and the dotted field (e.g. `ceilings.bf16_matrix.factors.clock_hz`),
+on one line: a file that is missing, a directory, not UTF-8 text, not valid YAML, or that holds a
+key twice in one mapping (dohnuts.bench.workload.read_yaml) is refused the same way.
 
 `with_measured_ceilings(spec, measured)` adds the ceilings the harness measures at the start of
 a run (a large BF16 matmul, a device copy, pinned host copies) as measured roles.
@@ -41,8 +43,6 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
-
-import yaml
 
 from dohnuts.errors import ConfigError
 
@@ -145,39 +145,54 @@ class HwSpec:
 
 def load_hwspec(path: str | Path) -> HwSpec:
     """Read and validate a hwspec YAML file."""
+    from dohnuts.bench.workload import one_line_error, read_yaml
+
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot be read ({exc.strerror})", source=str(path)) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"is not valid YAML: {exc}", source=str(path)) from None
+        _, data = read_yaml(path)  # one-line ConfigError: missing, a directory, not text, bad YAML, duplicate key
+    except ConfigError as exc:
+        raise one_line_error(exc) from None
     return parse_hwspec(data, source=str(path))
 
 
 def find_hwspec(name_or_path: str | Path) -> HwSpec:
     """A path to a YAML file, or the name of a built-in spec (`rx7900xtx`, `h200`)."""
+    if isinstance(name_or_path, str) and ("\x00" in name_or_path or not name_or_path.strip()):
+        raise ConfigError("is neither a file nor a built-in hwspec", source=repr(name_or_path))
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        return load_hwspec(path)
-    builtin = BUILTIN_DIR / f"{name_or_path}.yaml"
-    if builtin.exists():
-        return load_hwspec(builtin)
+    try:
+        if path.suffix in (".yaml", ".yml") or path.exists():
+            return load_hwspec(path)
+        builtin = BUILTIN_DIR / f"{name_or_path}.yaml"
+        if "/" not in str(name_or_path) and builtin.exists():
+            return load_hwspec(builtin)
+    except OSError as exc:  # e.g. a name too long for a path
+        raise ConfigError(f"cannot be read ({exc.strerror or exc})", source=str(name_or_path)) from None
     known = sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml")) if BUILTIN_DIR.is_dir() else []
     raise ConfigError(f"is neither a file nor a built-in hwspec (known: {', '.join(known) or 'none'})",
                       source=str(name_or_path))
 
 
 def parse_hwspec(data: Any, *, source: str) -> HwSpec:
-    """Validate the parsed YAML of a spec; every error names `source` and the dotted field."""
+    """Validate the parsed YAML of a spec; every error names `source` and the dotted field, on one
+    line (a key holding a newline is written with escapes)."""
+    from dohnuts.bench.workload import one_line_error
+
+    try:
+        return _parse_hwspec(data, source)
+    except ConfigError as exc:
+        raise one_line_error(exc) from None
+
+
+def _parse_hwspec(data: Any, source: str) -> HwSpec:
     if not isinstance(data, dict):
         raise ConfigError("must be a mapping at the top level", source=source)
-    unknown = sorted(set(data) - _TOP_KEYS)
+    unknown = sorted(set(data) - _TOP_KEYS, key=str)
     if unknown:
         raise ConfigError(f"is not a hwspec field (known: {', '.join(sorted(_TOP_KEYS))})",
-                          source=source, field=unknown[0])
+                          source=source, field=str(unknown[0]))
     if data.get("schema", 1) != 1:
-        raise ConfigError(f"is {data['schema']!r}; this version reads schema 1", source=source, field="schema")
+        raise ConfigError(f"is {_short(data['schema'])}; this version reads schema 1", source=source, field="schema")
     name = data.get("name")
     if not isinstance(name, str) or not name.strip():
         raise ConfigError("is missing (a non-empty string)", source=source, field="name")
@@ -212,7 +227,11 @@ def _number(value: Any, source: str, where: str) -> float:
     if isinstance(value, bool):
         raise ConfigError(f"must be a number, got {value!r}", source=source, field=where)
     if isinstance(value, (int, float)):
-        out = float(value)
+        try:
+            out = float(value)
+        except OverflowError:
+            raise ConfigError("must be finite, got an integer too large for a number", source=source,
+                              field=where) from None
     elif isinstance(value, str):
         try:
             if "/" in value:
@@ -220,14 +239,20 @@ def _number(value: Any, source: str, where: str) -> float:
                 out = float(num) / float(den)
             else:
                 out = float(value)
-        except (ValueError, ZeroDivisionError):
-            raise ConfigError(f"must be a number or a fraction a/b, got {value!r}", source=source,
+        except (ValueError, ZeroDivisionError, OverflowError):
+            raise ConfigError(f"must be a number or a fraction a/b, got {_short(value)}", source=source,
                               field=where) from None
     else:
-        raise ConfigError(f"must be a number, got {value!r}", source=source, field=where)
+        raise ConfigError(f"must be a number, got {_short(value)}", source=source, field=where)
     if not math.isfinite(out):
-        raise ConfigError(f"must be finite, got {value!r}", source=source, field=where)
+        raise ConfigError(f"must be finite, got {_short(value)}", source=source, field=where)
     return out
+
+
+def _short(value: Any) -> str:
+    from dohnuts.bench.workload import _short as short
+
+    return short(value)
 
 
 def _positive(value: Any, source: str, where: str) -> float:
@@ -242,16 +267,16 @@ def _ceiling(name: str, d: Any, source: str) -> Ceiling:
     if not isinstance(d, dict):
         raise ConfigError("must be a mapping (kind, provenance, value and/or factors, source)", source=source,
                           field=where)
-    unknown = sorted(set(d) - _CEILING_KEYS)
+    unknown = sorted(set(d) - _CEILING_KEYS, key=str)
     if unknown:
         raise ConfigError(f"is not a ceiling field (known: {', '.join(sorted(_CEILING_KEYS))})", source=source,
                           field=f"{where}.{unknown[0]}")
     kind = d.get("kind")
-    if kind not in KINDS:
-        raise ConfigError(f"must be one of {KINDS}, got {kind!r}", source=source, field=f"{where}.kind")
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise ConfigError(f"must be one of {KINDS}, got {_short(kind)}", source=source, field=f"{where}.kind")
     provenance = d.get("provenance")
-    if provenance not in PROVENANCES:
-        raise ConfigError(f"must be one of {PROVENANCES}, got {provenance!r}", source=source,
+    if not isinstance(provenance, str) or provenance not in PROVENANCES:
+        raise ConfigError(f"must be one of {PROVENANCES}, got {_short(provenance)}", source=source,
                           field=f"{where}.provenance")
     src = d.get("source")
     if not isinstance(src, str) or not src.strip():
@@ -272,6 +297,9 @@ def _ceiling(name: str, d: Any, source: str) -> Ceiling:
     value = stated
     if factors:
         value = math.prod(v for _, v in factors)
+        if not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"multiply to {value!r}, not a positive finite rate", source=source,
+                              field=f"{where}.factors")
         if stated is not None and abs(stated - value) > PRODUCT_TOLERANCE * value:
             raise ConfigError(
                 f"is {stated:.6g} but its factors multiply to {value:.6g} "
@@ -280,7 +308,7 @@ def _ceiling(name: str, d: Any, source: str) -> Ceiling:
     unit = d.get("unit")
     expected = "FLOP/s" if kind == "compute" else "B/s"
     if unit is not None and unit != expected:
-        raise ConfigError(f"must be {expected!r} for a {kind} ceiling, got {unit!r}", source=source,
+        raise ConfigError(f"must be {expected!r} for a {kind} ceiling, got {_short(unit)}", source=source,
                           field=f"{where}.unit")
     return Ceiling(name=name, kind=kind, value=float(value), provenance=provenance, source=src.strip(),
                    factors=factors, stated=stated, date=None if date is None else str(date),
@@ -299,7 +327,7 @@ def _roles(d: Any, ceilings: Mapping[str, Ceiling], source: str, key: str, *, re
         if not isinstance(table, dict):
             raise ConfigError(f"must map roles {ROLES} to ceiling names", source=source, field=where)
         for role in table:
-            if role not in ROLES:
+            if not isinstance(role, str) or role not in ROLES:
                 raise ConfigError(f"is not a role (expected one of {ROLES})", source=source, field=f"{where}.{role}")
         if required:
             for role in ROLES:
@@ -307,8 +335,8 @@ def _roles(d: Any, ceilings: Mapping[str, Ceiling], source: str, key: str, *, re
                     raise ConfigError("is missing: every role needs a ceiling", source=source,
                                       field=f"{where}.{role}")
         for role, name in table.items():
-            if name not in ceilings:
-                raise ConfigError(f"names ceiling {name!r}, which is not defined under `ceilings`",
+            if not isinstance(name, str) or name not in ceilings:
+                raise ConfigError(f"names ceiling {_short(name)}, which is not defined under `ceilings`",
                                   source=source, field=f"{where}.{role}")
             want = "compute" if role in COMPUTE_ROLES else "bandwidth"
             if ceilings[name].kind != want:

@@ -16,12 +16,17 @@ One record per measured call, schema 1 (the harness writes them, append-only):
 
 Reading never produces a wrong number: a truncated last line (a writer killed mid-append) is
 skipped with a warning, records of another schema version are skipped with a warning, and a
-corrupt line anywhere else is an error that names the file and the line.
+corrupt line anywhere else is an error that names the file and the line — so is a line that is
+not UTF-8 text, and a number that is not finite (NaN, Infinity, 1e999: never written by the
+harness, which writes JSON with allow_nan=False) anywhere in a record. `check_record` checks
+what the analysis reads, `check_reportable` also what the run report reads.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -34,6 +39,7 @@ from dohnuts.runtime.work import WorkCounts
 SCHEMA = 1
 REQUIRED = ("run_id", "workload", "target", "iteration", "stages", "wall_ms", "work", "model", "precision", "device")
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
+STREAM_TIMES = ("latency_ms", "queue_ms", "total_ms")  # a stream record's extra.stream
 LOCATION_KEY = "_source"  # read_jsonl adds "file:line" to each record it returns
 
 
@@ -47,26 +53,45 @@ class RecordWarning(UserWarning):
 
 def read_jsonl(path: str | Path) -> list[dict]:
     """The schema-1 records of a JSONL file, each with `_source` = "file:line"."""
-    path = Path(path)
+    from dohnuts.bench.workload import one_line_error
+
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise RecordError(f"cannot be read ({exc.strerror})", source=str(path)) from None
-    lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+        return _read_jsonl(Path(path))
+    except RecordError as exc:
+        raise one_line_error(exc) from None
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    try:
+        if path.is_dir():
+            raise RecordError("is a directory, not a JSONL file", source=str(path))
+        if path.exists() and not path.is_file():  # a device or a pipe could be endless
+            raise RecordError("is not a regular file", source=str(path))
+        data = path.read_bytes()
+    except (OSError, ValueError) as exc:  # ValueError: an embedded NUL
+        raise RecordError(f"cannot be read ({getattr(exc, 'strerror', None) or exc})", source=str(path)) from None
+    lines = [(n, line) for n, line in enumerate(data.split(b"\n"), start=1) if line.strip()]
     out, other_schema = [], {}
-    for pos, (n, line) in enumerate(lines):
+    for pos, (n, raw) in enumerate(lines):
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
+            rec = _parse_line(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             if pos == len(lines) - 1:
-                warnings.warn(f"{path}:{n}: skipped a truncated last line ({exc.msg})", RecordWarning, stacklevel=2)
+                warnings.warn(f"{path}:{n}: skipped a truncated last line ({_reason(exc)})", RecordWarning,
+                              stacklevel=2)
                 continue
-            raise RecordError(f"line {n} is not valid JSON ({exc.msg} at column {exc.colno})", source=str(path),
+            raise RecordError(f"line {n} is not valid JSON ({_reason(exc)})", source=str(path),
                               field=f"line {n}") from None
+        except (ValueError, RecursionError) as exc:  # an integer too long, a non-finite number, nesting
+            raise RecordError(f"line {n} cannot be read ({exc})", source=str(path), field=f"line {n}") from None
         if not isinstance(rec, dict):
             raise RecordError(f"line {n} is not a JSON object", source=str(path), field=f"line {n}")
+        bad = _nonfinite(rec)
+        if bad is not None:
+            raise RecordError(f"line {n} holds a number that is not finite (NaN or infinite) at {bad}",
+                              source=str(path), field=f"line {n}")
         if rec.get("schema") != SCHEMA:
-            other_schema.setdefault(repr(rec.get("schema")), []).append(n)
+            other_schema.setdefault(_schema_name(rec.get("schema")), []).append(n)
             continue
         rec[LOCATION_KEY] = f"{path}:{n}"
         out.append(rec)
@@ -77,23 +102,113 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return out
 
 
+def _parse_line(raw: bytes) -> Any:
+    return json.loads(raw.decode("utf-8"))
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text at byte {exc.start}"
+    return f"{exc.msg} at column {exc.colno}"
+
+
+def _schema_name(value: Any) -> str:
+    """repr(value) on one line, cut to 40 characters."""
+    try:
+        text = " ".join(repr(value).split())
+    except ValueError:  # an integer too long to print
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _nonfinite(obj: Any) -> str | None:
+    """The dotted path of the first non-finite float in a parsed JSON value, or None."""
+    stack = [(obj, "")]
+    while stack:
+        x, at = stack.pop()
+        if isinstance(x, float) and not math.isfinite(x):
+            return at or "the record"
+        if isinstance(x, dict):
+            stack.extend((v, f"{at}.{k}" if at else str(k)) for k, v in reversed(list(x.items())))
+        elif isinstance(x, list):
+            stack.extend((v, f"{at}[{i}]") for i, v in reversed(list(enumerate(x))))
+    return None
+
+
+def json_safe(obj: Any) -> Any:
+    """`obj` with every non-finite float (NaN, ±inf) replaced by None, tuples as lists: what
+    `json.dumps(..., allow_nan=False)` accepts. Other values are kept as they are."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any, **kw) -> str:
+    """Strict JSON (never a bare NaN or Infinity): non-finite numbers are written as null."""
+    try:
+        return json.dumps(obj, allow_nan=False, **kw)
+    except ValueError:
+        return json.dumps(json_safe(obj), allow_nan=False, **kw)
+
+
+def write_json(path: str | Path, obj: Any, **kw) -> None:
+    """Write `obj` as strict JSON (`dumps`) atomically: a temporary file beside `path`, then a
+    rename, so an interrupted write leaves the previous file (or none), never half of one."""
+    path = Path(path)
+    text = dumps(obj, **kw)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
 def where(rec: dict) -> str:
-    return str(rec.get(LOCATION_KEY) or f"record {rec.get('run_id', '?')}#{rec.get('iteration', '?')}")
+    return str(rec.get(LOCATION_KEY) or f"record {_text(rec.get('run_id', '?'))}#{_text(rec.get('iteration', '?'))}")
+
+
+def _text(x: Any, limit: int = 40) -> str:
+    """str(x) on one line, cut to `limit` characters (an error message stays readable)."""
+    try:
+        text = " ".join(str(x).split())
+    except ValueError:  # an integer too long to print
+        text = f"<{type(x).__name__}>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def check_record(rec: dict) -> None:
-    """Structural checks of one schema-1 record; RecordError names the record and the field."""
+    """Structural checks of one schema-1 record; RecordError names the record and the field (on
+    one line: a key holding a newline is written with escapes)."""
+    from dohnuts.bench.workload import one_line_error
+
+    try:
+        _check_record(rec)
+    except RecordError as exc:
+        raise one_line_error(exc) from None
+
+
+def _check_record(rec: dict) -> None:
+    if not isinstance(rec, dict):
+        raise RecordError(f"must be a JSON object, got {type(rec).__name__}", source="record")
     if rec.get("schema", SCHEMA) != SCHEMA:
-        raise RecordError(f"has schema {rec.get('schema')!r}; this version reads {SCHEMA}", source=where(rec),
-                          field="schema")
+        raise RecordError(f"has schema {_schema_name(rec.get('schema'))}; this version reads {SCHEMA}",
+                          source=where(rec), field="schema")
     for key in REQUIRED:
         if key not in rec:
             raise RecordError("is missing", source=where(rec), field=key)
     if not isinstance(rec["workload"], dict) or "name" not in rec["workload"]:
         raise RecordError("must be an object with a name", source=where(rec), field="workload")
-    if rec["precision"] not in DTYPE_BYTES:
-        raise RecordError(f"is {rec['precision']!r}; expected one of {list(DTYPE_BYTES)}", source=where(rec),
-                          field="precision")
+    if not isinstance(rec["precision"], str) or rec["precision"] not in DTYPE_BYTES:
+        raise RecordError(f"is {_schema_name(rec['precision'])}; expected one of {list(DTYPE_BYTES)}",
+                          source=where(rec), field="precision")
+    if not isinstance(rec["device"], dict):
+        raise RecordError("must be an object (name, type)", source=where(rec), field="device")
     if not isinstance(rec["stages"], dict):
         raise RecordError("must be an object of stage times", source=where(rec), field="stages")
     for name, st in rec["stages"].items():
@@ -102,11 +217,57 @@ def check_record(rec: dict) -> None:
             raise RecordError("needs host_ms (and device_ms a number or null)", source=where(rec),
                               field=f"stages.{name}")
     if not _number(rec["wall_ms"]):
-        raise RecordError(f"must be a non-negative number, got {rec['wall_ms']!r}", source=where(rec), field="wall_ms")
+        raise RecordError(f"must be a non-negative number, got {_schema_name(rec['wall_ms'])}", source=where(rec),
+                          field="wall_ms")
+
+
+def check_reportable(rec: dict) -> None:
+    """`check_record`, and what the run report (bench_plugins.reporters) reads of a record: a
+    positive wall time, `decisions`, `tokens.useful` / `tokens.padded`, the device's name, and
+    when present `peak_mem_bytes`, `validity`, `harness_overhead`, `aa_half` and a stream's
+    `extra.stream` times. RecordError names the record and the field, on one line."""
+    from dohnuts.bench.workload import one_line_error
+
+    check_record(rec)
+    try:
+        _check_reportable(rec)
+    except RecordError as exc:
+        raise one_line_error(exc) from None
+
+
+def _check_reportable(rec: dict) -> None:
+    at = where(rec)
+    if not rec["wall_ms"] > 0:
+        raise RecordError(f"must be positive, got {rec['wall_ms']!r}", source=at, field="wall_ms")
+    if not _number(rec.get("decisions")):
+        raise RecordError("must be a non-negative number", source=at, field="decisions")
+    tokens = rec.get("tokens")
+    if not isinstance(tokens, dict) or not all(_number(tokens.get(k)) for k in ("useful", "padded")):
+        raise RecordError("must be an object with non-negative useful and padded counts", source=at, field="tokens")
+    if not isinstance(rec["device"].get("name"), str):
+        raise RecordError("must be a string", source=at, field="device.name")
+    if rec.get("peak_mem_bytes") is not None and not _number(rec["peak_mem_bytes"]):
+        raise RecordError("must be a non-negative number or null", source=at, field="peak_mem_bytes")
+    validity = rec.get("validity")
+    if validity is not None and (not isinstance(validity, dict) or not isinstance(validity.get("reasons") or [], list)):
+        raise RecordError("must be an object whose reasons are a list", source=at, field="validity")
+    for key in ("harness_overhead", "extra"):
+        if rec.get(key) is not None and not isinstance(rec[key], dict):
+            raise RecordError("must be an object or null", source=at, field=key)
+    if rec.get("aa_half") is not None and rec["aa_half"] not in (0, 1):
+        raise RecordError("must be 0 or 1", source=at, field="aa_half")
+    stream = (rec.get("extra") or {}).get("stream")
+    if stream is not None and not (isinstance(stream, dict) and all(_number(stream.get(k)) for k in STREAM_TIMES)
+                                   and stream["total_ms"] > 0):
+        raise RecordError("needs non-negative latency_ms and queue_ms and a positive total_ms", source=at,
+                          field="extra.stream")
 
 
 def _number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0
+    """A finite non-negative number (not a bool)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    return x >= 0 and (isinstance(x, int) or math.isfinite(x))
 
 
 def stage_ms(entry: dict) -> float:

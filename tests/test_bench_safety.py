@@ -1,0 +1,565 @@
+"""dohnuts-bench under bad input and faults: bounded sizes and the context checked before anything
+is measured, a linear text filler, atomic run directories, one-line errors (exit 2) instead of
+tracebacks, Ctrl-C during the report, strict JSON, no empty run directories, out-of-memory
+targets recorded as failed while the run goes on."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from dohnuts.bench.cli import main
+from dohnuts.bench.hookspecs import hookimpl
+from dohnuts.bench.workload import load_workload
+from dohnuts.errors import ConfigError
+from tests.test_bench_harness import _registry
+
+SMALL = """\
+kind: text
+targets: [dohnuts]
+model: tiny
+warmup: 1
+repeat: 2
+halfwidth: 0
+shape: {requests: 1, questions: 1, seq_tokens: 64, candidates: 2, candidate_tokens: 2}
+"""
+
+
+def _workload(tmp_path: Path, text: str = SMALL, name: str = "w.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _one_line_error(capsys, *needles: str) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    for needle in needles:
+        assert needle in err[0], (needle, err[0])
+    assert "Traceback" not in err[0]
+    return err[0]
+
+
+def _strict_json(text: str):
+    def refuse(name):
+        raise AssertionError(f"bare {name} in JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _plugins(monkeypatch, *extra):
+    """Run the CLI with extra plugin objects registered (as tests/test_bench_harness does)."""
+    from dohnuts.bench import plugins
+
+    real = plugins.plugin_manager
+
+    def with_extra(extra_plugins=(), **kw):
+        return real(extra=(*extra, *extra_plugins), **kw)
+
+    monkeypatch.setattr(plugins, "plugin_manager", with_extra)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _small_ceiling_benchmarks():
+    """The CPU ceilings measured at the start of each run, on small sizes (these tests run many
+    short runs; the numbers only need to exist)."""
+    import functools
+
+    from bench_plugins.analyzers import microbench
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(microbench, "measure_cpu_ceilings",
+                   functools.partial(microbench.measure_cpu_ceilings, n=128, copy_bytes=1 << 20, vector=1 << 12))
+        yield
+
+
+@pytest.fixture(scope="module")
+def measured_run(tmp_path_factory, _small_ceiling_benchmarks) -> Path:
+    """One small real run: its results.jsonl feeds the `analyze` tests."""
+    out = tmp_path_factory.mktemp("run")
+    assert main(["run", str(_workload(out)), "--out", str(out / "runs"), "--quiet"]) == 0
+    (run_dir,) = list((out / "runs").iterdir())
+    return run_dir
+
+
+def _copy_results(run_dir: Path, dest: Path, edit=None) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    lines = (run_dir / "results.jsonl").read_text().splitlines()
+    if edit is not None:
+        lines = [edit(line) for line in lines]
+    path = dest / "results.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Bounded sizes, the context checked when the file is validated, a linear filler
+
+
+BOUNDS = {
+    "questions": ("shape: {questions: 100000000}", "shape.questions", "must be <= 4096"),
+    "seq_tokens": ("shape: {seq_tokens: 3000000}", "shape.seq_tokens", "must be <= 262144"),
+    "requests": ("shape: {requests: 5000}", "shape.requests", "must be <= 1024"),
+    "candidates": ("shape: {candidates: 100000}", "shape.candidates", "must be <= 1024"),
+    "min_duration_inf": ("min_duration_s: .inf", "min_duration_s", "must be a finite number"),
+    "min_duration_nan": ("min_duration_s: .nan", "min_duration_s", "must be a finite number"),
+    "min_duration_day": ("min_duration_s: 86401", "min_duration_s", "must be <= 86400"),
+    "halfwidth_nan": ("halfwidth: .nan", "halfwidth", "must be a finite number"),
+    "repeat": ("repeat: 1000000", "repeat", "must be <= 10000"),
+    "warmup": ("warmup: 100000", "warmup", "must be <= 1000"),
+    "max_repeat": ("max_repeat: 10000000", "max_repeat", "must be <= 100000"),
+    "seed": ("seed: -1", "seed", "must be >= 0"),
+    "generated_text": ("shape: {requests: 1024, questions: 4096, seq_tokens: 64}", "shape.seq_tokens",
+                       "tokens of generated text"),
+    "context": ("shape: {seq_tokens: 9000}", "shape.seq_tokens", "over the 8192-token context of model 'tiny'"),
+    "context_on_gpu": ("on_gpu: {shape: {seq_tokens: 9000}}", "on_gpu.shape.seq_tokens", "context"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BOUNDS))
+def test_sizes_out_of_bounds_are_refused_before_anything_runs(case, tmp_path, capsys):
+    text, field, message = BOUNDS[case]
+    path = _workload(tmp_path, f"kind: text\n{text}\n")
+    assert main(["run", str(path), "--out", str(tmp_path / "runs")]) == 2
+    _one_line_error(capsys, str(path), f"field '{field}'", message)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_image_tokens_count_against_the_context(tmp_path):
+    kinds, targets = _registry()
+    fits = _workload(tmp_path, "kind: image\nshape: {seq_tokens: 7000, resolution: [1024, 1024]}\n")
+    spec = load_workload(fits, kinds, targets, gpu=False)
+    from dohnuts.config import preset
+
+    assert kinds["image"].sequence_tokens(spec.shape, preset("tiny"), source="") == 7000 + 1024 + 2
+    over = _workload(tmp_path, "kind: image\nshape: {seq_tokens: 8000, resolution: [1024, 1024]}\n")
+    with pytest.raises(ConfigError, match=r"field 'shape.seq_tokens': is 8000, and with the largest image's 1026 "
+                                          r"tokens \(markers included\) a sequence holds 9026: over the 8192-token "
+                                          r"context"):
+        load_workload(over, kinds, targets, gpu=False)
+
+
+def test_the_longest_sequence_that_fits_is_accepted(tmp_path):
+    kinds, targets = _registry()
+    spec = load_workload(_workload(tmp_path, "kind: text\nshape: {seq_tokens: 8192}\n"), kinds, targets, gpu=False)
+    assert spec.shape["seq_tokens"] == 8192
+
+
+def test_a_checkpoints_max_position_embeddings_bounds_the_sequence(tmp_path):
+    from dohnuts.config import preset, to_hf_text_config
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    cfg = {**to_hf_text_config(preset("tiny").text), "model_type": "qwen3_5_text", "max_position_embeddings": 512}
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    kinds, targets = _registry()
+    ok = _workload(tmp_path, f"kind: text\nmodel: {ckpt}\nshape: {{seq_tokens: 512}}\n", "ok.yaml")
+    assert load_workload(ok, kinds, targets, gpu=False).model == str(ckpt)
+    over = _workload(tmp_path, f"kind: text\nmodel: {ckpt}\nshape: {{seq_tokens: 600}}\n", "over.yaml")
+    with pytest.raises(ConfigError, match=r"over.yaml: field 'shape.seq_tokens': is 600: over the 512-token "
+                                          r"context .*max_position_embeddings 512"):
+        load_workload(over, kinds, targets, gpu=False)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_bytes(b"\xff\xfe{")
+    bad = _workload(tmp_path, f"kind: text\nmodel: {broken}\n", "bad.yaml")
+    with pytest.raises(ConfigError, match=r"bad.yaml: field 'model': is not a usable checkpoint"):
+        load_workload(bad, kinds, targets, gpu=False)
+
+
+def test_an_over_context_workload_stops_the_run_before_earlier_ones_are_measured(tmp_path, capsys):
+    good = _workload(tmp_path, SMALL, "good.yaml")
+    long = _workload(tmp_path, SMALL.replace("seq_tokens: 64", "seq_tokens: 10000"), "long.yaml")
+    assert main(["run", str(good), str(long), "--out", str(tmp_path / "runs"), "--quiet"]) == 2
+    _one_line_error(capsys, "long.yaml", "field 'shape.seq_tokens'")
+    assert not (tmp_path / "runs").exists()  # nothing was measured, nothing is left behind
+
+
+def _quadratic_filler(tokenizer, n_tokens, rng):
+    """The filler as it was (one encode per word): the reference the linear one must equal."""
+    import string
+
+    if n_tokens <= 0:
+        return ""
+    words = []
+    while True:
+        words.append("".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 8))))
+        text = " ".join(words)
+        if len(tokenizer.encode(text)) >= n_tokens:
+            break
+    if len(tokenizer.encode(text)) > n_tokens and getattr(tokenizer, "name", "") == "bytes":
+        text = text[:n_tokens]
+    return text
+
+
+class _CountingTokenizer:
+    """The byte tokenizer, counting the characters it is asked to encode."""
+
+    name = "bytes"
+
+    def __init__(self):
+        self.encoded = 0
+
+    def encode(self, text: str) -> list[int]:
+        self.encoded += len(text)
+        return list(text.encode("utf-8"))
+
+
+class _SubwordTokenizer:
+    """A stand-in for a checkpoint's tokenizer: about two characters a token, and a BOS."""
+
+    name = "tokenizer.json"
+
+    def encode(self, text: str) -> list[int]:
+        return [0] * (1 + (len(text) + 1) // 2)
+
+
+def test_filler_is_linear_and_draws_exactly_what_the_quadratic_one_drew():
+    from bench_plugins.workloads import filler
+
+    for tok in (_CountingTokenizer(), _SubwordTokenizer()):
+        for seed in range(4):
+            a, b = random.Random(seed), random.Random(seed)
+            for n in (1, 2, 5, 16, 17, 100, 999, 4096):
+                assert filler(tok, n, a) == _quadratic_filler(tok, n, b)
+                assert a.getstate() == b.getstate()  # every later draw is the same too
+    tok = _CountingTokenizer()
+    n = 200_000
+    text = filler(tok, n, random.Random(0))
+    assert len(text) == n
+    assert tok.encoded <= 40 * n  # word by word it encoded ~n²/12 characters (3e9 here)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Run directories are created atomically
+
+
+def test_concurrent_run_directories_never_collide(tmp_path, monkeypatch):
+    from dohnuts.bench import runner
+
+    monkeypatch.setattr(runner.time, "strftime", lambda fmt: "20270101-000000")  # every creator collides
+    barrier = threading.Barrier(48)
+    made, errors = [], []
+
+    def create():
+        try:
+            barrier.wait()
+            made.append(runner.new_run_dir(tmp_path / "runs", "same")[1])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create) for _ in range(48)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(made) == len(set(made)) == 48 and all(p.is_dir() for p in made)
+    assert {p.name for p in made} == {"20270101-000000-same"} | {f"20270101-000000-same-{n}" for n in range(2, 49)}
+
+
+def test_labels_and_workload_names_stay_inside_the_run_directory(tmp_path):
+    from dohnuts.bench.runner import new_run_dir, safe_name
+
+    _, path = new_run_dir(tmp_path, "../../etc/x y")
+    assert path.parent == tmp_path and "/" not in path.name and ".." not in path.name
+    assert safe_name("../..") == "run" and safe_name("text-2b") == "text-2b"
+
+
+def test_out_that_is_a_file_is_refused(tmp_path, capsys):
+    out = tmp_path / "not-a-dir"
+    out.write_text("keep me")
+    assert main(["run", str(_workload(tmp_path)), "--out", str(out)]) == 2
+    _one_line_error(capsys, str(out), "field '--out'", "is not a directory")
+    assert out.read_text() == "keep me"
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. One line and exit 2 (or 130), never a traceback
+
+
+def test_a_workload_path_that_is_a_directory(tmp_path, capsys):
+    assert main(["run", str(tmp_path), "--out", str(tmp_path / "runs")]) == 2
+    _one_line_error(capsys, str(tmp_path), "is a directory")
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\x00\x01\xff\xfe\x89PNG\r\n\x1a\n", "is not utf-8 text"),
+    (b"name: caf\xe9\n", "is not utf-8 text"),  # latin-1
+    (b"name: [unclosed\n", "is not valid YAML at line"),
+    (b"name: a\x07b\n", "unacceptable character #x0007"),
+    (b"ceilings: {a: 1}\nceilings: {b: 2}\n", "has the key 'ceilings' twice (line 1 and line 2)"),
+])
+def test_unreadable_hwspec_files_are_one_line(tmp_path, capsys, content, message):
+    spec = tmp_path / "gpu.yaml"
+    spec.write_bytes(content)
+    assert main(["run", str(_workload(tmp_path)), "--hwspec", str(spec), "--out", str(tmp_path / "runs")]) == 2
+    _one_line_error(capsys, str(spec), message)
+    assert not (tmp_path / "runs").exists()
+
+
+class _InterruptReport:
+    """Ctrl-C during the measured call 2 (optionally) and again while the report is written."""
+
+    def __init__(self, during_run: bool):
+        self.during_run = during_run
+
+    @hookimpl
+    def dohnuts_bench_after_call(self, run, spec, target_name, record):
+        if self.during_run and record["iteration"] == 2:
+            raise KeyboardInterrupt
+
+    @hookimpl
+    def dohnuts_bench_analyze(self, records, hwspec, measured, run_dir):
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("during_run", [True, False], ids=["second-ctrl-c", "ctrl-c-in-report"])
+def test_ctrl_c_during_the_report_exits_130_with_results_intact(tmp_path, monkeypatch, capsys, during_run):
+    _plugins(monkeypatch, _InterruptReport(during_run))
+    path = _workload(tmp_path, SMALL.replace("repeat: 2", "repeat: 4"))
+    assert main(["run", str(path), "--out", str(tmp_path / "runs"), "--quiet"]) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "interrupted while writing the report" in err
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    records = [_strict_json(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    iterations = [r["iteration"] for r in records if r["phase"] != "stream"]
+    assert iterations == ([-1, 0, 1] if during_run else [-1, 0, 1, 2, 3])
+    assert all(r["schema"] == 1 for r in records)
+    assert _strict_json((run_dir / "run.json").read_text())["run_id"] == run_dir.name
+
+
+def test_ctrl_c_during_analyze_exits_130(measured_run, tmp_path, monkeypatch, capsys):
+    _plugins(monkeypatch, _InterruptReport(during_run=False))
+    assert main(["analyze", str(measured_run / "results.jsonl"), "--out", str(tmp_path)]) == 130
+    _one_line_error(capsys, "interrupted")
+
+
+def _edit(**changes):
+    def edit(line: str) -> str:
+        rec = json.loads(line)
+        for key, value in changes.items():
+            if value is ...:
+                rec.pop(key, None)
+            else:
+                rec[key] = value
+        return json.dumps(rec)  # allow_nan (the default): bare NaN / Infinity, as a foreign writer might
+
+    return edit
+
+
+@pytest.mark.parametrize("case, edit, message", [
+    ("no_stages", _edit(stages=...), "field 'stages': is missing"),
+    ("nan_wall", _edit(wall_ms=float("nan")), "not finite (NaN or infinite) at wall_ms"),
+    ("inf_overhead", _edit(harness_overhead_ms=float("inf")), "not finite (NaN or infinite) at harness_overhead_ms"),
+    ("huge_number", lambda line: line.replace('"wall_ms": ', '"wall_ms": 1e999, "x": ', 1),
+     "not finite (NaN or infinite) at wall_ms"),
+    ("no_tokens", _edit(tokens=...), "field 'tokens'"),
+    ("zero_wall", _edit(wall_ms=0), "field 'wall_ms': must be positive"),
+    ("device_string", _edit(device="cpu"), "field 'device'"),
+])
+def test_analyze_refuses_bad_records_in_one_line(measured_run, tmp_path, capsys, case, edit, message):
+    path = _copy_results(measured_run, tmp_path / case, edit)
+    assert main(["analyze", str(path)]) == 2
+    _one_line_error(capsys, str(path), message)
+    assert not (path.parent / "summary.json").exists()
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n", b'{"a": 1}\n{"b": 2}\n', b"\x00\xff\xfe\x01binary",
+                                     b'{"schema": 2, "x": 1}\n'], ids=["empty", "blank", "foreign", "binary", "schema2"])
+def test_analyze_of_a_file_without_schema_1_records_exits_2(tmp_path, capsys, content):
+    path = tmp_path / "results.jsonl"
+    path.write_bytes(content)
+    assert main(["analyze", str(path)]) == 2
+    _one_line_error(capsys, str(path))
+
+
+def test_analyze_with_a_corrupt_run_json_beside_the_results(measured_run, tmp_path, capsys):
+    path = _copy_results(measured_run, tmp_path / "r")
+    for content, message in ((b'{"run_id": "x", "hwspec": ', "is not a run's JSON"), (b"\xff\xfe\x00", "is not"),
+                             (b"[1, 2]", "must be a JSON object"), (b'{"hwspec": 5}', "field 'hwspec'"),
+                             (b'{"measured": {"ceilings": [1]}}', "field 'measured'")):
+        (path.parent / "run.json").write_bytes(content)
+        assert main(["analyze", str(path)]) == 2
+        _one_line_error(capsys, "run.json", message)
+
+
+def test_analyze_out_that_is_a_file_and_a_binary_results_file(measured_run, tmp_path, capsys):
+    out = tmp_path / "file"
+    out.write_text("x")
+    assert main(["analyze", str(measured_run / "results.jsonl"), "--out", str(out)]) == 2
+    _one_line_error(capsys, "field '--out'")
+    binary = tmp_path / "bin.jsonl"
+    binary.write_bytes(b"\x89PNG\xff\xfe\x00garbage\n" + (measured_run / "results.jsonl").read_bytes())
+    assert main(["analyze", str(binary)]) == 2
+    _one_line_error(capsys, str(binary), "field 'line 1': line 1 is not valid JSON (not UTF-8 text at byte 0)")
+
+
+def test_analyze_of_a_run_writes_strict_json(measured_run, tmp_path):
+    assert main(["analyze", str(measured_run), "--out", str(tmp_path)]) == 0  # a run directory works too
+    summary = _strict_json((tmp_path / "summary.json").read_text())
+    report = (tmp_path / "report.txt").read_text()
+    assert summary["summary"] and "nan%" not in report and "NaN" not in report
+    _strict_json((measured_run / "run.json").read_text())
+    for line in (measured_run / "results.jsonl").read_text().splitlines():
+        _strict_json(line)
+
+
+def test_bench_json_is_strict():
+    from dohnuts.bench.analysis.records import dumps, json_safe
+
+    value = {"a": float("nan"), "b": [float("inf"), 1.5, (float("-inf"),)], "c": "NaN"}
+    assert json.loads(dumps(value)) == {"a": None, "b": [None, 1.5, [None]], "c": "NaN"}
+    assert json_safe(2.0) == 2.0 and dumps({"x": 1}) == '{"x": 1}'
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. One-line YAML errors, the workload's hwspec, no empty run directories, the telemetry interval,
+#    duplicate keys
+
+
+@pytest.mark.parametrize("text", ["kind: text\n\tshape: x\n", "kind: text\nshape: {questions: 4\n",
+                                  "kind: [text\n", "a: b: c\n", "kind: text\x00\n", "- [\n- ]\n"])
+def test_yaml_garbage_is_one_line(tmp_path, capsys, text):
+    path = tmp_path / "garbage.yaml"
+    path.write_text(text)
+    assert main(["run", str(path), "--out", str(tmp_path / "runs")]) == 2
+    _one_line_error(capsys, str(path))
+
+
+def test_hwspec_yaml_errors_are_one_line(tmp_path):
+    from dohnuts.bench.analysis.hwspec import load_hwspec
+
+    bad = tmp_path / "gpu.yaml"
+    bad.write_text("name: x\nceilings: {a: [1, 2}\n")
+    with pytest.raises(ConfigError, match=r"gpu.yaml: is not valid YAML at line 2") as info:
+        load_hwspec(bad)
+    assert "\n" not in str(info.value)
+
+
+def test_a_workloads_hwspec_error_names_the_workload_file(tmp_path, capsys):
+    broken = tmp_path / "gpu.yaml"
+    broken.write_text("name: [unclosed\n")
+    for ref, message in (("no-such-gpu", "neither a file nor a built-in"), (str(broken), "not valid YAML")):
+        path = _workload(tmp_path, SMALL + f"hwspec: {ref}\n")
+        assert main(["run", str(path), "--out", str(tmp_path / "runs")]) == 2
+        _one_line_error(capsys, str(path), "field 'hwspec'", message)
+        with pytest.raises(ConfigError, match=r"w.yaml: field 'hwspec'"):
+            load_workload(path, *_registry(), gpu=False)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_refusal_while_measuring_leaves_no_run_directory(tmp_path, capsys):
+    """A target option is checked by the target itself, when it is built: the run directory
+    created for the run is removed again when nothing was recorded."""
+    path = _workload(tmp_path, SMALL.replace("targets: [dohnuts]", "targets: [{name: dohnuts, options: {bogus: 1}}]"))
+    assert main(["run", str(path), "--out", str(tmp_path / "runs"), "--quiet"]) == 2
+    _one_line_error(capsys, str(path), "unknown dohnuts target option 'bogus'")
+    assert not (tmp_path / "runs").exists()
+    existing = tmp_path / "kept"
+    existing.mkdir()
+    assert main(["run", str(path), "--out", str(existing), "--quiet"]) == 2
+    assert existing.is_dir() and not list(existing.iterdir())  # the folder stays, empty as it was
+
+
+def test_a_refusal_after_measurements_keeps_them_and_writes_the_report(tmp_path, capsys):
+    good = _workload(tmp_path, SMALL, "good.yaml")
+    bad = _workload(tmp_path, SMALL.replace("targets: [dohnuts]", "targets: [{name: dohnuts, options: {x: 1}}]"),
+                    "bad.yaml")
+    assert main(["run", str(good), str(bad), "--out", str(tmp_path / "runs"), "--quiet"]) == 2
+    _one_line_error(capsys, "bad.yaml", "unknown dohnuts target option 'x'")
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    records = [_strict_json(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert records and {r["workload"]["name"] for r in records} == {"good"}
+    assert (run_dir / "report.txt").exists() and _strict_json((run_dir / "summary.json").read_text())["summary"]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "1e9", "0.0000001"])
+def test_telemetry_interval_must_be_a_sane_positive_number(tmp_path, capsys, value):
+    assert main(["run", str(_workload(tmp_path)), "--telemetry-interval", value, "--out", str(tmp_path / "r")]) == 2
+    _one_line_error(capsys, "field '--telemetry-interval'")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("text, key, lines", [
+    ("kind: text\nrepeat: 3\nkind: image\n", "kind", (1, 3)),
+    ("kind: text\nshape:\n  questions: 2\n  questions: 3\n", "questions", (3, 4)),
+    ("kind: text\nshape: {questions: 2, questions: 3}\n", "questions", (2, 2)),
+])
+def test_duplicate_keys_in_a_workload_are_refused(tmp_path, capsys, text, key, lines):
+    path = _workload(tmp_path, text)
+    assert main(["run", str(path), "--out", str(tmp_path / "runs")]) == 2
+    _one_line_error(capsys, str(path), f"has the key '{key}' twice (line {lines[0]} and line {lines[1]})")
+
+
+def test_merge_keys_may_still_be_overridden(tmp_path):
+    kinds, targets = _registry()
+    path = _workload(tmp_path, "kind: text\nshape: &b {questions: 2, requests: 1}\n"
+                               "on_gpu:\n  shape:\n    <<: *b\n    questions: 3\n")
+    assert load_workload(path, kinds, targets, gpu=True).shape["questions"] == 3
+    assert load_workload(path, kinds, targets, gpu=False).shape["questions"] == 2
+
+
+def test_duplicate_keys_in_a_hwspec_are_refused(tmp_path):
+    from dohnuts.bench.analysis.hwspec import load_hwspec
+
+    path = tmp_path / "gpu.yaml"
+    path.write_text("name: x\nceilings:\n  mm: {kind: compute}\n  mm: {kind: bandwidth}\n")
+    with pytest.raises(ConfigError, match=r"gpu.yaml: field 'mm': has the key 'mm' twice \(line 3 and line 4\)"):
+        load_hwspec(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. A target that runs out of memory fails alone
+
+
+@pytest.mark.parametrize("error", [
+    lambda: torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB"),
+    lambda: RuntimeError("HIP error: out of memory"),
+], ids=["OutOfMemoryError", "RuntimeError"])
+def test_an_out_of_memory_target_is_recorded_as_failed_and_the_run_goes_on(tmp_path, monkeypatch, capsys, error):
+    from bench_plugins.targets.dohnuts_target import DohnutsTarget
+
+    real = DohnutsTarget.run_call
+
+    def run_call(self, call, timer):  # the 'big' workload's target dies on its third call
+        if call.request.id.startswith("big-"):
+            self.calls_made = getattr(self, "calls_made", 0) + 1
+            if self.calls_made == 3:
+                raise error()
+        return real(self, call, timer)
+
+    monkeypatch.setattr(DohnutsTarget, "run_call", run_call)
+    big = _workload(tmp_path, SMALL, "big.yaml")
+    after = _workload(tmp_path, SMALL, "after.yaml")
+    assert main(["run", str(big), str(after), "--out", str(tmp_path / "runs"), "--quiet"]) == 1
+    captured = capsys.readouterr()
+    assert "failed" in captured.out and "Traceback" not in captured.err
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and "big.yaml" in err[0] and "out of memory" in err[0]
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    records = [_strict_json(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    big_records = [r for r in records if r["workload"]["name"] == "big"]
+    assert [r["iteration"] for r in big_records] == [-1, 0]  # what it completed stays
+    assert {r["workload"]["name"] for r in records if r["phase"] == "steady"} == {"big", "after"}
+    assert sum(1 for r in records if r["workload"]["name"] == "after" and r["phase"] == "steady") == 2
+    (failure,) = _strict_json((run_dir / "run.json").read_text())["failures"]
+    assert failure["workload"] == "big" and failure["target"] == "dohnuts" and failure["file"] == str(big)
+    assert "out of memory" in failure["error"]
+    assert (run_dir / "report.txt").exists() and _strict_json((run_dir / "summary.json").read_text())["summary"]
+
+
+def test_only_out_of_memory_errors_are_caught():
+    from dohnuts.bench.runner import is_out_of_memory
+
+    assert is_out_of_memory(torch.cuda.OutOfMemoryError("x"))
+    assert is_out_of_memory(RuntimeError("CUDA error: out of memory"))
+    assert is_out_of_memory(MemoryError())
+    assert is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB"))
+    assert not is_out_of_memory(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not is_out_of_memory(ValueError("out of memory"))
