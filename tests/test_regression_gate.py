@@ -48,7 +48,7 @@ def test_gate_catches_an_injected_2x_slowdown_and_passes_an_unchanged_rerun(tmp_
     ok, lines = gate.gate(base, slowed, min_effect=0.3)
     assert not ok and "slower" in lines[0] and "test_predict_call" in lines[0]
     ratio = float(lines[0].split("ratio ")[1].split(",")[0])
-    assert 1.6 < ratio < 2.5  # the injected factor, measured
+    assert ratio > 1.6  # the injected factor (about 2; more when other processes load the machine)
 
 
 def test_gate_reads_and_refuses(tmp_path, capsys):
