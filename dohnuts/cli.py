@@ -12,6 +12,7 @@ status is 2 if any line was refused (0 otherwise).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -19,11 +20,44 @@ from pathlib import Path
 from dohnuts.errors import DohnutsError
 
 
-def _progress():
+def _progress(enabled: bool = True):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                    transient=False, disable=not sys.stderr.isatty())
+                    transient=False, disable=not (enabled and sys.stderr.isatty()))
+
+
+def _launch(args, command: str, out: str | None = None) -> int:
+    """`--nproc-per-node N`: the same command as N processes under torchrun; one line when a rank fails."""
+    from dohnuts.runtime.distributed import launch
+
+    argv, skip = [], False
+    for a in args.argv:
+        if skip:
+            skip = False
+        elif a == "--nproc-per-node":
+            skip = True
+        elif not a.startswith("--nproc-per-node="):
+            argv.append(a)
+    res = launch(argv, args.nproc_per_node)
+    if res.failed_rank is None:
+        return res.returncode
+    if res.exitcode == 2:
+        return 2  # a user error: the rank has said what it was, in one line
+    status = f"exit status {res.exitcode}" if res.exitcode is not None and res.exitcode >= 0 else \
+        f"signal {-(res.exitcode or 0)}"
+    after = ""
+    if command == "train" and out:
+        from dohnuts.train.checkpoints import latest_checkpoint
+
+        ckpt = latest_checkpoint(out)
+        after = (f"; the run's last checkpoint, update {int(ckpt.name[7:])}, is intact (continue with --resume)"
+                 if ckpt is not None else "; no checkpoint was committed")
+    elif command == "predict":
+        after = "; no output was written"
+    print(f"dohnuts: error: rank {res.failed_rank} of {args.nproc_per_node} ended with {status}; torchrun stopped "
+          f"the other ranks{after}", file=sys.stderr)
+    return 1
 
 
 def _predict_paths(args) -> tuple[Path, Path | None]:
@@ -111,6 +145,16 @@ def _quiet_stdout() -> None:
 
 
 def cmd_predict(args) -> int:
+    from dohnuts.runtime.distributed import launched
+
+    if args.nproc_per_node < 1:
+        raise DohnutsError(f"must be ≥ 1, got {args.nproc_per_node}", source="--nproc-per-node")
+    if args.nproc_per_node > 1 and not launched():
+        _predict_paths(args)  # bad paths are refused here, once, before N processes start
+        _predict_device(args.device)
+        return _launch(args, "predict")
+    if launched():
+        return _predict_sharded(args)
     import dohnuts.api as api
     from dohnuts.runtime.predict import Predictor, RequestFailure
     from dohnuts.runtime.requests import count_requests, read_requests
@@ -157,6 +201,54 @@ def cmd_predict(args) -> int:
     return 2 if refused else 0
 
 
+def _predict_sharded(args) -> int:
+    """One rank of `predict` under torchrun: request k (bad lines included) is scored by rank
+    k mod N; rank 0 gathers every rank's records and writes them in input order."""
+    import torch.distributed as dist
+
+    import dohnuts.api as api
+    from dohnuts.runtime.distributed import join, leave, report_status
+    from dohnuts.runtime.predict import Predictor, RequestFailure
+    from dohnuts.runtime.requests import read_requests
+
+    src, out_path = _predict_paths(args)
+    world, device = join(_predict_device(args.device))
+    try:
+        model = api.load(args.model, adapter=args.adapter, device=device)
+        if args.adapter:
+            model.merge_lora()
+        mine = [(k, (f"{src}:{n}", item)) for k, (n, item) in enumerate(read_requests(src))
+                if k % world.size == world.rank]
+        predictor = Predictor(model, share_prefix=not args.no_share_prefix)
+        try:
+            rows = [(k, r.to_json(), _failure_line(src, r) if isinstance(r, RequestFailure) else None)
+                    for (k, _), r in zip(mine, predictor.run(item for _, item in mine))]
+        finally:
+            predictor.close()
+        gathered = [None] * world.size if world.is_main else None
+        dist.gather_object(rows, gathered, dst=0)
+    finally:
+        leave()
+    if not world.is_main:
+        return report_status(world, 0)
+    rows = sorted((r for part in gathered for r in part), key=lambda r: r[0])
+    refused = sum(1 for _, _, f in rows if f)
+    for _, _, failure in rows:
+        if failure:
+            print(f"dohnuts: {failure}", file=sys.stderr)
+    text = "".join(line + "\n" for _, line, _ in rows)
+    if out_path is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        tmp = out_path.with_name(out_path.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(out_path)
+    print(f"dohnuts: scored {len(rows) - refused} of {len(rows)} requests on {world.size} processes"
+          + (f", refused {refused} (see the error records)" if refused else ""), file=sys.stderr)
+    return report_status(world, 2 if refused else 0)
+
+
 def cmd_train(args) -> int:
     import math
 
@@ -165,8 +257,14 @@ def cmd_train(args) -> int:
     from dohnuts.train.objective import RLCDConfig
     from dohnuts.train.step import OptimConfig
     from dohnuts.train.task import synthetic_requests
+    from dohnuts.runtime.distributed import barrier, join, launched, leave
     from dohnuts.train.checkpoints import check_resumable, check_run_dir, data_fingerprint, read_checkpoint
     from dohnuts.train.trainer import Partitions, TrainConfig, Trainer
+
+    if args.nproc_per_node < 1:
+        raise DohnutsError(f"must be ≥ 1, got {args.nproc_per_node}", source="--nproc-per-node")
+    if args.nproc_per_node > 1 and not launched():
+        return _launch(args, "train", out=args.out)
 
     # Arguments first (one line naming the argument, exit status 2), before anything is read or written.
     def need(ok: bool, arg: str, value, why: str) -> None:
@@ -229,17 +327,24 @@ def cmd_train(args) -> int:
     )
     if ckpt is not None:  # changed arguments are refused before the model is loaded
         check_resumable(read_checkpoint(ckpt), cfg, data_fingerprint(data), str(args.out))
-    log = lambda msg: print(f"dohnuts: {msg}", file=sys.stderr)  # noqa: E731
-    trainer = Trainer(cfg, data, log=log)
+    # Several processes (torchrun): every rank has checked the run directory before rank 0 writes.
+    world, device = join(args.device)
+    cfg = dataclasses.replace(cfg, device=device)
+    barrier(world)
+    log = (lambda msg: print(f"dohnuts: {msg}", file=sys.stderr)) if world.is_main else (lambda msg: None)
+    trainer = Trainer(cfg, data, log=log, world=world)
     try:
         if args.resume and trainer.resume():
-            log(f"resumed at update {trainer.update}")
-        with _progress() as bar:
+            log(f"resumed at update {trainer.update}" + (f" on {world.size} processes" if world.distributed else ""))
+        with _progress(enabled=world.is_main) as bar:
             task = bar.add_task("training", total=cfg.updates, completed=trainer.update)
             trainer.train(progress=lambda u, loss: bar.update(task, completed=u, description=f"loss {loss:.3f}"))
-        summary = trainer.finish()
+        summary = trainer.finish() if world.is_main else None
     finally:
         trainer.close()
+        leave()
+    if summary is None:
+        return 0
     log(f"selected update {summary['best_update']} (dev accuracy {summary['dev_accuracy']:.3f}); "
         f"temperature {summary['temperature']:.3f}; test accuracy {summary['test_accuracy']:.3f}, "
         f"NLL {summary['test_nll']:.3f}, ECE {summary['test_ece']:.3f} → {Path(cfg.out) / 'summary.json'}")
@@ -262,6 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "adapters are merged into the base weights before scoring (deployment)")
     pr.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
     pr.add_argument("--no-share-prefix", action="store_true", help="never compute a shared prefix once")
+    pr.add_argument("--nproc-per-node", type=int, default=1,
+                    help="score on N processes (one per GPU; gloo processes on a CPU) under torchrun; request k "
+                    "goes to rank k mod N and the output keeps the input order (default 1)")
     pr.set_defaults(func=cmd_predict)
 
     tr = sub.add_parser("train", help="train LoRA adapters + head with RLCD")
@@ -284,12 +392,18 @@ def build_parser() -> argparse.ArgumentParser:
                     "started with (only --updates, to train longer, and --device may change); without it, an --out "
                     "that holds a run is refused")
     tr.add_argument("--device")
+    tr.add_argument("--nproc-per-node", type=int, default=1,
+                    help="data-parallel training on N processes (one per GPU; gloo processes on a CPU) under "
+                    "torchrun: microbatch i of every update runs on rank i mod N, gradients are all-reduced, rank 0 "
+                    "evaluates and writes (default 1; `torchrun -m dohnuts.cli train ...` does the same)")
     tr.set_defaults(func=cmd_train)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     try:
         return args.func(args)
     except DohnutsError as exc:

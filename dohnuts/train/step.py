@@ -25,6 +25,7 @@ import torch
 
 from dohnuts.model.scorer import candidate_logits
 from dohnuts.runtime.batch import Batch
+from dohnuts.runtime.distributed import SINGLE, World, all_reduce_gradients, all_reduce_sum
 from dohnuts.runtime.pipeline import Pipeline
 from dohnuts.runtime.requests import Request
 from dohnuts.runtime.timing import NULL_TIMER
@@ -69,15 +70,17 @@ def microbatch_loss(model, batch: Batch, objective: RLCDConfig, *, image_feature
 class UpdateResult:
     loss: float
     grad_norm: float  # before clipping
-    work: WorkCounts  # the update's microbatches (with their image-cache outcomes)
+    work: WorkCounts | None  # this rank's microbatches (with their image-cache outcomes); None: it ran none
 
 
 class Updater:
     """Optimizer updates of a session's adapters, 4 microbatches (one request each) per update."""
 
     def __init__(self, session, optimizer: torch.optim.Optimizer, objective: RLCDConfig, cfg: OptimConfig, *,
-                 share_prefix: bool = True, workers: int = 2, graphs: MicrobatchGraphs | None = None):
+                 share_prefix: bool = True, workers: int = 2, graphs: MicrobatchGraphs | None = None,
+                 world: World = SINGLE):
         self.session = session
+        self.world = world  # several processes: each runs its share of the microbatches (runtime.distributed)
         self.optimizer = optimizer
         self.objective = objective
         self.cfg = cfg
@@ -99,11 +102,13 @@ class Updater:
         if len(requests) != MICROBATCHES:
             raise ValueError(f"an update takes exactly {MICROBATCHES} microbatches, got {len(requests)}")
         bucket = self.graphs is not None
-        return [self.pipeline.submit(self.session.prepare, r, share_prefix=self.share_prefix, train=True,
-                                     bucket=bucket) for r in requests]
+        mine = self.world.microbatches(len(requests))
+        return [self.pipeline.submit(self.session.prepare, requests[i], share_prefix=self.share_prefix, train=True,
+                                     bucket=bucket) for i in mine]
 
     def update(self, requests: Sequence[Request], timer=NULL_TIMER) -> UpdateResult:
-        """One update over 4 requests (prepared by the workers, copied one microbatch ahead)."""
+        """One update over 4 requests (prepared by the workers, copied one microbatch ahead). With
+        several processes every rank is given the same 4 and runs its own share of them."""
         return self._update(self._submit(requests), timer)
 
     def run(self, updates: Iterable[Sequence[Request]]) -> Iterator[UpdateResult]:
@@ -121,7 +126,7 @@ class Updater:
         session, model, pipe = self.session, self.session.model, self.pipeline
         with timer.stage("prepare"):  # waiting for the workers (zero when they were ahead)
             hbs = [f.result() for f in futures]
-        staged = [pipe.transfer(hbs[0], timer)]  # (its `h2d` stage is timed on the copy stream)
+        staged = [pipe.transfer(hbs[0], timer)] if hbs else []  # (`h2d` is timed on the copy stream)
         with timer.stage("vision"):  # one cache call for the whole update
             uses = session.image_features([(hb, staged[0][0] if i == 0 else None) for i, hb in enumerate(hbs)])
         model.train()
@@ -137,15 +142,19 @@ class Updater:
             if loss is None:
                 with timer.stage("forward"):
                     loss = microbatch_loss(model, dev, self.objective, image_features=feats,
-                                           checkpoint_layers=self.cfg.checkpoint_layers) / len(hbs)
+                                           checkpoint_layers=self.cfg.checkpoint_layers) / MICROBATCHES
                 with timer.stage("backward"):
                     loss.backward()
             total += loss.detach()
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        if self.world.distributed:
+            with timer.stage("allreduce"):  # every rank then holds the sum over all 4 microbatches
+                all_reduce_gradients(params, self.world)
+                all_reduce_sum(total, self.world)
         with timer.stage("optimizer"):
-            params = [p for g in self.optimizer.param_groups for p in g["params"]]
             norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
             self.optimizer.step()
         model.eval()
         works = [hb.work if use is None else use.counted(hb.work) for hb, use in zip(hbs, uses)]
-        work = WorkCounts.of_update(works, recompute=self.cfg.checkpoint_layers)
+        work = WorkCounts.of_update(works, recompute=self.cfg.checkpoint_layers) if works else None
         return UpdateResult(loss=float(total), grad_norm=float(norm), work=work)

@@ -36,6 +36,7 @@ import torch
 from dohnuts.adapters import fsync_dir, fsync_file, load_adapter, save_adapter
 from dohnuts.errors import CheckpointError, ConfigError, DohnutsError
 from dohnuts.model.lora import LoRAConfig
+from dohnuts.runtime.distributed import SINGLE, World, fault_point
 from dohnuts.runtime.predict import RequestResult
 from dohnuts.train.checkpoints import (
     BEST, CHECKPOINT_FORMAT, CHECKPOINTS, LOG, POINTER, SUMMARY, check_resumable, check_run_dir, config_record,
@@ -120,12 +121,16 @@ def microbatch_order(n: int, seed: int, update: int) -> list[int]:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, data: Partitions, log=print):
+    """The lifecycle of one run. With several processes (`world`, dohnuts.runtime.distributed) every
+    rank trains its share of each update and restores the same checkpoint; rank 0 alone evaluates,
+    selects, writes checkpoints and logs, and finishes (calibration and test)."""
+
+    def __init__(self, cfg: TrainConfig, data: Partitions, log=print, world: World = SINGLE):
         import dohnuts.api as api
 
         validate_config(cfg)
         validate_data(data)
-        self.cfg, self.data, self.log = cfg, data, log
+        self.cfg, self.data, self.log, self.world = cfg, data, log, world
         self.out = Path(cfg.out)
         if self.out.exists() and not self.out.is_dir():
             raise ConfigError("exists and is not a directory", source=str(self.out))
@@ -140,7 +145,7 @@ class Trainer:
         self.update = 0
         self.best = {"update": None, "accuracy": -1.0}
         self.checkpoint: str | None = None  # the committed checkpoint this trainer continues from / wrote last
-        self.updater = Updater(self.session, self.optimizer, cfg.objective, cfg.optim)
+        self.updater = Updater(self.session, self.optimizer, cfg.objective, cfg.optim, world=world)
 
     def close(self) -> None:
         self.updater.close()
@@ -249,6 +254,8 @@ class Trainer:
         random.setstate((v, tuple(internal), gauss))
         self.update, self.best = manifest["update"], dict(manifest["best"])
         self.checkpoint = ckpt.name
+        if not self.world.is_main:
+            return True  # the run's files are rank 0's to restore
         if BEST in manifest["files"]:
             cur = self.out / BEST
             if not cur.exists() or sha256_of(cur) != manifest["files"][BEST]["sha256"]:
@@ -262,6 +269,8 @@ class Trainer:
         return True
 
     def _record(self, kind: str, **fields) -> None:
+        if not self.world.is_main:
+            return
         rec = {"kind": kind, "update": self.update, "time": time.time(),
                "rss_bytes": psutil.Process().memory_info().rss}
         if torch.cuda.is_available():
@@ -273,6 +282,8 @@ class Trainer:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def _evaluate_dev(self) -> None:
+        if not self.world.is_main:
+            return
         metrics = evaluate(self.session, self.data.dev)
         self._record("dev", **metrics)
         if metrics["accuracy"] > self.best["accuracy"]:
@@ -282,6 +293,8 @@ class Trainer:
                  f"at update {self.best['update']})")
 
     def _checkpoint(self) -> None:
+        if not self.world.is_main:
+            return
         try:
             self._save_checkpoint()
         except OSError as exc:
@@ -291,7 +304,7 @@ class Trainer:
 
     def train(self, progress=None, stop_at: int | None = None) -> None:
         """Run updates up to cfg.updates (or `stop_at`, which simulates an interruption)."""
-        if self.checkpoint is None:  # a fresh start: never over an existing run
+        if self.checkpoint is None and self.world.is_main:  # a fresh start: never over an existing run
             check_run_dir(self.out, resume=False)
             self._checkpoint()  # update 0, before anything else is written
         if self.update == 0 and self.best["update"] is None:
@@ -310,6 +323,7 @@ class Trainer:
                 raise TrainingError(msg, source=str(self.out))
             self.scheduler.step()
             self.update += 1
+            fault_point(self.world, self.update)
             self._record("update", loss=res.loss, grad_norm=res.grad_norm, lr=self.scheduler.get_last_lr()[0])
             if progress is not None:
                 progress(self.update, res.loss)
