@@ -44,4 +44,16 @@ def dohnuts_bench_analyze(records, hwspec, measured, run_dir):
     parts = [Text(f"{spec.name}: bounds and efficiency ({origin})", style="bold")]
     parts += analysis_tables(analysis)
     parts += [Text(f"warning: {w}", style="yellow") for w in analysis.warnings]
-    return [Section("efficiency", Group(*parts), data=analysis.to_dict(), files=[str(png)])]
+    return [Section("efficiency", Group(*parts), data=analysis.to_dict(), files=[str(png)])] + _scaling(records, run_dir)
+
+
+def _scaling(records, run_dir) -> list:
+    """The scaling section, when a workload was measured by several processes (launchers)."""
+    from dohnuts.bench.analysis.scaling import scaling_png, scaling_rows, scaling_table
+
+    rows = scaling_rows(records)
+    if not rows:
+        return []
+    png = scaling_png(rows, run_dir / "scaling.png")
+    return [Section("scaling", scaling_table(rows), data={"rows": [r.to_dict() for r in rows]},
+                    files=[str(png)] if png else [])]

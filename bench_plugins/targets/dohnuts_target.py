@@ -43,12 +43,18 @@ class DohnutsTarget:
         cfg = self.model.lora
         self.lora_info = {"rank": cfg.rank, "targets": list(cfg.targets), "merged": False} if cfg else None
         if self.train:
+            from dohnuts.runtime.distributed import current_world, gradient_bytes
             from dohnuts.train.objective import RLCDConfig
             from dohnuts.train.step import OptimConfig, Updater, make_optimizer
 
             optim = OptimConfig()
+            # Under a launcher every rank runs its share of each update's microbatches, and the
+            # gradients meet in one all-reduce (its bytes go into the records for the analysis).
+            world = current_world()
             self.updater = Updater(self.model, make_optimizer(self.model, optim), RLCDConfig(), optim,
-                                   share_prefix=share)
+                                   share_prefix=share, world=world)
+            self.allreduce = ({"allreduce_bytes": gradient_bytes(self.model.trainable_parameters()) + 4}
+                              if world.distributed else {})
         else:
             self.predictor = Predictor(self.model, share_prefix=share)
 
@@ -63,7 +69,12 @@ class DohnutsTarget:
         if isinstance(call, TrainCall) and self.train:
             before = self._graph_stats()
             res = self.updater.update(call.requests, timer)
-            extra = {"loss": res.loss, "grad_norm": res.grad_norm} | self._cache_stats(res.work) | self._graph_delta(before)
+            extra = ({"loss": res.loss, "grad_norm": res.grad_norm} | self.allreduce | self._cache_stats(res.work)
+                     | self._graph_delta(before))
+            if res.work is None:  # more ranks than microbatches: this one only joined the all-reduce
+                from dohnuts.runtime.work import WorkCounts
+
+                return CallResult(decisions=0, work=WorkCounts(0, (), 0, train=True), extra=extra)
             return CallResult(decisions=res.work.sequences, work=res.work, extra=extra)
         raise TypeError(f"dohnuts target cannot run {type(call).__name__} in a {'train' if self.train else 'predict'}"
                         " workload")

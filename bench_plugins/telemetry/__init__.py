@@ -231,7 +231,7 @@ def dohnuts_bench_register_telemetry():
 
     samplers = [PsutilSampler()]
     if torch.cuda.is_available() and torch.version.hip is None:
-        samplers.append(NvmlSampler())
+        samplers.append(NvmlSampler(torch.cuda.current_device()))  # a launched rank: its own GPU
     else:
         s = NvmlSampler.__new__(NvmlSampler)
         s.unavailable = "no NVIDIA GPU"

@@ -120,13 +120,27 @@ def cmd_run(args) -> int:
     pm = plugin_manager()
     kinds = collect(pm, "dohnuts_bench_register_workload_kinds")
     targets = collect(pm, "dohnuts_bench_register_targets")
+    launchers = collect(pm, "dohnuts_bench_register_launchers")
     files = [Path(f) for f in args.workloads] or standard_files()
     specs = [load_workload(f, kinds, targets) for f in files]  # validate everything before measuring
     runnable = []
     for spec in specs:
+        if max(spec.processes) > 1 and spec.launcher not in launchers:
+            raise ConfigError(f"names launcher {spec.launcher!r}, which no plugin registers (known: "
+                              f"{', '.join(sorted(launchers)) or 'none'})", source=spec.file, field="launcher")
         if resolve_device(spec) is None:
             console.print(f"[yellow]skipped[/] {spec.file}: needs a CUDA GPU (requires_gpu / device: cuda)")
             continue
+        counts = []
+        for n in spec.processes:  # process counts this machine cannot hold are skipped, with the reason
+            reason = None if n == 1 else launchers[spec.launcher].unavailable(n, resolve_device(spec))
+            if reason:
+                console.print(f"[yellow]skipped[/] {spec.file} at {n} processes: {reason}")
+            else:
+                counts.append(n)
+        if not counts:
+            continue
+        spec = dataclasses.replace(spec, processes=tuple(counts))
         kept = []
         for t in spec.targets:  # a target that cannot run here (e.g. its library is missing) is skipped
             reason = getattr(targets[t.name], "unavailable", lambda: None)()
@@ -172,7 +186,13 @@ def cmd_run(args) -> int:
                 console=console, disable=args.quiet,
             ) as progress:
                 for spec in runnable:
-                    measure_workload(run, pm, spec, kinds, targets, telemetry, out, progress)
+                    for n in spec.processes:
+                        if n == 1:
+                            measure_workload(run, pm, spec, kinds, targets, telemetry, out, progress)
+                        else:  # the launcher's processes measure on their own devices; the parent waits
+                            write_json(run_dir / "run.json", meta, indent=2, default=str)
+                            launchers[spec.launcher].launch(run, spec, n, out, gpu=run.device.type == "cuda",
+                                                            telemetry_interval=args.telemetry_interval)
         finally:
             telemetry.stop()
     except KeyboardInterrupt:

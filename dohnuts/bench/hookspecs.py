@@ -6,7 +6,7 @@ the same way: an entry point in the `dohnuts_bench` group (see docs/plugins.md).
 
 Lifecycle of `dohnuts-bench run`:
 
-    1. register   dohnuts_bench_register_workload_kinds / _targets / _telemetry  (plugin loading)
+    1. register   dohnuts_bench_register_workload_kinds / _targets / _telemetry / _launchers
     2. prepare    dohnuts_bench_prepare_run                                      (once per run)
     3. iterate    dohnuts_bench_before_call, dohnuts_bench_after_call            (every measured call)
     4. sample     telemetry samplers run in a background thread during the run
@@ -51,6 +51,17 @@ def dohnuts_bench_register_telemetry():
 
     A sampler whose library or device is absent says why once (its `unavailable` reason) and
     steps aside; it never fails the run.
+    """
+
+
+@hookspec
+def dohnuts_bench_register_launchers():
+    """Return a dict {launcher name: Launcher} of ways to start several processes for a workload
+    whose `processes` lists a count above 1 (the built-in: `torchrun`). A launcher has
+    `unavailable(processes, device) -> str | None` (why it cannot start that many here) and
+    `launch(run, spec, processes, out, *, gpu, telemetry_interval) -> int` (records written into
+    `out`, each stamped with its `rank` and `world_size`). Launchers are separate from targets, as
+    in optimum-benchmark: any target runs under any launcher.
     """
 
 

@@ -15,7 +15,7 @@ ENTRY_POINT_GROUP = "dohnuts_bench"
 # through the entry points when the package is installed; this list is the fallback for a
 # source checkout run without installation (e.g. `python -m dohnuts.bench.cli`).
 BUILTIN = ("bench_plugins.workloads", "bench_plugins.targets", "bench_plugins.telemetry",
-           "bench_plugins.analyzers", "bench_plugins.reporters")
+           "bench_plugins.analyzers", "bench_plugins.reporters", "bench_plugins.launchers")
 
 
 def plugin_manager(extra: tuple = ()) -> pluggy.PluginManager:

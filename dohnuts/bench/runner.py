@@ -30,6 +30,7 @@ from dohnuts.bench.calls import CallResult
 from dohnuts.bench.provenance import provenance
 from dohnuts.bench.telemetry import DEFAULT_MIN_CLOCK_FRACTION, TelemetryThread, call_validity
 from dohnuts.bench.workload import WorkloadSpec
+from dohnuts.runtime.distributed import SINGLE, World, any_rank, barrier, fault_point, max_over_ranks
 from dohnuts.runtime.timing import StageTimer, empty_stage_cost
 
 SCHEMA = 1
@@ -81,18 +82,30 @@ def _stages_dict(timer: StageTimer) -> dict:
 
 
 def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict, targets: dict, telemetry: TelemetryThread,
-                     out, progress=None) -> int:
-    """Measure every target of one workload; returns the number of records written."""
+                     out, progress=None, world: World = SINGLE) -> int:
+    """Measure every target of one workload; returns the number of records written.
+
+    With several processes (`world`, started by a launcher plugin) every rank runs this on its
+    own device. A *collective* kind (`kind.collective`: the train step, whose update the ranks
+    share) gives every rank the same calls; other kinds shard them (rank r takes calls r, r + W,
+    ...: data parallelism). The ranks agree on every count (warm-up, measured calls, the
+    adaptive extension), start the measured calls and the stream together, and stamp each
+    record with `rank` and `world_size`."""
     from dohnuts.model.build import resolve_source
     from dohnuts.runtime.tokenizer import tokenizer_for
 
     device = resolve_device(spec)
+    if device.type == "cuda" and world.distributed:
+        device = torch.device("cuda", world.local_rank)  # one GPU per rank
     dtype = resolve_dtype(spec, device)
     cfg, ckpt = resolve_source(spec.model)
     workdir = run.run_dir / "inputs" / safe_name(spec.name)
     workdir.mkdir(parents=True, exist_ok=True)
     kind = kinds[spec.kind]
     calls = kind.calls(WorkloadContext(spec, tokenizer_for(cfg, ckpt), cfg, workdir, random.Random(spec.seed)))
+    collective = bool(getattr(kind, "collective", False))
+    if world.distributed and not collective:  # this rank's share, in the same cyclic order
+        calls = [calls[(j * world.size + world.rank) % len(calls)] for j in range(len(calls))]
     prov = provenance(device)
     written = 0
     warmup = spec.warmup
@@ -102,7 +115,7 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict, targe
         failed = False
         try:
             written += _measure_target(run, pm, spec, tspec, targets[tspec.name], kind, calls, warmup, device, dtype,
-                                       cfg, prov, telemetry, out, progress)
+                                       cfg, prov, telemetry, out, progress, world, collective)
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
             if not is_out_of_memory(exc):
                 raise
@@ -139,9 +152,10 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
 
 
 def _measure_target(run, pm, spec, tspec, factory, kind, calls, warmup, device, dtype, cfg, prov, telemetry, out,
-                    progress) -> int:
+                    progress, world: World = SINGLE, collective: bool = False) -> int:
     """Every call of one target of a workload (warm-up, first call, measured calls, stream)."""
     written = 0
+    ranks = {"rank": world.rank, "world_size": world.size, "shard": "collective" if collective else "data"}
     target = factory(spec, device, dtype, tspec.options)
     task = None
     if progress is not None:
@@ -153,22 +167,25 @@ def _measure_target(run, pm, spec, tspec, factory, kind, calls, warmup, device, 
                 # is part of end-to-end cost: recorded on its own, never mixed into the steady state.
                 record = _measure_call(run, spec, tspec, target, calls[0], device, dtype, cfg, prov, telemetry,
                                        -1, phase="first-call")
-                _write(out, record)
+                _write(out, record | ranks)
                 written += 1
             else:
                 target.run_call(calls[i % len(calls)], StageTimer(device))
             if progress is not None:
                 progress.advance(task)
+        barrier(world)  # the ranks start measuring together
         start = time.perf_counter()
         i, wanted, walls = 0, spec.repeat, []
         max_calls = spec.max_repeat or 4 * spec.repeat
-        while i < wanted or time.perf_counter() - start < spec.min_duration_s:
+        while any_rank(i < wanted or time.perf_counter() - start < spec.min_duration_s, world):
             call = calls[(warmup + i) % len(calls)]
             pm.hook.dohnuts_bench_before_call(run=run, spec=spec, target_name=tspec.label, iteration=i)
+            fault_point(world, i)  # tests: DOHNUTS_FAULT_EXIT="rank=R,update=I" ends rank R abruptly here
             record = _measure_call(run, spec, tspec, target, call, device, dtype, cfg, prov, telemetry, i)
             # Even and odd calls are two interleaved halves of one measurement: their difference
             # is the run's own noise budget (A/A, dohnuts.bench.analysis.compare.aa_noise).
             record["aa_half"] = i % 2
+            record.update(ranks)
             pm.hook.dohnuts_bench_after_call(run=run, spec=spec, target_name=tspec.label, record=record)
             _write(out, record)
             written += 1
@@ -178,13 +195,15 @@ def _measure_target(run, pm, spec, tspec, factory, kind, calls, warmup, device, 
                 # As many calls as the observed spread needs for the median's confidence
                 # interval to reach ±halfwidth (capped): the count follows the noise.
                 wanted = min(max_calls, max(wanted, required_calls(walls, spec.halfwidth)))
+                wanted = max_over_ranks(wanted, world)  # the noisiest rank decides for all
                 if progress is not None:
                     progress.update(task, total=warmup + wanted)
             if progress is not None:
                 progress.update(task, completed=warmup + min(i, wanted))
+        barrier(world)
         written += _measure_stream(run, spec, tspec, target, [calls[(warmup + j) % len(calls)]
                                                               for j in range(spec.repeat)],
-                                   device, dtype, cfg, prov, telemetry, out)
+                                   device, dtype, cfg, prov, telemetry, out, ranks)
     finally:
         target.close()
         del target
@@ -263,7 +282,8 @@ def _record(run, spec, tspec, target, cfg, dtype, device, prov, *, iteration: in
     }
 
 
-def _measure_stream(run, spec, tspec, target, calls, device, dtype, cfg, prov, telemetry, out) -> int:
+def _measure_stream(run, spec, tspec, target, calls, device, dtype, cfg, prov, telemetry, out,
+                    ranks: dict | None = None) -> int:
     """The calls as one pipelined stream (prefetch, transfer stream, overlapped serialization, as
     users run a request file): one record per request with `phase: stream`, whose `wall_ms` is the
     time since the previous result (the first: since the stream started), so the analysis sets the
@@ -302,7 +322,7 @@ def _measure_stream(run, spec, tspec, target, calls, device, dtype, cfg, prov, t
                          decisions=row["decisions"], work=row["work"], window=window, validity=validity,
                          extra={"stream": stream})
         previous = row["done"]
-        _write(out, record)
+        _write(out, record | (ranks or {}))
     return len(rows)
 
 

@@ -16,6 +16,11 @@
     max_repeat: 0               # ... but at most this many (0: 4 × repeat; at most 100000)
     seed: 0                     # 0..2³²−1
     hwspec: h200                # optional: hwspecs/<name>.yaml or a path (default: by device name)
+    processes: 1                # one process per device, or a list ([1, 2]) to measure scaling: each
+                                #   count above 1 is started by the `launcher` (torchrun), one process
+                                #   per GPU (gloo processes on a CPU); counts over the machine's GPUs
+                                #   are skipped with a message. Every record carries its rank.
+    launcher: torchrun          # the launcher plugin that starts several processes
     shape: {...}                # the kind's own fields (see each kind's `fields`)
     on_gpu:                     # optional: what changes when the workload runs on a GPU, so one
       model: qwen3.5-2b         #   file measures a size that fits each device (the standard suite in
@@ -74,13 +79,15 @@ class WorkloadSpec:
     seed: int
     hwspec: str | None
     shape: dict[str, Any]
+    processes: tuple[int, ...] = (1,)  # process counts to measure (scaling), ascending
+    launcher: str = "torchrun"
 
     def to_dict(self) -> dict:
         return {"name": self.name, "kind": self.kind, "file": self.file, "file_hash": self.file_hash,
                 "targets": [t.label for t in self.targets], "model": self.model, "device": self.device,
                 "precision": self.precision, "warmup": self.warmup, "repeat": self.repeat,
                 "min_duration_s": self.min_duration_s, "halfwidth": self.halfwidth, "max_repeat": self.max_repeat,
-                "seed": self.seed, "shape": self.shape}
+                "seed": self.seed, "shape": self.shape, "processes": list(self.processes), "launcher": self.launcher}
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,8 @@ def check_field(value: Any, spec: Field, *, source: str, name: str) -> Any:
         except OverflowError:
             raise ConfigError("must be a finite number, got an integer too large for one", source=source,
                               field=name) from None
+    if spec.type is object:  # checked by the field's own function
+        return value
     if spec.type is list:
         if not isinstance(value, list):
             raise ConfigError(f"must be a list, got {_short(value)}", source=source, field=name)
@@ -164,7 +173,26 @@ COMMON = {
     "hwspec": Field(str, ""),
     "shape": Field(dict, {}),
     "on_gpu": Field(dict, {}),
+    "processes": Field(object, 1),  # an int or a list of ints (check_processes)
+    "launcher": Field(str, "torchrun"),
 }
+MAX_PROCESSES = 1024
+
+
+def check_processes(value: Any, source: str) -> tuple[int, ...]:
+    """`processes`: a count or a list of distinct counts in 1..MAX_PROCESSES, returned ascending."""
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise ConfigError("must name at least one process count", source=source, field="processes")
+    out = []
+    for v in values:
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_PROCESSES:
+            raise ConfigError(f"must be a process count in 1..{MAX_PROCESSES} or a list of them, got {_short(v)}",
+                              source=source, field="processes")
+        if v in out:
+            raise ConfigError(f"lists {v} twice", source=source, field="processes")
+        out.append(v)
+    return tuple(sorted(out))
 
 
 MAX_TARGETS = 64
@@ -363,13 +391,19 @@ def _build_spec(path: Path, source: str, raw_bytes: bytes, data: dict, kinds: di
     check_context(kinds[kind], shape, cfg, common["model"], source)
     if common["hwspec"]:
         _check_hwspec(common["hwspec"], source)
+    processes = check_processes(common["processes"], source)
+    if not common["launcher"].strip():
+        raise ConfigError("must name a launcher plugin (default: torchrun)", source=source, field="launcher")
+    if max(processes) > 1 and getattr(kinds[kind], "distributed", True) is False:
+        raise ConfigError(f"lists {max(processes)} processes, but {kind!r} workloads run in one process only",
+                          source=source, field="processes")
     return WorkloadSpec(
         name=common["name"] or path.stem, kind=kind, file=source, file_hash=hashlib.sha256(raw_bytes).hexdigest()[:16],
         targets=_targets(common["targets"], targets, kind, source), model=common["model"], device=common["device"],
         precision=common["precision"], requires_gpu=common["requires_gpu"], warmup=common["warmup"],
         repeat=common["repeat"], min_duration_s=common["min_duration_s"], halfwidth=common["halfwidth"],
         max_repeat=common["max_repeat"], seed=common["seed"],
-        hwspec=common["hwspec"] or None, shape=shape,
+        hwspec=common["hwspec"] or None, shape=shape, processes=processes, launcher=common["launcher"],
     )
 
 

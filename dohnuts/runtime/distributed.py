@@ -50,6 +50,12 @@ class World:
 
 
 SINGLE = World()
+_current = SINGLE
+
+
+def current_world() -> World:
+    """The world this process joined (SINGLE until `join` made it one of several)."""
+    return _current
 
 
 def launched() -> bool:
@@ -60,6 +66,7 @@ def launched() -> bool:
 def join(device: str | None) -> tuple[World, str | None]:
     """Join the process group torchrun set up (a single process: nothing to join). Returns the
     world and the device this rank uses (its own GPU, cuda:LOCAL_RANK, when it runs on CUDA)."""
+    global _current
     if not launched():
         return SINGLE, device
     import torch.distributed as dist
@@ -71,14 +78,83 @@ def join(device: str | None) -> tuple[World, str | None]:
         device = f"cuda:{world.local_rank}"
     if not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=30))
+    _current = world
     return world, device or "cpu"
 
 
 def leave() -> None:
+    global _current
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    _current = SINGLE
+
+
+def _flag_device() -> torch.device:
+    """Where a small control tensor lives: NCCL reduces only CUDA tensors."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def max_over_ranks(value: int, world: World) -> int:
+    """The largest of every rank's `value` (every rank gets it): ranks agree on a count."""
+    if not world.distributed:
+        return value
+    import torch.distributed as dist
+
+    t = torch.tensor([int(value)], dtype=torch.int64, device=_flag_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def any_rank(flag: bool, world: World) -> bool:
+    """Whether any rank says True (every rank gets the answer): ranks agree to go on together."""
+    return bool(max_over_ranks(int(bool(flag)), world))
+
+
+def gradient_bytes(params: list[torch.nn.Parameter]) -> int:
+    """Bytes one all-reduce of `all_reduce_gradients` carries (the flat bucket)."""
+    return sum(p.numel() * p.element_size() for p in params)
+
+
+def allreduce_busbw(world: World, nbytes: int = 64 << 20, repeat: int = 10) -> dict | None:
+    """The all-reduce bus bandwidth of this world (nccl-tests' busbw: algbw · 2(n−1)/n, bytes a
+    rank sends per second), measured on a FP32 buffer of `nbytes` after 3 warm-up calls: the
+    interconnect's measured ceiling. Every rank must call it; rank 0 gets the entry, others None."""
+    if not world.distributed:
+        return None
+    import datetime
+    import time
+
+    import torch.distributed as dist
+
+    dev = _flag_device()
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=dev)
+    for _ in range(3):
+        dist.all_reduce(x)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    times = []
+    for _ in range(repeat):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(x)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        times.append(time.perf_counter() - t0)
+    t = sorted(times)[len(times) // 2]
+    n = world.size
+    busbw = nbytes / t * 2 * (n - 1) / n
+    if not world.is_main:
+        return None
+    return {"value": busbw, "kind": "bandwidth", "processes": n, "backend": dist.get_backend(),
+            "method": f"all_reduce of {nbytes >> 20} MiB FP32 over {n} processes ({dist.get_backend()}), median of "
+                      f"{repeat}, bus bandwidth = bytes · 2(n−1)/n / time",
+            "date": datetime.date.today().isoformat()}
 
 
 def all_reduce_gradients(params: list[torch.nn.Parameter], world: World) -> None:
@@ -120,6 +196,24 @@ _ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 _FIRST_FAILURE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 _RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")
+
+
+def torchrun_failure(lines) -> tuple[int | None, int | None]:
+    """(failed rank, its exit code) from torchrun's log lines, or (None, None): the first failure
+    it logged ("failed (exitcode: 17) local_rank: 1"), corrected by its "Root Cause" block."""
+    failed_rank = exitcode = None
+    root = False
+    for line in lines:
+        m = _FIRST_FAILURE.search(line)
+        if m and failed_rank is None:
+            exitcode, failed_rank = int(m.group(1)), int(m.group(2))
+        if "Root Cause" in line:
+            root = True
+        elif root and (m := _ROOT_RANK.match(line)):
+            failed_rank = int(m.group(1))
+        elif root and (m := _ROOT_EXIT.match(line)):
+            exitcode = int(m.group(1))
+    return failed_rank, exitcode
 
 
 @dataclass(frozen=True)

@@ -56,13 +56,16 @@ def work_bound(work: Work, spec: HwSpec, precision: str, basis: str = "datasheet
     terms["compute"] = max(compute) if spec.overlap_compute_kinds else sum(compute)
     terms["memory"] = work.device_bytes / spec.ceiling("memory", precision, basis).value * 1e3
     terms["host_link"] = work.link_bytes / spec.ceiling("host_link", precision, basis).value * 1e3
-    ms = max(terms["compute"], terms["memory"], terms["host_link"])
+    # The interconnect bounds only data sent between devices; a spec without one leaves it unbounded.
+    terms["interconnect"] = (work.interconnect_bytes / spec.ceiling("interconnect", precision, basis).value * 1e3
+                             if work.interconnect_bytes and spec.has_role("interconnect", precision, basis) else 0.0)
+    ms = max(terms["compute"], terms["memory"], terms["host_link"], terms["interconnect"])
     if ms <= 0.0:
         return StageBound(stage, basis, 0.0, terms, "none", "")
-    if terms["compute"] >= max(terms["memory"], terms["host_link"]):
+    if terms["compute"] >= max(terms["memory"], terms["host_link"], terms["interconnect"]):
         top = max(FLOP_KINDS, key=lambda k: terms[k])
         return StageBound(stage, basis, ms, terms, "compute", spec.ceiling(top, precision, basis).name)
-    role = "memory" if terms["memory"] >= terms["host_link"] else "host_link"
+    role = max(("memory", "host_link", "interconnect"), key=lambda r: terms[r])
     return StageBound(stage, basis, ms, terms, "bandwidth", spec.ceiling(role, precision, basis).name)
 
 

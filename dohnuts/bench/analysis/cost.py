@@ -82,6 +82,7 @@ class Work:
     device_bytes: float = 0.0  # through device memory (HBM / GDDR)
     link_bytes: float = 0.0  # over the host link
     tokens: int = 0
+    interconnect_bytes: float = 0.0  # sent by one device to the others (a gradient all-reduce)
 
     @property
     def total_flops(self) -> float:
@@ -96,11 +97,11 @@ class Work:
         for k, v in other.flops.items():
             flops[k] = flops.get(k, 0.0) + v
         return Work(flops, self.device_bytes + other.device_bytes, self.link_bytes + other.link_bytes,
-                    self.tokens + other.tokens)
+                    self.tokens + other.tokens, self.interconnect_bytes + other.interconnect_bytes)
 
     def scaled(self, factor: float) -> Work:
         return Work({k: v * factor for k, v in self.flops.items()}, self.device_bytes * factor,
-                    self.link_bytes * factor, round(self.tokens * factor))
+                    self.link_bytes * factor, round(self.tokens * factor), self.interconnect_bytes * factor)
 
 
 ZERO = Work()
@@ -109,7 +110,7 @@ ZERO = Work()
 @dataclass(frozen=True)
 class StageCost:
     name: str
-    resource: str  # "compute" | "h2d" | "d2h"
+    resource: str  # "compute" | "h2d" | "d2h" | "interconnect"
     useful: Work
     padded: Work = ZERO
     repeated: Work = ZERO
@@ -345,3 +346,13 @@ def fold_stages(costs: dict[str, StageCost], into: str, parts: tuple[str, ...]) 
         elif name not in present:
             out[name] = c
     return out
+
+
+def allreduce_cost(gradient_bytes: float, processes: int) -> StageCost:
+    """The gradient all-reduce of a data-parallel update over `processes` devices: a ring
+    all-reduce sends (and receives) 2(n−1)/n of the buffer per device, the least any all-reduce
+    algorithm moves per device for n ≥ 2 (reduce-scatter, then all-gather)."""
+    n = max(1, int(processes))
+    sent = 2.0 * (n - 1) / n * float(gradient_bytes)
+    return StageCost("allreduce", "interconnect", Work(interconnect_bytes=sent),
+                     notes=(f"ring all-reduce of {gradient_bytes / 1e6:.2f} MB over {n} devices",))

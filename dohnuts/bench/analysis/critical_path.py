@@ -42,7 +42,8 @@ from typing import Iterable, Mapping
 # the host-side stages the harness times).
 STAGE_RESOURCES = (
     ("prepare", "cpu"), ("h2d", "h2d"), ("vision", "compute"), ("prefix", "compute"), ("suffix", "compute"),
-    ("forward", "compute"), ("head", "compute"), ("backward", "compute"), ("optimizer", "compute"),
+    ("forward", "compute"), ("head", "compute"), ("backward", "compute"), ("allreduce", "interconnect"),
+    ("optimizer", "compute"),
     ("d2h", "d2h"), ("serialize", "serialize"),
 )
 

@@ -47,7 +47,8 @@ from typing import Any, Mapping
 from dohnuts.errors import ConfigError
 
 COMPUTE_ROLES = ("matrix", "attention", "scan", "vector")  # kinds of FLOPs (dohnuts.bench.analysis.flops)
-BANDWIDTH_ROLES = ("memory", "host_link")  # device memory traffic, host<->device transfers
+BANDWIDTH_ROLES = ("memory", "host_link", "interconnect")  # device memory, host<->device, device<->device
+REQUIRED_ROLES = COMPUTE_ROLES + ("memory", "host_link")  # `interconnect` is optional (one-device specs)
 ROLES = COMPUTE_ROLES + BANDWIDTH_ROLES
 KINDS = ("compute", "bandwidth")
 PROVENANCES = ("datasheet", "derived", "measured")
@@ -132,6 +133,13 @@ class HwSpec:
                               f"(it has roles for {', '.join(self.precisions()) or 'none'})",
                               source=self.source, field="roles")
         return self.ceilings[self.roles[precision][role]]
+
+    def has_role(self, role: str, precision: str, basis: str = "datasheet") -> bool:
+        """Whether `ceiling(role, precision, basis)` has a ceiling to give (an optional role such as
+        `interconnect` may be absent)."""
+        if basis == "measured" and role in self.measured_roles.get(precision, {}):
+            return True
+        return role in self.roles.get(precision, {})
 
     def matches(self, device_name: str) -> bool:
         """Whether a record's device name is one this spec describes (case-insensitive substring)."""
@@ -330,7 +338,7 @@ def _roles(d: Any, ceilings: Mapping[str, Ceiling], source: str, key: str, *, re
             if not isinstance(role, str) or role not in ROLES:
                 raise ConfigError(f"is not a role (expected one of {ROLES})", source=source, field=f"{where}.{role}")
         if required:
-            for role in ROLES:
+            for role in REQUIRED_ROLES:
                 if role not in table or table[role] is None:
                     raise ConfigError("is missing: every role needs a ceiling", source=source,
                                       field=f"{where}.{role}")
@@ -358,6 +366,7 @@ RUN_MEASUREMENTS = {
     "device_copy": (("memory",), None),
     "h2d_pinned": (("host_link",), None),
     "d2h_pinned": (("host_link",), None),
+    "allreduce_busbw": (("interconnect",), None),  # measured by the launcher's rank 0 (several processes)
 }
 
 
@@ -406,6 +415,7 @@ SYNTHESIS = {
     "device_copy": {"fp32": ("memory",), "bf16": ("memory",)},
     "h2d_pinned": {"fp32": ("host_link",), "bf16": ("host_link",)},
     "host_copy": {"fp32": ("host_link",), "bf16": ("host_link",)},
+    "allreduce_busbw": {"fp32": ("interconnect",), "bf16": ("interconnect",)},
 }
 
 
@@ -432,7 +442,7 @@ def measured_hwspec(device_name: str, measured: Mapping[str, Mapping[str, Any]])
                 current = ceilings.get(table.get(role, ""))
                 if current is None or current.value < value:  # a bound stays optimistic: the faster one
                     table[role] = name
-    complete = {p: t for p, t in roles.items() if set(t) == set(ROLES)}
+    complete = {p: t for p, t in roles.items() if set(REQUIRED_ROLES) <= set(t)}
     if not complete:
         return None
     return HwSpec(name=f"{device_name} (measured at run start, no datasheet spec)", ceilings=ceilings, roles={},

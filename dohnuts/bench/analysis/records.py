@@ -277,11 +277,23 @@ def stage_ms(entry: dict) -> float:
 
 def group_key(rec: dict) -> tuple[str, str]:
     """(workload, target) a record is summarised under: a target's first call (`phase`
-    "first-call") is its own group, never mixed with the steady-state calls."""
+    "first-call") is its own group, never mixed with the steady-state calls; a measurement by
+    several processes (`world_size` N > 1, every rank pooled) is the workload `NAME ×N`."""
     target = str(rec["target"])
     if rec.get("phase", "steady") != "steady":
         target += f" · {rec['phase']}"
-    return str(rec["workload"]["name"]), target
+    return workload_label(rec), target
+
+
+def world_size(rec: dict) -> int:
+    n = rec.get("world_size", 1)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
+
+
+def workload_label(rec: dict) -> str:
+    """The workload's name, with ` ×N` when N processes measured it."""
+    name, n = str(rec["workload"]["name"]), world_size(rec)
+    return name if n == 1 else f"{name} ×{n}"
 
 
 def work_of(rec: dict) -> WorkCounts:

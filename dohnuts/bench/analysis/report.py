@@ -27,11 +27,14 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from dohnuts.bench.analysis.bounds import CallBounds, combine, efficiency, meets_target, stage_bound
-from dohnuts.bench.analysis.cost import StageCost, call_totals, fold_stages, stage_costs, token_counts
+from dohnuts.bench.analysis.cost import (
+    StageCost, allreduce_cost, call_totals, fold_stages, stage_costs, token_counts,
+)
 from dohnuts.bench.analysis.critical_path import STAGE_RESOURCES, CallGraph, default_call_graph
 from dohnuts.bench.analysis.hwspec import HwSpec
 from dohnuts.bench.analysis.records import (
     DTYPE_BYTES, RecordError, check_record, group_key, lora_of, model_of, stage_ms, valid_records, where, work_of,
+    world_size,
 )
 
 # A target that times one `forward` and none of prefix / suffix / head (the training step, a
@@ -180,7 +183,16 @@ def _group(key: tuple[str, str], recs: list[dict], spec: HwSpec, buffers: int) -
             c = stage_costs(model, work_of(rec), DTYPE_BYTES[precision], lora)
         except ValueError as exc:
             raise RecordError(str(exc), source=where(rec), field="work") from None
-        costs.append(fold_stages(c, "forward", FOLDED_INTO_FORWARD) if fold else c)
+        c = fold_stages(c, "forward", FOLDED_INTO_FORWARD) if fold else c
+        grad_bytes = (rec.get("extra") or {}).get("allreduce_bytes")
+        if world_size(rec) > 1 and isinstance(grad_bytes, (int, float)) and not isinstance(grad_bytes, bool):
+            c = c | {"allreduce": allreduce_cost(grad_bytes, world_size(rec))}
+        costs.append(c)
+    if any("allreduce" in c for c in costs):
+        missing = [b for b in bases if not spec.has_role("interconnect", precision, b)]
+        if missing:
+            warnings.append(f"{workload} ({target}): hwspec {spec.name} has no interconnect ceiling "
+                            f"({', '.join(missing)} basis): the all-reduce stage is not bounded there")
     names = list(dict.fromkeys([n for c in costs for n in c] + [n for r in recs for n in r["stages"]]))
     known = {s for s, _ in STAGE_RESOURCES}
     unknown = [n for n in names if n not in known]

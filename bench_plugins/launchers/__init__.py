@@ -1,0 +1,105 @@
+"""Built-in launcher: `torchrun` — several processes of one workload, one per GPU (gloo
+processes on a CPU), the way optimum-benchmark separates launchers from targets.
+
+A workload whose `processes` lists a count N > 1 is measured by N ranks started with
+`python -m torch.distributed.run --standalone --nproc-per-node N -m dohnuts.bench.worker`. Each
+rank runs the ordinary run loop on its own device and writes its own JSONL; when torchrun ends,
+the launcher appends every rank's records to the run's results.jsonl (rank 0's first, each
+record stamped with `rank` and `world_size`), adds the all-reduce bandwidth rank 0 measured to
+the run's measured ceilings (`allreduce_busbw`: the interconnect), and keeps torchrun's log in
+`ranks/<workload>-p<N>/torchrun.log`. A failed rank (torchrun then stops the others) becomes one
+entry of the run's `failures`, naming the rank and its exit code; the records the ranks
+completed are kept. Counts above the machine's GPUs are skipped with a message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dohnuts.bench.hookspecs import hookimpl
+
+
+class TorchrunLauncher:
+    name = "torchrun"
+
+    def unavailable(self, processes: int, device) -> str | None:
+        import torch
+
+        if device.type == "cuda":
+            have = torch.cuda.device_count()
+            if processes > have:
+                return f"needs {processes} GPUs, this machine has {have}"
+        return None
+
+    def launch(self, run, spec, processes: int, out, *, gpu: bool, telemetry_interval: float = 0.1) -> int:
+        from dohnuts.bench.runner import safe_name
+        from dohnuts.runtime.distributed import torchrun_failure
+
+        ranks_dir = run.run_dir / "ranks" / f"{safe_name(spec.name)}-p{processes}"
+        ranks_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
+               "-m", "dohnuts.bench.worker", "--workload", str(spec.file), "--dir", str(ranks_dir),
+               "--run-id", run.run_id, "--telemetry-interval", str(telemetry_interval)] + (["--gpu"] if gpu else [])
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        log_path = ranks_dir / "torchrun.log"
+        run.console.print(f"[dim]{spec.name}: {processes} processes (torchrun) …[/]")
+        t0 = time.perf_counter()
+        with open(log_path, "w", encoding="utf-8") as log:
+            code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+        written = self._gather(ranks_dir, processes, out, run)
+        if code != 0:
+            lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+            rank, exitcode = torchrun_failure(lines)
+            what = (f"rank {rank} failed (exit code {exitcode})" if rank is not None
+                    else f"torchrun exited with status {code}")
+            failure = {"workload": spec.name, "file": spec.file, "target": "*",
+                       "error": f"{processes} processes: {what}; log: {log_path}"}
+            run.failures.append(failure)
+            run.console.print(f"[red]failed[/] {spec.name} ({processes} processes): {failure['error']} "
+                              f"({written} records kept; the run goes on)")
+        else:
+            run.console.print(f"[dim]{spec.name}: {processes} processes done in {time.perf_counter() - t0:.0f} s, "
+                              f"{written} records[/]")
+        return written
+
+    @staticmethod
+    def _gather(ranks_dir: Path, processes: int, out, run) -> int:
+        from dohnuts.bench.runner import _write
+
+        written = 0
+        for r in range(processes):
+            path = ranks_dir / f"rank{r}.jsonl"
+            if not path.exists():
+                continue
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    record = json.loads(line)
+                except ValueError:  # the last line of a rank killed mid-write
+                    continue
+                _write(out, record)
+                written += 1
+            failures = ranks_dir / f"failures-rank{r}.json"
+            if failures.exists():
+                run.failures.extend(json.loads(failures.read_text()))
+        measured = ranks_dir / "measured.json"
+        if measured.exists():
+            entry = json.loads(measured.read_text()).get("allreduce_busbw")
+            if entry:
+                run.measured.setdefault("interconnect", {})[str(processes)] = entry
+                ceilings = run.measured.setdefault("ceilings", {})
+                best = ceilings.get("allreduce_busbw")
+                if best is None or entry["value"] > best.get("value", 0):  # a bound stays optimistic
+                    ceilings["allreduce_busbw"] = entry
+        return written
+
+
+@hookimpl
+def dohnuts_bench_register_launchers():
+    return {"torchrun": TorchrunLauncher()}

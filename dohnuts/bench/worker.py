@@ -1,0 +1,68 @@
+"""One rank of a multi-process measurement, started by a launcher plugin (torchrun):
+
+    python -m torch.distributed.run --standalone --nproc-per-node N -m dohnuts.bench.worker \\
+        --workload FILE --dir RANKS_DIR --run-id ID [--gpu] [--telemetry-interval S]
+
+Every rank joins the process group (NCCL on GPUs, gloo on CPUs), measures the workload on its
+own device with the same run loop as a single process (dohnuts.bench.runner.measure_workload,
+which shards or shares the calls and keeps the ranks' counts in step), and writes its records to
+`RANKS_DIR/rank<R>.jsonl`, each line flushed as it is measured. Rank 0 first measures the
+all-reduce bus bandwidth of this world (the interconnect's measured ceiling) into
+`RANKS_DIR/measured.json`; a rank whose target failed (out of memory) writes
+`RANKS_DIR/failures-rank<R>.json`. The launcher gathers all of it into the run's files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="dohnuts.bench.worker")
+    p.add_argument("--workload", required=True)
+    p.add_argument("--dir", required=True)
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--gpu", action="store_true", help="measure the workload's GPU variant (on_gpu)")
+    p.add_argument("--telemetry-interval", type=float, default=0.1)
+    args = p.parse_args(argv)
+
+    from rich.console import Console
+
+    from dohnuts.bench.plugins import collect, plugin_manager
+    from dohnuts.bench.runner import RunContext, measure_workload
+    from dohnuts.bench.telemetry import TelemetryThread
+    from dohnuts.bench.workload import load_workload
+    from dohnuts.runtime.distributed import allreduce_busbw, join, leave
+
+    world, device = join("cuda" if args.gpu else "cpu")
+    out_dir = Path(args.dir)
+    pm = plugin_manager()
+    kinds = collect(pm, "dohnuts_bench_register_workload_kinds")
+    targets = collect(pm, "dohnuts_bench_register_targets")
+    spec = load_workload(args.workload, kinds, targets, gpu=args.gpu)
+    import torch
+
+    run = RunContext(run_id=args.run_id, run_dir=out_dir / f"rank{world.rank}", device=torch.device(device),
+                     hwspec=None, console=Console(stderr=True, highlight=False, quiet=True))
+    busbw = allreduce_busbw(world)
+    if busbw is not None:
+        (out_dir / "measured.json").write_text(json.dumps({"allreduce_busbw": busbw}, indent=2))
+    samplers = [s for group in pm.hook.dohnuts_bench_register_telemetry() for s in group]
+    telemetry = TelemetryThread([s for s in samplers if not s.unavailable], interval_s=args.telemetry_interval)
+    telemetry.start()
+    try:
+        with open(out_dir / f"rank{world.rank}.jsonl", "a", encoding="utf-8") as out:
+            measure_workload(run, pm, spec, kinds, targets, telemetry, out, world=world)
+    finally:
+        telemetry.stop()
+    if run.failures:
+        (out_dir / f"failures-rank{world.rank}.json").write_text(json.dumps(run.failures))
+    leave()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
