@@ -6,6 +6,9 @@
 #   BACKBONE=1                                               benchmarks/backbone_forward.py on 2b
 #   PROFILE=1                                                benchmarks/profile_passes.py on 2b
 #   COLD=1                                                   benchmarks/cold_start.py: 2 new processes
+#   SCALING='workloads/scaling/a.yaml ...'                    one dohnuts-bench run of multi-process workloads
+#   BASELINES=N                                              N runs of benchmarks/test_regressions.py on 2b
+#                                                            (results/baselines/h200-2b-K.json)
 #   PACK_CACHE=1                                             pack .triton_cache into $OUT (15 MB parts)
 #   BUDGET=seconds (default 540)                             stop starting new steps after this
 # Compiled Triton kernels and fla's autotuning choices persist in .triton_cache (TRITON_CACHE_DIR).
@@ -19,12 +22,18 @@ START=$(date +%s)
 mkdir -p "$OUT" .triton_cache
 [ -f .triton_cache.tgz ] && tar xzf .triton_cache.tgz
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$PWD/.triton_cache
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$PWD/.triton_cache NCCL_NVLS_ENABLE=0
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 echo "triton cache at start: $(du -sh .triton_cache | cut -f1), $(find .triton_cache -name '*.autotune.json' | wc -l) autotune entries" | tee -a "$OUT/gpu.txt"
 
+if [ -n "${TESTS:-}" ] && [ "$(left)" -gt 60 ]; then
+  echo "== GPU tests ($TESTS, $(left) s left)"
+  sel=(); [ "$TESTS" != all ] && sel=(-k "$TESTS")
+  timeout $(($(left) - 20)) python3 -m pytest -q tests/test_ops_gpu.py "${sel[@]}" -p no:cacheprovider --durations=10 2>&1 \
+    | tee "$OUT/gpu_tests.txt" | tail -25
+fi
 if [ -n "${WORKLOADS:-}" ] && [ "$(left)" -gt 60 ]; then
   echo "== dohnuts-bench run $WORKLOADS ($(left) s left)"
   # shellcheck disable=SC2086
@@ -33,11 +42,26 @@ if [ -n "${WORKLOADS:-}" ] && [ "$(left)" -gt 60 ]; then
   d=$(ls -d /tmp/runs/*/ | tail -1)
   cp "$d/results.jsonl" "$d/run.json" "$d/summary.json" "$d/report.txt" "$OUT/" 2>/dev/null
 fi
-if [ -n "${TESTS:-}" ] && [ "$(left)" -gt 60 ]; then
-  echo "== GPU tests ($TESTS, $(left) s left)"
-  sel=(); [ "$TESTS" != all ] && sel=(-k "$TESTS")
-  timeout $(($(left) - 20)) python3 -m pytest -q tests/test_ops_gpu.py "${sel[@]}" -p no:cacheprovider --durations=10 2>&1 \
-    | tee "$OUT/gpu_tests.txt" | tail -25
+if [ -n "${SCALING:-}" ] && [ "$(left)" -gt 90 ]; then
+  echo "== scaling: dohnuts-bench run $SCALING ($(left) s left)"
+  # shellcheck disable=SC2086
+  timeout $(($(left) - 30)) python3 -m dohnuts.bench.cli run $SCALING --out /tmp/scaling --label h200-scaling --quiet 2>&1 \
+    | tee /tmp/scaling_log.txt | grep -v '^\s*$' | tail -45
+  d=$(ls -d /tmp/scaling/*/ | tail -1)
+  mkdir -p /tmp/scaling_out && cp "$d/results.jsonl" "$d/run.json" "$d/summary.json" "$d/report.txt" \
+    "$d/scaling.png" /tmp/scaling_log.txt /tmp/scaling_out/ 2>/dev/null
+  cp "$d"/ranks/*/torchrun.log /tmp/scaling_out/ 2>/dev/null
+  tar czf "$OUT/scaling.tar.gz" -C /tmp scaling_out  # one file: a call returns at most 8
+fi
+if [ -n "${BASELINES:-}" ] && [ "$(left)" -gt 90 ]; then
+  echo "== regression baselines, qwen3.5-2b, $BASELINES runs ($(left) s left)"
+  mkdir -p /tmp/baselines
+  for k in $(seq 1 "$BASELINES"); do
+    [ "$(left)" -gt 60 ] || break
+    DOHNUTS_BENCH_PRESET=qwen3.5-2b timeout $(($(left) - 20)) python3 -m pytest -q benchmarks/test_regressions.py \
+      -p no:cacheprovider --benchmark-enable --benchmark-json="/tmp/baselines/h200-2b-$k.json" 2>&1 | tail -3
+  done
+  tar czf "$OUT/baselines.tar.gz" -C /tmp baselines
 fi
 if [ -n "${BACKBONE:-}" ] && [ "$(left)" -gt 60 ]; then
   echo "== backbone forward, qwen3.5-2b, 32 x 512"

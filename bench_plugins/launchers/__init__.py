@@ -52,7 +52,7 @@ class TorchrunLauncher:
         run.console.print(f"[dim]{spec.name}: {processes} processes (torchrun) …[/]")
         t0 = time.perf_counter()
         with open(log_path, "w", encoding="utf-8") as log:
-            code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+            code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=False).returncode
         written = self._gather(ranks_dir, processes, out, run)
         if code != 0:
             lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
