@@ -155,19 +155,19 @@ def test_nvml_reason_bits_match_the_installed_bindings():
         if value is None:
             value = getattr(pynvml, f"nvmlClocksThrottleReason{suffix}")
         assert NVML_CLOCK_EVENT_REASONS[value] == ours
-    assert NVML_THROTTLING_BITS == 0xFC  # power cap, HW slowdown, sync boost, SW/HW thermal, power brake
+    assert NVML_THROTTLING_BITS == 0xE8  # HW slowdown, SW/HW thermal, power brake (not the power cap)
 
 
 def test_decode_counts_only_clock_reducing_reasons():
     active, throttling = decode_nvml_reasons(GPU_IDLE | APP_CLOCKS | SW_POWER_CAP | HW_THERMAL | DISPLAY_CLOCK)
     assert active == ["gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_thermal_slowdown",
                       "display_clock_setting"]
-    assert throttling == ["sw_power_cap", "hw_thermal_slowdown"]
+    assert throttling == ["hw_thermal_slowdown"]
     assert decode_nvml_reasons(GPU_IDLE | APP_CLOCKS) == (["gpu_idle", "applications_clocks_setting"], [])
     assert decode_nvml_reasons(1 << 40)[0] == [f"bit_{1 << 40:#x}"]
     every = SW_POWER_CAP | HW_SLOWDOWN | SYNC_BOOST | SW_THERMAL | HW_THERMAL | HW_POWER_BRAKE
-    assert decode_nvml_reasons(every)[1] == ["sw_power_cap", "hw_slowdown", "sync_boost", "sw_thermal_slowdown",
-                                             "hw_thermal_slowdown", "hw_power_brake_slowdown"]
+    assert decode_nvml_reasons(every)[1] == ["hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                                             "hw_power_brake_slowdown"]
 
 
 @pytest.mark.parametrize("event_api", [True, False], ids=["clocks-event-api", "throttle-api"])
@@ -181,7 +181,8 @@ def test_nvml_sampler_reports_max_clock_once_and_decoded_reasons(monkeypatch, ev
     assert first == second
     assert first["sm_clock_mhz"] == 1410 and first["max_sm_clock_mhz"] == 1980 and first["power_w"] == 612.0
     assert first["throttle_reasons"] == 0x5
-    assert first["clock_events"] == ["gpu_idle", "sw_power_cap"] and first["throttling"] == ["sw_power_cap"]
+    assert first["clock_events"] == ["gpu_idle", "sw_power_cap"] and first["throttling"] == []
+    assert first["power_capped"] == ["sw_power_cap"]
     assert first["idle"] is True
 
 
@@ -198,10 +199,18 @@ def _nv(sm=1980, max_sm=1980, throttling=(), idle=False):
 
 def test_validity_of_samples():
     assert call_validity([_nv(), _nv(1800)]) == {"valid": True, "reasons": [], "detail": [], "gpu_samples": 2}
-    v = call_validity([_nv(), _nv(1500), _nv(1400, throttling=["sw_power_cap"]), _nv(1980)])
+    v = call_validity([_nv(), _nv(1500), _nv(1400, throttling=["hw_slowdown"]), _nv(1980)])
     assert v["valid"] is False and v["gpu_samples"] == 4
-    assert v["reasons"] == ["nvml: throttled (sw_power_cap)", "nvml: SM clock below 0.9 × max 1980 MHz"]
+    assert v["reasons"] == ["nvml: throttled (hw_slowdown)", "nvml: SM clock below 0.9 × max 1980 MHz"]
     assert v["detail"] == ["in 1/4 samples", "1400–1500 MHz in 2/4 samples"]
+    # the power cap is the sustained regime of dense work: a low clock it explains stays valid, counted
+    capped = call_validity([_nv(), _nv(1650) | {"nvml": _nv(1650)["nvml"] | {"power_capped": ["sw_power_cap"]}}])
+    assert capped == {"valid": True, "reasons": [], "detail": [], "gpu_samples": 2, "power_capped": 1}
+    # a sample of an earlier version counted the cap as throttling: read under today's rule
+    old = call_validity([_nv(1650, throttling=["sw_power_cap"])])
+    assert old["valid"] is True and old["power_capped"] == 1
+    assert call_validity([_nv(1650, throttling=["sw_power_cap", "hw_slowdown"])])["reasons"] == [
+        "nvml: throttled (hw_slowdown)"]
     # the threshold is a parameter: at 0.7 × 1980 = 1386 MHz, 1400 and 1500 MHz pass
     assert call_validity([_nv(1500), _nv(1400)], min_clock_fraction=0.7)["valid"] is True
     assert call_validity([_nv(1781)])["valid"] is False and call_validity([_nv(1782)])["valid"] is True
@@ -293,7 +302,7 @@ def test_nvml_flags_reach_the_record_and_valid_records(tmp_path, nvml):
         check_record(rec)
         assert rec["validity"]["gpu_samples"] == 3
     assert records["clean"]["validity"]["valid"] and records["idle-gaps"]["validity"]["valid"]
-    assert records["power-capped"]["validity"]["reasons"] == ["nvml: throttled (sw_power_cap)"]
+    assert records["power-capped"]["validity"]["valid"] and records["power-capped"]["validity"]["power_capped"] == 1
     assert records["slow-clock"]["validity"]["reasons"] == ["nvml: SM clock below 0.9 × max 1980 MHz"]
     assert records["thermal"]["validity"]["reasons"] == [
         "nvml: throttled (hw_slowdown)", "nvml: throttled (hw_thermal_slowdown)",
@@ -304,11 +313,11 @@ def test_nvml_flags_reach_the_record_and_valid_records(tmp_path, nvml):
     legacy = dict(records["clean"])
     del legacy["validity"]  # a record of an older run: counts as valid
     kept, dropped = valid_records([*records.values(), legacy])
-    assert dropped == 3
-    assert [r["iteration"] for r in kept] == [0, 3, 0]
+    assert dropped == 2
+    assert [r["iteration"] for r in kept] == [0, 1, 3, 0]
     summary = validity_summary([*records.values(), legacy])
-    assert summary == {("w", "fake"): {"n": 6, "invalid": 3, "reasons": {
-        "nvml: throttled (sw_power_cap)": 1, "nvml: SM clock below 0.9 × max 1980 MHz": 2,
+    assert summary == {("w", "fake"): {"n": 6, "invalid": 2, "power_capped": 1, "reasons": {
+        "nvml: SM clock below 0.9 × max 1980 MHz": 2,
         "nvml: throttled (hw_slowdown)": 1, "nvml: throttled (hw_thermal_slowdown)": 1}}}
 
 

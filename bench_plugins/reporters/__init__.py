@@ -76,6 +76,7 @@ def summarize(records: list[dict]) -> list[dict]:
             "device": recs[0]["device"]["name"], "precision": recs[0]["precision"],
             "excluded_calls": validity.get((workload, target), {}).get("invalid", 0),
             "excluded_reasons": validity.get((workload, target), {}).get("reasons", {}),
+            "power_capped_calls": validity.get((workload, target), {}).get("power_capped", 0),
             "harness_overhead": overhead.get((workload, target)),
             "aa_noise_halfwidth": None,
             "spread_warning": spread_warning(walls, CLAIMED_PRECISION) if len(walls) >= 2 else None,
@@ -120,6 +121,8 @@ def quality_table(rows: list[dict]) -> FitTable:
         excluded = str(r["excluded_calls"])
         if r["excluded_calls"]:
             excluded += " (" + ", ".join(f"{k}: {v}" for k, v in r["excluded_reasons"].items()) + ")"
+        if r.get("power_capped_calls"):
+            excluded += f"; {r['power_capped_calls']} power-capped, kept"
         note = r["spread_warning"] or ("harness overhead in the call above 1 %" if o and not o["within_target"] else "")
         t.add_row(r["workload"], r["target"], excluded, aa, over, note)
     return t

@@ -232,7 +232,8 @@ def cmd_run(args) -> int:
     return 0
 
 
-def analyze_and_report(results: Path, hwspec, measured: dict, run_dir: Path, console, pm=None) -> None:
+def analyze_and_report(results: Path, hwspec, measured: dict, run_dir: Path, console, pm=None, *,
+                       revalidate: bool = False) -> None:
     from dohnuts.bench.analysis import read_jsonl
     from dohnuts.bench.analysis.records import RecordError, check_reportable
     from dohnuts.bench.plugins import plugin_manager
@@ -248,6 +249,13 @@ def analyze_and_report(results: Path, hwspec, measured: dict, run_dir: Path, con
         raise RecordError(f"holds no schema-1 records of a dohnuts-bench run{skipped}", source=str(results))
     for rec in records:
         check_reportable(rec)
+    if revalidate:  # the validity gates of today, applied to the telemetry each record kept
+        from dohnuts.bench.telemetry import call_validity, default_min_clock_fraction
+
+        fraction = default_min_clock_fraction()
+        for rec in records:
+            if isinstance(rec.get("telemetry"), list):
+                rec["validity"] = call_validity(rec["telemetry"], fraction)
     sections = [s for group in pm.hook.dohnuts_bench_analyze(records=records, hwspec=hwspec, measured=measured,
                                                               run_dir=run_dir) if group for s in group]
     pm.hook.dohnuts_bench_report(console=console, records=records, sections=sections, run_dir=run_dir)
@@ -307,7 +315,7 @@ def cmd_analyze(args) -> int:
         _stored_hwspec(meta["hwspec"]) if meta.get("hwspec") else None)
     out_dir = _output_dir(Path(args.out) if args.out else path.parent)
     try:
-        analyze_and_report(path, hwspec, meta.get("measured") or {}, out_dir, _console())
+        analyze_and_report(path, hwspec, meta.get("measured") or {}, out_dir, _console(), revalidate=args.revalidate)
     except DohnutsError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as exc:
@@ -398,6 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("results", help="a results.jsonl (or the run directory holding it)")
     a.add_argument("--hwspec", help="hardware spec name or path (default: the run's)")
     a.add_argument("--out", help="folder for the report files (default: beside the JSONL)")
+    a.add_argument("--revalidate", action="store_true",
+                   help="re-apply today's validity gates to the telemetry each record kept (runs recorded "
+                        "under an older rule, e.g. one that excluded power-capped calls)")
     a.set_defaults(func=cmd_analyze)
     c = sub.add_parser("compare", help="compare run B against run A (ratio of medians, interval, verdict)")
     c.add_argument("run_a", metavar="RUN_A", help="run directory or results.jsonl (the baseline)")

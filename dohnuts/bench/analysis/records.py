@@ -351,12 +351,16 @@ def _invalid(rec: dict) -> bool:
 
 
 def validity_summary(records: list[dict]) -> dict[tuple[str, str], dict]:
-    """Per `group_key` (workload, target): {"n", "invalid", "reasons": {reason: calls}} — how many
-    calls the validity gate left out and why."""
+    """Per `group_key` (workload, target): {"n", "invalid", "reasons": {reason: calls},
+    "power_capped"} — how many calls the validity gate left out and why, and how many ran (and
+    were kept) at the device's power limit."""
     out: dict[tuple[str, str], dict] = {}
     for rec in records:
-        g = out.setdefault(group_key(rec), {"n": 0, "invalid": 0, "reasons": {}})
+        g = out.setdefault(group_key(rec), {"n": 0, "invalid": 0, "reasons": {}, "power_capped": 0})
         g["n"] += 1
+        validity = rec.get("validity")
+        if isinstance(validity, dict) and validity.get("power_capped"):
+            g["power_capped"] += 1
         if _invalid(rec):
             g["invalid"] += 1
             for reason in rec["validity"].get("reasons") or ["(no reason given)"]:
