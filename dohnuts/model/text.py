@@ -62,8 +62,7 @@ class MLP(nn.Module):
         w = packed_weight(self.gate_proj, self.up_proj)
         if w is None:
             return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
-        gate, up = F.linear(x, w).chunk(2, dim=-1)  # (..., I) each: column views of one (..., 2I) output
-        return self.down_proj(ops.swiglu(gate, up))
+        return self.down_proj(ops.swiglu_packed(F.linear(x, w)))  # one (..., 2I) GEMM output, read in place
 
 
 class GatedDeltaNet(nn.Module):
