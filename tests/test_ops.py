@@ -166,3 +166,24 @@ def test_swiglu_packed_triton_kernel_in_the_interpreter():
     out = subprocess.run([sys.executable, "-c", _INTERPRETED_SWIGLU], env=env, capture_output=True, text=True,
                          timeout=300, check=False)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_conv_parts_equal_one_conv_per_part_with_state():
+    """The parts of one conv equal a conv per part on its channels (weight rows and state slices),
+    and the final state keeps the one-conv layout (B, D, W)."""
+    from dohnuts.ops.conv import causal_conv1d_parts_reference
+
+    B, T, W, sizes = 2, 33, 4, [6, 6, 10]
+    D = sum(sizes)
+    g = torch.Generator().manual_seed(5)
+    x, w, s0 = torch.randn(B, T, D, generator=g), torch.randn(D, W, generator=g), torch.randn(B, D, W, generator=g)
+    parts, state = causal_conv1d_parts_reference(x, w, sizes, s0, True)
+    _, full_state = causal_conv1d_reference(x, w, s0, True)
+    assert torch.equal(state, full_state) and state.shape == (B, D, W)
+    start = 0
+    for n, y in zip(sizes, parts):
+        ch = slice(start, start + n)
+        want, want_state = causal_conv1d_reference(x[..., ch].contiguous(), w[ch], s0[:, ch], True)
+        assert y.shape == (B, T, n) and torch.allclose(y, want, atol=1e-6)
+        assert torch.equal(state[:, ch], want_state)
+        start += n

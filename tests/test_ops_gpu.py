@@ -381,3 +381,27 @@ def test_packed_backbone_bf16_keeps_the_mathematics():
         assert err_packed < 6e-2, f"{name}: packed BF16 {err_packed:.3e} from FP32"
         assert err_packed < 1.5 * err_plain, f"{name}: packed {err_packed:.3e} vs unpacked {err_plain:.3e}"
         assert relative_error(g, w) < 6e-2, name
+
+
+@pytest.mark.parametrize("with_state", [False, True])
+def test_causal_conv1d_parts(with_state):
+    """One fla conv per part (2b's q/k/v split) on the column slice of a wider packed GEMM output:
+    contiguous outputs equal to one conv then split, the state in and out in the one-conv layout."""
+    from dohnuts.ops.conv import causal_conv1d_fused, causal_conv1d_parts_fused, causal_conv1d_reference
+
+    sizes = [16 * 128, 16 * 128, 16 * 128]
+    D = sum(sizes)
+    g = torch.Generator(device=DEV).manual_seed(41)
+    packed = torch.randn(3, 130, D + 32, device=DEV, generator=g).bfloat16()  # + in_proj_b/a columns
+    x = packed[..., :D]
+    w = (torch.randn(D, 4, device=DEV, generator=g) * 0.5).bfloat16()
+    s0 = torch.randn(3, D, 4, device=DEV, generator=g).bfloat16() if with_state else None
+    with torch.no_grad():
+        parts, state = causal_conv1d_parts_fused(x, w, sizes, s0, True)
+        one, one_state = causal_conv1d_fused(x, w, s0, True)
+    ref, ref_state = causal_conv1d_reference(x.float(), w.float(), None if s0 is None else s0.float(), True)
+    assert all(p.is_contiguous() for p in parts) and state.shape == (3, D, 4)
+    assert relative_error(torch.cat(parts, -1).float(), one.float()) < 1e-3
+    assert torch.equal(state, one_state)  # the state is the last W inputs: copied, not computed
+    assert relative_error(torch.cat(parts, -1).float(), ref) < BF16_TOL
+    assert relative_error(state.float(), ref_state) < BF16_TOL

@@ -105,10 +105,11 @@ class GatedDeltaNet(nn.Module):
         # Log-space decay g = -exp(A_log) · softplus(a + dt_bias) <= 0, in FP32.
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
 
-        mixed, conv_state = ops.causal_conv1d(
-            mixed, self.conv1d.weight.squeeze(1), None if state is None else state.conv, return_state
+        # One conv per part (on the GPU, outside training): q, k and v come out contiguous.
+        (q, k, v), conv_state = ops.causal_conv1d_parts(
+            mixed, self.conv1d.weight.squeeze(1), [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim],
+            None if state is None else state.conv, return_state,
         )
-        q, k, v = mixed.split([cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim], dim=-1)
         q = q.reshape(B, T, cfg.linear_num_key_heads, cfg.linear_key_head_dim)  # (B, T, H, K)
         k = k.reshape(B, T, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
         v = v.reshape(B, T, cfg.linear_num_value_heads, cfg.linear_value_head_dim)  # (B, T, HV, V)
