@@ -200,3 +200,14 @@ def test_merge_packs_the_merged_projections():
                 m.lora_B.normal_(0, 0.05)
     session.merge_lora()
     assert _packed_count(session.model.backbone) == GROUPS
+
+
+def test_attention_gate_sigmoid_needs_no_copy():
+    """The premise of Attention's gate order: the sigmoid of the strided gate view (a column slice
+    of the packed q/k/v output) comes out contiguous, so reshaping it to (B, T, Hq·D) is a view."""
+    B, T, H, D = 2, 5, 4, 8
+    out = torch.randn(B, T, H * 2 * D + 2 * 2 * D)  # q/gate interleaved per head, then k and v
+    _, gate = out[..., :H * 2 * D].view(B, T, H, 2 * D).chunk(2, dim=-1)
+    s = torch.sigmoid(gate)
+    assert not gate.is_contiguous() and s.is_contiguous()
+    assert s.reshape(B, T, H * D).data_ptr() == s.data_ptr()

@@ -153,7 +153,9 @@ class Attention(nn.Module):
         else:  # one GEMM; the parts are column views of its output
             qg, k, v = F.linear(x, w).split([hq * 2 * d, hkv * d, hkv * d], dim=-1)
         q, gate = qg.view(B, T, hq, 2 * d).chunk(2, dim=-1)
-        gate = gate.reshape(B, T, hq * d)
+        # The sigmoid reads the strided gate view and writes it contiguous (B, T, Hq·D): no
+        # separate copy of the gate before it, as reshaping the strided view first would make.
+        gate = torch.sigmoid(gate).reshape(B, T, hq * d)
         q = self.q_norm(q).transpose(1, 2)  # (B, Hq, T, D)
         k = self.k_norm(k.view(B, T, hkv, d)).transpose(1, 2)  # (B, Hkv, T, D)
         v = v.view(B, T, hkv, d).transpose(1, 2)
@@ -163,7 +165,7 @@ class Attention(nn.Module):
             k = torch.cat([state.key, k], dim=2)  # (B, Hkv, P + T, D)
             v = torch.cat([state.value, v], dim=2)
         o = ops.causal_attention(q, k, v, scale=d ** -0.5)  # (B, Hq, T, D)
-        o = o.transpose(1, 2).reshape(B, T, cfg.num_attention_heads * d) * torch.sigmoid(gate)
+        o = o.transpose(1, 2).reshape(B, T, hq * d) * gate
         return self.o_proj(o), (KVState(k, v) if return_state else None)
 
 
