@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -117,3 +119,71 @@ def test_reference_switch_is_explicit_scoped_and_per_thread():
         raise RuntimeError("boom")
     assert use_fused(x)  # restored after an exception
     assert not use_fused(torch.zeros(1))  # CPU tensors always take the reference path
+
+
+def test_swiglu_packed_reference_by_hand():
+    from dohnuts.ops.activation import swiglu_packed_reference
+
+    gu = torch.tensor([[1.0, -2.0, 3.0, 0.5]])  # gate (1, -2), up (3, 0.5)
+    want = torch.tensor([[1.0 / (1 + math.exp(-1.0)) * 3.0, -2.0 / (1 + math.exp(2.0)) * 0.5]])
+    assert torch.allclose(swiglu_packed_reference(gu), want, atol=1e-6)
+    with pytest.raises(ValueError, match="even last dim"):
+        swiglu_packed_reference(torch.zeros(2, 5))
+
+
+_INTERPRETED_SWIGLU = """
+import torch
+from dohnuts.ops._swiglu_kernel import BLOCK, swiglu_packed_triton
+from dohnuts.ops.activation import swiglu_packed_reference
+
+g = torch.Generator().manual_seed(0)
+big = torch.randn(3, 7, 2 * BLOCK + 2 * 300 + 10, generator=g)
+cases = [torch.randn(2, 5, 2 * 96, generator=g),  # one partial block per row
+         torch.randn(9, 2 * (BLOCK + 300), generator=g),  # a full block and a partial one
+         big[..., 4:4 + 2 * (BLOCK + 300)],  # rows strided like a column slice of a wider output
+         torch.randn(0, 8, generator=g)]
+for gu in cases:
+    y = swiglu_packed_triton(gu)
+    assert y.shape == gu.shape[:-1] + (gu.shape[-1] // 2,) and y.is_contiguous(), y.shape
+    err = (y - swiglu_packed_reference(gu)).abs().max() if y.numel() else 0.0
+    assert err < 1e-5, err
+y = swiglu_packed_triton(cases[1].bfloat16())
+assert y.dtype == torch.bfloat16
+assert ((y.float() - swiglu_packed_reference(cases[1].bfloat16().float())).abs().max()) < 0.05
+print("ok")
+"""
+
+
+def test_swiglu_packed_triton_kernel_in_the_interpreter():
+    """The Triton kernel's indexing (partial blocks, strided rows, empty input) on the CPU, run by
+    Triton's interpreter in a fresh process (the variable must be set before the kernel is made)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", _INTERPRETED_SWIGLU], env=env, capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_conv_parts_equal_one_conv_per_part_with_state():
+    """The parts of one conv equal a conv per part on its channels (weight rows and state slices),
+    and the final state keeps the one-conv layout (B, D, W)."""
+    from dohnuts.ops.conv import causal_conv1d_parts_reference
+
+    B, T, W, sizes = 2, 33, 4, [6, 6, 10]
+    D = sum(sizes)
+    g = torch.Generator().manual_seed(5)
+    x, w, s0 = torch.randn(B, T, D, generator=g), torch.randn(D, W, generator=g), torch.randn(B, D, W, generator=g)
+    parts, state = causal_conv1d_parts_reference(x, w, sizes, s0, True)
+    _, full_state = causal_conv1d_reference(x, w, s0, True)
+    assert torch.equal(state, full_state) and state.shape == (B, D, W)
+    start = 0
+    for n, y in zip(sizes, parts):
+        ch = slice(start, start + n)
+        want, want_state = causal_conv1d_reference(x[..., ch].contiguous(), w[ch], s0[:, ch], True)
+        assert y.shape == (B, T, n) and torch.allclose(y, want, atol=1e-6)
+        assert torch.equal(state[:, ch], want_state)
+        start += n

@@ -15,6 +15,7 @@ from torch import nn
 
 from dohnuts import ops
 from dohnuts.config import TextConfig
+from dohnuts.model.packing import packed_weight
 from dohnuts.model.rope import apply_rotary, rotary_cos_sin, rotary_tables, text_positions
 from dohnuts.model.state import BackboneState, KVState, LinearAttentionState
 
@@ -48,6 +49,9 @@ class GatedRMSNorm(nn.Module):
 
 
 class MLP(nn.Module):
+    # Linears that read the same input and may run as one GEMM (dohnuts.model.packing).
+    packed_projections = (("gate_proj", "up_proj"),)
+
     def __init__(self, hidden: int, inter: int):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, inter, bias=False)
@@ -55,11 +59,18 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(inter, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
+        w = packed_weight(self.gate_proj, self.up_proj)
+        if w is None:
+            return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
+        return self.down_proj(ops.swiglu_packed(F.linear(x, w)))  # one (..., 2I) GEMM output, read in place
 
 
 class GatedDeltaNet(nn.Module):
     """Linear-attention token mixer: short conv → gated delta rule → gated RMSNorm → out_proj."""
+
+    # in_proj_z stays alone: as a column slice of a packed output it would be strided, and the
+    # gated norm's fla wrapper would copy it (a full read + write), more than its GEMM saves.
+    packed_projections = (("in_proj_qkv", "in_proj_b", "in_proj_a"),)
 
     def __init__(self, cfg: TextConfig):
         super().__init__()
@@ -82,16 +93,23 @@ class GatedDeltaNet(nn.Module):
     ) -> tuple[torch.Tensor, LinearAttentionState | None]:
         cfg = self.cfg
         B, T, _ = x.shape
-        mixed = self.in_proj_qkv(x)  # (B, T, 2·H·K + HV·V)
-        z = self.in_proj_z(x).view(B, T, cfg.linear_num_value_heads, cfg.linear_value_head_dim)
-        beta = self.in_proj_b(x).sigmoid()  # (B, T, HV)
+        hv = cfg.linear_num_value_heads
+        w = packed_weight(self.in_proj_qkv, self.in_proj_b, self.in_proj_a)
+        if w is None:
+            mixed, b, a = self.in_proj_qkv(x), self.in_proj_b(x), self.in_proj_a(x)
+        else:  # one GEMM; the parts are column views of its output
+            mixed, b, a = F.linear(x, w).split([cfg.linear_conv_dim, hv, hv], dim=-1)
+        # mixed: (B, T, 2·H·K + HV·V); b, a: (B, T, HV)
+        z = self.in_proj_z(x).view(B, T, hv, cfg.linear_value_head_dim)
+        beta = b.sigmoid()  # (B, T, HV)
         # Log-space decay g = -exp(A_log) · softplus(a + dt_bias) <= 0, in FP32.
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
 
-        mixed, conv_state = ops.causal_conv1d(
-            mixed, self.conv1d.weight.squeeze(1), None if state is None else state.conv, return_state
+        # One conv per part (on the GPU, outside training): q, k and v come out contiguous.
+        (q, k, v), conv_state = ops.causal_conv1d_parts(
+            mixed, self.conv1d.weight.squeeze(1), [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim],
+            None if state is None else state.conv, return_state,
         )
-        q, k, v = mixed.split([cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim], dim=-1)
         q = q.reshape(B, T, cfg.linear_num_key_heads, cfg.linear_key_head_dim)  # (B, T, H, K)
         k = k.reshape(B, T, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
         v = v.reshape(B, T, cfg.linear_num_value_heads, cfg.linear_value_head_dim)  # (B, T, HV, V)
@@ -107,6 +125,8 @@ class GatedDeltaNet(nn.Module):
 
 class Attention(nn.Module):
     """Gated GQA attention: q/k RMSNorm per head, partial RoPE, sigmoid output gate."""
+
+    packed_projections = (("q_proj", "k_proj", "v_proj"),)
 
     def __init__(self, cfg: TextConfig):
         super().__init__()
@@ -126,18 +146,26 @@ class Attention(nn.Module):
         cfg = self.cfg
         B, T, _ = x.shape
         d = cfg.head_dim
-        q, gate = self.q_proj(x).view(B, T, cfg.num_attention_heads, 2 * d).chunk(2, dim=-1)
-        gate = gate.reshape(B, T, cfg.num_attention_heads * d)
+        hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        w = packed_weight(self.q_proj, self.k_proj, self.v_proj)
+        if w is None:
+            qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:  # one GEMM; the parts are column views of its output
+            qg, k, v = F.linear(x, w).split([hq * 2 * d, hkv * d, hkv * d], dim=-1)
+        q, gate = qg.view(B, T, hq, 2 * d).chunk(2, dim=-1)
+        # The sigmoid reads the strided gate view and writes it contiguous (B, T, Hq·D): no
+        # separate copy of the gate before it, as reshaping the strided view first would make.
+        gate = torch.sigmoid(gate).reshape(B, T, hq * d)
         q = self.q_norm(q).transpose(1, 2)  # (B, Hq, T, D)
-        k = self.k_norm(self.k_proj(x).view(B, T, cfg.num_key_value_heads, d)).transpose(1, 2)  # (B, Hkv, T, D)
-        v = self.v_proj(x).view(B, T, cfg.num_key_value_heads, d).transpose(1, 2)
+        k = self.k_norm(k.view(B, T, hkv, d)).transpose(1, 2)  # (B, Hkv, T, D)
+        v = v.view(B, T, hkv, d).transpose(1, 2)
         cos, sin = rope
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if state is not None:
             k = torch.cat([state.key, k], dim=2)  # (B, Hkv, P + T, D)
             v = torch.cat([state.value, v], dim=2)
         o = ops.causal_attention(q, k, v, scale=d ** -0.5)  # (B, Hq, T, D)
-        o = o.transpose(1, 2).reshape(B, T, cfg.num_attention_heads * d) * torch.sigmoid(gate)
+        o = o.transpose(1, 2).reshape(B, T, hq * d) * gate
         return self.o_proj(o), (KVState(k, v) if return_state else None)
 
 

@@ -7,10 +7,11 @@ benchmarks); nothing in the runtime switches paths.
 """
 
 from dohnuts.ops._dispatch import reference
-from dohnuts.ops.activation import swiglu
+from dohnuts.ops.activation import swiglu, swiglu_packed
 from dohnuts.ops.attention import causal_attention
-from dohnuts.ops.conv import causal_conv1d
+from dohnuts.ops.conv import causal_conv1d, causal_conv1d_parts
 from dohnuts.ops.delta_rule import gated_delta_rule
 from dohnuts.ops.norm import add_rms_norm, gated_rms_norm, rms_norm
 
-__all__ = ["reference", "add_rms_norm", "causal_attention", "causal_conv1d", "gated_delta_rule", "gated_rms_norm", "rms_norm", "swiglu"]
+__all__ = ["add_rms_norm", "causal_attention", "causal_conv1d", "causal_conv1d_parts", "gated_delta_rule",
+           "gated_rms_norm", "reference", "rms_norm", "swiglu", "swiglu_packed"]

@@ -1,4 +1,5 @@
-"""SwiGLU: silu(gate) * up, the MLP's activation."""
+"""SwiGLU: silu(gate) * up, the MLP's activation — on two tensors, or on one packed (..., 2I)
+gate/up GEMM output (dohnuts.model.packing)."""
 
 from __future__ import annotations
 
@@ -20,3 +21,29 @@ def swiglu_fused(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return swiglu_fused(gate, up) if use_fused(gate) else swiglu_reference(gate, up)
+
+
+def _halves(gu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if gu.shape[-1] % 2:
+        raise ValueError(f"a packed gate/up tensor needs an even last dim, got {tuple(gu.shape)}")
+    return gu.chunk(2, dim=-1)
+
+
+def swiglu_packed_reference(gu: torch.Tensor) -> torch.Tensor:
+    return swiglu_reference(*_halves(gu))
+
+
+def swiglu_packed_fused(gu: torch.Tensor) -> torch.Tensor:
+    gate, up = _halves(gu)
+    if torch.is_grad_enabled() and gu.requires_grad:
+        # Training through a packed MLP (frozen gate/up, adapters elsewhere): fla's autograd op,
+        # which also reads the two strided halves in place.
+        return swiglu_fused(gate, up)
+    from dohnuts.ops._swiglu_kernel import swiglu_packed_triton
+
+    return swiglu_packed_triton(gu)
+
+
+def swiglu_packed(gu: torch.Tensor) -> torch.Tensor:
+    """silu(gu[..., :I]) * gu[..., I:] for gu (..., 2I) → (..., I): one kernel, no split copies."""
+    return swiglu_packed_fused(gu) if use_fused(gu) else swiglu_packed_reference(gu)

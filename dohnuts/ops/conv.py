@@ -58,3 +58,55 @@ def causal_conv1d(
     """y = silu(depthwise_causal_conv(x)). x: (B, T, D), weight: (D, W), state: (B, D, W)."""
     fn = causal_conv1d_fused if use_fused(x) else causal_conv1d_reference
     return fn(x, weight, initial_state, output_final_state)
+
+
+def causal_conv1d_parts_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    sizes: list[int],
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+    y, final = causal_conv1d_reference(x, weight, initial_state, output_final_state)
+    return y.split(sizes, dim=-1), final
+
+
+def causal_conv1d_parts_fused(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    sizes: list[int],
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+    recording = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, initial_state))
+    if recording:  # training keeps its one conv (and its backward) exactly as before
+        y, final = causal_conv1d_fused(x, weight, initial_state, output_final_state)
+        return y.split(sizes, dim=-1), final
+    outs, finals, start = [], [], 0
+    for n in sizes:
+        part = slice(start, start + n)
+        # fla reads the strided column slice in place and writes a contiguous (B, T, n) output.
+        y, final = causal_conv1d_fused(x[..., part], weight[part],
+                                       None if initial_state is None else initial_state[:, part], output_final_state)
+        outs.append(y)
+        finals.append(final)
+        start += n
+    return tuple(outs), torch.cat(finals, dim=1) if output_final_state else None  # (B, D, W)
+
+
+def causal_conv1d_parts(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    sizes: list[int],
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+    """`causal_conv1d` with its output split into channel groups of `sizes`: (outputs, state).
+
+    The numbers are those of one conv then `split` (a depthwise conv treats channels apart), and
+    the state keeps the one-conv layout (B, D, W). Without autograd recording, the fused path runs
+    one conv per group, so each output comes out contiguous: Gated DeltaNet's q, k and v then
+    reach fla's delta rule without the copies its input guard makes of strided views."""
+    fn = causal_conv1d_parts_fused if use_fused(x) else causal_conv1d_parts_reference
+    return fn(x, weight, sizes, initial_state, output_final_state)

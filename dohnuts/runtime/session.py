@@ -23,6 +23,7 @@ import torch
 from dohnuts.config import ModelConfig
 from dohnuts.errors import RequestError
 from dohnuts.model.lora import LoRAConfig, apply_lora, merge_lora
+from dohnuts.model.packing import fuse_projections
 from dohnuts.model.scorer import ScoringModel, decide, no_stage
 from dohnuts.runtime.batch import Batch, HostBatch, collate, without_patches
 from dohnuts.runtime.graphs import PassGraphs, ShapeBuckets
@@ -55,6 +56,9 @@ class Session:
     def __init__(self, model: ScoringModel, *, tokenizer, base_identity: dict | None = None, max_len: int = 8192,
                  cuda_graphs: bool = True):
         self.model = model
+        # Sibling projections without adapters run as one GEMM each (dohnuts.model.packing);
+        # LoRA-wrapped ones are skipped, and re-packed once merged (_modules_changed).
+        fuse_projections(model.backbone)
         self.cfg: ModelConfig = model.cfg
         self.tokenizer = tokenizer
         self.base_identity = base_identity or {"config_hash": self.cfg.config_hash()}
@@ -96,6 +100,7 @@ class Session:
         return n
 
     def _modules_changed(self) -> None:
+        fuse_projections(self.model.backbone)  # merged adapters leave plain linears: pack them again
         if self.graphs is not None:
             self.graphs.clear()  # captured graphs point at the replaced modules' weights
 

@@ -1,0 +1,78 @@
+"""Packed projections: sibling linears that read the same input, run as ONE GEMM for inference.
+
+`fuse_projections(backbone)` re-stores each group of plain `nn.Linear` siblings that a layer
+names in its `packed_projections` (an MLP's gate/up, attention's q/k/v, Gated DeltaNet's
+qkv/b/a) as consecutive row blocks of one (Σ out, in) tensor. Each `weight` stays a Parameter
+under its own name — a view of that tensor — so state-dict keys and values, loading with
+`copy_` and LoRA wrapping are all unchanged.
+
+`packed_weight(*linears)` hands a layer the whole tensor while the group is still stored that
+way; the layer then runs one GEMM and splits the output's columns. Anything else gets None and
+the layer runs its projections one by one: a LoRA-wrapped member, weights re-created by a load
+with `assign=True` or a device/dtype move, weights that are being trained. So a stale packing
+can cost speed, never change a result, and the check is a few pointer comparisons (no kernel,
+nothing recorded in a CUDA graph).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _packed_view(linears: tuple[nn.Module, ...]) -> torch.Tensor | None:
+    """The (Σ out, in) tensor whose row blocks are these linears' weights, or None."""
+    for m in linears:
+        if type(m) is not nn.Linear or m.bias is not None:
+            return None  # a LoRALinear (or anything else) runs on its own
+    first = linears[0].weight
+    storage, offset, cols = first.untyped_storage().data_ptr(), first.storage_offset(), first.shape[1]
+    rows = 0
+    for m in linears:
+        w = m.weight
+        if (w.dtype != first.dtype or w.shape[1] != cols or not w.is_contiguous()
+                or w.untyped_storage().data_ptr() != storage or w.storage_offset() != offset + rows * cols):
+            return None
+        rows += w.shape[0]
+    return first.as_strided((rows, cols), (cols, 1))  # keeps first's storage offset
+
+
+def packed_weight(*linears: nn.Module) -> torch.Tensor | None:
+    """The packed weight of a group for one GEMM `x @ Wᵀ`, or None: run the linears one by one.
+
+    Weights that require a gradient while autograd records also get None (their gradients then
+    flow to each Parameter the ordinary way)."""
+    if torch.is_grad_enabled() and any(getattr(m, "weight", None) is not None and m.weight.requires_grad
+                                       for m in linears):
+        return None
+    return _packed_view(linears)
+
+
+@torch.no_grad()
+def fuse_projections(backbone: nn.Module) -> int:
+    """Pack every group of plain linears the backbone's layers name (`packed_projections`), in place.
+
+    Idempotent: an already packed group is left as it is. A group with a LoRA-wrapped (or
+    biased, or mixed-dtype) member is skipped. Returns how many groups are packed afterwards."""
+    n = 0
+    for module in backbone.modules():
+        for names in getattr(module, "packed_projections", ()):
+            linears = tuple(getattr(module, name) for name in names)
+            if _packed_view(linears) is None and not _pack(linears):
+                continue
+            n += 1
+    return n
+
+
+def _pack(linears: tuple[nn.Module, ...]) -> bool:
+    if any(type(m) is not nn.Linear or m.bias is not None for m in linears):
+        return False
+    ws = [m.weight for m in linears]
+    if len({(w.dtype, w.device, w.shape[1]) for w in ws}) != 1:
+        return False
+    packed = torch.cat([w.detach() for w in ws])  # (Σ out, in): one fresh storage, same dtype and device
+    start = 0
+    for m, w in zip(linears, ws):
+        m.weight = nn.Parameter(packed[start:start + w.shape[0]], requires_grad=w.requires_grad)
+        start += w.shape[0]
+    return True

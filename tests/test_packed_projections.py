@@ -1,0 +1,213 @@
+"""Packed projections (dohnuts.model.packing): a packed model computes what the unpacked one does —
+hidden states, state hand-over, shared-prefix and image scores, LoRA training — with the same
+state dict, and groups with an adapter are left alone."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+
+import dohnuts.runtime.session as session_module
+from dohnuts import api
+from dohnuts.config import preset
+from dohnuts.model.build import build_text_backbone
+from dohnuts.model.lora import LoRAConfig, LoRALinear, apply_lora
+from dohnuts.model.packing import fuse_projections, packed_weight
+from dohnuts.runtime.requests import Question, Request
+from dohnuts.train.objective import RLCDConfig
+from dohnuts.train.step import microbatch_loss
+from tests.reference import relative_error
+
+CFG = preset("tiny")
+GROUPS = 2 * CFG.text.num_hidden_layers  # one MLP group per layer + one mixer group per layer
+
+
+def _groups(backbone):
+    """(module, linears) of every group a layer names."""
+    return [(m, tuple(getattr(m, n) for n in names))
+            for m in backbone.modules() for names in getattr(m, "packed_projections", ())]
+
+
+def _packed_count(backbone) -> int:
+    with torch.no_grad():
+        return sum(packed_weight(*linears) is not None for _, linears in _groups(backbone))
+
+
+def _pair(seed=3):
+    plain, _ = build_text_backbone(CFG, seed=seed)
+    packed = copy.deepcopy(plain)  # a deep copy gets its own (unpacked) storages
+    assert fuse_projections(packed) == GROUPS
+    assert _packed_count(packed) == GROUPS and _packed_count(plain) == 0
+    return plain.eval(), packed.eval()
+
+
+def test_packed_hidden_states_and_state_handover_equal_unpacked():
+    plain, packed = _pair()
+    ids = torch.randint(0, 256, (3, 150), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want, _ = plain(ids)
+        got, _ = packed(ids)
+        # Shared prefix: a batch-1 pass over 83 tokens, its state forked to 3 suffix branches.
+        shared = torch.cat([ids[:1, :83].expand(3, -1), ids[:, 83:]], dim=1)
+        want_shared, _ = plain(shared)
+        head, state = packed(shared[:1, :83], return_state=True)
+        tail, _ = packed(shared[:, 83:], state=state.fork(3))
+    assert relative_error(got, want) < 1e-5
+    assert relative_error(torch.cat([head.expand(3, -1, -1), tail], 1), want_shared) < 1e-5
+
+
+def test_fusion_is_idempotent_and_keeps_the_state_dict():
+    plain, packed = _pair()
+    ptrs = [p.data_ptr() for p in packed.parameters()]
+    assert fuse_projections(packed) == GROUPS
+    assert [p.data_ptr() for p in packed.parameters()] == ptrs  # nothing re-packed
+    sd_plain, sd_packed = plain.state_dict(), packed.state_dict()
+    assert list(sd_packed) == list(sd_plain)
+    for k, v in sd_plain.items():
+        assert torch.equal(sd_packed[k], v), k
+    for _, linears in _groups(packed):
+        for m in linears:  # still Parameters, with their requires_grad flag kept
+            assert isinstance(m.weight, nn.Parameter) and m.weight.requires_grad
+        assert packed_weight(*linears) is None  # weights being trained run one by one...
+        with torch.no_grad():
+            assert packed_weight(*linears) is not None  # ...and packed where nothing records
+
+    # Loading other weights copies them into the packed storage: still packed, and consistent.
+    other, _ = build_text_backbone(CFG, seed=11)
+    packed.load_state_dict(other.state_dict())
+    assert _packed_count(packed) == GROUPS
+    for k, v in other.state_dict().items():
+        assert torch.equal(packed.state_dict()[k], v), k
+    ids = torch.randint(0, 256, (2, 70), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert relative_error(packed(ids)[0], other(ids)[0]) < 1e-5
+        for _, linears in _groups(packed):  # the packed tensor is the loaded weights, row block by row block
+            assert torch.equal(packed_weight(*linears), torch.cat([m.weight for m in linears]))
+
+
+def test_replaced_weights_fall_back_to_separate_projections():
+    """A load with assign=True re-creates the parameters: the packing is gone, the result is not."""
+    _, packed = _pair()
+    other, _ = build_text_backbone(CFG, seed=12)
+    packed.load_state_dict({k: v.clone() for k, v in other.state_dict().items()}, assign=True)
+    assert _packed_count(packed) == 0
+    ids = torch.randint(0, 256, (2, 70), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert relative_error(packed(ids)[0], other(ids)[0]) < 1e-5
+    assert fuse_projections(packed) == GROUPS
+
+
+def test_groups_with_an_adapter_are_not_packed():
+    plain, _ = build_text_backbone(CFG, seed=3)
+    torch.manual_seed(0)
+    apply_lora(plain, LoRAConfig(rank=2, targets=("gate_proj", "in_proj_b")))
+    with torch.no_grad():
+        for m in plain.modules():
+            if isinstance(m, LoRALinear):
+                m.lora_B.normal_(0, 0.1)
+    packed = copy.deepcopy(plain)
+    # MLP groups (gate_proj adapted) and Gated DeltaNet groups (in_proj_b adapted) stay; attention packs.
+    n_attention = CFG.text.layer_types.count("full_attention")
+    assert fuse_projections(packed) == n_attention
+    assert _packed_count(packed) == n_attention
+    for _, linears in _groups(packed):
+        if any(isinstance(x, LoRALinear) for x in linears):
+            assert packed_weight(*linears) is None
+            # Never re-stored: the plain members of an adapted group keep storages of their own.
+            assert len({x.weight.untyped_storage().data_ptr() for x in linears}) == len(linears)
+    ids = torch.randint(0, 256, (2, 90), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert relative_error(packed(ids)[0], plain(ids)[0]) < 1e-5
+
+
+def _png(path, seed):
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, (448, 448, 3), dtype=np.uint8)).save(path)
+    return str(path)
+
+
+def _scores(session, reqs, share):
+    return [torch.tensor([s for q in r.questions for s in q.scores]) for r in session.predict(reqs, share_prefix=share)]
+
+
+def _unpacked_session(monkeypatch, **kw):
+    with monkeypatch.context() as m:
+        m.setattr(session_module, "fuse_projections", lambda backbone: 0)
+        s = api.load("tiny", **kw)
+    assert _packed_count(s.model.backbone) == 0
+    return s
+
+
+def test_session_packs_and_scores_equal_unpacked(monkeypatch, tmp_path):
+    """Prediction with a shared prefix, without, and with an image cut by the prefix split."""
+    from dohnuts.train.task import synthetic_requests
+
+    packed = api.load("tiny")
+    plain = _unpacked_session(monkeypatch)
+    assert _packed_count(packed.model.backbone) == GROUPS
+    packed.share_tuner = plain.share_tuner = None  # follow the planner: both compute the same passes
+    qs = (Question("q1", "what?", ("red", "green")), Question("q2", "how many?", ("one", "two", "three")))
+    reqs = synthetic_requests(2, questions=5, shared_prefix=300, seed=7)
+    reqs += [Request(id="img", questions=qs, prefix="a photo", image=_png(tmp_path / "a.png", 0))]
+    assert packed.prepare(reqs[0]).plan.prefix_len > 0 and packed.prepare(reqs[-1]).plan.prefix_len > 0
+    for share in (True, False):
+        for got, want in zip(_scores(packed, reqs, share), _scores(plain, reqs, share)):
+            assert relative_error(got, want) < 1e-5
+
+
+@pytest.mark.parametrize("targets", [None, ("o_proj", "out_proj", "down_proj")])
+def test_lora_training_is_unaffected(monkeypatch, targets):
+    """Loss and every trainable gradient with packing equal those without: default targets (no
+    group packs) and targets that leave the q/k/v, qkv/b/a and gate/up groups plain (they pack,
+    frozen, and run one GEMM inside the training graph)."""
+    from dohnuts.train.task import synthetic_requests
+
+    lora = LoRAConfig(rank=4) if targets is None else LoRAConfig(rank=4, targets=targets)
+    packed = api.load("tiny", lora=lora)
+    plain = _unpacked_session(monkeypatch, lora=lora)
+    assert _packed_count(packed.model.backbone) == (0 if targets is None else GROUPS)
+    for s in (packed, plain):  # the same random B in both (same module order, same seed)
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for m in s.model.modules():
+                if isinstance(m, LoRALinear):
+                    m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.05)
+    (req,) = synthetic_requests(1, questions=5, shared_prefix=300, seed=4)
+    out = []
+    for s in (packed, plain):
+        hb = s.prepare(req, share_prefix=True, train=True)
+        s.model.zero_grad()
+        s.model.train()
+        loss = microbatch_loss(s.model, hb.tensors, RLCDConfig())
+        loss.backward()
+        out.append((float(loss.detach()), torch.cat([p.grad.flatten() for p in s.model.trainable_parameters()])))
+    (loss_p, grad_p), (loss_u, grad_u) = out
+    assert abs(loss_p - loss_u) < 1e-5 * max(1.0, abs(loss_u))
+    assert relative_error(grad_p, grad_u) < 1e-5 and float(grad_u.norm()) > 0
+
+
+def test_merge_packs_the_merged_projections():
+    session = api.load("tiny", lora=LoRAConfig(rank=4))
+    assert _packed_count(session.model.backbone) == 0
+    with torch.no_grad():
+        for m in session.model.modules():
+            if isinstance(m, LoRALinear):
+                m.lora_B.normal_(0, 0.05)
+    session.merge_lora()
+    assert _packed_count(session.model.backbone) == GROUPS
+
+
+def test_attention_gate_sigmoid_needs_no_copy():
+    """The premise of Attention's gate order: the sigmoid of the strided gate view (a column slice
+    of the packed q/k/v output) comes out contiguous, so reshaping it to (B, T, Hq·D) is a view."""
+    B, T, H, D = 2, 5, 4, 8
+    out = torch.randn(B, T, H * 2 * D + 2 * 2 * D)  # q/gate interleaved per head, then k and v
+    _, gate = out[..., :H * 2 * D].view(B, T, H, 2 * D).chunk(2, dim=-1)
+    s = torch.sigmoid(gate)
+    assert not gate.is_contiguous() and s.is_contiguous()
+    assert s.reshape(B, T, H * D).data_ptr() == s.data_ptr()
