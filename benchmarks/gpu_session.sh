@@ -7,6 +7,7 @@
 #   PROFILE=1                                                benchmarks/profile_passes.py on 2b
 #   COLD=1                                                   benchmarks/cold_start.py: 2 new processes
 #   SCALING='workloads/scaling/a.yaml ...'                    one dohnuts-bench run of multi-process workloads
+#   DISTKILL=1                                               NCCL: rank 1 of 2 killed in training, then --resume
 #   BASELINES=N                                              N runs of benchmarks/test_regressions.py on 2b
 #                                                            (results/baselines/h200-2b-K.json)
 #   PACK_CACHE=1                                             pack .triton_cache into $OUT (15 MB parts)
@@ -52,6 +53,15 @@ if [ -n "${SCALING:-}" ] && [ "$(left)" -gt 90 ]; then
     "$d/scaling.png" /tmp/scaling_log.txt /tmp/scaling_out/ 2>/dev/null
   cp "$d"/ranks/*/torchrun.log /tmp/scaling_out/ 2>/dev/null
   tar czf "$OUT/scaling.tar.gz" -C /tmp scaling_out  # one file: a call returns at most 8
+fi
+if [ -n "${DISTKILL:-}" ] && [ "$(left)" -gt 120 ]; then
+  echo "== NCCL: rank 1 of 2 killed after update 3 of a 0.8b training run, then resumed ($(left) s left)"
+  rm -rf /tmp/killrun
+  { DOHNUTS_FAULT_EXIT=rank=1,update=3 timeout 240 python3 -m dohnuts.cli train --model qwen3.5-0.8b --out /tmp/killrun \
+      --updates 6 --eval-every 2 --synthetic-train 48 --nproc-per-node 2 2>&1 | tail -4; echo "train exit: ${PIPESTATUS[0]}"
+    ls /tmp/killrun/checkpoints; echo "latest: $(cat /tmp/killrun/checkpoints/latest 2>/dev/null)"
+    timeout 240 python3 -m dohnuts.cli train --out /tmp/killrun --resume --nproc-per-node 2 2>&1 | tail -3
+    echo "resume exit: ${PIPESTATUS[0]}"; ls /tmp/killrun/checkpoints; } 2>&1 | tee "$OUT/distkill.txt"
 fi
 if [ -n "${BASELINES:-}" ] && [ "$(left)" -gt 90 ]; then
   echo "== regression baselines, qwen3.5-2b, $BASELINES runs ($(left) s left)"
