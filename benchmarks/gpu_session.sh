@@ -41,7 +41,8 @@ if [ -n "${WORKLOADS:-}" ] && [ "$(left)" -gt 60 ]; then
   timeout $(($(left) - 30)) python3 -m dohnuts.bench.cli run $WORKLOADS --out /tmp/runs --label h200 --quiet 2>&1 \
     | tee /tmp/bench_log.txt | grep -v '^\s*$' | tail -60
   d=$(ls -d /tmp/runs/*/ | tail -1)
-  cp "$d/results.jsonl" "$d/run.json" "$d/summary.json" "$d/report.txt" "$OUT/" 2>/dev/null
+  mkdir -p /tmp/bench_out && cp "$d/results.jsonl" "$d/run.json" "$d/summary.json" "$d/report.txt" /tmp/bench_out/ 2>/dev/null
+  tar czf "$OUT/bench.tar.gz" -C /tmp bench_out  # one file: a call returns at most 8
 fi
 if [ -n "${SCALING:-}" ] && [ "$(left)" -gt 90 ]; then
   echo "== scaling: dohnuts-bench run $SCALING ($(left) s left)"

@@ -69,6 +69,9 @@ def main(argv=None) -> int:
     out = Path(a.out)
     cfg = preset(a.preset)
     model, _ = build_text_backbone(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
+    from dohnuts.model.packing import fuse_projections
+
+    fuse_projections(model)  # as a prediction session runs it: packed projections
     g = torch.Generator(device="cuda").manual_seed(0)
     full = torch.randint(0, 200000, (a.batch, a.prefix + a.suffix), device="cuda", generator=g)
     full[:, : a.prefix] = full[0, : a.prefix]

@@ -132,3 +132,22 @@ def test_activation_checkpointing_recomputes_the_shared_request():
         microbatch_loss(model.model, hb.tensors, RLCDConfig(), checkpoint_layers=ckpt).backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.trainable_parameters()]))
     assert relative_error(grads[1], grads[0]) < 1e-6
+
+
+def test_longest_common_prefix_equals_the_plain_definition():
+    """The bisecting version against the element-by-element definition, on random sequences
+    that share prefixes of every length (including none, all, and one sequence a prefix of another)."""
+    import random
+
+    from dohnuts.runtime.plan import longest_common_prefix
+
+    def plain(seqs):
+        n = min(len(s) for s in seqs)
+        return next((i for i in range(n) if any(s[i] != seqs[0][i] for s in seqs)), n)
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        base = [rng.randrange(3) for _ in range(rng.randrange(0, 40))]
+        seqs = tuple(tuple(base[: rng.randrange(len(base) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(5))])
+                     for _ in range(rng.randrange(1, 6)))
+        assert longest_common_prefix(seqs) == plain(seqs), seqs

@@ -87,9 +87,9 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
         B_pass, L = shape
     else:
         B_pass = B
-    ids = torch.full((B_pass, L), pad_id, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    # One tensor from padded rows (one copy into torch, not one per row).
+    ids = torch.tensor([list(r) + [pad_id] * (L - len(r)) for r in rows] + [[pad_id] * L] * (B_pass - B),
+                       dtype=torch.long)
 
     flat, kmax = [], max(len(p) for p in plan.score_positions)
     cand = torch.full((B, kmax), -1, dtype=torch.long)
