@@ -249,6 +249,51 @@ def _predict_sharded(args) -> int:
     return report_status(world, 2 if refused else 0)
 
 
+# `dohnuts train` options a resumed run takes from its checkpoint when they are not given again.
+_RESUMED = {"--model": ("model", "model"), "--updates": ("updates", "updates"),
+            "--eval-every": ("eval_every", "eval_every"), "--seed": ("seed", "seed"),
+            "--lora-rank": ("lora_rank", "lora.rank"), "--lora-alpha": ("lora_alpha", "lora.alpha"),
+            "--lr": ("lr", "optim.lr"), "--max-grad-norm": ("max_grad_norm", "optim.max_grad_norm"),
+            "--margin-weight": ("margin_weight", "objective.margin_weight"), "--margin": ("margin", "objective.margin"),
+            "--initialize-from": ("initialize_from", "initialize_from")}
+
+
+def _given(argv: list[str], flag: str) -> bool:
+    """Whether `flag` was written on the command line (argparse also takes unique abbreviations)."""
+    for tok in argv:
+        name = tok.split("=", 1)[0]
+        if name == flag or (name.startswith("--") and len(name) > 2 and flag.startswith(name)
+                            and not any(f != flag and f.startswith(name) for f in (*_RESUMED, "--data",
+                                                                                   "--synthetic-train"))):
+            return True
+    return False
+
+
+def _resume_defaults(args) -> None:
+    """`--resume`: every run argument not written on the command line takes the value the run
+    started with (its checkpoint's config), so `dohnuts train --out RUN --resume` continues RUN
+    as it was; arguments that are written are checked against it (check_resumable)."""
+    from dohnuts.train.checkpoints import check_run_dir, read_checkpoint
+
+    try:
+        ckpt = check_run_dir(args.out, resume=True)
+        saved = read_checkpoint(ckpt)["config"] if ckpt is not None else None
+    except DohnutsError:
+        return  # the checks below report it
+    if saved is None:
+        return
+    argv = getattr(args, "argv", [])
+    for flag, (dest, key) in _RESUMED.items():
+        if not _given(argv, flag) and key in saved:
+            setattr(args, dest, saved[key])
+    if not _given(argv, "--data") and not _given(argv, "--synthetic-train"):
+        data = str(saved.get("data") or "")
+        if data.startswith("synthetic:") and data[len("synthetic:"):].isdigit():
+            args.data, args.synthetic_train = None, int(data[len("synthetic:"):])
+        elif data:
+            args.data = data
+
+
 def cmd_train(args) -> int:
     import math
 
@@ -265,6 +310,8 @@ def cmd_train(args) -> int:
         raise DohnutsError(f"must be ≥ 1, got {args.nproc_per_node}", source="--nproc-per-node")
     if args.nproc_per_node > 1 and not launched():
         return _launch(args, "train", out=args.out)
+    if args.resume:
+        _resume_defaults(args)
 
     # Arguments first (one line naming the argument, exit status 2), before anything is read or written.
     def need(ok: bool, arg: str, value, why: str) -> None:
@@ -387,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--margin", type=float, default=1.0, help="RLCD m")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--initialize-from", help="start from a verified adapter file instead of fresh adapters")
-    tr.add_argument("--resume", action="store_true",
+    tr.add_argument("--resume", action="store_true",  # (arguments not given again: the run's own)
                     help="continue the run in --out from its last committed checkpoint, with the arguments it "
                     "started with (only --updates, to train longer, and --device may change); without it, an --out "
                     "that holds a run is refused")

@@ -166,6 +166,27 @@ def test_resume_refuses_changed_arguments(finished, tmp_path, capsys, arg, value
     assert _snapshot(run) == before
 
 
+def test_resume_takes_the_run_arguments_not_given_again(finished, tmp_path, capsys):
+    """`dohnuts train --out RUN --resume` continues RUN with its own arguments (found on the GPU:
+    after a killed rank, the printed advice `continue with --resume` was refused because the
+    defaults of the omitted arguments differed from the run's)."""
+    data, run = _copy(finished, tmp_path)
+    assert main(["train", "--out", str(run), "--resume", "--updates", "4", "--device", "cpu"]) == 0
+    log = _strict_lines(run / "train_log.jsonl")
+    assert _updates(log) == [1, 2, 3, 4] and _updates(log, "dev") == [0, 2, 4]  # --eval-every 2, as saved
+    # an argument that is written is still checked (an abbreviation counts as written)
+    assert main(["train", "--out", str(run), "--resume", "--updates", "4", "--eval", "3"]) == 2
+    assert "--eval-every is 3" in _error_line(capsys)
+
+
+def test_resume_of_a_synthetic_run_without_its_arguments(tmp_path):
+    run = tmp_path / "run"
+    base = ["train", "--model", "tiny", "--out", str(run), "--device", "cpu"]
+    assert main([*base, "--synthetic-train", "12", "--eval-every", "1", "--updates", "1", "--lora-rank", "2"]) == 0
+    assert main(["train", "--out", str(run), "--resume", "--updates", "2"]) == 0
+    assert latest_checkpoint(run).name == "update-000002"
+
+
 def test_resume_refuses_other_data(finished, tmp_path, capsys):
     data, run = _copy(finished, tmp_path)
     before = _snapshot(run)
