@@ -303,8 +303,9 @@ def cmd_analyze(args) -> int:
 
     path = Path(args.results)
     try:
-        if path.is_dir():  # a run directory, as `compare` takes
-            path = path / "results.jsonl"
+        if path.is_dir():  # a run directory, as `compare` takes (an archived run: results.jsonl.gz)
+            path = path / "results.jsonl" if (path / "results.jsonl").exists() or not (
+                path / "results.jsonl.gz").exists() else path / "results.jsonl.gz"
         exists = path.exists()
     except (OSError, ValueError) as exc:  # e.g. a name too long for a path
         raise DohnutsError(f"cannot be read ({getattr(exc, 'strerror', None) or exc})", source=str(path)) from None
@@ -338,7 +339,8 @@ def cmd_compare(args) -> int:
     for arg in (args.run_a, args.run_b):
         path = Path(arg)
         if path.is_dir():
-            path = path / "results.jsonl"
+            path = path / "results.jsonl" if (path / "results.jsonl").exists() or not (
+                path / "results.jsonl.gz").exists() else path / "results.jsonl.gz"
         if not path.is_file():
             raise DohnutsError("does not exist (expected a run directory or its results.jsonl)", source=str(path))
         paths.append(path)

@@ -52,7 +52,8 @@ class RecordWarning(UserWarning):
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
-    """The schema-1 records of a JSONL file, each with `_source` = "file:line"."""
+    """The schema-1 records of a JSONL file (or its gzip archive, `.jsonl.gz`), each with
+    `_source` = "file:line"."""
     from dohnuts.bench.workload import one_line_error
 
     try:
@@ -68,7 +69,11 @@ def _read_jsonl(path: Path) -> list[dict]:
         if path.exists() and not path.is_file():  # a device or a pipe could be endless
             raise RecordError("is not a regular file", source=str(path))
         data = path.read_bytes()
-    except (OSError, ValueError) as exc:  # ValueError: an embedded NUL
+        if path.suffix == ".gz":  # an archived run (results.jsonl.gz: committed runs stay small)
+            import gzip
+
+            data = gzip.decompress(data)
+    except (OSError, ValueError, EOFError) as exc:  # ValueError: an embedded NUL; gzip: a damaged archive
         raise RecordError(f"cannot be read ({getattr(exc, 'strerror', None) or exc})", source=str(path)) from None
     lines = [(n, line) for n, line in enumerate(data.split(b"\n"), start=1) if line.strip()]
     out, other_schema = [], {}
