@@ -139,3 +139,35 @@ def test_analysis_serialises_to_json():
     assert d["groups"][0]["stages"][0]["stage"] == "prepare"
     assert d["groups"][0]["call"]["bound"]["measured"]["critical_ms"] > 0
     assert d["hwspec"]["ceilings"]["bf16_matmul_measured"]["provenance"] == "measured"
+
+
+def test_an_archived_run_reads_like_its_jsonl(tmp_path):
+    """Committed runs are kept as results.jsonl.gz: read_jsonl, `analyze DIR` and `compare` read it;
+    a damaged archive is one error naming the file."""
+    import gzip
+
+    from dohnuts.bench.cli import main
+    from dohnuts.errors import DohnutsError
+
+    text = "\n".join(_lines(4)) + "\n"
+    plain, packed = tmp_path / "plain" / "results.jsonl", tmp_path / "packed" / "results.jsonl.gz"
+    plain.parent.mkdir()
+    packed.parent.mkdir()
+    plain.write_text(text)
+    packed.write_bytes(gzip.compress(text.encode()))
+    strip = [{k: v for k, v in r.items() if k != "_source"} for r in read_jsonl(packed)]
+    assert strip == [{k: v for k, v in r.items() if k != "_source"} for r in read_jsonl(plain)]
+    # a real archived run (the committed CPU run at 1, 2 and 4 processes), analysed and compared
+    import shutil
+    from pathlib import Path
+
+    run = tmp_path / "archived"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "results" / "cpu" / "2026-11-30-gloo-4", run)
+    (run / "report.txt").unlink()
+    assert main(["analyze", str(run)]) == 0
+    assert "Scaling" in (run / "report.txt").read_text()
+    assert main(["compare", str(run), str(run)]) == 0
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(gzip.compress(text.encode())[:40])
+    with pytest.raises(DohnutsError, match="bad.jsonl.gz.*cannot be read"):
+        read_jsonl(bad)
