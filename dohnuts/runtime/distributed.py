@@ -200,7 +200,8 @@ _RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")
 
 def torchrun_failure(lines) -> tuple[int | None, int | None]:
     """(failed rank, its exit code) from torchrun's log lines, or (None, None): the first failure
-    it logged ("failed (exitcode: 17) local_rank: 1"), corrected by its "Root Cause" block."""
+    it logged ("failed (exitcode: 17) local_rank: 1"), corrected by the "Root Cause" block of its
+    report (the other ranks it stopped come under "Failures")."""
     failed_rank = exitcode = None
     root = False
     for line in lines:
@@ -240,24 +241,14 @@ def launch(argv: list[str], nproc: int) -> LaunchResult:
     status.close()
     env[STATUS_FILE] = status.name
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
-    failed_rank = exitcode = None
-    root = False
+    lines = []
     for line in proc.stderr:
-        # torchrun names the first failure in its log ("failed (exitcode: 17) local_rank: 1") and in
-        # the "Root Cause" block of its report; the other ranks it stopped come under "Failures".
-        m = _FIRST_FAILURE.search(line)
-        if m and failed_rank is None:
-            exitcode, failed_rank = int(m.group(1)), int(m.group(2))
-        if "Root Cause" in line:
-            root = True
-        elif root and (m := _ROOT_RANK.match(line)):
-            failed_rank = int(m.group(1))
-        elif root and (m := _ROOT_EXIT.match(line)):
-            exitcode = int(m.group(1))
+        lines.append(line)  # torchrun's report, read for the failed rank once it ends
         text = _RANK_PREFIX.sub("", line)
         if text.startswith("dohnuts:"):  # the workers' own messages; tracebacks and torchrun's log are read only
             sys.stderr.write(text)
     code = proc.wait()
+    failed_rank, exitcode = torchrun_failure(lines)
     try:
         with open(status.name) as f:
             reported = f.read().strip()
