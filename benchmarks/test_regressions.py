@@ -12,7 +12,8 @@ with a tolerance taken from the spread measured (within runs, and between the ba
 instead of a fixed percentage (a fixed 25 % failed twice on unchanged code on the 2-core CI
 machine). It exits 1 when a benchmark is slower beyond that, 0 otherwise. After an intended
 change, save three new baseline runs (`results/baselines/<machine>-{1,2,3}.json`; cpu-tiny-* are
-the 2-core CI machine's; an H200 baseline with DOHNUTS_BENCH_PRESET=qwen3.5-2b is still to be made).
+the 2-core CI machine's; h200-2b-* the H200's, made with DOHNUTS_BENCH_PRESET=qwen3.5-2b: `BASELINES=3 bash
+benchmarks/gpu_session.sh`).
 
 The workloads are the product's hot paths: one prediction call, a shared-prefix call, an image
 call with the feature cache warm, and one training update (4 microbatches) — on whatever device
