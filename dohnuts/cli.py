@@ -227,6 +227,9 @@ def _predict_sharded(args) -> int:
             predictor.close()
         gathered = [None] * world.size if world.is_main else None
         dist.gather_object(rows, gathered, dst=0)
+        # Every rank past the gather before any tears its group down: a rank leaving while the root
+        # still receives was seen to abort another rank at exit (gloo, 3 processes, once in CI).
+        dist.barrier()
     finally:
         leave()
     if not world.is_main:
@@ -387,6 +390,7 @@ def cmd_train(args) -> int:
             task = bar.add_task("training", total=cfg.updates, completed=trainer.update)
             trainer.train(progress=lambda u, loss: bar.update(task, completed=u, description=f"loss {loss:.3f}"))
         summary = trainer.finish() if world.is_main else None
+        barrier(world)  # every rank done before any tears its process group down
     finally:
         trainer.close()
         leave()

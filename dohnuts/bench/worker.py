@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from dohnuts.bench.runner import RunContext, measure_workload
     from dohnuts.bench.telemetry import TelemetryThread
     from dohnuts.bench.workload import load_workload
-    from dohnuts.runtime.distributed import allreduce_busbw, join, leave
+    from dohnuts.runtime.distributed import allreduce_busbw, barrier, join, leave
 
     world, device = join("cuda" if args.gpu else "cpu")
     out_dir = Path(args.dir)
@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         telemetry.stop()
     if run.failures:
         (out_dir / f"failures-rank{world.rank}.json").write_text(json.dumps(run.failures))
+    barrier(world)  # every rank done before any tears its process group down
     leave()
     return 0
 
