@@ -128,10 +128,11 @@ def check_field(value: Any, spec: Field, *, source: str, name: str) -> Any:
     return value
 
 
-def _short(value: Any, limit: int = 80) -> str:
-    """repr(value), cut to `limit` characters: an error message stays one readable line."""
+def _short(value: Any, limit: int = 80, convert=repr) -> str:
+    """convert(value) (repr by default) on one line, cut to `limit` characters: an error message
+    stays one readable line."""
     try:
-        text = " ".join(repr(value).split())
+        text = " ".join(convert(value).split())
     except ValueError:  # an integer too long to print
         text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[:limit - 3] + "..."

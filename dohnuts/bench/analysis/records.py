@@ -180,11 +180,9 @@ def where(rec: dict) -> str:
 
 def _text(x: Any, limit: int = 40) -> str:
     """str(x) on one line, cut to `limit` characters (an error message stays readable)."""
-    try:
-        text = " ".join(str(x).split())
-    except ValueError:  # an integer too long to print
-        text = f"<{type(x).__name__}>"
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    from dohnuts.bench.workload import _short
+
+    return _short(x, limit, convert=str)
 
 
 def check_record(rec: dict) -> None:
