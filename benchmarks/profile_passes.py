@@ -9,6 +9,13 @@ to issue the pass; graph_ms: CUDA events around a replay of the same pass captur
 (what the runtime runs since issue 11); graph_host_ms: the host time to issue that replay.
 busy << device ≈ host means the eager pass is launch-bound; graph_ms ≈ busy_ms means replay
 removed the launch cost.
+
+Inside the replay: graph_busy_ms is the kernel time the profiler saw during one replay (the
+per-kernel table is profile_<pass>_graph.txt, copies and memsets included), so graph_ms −
+graph_busy_ms is idle time between the graph's kernels, and graph_busy_ms − gpu_busy_ms is the same
+kernels running slower back to back than in the host-bound eager pass. sm_clock_mhz (median,
+min) and power_w are NVML samples taken while the pass replays back to back for ~1 s, beside the
+eager pass's (`eager_sm_clock_mhz`): the software power cap lowers the clock of dense sustained work.
 """
 
 from __future__ import annotations
@@ -55,6 +62,53 @@ def busy_ms(fn, out: Path, name: str):
     return busy, sum(ev.count for ev in events if ev.device_type == torch.autograd.DeviceType.CUDA)
 
 
+def graph_busy_ms(g, out: Path, name: str) -> float:
+    """Kernel (and memcpy/memset) time inside one replay of `g`, from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        g.replay()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    (out / f"profile_{name}_graph.txt").write_text(events.table(sort_by="self_device_time_total", row_limit=40))
+    return sum(ev.self_device_time_total for ev in events if ev.device_type == torch.autograd.DeviceType.CUDA) / 1e3
+
+
+def clocks_while(fn, seconds: float = 1.0) -> dict:
+    """NVML SM clock and power sampled every 20 ms while `fn` runs back to back for `seconds`."""
+    from bench_plugins.telemetry import NvmlSampler  # the harness's own NVML reader
+
+    nvml = NvmlSampler(torch.cuda.current_device())
+    if nvml.unavailable:
+        return {"unavailable": nvml.unavailable}
+    import threading
+
+    samples, stop = [], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            samples.append(nvml.sample())
+            time.sleep(0.02)
+
+    t = threading.Thread(target=poll, daemon=True)
+    torch.cuda.synchronize()
+    t.start()
+    t0 = time.perf_counter()
+    n = 0
+    while time.perf_counter() - t0 < seconds:
+        fn()
+        n += 1
+        torch.cuda.synchronize()
+    stop.set()
+    t.join()
+    busy = samples[len(samples) // 5:] or samples  # skip the ramp
+    clk = sorted(x["sm_clock_mhz"] for x in busy)
+    pw = sorted(x["power_w"] for x in busy)
+    capped = sum(1 for x in busy if x.get("power_capped"))
+    return {"sm_clock_mhz": clk[len(clk) // 2], "sm_clock_min_mhz": clk[0], "power_w": pw[len(pw) // 2],
+            "power_capped_samples": f"{capped}/{len(busy)}", "runs": n}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--preset", default="qwen3.5-2b")
@@ -97,9 +151,13 @@ def main(argv=None) -> int:
             with torch.cuda.graph(g):
                 fn()
             gd, gh = measure(g.replay)
+            gb = graph_busy_ms(g, out, name.split("_")[0])
             res[name] = {"device_ms": d, "host_ms": h, "gpu_busy_ms": b, "kernels": n, "graph_ms": gd,
-                         "graph_host_ms": gh}
-            print(name, {k: round(v, 2) for k, v in res[name].items()}, flush=True)
+                         "graph_host_ms": gh, "graph_busy_ms": gb}
+            res[name]["graph_clocks"] = clocks_while(g.replay)
+            res[name]["eager_clocks"] = clocks_while(fn)
+            del g
+            print(name, {k: round(v, 2) if isinstance(v, float) else v for k, v in res[name].items()}, flush=True)
     (out / "profile_passes.json").write_text(json.dumps(res, indent=2))
     return 0
 

@@ -168,6 +168,86 @@ def test_swiglu_packed_triton_kernel_in_the_interpreter():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
 
+_INTERPRETED_NORMS = """
+import torch
+from dohnuts.ops._norm_kernels import norm_rope_triton, rms_norm_triton
+from dohnuts.ops.norm import add_rms_norm_reference, rms_norm_reference
+from dohnuts.ops.rope import norm_rope_reference
+
+g = torch.Generator().manual_seed(0)
+w = torch.randn(96, generator=g) * 0.1
+wide = torch.randn(5, 7, 3 * 96, generator=g)
+for x in (torch.randn(4, 9, 96, generator=g), wide[..., 96:192]):  # contiguous, and strided rows
+    for offset in (0.0, 1.0):
+        err = (rms_norm_triton(x, w, 1e-6, offset) - rms_norm_reference(x, w, 1e-6, offset)).abs().max()
+        assert err < 1e-5, ("norm", offset, err)
+        r = torch.randn(x.shape, generator=g)
+        y, s = rms_norm_triton(x, w, 1e-6, offset, residual=r)
+        y_ref, s_ref = add_rms_norm_reference(x, r, w, 1e-6, offset)
+        assert (s - s_ref).abs().max() < 1e-6 and (y - y_ref).abs().max() < 1e-5, "add norm"
+y, s = rms_norm_triton(wide[..., :96].bfloat16(), w, 1e-6, 1.0, residual=wide[..., :96].float())
+assert y.dtype == torch.bfloat16 and s.dtype == torch.float32  # the sum keeps the residual's dtype
+assert rms_norm_triton(torch.zeros(0, 96), w, 1e-6).shape == (0, 96)
+
+# norm + rope: q read in place from a packed (B, T, H, 2D) projection (query and gate interleaved
+# per head), 3 heads (not a power of two), D = 40 channels of which R = 16 rotate.
+B, T, H, D, R = 2, 5, 3, 40, 16
+qg = torch.randn(B, T, H, 2 * D + 6, generator=g)
+x = qg[..., :D]
+wq = torch.randn(D, generator=g) * 0.1
+ang = torch.randn(B, T, R // 2, generator=g)
+cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+y = norm_rope_triton(x, wq, 1e-6, 1.0, cos, sin)
+assert y.shape == (B, H, T, D) and y.is_contiguous()
+err = (y - norm_rope_reference(x, wq, 1e-6, 1.0, cos, sin)).abs().max()
+assert err < 1e-5, ("norm_rope", err)
+cb = cos[:1].expand(B, T, R)  # a batch-broadcast table (stride 0) reads the same rows
+assert (norm_rope_triton(x, wq, 1e-6, 1.0, cb, sin[:1].expand(B, T, R))
+        - norm_rope_reference(x, wq, 1e-6, 1.0, cb, sin[:1].expand(B, T, R))).abs().max() < 1e-5
+try:
+    norm_rope_triton(x, wq, 1e-6, 1.0, cos[..., :3], sin[..., :3])
+except ValueError as e:
+    assert "R even" in str(e)
+else:
+    raise AssertionError("odd R accepted")
+print("ok")
+"""
+
+
+def test_norm_triton_kernels_in_the_interpreter():
+    """The RMSNorm and norm+rotary Triton kernels against the torch references on the CPU, in
+    Triton's interpreter: offsets, a residual, strided rows, heads that are not a power of two,
+    a partial rotary dimension, a broadcast table and an empty input."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", _INTERPRETED_NORMS], env=env, capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_gdn_gates_from_logits_equal_the_explicit_gates():
+    """gated_delta_rule_from_logits on the reference path = gated_delta_rule on g and beta computed
+    by hand from a, b, A_log and dt_bias."""
+    from dohnuts.ops.delta_rule import gated_delta_rule_from_logits, gated_delta_rule_reference
+
+    g = torch.Generator().manual_seed(3)
+    B, T, H, HV, K, V = 2, 70, 2, 4, 8, 6
+    q, k = torch.randn(B, T, H, K, generator=g), torch.randn(B, T, H, K, generator=g)
+    v = torch.randn(B, T, HV, V, generator=g)
+    a, b = torch.randn(B, T, HV, generator=g), torch.randn(B, T, HV, generator=g)
+    A_log, dt_bias = torch.rand(HV, generator=g).log1p(), torch.randn(HV, generator=g)
+    s0 = torch.randn(B, HV, K, V, generator=g)
+    decay = -A_log.exp() * torch.log1p(torch.exp(a + dt_bias))  # softplus by hand
+    o, s = gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=s0, output_final_state=True)
+    o_ref, s_ref = gated_delta_rule_reference(q, k, v, decay, torch.sigmoid(b), initial_state=s0,
+                                              output_final_state=True)
+    assert torch.allclose(o, o_ref, atol=1e-5) and torch.allclose(s, s_ref, atol=1e-5)
+
+
 def test_conv_parts_equal_one_conv_per_part_with_state():
     """The parts of one conv equal a conv per part on its channels (weight rows and state slices),
     and the final state keeps the one-conv layout (B, D, W)."""

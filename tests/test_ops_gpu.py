@@ -405,3 +405,68 @@ def test_causal_conv1d_parts(with_state):
     assert torch.equal(state, one_state)  # the state is the last W inputs: copied, not computed
     assert relative_error(torch.cat(parts, -1).float(), ref) < BF16_TOL
     assert relative_error(state.float(), ref_state) < BF16_TOL
+
+
+def test_norm_kernels_without_autograd():
+    """The inference Triton kernels at Qwen3.5-2b sizes (BF16) against FP32 references: RMSNorm with
+    the (1 + w) offset, with and without the residual add; per-head norm + rotary on q read in place
+    from the packed projection (query and gate interleaved) and on k. The dispatcher takes them
+    only without autograd."""
+    from dohnuts.model.rope import rotary_cos_sin, text_positions
+    from dohnuts.config import preset
+    from dohnuts.ops.norm import add_rms_norm_reference, rms_norm_reference
+    from dohnuts.ops.rope import norm_rope_reference
+
+    g = torch.Generator(device=DEV).manual_seed(41)
+    x = torch.randn(8, 333, 2048, device=DEV, generator=g).bfloat16()
+    r = torch.randn(8, 333, 2048, device=DEV, generator=g).bfloat16()
+    w = (0.1 * torch.randn(2048, device=DEV, generator=g)).bfloat16()
+    with torch.no_grad():
+        y = ops.rms_norm(x, w, 1e-6, weight_offset=1.0)
+        ya, s = ops.add_rms_norm(x, r, w, 1e-6, weight_offset=1.0)
+    assert relative_error(y.float(), rms_norm_reference(x.float(), w, 1e-6, 1.0)) < 1e-2
+    ya_ref, s_ref = add_rms_norm_reference(x.float(), r.float(), w, 1e-6, 1.0)
+    assert s.dtype == torch.bfloat16 and relative_error(s.float(), s_ref) < 1e-2
+    assert relative_error(ya.float(), ya_ref) < 1e-2
+
+    cfg = preset("qwen3.5-2b").text
+    B, T, hq, hkv, d = 4, 333, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    qkv = torch.randn(B, T, hq * 2 * d + 2 * hkv * d, device=DEV, generator=g).bfloat16()
+    qg, k, _ = qkv.split([hq * 2 * d, hkv * d, hkv * d], dim=-1)
+    q = qg.view(B, T, hq, 2 * d)[..., :d]  # strided: the gate sits between heads
+    k = k.view(B, T, hkv, d)
+    cos, sin = rotary_cos_sin(cfg, text_positions(B, T, 100, DEV), torch.bfloat16)
+    wq = (0.1 * torch.randn(d, device=DEV, generator=g)).bfloat16()
+    for t in (q, k):
+        with torch.no_grad():
+            got = ops.norm_rope(t, wq, 1e-6, 1.0, cos, sin)
+        want = norm_rope_reference(t.float(), wq, 1e-6, 1.0, cos.float(), sin.float())
+        assert got.shape == want.shape and got.is_contiguous()
+        assert relative_error(got.float(), want) < 1e-2
+        # With autograd recording, the fla norm + torch rotation (training) gives the same values.
+        tg = t.clone().requires_grad_()
+        assert relative_error(ops.norm_rope(tg, wq, 1e-6, 1.0, cos, sin).float(), want) < BF16_TOL
+
+
+@pytest.mark.parametrize("with_state", [False, True])
+def test_gated_delta_rule_gates_in_kernel(with_state):
+    """fla's in-kernel gates (decay from a, A_log, dt_bias; sigmoid of b) against the gates computed
+    in torch and the FP32 reference, at Qwen3.5-2b head sizes, with and without a recurrent state."""
+    from dohnuts.ops.delta_rule import gated_delta_rule_from_logits, gated_delta_rule_reference, gdn_gates_reference
+
+    g = torch.Generator(device=DEV).manual_seed(43)
+    B, T, H, HV, K, V = 3, 200, 16, 16, 128, 128
+    q = torch.randn(B, T, H, K, device=DEV, generator=g).bfloat16()
+    k = torch.randn(B, T, H, K, device=DEV, generator=g).bfloat16()
+    v = torch.randn(B, T, HV, V, device=DEV, generator=g).bfloat16()
+    a = torch.randn(B, T, HV, device=DEV, generator=g).bfloat16()
+    b = torch.randn(B, T, HV, device=DEV, generator=g).bfloat16()
+    A_log = torch.empty(HV, device=DEV).uniform_(1, 16, generator=g).log().bfloat16()
+    dt_bias = torch.randn(HV, device=DEV, generator=g).bfloat16()
+    s0 = torch.randn(B, HV, K, V, device=DEV, generator=g) * 0.1 if with_state else None
+    with torch.no_grad():
+        o, s = gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=s0, output_final_state=True)
+    gf, bf = gdn_gates_reference(a.float(), b.float(), A_log, dt_bias)
+    o_ref, s_ref = gated_delta_rule_reference(q.float(), k.float(), v.float(), gf, bf, initial_state=s0,
+                                              output_final_state=True)
+    assert relative_error(o.float(), o_ref) < BF16_TOL and relative_error(s, s_ref) < BF16_TOL

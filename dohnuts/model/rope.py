@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from dohnuts.config import TextConfig
+from dohnuts.ops.rope import apply_rotary  # noqa: F401  (the rotation itself lives with the ops)
 
 
 def inverse_frequencies(cfg: TextConfig, device: torch.device | None = None) -> torch.Tensor:
@@ -56,19 +57,6 @@ def rotary_cos_sin(cfg: TextConfig, position_ids: torch.Tensor, dtype: torch.dty
     freqs = pos_f * inv
     emb = torch.cat([freqs, freqs], dim=-1)  # (B, T, rotary_dim)
     return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, H, T, D); cos/sin (B, T, R) with R <= D: rotate the first R channels."""
-    r = cos.shape[-1]
-    cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, R)
-    rot, rest = x[..., :r], x[..., r:]
-    return torch.cat([rot * cos + _rotate_half(rot) * sin, rest], dim=-1)
 
 
 def text_positions(batch: int, length: int, start: int = 0, device: torch.device | None = None) -> torch.Tensor:

@@ -16,7 +16,7 @@ from torch import nn
 from dohnuts import ops
 from dohnuts.config import TextConfig
 from dohnuts.model.packing import packed_weight
-from dohnuts.model.rope import apply_rotary, rotary_cos_sin, rotary_tables, text_positions
+from dohnuts.model.rope import rotary_cos_sin, rotary_tables, text_positions
 from dohnuts.model.state import BackboneState, KVState, LinearAttentionState
 
 
@@ -29,11 +29,15 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.rms_norm(x, 1.0 + self.weight.float(), self.eps)
+        return ops.rms_norm(x, self.weight, self.eps, weight_offset=1.0)
 
     def add(self, delta: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(residual + delta), residual + delta), fused on the GPU."""
-        return ops.add_rms_norm(delta, residual, 1.0 + self.weight.float(), self.eps)
+        return ops.add_rms_norm(delta, residual, self.weight, self.eps, weight_offset=1.0)
+
+    def rope(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Per-head norm then the rotary embedding: x (B, T, H, D) → (B, H, T, D), one kernel on the GPU."""
+        return ops.norm_rope(x, self.weight, self.eps, 1.0, *rope)
 
 
 class GatedRMSNorm(nn.Module):
@@ -101,9 +105,6 @@ class GatedDeltaNet(nn.Module):
             mixed, b, a = F.linear(x, w).split([cfg.linear_conv_dim, hv, hv], dim=-1)
         # mixed: (B, T, 2·H·K + HV·V); b, a: (B, T, HV)
         z = self.in_proj_z(x).view(B, T, hv, cfg.linear_value_head_dim)
-        beta = b.sigmoid()  # (B, T, HV)
-        # Log-space decay g = -exp(A_log) · softplus(a + dt_bias) <= 0, in FP32.
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
 
         # One conv per part (on the GPU, outside training): q, k and v come out contiguous.
         (q, k, v), conv_state = ops.causal_conv1d_parts(
@@ -114,8 +115,10 @@ class GatedDeltaNet(nn.Module):
         k = k.reshape(B, T, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
         v = v.reshape(B, T, cfg.linear_num_value_heads, cfg.linear_value_head_dim)  # (B, T, HV, V)
 
-        o, recurrent = ops.gated_delta_rule(
-            q, k, v, g, beta, initial_state=None if state is None else state.recurrent,
+        # The gates stay raw: beta = sigmoid(b) and the log-space decay g = -exp(A_log) ·
+        # softplus(a + dt_bias) <= 0 (FP32) are computed inside fla's kernels on the GPU.
+        o, recurrent = ops.gated_delta_rule_from_logits(
+            q, k, v, a, b, self.A_log, self.dt_bias, initial_state=None if state is None else state.recurrent,
             output_final_state=return_state, use_qk_l2norm=True,
         )  # (B, T, HV, V)
         o = self.norm(o, z).reshape(B, T, cfg.linear_value_dim)
@@ -156,11 +159,9 @@ class Attention(nn.Module):
         # The sigmoid reads the strided gate view and writes it contiguous (B, T, Hq·D): no
         # separate copy of the gate before it, as reshaping the strided view first would make.
         gate = torch.sigmoid(gate).reshape(B, T, hq * d)
-        q = self.q_norm(q).transpose(1, 2)  # (B, Hq, T, D)
-        k = self.k_norm(k.view(B, T, hkv, d)).transpose(1, 2)  # (B, Hkv, T, D)
+        q = self.q_norm.rope(q, rope)  # (B, Hq, T, D), normalised and rotated
+        k = self.k_norm.rope(k.view(B, T, hkv, d), rope)  # (B, Hkv, T, D)
         v = v.view(B, T, hkv, d).transpose(1, 2)
-        cos, sin = rope
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if state is not None:
             k = torch.cat([state.key, k], dim=2)  # (B, Hkv, P + T, D)
             v = torch.cat([state.value, v], dim=2)

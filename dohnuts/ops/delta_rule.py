@@ -131,3 +131,36 @@ def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_fi
     """Returns (o (B, T, HV, V), final_state (B, HV, K, V) FP32 or None)."""
     fn = gated_delta_rule_fused if use_fused(q) else gated_delta_rule_reference
     return fn(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm)
+
+
+def gdn_gates_reference(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
+                        dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet's gates from their projections: (g, beta), both (B, T, HV).
+
+    g = −exp(A_log) · softplus(a + dt_bias) ≤ 0 in FP32 (log-space decay); beta = sigmoid(b)."""
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    return g, b.sigmoid()
+
+
+def gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=None, output_final_state=False,
+                                 use_qk_l2norm=True):
+    """`gated_delta_rule` with the gates still raw: a, b (B, T, HV) are the projections that
+    `gdn_gates_reference` turns into g and beta; A_log, dt_bias (HV,).
+
+    Fused, without autograd: fla computes the decay inside its chunk cumsum and the sigmoid in one
+    kernel (`use_gate_in_kernel`, `use_beta_sigmoid_in_kernel`) — about six fewer kernels a layer
+    than the torch gates (casts, add, softplus, exp, negation, product, sigmoid). With autograd,
+    and on the reference path, the gates are computed in torch and passed on."""
+    if use_fused(q) and not (torch.is_grad_enabled()
+                             and any(t.requires_grad for t in (q, k, v, a, b, A_log, dt_bias))):
+        from dohnuts.ops._fla import fla
+
+        if initial_state is not None:
+            initial_state = initial_state.float().contiguous()
+        return fla().chunk_gated_delta_rule(
+            q, k, v, a, b, initial_state=initial_state, output_final_state=output_final_state,
+            use_qk_l2norm_in_kernel=use_qk_l2norm, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+            use_beta_sigmoid_in_kernel=True,
+        )
+    g, beta = gdn_gates_reference(a, b, A_log, dt_bias)
+    return gated_delta_rule(q, k, v, g, beta, None, initial_state, output_final_state, use_qk_l2norm)

@@ -1,8 +1,12 @@
 """RMSNorm and gated RMSNorm (the Gated DeltaNet output gate).
 
-Both compute the normalisation in FP32. The caller passes the *effective* scale: Qwen3.5's
-zero-centred RMSNorm multiplies by (1 + w), so the model passes `1 + w.float()` (an FP32 vector,
-which keeps the scale exact when the weights are stored in BF16).
+Both compute the normalisation in FP32. The scale is `weight_offset + weight`, taken in FP32:
+Qwen3.5's zero-centred RMSNorm multiplies by (1 + w), so the model passes its stored w with
+`weight_offset=1.0` (exact when w is stored in BF16).
+
+Fused paths: without autograd (inference, and CUDA-graph capture) one Triton kernel per call that
+also applies the offset (dohnuts.ops._norm_kernels); with autograd fla's norm, whose backward
+training needs, on `weight_offset + weight.float()`.
 """
 
 from __future__ import annotations
@@ -13,48 +17,66 @@ import torch.nn.functional as F
 from dohnuts.ops._dispatch import use_fused
 
 
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _scale(weight: torch.Tensor, offset: float) -> torch.Tensor:
+    w = weight.float()
+    return w + offset if offset else w
+
+
+def _needs_grad(*xs: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in xs)
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (y * weight.float()).to(x.dtype)
+    return (y * _scale(weight, weight_offset)).to(x.dtype)
 
 
-def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
+    if not _needs_grad(x, weight):
+        from dohnuts.ops._norm_kernels import rms_norm_triton
+
+        return rms_norm_triton(x, weight, eps, weight_offset)
     from dohnuts.ops._fla import fla
 
-    return fla().rms_norm(x, weight, None, eps=eps)
+    return fla().rms_norm(x, _scale(weight, weight_offset), None, eps=eps)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """y = x / rms(x) * weight over the last dim. x: (..., D), weight: (D,)."""
-    return rms_norm_fused(x, weight, eps) if use_fused(x) else rms_norm_reference(x, weight, eps)
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
+    """y = x / rms(x) * (weight_offset + weight) over the last dim. x: (..., D), weight: (D,)."""
+    fn = rms_norm_fused if use_fused(x) else rms_norm_reference
+    return fn(x, weight, eps, weight_offset)
 
 
 def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                           eps: float, weight_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     r = residual + x.to(residual.dtype)
-    return rms_norm_reference(r, weight, eps), r
+    return rms_norm_reference(r, weight, eps, weight_offset), r
 
 
 def add_rms_norm_fused(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    from dohnuts.ops._fla import fla
-
+                       eps: float, weight_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     # One kernel reads x and the residual once, writes the sum (in the residual's dtype) and the
     # normalised sum; the norm is taken of the unrounded FP32 sum (≤ 1 BF16 ulp from the reference).
-    y, r = fla().rms_norm(x, weight, None, residual=residual, eps=eps, prenorm=True)
+    if not _needs_grad(x, residual, weight):
+        from dohnuts.ops._norm_kernels import rms_norm_triton
+
+        return rms_norm_triton(x, weight, eps, weight_offset, residual=residual)
+    from dohnuts.ops._fla import fla
+
+    y, r = fla().rms_norm(x, _scale(weight, weight_offset), None, residual=residual, eps=eps, prenorm=True)
     return y, r
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The residual update and the next norm in one: r = residual + x; returns (rmsnorm(r) * weight, r).
+                 eps: float, weight_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual update and the next norm in one: r = residual + x; returns
+    (rmsnorm(r) * (weight_offset + weight), r).
 
     x, residual: (..., D); weight: (D,). Saves the separate add's full read and write of the
     residual stream (two per decoder layer)."""
-    if use_fused(x):
-        return add_rms_norm_fused(x, residual, weight, eps)
-    return add_rms_norm_reference(x, residual, weight, eps)
+    fn = add_rms_norm_fused if use_fused(x) else add_rms_norm_reference
+    return fn(x, residual, weight, eps, weight_offset)
 
 
 def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

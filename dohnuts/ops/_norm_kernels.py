@@ -1,0 +1,130 @@
+"""Triton kernels for inference-time RMSNorm: one launch where the model used to issue several.
+
+- `rms_norm_triton(x, w, eps, offset, residual)`: y = (x [+ residual]) / rms · (offset + w), and
+  the sum itself when a residual is given. The scale's offset is applied inside the kernel, so a
+  zero-centred norm (Qwen3.5: 1 + w) no longer launches a cast and an add of its weight per call
+  (two kernels for each of a pass's 61 norms).
+- `norm_rope_triton(x, w, eps, offset, cos, sin)`: a query or key projection (B, T, H, D), read in
+  place from a strided GEMM output, → per-head RMSNorm, then the rotary embedding on the first R
+  channels, written as (B, H, T, D) — what `rms_norm` + transpose + `apply_rotary` did in ~8
+  kernels (a norm, slices, a negation, two concatenations, products and a sum).
+
+Both compute in FP32 and round once to the output dtype. They have no autograd: dohnuts.ops uses
+them when nothing needs a gradient, and the fla/torch compositions otherwise. Imported only on the
+first fused call on a CUDA device (like dohnuts.ops._fla); CPU tensors run in Triton's
+interpreter, which is how the CPU tests check their indexing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(X, R, W, Y, RO, stride_x, stride_r, stride_y, stride_ro, D, eps, offset,
+                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    """One program per row: y = x̂ · (offset + w), x̂ = s / rms(s), s = x (+ r, also stored)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < D
+    s = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        s += tl.load(R + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(RO + row * stride_ro + cols, s.to(RO.dtype.element_ty), mask=mask)
+    rstd = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / D + eps)
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
+    tl.store(Y + row * stride_y + cols, (s * rstd * w).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _norm_rope_kernel(X, W, COS, SIN, Y, T, H, D, R, eps, offset,
+                      sxb, sxt, sxh, scb, sct, syb, syh, syt,
+                      BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per token (b, t), all its heads: RMSNorm per head, rotate channels < R."""
+    pid = tl.program_id(0).to(tl.int64)
+    b = pid // T
+    t = pid % T
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    mask = (h < H) & (d < D)
+    src = X + b * sxb + t * sxt + h * sxh
+    x = tl.load(src + d, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)  # (BLOCK_H,)
+    y = x * rstd[:, None] * (tl.load(W + d, mask=d < D, other=0.0).to(tl.float32) + offset)
+    # rotate_half's partner of channel d (< R): d + R/2 in the first half, d − R/2 in the second.
+    half = R // 2
+    p = tl.where(d < half, d + half, tl.where(d < R, d - half, d))
+    xp = tl.load(src + p, mask=mask, other=0.0).to(tl.float32)
+    yp = xp * rstd[:, None] * (tl.load(W + p, mask=p < D, other=0.0).to(tl.float32) + offset)
+    rot = d < R
+    c = tl.load(COS + b * scb + t * sct + d, mask=rot, other=1.0).to(tl.float32)
+    s = tl.load(SIN + b * scb + t * sct + d, mask=rot, other=0.0).to(tl.float32)
+    out = tl.where(rot, y * c + tl.where(d < half, -yp, yp) * s, y)
+    tl.store(Y + b * syb + h * syh + t * syt + d, out.to(Y.dtype.element_ty), mask=mask)
+
+
+def _on_device(x: torch.Tensor):
+    # The launch goes to the current CUDA device: make it x's. (CPU tensors: Triton's interpreter.)
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as (rows, D) with unit column stride (a view when the layout allows, else a copy)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0,
+                    residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """x (..., D) → y in x's dtype; with `residual` → (y, x + residual in the residual's dtype)."""
+    D = x.shape[-1]
+    if weight.shape != (D,):
+        raise ValueError(f"weight must have shape ({D},), got {tuple(weight.shape)}")
+    x2 = _rows(x)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y2 = y.view(-1, D)
+    r2 = ro = ro2 = None
+    if residual is not None:
+        if residual.shape != x.shape:
+            raise ValueError(f"residual shape {tuple(residual.shape)} differs from x's {tuple(x.shape)}")
+        r2 = _rows(residual)
+        ro = torch.empty(x.shape, dtype=residual.dtype, device=x.device)
+        ro2 = ro.view(-1, D)
+    rows = x2.shape[0]
+    if rows and D:
+        block = triton.next_power_of_2(D)
+        with _on_device(x):
+            _rms_norm_kernel[(rows,)](
+                x2, x2 if r2 is None else r2, weight, y2, y2 if ro2 is None else ro2,
+                x2.stride(0), 0 if r2 is None else r2.stride(0), D, D, D, float(eps), float(offset),
+                HAS_RES=residual is not None, BLOCK=block, num_warps=max(1, min(8, block // 256)))
+    return y if residual is None else (y, ro)
+
+
+def norm_rope_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, cos: torch.Tensor,
+                     sin: torch.Tensor) -> torch.Tensor:
+    """x (B, T, H, D), any strides with unit channel stride; cos/sin (B, T, R), R ≤ D even
+    → (B, H, T, D) contiguous."""
+    B, T, H, D = x.shape
+    R = cos.shape[-1]
+    if weight.shape != (D,) or R % 2 or R > D or cos.shape != (B, T, R) or sin.shape != cos.shape:
+        raise ValueError(f"norm_rope: x {tuple(x.shape)}, weight {tuple(weight.shape)}, cos {tuple(cos.shape)}, "
+                         f"sin {tuple(sin.shape)}: need weight (D,), cos = sin = (B, T, R) with R even and ≤ D")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if cos.stride(-1) != 1 or sin.stride() != cos.stride():
+        cos, sin = cos.contiguous(), sin.contiguous()
+    y = torch.empty(B, H, T, D, dtype=x.dtype, device=x.device)
+    if B * T and H and D:
+        block_d = triton.next_power_of_2(D)
+        with _on_device(x):
+            _norm_rope_kernel[(B * T,)](
+                x, weight, cos, sin, y, T, H, D, R, float(eps), float(offset),
+                x.stride(0), x.stride(1), x.stride(2), cos.stride(0), cos.stride(1),
+                y.stride(0), y.stride(1), y.stride(2),
+                BLOCK_H=triton.next_power_of_2(H), BLOCK_D=block_d, num_warps=4)
+    return y

@@ -1,0 +1,51 @@
+"""The rotary embedding of query/key heads, and the per-head RMSNorm that precedes it (Qwen3.5's
+gated attention normalises q and k per head, then rotates the first R channels).
+
+`apply_rotary` is the plain-torch rotation (rotate_half convention, cos/sin tables (B, T, R) from
+dohnuts.model.rope). `norm_rope` is the whole step for one projection: (B, T, H, D) in, as a GEMM
+output's view, → (B, H, T, D) normalised and rotated. Its fused path is one Triton kernel when
+nothing needs a gradient; with autograd it is the fla norm and the torch rotation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dohnuts.ops._dispatch import use_fused
+from dohnuts.ops.norm import rms_norm
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, H, T, D); cos/sin (B, T, R) with R <= D: rotate the first R channels."""
+    r = cos.shape[-1]
+    cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, R)
+    rot, rest = x[..., :r], x[..., r:]
+    return torch.cat([rot * cos + _rotate_half(rot) * sin, rest], dim=-1)
+
+
+def norm_rope_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float,
+                        cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return apply_rotary(rms_norm(x, weight, eps, weight_offset).transpose(1, 2), cos, sin)
+
+
+def norm_rope_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float,
+                    cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, weight, cos, sin)):
+        return norm_rope_reference(x, weight, eps, weight_offset, cos, sin)  # fla norm + torch rotation
+    from dohnuts.ops._norm_kernels import norm_rope_triton
+
+    return norm_rope_triton(x, weight, eps, weight_offset, cos, sin)
+
+
+def norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float,
+              cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, T, H, D) → rotary(rmsnorm(x) · (weight_offset + weight)) as (B, H, T, D).
+
+    cos/sin: (B, T, R), R ≤ D even; channels ≥ R pass through normalised only."""
+    fn = norm_rope_fused if use_fused(x) else norm_rope_reference
+    return fn(x, weight, eps, weight_offset, cos, sin)
