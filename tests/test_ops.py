@@ -210,14 +210,27 @@ except ValueError as e:
     assert "R even" in str(e)
 else:
     raise AssertionError("odd R accepted")
+
+# The attention output gate: o (B, H, T, D) as attention returns it, the gate a strided view.
+from dohnuts.ops._gate_kernel import gated_output_triton
+from dohnuts.ops.attention import gated_output_reference
+
+o = torch.randn(B, H, T, D, generator=g)
+gate = qg[..., D:2 * D]
+y = gated_output_triton(o, gate)
+assert y.shape == (B, T, H * D) and y.is_contiguous()
+assert (y - gated_output_reference(o, gate)).abs().max() < 1e-6, "gate"
+o_t = torch.randn(B, T, H, D, generator=g).transpose(1, 2)  # (B, H, T, D) in a (B, T, H, D) layout
+assert (gated_output_triton(o_t, gate) - gated_output_reference(o_t, gate)).abs().max() < 1e-6, "gate layout"
 print("ok")
 """
 
 
 def test_norm_triton_kernels_in_the_interpreter():
-    """The RMSNorm and norm+rotary Triton kernels against the torch references on the CPU, in
-    Triton's interpreter: offsets, a residual, strided rows, heads that are not a power of two,
-    a partial rotary dimension, a broadcast table and an empty input."""
+    """The RMSNorm, norm+rotary and output-gate Triton kernels against the torch references on the
+    CPU, in Triton's interpreter: offsets, a residual, strided rows, heads that are not a power of
+    two, a partial rotary dimension, a broadcast table, two attention-output layouts and an empty
+    input."""
     import os
     import subprocess
     import sys

@@ -410,8 +410,8 @@ def test_causal_conv1d_parts(with_state):
 def test_norm_kernels_without_autograd():
     """The inference Triton kernels at Qwen3.5-2b sizes (BF16) against FP32 references: RMSNorm with
     the (1 + w) offset, with and without the residual add; per-head norm + rotary on q read in place
-    from the packed projection (query and gate interleaved) and on k. The dispatcher takes them
-    only without autograd."""
+    from the packed projection (query and gate interleaved) and on k; the attention output gate.
+    The dispatcher takes them only without autograd."""
     from dohnuts.model.rope import rotary_cos_sin, text_positions
     from dohnuts.config import preset
     from dohnuts.ops.norm import add_rms_norm_reference, rms_norm_reference
@@ -446,6 +446,15 @@ def test_norm_kernels_without_autograd():
         # With autograd recording, the fla norm + torch rotation (training) gives the same values.
         tg = t.clone().requires_grad_()
         assert relative_error(ops.norm_rope(tg, wq, 1e-6, 1.0, cos, sin).float(), want) < BF16_TOL
+    # The output gate: attention's o (B, Hq, T, D) times sigmoid of the strided gate view.
+    from dohnuts.ops.attention import gated_output_reference
+
+    o = torch.randn(B, hq, T, d, device=DEV, generator=g).bfloat16()
+    gate = qg.view(B, T, hq, 2 * d)[..., d:]
+    with torch.no_grad():
+        got = ops.gated_output(o, gate)
+    assert got.shape == (B, T, hq * d)
+    assert relative_error(got.float(), gated_output_reference(o.float(), gate.float())) < 1e-2
 
 
 @pytest.mark.parametrize("with_state", [False, True])

@@ -155,10 +155,7 @@ class Attention(nn.Module):
             qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         else:  # one GEMM; the parts are column views of its output
             qg, k, v = F.linear(x, w).split([hq * 2 * d, hkv * d, hkv * d], dim=-1)
-        q, gate = qg.view(B, T, hq, 2 * d).chunk(2, dim=-1)
-        # The sigmoid reads the strided gate view and writes it contiguous (B, T, Hq·D): no
-        # separate copy of the gate before it, as reshaping the strided view first would make.
-        gate = torch.sigmoid(gate).reshape(B, T, hq * d)
+        q, gate = qg.view(B, T, hq, 2 * d).chunk(2, dim=-1)  # strided views (B, T, Hq, D)
         q = self.q_norm.rope(q, rope)  # (B, Hq, T, D), normalised and rotated
         k = self.k_norm.rope(k.view(B, T, hkv, d), rope)  # (B, Hkv, T, D)
         v = v.view(B, T, hkv, d).transpose(1, 2)
@@ -166,7 +163,7 @@ class Attention(nn.Module):
             k = torch.cat([state.key, k], dim=2)  # (B, Hkv, P + T, D)
             v = torch.cat([state.value, v], dim=2)
         o = ops.causal_attention(q, k, v, scale=d ** -0.5)  # (B, Hq, T, D)
-        o = o.transpose(1, 2).reshape(B, T, hq * d) * gate
+        o = ops.gated_output(o, gate)  # o · sigmoid(gate) as (B, T, Hq·D)
         return self.o_proj(o), (KVState(k, v) if return_state else None)
 
 

@@ -45,3 +45,25 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     """q: (B, Hq, Tq, D); k, v: (B, Hkv, Tk, D) with Hq % Hkv == 0 → (B, Hq, Tq, D)."""
     fn = causal_attention_fused if use_fused(q) else causal_attention_reference
     return fn(q, k, v, scale)
+
+
+def gated_output_reference(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    B, H, T, D = o.shape
+    # The sigmoid reads the strided gate view and writes it contiguous (B, T, H·D).
+    return o.transpose(1, 2).reshape(B, T, H * D) * torch.sigmoid(gate).reshape(B, T, H * D)
+
+
+def gated_output_fused(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    if torch.is_grad_enabled() and (o.requires_grad or gate.requires_grad):
+        return gated_output_reference(o, gate)
+    from dohnuts.ops._gate_kernel import gated_output_triton
+
+    return gated_output_triton(o, gate)
+
+
+def gated_output(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """Gated attention's output: o (B, H, T, D) times sigmoid(gate) (B, T, H, D) → (B, T, H·D).
+
+    Fused without autograd: one Triton kernel reading both in place."""
+    fn = gated_output_fused if use_fused(o) else gated_output_reference
+    return fn(o, gate)
