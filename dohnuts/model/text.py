@@ -126,6 +126,19 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(o), new_state
 
 
+def _append_kv(past: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """cat([past, new], dim=2). Without autograd, two copies into one new tensor: a forked prefix's
+    keys are a batch-broadcast view (stride 0), which torch.cat's kernel reads at ≈ 1 TB/s on the
+    H200 (44 µs a layer for 32 × 448 keys, 2026-11-30 profile); a broadcasting copy reads it once."""
+    if torch.is_grad_enabled() and (past.requires_grad or new.requires_grad):
+        return torch.cat([past, new], dim=2)
+    B, H, P, D = past.shape
+    out = torch.empty(B, H, P + new.shape[2], D, dtype=new.dtype, device=new.device)
+    out[:, :, :P].copy_(past)
+    out[:, :, P:].copy_(new)
+    return out
+
+
 class Attention(nn.Module):
     """Gated GQA attention: q/k RMSNorm per head, partial RoPE, sigmoid output gate."""
 
@@ -160,8 +173,7 @@ class Attention(nn.Module):
         k = self.k_norm.rope(k.view(B, T, hkv, d), rope)  # (B, Hkv, T, D)
         v = v.view(B, T, hkv, d).transpose(1, 2)
         if state is not None:
-            k = torch.cat([state.key, k], dim=2)  # (B, Hkv, P + T, D)
-            v = torch.cat([state.value, v], dim=2)
+            k, v = _append_kv(state.key, k), _append_kv(state.value, v)  # (B, Hkv, P + T, D)
         o = ops.causal_attention(q, k, v, scale=d ** -0.5)  # (B, Hq, T, D)
         o = ops.gated_output(o, gate)  # o · sigmoid(gate) as (B, T, Hq·D)
         return self.o_proj(o), (KVState(k, v) if return_state else None)
