@@ -222,6 +222,20 @@ assert y.shape == (B, T, H * D) and y.is_contiguous()
 assert (y - gated_output_reference(o, gate)).abs().max() < 1e-6, "gate"
 o_t = torch.randn(B, T, H, D, generator=g).transpose(1, 2)  # (B, H, T, D) in a (B, T, H, D) layout
 assert (gated_output_triton(o_t, gate) - gated_output_reference(o_t, gate)).abs().max() < 1e-6, "gate layout"
+
+# Conv + SiLU + per-head L2 norm (a stateless pass's q or k) against fla's order of operations:
+# the reference conv, then the delta rule's L2 norm.
+from dohnuts.ops._conv_kernel import conv_silu_l2norm_triton
+from dohnuts.ops.conv import causal_conv1d_reference
+from dohnuts.ops.delta_rule import _l2norm
+
+Bc, Tc, Cc, Dc = 2, 45, 3 * 16, 16  # 45 tokens: a partial block of the kernel's 32
+packed = torch.randn(Bc, Tc, Cc + 20, generator=g)
+xc = packed[..., 5:5 + Cc]  # a strided column slice, as the packed projection gives
+wc = torch.randn(Cc, 4, generator=g)
+want = _l2norm(causal_conv1d_reference(xc, wc)[0].view(Bc, Tc, Cc // Dc, Dc)).view(Bc, Tc, Cc)
+got = conv_silu_l2norm_triton(xc, wc, Dc)
+assert got.is_contiguous() and (got - want).abs().max() < 1e-5, ("conv l2norm", (got - want).abs().max())
 print("ok")
 """
 

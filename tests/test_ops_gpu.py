@@ -479,3 +479,32 @@ def test_gated_delta_rule_gates_in_kernel(with_state):
     o_ref, s_ref = gated_delta_rule_reference(q.float(), k.float(), v.float(), gf, bf, initial_state=s0,
                                               output_final_state=True)
     assert relative_error(o.float(), o_ref) < BF16_TOL and relative_error(s, s_ref) < BF16_TOL
+
+
+def test_conv_qkv_normalises_q_and_k_in_stateless_passes():
+    """A stateless inference pass: q and k from one conv + SiLU + L2-norm kernel each equal the conv
+    followed by the delta rule's L2 norm (FP32 reference), v equals the plain conv; with a state,
+    or under autograd, the op leaves normalisation to the delta rule (flag False)."""
+    from dohnuts.config import preset
+    from dohnuts.ops.conv import causal_conv1d_parts_reference, causal_conv1d_qkv
+    from dohnuts.ops.delta_rule import _l2norm
+
+    cfg = preset("qwen3.5-2b").text
+    sizes = [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim]
+    D, hd = sum(sizes), cfg.linear_key_head_dim
+    g = torch.Generator(device=DEV).manual_seed(47)
+    packed = torch.randn(4, 333, D + 32, device=DEV, generator=g).bfloat16()  # + b and a columns
+    x = packed[..., :D]
+    w = (0.3 * torch.randn(D, cfg.linear_conv_kernel_dim, device=DEV, generator=g)).bfloat16()
+    with torch.no_grad():
+        (q, k, v), state, normalised = causal_conv1d_qkv(x, w, sizes, hd)
+    assert normalised and state is None
+    (qr, kr, vr), _ = causal_conv1d_parts_reference(x.float(), w.float(), sizes)
+    for got, want in ((q, qr), (k, kr)):
+        want = _l2norm(want.view(4, 333, -1, hd)).view(want.shape)
+        assert got.is_contiguous() and relative_error(got.float(), want) < 1e-2
+    assert relative_error(v.float(), vr) < 1e-2
+    with torch.no_grad():
+        s0 = torch.randn(4, D, cfg.linear_conv_kernel_dim, device=DEV, generator=g).bfloat16()
+        assert causal_conv1d_qkv(x, w, sizes, hd, s0, True)[2] is False
+        assert causal_conv1d_qkv(x, w, sizes, hd, None, True)[2] is False

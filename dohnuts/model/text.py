@@ -106,10 +106,11 @@ class GatedDeltaNet(nn.Module):
         # mixed: (B, T, 2·H·K + HV·V); b, a: (B, T, HV)
         z = self.in_proj_z(x).view(B, T, hv, cfg.linear_value_head_dim)
 
-        # One conv per part (on the GPU, outside training): q, k and v come out contiguous.
-        (q, k, v), conv_state = ops.causal_conv1d_parts(
+        # One conv per part (on the GPU, outside training): q, k and v come out contiguous; in a
+        # stateless inference pass q and k also come out L2-normalised (`qk_normalised`).
+        (q, k, v), conv_state, qk_normalised = ops.causal_conv1d_qkv(
             mixed, self.conv1d.weight.squeeze(1), [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim],
-            None if state is None else state.conv, return_state,
+            cfg.linear_key_head_dim, None if state is None else state.conv, return_state,
         )
         q = q.reshape(B, T, cfg.linear_num_key_heads, cfg.linear_key_head_dim)  # (B, T, H, K)
         k = k.reshape(B, T, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
@@ -119,7 +120,7 @@ class GatedDeltaNet(nn.Module):
         # softplus(a + dt_bias) <= 0 (FP32) are computed inside fla's kernels on the GPU.
         o, recurrent = ops.gated_delta_rule_from_logits(
             q, k, v, a, b, self.A_log, self.dt_bias, initial_state=None if state is None else state.recurrent,
-            output_final_state=return_state, use_qk_l2norm=True,
+            output_final_state=return_state, use_qk_l2norm=not qk_normalised,
         )  # (B, T, HV, V)
         o = self.norm(o, z).reshape(B, T, cfg.linear_value_dim)
         new_state = LinearAttentionState(conv_state, recurrent) if return_state else None

@@ -110,3 +110,34 @@ def causal_conv1d_parts(
     reach fla's delta rule without the copies its input guard makes of strided views."""
     fn = causal_conv1d_parts_fused if use_fused(x) else causal_conv1d_parts_reference
     return fn(x, weight, sizes, initial_state, output_final_state)
+
+
+def causal_conv1d_qkv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    sizes: list[int],
+    key_head_dim: int,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None, bool]:
+    """Gated DeltaNet's conv over its packed q/k/v projection: `causal_conv1d_parts` with sizes
+    [q, k, v], plus whether q and k came out already L2-normalised per head of `key_head_dim`.
+
+    Fused, without autograd, from an empty history and returning no state (a batched full pass),
+    q and k take one Triton kernel each (conv + SiLU + L2 norm) and the caller skips the delta
+    rule's own normalisation (normalised = True). Everywhere else this is `causal_conv1d_parts`
+    and the delta rule normalises (normalised = False): training keeps fla's fused L2-norm
+    backward, and passes with state keep fla's conv, which reads and writes it."""
+    recording = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, initial_state))
+    if (use_fused(x) and not recording and initial_state is None and not output_final_state
+            and len(sizes) == 3 and key_head_dim & (key_head_dim - 1) == 0):
+        from dohnuts.ops._conv_kernel import conv_silu_l2norm_triton
+
+        nq, nk, nv = sizes
+        q = conv_silu_l2norm_triton(x[..., :nq], weight[:nq], key_head_dim)
+        k = conv_silu_l2norm_triton(x[..., nq:nq + nk], weight[nq:nq + nk], key_head_dim)
+        v, _ = causal_conv1d_fused(x[..., nq + nk:nq + nk + nv], weight[nq + nk:nq + nk + nv])
+        return (q, k, v), None, True
+    parts, state = causal_conv1d_parts(x, weight, sizes, initial_state, output_final_state)
+    return parts, state, False
