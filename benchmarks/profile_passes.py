@@ -109,6 +109,36 @@ def clocks_while(fn, seconds: float = 1.0) -> dict:
             "power_capped_samples": f"{capped}/{len(busy)}", "runs": n}
 
 
+def matmul_burst_vs_sustained(n: int = 8192, seconds: float = 3.0) -> dict:
+    """The harness's ceiling microbenchmark (BF16 n³ matmul, median of 10 after 3 warm-ups: a burst
+    of ~20 ms) against the same matmul back to back for `seconds` (median of the last half), with
+    the clock and power sampled: what a long pass can sustain under the power cap."""
+    from dohnuts.bench.cudatime import cuda_times_ms
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)
+    flop = 2 * n ** 3
+    torch.cuda.synchronize()
+    time.sleep(1.0)  # let the clock recover from the passes before the burst
+    burst = statistics.median(cuda_times_ms(lambda: a @ b, warmup=3, repeat=10))
+    times = []
+
+    def one():
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        a @ b
+        e.record()
+        times.append((s, e))
+
+    clocks = clocks_while(one, seconds)
+    torch.cuda.synchronize()
+    tail = [s.elapsed_time(e) for s, e in times[len(times) // 2:]]
+    sustained = statistics.median(tail)
+    return {"burst_tflops": flop / burst / 1e9, "sustained_tflops": flop / sustained / 1e9,
+            "sustained_clocks": clocks}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--preset", default="qwen3.5-2b")
@@ -158,6 +188,8 @@ def main(argv=None) -> int:
             res[name]["eager_clocks"] = clocks_while(fn)
             del g
             print(name, {k: round(v, 2) if isinstance(v, float) else v for k, v in res[name].items()}, flush=True)
+    res["bf16_matmul_8192"] = matmul_burst_vs_sustained()
+    print("bf16_matmul_8192", res["bf16_matmul_8192"], flush=True)
     (out / "profile_passes.json").write_text(json.dumps(res, indent=2))
     return 0
 
