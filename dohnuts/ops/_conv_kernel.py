@@ -16,9 +16,13 @@ import torch
 import triton
 import triton.language as tl
 
-BT = 32  # tokens per program
+# Tokens per program and warps, tuned once per process on the first call (an eager pass, before
+# any CUDA-graph capture). The first version's fixed 32 tokens / 4 warps ran at 1.4 TB/s on the
+# H200, no faster than fla's conv plus its L2 norm (2026-11-30 profile, docs/known-issues.md KI-2).
+_CONFIGS = [triton.Config({"BT": bt}, num_warps=w) for bt, w in ((32, 4), (64, 4), (64, 8), (128, 8), (128, 16))]
 
 
+@triton.autotune(configs=_CONFIGS, key=["C", "D", "W"])
 @triton.jit
 def _conv_silu_l2norm_kernel(X, Wt, Y, T, C, sxb, sxt, eps, D: tl.constexpr, W: tl.constexpr,
                              BT: tl.constexpr):
@@ -40,9 +44,11 @@ def _conv_silu_l2norm_kernel(X, Wt, Y, T, C, sxb, sxt, eps, D: tl.constexpr, W: 
     tl.store(Y + b * T * C + t * C + c, y.to(Y.dtype.element_ty), mask=t < T)
 
 
-def conv_silu_l2norm_triton(x: torch.Tensor, weight: torch.Tensor, head_dim: int, eps: float = 1e-6) -> torch.Tensor:
+def conv_silu_l2norm_triton(x: torch.Tensor, weight: torch.Tensor, head_dim: int, eps: float = 1e-6,
+                            cpu_block_t: int = 32) -> torch.Tensor:
     """x (B, T, C) with unit channel stride, weight (C, W) → (B, T, C): conv from zeros, SiLU, and
-    each head's `head_dim` channels scaled to unit L2 norm (1 / sqrt(Σ a² + eps), as fla's l2norm)."""
+    each head's `head_dim` channels scaled to unit L2 norm (1 / sqrt(Σ a² + eps), as fla's l2norm).
+    `cpu_block_t`: the tokens per program in the interpreter (on a GPU the tuner picks)."""
     B, T, C = x.shape
     W = weight.shape[-1]
     if weight.shape != (C, W) or C % head_dim or head_dim & (head_dim - 1):
@@ -54,6 +60,10 @@ def conv_silu_l2norm_triton(x: torch.Tensor, weight: torch.Tensor, head_dim: int
     y = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
     if B * T * C:
         with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
-            _conv_silu_l2norm_kernel[(triton.cdiv(T, BT), B * (C // head_dim))](
-                x, weight, y, T, C, x.stride(0), x.stride(1), float(eps), D=head_dim, W=W, BT=BT, num_warps=4)
+            grid = lambda meta: (triton.cdiv(T, meta["BT"]), B * (C // head_dim))  # noqa: E731
+            args = (x, weight, y, T, C, x.stride(0), x.stride(1), float(eps))
+            if x.is_cuda:
+                _conv_silu_l2norm_kernel[grid](*args, D=head_dim, W=W)
+            else:  # the interpreter cannot benchmark configs: run the first one
+                _conv_silu_l2norm_kernel.fn[grid](*args, D=head_dim, W=W, BT=cpu_block_t)
     return y
