@@ -171,3 +171,29 @@ def test_an_archived_run_reads_like_its_jsonl(tmp_path):
     bad.write_bytes(gzip.compress(text.encode())[:40])
     with pytest.raises(DohnutsError, match="bad.jsonl.gz.*cannot be read"):
         read_jsonl(bad)
+
+
+def test_the_sustained_basis_is_bounded_by_the_sustained_matmul(tmp_path):
+    """With a sustained matmul measured, a compute-bound call (2b, 32 × 512 tokens: text-2b) gets a
+    third basis whose forward bound scales by burst / sustained against the measured basis (hand
+    computation), and so does its whole-call efficiency."""
+    from dohnuts.bench.analysis.hwspec import with_measured_ceilings
+
+    work = WorkCounts(sequences=32, seq_lens=(512,) * 32, padded_len=512, candidates=128)
+    stages = {"prepare": 1.5, "h2d": 0.1, "forward": 84.0, "head": 0.02, "d2h": 0.03, "serialize": 0.4}
+    path = tmp_path / "run.jsonl"
+    path.write_text("\n".join(json.dumps(_record(work, stages, wall=86.0, iteration=i, device="NVIDIA H200"))
+                              for i in range(3)) + "\n")
+    spec = with_measured_ceilings(find_hwspec("h200"), {
+        "bf16_matmul": {"value": 800e12, "kind": "compute"},
+        "bf16_matmul_sustained": {"value": 640e12, "kind": "compute"}})
+    g = analyze_records(read_jsonl(path), spec).groups[0]
+    assert g.bases == ("datasheet", "measured", "sustained")
+    forward = {r.stage: r for r in g.stages}["forward"]
+    assert forward.limiter["sustained"].startswith("compute")
+    assert forward.bound_ms["sustained"] == pytest.approx(forward.bound_ms["measured"] * 800 / 640)
+    assert g.call.efficiency["sustained"] == pytest.approx(g.call.efficiency["measured"] * 800 / 640)
+    assert g.call.efficiency["sustained"] < 1.0
+    console = Console(record=True, width=300)
+    print_analysis(analyze_records(read_jsonl(path), spec), console)
+    assert "sustained" in console.export_text()

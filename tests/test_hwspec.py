@@ -180,3 +180,30 @@ def test_ceilings_measured_at_run_start_take_the_measured_roles():
                                                            "device_copy": {"value": 800e9, "kind": "bandwidth"}})
     assert rx.has_measured("bf16") and rx.ceiling("matrix", "bf16", "measured").name == "bf16_matrix"
     assert rx.ceiling("memory", "bf16", "measured").value == 800e9
+
+
+def test_a_sustained_matmul_adds_the_sustained_basis():
+    """`bf16_matmul_sustained` (the matmul run back to back under the power limit) bounds matrix,
+    attention and scan work on a third basis; its other roles are the measured basis's, and the
+    measured basis keeps the burst number. Without it, or with a broken value, there is no such basis."""
+    from dohnuts.bench.analysis.hwspec import with_measured_ceilings
+
+    burst = {"value": 777e12, "kind": "compute", "date": "2026-11-30"}
+    copy = {"value": 4.2e12, "kind": "bandwidth"}
+    spec = with_measured_ceilings(find_hwspec("h200"), {
+        "bf16_matmul": burst, "device_copy": copy,
+        "bf16_matmul_sustained": {"value": 672e12, "kind": "compute", "method": "2 s", "date": "2026-11-30"}})
+    assert spec.bases("bf16") == ("datasheet", "measured", "sustained")
+    assert spec.bases("fp32") == ("datasheet", "measured")  # a BF16 matmul says nothing of FP32
+    for role in ("matrix", "attention", "scan"):
+        assert spec.ceiling(role, "bf16", "sustained").value == 672e12
+        assert spec.ceiling(role, "bf16", "measured").value == 777e12
+    assert spec.ceiling("memory", "bf16", "sustained").value == 4.2e12  # from the measured basis
+    assert spec.ceiling("vector", "bf16", "sustained").name == "fp32_vector"  # then the datasheet
+    assert spec.has_role("interconnect", "bf16", "sustained")  # the datasheet's NVLink
+    assert "2 s" in spec.ceiling("matrix", "bf16", "sustained").source
+    for run in ({"bf16_matmul": burst}, {"bf16_matmul": burst, "bf16_matmul_sustained": {"value": 0.0}},
+                {"bf16_matmul_sustained": {"value": 6e14, "kind": "bandwidth"}}):
+        assert with_measured_ceilings(find_hwspec("h200"), run).bases("bf16") == ("datasheet", "measured")
+    with pytest.raises(ValueError, match="unknown basis"):
+        spec.ceiling("matrix", "bf16", "burst")

@@ -2,7 +2,11 @@
 
 GPU: a large BF16 matmul (8192³, random data — never zeros), a large device-to-device copy
 (bytes read + written), pinned host↔device copies and an FP32 element-wise multiply-add, each
-timed with CUDA events after warm-up, median of several runs. CPU: an FP32 and a BF16 matmul
+timed with CUDA events after warm-up, median of several runs (a burst of tens of milliseconds).
+The matmul is also run back to back for `sustain_s` seconds (`bf16_matmul_sustained`, the median
+of the second half): a GPU that holds a power limit lowers its clock under sustained dense work,
+which a burst never shows (the H200: 777 vs 672 TFLOP/s, 2026-11-30); it bounds the `sustained`
+basis (dohnuts.bench.analysis.hwspec). CPU: an FP32 and a BF16 matmul
 (1024³), an FP32 multiply-add over a cache-resident vector, and a large memory copy, timed with
 the host clock, median of several runs. These are recorded beside the datasheet ceilings — and
 are the only ceilings of a device no hwspec describes (the CPU, an unknown GPU). They are
@@ -23,7 +27,24 @@ def _time_ms(fn) -> float:
     return statistics.median(cuda_times_ms(fn, warmup=3, repeat=10))
 
 
-def measure_ceilings(device: torch.device, n: int = 8192, copy_bytes: int = 2 << 30) -> dict:
+def sustained_ms(fn, seconds: float) -> float:
+    """Median device time of `fn` over the second half of `seconds` of back-to-back calls."""
+    events = []
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        events.append((s, e))
+        if len(events) % 32 == 0:
+            events[-1][1].synchronize()  # keep the host no more than 32 calls ahead of the device
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events[len(events) // 2:])
+
+
+def measure_ceilings(device: torch.device, n: int = 8192, copy_bytes: int = 2 << 30, sustain_s: float = 2.0) -> dict:
     date = time.strftime("%Y-%m-%d")
     out = {}
     gen = torch.Generator(device=device).manual_seed(0)
@@ -33,6 +54,12 @@ def measure_ceilings(device: torch.device, n: int = 8192, copy_bytes: int = 2 <<
     out["bf16_matmul"] = {"value": 2 * n ** 3 / (ms / 1e3), "unit": "FLOP/s", "kind": "compute",
                           "method": f"torch.matmul bf16 {n}x{n}x{n}, random normal, median of 10 CUDA-event timings",
                           "date": date}
+    if sustain_s > 0:
+        ms = sustained_ms(lambda: a @ b, sustain_s)
+        out["bf16_matmul_sustained"] = {
+            "value": 2 * n ** 3 / (ms / 1e3), "unit": "FLOP/s", "kind": "compute", "date": date,
+            "method": f"torch.matmul bf16 {n}x{n}x{n} back to back for {sustain_s:g} s, median of the second half "
+                      "(the clock a power limit holds under sustained dense work)"}
     del a, b
     src = torch.empty(copy_bytes // 2, dtype=torch.bfloat16, device=device).normal_(generator=gen)
     dst = torch.empty_like(src)

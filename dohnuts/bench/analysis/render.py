@@ -4,8 +4,8 @@ Tables: per workload and target, one row per stage (measured, bound, efficiency,
 target verdict, useful / padded / repeated GFLOP), then the call summary (sum, max, critical
 path and latency of bounds and of measurements, wall time, whole-call efficiency, decisions/s).
 The roofline places each stage at its arithmetic intensity (useful FLOPs per necessary byte)
-and achieved rate (useful FLOPs per measured second) under the device's roofs, datasheet solid
-and measured dashed. matplotlib is used through its object API on the Agg canvas: no pyplot, no
+and achieved rate (useful FLOPs per measured second) under the device's roofs, datasheet solid,
+measured dashed and sustained (where the run measured it) dotted. matplotlib is used through its object API on the Agg canvas: no pyplot, no
 global backend switch, nothing opened on screen.
 
 Layout rule (`FitTable`, also used by the built-in reporter): a table chooses its layout when
@@ -305,7 +305,9 @@ def roofline_png(analysis: Analysis, path: str | Path, precision: str | None = N
     lo, hi = min(xs + [1.0]) / 4, max(xs + [1e4]) * 4
     grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     bases = spec.bases(precision)  # a spec measured on this machine has no datasheet roofs
-    for basis, style in zip(bases, ("-", "--")):
+    styles = {"datasheet": "-", "measured": "--", "sustained": ":"}  # a measured-only spec draws dashed
+    for basis in bases:
+        style = styles[basis]
         mem = spec.ceiling("memory", precision, basis)
         for role, colour in (("matrix", "black"), ("vector", "grey")):
             peak = spec.ceiling(role, precision, basis)

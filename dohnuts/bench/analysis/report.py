@@ -89,7 +89,8 @@ class GroupAnalysis:
     model: str
     calls: int
     runs: tuple[str, ...]
-    bases: tuple[str, ...]  # ("datasheet",), ("datasheet", "measured") or ("measured",) (no datasheet spec)
+    # ("datasheet",), ("datasheet", "measured"[, "sustained"]) or ("measured",) (no datasheet spec)
+    bases: tuple[str, ...]
     stages: tuple[StageRow, ...]
     call: CallRow
     graph: CallGraph
