@@ -234,12 +234,9 @@ packed = torch.randn(Bc, Tc, Cc + 20, generator=g)
 xc = packed[..., 5:5 + Cc]  # a strided column slice, as the packed projection gives
 wc = torch.randn(Cc, 4, generator=g)
 want = _l2norm(causal_conv1d_reference(xc, wc)[0].view(Bc, Tc, Cc // Dc, Dc)).view(Bc, Tc, Cc)
-# The tuner's shapes: token blocks partial and longer than the sequence; 2 heads a program over
-# 3 heads (a partial last group); 4 heads (one group wider than the part).
-for bt, hb in ((32, 1), (64, 1), (128, 1), (16, 2), (32, 4)):
-    got = conv_silu_l2norm_triton(xc, wc, Dc, cpu_block_t=bt, cpu_heads=hb)
-    err = (got - want).abs().max()
-    assert got.is_contiguous() and err < 1e-5, ("conv l2norm", bt, hb, err)
+for bt in (32, 64, 128):  # the tuner's token blocks: partial, and larger than the sequence
+    got = conv_silu_l2norm_triton(xc, wc, Dc, cpu_block_t=bt)
+    assert got.is_contiguous() and (got - want).abs().max() < 1e-5, ("conv l2norm", bt, (got - want).abs().max())
 print("ok")
 """
 
