@@ -95,21 +95,21 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
         ids_np[i, : len(r)] = r
     ids = torch.from_numpy(ids_np)
 
-    flat, kmax = [], max(len(p) for p in plan.score_positions)
-    cand = torch.full((B, kmax), -1, dtype=torch.long)
+    # Candidate table built as lists, then one tensor (an element-wise tensor assignment costs
+    # microseconds each: 0.4 ms for 128 candidates).
+    flat, kmax, cand_rows = [], max(len(p) for p in plan.score_positions), []
     for qi, pos in enumerate(plan.score_positions):
-        for ki, p in enumerate(pos):
-            cand[qi, ki] = len(flat)
-            flat.append(qi * L + (p - P))
+        cand_rows.append(list(range(len(flat), len(flat) + len(pos))) + [-1] * (kmax - len(pos)))
+        flat.extend(qi * L + (p - P) for p in pos)
+    cand = torch.tensor(cand_rows, dtype=torch.long).view(B, kmax)
     rewards = None
     if train or all(q.rewards is not None for q in plan.request.questions):
         if any(q.rewards is None for q in plan.request.questions):
             from dohnuts.errors import RequestError
 
             raise RequestError("training needs 'answer' or 'rewards' on every question", source=plan.request.id)
-        rewards = torch.zeros(B, kmax)
-        for qi, q in enumerate(plan.request.questions):
-            rewards[qi, : len(q.rewards)] = torch.tensor(q.rewards)
+        rewards = torch.tensor([list(q.rewards) + [0.0] * (kmax - len(q.rewards)) for q in plan.request.questions],
+                               dtype=torch.float32).view(B, kmax)
 
     prefix_ids = torch.tensor([plan.sequences[0][:P]], dtype=torch.long) if P else None
     pos, next_pos = None, None
