@@ -382,3 +382,43 @@ def test_valid_records_without_validity_fields():
     kept, dropped = valid_records(recs)
     assert [r["iteration"] for r in kept] == [0, 1] and dropped == 1
     assert valid_records([]) == ([], 0)
+
+
+def test_clock_summary_of_a_group_of_calls():
+    """Median and lowest clock over the non-idle samples of every call, the device maximum and the
+    power-capped count, from NVML (SM) or amdsmi (GFX) readings; None without any clock."""
+    from bench_plugins.reporters import quality_table, summarize
+    from dohnuts.bench.telemetry import clock_summary
+
+    def rec(*readings):
+        return {"telemetry": [{"host": {"cpu_percent": 5.0}, "nvml": r, "dt_ms": 1.0} for r in readings]}
+
+    capped = {"sm_clock_mhz": 1590, "max_sm_clock_mhz": 1980, "power_capped": ["sw_power_cap"]}
+    recs = [rec(capped, {"sm_clock_mhz": 1980, "max_sm_clock_mhz": 1980, "power_capped": []}),
+            rec({"sm_clock_mhz": 1290, "max_sm_clock_mhz": 1980, "power_capped": ["sw_power_cap"]},
+                {"sm_clock_mhz": 210, "max_sm_clock_mhz": 1980, "idle": True})]  # idle: not counted
+    assert clock_summary(recs) == {"median_mhz": 1590, "min_mhz": 1290, "max_mhz": 1980, "samples": 3,
+                                   "power_capped_samples": 2}
+    amd = [{"telemetry": [{"amdsmi": {"gfx_clock_mhz": 2400, "max_gfx_clock_mhz": 2500}},
+                          {"amdsmi": {"gfx_clock_mhz": 2300, "max_gfx_clock_mhz": 2500}}]}]
+    assert clock_summary(amd)["median_mhz"] == 2350 and clock_summary(amd)["max_mhz"] == 2500
+    assert clock_summary([{"telemetry": [{"host": {"cpu_percent": 1.0}}]}, {}]) is None
+
+    # In the report's quality table: one column per group, "—" where nothing was sampled.
+    from tests.test_bounds import _record
+
+    work = WorkCounts(sequences=2, seq_lens=(40, 30), padded_len=40, candidates=6)
+    def full(r):  # the fields the summary reads beside the analysis record
+        return r | {"tokens": {"useful": 70, "padded": 10, "repeated": 0}, "extra": {}}
+
+    gpu = [full(_record(work, {"forward": 5.0}, wall=6.0, iteration=i, device="NVIDIA H200")) | recs[i]
+           for i in range(2)]
+    cpu = [full(_record(work, {"forward": 5.0}, wall=6.0, iteration=i, target="transformers")) for i in range(2)]
+    rows = summarize(gpu + cpu)
+    assert rows[0]["gpu_clock"]["median_mhz"] == 1590 and rows[1]["gpu_clock"] is None
+    from rich.console import Console
+
+    console = Console(record=True, width=250)
+    console.print(quality_table(rows))
+    text = console.export_text()
+    assert "1590 (1290) / 1980" in text and "GPU clock" in text

@@ -47,6 +47,7 @@ def summarize(records: list[dict]) -> list[dict]:
     queueing and throughput."""
     from dohnuts.bench.analysis.compare import aa_noise, spread_warning
     from dohnuts.bench.analysis.records import overhead_summary, valid_records, validity_summary
+    from dohnuts.bench.telemetry import clock_summary
 
     validity = validity_summary(records)
     overhead = overhead_summary(records)
@@ -77,6 +78,7 @@ def summarize(records: list[dict]) -> list[dict]:
             "excluded_calls": validity.get((workload, target), {}).get("invalid", 0),
             "excluded_reasons": validity.get((workload, target), {}).get("reasons", {}),
             "power_capped_calls": validity.get((workload, target), {}).get("power_capped", 0),
+            "gpu_clock": clock_summary(recs),
             "harness_overhead": overhead.get((workload, target)),
             "aa_noise_halfwidth": None,
             "spread_warning": spread_warning(walls, CLAIMED_PRECISION) if len(walls) >= 2 else None,
@@ -104,11 +106,13 @@ def summarize(records: list[dict]) -> list[dict]:
 
 
 def quality_table(rows: list[dict]) -> FitTable:
-    """How far the numbers can be trusted, per (workload, target)."""
+    """How far the numbers can be trusted, per (workload, target): calls left out (and power-capped
+    calls kept), the GPU clock the calls ran at, the A/A noise, the harness's overhead."""
     t = FitTable(f"Measurement quality (claimed precision ±{CLAIMED_PRECISION:.0%}; A/A = interleaved halves)",
                  [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("excluded"),
-                  Col("A/A noise ±"), Col("harness overhead"), Col("note", "left", wrap=True)],
-                 sections=1, groups=[(2,), (3,), (4,), (5,)], title_justify="center")
+                  Col("GPU clock MHz\nmedian (min) / max"), Col("A/A noise ±"), Col("harness overhead"),
+                  Col("note", "left", wrap=True)],
+                 sections=1, groups=[(2,), (3,), (4,), (5,), (6,)], title_justify="center")
     for r in rows:
         o = r["harness_overhead"]
         over = "—"
@@ -124,7 +128,10 @@ def quality_table(rows: list[dict]) -> FitTable:
         if r.get("power_capped_calls"):
             excluded += f"; {r['power_capped_calls']} power-capped, kept"
         note = r["spread_warning"] or ("harness overhead in the call above 1 %" if o and not o["within_target"] else "")
-        t.add_row(r["workload"], r["target"], excluded, aa, over, note)
+        c = r.get("gpu_clock")
+        clock = "—" if not c else (f"{c['median_mhz']:.0f} ({c['min_mhz']:.0f})"
+                                   + (f" / {c['max_mhz']:.0f}" if c["max_mhz"] else ""))
+        t.add_row(r["workload"], r["target"], excluded, clock, aa, over, note)
     return t
 
 

@@ -107,6 +107,40 @@ def call_validity(samples: list[dict], min_clock_fraction: float = DEFAULT_MIN_C
     return out
 
 
+def clock_summary(records: list[dict]) -> dict | None:
+    """The GPU clock while a group of calls ran: median and lowest clock over every non-idle sample
+    of their telemetry (NVML's SM or amdsmi's GFX clock), the device's maximum, and how many samples
+    showed the power cap. None when no sample had a clock (a CPU run, no GPU sampler).
+
+    Why it is reported: a datacentre GPU holds its power limit by lowering its clock (KI-15), so two
+    runs of one build can differ by their clocks; the report says at which clock each was taken."""
+    clocks, tops, capped = [], [], 0
+    for rec in records:
+        for row in rec.get("telemetry") or ():
+            if not isinstance(row, dict):
+                continue
+            for reading in row.values():
+                if not isinstance(reading, dict) or reading.get("idle"):
+                    continue
+                for cur_key, max_key, _ in CLOCK_KEYS:
+                    cur, top = _num(reading.get(cur_key)), _num(reading.get(max_key))
+                    if cur is None:
+                        continue
+                    clocks.append(cur)
+                    if top:
+                        tops.append(top)
+                    power = reading.get("power_capped")
+                    capped += isinstance(power, (list, tuple)) and bool(power)
+                    break
+    if not clocks:
+        return None
+    clocks.sort()
+    n = len(clocks)
+    median = clocks[n // 2] if n % 2 else (clocks[n // 2 - 1] + clocks[n // 2]) / 2
+    return {"median_mhz": median, "min_mhz": clocks[0], "max_mhz": max(tops) if tops else None,
+            "samples": n, "power_capped_samples": capped}
+
+
 class Sampler:
     name = "sampler"
     unavailable: str | None = None
