@@ -223,20 +223,52 @@ assert (y - gated_output_reference(o, gate)).abs().max() < 1e-6, "gate"
 o_t = torch.randn(B, T, H, D, generator=g).transpose(1, 2)  # (B, H, T, D) in a (B, T, H, D) layout
 assert (gated_output_triton(o_t, gate) - gated_output_reference(o_t, gate)).abs().max() < 1e-6, "gate layout"
 
-# Conv + SiLU + per-head L2 norm (a stateless pass's q or k) against fla's order of operations:
-# the reference conv, then the delta rule's L2 norm.
-from dohnuts.ops._conv_kernel import conv_silu_l2norm_triton
+# Conv + SiLU (+ per-head L2 norm: q and k) against fla's order of operations: the reference
+# conv, then the delta rule's L2 norm; from zeros, from a per-row state and from a batch-broadcast
+# (forked) state, writing the final state into a channel slice of a wider (B, D, W) buffer.
+from dohnuts.ops._conv_kernel import conv_silu_triton
 from dohnuts.ops.conv import causal_conv1d_reference
 from dohnuts.ops.delta_rule import _l2norm
 
-Bc, Tc, Cc, Dc = 2, 45, 3 * 16, 16  # 45 tokens: a partial block of the kernel's 32
-packed = torch.randn(Bc, Tc, Cc + 20, generator=g)
-xc = packed[..., 5:5 + Cc]  # a strided column slice, as the packed projection gives
-wc = torch.randn(Cc, 4, generator=g)
-want = _l2norm(causal_conv1d_reference(xc, wc)[0].view(Bc, Tc, Cc // Dc, Dc)).view(Bc, Tc, Cc)
-for bt in (32, 64, 128):  # the tuner's token blocks: partial, and larger than the sequence
-    got = conv_silu_l2norm_triton(xc, wc, Dc, cpu_block_t=bt)
-    assert got.is_contiguous() and (got - want).abs().max() < 1e-5, ("conv l2norm", bt, (got - want).abs().max())
+Bc, Cc, Dc, Wc = 2, 3 * 16, 16, 4
+wc = torch.randn(Cc, Wc, generator=g)
+for Tc in (45, 2):  # a partial block of the kernel's 32; fewer tokens than the conv width
+    packed = torch.randn(Bc, Tc, Cc + 20, generator=g)
+    xc = packed[..., 5:5 + Cc]  # a strided column slice, as the packed projection gives
+    rows = torch.randn(Bc, Cc, Wc, generator=g)
+    forked = torch.randn(1, Cc, Wc, generator=g).expand(Bc, -1, -1)  # stride 0 in the batch
+    for s0 in (None, rows, forked, forked[:1]):
+        ref, ref_state = causal_conv1d_reference(xc, wc, None if s0 is None else s0.expand(Bc, -1, -1), True)
+        for normalize in (True, False):
+            want = _l2norm(ref.view(Bc, Tc, Cc // Dc, Dc)).view(Bc, Tc, Cc) if normalize else ref
+            for bt in (32, 64, 128):  # the tuner's token blocks: partial, and larger than the sequence
+                wide = torch.full((Bc, Cc + 8, Wc), float("nan"))
+                got = conv_silu_triton(xc, wc, Dc, normalize=normalize, initial_state=s0,
+                                       final_state=wide[:, 8:], cpu_block_t=bt)
+                err = (got - want).abs().max()
+                assert got.is_contiguous() and err < 1e-5, ("conv", Tc, normalize, bt, err)
+                assert torch.equal(wide[:, 8:], ref_state) and wide[:, :8].isnan().all(), ("conv state", Tc, bt)
+            assert torch.equal(conv_silu_triton(xc, wc, Dc, normalize=normalize, initial_state=s0, cpu_block_t=32),
+                               got), "no state out"
+# The 4-D copy: a batch-broadcast source (a forked state), a slice of a wider buffer as the
+# destination (the past part of an appended KV), a transposed-view source (attention's values),
+# a last dimension that is not a power of two, and both dtypes of the states; exact.
+from dohnuts.ops._copy_kernel import copy4d_triton
+
+for dtype in (torch.float32, torch.bfloat16):
+    one = torch.randn(1, 3, 37, 24, generator=g).to(dtype)
+    wide = torch.zeros(5, 3, 37 + 6, 24, dtype=dtype)
+    copy4d_triton(wide[:, :, :37], one.expand(5, -1, -1, -1))
+    assert torch.equal(wide[:, :, :37], one.expand(5, -1, -1, -1)) and not wide[:, :, 37:].any(), "copy4d broadcast"
+    rows = torch.randn(5, 6, 3, 24, generator=g).to(dtype).transpose(1, 2)  # (5, 3, 6, 24), strided rows
+    copy4d_triton(wide[:, :, 37:], rows)
+    assert torch.equal(wide[:, :, 37:], rows), "copy4d strided rows"
+try:
+    conv_silu_triton(xc, wc, Dc, normalize=True, initial_state=torch.zeros(Bc, Cc, Wc - 1))
+except ValueError as e:
+    assert "initial_state" in str(e)
+else:
+    raise AssertionError("a state of the wrong width accepted")
 print("ok")
 """
 

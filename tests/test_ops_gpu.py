@@ -481,30 +481,57 @@ def test_gated_delta_rule_gates_in_kernel(with_state):
     assert relative_error(o.float(), o_ref) < BF16_TOL and relative_error(s, s_ref) < BF16_TOL
 
 
-def test_conv_qkv_normalises_q_and_k_in_stateless_passes():
-    """A stateless inference pass: q and k from one conv + SiLU + L2-norm kernel each equal the conv
-    followed by the delta rule's L2 norm (FP32 reference), v equals the plain conv; with a state,
-    or under autograd, the op leaves normalisation to the delta rule (flag False)."""
+def test_conv_qkv_normalises_q_and_k_in_every_inference_pass():
+    """Every inference pass (stateless; a prefix returning its state; a suffix from a per-row or a
+    forked, batch-broadcast state): q and k from one conv + SiLU + L2-norm kernel each equal the
+    conv followed by the delta rule's L2 norm (FP32 reference), v equals the plain conv, the final
+    state equals the reference's; under autograd the op leaves normalisation to the delta rule."""
     from dohnuts.config import preset
     from dohnuts.ops.conv import causal_conv1d_parts_reference, causal_conv1d_qkv
     from dohnuts.ops.delta_rule import _l2norm
 
     cfg = preset("qwen3.5-2b").text
     sizes = [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim]
-    D, hd = sum(sizes), cfg.linear_key_head_dim
+    D, hd, W = sum(sizes), cfg.linear_key_head_dim, cfg.linear_conv_kernel_dim
     g = torch.Generator(device=DEV).manual_seed(47)
     packed = torch.randn(4, 333, D + 32, device=DEV, generator=g).bfloat16()  # + b and a columns
     x = packed[..., :D]
-    w = (0.3 * torch.randn(D, cfg.linear_conv_kernel_dim, device=DEV, generator=g)).bfloat16()
+    w = (0.3 * torch.randn(D, W, device=DEV, generator=g)).bfloat16()
+    rows = torch.randn(4, D, W, device=DEV, generator=g).bfloat16()
+    forked = torch.randn(1, D, W, device=DEV, generator=g).bfloat16().expand(4, -1, -1)
+    for s0, out_state in ((None, False), (None, True), (rows, False), (forked, False), (forked, True)):
+        with torch.no_grad():
+            (q, k, v), state, normalised = causal_conv1d_qkv(x, w, sizes, hd, s0, out_state)
+        assert normalised and (state is None) == (not out_state)
+        (qr, kr, vr), sr = causal_conv1d_parts_reference(x.float(), w.float(), sizes,
+                                                         None if s0 is None else s0.float(), True)
+        for got, want in ((q, qr), (k, kr)):
+            want = _l2norm(want.view(4, 333, -1, hd)).view(want.shape)
+            assert got.is_contiguous() and relative_error(got.float(), want) < 1e-2
+        assert relative_error(v.float(), vr) < 1e-2
+        if out_state:
+            assert state.shape == (4, D, W) and torch.equal(state.float(), sr)
+    xg = x.detach().requires_grad_()
+    assert causal_conv1d_qkv(xg, w, sizes, hd, rows, True)[2] is False
+
+
+def test_fork_and_kv_append_copies_are_exact():
+    """The broadcast-copy kernel behind the fork of a recurrent state and the append of a forked
+    prefix's keys/values (2b sizes): exactly torch's copies, dense where fla needs it dense."""
+    from dohnuts.model.state import LinearAttentionState
+    from dohnuts.ops.copy import copy4d
+
+    g = torch.Generator(device=DEV).manual_seed(53)
+    rec = torch.randn(1, 16, 128, 128, device=DEV, generator=g)
+    conv = torch.randn(1, 6144, 4, device=DEV, generator=g).bfloat16()
     with torch.no_grad():
-        (q, k, v), state, normalised = causal_conv1d_qkv(x, w, sizes, hd)
-    assert normalised and state is None
-    (qr, kr, vr), _ = causal_conv1d_parts_reference(x.float(), w.float(), sizes)
-    for got, want in ((q, qr), (k, kr)):
-        want = _l2norm(want.view(4, 333, -1, hd)).view(want.shape)
-        assert got.is_contiguous() and relative_error(got.float(), want) < 1e-2
-    assert relative_error(v.float(), vr) < 1e-2
+        f = LinearAttentionState(conv, rec).fork(32)
+    assert f.recurrent.is_contiguous() and torch.equal(f.recurrent, rec.expand(32, -1, -1, -1))
+    assert torch.equal(f.conv, conv.expand(32, -1, -1))
+    past = torch.randn(1, 2, 448, 256, device=DEV, generator=g).bfloat16().expand(32, -1, -1, -1)
+    new = torch.randn(32, 64, 2, 256, device=DEV, generator=g).bfloat16().transpose(1, 2)  # values' layout
+    out = torch.full((32, 2, 512, 256), float("nan"), device=DEV, dtype=torch.bfloat16)
     with torch.no_grad():
-        s0 = torch.randn(4, D, cfg.linear_conv_kernel_dim, device=DEV, generator=g).bfloat16()
-        assert causal_conv1d_qkv(x, w, sizes, hd, s0, True)[2] is False
-        assert causal_conv1d_qkv(x, w, sizes, hd, None, True)[2] is False
+        copy4d(out[:, :, :448], past)
+        copy4d(out[:, :, 448:], new)
+    assert torch.equal(out, torch.cat([past, new], dim=2))

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dohnuts import ops
+
 
 @dataclass(frozen=True)
 class KVState:
@@ -37,12 +39,15 @@ class LinearAttentionState:
     recurrent: torch.Tensor
 
     def fork(self, n: int) -> LinearAttentionState:
-        # The fused kernels index these densely, so the branches get real copies; `expand` +
-        # `contiguous` keeps the autograd edge to the prefix (gradients of all branches add up).
-        return LinearAttentionState(
-            self.conv.expand(n, -1, -1).contiguous(),
-            self.recurrent.expand(n, -1, -1, -1).contiguous(),
-        )
+        # fla's delta rule indexes the recurrent state densely, so the branches get real copies;
+        # under autograd `expand` + `contiguous` keeps the edge to the prefix (gradients of all
+        # branches add up). Outside autograd the copies are one broadcast-copy kernel on the GPU
+        # (`ops.copy4d`), and the conv history stays a batch-broadcast view: the inference conv
+        # kernel reads it through its strides (dohnuts.ops._conv_kernel); other paths copy it.
+        conv, rec = self.conv.expand(n, -1, -1), self.recurrent
+        if torch.is_grad_enabled() and (self.conv.requires_grad or rec.requires_grad):
+            return LinearAttentionState(conv.contiguous(), rec.expand(n, -1, -1, -1).contiguous())
+        return LinearAttentionState(conv, ops.copy4d(rec.new_empty(n, *rec.shape[1:]), rec))
 
 
 LayerState = KVState | LinearAttentionState

@@ -1,11 +1,21 @@
-"""Triton kernel: Gated DeltaNet's short causal conv + SiLU + per-head L2 norm of q or k, in one pass.
+"""Triton kernel: Gated DeltaNet's short causal conv + SiLU (+ per-head L2 norm), with conv state
+in and out, in one pass.
 
-For a pass that starts from an empty conv history and returns no state (a batched full pass), the
-q and k parts of the packed projection go conv → SiLU → L2 norm per head in one kernel, instead of
-fla's conv kernel and then fla's L2-norm kernel inside the delta rule (36 launches and 1.2 ms of a
-2b 16k-token pass on the H200, 2026-11-30 profile). Reads the part in place (a strided column
-slice), writes (B, T, C) contiguous. No autograd, no state: dohnuts.ops.conv uses it only there.
-CPU tensors run in Triton's interpreter (the CPU tests).
+Every inference pass (no autograd) runs the q, k and v parts of the packed projection through this
+kernel: q and k go conv → SiLU → L2 norm per head, v conv → SiLU. It replaces, per layer, fla's
+three conv kernels, its three conv-state kernels, the copies that made a forked (batch-broadcast)
+or sliced state dense, the concatenation of the three final states, and the delta rule's two
+L2-norm kernels (2026-11-30 profiles: 18 launches instead of up to 234 in a 24-layer suffix pass).
+
+- The input part is read in place (a strided column slice of the packed projection); the output is
+  written (B, T, C) contiguous.
+- The initial state (B, C, W), oldest input first, is read through its strides: a forked prefix
+  state may be a batch-broadcast view (stride 0) and is never copied.
+- The final state (the last W inputs, the layout of `dohnuts.ops.conv`) is written through the
+  strides of the caller's buffer: each part writes its channels of the one-conv (B, D, W) state.
+
+No autograd: dohnuts.ops.conv uses it only outside training. CPU tensors run in Triton's
+interpreter (the CPU tests).
 """
 
 from __future__ import annotations
@@ -16,54 +26,108 @@ import torch
 import triton
 import triton.language as tl
 
-# Tokens per program and warps, tuned once per process on the first call (an eager pass, before
-# any CUDA-graph capture). The first version's fixed 32 tokens / 4 warps ran at 1.4 TB/s on the
-# H200, no faster than fla's conv plus its L2 norm (2026-11-30 profile, docs/known-issues.md KI-2).
+# Tokens per program and warps, tuned per (channels, head dim, width, flags, length bucket) on the
+# first call of each (an eager pass, before any CUDA-graph capture). A fixed 32 tokens / 4 warps
+# ran at 1.4 TB/s on the H200, no faster than fla's conv plus its L2 norm (2026-11-30 profile).
 _CONFIGS = [triton.Config({"BT": bt}, num_warps=w) for bt, w in ((32, 4), (64, 4), (64, 8), (128, 8), (128, 16))]
 
 
-@triton.autotune(configs=_CONFIGS, key=["C", "D", "W"])
 @triton.jit
-def _conv_silu_l2norm_kernel(X, Wt, Y, T, C, sxb, sxt, eps, D: tl.constexpr, W: tl.constexpr,
-                             BT: tl.constexpr):
-    """Program (token block, b·heads + h): y[b, t, h·D:(h+1)·D] = l2norm(silu(Σ_k w[:, k] x[t−W+1+k]))."""
+def _silu_norm_store(acc, Y, b, t, c, T, C, eps, mask, NORM: tl.constexpr):
+    y = acc * tl.sigmoid(acc)
+    if NORM:
+        y = y / tl.sqrt(tl.sum(y * y, axis=1) + eps)[:, None]
+    tl.store(Y + b * T * C + t * C + c, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.autotune(configs=_CONFIGS, key=["C", "D", "W", "T_BUCKET", "NORM", "HAS_S0", "STORE_ST"])
+@triton.jit
+def _conv_kernel(X, Wt, Y, S0, ST, T, C, T_BUCKET, sxb, sxt, s0b, s0c, s0w, stb, stc, stw, eps,
+                 D: tl.constexpr, W: tl.constexpr, HP: tl.constexpr, NORM: tl.constexpr,
+                 HAS_S0: tl.constexpr, STORE_ST: tl.constexpr, BT: tl.constexpr):
+    """Program (token block, b·(C/D) + h) over channels h·D..(h+1)·D of batch row b:
+    y[t] = silu(Σ_k w[:, k] · x[t−W+1+k]), x[t < 0] from the initial state (or 0), then y / ‖y‖₂
+    per row if NORM. The program holding the last token also writes the final state.
+
+    The tile reads only x, with unit-stride (vectorised) loads. With a state, the first W − 1
+    outputs — the only ones that read it — are left to a small head tile of the first block: the
+    state's (B, C, W) layout is strided along the channels, and loading it inside the main tile
+    (masked, one scalar load per element) ran at 0.7 TB/s (23 µs a part in a 2b suffix)."""
     i_t = tl.program_id(0).to(tl.int64)
     i_bh = tl.program_id(1).to(tl.int64)
     nh = C // D
     b = i_bh // nh
     h = i_bh % nh
     t = i_t * BT + tl.arange(0, BT)[:, None]
-    c = h * D + tl.arange(0, D)[None, :]
+    ch = h * D + tl.arange(0, D)
+    c = ch[None, :]
     acc = tl.zeros((BT, D), dtype=tl.float32)
     for k in tl.static_range(W):
         tt = t - (W - 1) + k
         xk = tl.load(X + b * sxb + tt * sxt + c, mask=(tt >= 0) & (tt < T), other=0.0).to(tl.float32)
         acc += xk * tl.load(Wt + c * W + k).to(tl.float32)
-    a = acc * tl.sigmoid(acc)
-    y = a / tl.sqrt(tl.sum(a * a, axis=1) + eps)[:, None]
-    tl.store(Y + b * T * C + t * C + c, y.to(Y.dtype.element_ty), mask=t < T)
+    keep = t < T
+    if HAS_S0:
+        keep = keep & (t >= W - 1)  # the head tile below writes outputs 0..W−2
+    _silu_norm_store(acc, Y, b, t, c, T, C, eps, keep, NORM)
+    if HAS_S0:
+        if i_t == 0:
+            th = tl.arange(0, HP)[:, None]  # outputs 0..W−2 (HP ≥ W − 1 rows, the rest masked)
+            head = (th < W - 1) & (th < T)
+            acc_h = tl.zeros((HP, D), dtype=tl.float32)
+            for k in tl.static_range(W):
+                th_in = th - (W - 1) + k  # input index; state column W + th_in holds input th_in < 0
+                xh = tl.load(X + b * sxb + th_in * sxt + c, mask=head & (th_in >= 0) & (th_in < T), other=0.0)
+                sh = tl.load(S0 + b * s0b + c * s0c + (W + th_in) * s0w, mask=head & (th_in < 0), other=0.0)
+                acc_h += (xh.to(tl.float32) + sh.to(tl.float32)) * tl.load(Wt + c * W + k).to(tl.float32)
+            _silu_norm_store(acc_h, Y, b, th, c, T, C, eps, head, NORM)
+    if STORE_ST:
+        if i_t == (T - 1) // BT:
+            for j in tl.static_range(W):  # state column j = input T − W + j
+                ts = ch * 0 + (T - W + j)  # input index as a vector: the masks below are per channel
+                xv = tl.load(X + b * sxb + ts * sxt + ch, mask=ts >= 0, other=0.0).to(tl.float32)
+                if HAS_S0:
+                    xv += tl.load(S0 + b * s0b + ch * s0c + (W + ts) * s0w, mask=ts < 0, other=0.0).to(tl.float32)
+                tl.store(ST + b * stb + ch * stc + j * stw, xv.to(ST.dtype.element_ty))
 
 
-def conv_silu_l2norm_triton(x: torch.Tensor, weight: torch.Tensor, head_dim: int, eps: float = 1e-6,
-                            cpu_block_t: int = 32) -> torch.Tensor:
-    """x (B, T, C) with unit channel stride, weight (C, W) → (B, T, C): conv from zeros, SiLU, and
-    each head's `head_dim` channels scaled to unit L2 norm (1 / sqrt(Σ a² + eps), as fla's l2norm).
-    `cpu_block_t`: the tokens per program in the interpreter (on a GPU the tuner picks)."""
+def conv_silu_triton(x: torch.Tensor, weight: torch.Tensor, head_dim: int, *, normalize: bool,
+                     initial_state: torch.Tensor | None = None, final_state: torch.Tensor | None = None,
+                     eps: float = 1e-6, cpu_block_t: int = 32) -> torch.Tensor:
+    """x (B, T, C) with unit channel stride, weight (C, W) → y (B, T, C) contiguous: the causal
+    depthwise conv from `initial_state` (B, C, W) (zeros if None; any strides), SiLU, and, if
+    `normalize`, each head's `head_dim` channels scaled to unit L2 norm (1 / sqrt(Σ y² + eps), as
+    fla's l2norm). `final_state`: a (B, C, W) tensor (any strides) that receives the last W
+    inputs. `cpu_block_t`: the tokens per program in the interpreter (on a GPU the tuner picks)."""
     B, T, C = x.shape
     W = weight.shape[-1]
     if weight.shape != (C, W) or C % head_dim or head_dim & (head_dim - 1):
-        raise ValueError(f"conv_silu_l2norm: x {tuple(x.shape)}, weight {tuple(weight.shape)}, head_dim {head_dim}: "
+        raise ValueError(f"conv_silu: x {tuple(x.shape)}, weight {tuple(weight.shape)}, head_dim {head_dim}: "
                          "need weight (C, W), C a multiple of head_dim and head_dim a power of two")
+    for name, s in (("initial_state", initial_state), ("final_state", final_state)):
+        if s is not None and (s.shape[1:] != (C, W) or s.shape[0] not in (1, B)):
+            raise ValueError(f"conv_silu: {name} {tuple(s.shape)} for x {tuple(x.shape)} and width {W}: need (B, C, W)")
+    if final_state is not None and final_state.shape[0] != B:
+        raise ValueError(f"conv_silu: final_state {tuple(final_state.shape)} needs batch {B}")
     if x.stride(-1) != 1:
         x = x.contiguous()
     weight = weight.contiguous()
     y = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
-    if B * T * C:
-        with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
-            grid = lambda meta: (triton.cdiv(T, meta["BT"]), B * (C // head_dim))  # noqa: E731
-            args = (x, weight, y, T, C, x.stride(0), x.stride(1), float(eps))
-            if x.is_cuda:
-                _conv_silu_l2norm_kernel[grid](*args, D=head_dim, W=W)
-            else:  # the interpreter cannot benchmark configs: run the first one
-                _conv_silu_l2norm_kernel.fn[grid](*args, D=head_dim, W=W, BT=cpu_block_t)
+    if B * T * C == 0:
+        return y
+    s0 = initial_state if initial_state is not None else y  # a placeholder pointer when absent
+    s0_strides = (0 if s0.shape[0] == 1 else s0.stride(0), s0.stride(1), s0.stride(2)) if initial_state is not None \
+        else (0, 0, 0)
+    st = final_state if final_state is not None else y
+    st_strides = final_state.stride() if final_state is not None else (0, 0, 0)
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+        grid = lambda meta: (triton.cdiv(T, meta["BT"]), B * (C // head_dim))  # noqa: E731
+        args = (x, weight, y, s0, st, T, C, min(triton.next_power_of_2(T), 4096), x.stride(0), x.stride(1),
+                *s0_strides, *st_strides, float(eps))
+        flags = dict(D=head_dim, W=W, HP=max(2, triton.next_power_of_2(W - 1)), NORM=normalize, HAS_S0=initial_state is not None,
+                     STORE_ST=final_state is not None)
+        if x.is_cuda:
+            _conv_kernel[grid](*args, **flags)
+        else:  # the interpreter cannot benchmark configs: run the given block
+            _conv_kernel.fn[grid](*args, **flags, BT=cpu_block_t)
     return y

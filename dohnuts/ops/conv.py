@@ -123,21 +123,29 @@ def causal_conv1d_qkv(
     """Gated DeltaNet's conv over its packed q/k/v projection: `causal_conv1d_parts` with sizes
     [q, k, v], plus whether q and k came out already L2-normalised per head of `key_head_dim`.
 
-    Fused, without autograd, from an empty history and returning no state (a batched full pass),
-    q and k take one Triton kernel each (conv + SiLU + L2 norm) and the caller skips the delta
-    rule's own normalisation (normalised = True). Everywhere else this is `causal_conv1d_parts`
-    and the delta rule normalises (normalised = False): training keeps fla's fused L2-norm
-    backward, and passes with state keep fla's conv, which reads and writes it."""
+    Fused and without autograd (every inference pass: stateless, a prefix that returns its state,
+    a suffix that starts from a forked one), each part takes one Triton kernel: conv + SiLU, plus
+    the L2 norm for q and k, reading the state through its strides (a forked state may be a
+    batch-broadcast view) and writing its channels of the (B, D, W) final state. The caller then
+    skips the delta rule's own normalisation (normalised = True). Under autograd, and on the
+    reference path, this is `causal_conv1d_parts` and the delta rule normalises (normalised =
+    False): training keeps fla's conv and fused L2-norm backward."""
     recording = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, weight, initial_state))
-    if (use_fused(x) and not recording and initial_state is None and not output_final_state
-            and len(sizes) == 3 and key_head_dim & (key_head_dim - 1) == 0):
-        from dohnuts.ops._conv_kernel import conv_silu_l2norm_triton
+    if (use_fused(x) and not recording and len(sizes) == 3 and key_head_dim & (key_head_dim - 1) == 0
+            and all(n % key_head_dim == 0 for n in sizes)):
+        from dohnuts.ops._conv_kernel import conv_silu_triton
 
-        nq, nk, nv = sizes
-        q = conv_silu_l2norm_triton(x[..., :nq], weight[:nq], key_head_dim)
-        k = conv_silu_l2norm_triton(x[..., nq:nq + nk], weight[nq:nq + nk], key_head_dim)
-        v, _ = causal_conv1d_fused(x[..., nq + nk:nq + nk + nv], weight[nq + nk:nq + nk + nv])
-        return (q, k, v), None, True
+        B, _, D = x.shape
+        final = x.new_empty(B, D, weight.shape[-1]) if output_final_state else None
+        outs, start = [], 0
+        for i, n in enumerate(sizes):
+            part = slice(start, start + n)
+            outs.append(conv_silu_triton(
+                x[..., part], weight[part], key_head_dim, normalize=i < 2,
+                initial_state=None if initial_state is None else initial_state[:, part],
+                final_state=None if final is None else final[:, part]))
+            start += n
+        return tuple(outs), final, True
     parts, state = causal_conv1d_parts(x, weight, sizes, initial_state, output_final_state)
     return parts, state, False
