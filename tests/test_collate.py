@@ -47,3 +47,21 @@ def test_rewards_only_when_every_question_has_them():
 
     with pytest.raises(RequestError, match="training needs"):
         collate(_plan(rewards=((1.0, 0.0), None)), pad_id=PAD, train=True)
+
+
+def test_the_common_prefix_is_counted_once_and_right():
+    """The work record's common prefix: 3 tokens by hand (1, 2, 3), computed by collate when the
+    plan does not carry it, taken from the plan when it does (the planner computes it once)."""
+    from dataclasses import replace
+
+    from dohnuts.config import preset
+    from dohnuts.runtime.plan import plan_request
+    from dohnuts.runtime.tokenizer import ByteTokenizer
+
+    assert collate(_plan(), pad_id=PAD).work.common_prefix_len == 3
+    assert collate(replace(_plan(), common_prefix_len=2), pad_id=PAD).work.common_prefix_len == 2
+    tok = ByteTokenizer(preset("tiny"))
+    req = Request("r", (Question("a", "same start, then a", ("x",)), Question("b", "same start, then b", ("x",))))
+    plan = plan_request(req, tok, max_len=512, min_shared=1)
+    head = len(tok.encode("Question: same start, then "))
+    assert plan.common_prefix_len == head

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from dohnuts.model.inputs import ScoreInputs
-from dohnuts.runtime.plan import RequestPlan, longest_common_prefix
+from dohnuts.runtime.plan import RequestPlan
 from dohnuts.runtime.work import WorkCounts
 
 
@@ -127,7 +127,7 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
     work = WorkCounts(
         sequences=B, seq_lens=tuple(plan.lengths), padded_len=L, padded_rows=B_pass - B, prefix_len=P,
         candidates=len(flat),
-        image_tokens=plan.image_tokens, train=train, common_prefix_len=longest_common_prefix(plan.sequences),
+        image_tokens=plan.image_tokens, train=train, common_prefix_len=plan.common_prefix(),
     )
     return HostBatch(plan=plan, tensors=batch, work=work, image=image)
 

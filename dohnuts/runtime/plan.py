@@ -33,6 +33,11 @@ class RequestPlan:
     image_tokens: int = 0  # placeholder tokens at positions 1..image_tokens (after vision_start)
     image_grid: tuple[int, int, int] | None = None  # (t, h, w) patch grid of the image
     prefix_len: int = 0  # tokens computed once and forked (0 = single batched pass)
+    common_prefix_len: int | None = None  # tokens all sequences share (None: not computed yet)
+
+    def common_prefix(self) -> int:
+        """The longest common prefix of the sequences (the planner's, or computed here)."""
+        return longest_common_prefix(self.sequences) if self.common_prefix_len is None else self.common_prefix_len
 
     @property
     def lengths(self) -> list[int]:
@@ -61,13 +66,13 @@ def longest_common_prefix(seqs: tuple[tuple[int, ...], ...]) -> int:
 
 
 def shared_prefix_split(plan_seqs, score_positions, *, align: int = PREFIX_ALIGN,
-                        min_shared: int = MIN_SHARED_PREFIX) -> int:
-    """Split point P: ≤ the longest common prefix, ≤ every first candidate position (all scored
-    positions stay in the suffix, and every suffix is non-empty), aligned down to `align`;
-    0 when there is one question or P < `min_shared`."""
+                        min_shared: int = MIN_SHARED_PREFIX, common: int | None = None) -> int:
+    """Split point P: ≤ the longest common prefix (`common`, computed if None), ≤ every first
+    candidate position (all scored positions stay in the suffix, and every suffix is non-empty),
+    aligned down to `align`; 0 when there is one question or P < `min_shared`."""
     if len(plan_seqs) < 2:
         return 0
-    p = longest_common_prefix(plan_seqs)
+    p = longest_common_prefix(plan_seqs) if common is None else common
     p = min(p, min(pos[0] for pos in score_positions))
     p -= p % align
     return p if p >= min_shared else 0
@@ -109,5 +114,6 @@ def plan_request(req: Request, tokenizer, *, max_len: int, image_tokens: int = 0
         seqs.append(tuple(ids))
         positions.append(tuple(pos))
     seqs_t, pos_t = tuple(seqs), tuple(positions)
-    prefix = shared_prefix_split(seqs_t, pos_t, min_shared=min_shared) if share_prefix else 0
-    return RequestPlan(req, seqs_t, pos_t, image_tokens, image_grid, prefix)
+    common = longest_common_prefix(seqs_t)  # once: the split and the work records both need it
+    prefix = shared_prefix_split(seqs_t, pos_t, min_shared=min_shared, common=common) if share_prefix else 0
+    return RequestPlan(req, seqs_t, pos_t, image_tokens, image_grid, prefix, common)
