@@ -45,7 +45,7 @@ class LinearAttentionState:
         # (`ops.copy4d`), and the conv history stays a batch-broadcast view: the inference conv
         # kernel reads it through its strides (dohnuts.ops._conv_kernel); other paths copy it.
         conv, rec = self.conv.expand(n, -1, -1), self.recurrent
-        if torch.is_grad_enabled() and (self.conv.requires_grad or rec.requires_grad):
+        if ops.recording(self.conv, rec):
             return LinearAttentionState(conv.contiguous(), rec.expand(n, -1, -1, -1).contiguous())
         return LinearAttentionState(conv, ops.copy4d(rec.new_empty(n, *rec.shape[1:]), rec))
 

@@ -132,7 +132,7 @@ def _append_kv(past: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     keys are a batch-broadcast view (stride 0), which torch.cat's kernel reads at ≈ 1 TB/s on the
     H200 (44 µs a layer for 32 × 448 keys, 2026-11-30 profile); `ops.copy4d` reads it once, with
     vectorised tiles on the GPU."""
-    if torch.is_grad_enabled() and (past.requires_grad or new.requires_grad):
+    if ops.recording(past, new):
         return torch.cat([past, new], dim=2)
     B, H, P, D = past.shape
     out = torch.empty(B, H, P + new.shape[2], D, dtype=new.dtype, device=new.device)

@@ -6,7 +6,7 @@ same signature; the un-suffixed function picks by device. Tests compare the two,
 benchmarks); nothing in the runtime switches paths.
 """
 
-from dohnuts.ops._dispatch import reference
+from dohnuts.ops._dispatch import recording, reference
 from dohnuts.ops.activation import swiglu, swiglu_packed
 from dohnuts.ops.attention import causal_attention, gated_output
 from dohnuts.ops.copy import copy4d
@@ -17,4 +17,4 @@ from dohnuts.ops.rope import apply_rotary, norm_rope
 
 __all__ = ["add_rms_norm", "apply_rotary", "causal_attention", "causal_conv1d", "causal_conv1d_parts",
            "causal_conv1d_qkv", "copy4d", "gated_delta_rule", "gated_delta_rule_from_logits", "gated_output", "gated_rms_norm",
-           "norm_rope", "reference", "rms_norm", "swiglu", "swiglu_packed"]
+           "norm_rope", "recording", "reference", "rms_norm", "swiglu", "swiglu_packed"]

@@ -27,8 +27,10 @@ import triton
 import triton.language as tl
 
 # Tokens per program and warps, tuned per (channels, head dim, width, flags, length bucket) on the
-# first call of each (an eager pass, before any CUDA-graph capture). A fixed 32 tokens / 4 warps
-# ran at 1.4 TB/s on the H200, no faster than fla's conv plus its L2 norm (2026-11-30 profile).
+# first call of each (an eager pass, before any CUDA-graph capture); the choice is kept in Triton's
+# cache directory (`cache_results`, as fla does), so a later process on the machine skips tuning.
+# A fixed 32 tokens / 4 warps ran at 1.4 TB/s on the H200, no faster than fla's conv plus its L2
+# norm (2026-11-30 profile).
 _CONFIGS = [triton.Config({"BT": bt}, num_warps=w) for bt, w in ((32, 4), (64, 4), (64, 8), (128, 8), (128, 16))]
 
 
@@ -40,7 +42,7 @@ def _silu_norm_store(acc, Y, b, t, c, T, C, eps, mask, NORM: tl.constexpr):
     tl.store(Y + b * T * C + t * C + c, y.to(Y.dtype.element_ty), mask=mask)
 
 
-@triton.autotune(configs=_CONFIGS, key=["C", "D", "W", "T_BUCKET", "NORM", "HAS_S0", "STORE_ST"])
+@triton.autotune(configs=_CONFIGS, key=["C", "D", "W", "T_BUCKET", "NORM", "HAS_S0", "STORE_ST"], cache_results=True)
 @triton.jit
 def _conv_kernel(X, Wt, Y, S0, ST, T, C, T_BUCKET, sxb, sxt, s0b, s0c, s0w, stb, stc, stw, eps,
                  D: tl.constexpr, W: tl.constexpr, HP: tl.constexpr, NORM: tl.constexpr,

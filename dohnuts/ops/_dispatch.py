@@ -33,3 +33,9 @@ def reference() -> Iterator[None]:
 
 def use_fused(x: torch.Tensor) -> bool:
     return x.is_cuda and not _REFERENCE.get()
+
+
+def recording(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd records an op on these tensors (None entries ignored). The inference-only
+    kernels (no backward) run only where it does not; training keeps the differentiable paths."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)

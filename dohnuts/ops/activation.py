@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dohnuts.ops._dispatch import use_fused
+from dohnuts.ops._dispatch import recording, use_fused
 
 
 def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -35,7 +35,7 @@ def swiglu_packed_reference(gu: torch.Tensor) -> torch.Tensor:
 
 def swiglu_packed_fused(gu: torch.Tensor) -> torch.Tensor:
     gate, up = _halves(gu)
-    if torch.is_grad_enabled() and gu.requires_grad:
+    if recording(gu):
         # Training through a packed MLP (frozen gate/up, adapters elsewhere): fla's autograd op,
         # which also reads the two strided halves in place.
         return swiglu_fused(gate, up)

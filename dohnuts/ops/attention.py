@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from dohnuts.ops._dispatch import use_fused
+from dohnuts.ops._dispatch import recording, use_fused
 
 
 def _suffix_causal_mask(tq: int, tk: int, device: torch.device) -> torch.Tensor:
@@ -59,7 +59,7 @@ def gated_output_reference(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
 
 
 def gated_output_fused(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    if torch.is_grad_enabled() and (o.requires_grad or gate.requires_grad):
+    if recording(o, gate):
         return gated_output_reference(o, gate)
     from dohnuts.ops._gate_kernel import gated_output_triton
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dohnuts.ops._dispatch import use_fused
+from dohnuts.ops._dispatch import recording, use_fused
 
 
 def causal_conv1d_reference(
@@ -78,9 +78,7 @@ def causal_conv1d_parts_fused(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
 ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
-    recording = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, weight, initial_state))
-    if recording:  # training keeps its one conv (and its backward) exactly as before
+    if recording(x, weight, initial_state):  # training keeps its one conv (and its backward) exactly as before
         y, final = causal_conv1d_fused(x, weight, initial_state, output_final_state)
         return y.split(sizes, dim=-1), final
     outs, finals, start = [], [], 0
@@ -130,10 +128,8 @@ def causal_conv1d_qkv(
     skips the delta rule's own normalisation (normalised = True). Under autograd, and on the
     reference path, this is `causal_conv1d_parts` and the delta rule normalises (normalised =
     False): training keeps fla's conv and fused L2-norm backward."""
-    recording = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, weight, initial_state))
-    if (use_fused(x) and not recording and len(sizes) == 3 and key_head_dim & (key_head_dim - 1) == 0
-            and all(n % key_head_dim == 0 for n in sizes)):
+    if (use_fused(x) and not recording(x, weight, initial_state) and len(sizes) == 3
+            and key_head_dim & (key_head_dim - 1) == 0 and all(n % key_head_dim == 0 for n in sizes)):
         from dohnuts.ops._conv_kernel import conv_silu_triton
 
         B, _, D = x.shape

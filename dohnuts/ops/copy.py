@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from dohnuts.ops._dispatch import use_fused
+from dohnuts.ops._dispatch import recording, use_fused
 
 
 def copy4d(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """dst[...] = src; dst (B, H, R, C), src (B or 1, H, R, C) or a view broadcast to it. Returns dst."""
-    recording = torch.is_grad_enabled() and (src.requires_grad or dst.requires_grad)
-    if use_fused(dst) and not recording and dst.dim() == 4 and dst.stride(-1) == 1 and src.stride(-1) == 1:
+    if use_fused(dst) and not recording(src, dst) and dst.dim() == 4 and dst.stride(-1) == 1 and src.stride(-1) == 1:
         from dohnuts.ops._copy_kernel import copy4d_triton
 
         if src.shape[0] != 1 and src.stride(0) == 0:  # an expanded view: read its one batch row

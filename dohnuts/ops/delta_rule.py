@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dohnuts.ops._dispatch import use_fused
+from dohnuts.ops._dispatch import recording, use_fused
 
 CHUNK = 64
 
@@ -108,7 +108,7 @@ def gated_delta_rule_fused(q, k, v, g, beta, scale=None, initial_state=None, out
                            use_qk_l2norm=True):
     from dohnuts.ops._fla import allow_hopper_backward_for_bk128, fla, hopper_backward_hazard
 
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, g, beta))
+    needs_grad = recording(q, k, v, g, beta)
     if needs_grad and hopper_backward_hazard():
         K = q.shape[-1]
         if 1 << (K - 1).bit_length() < 128:  # fla picks BK = min(next_pow2(K), 128) on Hopper
@@ -151,8 +151,7 @@ def gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=No
     kernel (`use_gate_in_kernel`, `use_beta_sigmoid_in_kernel`) — about six fewer kernels a layer
     than the torch gates (casts, add, softplus, exp, negation, product, sigmoid). With autograd,
     and on the reference path, the gates are computed in torch and passed on."""
-    if use_fused(q) and not (torch.is_grad_enabled()
-                             and any(t.requires_grad for t in (q, k, v, a, b, A_log, dt_bias))):
+    if use_fused(q) and not recording(q, k, v, a, b, A_log, dt_bias):
         from dohnuts.ops._fla import fla
 
         if initial_state is not None:

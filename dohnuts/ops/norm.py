@@ -14,16 +14,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dohnuts.ops._dispatch import use_fused
+from dohnuts.ops._dispatch import recording, use_fused
 
 
 def _scale(weight: torch.Tensor, offset: float) -> torch.Tensor:
     w = weight.float()
     return w + offset if offset else w
-
-
-def _needs_grad(*xs: torch.Tensor) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in xs)
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
@@ -33,7 +29,7 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, weight
 
 
 def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
-    if not _needs_grad(x, weight):
+    if not recording(x, weight):
         from dohnuts.ops._norm_kernels import rms_norm_triton
 
         return rms_norm_triton(x, weight, eps, weight_offset)
@@ -58,7 +54,7 @@ def add_rms_norm_fused(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
                        eps: float, weight_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     # One kernel reads x and the residual once, writes the sum (in the residual's dtype) and the
     # normalised sum; the norm is taken of the unrounded FP32 sum (≤ 1 BF16 ulp from the reference).
-    if not _needs_grad(x, residual, weight):
+    if not recording(x, residual, weight):
         from dohnuts.ops._norm_kernels import rms_norm_triton
 
         return rms_norm_triton(x, weight, eps, weight_offset, residual=residual)

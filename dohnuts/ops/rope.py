@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from dohnuts.ops._dispatch import use_fused
+from dohnuts.ops._dispatch import recording, use_fused
 from dohnuts.ops.norm import rms_norm
 
 
@@ -35,7 +35,7 @@ def norm_rope_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, weigh
 
 def norm_rope_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float,
                     cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, weight, cos, sin)):
+    if recording(x, weight, cos, sin):
         return norm_rope_reference(x, weight, eps, weight_offset, cos, sin)  # fla norm + torch rotation
     from dohnuts.ops._norm_kernels import norm_rope_triton
 
