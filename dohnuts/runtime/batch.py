@@ -8,6 +8,8 @@ causal) and is counted in `WorkCounts`.
 
 from __future__ import annotations
 
+import itertools
+
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
@@ -88,11 +90,13 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
         B_pass, L = shape
     else:
         B_pass = B
-    # Rows written into one padded array (numpy converts a list of ints ~4× faster than
-    # torch.tensor on nested lists: 0.18 vs 0.67 ms for 32 × 512 tokens), then shared with torch.
+    # Rows written into one padded array in three numpy calls (one conversion of all tokens, then a
+    # row-major masked assignment) instead of one per row, then shared with torch (numpy converts
+    # ints ~4× faster than torch.tensor on nested lists: 0.18 vs 0.67 ms for 32 × 512 tokens).
     ids_np = np.full((B_pass, L), pad_id, dtype=np.int64)
-    for i, r in enumerate(rows):
-        ids_np[i, : len(r)] = r
+    lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=B)
+    ids_np[:B][np.arange(L) < lens[:, None]] = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64,
+                                                            count=int(lens.sum()))
     ids = torch.from_numpy(ids_np)
 
     # Candidate table built as lists, then one tensor (an element-wise tensor assignment costs
