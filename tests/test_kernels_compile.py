@@ -23,14 +23,18 @@ POINTERS = {"X", "Wt", "Y", "S0", "ST", "SRC", "DST", "W", "RO", "COS", "SIN", "
 FLOATS = {"eps", "offset"}
 
 
-def _compile(kernel, constexprs: dict, pointers: frozenset = frozenset(), pointer_dtype: str = "*bf16",
+def _compile(kernel, constexprs: dict, pointers=frozenset(), pointer_dtype: str = "*bf16",
              floats_as: str = "fp32"):
+    """`pointers`: more argument names that are pointers (of `pointer_dtype`), or a dict name → type."""
+    typed = pointers if isinstance(pointers, dict) else dict.fromkeys(pointers, pointer_dtype)
     fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel  # unwrap the tuner
     sig = {}
     for name in fn.arg_names:
         if name in constexprs:
             sig[name] = "constexpr"
-        elif name in POINTERS | pointers:
+        elif name in typed:
+            sig[name] = typed[name]
+        elif name in POINTERS:
             sig[name] = pointer_dtype
         elif name in FLOATS:
             sig[name] = floats_as
@@ -68,6 +72,17 @@ def test_norm_gate_swiglu_and_copy_kernels_compile():
     _compile(swiglu_packed_kernel, dict(BLOCK=BLOCK))
     _compile(_copy4d_kernel, dict(BR=16, BC=256))
     _compile(_copy4d_kernel, dict(BR=32, BC=128), pointer_dtype="*fp32")
+
+
+def test_delta_h_kernel_compiles():
+    from dohnuts.ops._delta_h_kernel import _CONFIGS, _delta_h_kernel
+
+    ptr = dict.fromkeys(("k", "v", "w", "v_new", "h"), "*bf16") | dict.fromkeys(("g", "h0", "ht"), "*fp32")
+    for bv in sorted({c.kwargs["BV"] for c in _CONFIGS}):
+        for s0, st in ((True, False), (False, True), (True, True)):
+            flags = dict(H=16, HV=16, K=128, V=128, BT=64, BV=bv, USE_INITIAL_STATE=s0, STORE_FINAL_STATE=st)
+            kernel = _compile(_delta_h_kernel, flags, pointers=ptr)
+            assert kernel.metadata.name == "_delta_h_kernel"
 
 
 def test_the_compile_check_catches_a_shape_redefined_in_a_branch():

@@ -263,6 +263,40 @@ for dtype in (torch.float32, torch.bfloat16):
     rows = torch.randn(5, 6, 3, 24, generator=g).to(dtype).transpose(1, 2)  # (5, 3, 6, 24), strided rows
     copy4d_triton(wide[:, :, 37:], rows)
     assert torch.equal(wide[:, :, 37:], rows), "copy4d strided rows"
+# The chunk-state recurrence of the delta rule (fla's algorithm, one change: the initial state's
+# batch stride) against the recurrence written in torch: 2 chunks (the second partial), grouped
+# value heads, K and V that are not multiples of the blocks, a dense and a forked (stride 0) state.
+from dohnuts.ops._delta_h_kernel import delta_h_triton
+
+def _delta_h_torch(k, w, u, g, s0, BT=64):
+    N, T, H, K = k.shape
+    HV, V = u.shape[2:]
+    kk = k.repeat_interleave(HV // H, dim=2)
+    S = torch.zeros(N, HV, K, V) if s0 is None else s0.expand(N, -1, -1, -1).clone()
+    hs, vn = [], torch.empty_like(u)
+    for c in range(-(-T // BT)):
+        sl = slice(c * BT, min((c + 1) * BT, T))
+        hs.append(S.clone())
+        vnew = u[:, sl].permute(0, 2, 1, 3) - w[:, sl].permute(0, 2, 1, 3) @ S  # (N, HV, t, V)
+        vn[:, sl] = vnew.permute(0, 2, 1, 3)
+        gc = g[:, sl].permute(0, 2, 1)  # (N, HV, t), log2, cumulated within the chunk
+        glast = gc[..., -1:]
+        S = S * torch.exp2(glast)[..., None] + kk[:, sl].permute(0, 2, 3, 1) @ (vnew * torch.exp2(glast - gc)[..., None])
+    return torch.stack(hs, 1), vn, S
+
+N, T, H, HV, K, V = 3, 100, 2, 4, 96, 48
+kd = torch.randn(N, T, H, K, generator=g) / K ** 0.5
+wd = torch.randn(N, T, HV, K, generator=g) / K ** 0.5
+ud = torch.randn(N, T, HV, V, generator=g)
+gd = torch.cat([(-torch.rand(N, 64, HV, generator=g)).cumsum(1),  # log2 gates, cumulated per 64-token chunk
+                (-torch.rand(N, T - 64, HV, generator=g)).cumsum(1)], 1)
+one = torch.randn(1, HV, K, V, generator=g)
+for s0 in (None, torch.randn(N, HV, K, V, generator=g), one.expand(N, -1, -1, -1), one):
+    want = _delta_h_torch(kd, wd, ud, gd, s0)
+    got = delta_h_triton(kd, wd, ud, gd, s0, True, cpu_block_v=32)
+    for name, a_, b_ in zip(("h", "v_new", "final"), got, want):
+        assert a_.shape == b_.shape and (a_ - b_).abs().max() < 1e-4, ("delta_h", name, (a_ - b_).abs().max())
+assert delta_h_triton(kd, wd, ud, gd, one, False, cpu_block_v=32)[2] is None
 try:
     conv_silu_triton(xc, wc, Dc, normalize=True, initial_state=torch.zeros(Bc, Cc, Wc - 1))
 except ValueError as e:

@@ -481,6 +481,38 @@ def test_gated_delta_rule_gates_in_kernel(with_state):
     assert relative_error(o.float(), o_ref) < BF16_TOL and relative_error(s, s_ref) < BF16_TOL
 
 
+
+def test_inference_delta_rule_reads_a_forked_state_as_fla_does_dense():
+    """The inference delta rule (fla's forward steps, dohnuts' state kernel with a batch stride)
+    from a forked state — an expanded view of one state, never copied — equals fla's own
+    chunk_gated_delta_rule on the dense copies (same kernels elsewhere: to BF16 rounding of the
+    autotuned blocks), and the FP32 reference; 2b head sizes, 32 branches of 64 tokens."""
+    from dohnuts.ops._fla import fla
+    from dohnuts.ops.delta_rule import gated_delta_rule_from_logits, gated_delta_rule_reference, gdn_gates_reference
+
+    g = torch.Generator(device=DEV).manual_seed(59)
+    B, T, H, HV, K, V = 32, 64, 16, 16, 128, 128
+    q = torch.randn(B, T, H, K, device=DEV, generator=g).bfloat16()
+    k = torch.randn(B, T, H, K, device=DEV, generator=g).bfloat16()
+    v = torch.randn(B, T, HV, V, device=DEV, generator=g).bfloat16()
+    a = torch.randn(B, T, HV, device=DEV, generator=g).bfloat16()
+    b = torch.randn(B, T, HV, device=DEV, generator=g).bfloat16()
+    A_log = torch.empty(HV, device=DEV).uniform_(1, 16, generator=g).log().bfloat16()
+    dt_bias = torch.randn(HV, device=DEV, generator=g).bfloat16()
+    one = torch.randn(1, HV, K, V, device=DEV, generator=g) * 0.1
+    forked = one.expand(B, -1, -1, -1)
+    with torch.no_grad():
+        o, s = gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=forked,
+                                            output_final_state=True)
+        o_fla, s_fla = fla().chunk_gated_delta_rule(
+            q, k, v, a, b, initial_state=forked.contiguous(), output_final_state=True, use_qk_l2norm_in_kernel=True,
+            use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True)
+    assert relative_error(o.float(), o_fla.float()) < 1e-3 and relative_error(s, s_fla) < 1e-3
+    gf, bf = gdn_gates_reference(a.float(), b.float(), A_log, dt_bias)
+    o_ref, s_ref = gated_delta_rule_reference(q.float(), k.float(), v.float(), gf, bf, initial_state=forked,
+                                              output_final_state=True)
+    assert relative_error(o.float(), o_ref) < BF16_TOL and relative_error(s, s_ref) < BF16_TOL
+
 def test_conv_qkv_normalises_q_and_k_in_every_inference_pass():
     """Every inference pass (stateless; a prefix returning its state; a suffix from a per-row or a
     forked, batch-broadcast state): q and k from one conv + SiLU + L2-norm kernel each equal the
@@ -516,8 +548,9 @@ def test_conv_qkv_normalises_q_and_k_in_every_inference_pass():
 
 
 def test_fork_and_kv_append_copies_are_exact():
-    """The broadcast-copy kernel behind the fork of a recurrent state and the append of a forked
-    prefix's keys/values (2b sizes): exactly torch's copies, dense where fla needs it dense."""
+    """Outside autograd a fork is views (no copies: the conv and delta-rule kernels read strides);
+    the broadcast-copy kernel behind the append of a forked prefix's keys/values (2b sizes) and a
+    dense copy of a recurrent state are exactly torch's copies."""
     from dohnuts.model.state import LinearAttentionState
     from dohnuts.ops.copy import copy4d
 
@@ -526,8 +559,10 @@ def test_fork_and_kv_append_copies_are_exact():
     conv = torch.randn(1, 6144, 4, device=DEV, generator=g).bfloat16()
     with torch.no_grad():
         f = LinearAttentionState(conv, rec).fork(32)
-    assert f.recurrent.is_contiguous() and torch.equal(f.recurrent, rec.expand(32, -1, -1, -1))
-    assert torch.equal(f.conv, conv.expand(32, -1, -1))
+        dense = copy4d(torch.empty(32, 16, 128, 128, device=DEV), f.recurrent)
+    assert f.recurrent.stride(0) == 0 and f.conv.stride(0) == 0  # views of the one prefix state
+    assert torch.equal(f.recurrent, rec.expand(32, -1, -1, -1)) and torch.equal(f.conv, conv.expand(32, -1, -1))
+    assert torch.equal(dense, rec.expand(32, -1, -1, -1))
     past = torch.randn(1, 2, 448, 256, device=DEV, generator=g).bfloat16().expand(32, -1, -1, -1)
     new = torch.randn(32, 64, 2, 256, device=DEV, generator=g).bfloat16().transpose(1, 2)  # values' layout
     out = torch.full((32, 2, 512, 256), float("nan"), device=DEV, dtype=torch.bfloat16)

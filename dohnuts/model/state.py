@@ -39,15 +39,15 @@ class LinearAttentionState:
     recurrent: torch.Tensor
 
     def fork(self, n: int) -> LinearAttentionState:
-        # fla's delta rule indexes the recurrent state densely, so the branches get real copies;
-        # under autograd `expand` + `contiguous` keeps the edge to the prefix (gradients of all
-        # branches add up). Outside autograd the copies are one broadcast-copy kernel on the GPU
-        # (`ops.copy4d`), and the conv history stays a batch-broadcast view: the inference conv
-        # kernel reads it through its strides (dohnuts.ops._conv_kernel); other paths copy it.
-        conv, rec = self.conv.expand(n, -1, -1), self.recurrent
-        if ops.recording(self.conv, rec):
-            return LinearAttentionState(conv.contiguous(), rec.expand(n, -1, -1, -1).contiguous())
-        return LinearAttentionState(conv, ops.copy4d(rec.new_empty(n, *rec.shape[1:]), rec))
+        # Outside autograd both stay batch-broadcast views: the inference conv kernel and the
+        # inference delta rule read them through their strides (dohnuts.ops._conv_kernel,
+        # _delta_h_kernel); other paths copy what they need dense. Under autograd the branches get
+        # real copies: `expand` + `contiguous` keeps the edge to the prefix (gradients of all
+        # branches add up), and fla's training kernels index the state densely.
+        conv, rec = self.conv.expand(n, -1, -1), self.recurrent.expand(n, -1, -1, -1)
+        if ops.recording(self.conv, self.recurrent):
+            return LinearAttentionState(conv.contiguous(), rec.contiguous())
+        return LinearAttentionState(conv, rec)
 
 
 LayerState = KVState | LinearAttentionState

@@ -147,19 +147,38 @@ def gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=No
     """`gated_delta_rule` with the gates still raw: a, b (B, T, HV) are the projections that
     `gdn_gates_reference` turns into g and beta; A_log, dt_bias (HV,).
 
-    Fused, without autograd: fla computes the decay inside its chunk cumsum and the sigmoid in one
-    kernel (`use_gate_in_kernel`, `use_beta_sigmoid_in_kernel`) — about six fewer kernels a layer
-    than the torch gates (casts, add, softplus, exp, negation, product, sigmoid). With autograd,
-    and on the reference path, the gates are computed in torch and passed on."""
-    if use_fused(q) and not recording(q, k, v, a, b, A_log, dt_bias):
-        from dohnuts.ops._fla import fla
-
-        if initial_state is not None:
-            initial_state = initial_state.float().contiguous()
-        return fla().chunk_gated_delta_rule(
-            q, k, v, a, b, initial_state=initial_state, output_final_state=output_final_state,
-            use_qk_l2norm_in_kernel=use_qk_l2norm, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
-            use_beta_sigmoid_in_kernel=True,
-        )
+    Fused, without autograd: `_inference_fused` — fla's forward steps with the decay computed
+    inside its chunk cumsum and the sigmoid in one kernel (about six fewer kernels a layer than the
+    torch gates), and a state kernel that reads a forked initial state without copies. With
+    autograd, and on the reference path, the gates are computed in torch and passed on."""
+    if use_fused(q) and not recording(q, k, v, a, b, A_log, dt_bias, initial_state):
+        return _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state, use_qk_l2norm)
     g, beta = gdn_gates_reference(a, b, A_log, dt_bias)
     return gated_delta_rule(q, k, v, g, beta, None, initial_state, output_final_state, use_qk_l2norm)
+
+
+def _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state, use_qk_l2norm):
+    """fla's `chunk_gated_delta_rule` forward (`use_gate_in_kernel`, `use_beta_sigmoid_in_kernel`),
+    step by step, without its autograd wrapper, and with the chunk-state step replaced by
+    dohnuts.ops._delta_h_kernel, which reads the initial state through a batch stride: a forked
+    prefix state (an expanded view of one (1, HV, K, V) state) is never copied per branch (fla
+    indexes the state densely; the copies took 0.45 ms a 2b suffix pass, 2026-11-30 profile). The
+    numbers are fla's: the same kernels in the same order on the same inputs."""
+    from dohnuts.ops._delta_h_kernel import delta_h_triton
+    from dohnuts.ops._fla import fla
+
+    f = fla()
+    with torch.cuda.device(q.device):
+        q, k, v = (t.contiguous() for t in (q, k, v))  # fla's input guard did the same
+        if use_qk_l2norm:
+            q, k = f.l2norm_fwd(q)[0], f.l2norm_fwd(k)[0]
+        beta = f.fused_beta_sigmoid_fwd(b.contiguous())
+        g = f.gdn_gate_chunk_cumsum(a.contiguous(), A_log, chunk_size=CHUNK, scale=f.RCP_LN2, dt_bias=dt_bias)
+        w, u, _ = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=CHUNK)
+        if initial_state is not None:
+            initial_state = initial_state.float()
+            if not initial_state[0].is_contiguous():
+                initial_state = initial_state.contiguous()
+        h, v_new, final = delta_h_triton(k, w, u, g, initial_state, output_final_state, chunk_size=CHUNK)
+        o = f.chunk_fwd_o(q=q, k=k, v=v_new, h=h, g=g, scale=k.shape[-1] ** -0.5, chunk_size=CHUNK)
+    return o.to(q.dtype), final

@@ -1,0 +1,203 @@
+"""Triton kernel: the chunk-state recurrence of the gated delta rule, with a forked initial state.
+
+Derived from fla 0.6.0's `chunk_gated_delta_rule_fwd_kernel_h_blockdim64`
+(fla/ops/common/chunk_delta_h.py, MIT licence, © Songlin Yang, Yu Zhang, Zhiyuan Li and
+contributors), trimmed to what Qwen3.5's inference passes use — scalar log2 gates per head, the
+state in (K, V) order, equal-length sequences, K ≤ 256 in blocks of 64 — with ONE change: the
+initial state is read through a batch stride. fla indexes it densely (sequence n at n·HV·K·V),
+so a shared prefix's state had to be copied once per branch before the suffix pass (32 MiB a
+layer for 32 branches of a 2b model); here the branches read one state (stride 0) from L2.
+
+Per (sequence, value head, V block), over chunks t of BT tokens (fla's algorithm):
+    h[t] = S;  v_new = u − w·S;  S = S·2^(g_last) + kᵀ·(v_new · 2^(g_last − g))
+storing h[t] (read by fla's output kernel), v_new and optionally the final S.
+
+No autograd (inference only); dohnuts.ops.delta_rule uses it only there. CPU tensors run in
+Triton's interpreter (the CPU tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+# fla's tuning space for this kernel on Hopper (num_warps 2/4, stages 2–4, BV 32/64).
+_CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=s) for w in (2, 4) for s in (2, 3, 4) for bv in (32, 64)]
+
+
+@triton.jit
+def _h_block(h, i_k: tl.constexpr, K, V, o_v, m_v):
+    """Pointers and mask of rows i_k·64 .. i_k·64 + 63 of a (K, V) state, columns o_v."""
+    o_k = i_k * 64 + tl.arange(0, 64)
+    return h + o_k[:, None] * V + o_v[None, :], (o_k[:, None] < K) & m_v[None, :]
+
+
+@triton.jit
+def _delta_h_kernel(k, v, w, v_new, g, h, h0, ht, T, s0n, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                    V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, USE_INITIAL_STATE: tl.constexpr,
+                    STORE_FINAL_STATE: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    NV = tl.cdiv(V, BV)
+    i_v, i_nh = pid % NV, pid // NV
+    i_n, i_h = i_nh // HV, i_nh % HV
+    bos = i_n * T
+    NT = tl.cdiv(T, BT)
+
+    b_h1 = tl.zeros([64, BV], dtype=tl.float32)
+    if K > 64:
+        b_h2 = tl.zeros([64, BV], dtype=tl.float32)
+    if K > 128:
+        b_h3 = tl.zeros([64, BV], dtype=tl.float32)
+    if K > 192:
+        b_h4 = tl.zeros([64, BV], dtype=tl.float32)
+
+    h += (i_n * NT * HV + i_h).to(tl.int64) * K * V
+    v += (bos * HV + i_h).to(tl.int64) * V
+    k += (bos * H + i_h // (HV // H)).to(tl.int64) * K
+    w += (bos * HV + i_h).to(tl.int64) * K
+    v_new += (bos * HV + i_h).to(tl.int64) * V
+
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    if USE_INITIAL_STATE:
+        s0 = h0 + i_n * s0n + i_h * K * V  # the one change from fla: s0n may be 0 (a forked state)
+        p0, m0 = _h_block(s0, 0, K, V, o_v, m_v)
+        b_h1 += tl.load(p0, mask=m0, other=0.0).to(tl.float32)
+        if K > 64:
+            p0, m0 = _h_block(s0, 1, K, V, o_v, m_v)
+            b_h2 += tl.load(p0, mask=m0, other=0.0).to(tl.float32)
+        if K > 128:
+            p0, m0 = _h_block(s0, 2, K, V, o_v, m_v)
+            b_h3 += tl.load(p0, mask=m0, other=0.0).to(tl.float32)
+        if K > 192:
+            p0, m0 = _h_block(s0, 3, K, V, o_v, m_v)
+            b_h4 += tl.load(p0, mask=m0, other=0.0).to(tl.float32)
+
+    o_k1 = tl.arange(0, 64)
+    for i_t in range(NT):
+        i_t64 = tl.zeros([], dtype=tl.int64) + i_t  # int64 (and a tensor in the interpreter)
+        o_t = i_t64 * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        ht_t = h + i_t64 * HV * K * V
+        ph, mh = _h_block(ht_t, 0, K, V, o_v, m_v)
+        tl.store(ph, b_h1.to(ph.dtype.element_ty), mask=mh)
+        if K > 64:
+            ph, mh = _h_block(ht_t, 1, K, V, o_v, m_v)
+            tl.store(ph, b_h2.to(ph.dtype.element_ty), mask=mh)
+        if K > 128:
+            ph, mh = _h_block(ht_t, 2, K, V, o_v, m_v)
+            tl.store(ph, b_h3.to(ph.dtype.element_ty), mask=mh)
+        if K > 192:
+            ph, mh = _h_block(ht_t, 3, K, V, o_v, m_v)
+            tl.store(ph, b_h4.to(ph.dtype.element_ty), mask=mh)
+
+        # v_new = u − w·S, by 64-row blocks of K
+        b_w = tl.load(w + o_t[:, None] * (HV * K) + o_k1[None, :], mask=m_t[:, None] & (o_k1[None, :] < K), other=0.0)
+        b_v = tl.dot(b_w, b_h1.to(b_w.dtype))
+        if K > 64:
+            b_w = tl.load(w + o_t[:, None] * (HV * K) + 64 + o_k1[None, :],
+                          mask=m_t[:, None] & (64 + o_k1[None, :] < K), other=0.0)
+            b_v = tl.dot(b_w, b_h2.to(b_w.dtype), b_v)
+        if K > 128:
+            b_w = tl.load(w + o_t[:, None] * (HV * K) + 128 + o_k1[None, :],
+                          mask=m_t[:, None] & (128 + o_k1[None, :] < K), other=0.0)
+            b_v = tl.dot(b_w, b_h3.to(b_w.dtype), b_v)
+        if K > 192:
+            b_w = tl.load(w + o_t[:, None] * (HV * K) + 192 + o_k1[None, :],
+                          mask=m_t[:, None] & (192 + o_k1[None, :] < K), other=0.0)
+            b_v = tl.dot(b_w, b_h4.to(b_w.dtype), b_v)
+        b_v = tl.load(v + o_t[:, None] * (HV * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0) - b_v
+        tl.store(v_new + o_t[:, None] * (HV * V) + o_v[None, :], b_v.to(v_new.dtype.element_ty),
+                 mask=m_t[:, None] & m_v[None, :])
+
+        # decay to the chunk's end (log2 gates, cumulated within the chunk)
+        last_idx = tl.minimum((i_t + 1) * BT, T) - 1
+        b_g_last = tl.load(g + (bos * HV + last_idx * HV + i_h).to(tl.int64)).to(tl.float32)
+        b_g = tl.load(g + (bos * HV + i_h).to(tl.int64) + o_t * HV, mask=m_t, other=0.0).to(tl.float32)
+        b_v = b_v * tl.where(m_t, tl.math.exp2(b_g_last - b_g), 0)[:, None]
+        b_g_last = tl.math.exp2(b_g_last)
+        b_h1 *= b_g_last
+        if K > 64:
+            b_h2 *= b_g_last
+        if K > 128:
+            b_h3 *= b_g_last
+        if K > 192:
+            b_h4 *= b_g_last
+        b_v = b_v.to(k.dtype.element_ty)
+
+        # S += kᵀ · v_new
+        b_k = tl.load(k + o_k1[:, None] + o_t[None, :] * (H * K), mask=(o_k1[:, None] < K) & m_t[None, :], other=0.0)
+        b_h1 = tl.dot(b_k, b_v, b_h1)
+        if K > 64:
+            b_k = tl.load(k + 64 + o_k1[:, None] + o_t[None, :] * (H * K),
+                          mask=(64 + o_k1[:, None] < K) & m_t[None, :], other=0.0)
+            b_h2 = tl.dot(b_k, b_v, b_h2)
+        if K > 128:
+            b_k = tl.load(k + 128 + o_k1[:, None] + o_t[None, :] * (H * K),
+                          mask=(128 + o_k1[:, None] < K) & m_t[None, :], other=0.0)
+            b_h3 = tl.dot(b_k, b_v, b_h3)
+        if K > 192:
+            b_k = tl.load(k + 192 + o_k1[:, None] + o_t[None, :] * (H * K),
+                          mask=(192 + o_k1[:, None] < K) & m_t[None, :], other=0.0)
+            b_h4 = tl.dot(b_k, b_v, b_h4)
+
+    if STORE_FINAL_STATE:
+        st = ht + i_nh * K * V
+        pt, mt = _h_block(st, 0, K, V, o_v, m_v)
+        tl.store(pt, b_h1.to(pt.dtype.element_ty), mask=mt)
+        if K > 64:
+            pt, mt = _h_block(st, 1, K, V, o_v, m_v)
+            tl.store(pt, b_h2.to(pt.dtype.element_ty), mask=mt)
+        if K > 128:
+            pt, mt = _h_block(st, 2, K, V, o_v, m_v)
+            tl.store(pt, b_h3.to(pt.dtype.element_ty), mask=mt)
+        if K > 192:
+            pt, mt = _h_block(st, 3, K, V, o_v, m_v)
+            tl.store(pt, b_h4.to(pt.dtype.element_ty), mask=mt)
+
+
+_tuned = triton.autotune(configs=_CONFIGS, key=["H", "HV", "K", "V", "BT", "USE_INITIAL_STATE", "STORE_FINAL_STATE"],
+                         cache_results=True)(_delta_h_kernel)
+
+
+def delta_h_triton(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, g: torch.Tensor,
+                   initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+                   chunk_size: int = 64, cpu_block_v: int = 32):
+    """fla's `chunk_gated_delta_rule_fwd_h` for equal-length sequences: k (N, T, H, K), w (N, T, HV, K),
+    u (N, T, HV, V), g (N, T, HV) chunk-cumulated log2 gates (FP32) → (h (N, NT, HV, K, V) in k's
+    dtype, v_new like u, final state (N, HV, K, V) FP32 or None). `initial_state`: (N or 1, HV, K, V)
+    FP32, contiguous per sequence; a batch stride of 0 (an expanded fork) is read, never copied."""
+    N, T, H, K = k.shape
+    HV, V = u.shape[2], u.shape[3]
+    if K > 256 or w.shape != (N, T, HV, K) or u.shape[:2] != (N, T) or g.shape != (N, T, HV) or HV % H:
+        raise ValueError(f"delta_h: k {tuple(k.shape)}, w {tuple(w.shape)}, u {tuple(u.shape)}, g {tuple(g.shape)}")
+    for name, t in (("k", k), ("w", w), ("u", u), ("g", g)):
+        if not t.is_contiguous():
+            raise ValueError(f"delta_h: {name} must be contiguous")
+    s0n = 0
+    if initial_state is not None:
+        s = initial_state
+        if s.shape[1:] != (HV, K, V) or s.shape[0] not in (1, N) or not s[0].is_contiguous() or s.dtype != torch.float32:
+            raise ValueError(f"delta_h: initial_state {tuple(s.shape)} {s.dtype} strides {s.stride()}: "
+                             f"need (N or 1, {HV}, {K}, {V}) FP32, contiguous per sequence")
+        s0n = 0 if s.shape[0] == 1 else s.stride(0)
+    NT = triton.cdiv(T, chunk_size)
+    h = k.new_empty(N, NT, HV, K, V)
+    v_new = torch.empty_like(u)
+    final = k.new_zeros(N, HV, K, V, dtype=torch.float32) if output_final_state else None
+    if N * T == 0:
+        return h, v_new, final
+    h0 = initial_state if initial_state is not None else h
+    ht = final if final is not None else h
+    args = (k, u, w, v_new, g, h, h0, ht, T, s0n)
+    flags = dict(H=H, HV=HV, K=K, V=V, BT=chunk_size, USE_INITIAL_STATE=initial_state is not None,
+                 STORE_FINAL_STATE=output_final_state)
+    with torch.cuda.device(k.device) if k.is_cuda else contextlib.nullcontext():
+        if k.is_cuda:
+            _tuned[lambda meta: (triton.cdiv(V, meta["BV"]) * N * HV,)](*args, **flags)
+        else:  # the interpreter cannot benchmark configs: run the given block
+            _delta_h_kernel[(triton.cdiv(V, cpu_block_v) * N * HV,)](*args, **flags, BV=cpu_block_v)
+    return h, v_new, final
