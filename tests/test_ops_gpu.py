@@ -457,14 +457,12 @@ def test_norm_kernels_without_autograd():
     assert relative_error(got.float(), gated_output_reference(o.float(), gate.float())) < 1e-2
 
 
-@pytest.mark.parametrize("with_state", [False, True])
-def test_gated_delta_rule_gates_in_kernel(with_state):
-    """fla's in-kernel gates (decay from a, A_log, dt_bias; sigmoid of b) against the gates computed
-    in torch and the FP32 reference, at Qwen3.5-2b head sizes, with and without a recurrent state."""
-    from dohnuts.ops.delta_rule import gated_delta_rule_from_logits, gated_delta_rule_reference, gdn_gates_reference
-
-    g = torch.Generator(device=DEV).manual_seed(43)
-    B, T, H, HV, K, V = 3, 200, 16, 16, 128, 128
+def _gdn_logit_inputs(B: int, T: int, seed: int):
+    """A generator and the raw inputs of the delta rule at Qwen3.5-2b head sizes (H = HV = 16,
+    K = V = 128), BF16: q, k, v, the gate logits a and b, A_log and dt_bias."""
+    H = HV = 16
+    K = V = 128
+    g = torch.Generator(device=DEV).manual_seed(seed)
     q = torch.randn(B, T, H, K, device=DEV, generator=g).bfloat16()
     k = torch.randn(B, T, H, K, device=DEV, generator=g).bfloat16()
     v = torch.randn(B, T, HV, V, device=DEV, generator=g).bfloat16()
@@ -472,14 +470,23 @@ def test_gated_delta_rule_gates_in_kernel(with_state):
     b = torch.randn(B, T, HV, device=DEV, generator=g).bfloat16()
     A_log = torch.empty(HV, device=DEV).uniform_(1, 16, generator=g).log().bfloat16()
     dt_bias = torch.randn(HV, device=DEV, generator=g).bfloat16()
-    s0 = torch.randn(B, HV, K, V, device=DEV, generator=g) * 0.1 if with_state else None
+    return g, (q, k, v, a, b, A_log, dt_bias)
+
+
+@pytest.mark.parametrize("with_state", [False, True])
+def test_gated_delta_rule_gates_in_kernel(with_state):
+    """fla's in-kernel gates (decay from a, A_log, dt_bias; sigmoid of b) against the gates computed
+    in torch and the FP32 reference, at Qwen3.5-2b head sizes, with and without a recurrent state."""
+    from dohnuts.ops.delta_rule import gated_delta_rule_from_logits, gated_delta_rule_reference, gdn_gates_reference
+
+    g, (q, k, v, a, b, A_log, dt_bias) = _gdn_logit_inputs(3, 200, seed=43)
+    s0 = torch.randn(3, 16, 128, 128, device=DEV, generator=g) * 0.1 if with_state else None
     with torch.no_grad():
         o, s = gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=s0, output_final_state=True)
     gf, bf = gdn_gates_reference(a.float(), b.float(), A_log, dt_bias)
     o_ref, s_ref = gated_delta_rule_reference(q.float(), k.float(), v.float(), gf, bf, initial_state=s0,
                                               output_final_state=True)
     assert relative_error(o.float(), o_ref) < BF16_TOL and relative_error(s, s_ref) < BF16_TOL
-
 
 
 def test_inference_delta_rule_reads_a_forked_state_as_fla_does_dense():
@@ -490,16 +497,9 @@ def test_inference_delta_rule_reads_a_forked_state_as_fla_does_dense():
     from dohnuts.ops._fla import fla
     from dohnuts.ops.delta_rule import gated_delta_rule_from_logits, gated_delta_rule_reference, gdn_gates_reference
 
-    g = torch.Generator(device=DEV).manual_seed(59)
-    B, T, H, HV, K, V = 32, 64, 16, 16, 128, 128
-    q = torch.randn(B, T, H, K, device=DEV, generator=g).bfloat16()
-    k = torch.randn(B, T, H, K, device=DEV, generator=g).bfloat16()
-    v = torch.randn(B, T, HV, V, device=DEV, generator=g).bfloat16()
-    a = torch.randn(B, T, HV, device=DEV, generator=g).bfloat16()
-    b = torch.randn(B, T, HV, device=DEV, generator=g).bfloat16()
-    A_log = torch.empty(HV, device=DEV).uniform_(1, 16, generator=g).log().bfloat16()
-    dt_bias = torch.randn(HV, device=DEV, generator=g).bfloat16()
-    one = torch.randn(1, HV, K, V, device=DEV, generator=g) * 0.1
+    B = 32
+    g, (q, k, v, a, b, A_log, dt_bias) = _gdn_logit_inputs(B, 64, seed=59)
+    one = torch.randn(1, 16, 128, 128, device=DEV, generator=g) * 0.1
     forked = one.expand(B, -1, -1, -1)
     with torch.no_grad():
         o, s = gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=forked,
