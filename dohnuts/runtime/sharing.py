@@ -2,8 +2,9 @@
 
 Computing P shared tokens once saves dense work — P + B·(L − P) tokens instead of B·L — but
 costs a second pass (a fixed cost per pass: kernel launches, or at least the ~1,000 kernels of a
-graph replay at batch 1), the fork of the recurrent states (B copies) and attention over the
-prefix keys. Which side wins depends on the machine, the execution mode and the shape: on the
+graph replay at batch 1), B copies of the prefix keys/values joined to the suffix's, and
+attention over them (in inference the conv and recurrent states fork as views, not copies;
+under autograd, B copies). Which side wins depends on the machine, the execution mode and the shape: on the
 H200 with eager launches sharing lost (182.9 vs 103.4 ms, docs/evolution.md M5), with CUDA
 graphs it wins 4.2×. A token threshold cannot know that.
 
