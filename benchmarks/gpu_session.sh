@@ -6,6 +6,7 @@
 #   BACKBONE=1                                               benchmarks/backbone_forward.py on 2b
 #   PROFILE=1                                                benchmarks/profile_passes.py on 2b
 #   COLD=1                                                   benchmarks/cold_start.py: 2 new processes
+#   HOSTPROF='workloads/gpu/a.yaml ...'                      benchmarks/prepare_cost.py --profile: host preparation
 #   SCALING='workloads/scaling/a.yaml ...'                    one dohnuts-bench run of multi-process workloads
 #   DISTKILL=1                                               NCCL: rank 1 of 2 killed in training, then --resume
 #   BASELINES=N                                              N runs of benchmarks/test_regressions.py on 2b
@@ -85,6 +86,13 @@ if [ -n "${PROFILE:-}" ] && [ "$(left)" -gt 60 ]; then
   timeout $(($(left) - 20)) python3 benchmarks/profile_passes.py --preset qwen3.5-2b --batch 32 --prefix 448 --suffix 64 \
     --out /tmp/profile 2>&1 | tail -12
   tar czf "$OUT/profile.tar.gz" -C /tmp profile  # one file: a call returns at most 8
+fi
+if [ -n "${HOSTPROF:-}" ] && [ "$(left)" -gt 45 ]; then
+  echo "== host preparation, profiled ($(left) s left)"
+  for w in $HOSTPROF; do
+    timeout 60 python3 benchmarks/prepare_cost.py --workload "$w" --calls 200 --profile 30 2>&1 | grep -v '^\s*$'
+  done > "$OUT/host_prepare.txt"
+  grep "prepare .* ms" "$OUT/host_prepare.txt"
 fi
 if [ -n "${COLD:-}" ] && [ "$(left)" -gt 60 ]; then
   echo "== time to first result of new processes ($(left) s left)"

@@ -2,16 +2,23 @@
 median of N calls after warm-up — the CPU work a single prediction call pays before the device.
 
     python benchmarks/prepare_cost.py --workload workloads/gpu/shared-prefix-2b.yaml --calls 20
+    python benchmarks/prepare_cost.py --workload workloads/gpu/image-cache-warm-2b.yaml --profile 25
 
 The workload's GPU sizes (`on_gpu`) are used; the model is the tiny preset (preparation does not
-depend on the model's size with the byte tokenizer of the presets). A warm image-cache workload
-scores its request once first, so that its image's features are cached, as in the benchmark.
+depend on the model's size with the byte tokenizer of the presets), on the default device (on a
+GPU machine the batch is pinned, as in prediction). A warm image-cache workload scores its
+request's image once first (the vision tower only), so that its features are cached, as in the
+benchmark. The sharing decision for the request's shape is taken as measured calls see it
+(decided: one plan collated, not both). `--profile N` prints the N functions with the most own
+time over the measured calls (cProfile), and the callees of `Session.prepare`.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
+import pstats
 import random
 import statistics
 import tempfile
@@ -23,6 +30,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--workload", default="workloads/gpu/shared-prefix-2b.yaml")
     p.add_argument("--calls", type=int, default=20)
+    p.add_argument("--device", default=None, help="the session's device (default: a GPU when there is one)")
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="print the top N functions by own time")
     a = p.parse_args(argv)
 
     import dohnuts
@@ -36,22 +45,40 @@ def main(argv=None) -> int:
     kinds, targets = collect(pm, "dohnuts_bench_register_workload_kinds"), collect(pm, "dohnuts_bench_register_targets")
     spec = dataclasses.replace(load_workload(a.workload, kinds, targets, gpu=True), model="tiny")
     cfg, ckpt = resolve_source("tiny")
-    calls = kinds[spec.kind].calls(WorkloadContext(spec, tokenizer_for(cfg, ckpt), cfg, Path(tempfile.mkdtemp(prefix="dohnuts-prepare-")),
-                                                   random.Random(spec.seed)))
-    session = dohnuts.load("tiny")
-    req = calls[0].request
-    if spec.shape.get("cache") == "warm":  # score it once: its image's features enter the cache
-        from dohnuts.runtime.predict import Predictor
+    with tempfile.TemporaryDirectory(prefix="dohnuts-prepare-") as tmp:
+        calls = kinds[spec.kind].calls(WorkloadContext(spec, tokenizer_for(cfg, ckpt), cfg, Path(tmp),
+                                                       random.Random(spec.seed)))
+        return _measure(dohnuts.load("tiny", device=a.device), calls[0].request, spec, a)
 
-        Predictor(session).call(req)
+
+def _measure(session, req, spec, a) -> int:
+    if req.image is not None:  # a steady state: image files older than the digest memo's racy window
+        from dohnuts.runtime.images import ImageKeyMemo
+
+        time.sleep(ImageKeyMemo.RACY_S)
+    if spec.shape.get("cache") == "warm":  # its image's features enter the cache (the vision tower only)
+        session.image_features([(session.prepare(req), None)])
+    hb = session.prepare(req)
+    if session.share_tuner is not None and hb.alternative is not None:  # decided, as after the first call
+        with session.share_tuner._lock:  # (the planner's split kept: the case where sharing wins)
+            session.share_tuner.decisions[session._share_key(hb.plan)] = True
     for _ in range(3):
         session.prepare(req)
     times = []
+    prof = cProfile.Profile() if a.profile else None
     for _ in range(a.calls):
         t0 = time.perf_counter()
         session.prepare(req)
         times.append((time.perf_counter() - t0) * 1e3)
-    print(f"{a.workload}: prepare {statistics.median(times):.2f} ms (median of {a.calls})")
+    print(f"{a.workload}: prepare {statistics.median(times):.3f} ms (median of {a.calls}, {session.device})")
+    if prof is not None:  # a second pass under the profiler (its overhead stays out of the median)
+        prof.enable()
+        for _ in range(a.calls):
+            session.prepare(req)
+        prof.disable()
+        st = pstats.Stats(prof)
+        st.sort_stats("tottime").print_stats(a.profile)
+        st.sort_stats("cumulative").print_callees(r"session.py.*\(prepare\)")
     return 0
 
 

@@ -3,6 +3,8 @@ same way; the cache serves repeats; a bad image fails only its own request."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 from PIL import Image
@@ -51,7 +53,7 @@ def test_scores_equal_transformers_features_spliced(tmp_path):
 def test_shared_prefix_with_image_equals_unshared(tmp_path):
     model = api.load("tiny")
     req = _request(_png(tmp_path / "a.png", 3, size=(448, 448)))  # 196 image tokens: a prefix ≥ 128
-    assert model.prepare(req, share_prefix=True).plan.prefix_len == 192  # 196 + 2 + prefix text, aligned down to 64
+    assert model.prepare(req, share_prefix=True).plan.prefix_len == 216  # 196 + 2, "a photo\n", "Question: "
     shared = _scores(model.predict([req], share_prefix=True))
     model.image_cache.clear()
     unshared = _scores(model.predict([req], share_prefix=False))
@@ -109,3 +111,56 @@ def test_cached_image_is_recognised_by_its_bytes_without_decoding(tmp_path, monk
     (use,) = model.image_features([(hb, None)])
     assert len(calls) == 3 and use.encoded_patches == hb.image.patch_count
     assert torch.equal(_scores(model.predict([_request(a)])), first)
+
+
+def test_file_digest_is_remembered_while_the_file_is_unchanged(tmp_path, monkeypatch):
+    """The digest of a file's bytes is reused while its stat signature holds, and recomputed when
+    the file is rewritten (same size, other bytes), moved over, or was written too recently for
+    its timestamp to be trusted (git's racy-file rule)."""
+    import os
+    import time
+
+    from dohnuts.runtime.images import ImageKeyMemo
+
+    memo, reads = ImageKeyMemo(), []
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: reads.append(self.name) or real(self))
+    f = tmp_path / "a.png"
+
+    def write(data: bytes, age_s: float) -> None:
+        f.write_bytes(data)
+        t = time.time_ns() - int(age_s * 1e9)
+        os.utime(f, ns=(t, t))
+
+    write(b"x" * 1000, age_s=60)
+    d1 = memo.digest(str(f))
+    assert memo.digest(str(f)) == d1 and reads == ["a.png"]  # unchanged: not read again
+    write(b"y" * 1000, age_s=50)  # same size, other bytes, other mtime
+    d2 = memo.digest(str(f))
+    assert d2 != d1 and reads == ["a.png"] * 2 and d2 == memo._hash(b"y" * 1000)
+    other = tmp_path / "b.png"
+    other.write_bytes(b"x" * 1000)
+    os.replace(other, f)  # another inode under the same name
+    assert memo.digest(str(f)) == d1 and len(reads) == 3
+    write(b"z" * 1000, age_s=0)  # just written: its timestamp could hide a second write in the same tick
+    assert memo.digest(str(f)) == memo.digest(str(f)) == memo._hash(b"z" * 1000) and len(reads) == 5
+    assert memo.digest(str(tmp_path / "missing.png")) is None
+
+
+def test_image_positions_depend_on_the_layout_only(tmp_path):
+    """The per-layout MRoPE table equals the positions computed from the planned tokens themselves,
+    for every question length of a request (and is the same object for the same layout)."""
+    from dohnuts.model.vision import mrope_position_ids
+    from dohnuts.runtime.session import image_head_positions
+
+    model = api.load("tiny")
+    hb = model.prepare(_request(_png(tmp_path / "a.png", 5, size=(448, 448))), share_prefix=False)
+    cfg = model.cfg
+    for seq in hb.plan.sequences:
+        want = mrope_position_ids(torch.tensor(seq), [hb.image.grid_thw], image_token_id=cfg.image_token_id,
+                                  spatial_merge_size=cfg.vision.spatial_merge_size)
+        got = image_head_positions(hb.image.grid_thw, hb.plan.image_tokens, len(seq), cfg.image_token_id,
+                                   cfg.vision.spatial_merge_size)
+        assert torch.equal(got, want)
+    args = (hb.image.grid_thw, hb.plan.image_tokens, 300, cfg.image_token_id, cfg.vision.spatial_merge_size)
+    assert image_head_positions(*args) is image_head_positions(*args)

@@ -20,7 +20,7 @@ from triton.compiler.compiler import ASTSource
 
 H200 = GPUTarget("cuda", 90, 32)
 POINTERS = {"X", "Wt", "Y", "S0", "ST", "SRC", "DST", "W", "RO", "COS", "SIN", "O", "G", "gu", "y"}  # + per kernel
-FLOATS = {"eps", "offset"}
+FLOATS = {"eps", "offset", "scale"}
 
 
 def _compile(kernel, constexprs: dict, pointers=frozenset(), pointer_dtype: str = "*bf16",
@@ -83,6 +83,15 @@ def test_delta_h_kernel_compiles():
             flags = dict(H=16, HV=16, K=128, V=128, BT=64, BV=bv, USE_INITIAL_STATE=s0, STORE_FINAL_STATE=st)
             kernel = _compile(_delta_h_kernel, flags, pointers=ptr)
             assert kernel.metadata.name == "_delta_h_kernel"
+
+
+def test_gdn_gates_kernel_compiles():
+    from dohnuts.ops._gdn_gates_kernel import _gdn_gates_kernel
+
+    ptr = dict.fromkeys(("A", "Bl", "A_log", "dt_bias"), "*bf16") | dict.fromkeys(("G", "BETA"), "*fp32")
+    for bh in (16, 32):
+        kernel = _compile(_gdn_gates_kernel, dict(BH=bh, BT=64), pointers=ptr, floats_as="fp32")
+        assert kernel.metadata.name == "_gdn_gates_kernel"
 
 
 def test_the_compile_check_catches_a_shape_redefined_in_a_branch():

@@ -297,6 +297,21 @@ for s0 in (None, torch.randn(N, HV, K, V, generator=g), one.expand(N, -1, -1, -1
     for name, a_, b_ in zip(("h", "v_new", "final"), got, want):
         assert a_.shape == b_.shape and (a_ - b_).abs().max() < 1e-4, ("delta_h", name, (a_ - b_).abs().max())
 assert delta_h_triton(kd, wd, ud, gd, one, False, cpu_block_v=32)[2] is None
+# The Gated DeltaNet gates read in place: a and b as column slices of a packed projection (token
+# stride of the whole row), 2 chunks (the second partial), a head count that is not a power of two.
+from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
+
+RCP_LN2 = 1.4426950408889634
+for Hg in (16, 12):
+    packed = torch.randn(3, 100, 40 + 2 * Hg, generator=g).bfloat16()
+    bg, ag = packed[..., 40:40 + Hg], packed[..., 40 + Hg:]
+    A_log, dt_bias = torch.rand(Hg, generator=g).mul(15).add(1).log(), torch.randn(Hg, generator=g)
+    decay = -A_log.exp() * torch.nn.functional.softplus(ag.float() + dt_bias)
+    want = torch.cat([decay[:, :64].cumsum(1), decay[:, 64:].cumsum(1)], 1) * RCP_LN2
+    got_g, got_beta = gdn_gates_triton(ag, bg, A_log, dt_bias, chunk_size=64, scale=RCP_LN2)
+    assert got_g.dtype == got_beta.dtype == torch.float32 and got_g.is_contiguous() and got_g.shape == (3, 100, Hg)
+    assert (got_g - want).abs().max() < 1e-4 * want.abs().max(), ("gdn gates: g", (got_g - want).abs().max())
+    assert (got_beta - torch.sigmoid(bg.float())).abs().max() < 1e-6, "gdn gates: beta"
 try:
     conv_silu_triton(xc, wc, Dc, normalize=True, initial_state=torch.zeros(Bc, Cc, Wc - 1))
 except ValueError as e:

@@ -513,6 +513,51 @@ def test_inference_delta_rule_reads_a_forked_state_as_fla_does_dense():
                                               output_final_state=True)
     assert relative_error(o.float(), o_ref) < BF16_TOL and relative_error(s, s_ref) < BF16_TOL
 
+def test_inference_delta_rule_without_a_fork_is_fla_s_forward():
+    """Without a forked state (no state: a full or prefix pass; a dense per-row state) the
+    inference delta rule runs fla's own kernels step by step, so it equals fla's
+    chunk_gated_delta_rule, wrapper and all, to the last bit; a forked state of the same values
+    (dohnuts' state kernel) stays within 1e-3 of it."""
+    from dohnuts.ops._fla import fla
+    from dohnuts.ops.delta_rule import gated_delta_rule_from_logits
+
+    B = 4
+    g, (q, k, v, a, b, A_log, dt_bias) = _gdn_logit_inputs(B, 200, seed=61)
+    dense = torch.randn(1, 16, 128, 128, device=DEV, generator=g).expand(B, -1, -1, -1).contiguous() * 0.1
+    kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+              use_beta_sigmoid_in_kernel=True)
+    with torch.no_grad():
+        for s0 in (None, dense):
+            o, s = gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=s0,
+                                                output_final_state=True)
+            o_fla, s_fla = fla().chunk_gated_delta_rule(q, k, v, a, b, initial_state=s0, output_final_state=True, **kw)
+            assert torch.equal(o, o_fla.to(o.dtype)) and torch.equal(s, s_fla), ("dense" if s0 is not None else "none")
+        o_fork, s_fork = gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=dense[:1].expand(B, -1, -1, -1),
+                                                      output_final_state=True)
+    assert relative_error(o_fork.float(), o_fla.float()) < 1e-3 and relative_error(s_fork, s_fla) < 1e-3
+
+
+def test_gdn_gates_kernel_equals_fla_s_gate_kernels():
+    """One launch reading a and b in place (column slices of a packed projection) equals fla's
+    fused_beta_sigmoid_fwd and gdn_gate_chunk_cumsum on contiguous copies: β exactly, the decay to
+    float rounding (fla evaluates softplus with inline PTX); 2b head count, 3 chunks."""
+    from dohnuts.ops._fla import fla
+    from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
+
+    f = fla()
+    g = torch.Generator(device=DEV).manual_seed(67)
+    HV = 16
+    packed = torch.randn(4, 150, 64 + 2 * HV, device=DEV, generator=g).bfloat16()
+    b, a = packed[..., 64:64 + HV], packed[..., 64 + HV:]
+    A_log = torch.empty(HV, device=DEV).uniform_(1, 16, generator=g).log().bfloat16()
+    dt_bias = torch.randn(HV, device=DEV, generator=g).bfloat16()
+    got_g, got_beta = gdn_gates_triton(a, b, A_log, dt_bias, chunk_size=64, scale=f.RCP_LN2)
+    want_g = f.gdn_gate_chunk_cumsum(a.contiguous(), A_log, chunk_size=64, scale=f.RCP_LN2, dt_bias=dt_bias)
+    want_beta = f.fused_beta_sigmoid_fwd(b.contiguous())
+    assert torch.equal(got_beta, want_beta)
+    assert relative_error(got_g, want_g) < 1e-5 and (got_g - want_g).abs().max() < 1e-4 * want_g.abs().max()
+
+
 def test_conv_qkv_normalises_q_and_k_in_every_inference_pass():
     """Every inference pass (stateless; a prefix returning its state; a suffix from a per-row or a
     forked, batch-broadcast state): q and k from one conv + SiLU + L2-norm kernel each equal the

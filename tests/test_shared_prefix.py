@@ -37,8 +37,13 @@ def _scores_and_grads(session, req, share):
     return hb.plan, scores, grads
 
 
-@pytest.mark.parametrize("prefix_chars", [300, 255, 129])  # 300 → split 256 (not a multiple of 64 itself)
+@pytest.mark.parametrize("prefix_chars", [300, 255, 129])  # splits 304, 264, 136: none a multiple of the chunk (64)
 def test_sharing_equals_not_sharing(prefix_chars):
+    """Equal to FP32 rounding. The split is not on a delta-rule chunk boundary, so the chunked
+    FP32 recurrence sums in another order than the one pass (a split at 296 of 300 tokens moves
+    the reference's output by 2e-8): scores differ by < 1e-6 and gradients by ≈ 2e-5 (≈ 2e-6 when
+    the split was a multiple of 64, 2026-12-01). A real defect — a state read from the wrong row
+    or position — moves them by orders of magnitude more."""
     model = _model()
     req = _request("x" * prefix_chars)
     plan_s, s_shared, g_shared = _scores_and_grads(model, req, True)
@@ -47,7 +52,7 @@ def test_sharing_equals_not_sharing(prefix_chars):
     lcp = longest_common_prefix(plan_s.sequences)
     assert plan_s.prefix_len == lcp - lcp % PREFIX_ALIGN and plan_s.prefix_len >= 128
     assert relative_error(s_shared, s_plain) < 1e-5
-    assert relative_error(g_shared, g_plain) < 1e-5
+    assert relative_error(g_shared, g_plain) < 5e-5
 
 
 def test_prefix_shorter_than_threshold_takes_one_pass():
@@ -60,10 +65,11 @@ def test_prefix_shorter_than_threshold_takes_one_pass():
 def test_candidate_right_after_the_split():
     """The first candidate starts exactly at the split: every scored position is in the suffix."""
     model = _model()
-    # "Question: q\n" is 12 bytes; a prefix of 243 chars + "\n" puts the question end at 256.
+    # "Question: q\n" is 12 bytes; a prefix of 243 chars + "\n" puts the question end at 256, and
+    # "Answer: a" the first SCORE token at 265: the split (on the 8-token grid) lands one token before it.
     req = _request("y" * 243, texts=("q", "q", "q"), cands=("a", "b", "c"))
     plan = model.prepare(req, share_prefix=True).plan
-    assert plan.prefix_len == 256
+    assert plan.prefix_len == 264 and plan.score_positions[0][0] == 265
     assert min(p[0] for p in plan.score_positions) >= plan.prefix_len
     assert any(len(s) > plan.prefix_len and plan.score_positions[0][0] - plan.prefix_len < 10 for s in plan.sequences)
     shared = torch.tensor([s for q in model.predict([req], share_prefix=True)[0].questions for s in q.scores])
@@ -74,7 +80,8 @@ def test_candidate_right_after_the_split():
 def test_split_rules():
     seqs = ((1,) * 200 + (2, 3), (1,) * 200 + (4, 5), (1,) * 150 + (9,) * 52)
     pos = ((201,), (201,), (201,))
-    assert shared_prefix_split(seqs, pos) == 128  # LCP 150 → aligned down to 128
+    assert shared_prefix_split(seqs, pos) == 144  # LCP 150 → aligned down to 144 (PREFIX_ALIGN 8)
+    assert shared_prefix_split(seqs, pos, align=64) == 128
     assert shared_prefix_split(seqs, ((100,), (201,), (201,))) == 0  # a candidate at 100 caps it below 128
     assert shared_prefix_split(seqs[:1], pos[:1]) == 0  # one question: nothing to share
 

@@ -2,17 +2,19 @@
 
 Derived from fla 0.6.0's `chunk_gated_delta_rule_fwd_kernel_h_blockdim64`
 (fla/ops/common/chunk_delta_h.py, MIT licence, © Songlin Yang, Yu Zhang, Zhiyuan Li and
-contributors), trimmed to what Qwen3.5's inference passes use — scalar log2 gates per head, the
-state in (K, V) order, equal-length sequences, K ≤ 256 in blocks of 64 — with ONE change: the
-initial state is read through a batch stride. fla indexes it densely (sequence n at n·HV·K·V),
-so a shared prefix's state had to be copied once per branch before the suffix pass (32 MiB a
-layer for 32 branches of a 2b model); here the branches read one state (stride 0) from L2.
+contributors), trimmed to what Qwen3.5's suffix passes use — scalar log2 gates per head, the
+state in (K, V) order, equal-length sequences, K ≤ 128 in two blocks of 64 (fla: four, K ≤ 256) —
+with ONE change: the initial state is read through a batch stride. fla indexes it densely
+(sequence n at n·HV·K·V), so a shared prefix's state had to be copied once per branch before the
+suffix pass (32 MiB a layer for 32 branches of a 2b model); here the branches read one state
+(stride 0) from L2. Passes without a forked state run fla's own kernel (dohnuts.ops.delta_rule),
+which is faster there (2.16 vs 2.43 ms a 2b full pass, 2026-11-30).
 
 Per (sequence, value head, V block), over chunks t of BT tokens (fla's algorithm):
     h[t] = S;  v_new = u − w·S;  S = S·2^(g_last) + kᵀ·(v_new · 2^(g_last − g))
 storing h[t] (read by fla's output kernel), v_new and optionally the final S.
 
-No autograd (inference only); dohnuts.ops.delta_rule uses it only there. CPU tensors run in
+No autograd (inference only); dohnuts.ops.delta_rule uses it only for forked states. CPU tensors run in
 Triton's interpreter (the CPU tests).
 """
 
@@ -36,6 +38,16 @@ def _h_block(h, i_k: tl.constexpr, K, V, o_v, m_v):
 
 
 @triton.jit
+def _store_state(h, b_h1, b_h2, K: tl.constexpr, V, o_v, m_v):
+    """Store a state held as two 64-row blocks (the second only when K > 64) at h, (K, V)."""
+    p, m = _h_block(h, 0, K, V, o_v, m_v)
+    tl.store(p, b_h1.to(p.dtype.element_ty), mask=m)
+    if K > 64:
+        p, m = _h_block(h, 1, K, V, o_v, m_v)
+        tl.store(p, b_h2.to(p.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def _delta_h_kernel(k, v, w, v_new, g, h, h0, ht, T, s0n, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                     V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, USE_INITIAL_STATE: tl.constexpr,
                     STORE_FINAL_STATE: tl.constexpr):
@@ -46,13 +58,9 @@ def _delta_h_kernel(k, v, w, v_new, g, h, h0, ht, T, s0n, H: tl.constexpr, HV: t
     bos = i_n * T
     NT = tl.cdiv(T, BT)
 
+    # The state as two 64-row blocks of K (K ≤ 128; the second block is unused when K ≤ 64).
     b_h1 = tl.zeros([64, BV], dtype=tl.float32)
-    if K > 64:
-        b_h2 = tl.zeros([64, BV], dtype=tl.float32)
-    if K > 128:
-        b_h3 = tl.zeros([64, BV], dtype=tl.float32)
-    if K > 192:
-        b_h4 = tl.zeros([64, BV], dtype=tl.float32)
+    b_h2 = tl.zeros([64, BV], dtype=tl.float32)
 
     h += (i_n * NT * HV + i_h).to(tl.int64) * K * V
     v += (bos * HV + i_h).to(tl.int64) * V
@@ -69,30 +77,13 @@ def _delta_h_kernel(k, v, w, v_new, g, h, h0, ht, T, s0n, H: tl.constexpr, HV: t
         if K > 64:
             p0, m0 = _h_block(s0, 1, K, V, o_v, m_v)
             b_h2 += tl.load(p0, mask=m0, other=0.0).to(tl.float32)
-        if K > 128:
-            p0, m0 = _h_block(s0, 2, K, V, o_v, m_v)
-            b_h3 += tl.load(p0, mask=m0, other=0.0).to(tl.float32)
-        if K > 192:
-            p0, m0 = _h_block(s0, 3, K, V, o_v, m_v)
-            b_h4 += tl.load(p0, mask=m0, other=0.0).to(tl.float32)
 
     o_k1 = tl.arange(0, 64)
     for i_t in range(NT):
         i_t64 = tl.zeros([], dtype=tl.int64) + i_t  # int64 (and a tensor in the interpreter)
         o_t = i_t64 * BT + tl.arange(0, BT)
         m_t = o_t < T
-        ht_t = h + i_t64 * HV * K * V
-        ph, mh = _h_block(ht_t, 0, K, V, o_v, m_v)
-        tl.store(ph, b_h1.to(ph.dtype.element_ty), mask=mh)
-        if K > 64:
-            ph, mh = _h_block(ht_t, 1, K, V, o_v, m_v)
-            tl.store(ph, b_h2.to(ph.dtype.element_ty), mask=mh)
-        if K > 128:
-            ph, mh = _h_block(ht_t, 2, K, V, o_v, m_v)
-            tl.store(ph, b_h3.to(ph.dtype.element_ty), mask=mh)
-        if K > 192:
-            ph, mh = _h_block(ht_t, 3, K, V, o_v, m_v)
-            tl.store(ph, b_h4.to(ph.dtype.element_ty), mask=mh)
+        _store_state(h + i_t64 * HV * K * V, b_h1, b_h2, K, V, o_v, m_v)
 
         # v_new = u − w·S, by 64-row blocks of K
         b_w = tl.load(w + o_t[:, None] * (HV * K) + o_k1[None, :], mask=m_t[:, None] & (o_k1[None, :] < K), other=0.0)
@@ -101,14 +92,6 @@ def _delta_h_kernel(k, v, w, v_new, g, h, h0, ht, T, s0n, H: tl.constexpr, HV: t
             b_w = tl.load(w + o_t[:, None] * (HV * K) + 64 + o_k1[None, :],
                           mask=m_t[:, None] & (64 + o_k1[None, :] < K), other=0.0)
             b_v = tl.dot(b_w, b_h2.to(b_w.dtype), b_v)
-        if K > 128:
-            b_w = tl.load(w + o_t[:, None] * (HV * K) + 128 + o_k1[None, :],
-                          mask=m_t[:, None] & (128 + o_k1[None, :] < K), other=0.0)
-            b_v = tl.dot(b_w, b_h3.to(b_w.dtype), b_v)
-        if K > 192:
-            b_w = tl.load(w + o_t[:, None] * (HV * K) + 192 + o_k1[None, :],
-                          mask=m_t[:, None] & (192 + o_k1[None, :] < K), other=0.0)
-            b_v = tl.dot(b_w, b_h4.to(b_w.dtype), b_v)
         b_v = tl.load(v + o_t[:, None] * (HV * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0) - b_v
         tl.store(v_new + o_t[:, None] * (HV * V) + o_v[None, :], b_v.to(v_new.dtype.element_ty),
                  mask=m_t[:, None] & m_v[None, :])
@@ -122,10 +105,6 @@ def _delta_h_kernel(k, v, w, v_new, g, h, h0, ht, T, s0n, H: tl.constexpr, HV: t
         b_h1 *= b_g_last
         if K > 64:
             b_h2 *= b_g_last
-        if K > 128:
-            b_h3 *= b_g_last
-        if K > 192:
-            b_h4 *= b_g_last
         b_v = b_v.to(k.dtype.element_ty)
 
         # S += kᵀ · v_new
@@ -135,28 +114,9 @@ def _delta_h_kernel(k, v, w, v_new, g, h, h0, ht, T, s0n, H: tl.constexpr, HV: t
             b_k = tl.load(k + 64 + o_k1[:, None] + o_t[None, :] * (H * K),
                           mask=(64 + o_k1[:, None] < K) & m_t[None, :], other=0.0)
             b_h2 = tl.dot(b_k, b_v, b_h2)
-        if K > 128:
-            b_k = tl.load(k + 128 + o_k1[:, None] + o_t[None, :] * (H * K),
-                          mask=(128 + o_k1[:, None] < K) & m_t[None, :], other=0.0)
-            b_h3 = tl.dot(b_k, b_v, b_h3)
-        if K > 192:
-            b_k = tl.load(k + 192 + o_k1[:, None] + o_t[None, :] * (H * K),
-                          mask=(192 + o_k1[:, None] < K) & m_t[None, :], other=0.0)
-            b_h4 = tl.dot(b_k, b_v, b_h4)
 
     if STORE_FINAL_STATE:
-        st = ht + i_nh * K * V
-        pt, mt = _h_block(st, 0, K, V, o_v, m_v)
-        tl.store(pt, b_h1.to(pt.dtype.element_ty), mask=mt)
-        if K > 64:
-            pt, mt = _h_block(st, 1, K, V, o_v, m_v)
-            tl.store(pt, b_h2.to(pt.dtype.element_ty), mask=mt)
-        if K > 128:
-            pt, mt = _h_block(st, 2, K, V, o_v, m_v)
-            tl.store(pt, b_h3.to(pt.dtype.element_ty), mask=mt)
-        if K > 192:
-            pt, mt = _h_block(st, 3, K, V, o_v, m_v)
-            tl.store(pt, b_h4.to(pt.dtype.element_ty), mask=mt)
+        _store_state(ht + i_nh * K * V, b_h1, b_h2, K, V, o_v, m_v)
 
 
 _tuned = triton.autotune(configs=_CONFIGS, key=["H", "HV", "K", "V", "BT", "USE_INITIAL_STATE", "STORE_FINAL_STATE"],
@@ -172,7 +132,7 @@ def delta_h_triton(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, g: torch.T
     FP32, contiguous per sequence; a batch stride of 0 (an expanded fork) is read, never copied."""
     N, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
-    if K > 256 or w.shape != (N, T, HV, K) or u.shape[:2] != (N, T) or g.shape != (N, T, HV) or HV % H:
+    if K > 128 or w.shape != (N, T, HV, K) or u.shape[:2] != (N, T) or g.shape != (N, T, HV) or HV % H:
         raise ValueError(f"delta_h: k {tuple(k.shape)}, w {tuple(w.shape)}, u {tuple(u.shape)}, g {tuple(g.shape)}")
     for name, t in (("k", k), ("w", w), ("u", u), ("g", g)):
         if not t.is_contiguous():

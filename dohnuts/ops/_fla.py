@@ -28,6 +28,7 @@ def fla() -> SimpleNamespace:
     from fla.modules.norm.fused_norm_gate import rms_norm_gated
     from fla.modules.norm.l2norm import l2norm_fwd
     from fla.modules.norm.layernorm import rms_norm
+    from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
     from fla.ops.common.chunk_o import chunk_fwd_o
     from fla.ops.common.gate import fused_beta_sigmoid_fwd
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
@@ -46,6 +47,7 @@ def fla() -> SimpleNamespace:
         fused_beta_sigmoid_fwd=fused_beta_sigmoid_fwd,
         gdn_gate_chunk_cumsum=gdn_gate_chunk_cumsum,
         chunk_gated_delta_rule_fwd_intra=chunk_gated_delta_rule_fwd_intra,
+        chunk_gated_delta_rule_fwd_h=chunk_gated_delta_rule_fwd_h,
         chunk_fwd_o=chunk_fwd_o,
         RCP_LN2=RCP_LN2,
     )

@@ -15,17 +15,14 @@ import torch
 import triton
 import triton.language as tl
 
+from dohnuts.ops._norm_kernels import token_heads_tile
+
 
 @triton.jit
 def _gate_kernel(O, G, Y, T, H, D, sob, soh, sot, sgb, sgt, sgh,
                  BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     """One program per token (b, t): y[b, t, h·D + d] = o[b, h, t, d] · sigmoid(g[b, t, h, d])."""
-    pid = tl.program_id(0).to(tl.int64)
-    b = pid // T
-    t = pid % T
-    h = tl.arange(0, BLOCK_H)[:, None]
-    d = tl.arange(0, BLOCK_D)[None, :]
-    mask = (h < H) & (d < D)
+    pid, b, t, h, d, mask = token_heads_tile(T, H, D, BLOCK_H, BLOCK_D)
     o = tl.load(O + b * sob + h * soh + t * sot + d, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(G + b * sgb + t * sgt + h * sgh + d, mask=mask, other=0.0).to(tl.float32)
     tl.store(Y + pid * H * D + h * D + d, (o * tl.sigmoid(g)).to(Y.dtype.element_ty), mask=mask)

@@ -41,16 +41,21 @@ def _rms_norm_kernel(X, R, W, Y, RO, stride_x, stride_r, stride_y, stride_ro, D,
 
 
 @triton.jit
+def token_heads_tile(T, H, D, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The tile of a one-program-per-token kernel over (heads, channels): the flat token index,
+    its (b, t), head rows h (BLOCK_H, 1), channel columns d (1, BLOCK_D) and the in-bounds mask."""
+    pid = tl.program_id(0).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    return pid, pid // T, pid % T, h, d, (h < H) & (d < D)
+
+
+@triton.jit
 def _norm_rope_kernel(X, W, COS, SIN, Y, T, H, D, R, eps, offset,
                       sxb, sxt, sxh, scb, sct, syb, syh, syt,
                       BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     """One program per token (b, t), all its heads: RMSNorm per head, rotate channels < R."""
-    pid = tl.program_id(0).to(tl.int64)
-    b = pid // T
-    t = pid % T
-    h = tl.arange(0, BLOCK_H)[:, None]
-    d = tl.arange(0, BLOCK_D)[None, :]
-    mask = (h < H) & (d < D)
+    pid, b, t, h, d, mask = token_heads_tile(T, H, D, BLOCK_H, BLOCK_D)
     src = X + b * sxb + t * sxt + h * sxh
     x = tl.load(src + d, mask=mask, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)  # (BLOCK_H,)

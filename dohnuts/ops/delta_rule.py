@@ -159,27 +159,36 @@ def gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=No
 
 def _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state, use_qk_l2norm):
     """fla's `chunk_gated_delta_rule` forward (`use_gate_in_kernel`, `use_beta_sigmoid_in_kernel`),
-    step by step, without its autograd wrapper, and with the chunk-state step replaced by
-    dohnuts.ops._delta_h_kernel, which reads the initial state through a batch stride: a forked
-    prefix state (an expanded view of one (1, HV, K, V) state) is never copied per branch (fla
-    indexes the state densely; the copies took 0.45 ms a 2b suffix pass, 2026-11-30 profile). The
-    algorithm is fla's: its kernels for every other step, a copy of its state kernel for this one
-    (within 1e-3 of fla's own path on the H200, whose tuner may pick other blocks)."""
+    step by step, without its autograd wrapper. The gates come from dohnuts.ops._gdn_gates_kernel
+    (one launch reading the logits in place, with fla's exp and softplus). A forked prefix state
+    (an expanded view of one (1, HV, K, V) state, batch stride 0) goes to
+    dohnuts.ops._delta_h_kernel, a copy of fla's chunk-state kernel that reads the initial state
+    through a batch stride, so the state is never copied per branch (fla indexes it densely; the
+    copies took 0.45 ms a 2b suffix pass, 2026-11-30 profile; within 1e-3 of fla's own path on the
+    H200, whose tuner may pick other blocks). Every other pass — no state, or a dense one — runs
+    fla's own state kernel, which is the faster of the two there (2.16 vs 2.43 ms a 2b full pass,
+    2026-11-30)."""
     from dohnuts.ops._delta_h_kernel import delta_h_triton
     from dohnuts.ops._fla import fla
+    from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
 
     f = fla()
     with torch.cuda.device(q.device):
         q, k, v = (t.contiguous() for t in (q, k, v))  # fla's input guard did the same
         if use_qk_l2norm:
             q, k = f.l2norm_fwd(q)[0], f.l2norm_fwd(k)[0]
-        beta = f.fused_beta_sigmoid_fwd(b.contiguous())
-        g = f.gdn_gate_chunk_cumsum(a.contiguous(), A_log, chunk_size=CHUNK, scale=f.RCP_LN2, dt_bias=dt_bias)
+        # The decay and β in one kernel reading a and b in place (fla's two gate kernels and two
+        # copies of the strided logits before them).
+        g, beta = gdn_gates_triton(a, b, A_log, dt_bias, chunk_size=CHUNK, scale=f.RCP_LN2)
         w, u, _ = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=CHUNK)
+        forked = (initial_state is not None and initial_state.shape[0] > 1 and initial_state.stride(0) == 0
+                  and k.shape[-1] <= 128 and initial_state[0].is_contiguous())
         if initial_state is not None:
             initial_state = initial_state.float()
-            if not initial_state[0].is_contiguous():
+            if not forked and not initial_state.is_contiguous():
                 initial_state = initial_state.contiguous()
-        h, v_new, final = delta_h_triton(k, w, u, g, initial_state, output_final_state, chunk_size=CHUNK)
+        state_step = delta_h_triton if forked else f.chunk_gated_delta_rule_fwd_h
+        h, v_new, final = state_step(k=k, w=w, u=u, g=g, initial_state=initial_state,
+                                     output_final_state=output_final_state, chunk_size=CHUNK)
         o = f.chunk_fwd_o(q=q, k=k, v=v_new, h=h, g=g, scale=k.shape[-1] ** -0.5, chunk_size=CHUNK)
     return o.to(q.dtype), final

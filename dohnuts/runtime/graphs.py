@@ -8,8 +8,9 @@ KI-2). Here each pass shape is captured once and replayed:
     suffix   (B_b, L_b)    → hidden states, continuing the prefix graph's state       key (P, B_b, L_b, image)
     full     (B_b, L_b)    → hidden states of one batched pass                        key (B_b, L_b, image)
 
-Shapes are bucketed (`ShapeBuckets`): batched-pass lengths on a 32-token grid (the prefix is
-already a multiple of 64, the planner's split), batch rows on a short ladder. The collate step pads a request to its bucket — whole padding
+Shapes are bucketed (`ShapeBuckets`): batched-pass lengths on a grid that widens with the length
+(16 tokens up to 512, then 1/32 of the octave: padding under 1/16 of a row; the prefix is already
+a multiple of 64, the planner's split), batch rows on a short ladder. The collate step pads a request to its bucket — whole padding
 rows and right-padding, both counted as padded work — so a handful of graphs serve every
 request. A shape outside every bucket, or past the graph budget, runs eagerly and is counted.
 
@@ -47,12 +48,22 @@ class ShapeBuckets:
     """Which (rows, length) a batched pass is padded to. None: no bucket (runs eagerly)."""
 
     rows: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64)
-    length_step: int = 32  # padding ≤ 31 tokens a row (a finer grid means more graphs)
+    length_step: int = 16  # the finest length grid (short passes)
+    per_octave: int = 32  # lengths in (2^k, 2^(k+1)] step by max(length_step, 2^(k+1) / per_octave)
     max_length: int = 4096
+
+    def step(self, length: int) -> int:
+        """The grid of lengths near `length`: padding stays under 1/16 of a row past 256 tokens
+        (2/per_octave) and under `length_step` tokens below, with 16 lengths an octave at most.
+        (A fixed 32-token grid padded a 262-token image suffix by 26 tokens a row, 9 % of the
+        pass; this one pads it by 10.)"""
+        top = 1 << max(length - 1, 1).bit_length()  # the power of two at or above `length`
+        return max(self.length_step, top // self.per_octave)
 
     def fit(self, rows: int, length: int) -> tuple[int, int] | None:
         b = next((r for r in self.rows if r >= rows), None)
-        L = -(-length // self.length_step) * self.length_step
+        step = self.step(length)
+        L = -(-length // step) * step
         if b is None or L > self.max_length:
             return None
         return b, L

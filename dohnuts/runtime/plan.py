@@ -19,7 +19,11 @@ from dataclasses import dataclass
 from dohnuts.errors import RequestError
 from dohnuts.runtime.requests import Request
 
-PREFIX_ALIGN = 64  # the split lands on a multiple of 64 tokens (the delta-rule chunk size)
+# The split lands on a multiple of 8 tokens: prefix lengths (and so prefix CUDA graphs) stay on a
+# coarse grid, and each row recomputes fewer than 8 shared tokens. (64, the delta-rule chunk, is
+# not needed — fla's kernels take any length and state — and cost an image request 14 tokens a
+# row, which the suffix's length grid then rounded up to 26: 9 % of the suffix pass.)
+PREFIX_ALIGN = 8
 # The planner proposes a split only from this many shared tokens on; whether prediction then
 # computes it once is measured per shape (dohnuts.runtime.sharing). Training follows the proposal.
 MIN_SHARED_PREFIX = 128
@@ -68,11 +72,12 @@ def longest_common_prefix(seqs: tuple[tuple[int, ...], ...], known: int = 0) -> 
     return p
 
 
-def shared_prefix_split(plan_seqs, score_positions, *, align: int = PREFIX_ALIGN,
+def shared_prefix_split(plan_seqs, score_positions, *, align: int | None = None,
                         min_shared: int = MIN_SHARED_PREFIX, common: int | None = None) -> int:
     """Split point P: ≤ the longest common prefix (`common`, computed if None), ≤ every first
     candidate position (all scored positions stay in the suffix, and every suffix is non-empty),
-    aligned down to `align`; 0 when there is one question or P < `min_shared`."""
+    aligned down to `align` (default PREFIX_ALIGN); 0 when there is one question or P < `min_shared`."""
+    align = PREFIX_ALIGN if align is None else align
     if len(plan_seqs) < 2:
         return 0
     p = longest_common_prefix(plan_seqs) if common is None else common

@@ -15,6 +15,8 @@ base identity adapters are verified against. Prediction (dohnuts.runtime.predict
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -49,6 +51,20 @@ class ImageUse:
             return replace(work, encoded_image_patches=(self.encoded_patches,), cached_images=0)
         return replace(work, encoded_image_patches=(), cached_images=1)
 
+
+
+@functools.lru_cache(maxsize=256)
+def image_head_positions(grid: tuple[int, int, int], image_tokens: int, length: int, image_token_id: int,
+                         spatial_merge_size: int) -> torch.Tensor:
+    """(3, length) MRoPE positions of a planned image sequence — vision_start, the image's
+    placeholders at 1..image_tokens, then text (dohnuts.runtime.plan) — which depend on nothing
+    but that layout: computed once per (grid, length), not per request (0.15 ms of a request's
+    preparation on the H200's host). Shared: callers slice it and never write to it."""
+    from dohnuts.model.vision import mrope_position_ids
+
+    ids = torch.zeros(length, dtype=torch.long)
+    ids[1:1 + image_tokens] = image_token_id
+    return mrope_position_ids(ids, [grid], image_token_id=image_token_id, spatial_merge_size=spatial_merge_size)
 
 class Session:
     """A scoring model with its tokenizer, image-feature cache, temperature and adapters."""
@@ -116,8 +132,6 @@ class Session:
         `bucket` pads the batched pass to a CUDA-graph shape (default: for prediction when the
         session replays graphs). Thread-safe (prediction and training call it from worker
         threads). Raises RequestError (ImageError for unusable images) naming the request."""
-        from dohnuts.model.vision import mrope_position_ids
-
         image, grid, n_img = None, None, 0
         if req.image is not None:
             if self.model.visual is None:
@@ -129,9 +143,8 @@ class Session:
                             share_prefix=share_prefix, source=source)
         positions = None
         if image is not None:  # (3, T_max): every question shares the image head, so the longest decides
-            longest = max(plan.sequences, key=len)
-            positions = mrope_position_ids(torch.tensor(longest), [grid], image_token_id=self.cfg.image_token_id,
-                                           spatial_merge_size=self.cfg.vision.spatial_merge_size)
+            positions = image_head_positions(grid, n_img, max(plan.lengths), self.cfg.image_token_id,
+                                             self.cfg.vision.spatial_merge_size)
         if bucket is None:
             bucket = self.graphs is not None and not train
         alternative = None
