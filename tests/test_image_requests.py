@@ -144,6 +144,12 @@ def test_file_digest_is_remembered_while_the_file_is_unchanged(tmp_path, monkeyp
     assert memo.digest(str(f)) == d1 and len(reads) == 3
     write(b"z" * 1000, age_s=0)  # just written: its timestamp could hide a second write in the same tick
     assert memo.digest(str(f)) == memo.digest(str(f)) == memo._hash(b"z" * 1000) and len(reads) == 5
+    write(b"w" * 1000, age_s=0.5)  # sub-second stamps: trusted from RACY_FINE_S on
+    assert memo.digest(str(f)) == memo.digest(str(f)) == memo._hash(b"w" * 1000) and len(reads) == 6
+    t = (time.time_ns() // 1_000_000_000 - 1) * 1_000_000_000  # whole-second stamps, 1 s ago: still racy
+    f.write_bytes(b"v" * 1000)
+    os.utime(f, ns=(t, t))
+    assert memo.digest(str(f)) == memo.digest(str(f)) == memo._hash(b"v" * 1000) and len(reads) == 8
     assert memo.digest(str(tmp_path / "missing.png")) is None
 
 

@@ -91,11 +91,15 @@ class ImageKeyMemo:
 
     A file whose stat signature (device, inode, size, mtime and ctime in ns) is unchanged since it
     was hashed is not read again (0.26 ms a 150 KB image here, every request). As in git's index,
-    a signature is trusted only when the file had not been modified within `RACY_S` of its
-    hashing: a write in the same timestamp tick as the read could otherwise go unseen.
+    a signature is trusted only when the file had not been modified within a "racy" window of its
+    hashing: a second write in the same timestamp tick as the read could otherwise go unseen. The
+    window is `RACY_S` where the file system stamps in whole seconds (FAT, some network file
+    systems: a modification time with no sub-second part), else `RACY_FINE_S` (sub-second stamps
+    advance with the kernel's clock tick, at most 10 ms).
     """
 
     RACY_S = 2.0
+    RACY_FINE_S = 0.1
 
     def __init__(self, max_entries: int = 4096):
         import threading
@@ -127,7 +131,8 @@ class ImageKeyMemo:
         except OSError:
             return None
         digest = self._hash(data)
-        if time.time_ns() - st.st_mtime_ns > self.RACY_S * 1e9:
+        racy_s = self.RACY_S if st.st_mtime_ns % 1_000_000_000 == 0 else self.RACY_FINE_S
+        if time.time_ns() - st.st_mtime_ns > racy_s * 1e9:
             with self._lock:
                 self._stats[path] = (sig, digest)
                 self._stats.move_to_end(path)

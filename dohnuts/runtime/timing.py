@@ -38,11 +38,26 @@ class _NullTimer:
 NULL_TIMER = _NullTimer()
 
 
+_EVENT_POOLS: dict[int, list[tuple]] = {}  # CUDA device index → (start, end) timing events, reused across timers
+_EVENT_POOL_MAX = 512
+
+
+def _event_pair() -> tuple:
+    """A (start, end) pair of timing events for the current CUDA device: a used pair from its pool
+    when there is one (creating two CUDA events each stage is host time inside the measured call,
+    whose timer cost 0.36 ms a call on the H200's host, 2026-12-01), else new ones."""
+    try:
+        return _EVENT_POOLS.setdefault(torch.cuda.current_device(), []).pop()  # atomic under the GIL
+    except IndexError:
+        return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
 @dataclass
 class StageTimer:
     device: torch.device
     _events: dict[str, list[tuple]] = field(default_factory=dict)
     _host: dict[str, StageTime] = field(default_factory=dict)
+    _device_ms: dict[str, float] = field(default_factory=dict)  # stage device times already read back
     _overhead_s: float = 0.0  # host seconds the timer spent on itself (outside the stage intervals)
     entries: int = 0  # stages entered
 
@@ -51,7 +66,7 @@ class StageTimer:
         o0 = time.perf_counter()
         use_cuda = self.device.type == "cuda"
         if use_cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start, end = _event_pair()
             start.record()
         t0 = time.perf_counter()
         try:
@@ -74,15 +89,23 @@ class StageTimer:
         return self._overhead_s * 1e3
 
     def result(self) -> dict[str, StageTime]:
-        """Per-stage times, in the order stages were first entered (synchronises the device)."""
+        """Per-stage times, in the order stages were first entered (synchronises the device). The
+        events, once read, go back to the pool; a stage entered again later adds to its time."""
         if self._events:
             torch.cuda.synchronize(self.device)
         out = {}
         for name, st in self._host.items():
-            dev = None
+            dev = self._device_ms.get(name)
             if name in self._events:
-                dev = sum(s.elapsed_time(e) for s, e in self._events[name])
+                dev = (dev or 0.0) + sum(s.elapsed_time(e) for s, e in self._events[name])
+                self._device_ms[name] = dev
             out[name] = StageTime(host_ms=st.host_ms, device_ms=dev, count=st.count)
+        if self._events:
+            pool = _EVENT_POOLS.setdefault(torch.cuda.current_device(), [])
+            for pairs in self._events.values():
+                if len(pool) < _EVENT_POOL_MAX:
+                    pool.extend(pairs)
+            self._events.clear()
         return out
 
 
