@@ -622,18 +622,17 @@ def test_fork_and_kv_append_copies_are_exact():
 
 def test_stage_timer_reuses_its_events_and_keeps_each_stage_s_time():
     """Timing events go back to a pool when read and serve the next timer; each stage still gets
-    its own device time (a 2 ms sleep kernel against an empty stage), and a stage entered after a
-    read adds to its earlier time."""
+    its own device time (a sleep kernel of ≈ 2 ms against an empty stage), and a stage entered
+    after a read adds to its earlier time."""
     from dohnuts.runtime import timing
 
     dev = torch.device(DEV)
-    cycles = 4_000_000  # ≈ 2 ms at the H200's 1.98 GHz (longer at lower clocks)
+    cycles = 4_000_000  # ≈ 2 ms at the H200's 1.98 GHz (longer at lower clocks, or on a first launch)
     first = timing.StageTimer(dev)
     with first.stage("sleep"):
         torch.cuda._sleep(cycles)
-    slept = first.result()["sleep"].device_ms
-    pool = timing._EVENT_POOLS[torch.cuda.current_device()]
-    reused = pool[-1]
+    assert first.result()["sleep"].device_ms > 1.0
+    reused = timing._EVENT_POOLS[torch.cuda.current_device()][-1]
     second = timing.StageTimer(dev)
     with second.stage("empty"):
         pass
@@ -641,7 +640,8 @@ def test_stage_timer_reuses_its_events_and_keeps_each_stage_s_time():
     with second.stage("sleep"):
         torch.cuda._sleep(cycles)
     got = second.result()
-    assert got["empty"].device_ms < 0.1 < 1.0 < slept and abs(got["sleep"].device_ms - slept) < 0.5 * slept
+    assert got["empty"].device_ms < 0.1 and got["sleep"].device_ms > 1.0
     with second.stage("sleep"):
         torch.cuda._sleep(cycles)
-    assert second.result()["sleep"].device_ms > 1.5 * got["sleep"].device_ms
+    again = second.result()["sleep"]
+    assert again.count == 2 and again.device_ms > got["sleep"].device_ms + 1.0
