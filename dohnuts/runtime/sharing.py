@@ -9,8 +9,8 @@ H200 with eager launches sharing lost (182.9 vs 103.4 ms, docs/evolution.md M5),
 graphs it wins 4.2×. A token threshold cannot know that.
 
 `ShareTuner` measures instead: the first prediction request of a shape class — (batch rows,
-shared prefix P, longest sequence, image tokens), with lengths rounded to the 32-token grid of
-the graph buckets — is run both ways (once untimed: graph capture, kernel tuning; then three
+shared prefix P, longest sequence, image tokens), with the longest rounded to 32 tokens (one or
+two of the graph buckets' length steps) — is run both ways (once untimed: graph capture, kernel tuning; then three
 times each, interleaved and timed on the device; the minima are compared), and the faster
 variant is remembered for every later request of that class. A request planned before its class was decided carries both batches and
 is resolved at scoring time. Training follows the planner (no alternative is measured there).
