@@ -47,7 +47,7 @@ def _silu_norm_store(acc, Y, b, t, c, T, C, eps, mask, NORM: tl.constexpr):
 def _conv_kernel(X, Wt, Y, S0, ST, T, C, T_BUCKET, sxb, sxt, s0b, s0c, s0w, stb, stc, stw, eps,
                  D: tl.constexpr, W: tl.constexpr, HP: tl.constexpr, NORM: tl.constexpr,
                  HAS_S0: tl.constexpr, STORE_ST: tl.constexpr, BT: tl.constexpr):
-    """Program (token block, b·(C/D) + h) over channels h·D..(h+1)·D of batch row b:
+    """Program (head h, token block, batch row b) over channels h·D..(h+1)·D of row b:
     y[t] = silu(Σ_k w[:, k] · x[t−W+1+k]), x[t < 0] from the initial state (or 0), then y / ‖y‖₂
     per row if NORM. The program holding the last token also writes the final state.
 
@@ -55,11 +55,9 @@ def _conv_kernel(X, Wt, Y, S0, ST, T, C, T_BUCKET, sxb, sxt, s0b, s0c, s0w, stb,
     outputs — the only ones that read it — are left to a small head tile of the first block: the
     state's (B, C, W) layout is strided along the channels, and loading it inside the main tile
     (masked, one scalar load per element) ran at 0.7 TB/s (23 µs a part in a 2b suffix)."""
-    i_t = tl.program_id(0).to(tl.int64)
-    i_bh = tl.program_id(1).to(tl.int64)
-    nh = C // D
-    b = i_bh // nh
-    h = i_bh % nh
+    h = tl.program_id(0).to(tl.int64)  # heads vary fastest: programs running together read (and
+    i_t = tl.program_id(1).to(tl.int64)  # write) neighbouring 256-byte pieces of the same rows
+    b = tl.program_id(2).to(tl.int64)
     t = i_t * BT + tl.arange(0, BT)[:, None]
     ch = h * D + tl.arange(0, D)
     c = ch[None, :]
@@ -123,7 +121,7 @@ def conv_silu_triton(x: torch.Tensor, weight: torch.Tensor, head_dim: int, *, no
     st = final_state if final_state is not None else y
     st_strides = final_state.stride() if final_state is not None else (0, 0, 0)
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
-        grid = lambda meta: (triton.cdiv(T, meta["BT"]), B * (C // head_dim))  # noqa: E731
+        grid = lambda meta: (C // head_dim, triton.cdiv(T, meta["BT"]), B)  # noqa: E731
         args = (x, weight, y, s0, st, T, C, min(triton.next_power_of_2(T), 4096), x.stride(0), x.stride(1),
                 *s0_strides, *st_strides, float(eps))
         flags = dict(D=head_dim, W=W, HP=max(2, triton.next_power_of_2(W - 1)), NORM=normalize, HAS_S0=initial_state is not None,
