@@ -55,8 +55,10 @@ def _conv_kernel(X, Wt, Y, S0, ST, T, C, T_BUCKET, sxb, sxt, s0b, s0c, s0w, stb,
     outputs — the only ones that read it — are left to a small head tile of the first block: the
     state's (B, C, W) layout is strided along the channels, and loading it inside the main tile
     (masked, one scalar load per element) ran at 0.7 TB/s (23 µs a part in a 2b suffix)."""
-    h = tl.program_id(0).to(tl.int64)  # heads vary fastest: programs running together read (and
-    i_t = tl.program_id(1).to(tl.int64)  # write) neighbouring 256-byte pieces of the same rows
+    # Heads vary fastest: programs running together read and write neighbouring 256-byte pieces of
+    # the same rows (a 448-token prefix pass's conv: 309 → 228 µs; no change at 16k tokens).
+    h = tl.program_id(0).to(tl.int64)
+    i_t = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
     t = i_t * BT + tl.arange(0, BT)[:, None]
     ch = h * D + tl.arange(0, D)

@@ -55,7 +55,7 @@ def _norm_rope_kernel(X, W, COS, SIN, Y, T, H, D, R, eps, offset,
                       sxb, sxt, sxh, scb, sct, syb, syh, syt,
                       BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     """One program per token (b, t), all its heads: RMSNorm per head, rotate channels < R."""
-    pid, b, t, h, d, mask = token_heads_tile(T, H, D, BLOCK_H, BLOCK_D)
+    _, b, t, h, d, mask = token_heads_tile(T, H, D, BLOCK_H, BLOCK_D)
     src = X + b * sxb + t * sxt + h * sxh
     x = tl.load(src + d, mask=mask, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)  # (BLOCK_H,)
