@@ -544,6 +544,9 @@ def test_gdn_gates_kernel_equals_fla_s_gate_kernels():
     """One launch reading a and b in place (column slices of a packed projection) equals fla's
     fused_beta_sigmoid_fwd and gdn_gate_chunk_cumsum on contiguous copies: β exactly, the decay to
     float rounding (fla evaluates softplus with inline PTX); 2b head count, 3 chunks."""
+    from fla.ops.common.gate import fused_beta_sigmoid_fwd
+    from fla.ops.gated_delta_rule.gate import gdn_gate_chunk_cumsum
+
     from dohnuts.ops._fla import fla
     from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
 
@@ -555,8 +558,8 @@ def test_gdn_gates_kernel_equals_fla_s_gate_kernels():
     A_log = torch.empty(HV, device=DEV).uniform_(1, 16, generator=g).log().bfloat16()
     dt_bias = torch.randn(HV, device=DEV, generator=g).bfloat16()
     got_g, got_beta = gdn_gates_triton(a, b, A_log, dt_bias, chunk_size=64, scale=f.RCP_LN2)
-    want_g = f.gdn_gate_chunk_cumsum(a.contiguous(), A_log, chunk_size=64, scale=f.RCP_LN2, dt_bias=dt_bias)
-    want_beta = f.fused_beta_sigmoid_fwd(b.contiguous())
+    want_g = gdn_gate_chunk_cumsum(a.contiguous(), A_log, chunk_size=64, scale=f.RCP_LN2, dt_bias=dt_bias)
+    want_beta = fused_beta_sigmoid_fwd(b.contiguous())
     assert torch.equal(got_beta, want_beta)
     assert relative_error(got_g, want_g) < 1e-5 and (got_g - want_g).abs().max() < 1e-4 * want_g.abs().max()
 

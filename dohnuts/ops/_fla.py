@@ -26,31 +26,17 @@ def fla() -> SimpleNamespace:
     from fla.modules.activations import swiglu
     from fla.modules.causal_conv1d import causal_conv1d
     from fla.modules.norm.fused_norm_gate import rms_norm_gated
-    from fla.modules.norm.l2norm import l2norm_fwd
     from fla.modules.norm.layernorm import rms_norm
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    # the forward steps of chunk_gated_delta_rule, for the inference path (no autograd wrapper)
+    from fla.modules.norm.l2norm import l2norm_fwd
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
     from fla.ops.common.chunk_o import chunk_fwd_o
-    from fla.ops.common.gate import fused_beta_sigmoid_fwd
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
-    from fla.ops.gated_delta_rule.gate import gdn_gate_chunk_cumsum
     from fla.ops.utils.constant import RCP_LN2
 
-    return SimpleNamespace(
-        rms_norm=rms_norm,
-        rms_norm_gated=rms_norm_gated,
-        swiglu=swiglu,
-        causal_conv1d=causal_conv1d,
-        chunk_gated_delta_rule=chunk_gated_delta_rule,
-        # the forward steps of chunk_gated_delta_rule, for the inference path (no autograd wrapper)
-        l2norm_fwd=l2norm_fwd,
-        fused_beta_sigmoid_fwd=fused_beta_sigmoid_fwd,
-        gdn_gate_chunk_cumsum=gdn_gate_chunk_cumsum,
-        chunk_gated_delta_rule_fwd_intra=chunk_gated_delta_rule_fwd_intra,
-        chunk_gated_delta_rule_fwd_h=chunk_gated_delta_rule_fwd_h,
-        chunk_fwd_o=chunk_fwd_o,
-        RCP_LN2=RCP_LN2,
-    )
+    return SimpleNamespace(**locals())  # every name imported above, as itself
 
 
 @functools.cache
