@@ -11,6 +11,7 @@
 #   DISTKILL=1                                               NCCL: rank 1 of 2 killed in training, then --resume
 #   BASELINES=N                                              N runs of benchmarks/test_regressions.py on 2b
 #                                                            (results/baselines/h200-2b-K.json)
+#   LAB='conv,swiglu_gemm,addmm'                            benchmarks/kernel_lab.py experiments (kernel_lab.json)
 #   PACK_CACHE=1                                             pack .triton_cache, trimmed, into $OUT (15 MB parts)
 #   BUDGET=seconds (default 540)                             stop starting new steps after this
 # Compiled Triton kernels and fla's autotuning choices persist in .triton_cache (TRITON_CACHE_DIR).
@@ -93,6 +94,11 @@ if [ -n "${HOSTPROF:-}" ] && [ "$(left)" -gt 45 ]; then
     timeout 60 python3 benchmarks/prepare_cost.py --workload "$w" --calls 200 --profile 30 2>&1 | grep -v '^\s*$'
   done > "$OUT/host_prepare.txt"
   grep "prepare .* ms" "$OUT/host_prepare.txt"
+fi
+if [ -n "${LAB:-}" ] && [ "$(left)" -gt 45 ]; then
+  echo "== kernel lab: $LAB ($(left) s left)"
+  timeout $(($(left) - 20)) python3 benchmarks/kernel_lab.py --only "$LAB" --out "$OUT/kernel_lab.json" 2>&1 \
+    | tee "$OUT/kernel_lab.txt" | grep -v '^\s*$' | tail -40
 fi
 if [ -n "${COLD:-}" ] && [ "$(left)" -gt 60 ]; then
   echo "== time to first result of new processes ($(left) s left)"

@@ -1,0 +1,203 @@
+"""Kernel experiments at the text-2b shape (32 × 512 tokens), before a kernel changes in dohnuts.
+
+Each experiment times candidates against what dohnuts runs today, interleaved (A, B, A, B, ...
+medians of `triton.testing.do_bench`), and checks the candidate's numbers against the current
+path. It answers, on the machine at hand, whether a change is worth making:
+
+- `conv`: the Gated DeltaNet conv kernel (dohnuts/ops/_conv_kernel.py) over its tile configs,
+  beside the access pattern's own ceiling (a strided column slice copied to a dense tensor).
+- `swiglu_gemm`: the MLP's gate/up GEMM with SwiGLU in its epilogue (a Triton GEMM with two
+  accumulators), against cuBLAS's GEMM followed by dohnuts' SwiGLU kernel.
+- `addmm`: the residual add in the down/out projection's GEMM epilogue (`addmm_` into the
+  residual stream, then a plain RMSNorm), against GEMM then the fused add + RMSNorm kernel.
+
+    python benchmarks/kernel_lab.py --out lab.json [--only conv,addmm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+
+
+def _clock() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader"],
+                              check=False, capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception:  # noqa: BLE001 - telemetry is optional here
+        return "?"
+
+
+def _ab(fns: dict, rounds: int = 5) -> dict[str, float]:
+    """Median ms of each fn, measured round-robin (clock drift hits every candidate alike)."""
+    from triton.testing import do_bench
+
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, f in fns.items():
+            times[k].append(do_bench(f, warmup=5, rep=40))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def lab_conv(out: dict) -> None:
+    import torch
+    import triton
+    import triton.language as tl
+
+    from dohnuts.ops._conv_kernel import _conv_kernel, conv_silu_triton
+
+    B, T, C, D, W = 32, 512, 2048, 128, 4
+    packed = torch.randn(B, T, 3 * C + 32, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(3 * C, W, device="cuda", dtype=torch.bfloat16) * 0.5
+    x = packed[..., :C]
+    moved = 2 * B * T * C * 2  # bytes read + written per part
+
+    @triton.jit
+    def _copy(X, Y, T, C, sxb, sxt, D: tl.constexpr, BT: tl.constexpr):
+        h = tl.program_id(0).to(tl.int64)
+        i_t = tl.program_id(1).to(tl.int64)
+        b = tl.program_id(2).to(tl.int64)
+        t = i_t * BT + tl.arange(0, BT)[:, None]
+        c = h * D + tl.arange(0, D)[None, :]
+        v = tl.load(X + b * sxb + t * sxt + c, mask=t < T)
+        tl.store(Y + b * T * C + t * C + c, v, mask=t < T)
+
+    y = torch.empty(B, T, C, device="cuda", dtype=torch.bfloat16)
+
+    def run_cfg(bt, nw, norm):
+        grid = (C // D, triton.cdiv(T, bt), B)
+        return lambda: _conv_kernel.fn[grid](x, w[:C], y, y, y, T, C, 512, x.stride(0), x.stride(1), 0, 0, 0, 0, 0, 0,
+                                             1e-6, D=D, W=W, HP=4, NORM=norm, HAS_S0=False, STORE_ST=False, BT=bt,
+                                             num_warps=nw)
+
+    fns = {"torch contiguous() copy": lambda: x.contiguous(),
+           "triton tile copy BT=64": lambda: _copy[(C // D, T // 64, B)](x, y, T, C, x.stride(0), x.stride(1),
+                                                                         D=D, BT=64, num_warps=4),
+           "current (autotuned), norm": lambda: conv_silu_triton(x, w[:C], D, normalize=True),
+           "current (autotuned), no norm": lambda: conv_silu_triton(x, w[:C], D, normalize=False)}
+    for bt, nw in ((8, 1), (16, 1), (16, 2), (32, 2), (32, 4), (64, 4), (64, 8), (128, 8)):
+        fns[f"BT={bt} warps={nw} norm"] = run_cfg(bt, nw, True)
+    res = _ab(fns)
+    out["conv"] = {"shape": [B, T, C], "bytes_per_part": moved, "clock": _clock(),
+                   "ms": res, "TB/s": {k: moved / (v * 1e-3) / 1e12 for k, v in res.items()}}
+    for k, v in res.items():
+        print(f"conv  {k:32s} {v * 1e3:8.1f} µs  {moved / (v * 1e-3) / 1e12:5.2f} TB/s")
+
+
+def lab_swiglu_gemm(out: dict) -> None:
+    import torch
+    import torch.nn.functional as F
+    import triton
+    import triton.language as tl
+
+    from dohnuts.ops._swiglu_kernel import swiglu_packed_triton
+
+    M, K, I = 32 * 512, 2048, 6144
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    wp = torch.randn(2 * I, K, device="cuda", dtype=torch.bfloat16) * K ** -0.5
+
+    @triton.jit
+    def _gate_up(X, Wt, Y, M, N, K, I, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+        pid = tl.program_id(0)
+        n_m, n_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+        group = pid // (GROUP * n_n)
+        first_m = group * GROUP
+        size_m = min(n_m - first_m, GROUP)
+        pm = first_m + (pid % (GROUP * n_n)) % size_m
+        pn = (pid % (GROUP * n_n)) // size_m
+        rm = pm * BM + tl.arange(0, BM)
+        rn = pn * BN + tl.arange(0, BN)
+        rk = tl.arange(0, BK)
+        a_ptr = X + rm[:, None].to(tl.int64) * K + rk[None, :]
+        g_ptr = Wt + rn[:, None].to(tl.int64) * K + rk[None, :]
+        u_ptr = Wt + (rn[:, None] + I).to(tl.int64) * K + rk[None, :]
+        acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+        acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+        for k in range(0, K, BK):
+            a = tl.load(a_ptr + k)
+            acc_g = tl.dot(a, tl.trans(tl.load(g_ptr + k)), acc_g)
+            acc_u = tl.dot(a, tl.trans(tl.load(u_ptr + k)), acc_u)
+        yv = acc_g * tl.sigmoid(acc_g) * acc_u
+        tl.store(Y + rm[:, None].to(tl.int64) * N + rn[None, :], yv.to(Y.dtype.element_ty))
+
+    y = torch.empty(M, I, device="cuda", dtype=torch.bfloat16)
+
+    def fused(bm, bn, bk, nw, ns):
+        grid = (triton.cdiv(M, bm) * triton.cdiv(I, bn),)
+        return lambda: _gate_up[grid](x, wp, y, M, I, K, I, BM=bm, BN=bn, BK=bk, GROUP=8, num_warps=nw, num_stages=ns)
+
+    ref = swiglu_packed_triton(F.linear(x, wp))
+    fns = {"cuBLAS GEMM + swiglu kernel": lambda: swiglu_packed_triton(F.linear(x, wp)),
+           "cuBLAS GEMM alone": lambda: F.linear(x, wp)}
+    errs = {}
+    for cfg in ((128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 64, 64, 4, 4), (128, 128, 32, 8, 4),
+                (64, 128, 64, 4, 4), (128, 256, 64, 8, 3)):
+        name = "triton gate/up+swiglu BM={} BN={} BK={} w={} s={}".format(*cfg)
+        try:
+            f = fused(*cfg)
+            f()
+            torch.cuda.synchronize()
+            errs[name] = float((y.float() - ref.float()).abs().max() / ref.float().abs().max())
+            fns[name] = f
+        except Exception as exc:  # noqa: BLE001 - a config that does not fit is reported, not fatal
+            errs[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    res = _ab(fns)
+    flops = 2 * M * K * 2 * I
+    out["swiglu_gemm"] = {"shape": [M, K, I], "clock": _clock(), "ms": res, "rel_err": errs,
+                          "TFLOP/s": {k: flops / (v * 1e-3) / 1e12 for k, v in res.items()}}
+    for k, v in res.items():
+        print(f"mlp   {k:48s} {v:7.3f} ms  {flops / (v * 1e-3) / 1e12:6.1f} TFLOP/s  err {errs.get(k, '')}")
+
+
+def lab_addmm(out: dict) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from dohnuts.ops._norm_kernels import rms_norm_triton
+
+    M, K, H = 32 * 512, 6144, 2048
+    h = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    wd = torch.randn(H, K, device="cuda", dtype=torch.bfloat16) * K ** -0.5
+    x = torch.randn(M, H, device="cuda", dtype=torch.bfloat16)
+    nw = torch.zeros(H, device="cuda", dtype=torch.bfloat16)
+    xs = x.clone()
+
+    def current():
+        return rms_norm_triton(F.linear(h, wd), nw, 1e-6, 1.0, residual=x)
+
+    def fused():
+        xs.copy_(x)  # (counted in both: the baseline's extra copy is subtracted below)
+        xs.addmm_(h, wd.t())
+        return rms_norm_triton(xs, nw, 1e-6, 1.0), xs
+
+    _, ra = current()
+    _, rb = fused()
+    err = float((ra.float() - rb.float()).abs().max())
+    res = _ab({"GEMM + add_rms_norm": current, "addmm_ + rms_norm (+ copy)": fused, "copy alone": lambda: xs.copy_(x)})
+    out["addmm"] = {"shape": [M, K, H], "clock": _clock(), "ms": res, "residual_max_abs_diff": err}
+    for k, v in res.items():
+        print(f"addmm {k:32s} {v:7.3f} ms")
+    print(f"addmm residual max |diff| {err:.3g}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="kernel_lab.json")
+    p.add_argument("--only", default="conv,swiglu_gemm,addmm")
+    a = p.parse_args(argv)
+    out: dict = {}
+    for name in a.only.split(","):
+        try:
+            globals()[f"lab_{name}"](out)
+        except Exception as exc:  # noqa: BLE001 - one failed experiment must not lose the others
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(f"{name}: {type(exc).__name__}: {exc}")
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
