@@ -20,7 +20,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from dohnuts.bench.analysis.cost import stage_costs, token_counts
 from dohnuts.bench.analysis.flops import (
-    SCAN_CHUNK, LoraShape, attention_pairs, text_linears, text_pair_flops, text_token_flops,
+    SCAN_CHUNK, LoraShape, attention_pairs, last_layer_query_linears, text_linears, text_pair_flops,
+    text_token_flops,
 )
 from dohnuts.config import preset
 from dohnuts.model.build import build_text_backbone
@@ -69,7 +70,7 @@ def _count(fn) -> dict[str, float]:
 def _agree(counted: dict, expected: dict, tol: float = 0.01) -> dict[str, float]:
     gaps = {}
     for key, value in expected.items():
-        gaps[key] = abs(counted[key] - value) / counted[key]
+        gaps[key] = abs(counted[key] - value) / counted[key] if counted[key] else abs(value)  # 0 vs 0 agrees
         assert gaps[key] <= tol, f"{key}: counter {counted[key]:.6g} vs cost model {value:.6g} ({gaps[key]:.3%})"
     return gaps
 
@@ -125,7 +126,9 @@ def test_prefix_and_suffix_passes_agree_with_torch_flop_counter(name):
     work = WorkCounts(sequences=B, seq_lens=(P + T, P + T - 7), padded_len=T, prefix_len=P, candidates=2)
     costs = stage_costs(cfg, work)
     pair = text_pair_flops(cfg.text)["attention_matmul"]
-    expected = {k: costs["prefix"].useful.flops[k] for k in ("linear", "scan_matmul", "conv")}
+    # A pass that computes its last layer everywhere (scored_rows = 0): what no head reads is padded.
+    prefix = (costs["prefix"].useful + costs["prefix"].padded).flops
+    expected = {k: prefix[k] for k in ("linear", "scan_matmul", "conv")}
     expected["attention_matmul"] = attention_pairs(0, P, causal=False) * pair
     expected["total"] = sum(expected.values())
     _agree(counted_prefix, expected)
@@ -136,6 +139,52 @@ def test_prefix_and_suffix_passes_agree_with_torch_flop_counter(name):
     expected["attention_matmul"] = B * attention_pairs(P, T, causal=False) * pair
     expected["total"] = sum(expected.values())
     _agree(counted, expected)
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen3.5-2b"])
+def test_passes_that_prune_the_last_layer_agree_with_torch_flop_counter(name):
+    """The prefix pass computing only its state, the suffix its last layer at a (B, Q) grid of
+    scored positions: counted FLOPs = the cost model's useful + padded work, and the useful
+    part is what the scored positions need (hand count of the last layer's query side)."""
+    cfg, model, device = _backbone(name)
+    t = cfg.text
+    P, B, T, Q = SCAN_CHUNK, 2, SCAN_CHUNK, 2
+    prefix_ids = torch.randint(0, 256, (1, P), device=device)
+    suffix_ids = torch.randint(0, 256, (B, T), device=device)
+    out = {}
+    counted_prefix = _count(lambda: out.setdefault("s", model(prefix_ids, return_state=True, state_only=True)))
+    assert out["s"][0] is None
+    forked = _meta_state(cfg, B, P) if device == "meta" else out["s"][1].fork(B)
+    rows = torch.tensor([[T - 1, T - 1], [T - 8, T - 20]], device=device)  # row 0: one candidate, padded
+    counted = _count(lambda: out.setdefault("h", model(suffix_ids, state=forked, rows=rows)[0]))
+    assert tuple(out["h"].shape) == (B, Q, t.hidden_size)
+    work = WorkCounts(sequences=B, seq_lens=(P + T, P + T - 7), padded_len=T, prefix_len=P, candidates=3,
+                      scored_rows=B * Q, score_keys=(P + T) + (P + T - 7) + (P + T - 19))
+    costs = stage_costs(cfg, work)
+    pair = text_pair_flops(cfg.text)["attention_matmul"]
+    last_pair = pair / t.layer_types.count("full_attention")
+    query = 2 * (t.hidden_size * 2 * t.num_attention_heads * t.head_dim + t.num_attention_heads * t.head_dim
+                 * t.hidden_size + 3 * t.hidden_size * t.intermediate_size)  # q (+ gate), o, MLP
+    assert t.layer_types[-1] == "full_attention"
+    prefix = costs["prefix"].useful.flops
+    assert not costs["prefix"].padded.flops.get("linear")
+    assert prefix["linear"] == P * (text_token_flops(t)["linear"] - query)
+    expected = {k: prefix[k] for k in ("linear", "scan_matmul", "conv")}
+    expected["attention_matmul"] = attention_pairs(0, P, causal=False) * (pair - last_pair)
+    expected["total"] = sum(expected.values())
+    _agree(counted_prefix, expected)
+    suffix = costs["suffix"]
+    computed = (suffix.useful + suffix.padded).flops
+    expected = {k: computed[k] for k in ("linear", "scan_matmul", "conv")}
+    # Dense pairs in every full-attention layer but the last; there, Q queries a row over P + T keys.
+    expected["attention_matmul"] = B * (attention_pairs(P, T, causal=False) * (pair - last_pair)
+                                        + Q * (P + T) * last_pair)
+    expected["total"] = sum(expected.values())
+    _agree(counted, expected)
+    assert counted["linear"] == computed["linear"]
+    useful_tokens = 2 * T - 7
+    assert suffix.useful.flops["linear"] == useful_tokens * text_token_flops(t)["linear"] - (useful_tokens - 3) * query
+    assert suffix.padded.flops["linear"] == 7 * (text_token_flops(t)["linear"] - query) + 1 * query
 
 
 def test_2b_forward_flops_per_token_by_hand():
@@ -160,13 +209,14 @@ def test_useful_tokens_credit_the_shared_prefix_and_padding_is_separate():
     plain = WorkCounts(sequences=3, seq_lens=lens, padded_len=250, candidates=6,
                        common_prefix_len=P)  # same questions, prefix not shared
     per_token = text_token_flops(cfg.text)["linear"]
+    query = sum(2 * lin.params for lin in last_layer_query_linears(cfg.text))  # needed at the 6 candidates only
     useful = P + sum(n - P for n in lens)
     assert token_counts(shared) == {"useful": useful, "padded": 3 * 130 - sum(n - P for n in lens), "repeated": 0}
     assert token_counts(plain)["useful"] == useful and token_counts(plain)["repeated"] == 2 * P
     for work in (shared, plain):
         c = stage_costs(cfg, work)
         text = [s for s in ("prefix", "suffix", "forward") if s in c]
-        assert sum(c[s].useful.flops["linear"] for s in text) == useful * per_token
+        assert sum(c[s].useful.flops["linear"] for s in text) == useful * per_token - (useful - 6) * query
         total = sum(c[s].useful.tokens + c[s].padded.tokens + c[s].repeated.tokens for s in text)
         assert total == work.computed_tokens  # nothing lost, nothing double counted
     # Repeated prefix work is counted, but never as useful work.
@@ -206,15 +256,18 @@ def test_training_backward_counts_only_what_frozen_weights_need():
     tokens = 128
     first_inputs = sum(2 * lin.params for lin in text_linears(cfg.text)
                        if lin.layer == 0 and lin.module.startswith("linear_attn.in_proj"))
+    query = sum(2 * lin.params for lin in last_layer_query_linears(cfg.text))  # needed at the 4 candidates only
     # Input gradients only (= forward projection FLOPs), minus layer 0's input projections.
-    assert costs["backward"].useful.flops["linear"] == tokens * (text_token_flops(cfg.text)["linear"] - first_inputs)
+    assert costs["backward"].useful.flops["linear"] == (tokens * (text_token_flops(cfg.text)["linear"] - first_inputs)
+                                                        - (tokens - 4) * query)
     assert costs["backward"].useful.flops["adapter"] == 2 * costs["forward"].useful.flops["adapter"]
     assert costs["backward"].useful.flops["head"] == 2 * costs["head"].useful.flops["head"]
     assert "optimizer" in costs
     head_only = stage_costs(cfg, work, lora=LoraShape(rank=0))["backward"].useful.flops
     assert set(head_only) == {"head"}
     recomputed = stage_costs(cfg, dataclasses.replace(work, recomputed_tokens=64), lora=lora)
-    forward = recomputed["forward"].useful.total_flops
+    fwd = recomputed["forward"]
+    forward = (fwd.useful + fwd.padded).total_flops  # the forward as run: its last layer everywhere
     assert recomputed["backward"].repeated.total_flops == pytest.approx(forward / 2)
     assert recomputed["backward"].useful.total_flops == costs["backward"].useful.total_flops
 

@@ -135,6 +135,42 @@ def test_gated_delta_rule_grad_parity_qwen_sizes(heads):
         assert err < BF16_TOL, f"{name}: relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("past", [0, 448])  # a whole pass, and suffix queries over a prefix's keys
+def test_attention_at_the_scored_queries(past):
+    """The last layer's attention of a few queries per row (2b's heads, BF16, SDPA's masked
+    kernel) against the FP32 reference; and the whole backbone pruned to a grid of rows against
+    the whole pass picked at those rows."""
+    from dohnuts.ops.attention import attention_at_fused, attention_at_reference
+
+    B, Q, T = 32, 4, 512
+    qb, qf = _pair(B, 8, Q, 256, seed=11)
+    kb, kf = _pair(B, 2, past + T, 256, seed=12)
+    vb, vf = _pair(B, 2, past + T, 256, seed=13)
+    limit = past + torch.randint(0, T, (B, Q), device=DEV)
+    with torch.no_grad():
+        yb = attention_at_fused(qb, kb, vb, limit, 256 ** -0.5)
+        yf = attention_at_reference(qf, kf, vf, limit, 256 ** -0.5)
+    assert relative_error(yb.float(), yf) < BF16_TOL
+
+
+def test_backbone_pruned_to_scored_rows_bf16():
+    from dataclasses import replace
+
+    from dohnuts.config import preset
+    from dohnuts.model.build import build_text_backbone
+    from dohnuts.model.text import take_rows
+
+    cfg = preset("qwen3.5-2b")
+    cfg = replace(cfg, text=replace(cfg.text, num_hidden_layers=4, layer_types=()))
+    model, _ = build_text_backbone(cfg, device=DEV, dtype=torch.bfloat16, seed=0)
+    ids = torch.randint(0, 20000, (8, 333), device=DEV)
+    rows = torch.randint(0, 333, (8, 4), device=DEV)
+    with torch.no_grad():
+        want = take_rows(model(ids)[0], rows)
+        got, _ = model(ids, rows=rows)
+    assert relative_error(got.float(), want.float()) < BF16_TOL
+
+
 def test_backbone_fused_bf16_matches_reference_fp32():
     """A 4-layer model with Qwen3.5-2b widths: the fused BF16 path is as close to the FP32
     reference as the plain-torch path run in BF16 is (kernels keep the mathematics; only

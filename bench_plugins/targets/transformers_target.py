@@ -10,6 +10,8 @@ see fla (it would try fla's GPU kernels), so this target hides fla there before 
 
 from __future__ import annotations
 
+import dataclasses
+
 import sys
 
 import torch
@@ -87,7 +89,8 @@ class TransformersTarget:
         with timer.stage("serialize"):
             result = Predictor.serialize(hb, host, None)
             result.to_json()
-        return CallResult(decisions=len(result.questions), work=hb.work)
+        # transformers computes every position of its last layer: no pruned rows (WorkCounts).
+        return CallResult(decisions=len(result.questions), work=dataclasses.replace(hb.work, scored_rows=0))
 
     def close(self) -> None:
         del self.model, self.ours

@@ -28,6 +28,17 @@ class ScoreInputs:
     image_features: torch.Tensor | None = None  # (m, H): merged image features, m = image_tokens
     image_tokens: int = 0  # image placeholders at absolute positions 1..image_tokens of every sequence
     prefix_next_position: int | None = None  # rotary position after the prefix (host-known)
+    # The scored positions as a grid: row b's candidates at positions score_rows[b, :] of its pass
+    # row (padded with a position of the same row), and each candidate's flat index into that
+    # (B·Q) grid. Given, a pass computes its last layer's outputs at these positions alone.
+    score_rows: torch.Tensor | None = None  # (B, Q) long
+    score_slot: torch.Tensor | None = None  # (C,) long
+
+    @property
+    def head_index(self) -> torch.Tensor:
+        """The candidates' rows in what `ScoringModel.hidden` returns: the (B·Q) grid of
+        `score_rows` when given, else the (B·L) rows of the whole pass."""
+        return self.score_index if self.score_rows is None else self.score_slot
 
     @property
     def prefix_len(self) -> int:

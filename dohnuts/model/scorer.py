@@ -7,7 +7,9 @@ A pass makes no host reads, so each of its passes can be captured as a CUDA grap
 
 One request is one invocation: either one batched pass, or the shared prefix once (batch 1)
 followed by its forked state and the batched suffixes; then the hidden states at the candidates'
-SCORE tokens go through the scalar head. No vocabulary projection and no token generation exist
+SCORE tokens go through the scalar head. With `ScoreInputs.score_rows` (the runtime always gives
+them) a pass returns the hidden states at the SCORE tokens only, and its last layer computes its
+query side, MLP and final norm there alone; the prefix pass computes only the state it hands on. No vocabulary projection and no token generation exist
 anywhere.
 """
 
@@ -91,38 +93,42 @@ class ScoringModel(nn.Module):
         emb = self.embed(x.prefix_ids, x.image_features[:k] if k else None, 1)
         pos = None if x.positions is None else x.positions[:, :, :x.prefix_len]
         _, state = self.backbone(inputs_embeds=emb, position_ids=pos, return_state=True,
-                                 checkpoint_layers=checkpoint_layers, next_position=x.prefix_next_position)
+                                 checkpoint_layers=checkpoint_layers, next_position=x.prefix_next_position,
+                                 state_only=x.score_rows is not None)
         return state
 
     def suffix_hidden(self, x: ScoreInputs, state: BackboneState, *, checkpoint_layers: bool = False) -> torch.Tensor:
-        """The B suffix rows continuing a batch-1 prefix state (forked here) → hidden (B, L, H)."""
+        """The B suffix rows continuing a batch-1 prefix state (forked here) → hidden (B, L, H),
+        or (B, Q, H) at `x.score_rows`."""
         B, L = x.ids.shape
         P, k = x.prefix_len, x.image_tokens_in_prefix
         rest = x.image_features[k:] if x.image_features is not None and x.image_tokens else None
         emb = self.embed(x.ids, rest, 0)
         pos = None if x.positions is None else x.positions[:, :, P:P + L].expand(-1, B, -1)
         h, _ = self.backbone(inputs_embeds=emb, position_ids=pos, state=state.fork(B),
-                             checkpoint_layers=checkpoint_layers)
+                             checkpoint_layers=checkpoint_layers, rows=x.score_rows)
         return h
 
     def full_hidden(self, x: ScoreInputs, *, checkpoint_layers: bool = False) -> torch.Tensor:
-        """One batched pass over whole sequences → hidden (B, L, H)."""
+        """One batched pass over whole sequences → hidden (B, L, H), or (B, Q, H) at `x.score_rows`."""
         B, L = x.ids.shape
         feats = x.image_features if x.image_tokens else None
         emb = self.embed(x.ids, feats, 1)
         pos = None if x.positions is None else x.positions[:, :, :L].expand(-1, B, -1)
-        h, _ = self.backbone(inputs_embeds=emb, position_ids=pos, checkpoint_layers=checkpoint_layers)
+        h, _ = self.backbone(inputs_embeds=emb, position_ids=pos, checkpoint_layers=checkpoint_layers,
+                             rows=x.score_rows)
         return h
 
-    def head_scores(self, h: torch.Tensor, score_index: torch.Tensor) -> torch.Tensor:
-        """hidden (B, L, H) → the scores (C,) FP32 of the rows `score_index` names."""
-        B, L, H = h.shape
-        return self.head(h.reshape(B * L, H).index_select(0, score_index))
+    def head_scores(self, h: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """hidden (B, L, H) → the scores (C,) FP32 of the flat rows `index` names (a request's
+        `head_index` for what `hidden` returned)."""
+        return self.head(h.reshape(-1, h.shape[-1]).index_select(0, index))
 
     def hidden(self, x: ScoreInputs, *, checkpoint_layers: bool = False, stage=no_stage) -> torch.Tensor:
-        """Hidden states (B, L, H) of the request's rows: the prefix once and its forked suffixes,
-        or one batched pass. `stage(name)` brackets each pass (`prefix`, `suffix` or `forward`)
-        with a context manager — the runtime's stage timer, or nothing."""
+        """Hidden states (B, L, H) of the request's rows, or (B, Q, H) at `x.score_rows`: the prefix
+        once and its forked suffixes, or one batched pass. `stage(name)` brackets each pass
+        (`prefix`, `suffix` or `forward`) with a context manager — the runtime's stage timer, or
+        nothing."""
         if x.prefix_ids is not None:
             with stage("prefix"):
                 state = self.prefix_state(x, checkpoint_layers=checkpoint_layers)
@@ -135,7 +141,7 @@ class ScoringModel(nn.Module):
         """One request's candidate scores (C,) FP32, in the order of `x.score_index`."""
         h = self.hidden(x, checkpoint_layers=checkpoint_layers, stage=stage)
         with stage("head"):
-            return self.head_scores(h, x.score_index)
+            return self.head_scores(h, x.head_index)
 
 
 def candidate_logits(scores: torch.Tensor, cand_matrix: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,22 @@ from dohnuts.model.rope import rotary_cos_sin, rotary_tables, text_positions
 from dohnuts.model.state import BackboneState, KVState, LinearAttentionState
 
 
+class _AllRows:
+    """The default `rows` of a layer: every position (an explicit None means none: state only)."""
+
+    def __repr__(self) -> str:
+        return "ALL_ROWS"
+
+
+ALL_ROWS = _AllRows()
+
+
+def take_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x (B, T, ...) at the positions rows (B, Q) of each batch row → (B, Q, ...)."""
+    index = rows.view(*rows.shape, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:])
+    return x.gather(1, index)
+
+
 class RMSNorm(nn.Module):
     """Zero-centred RMSNorm: y = x / rms(x) · (1 + w), w initialised to 0."""
 
@@ -93,8 +109,11 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = nn.Linear(cfg.linear_value_dim, cfg.hidden_size, bias=False)
 
     def forward(
-        self, x: torch.Tensor, state: LinearAttentionState | None, return_state: bool
-    ) -> tuple[torch.Tensor, LinearAttentionState | None]:
+        self, x: torch.Tensor, state: LinearAttentionState | None, return_state: bool, rows=ALL_ROWS
+    ) -> tuple[torch.Tensor | None, LinearAttentionState | None]:
+        """x (B, T, H) → (output (B, T, H), state). `rows` (B, Q): the output only at those
+        positions, (B, Q, H); None: no output (the state alone). The recurrence runs over every
+        token either way; the output gate, norm and projection only where an output is asked."""
         cfg = self.cfg
         B, T, _ = x.shape
         hv = cfg.linear_num_value_heads
@@ -104,7 +123,6 @@ class GatedDeltaNet(nn.Module):
         else:  # one GEMM; the parts are column views of its output
             mixed, b, a = F.linear(x, w).split([cfg.linear_conv_dim, hv, hv], dim=-1)
         # mixed: (B, T, 2·H·K + HV·V); b, a: (B, T, HV)
-        z = self.in_proj_z(x).view(B, T, hv, cfg.linear_value_head_dim)
 
         # One conv per part (on the GPU, outside training): q, k and v come out contiguous; in a
         # stateless inference pass q and k also come out L2-normalised (`qk_normalised`).
@@ -122,8 +140,13 @@ class GatedDeltaNet(nn.Module):
             q, k, v, a, b, self.A_log, self.dt_bias, initial_state=None if state is None else state.recurrent,
             output_final_state=return_state, use_qk_l2norm=not qk_normalised,
         )  # (B, T, HV, V)
-        o = self.norm(o, z).reshape(B, T, cfg.linear_value_dim)
         new_state = LinearAttentionState(conv_state, recurrent) if return_state else None
+        if rows is None:
+            return None, new_state
+        if rows is not ALL_ROWS:
+            x, o = take_rows(x, rows), take_rows(o, rows)  # (B, Q, H), (B, Q, HV, V)
+        z = self.in_proj_z(x).view(*o.shape)  # the output gate, only where an output is asked
+        o = self.norm(o, z).reshape(*o.shape[:2], cfg.linear_value_dim)
         return self.out_proj(o), new_state
 
 
@@ -159,26 +182,48 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], state: KVState | None, return_state: bool
-    ) -> tuple[torch.Tensor, KVState | None]:
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], state: KVState | None, return_state: bool,
+        rows=ALL_ROWS,
+    ) -> tuple[torch.Tensor | None, KVState | None]:
+        """x (B, T, H) → (output (B, T, H), state). `rows` (B, Q): queries only at those positions,
+        output (B, Q, H); None: no queries at all (keys and values for the state alone)."""
         cfg = self.cfg
         B, T, _ = x.shape
         d = cfg.head_dim
         hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        nq = hq * 2 * d
         w = packed_weight(self.q_proj, self.k_proj, self.v_proj)
-        if w is None:
-            qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        else:  # one GEMM; the parts are column views of its output
-            qg, k, v = F.linear(x, w).split([hq * 2 * d, hkv * d, hkv * d], dim=-1)
-        q, gate = qg.view(B, T, hq, 2 * d).chunk(2, dim=-1)  # strided views (B, T, Hq, D)
-        q = self.q_norm.rope(q, rope)  # (B, Hq, T, D), normalised and rotated
-        k = self.k_norm.rope(k.view(B, T, hkv, d), rope)  # (B, Hkv, T, D)
+        if rows is ALL_ROWS:
+            if w is None:
+                qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            else:  # one GEMM; the parts are column views of its output
+                qg, k, v = F.linear(x, w).split([nq, hkv * d, hkv * d], dim=-1)
+        else:  # keys and values of every token; the query side only at `rows`
+            xq = None if rows is None else take_rows(x, rows)
+            if w is None:
+                k, v = self.k_proj(x), self.v_proj(x)
+                qg = None if xq is None else self.q_proj(xq)
+            else:  # row slices of the packed weight: two GEMMs
+                k, v = F.linear(x, w[nq:]).split([hkv * d, hkv * d], dim=-1)
+                qg = None if xq is None else F.linear(xq, w[:nq])
+        k = self.k_norm.rope(k.view(B, T, hkv, d), rope)  # (B, Hkv, T, D), normalised and rotated
         v = v.view(B, T, hkv, d).transpose(1, 2)
         if state is not None:
             k, v = _append_kv(state.key, k), _append_kv(state.value, v)  # (B, Hkv, P + T, D)
-        o = ops.causal_attention(q, k, v, scale=d ** -0.5)  # (B, Hq, T, D)
-        o = ops.gated_output(o, gate)  # o · sigmoid(gate) as (B, T, Hq·D)
-        return self.o_proj(o), (KVState(k, v) if return_state else None)
+        new_state = KVState(k, v) if return_state else None
+        if qg is None:
+            return None, new_state
+        Q = qg.shape[1]
+        q, gate = qg.view(B, Q, hq, 2 * d).chunk(2, dim=-1)  # strided views (B, Q, Hq, D)
+        if rows is ALL_ROWS:
+            q = self.q_norm.rope(q, rope)  # (B, Hq, T, D)
+            o = ops.causal_attention(q, k, v, scale=d ** -0.5)  # (B, Hq, T, D)
+        else:
+            q = self.q_norm.rope(q, (take_rows(rope[0], rows), take_rows(rope[1], rows)))  # (B, Hq, Q, D)
+            past = 0 if state is None else state.key.shape[2]
+            o = ops.attention_at(q, k, v, rows + past, scale=d ** -0.5)  # (B, Hq, Q, D)
+        o = ops.gated_output(o, gate)  # o · sigmoid(gate) as (B, Q, Hq·D)
+        return self.o_proj(o), new_state
 
 
 class DecoderLayer(nn.Module):
@@ -193,17 +238,25 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, delta, rope, state, return_state):
+    def forward(self, x, delta, rope, state, return_state, rows=ALL_ROWS):
         """x: the residual stream (B, T, H); delta: the previous layer's MLP output, not yet added
         (None before the first layer). Returns (residual stream, this layer's MLP output, state):
-        each residual add is fused into the norm that follows it."""
+        each residual add is fused into the norm that follows it.
+
+        `rows` (B, Q) (the last layer of a scoring pass): everything after the token mixer runs
+        only at those positions, and the residual stream and MLP output come back as (B, Q, H);
+        None: the mixer's state alone (returns None, None, state)."""
         h = self.input_layernorm(x) if delta is None else None
         if delta is not None:
             h, x = self.input_layernorm.add(delta, x)
         if self.layer_type == "linear_attention":
-            h, new_state = self.linear_attn(h, state, return_state)
+            h, new_state = self.linear_attn(h, state, return_state, rows)
         else:
-            h, new_state = self.self_attn(h, rope, state, return_state)
+            h, new_state = self.self_attn(h, rope, state, return_state, rows)
+        if h is None:
+            return None, None, new_state
+        if rows is not ALL_ROWS:
+            x = take_rows(x, rows)
         h, x = self.post_attention_layernorm.add(h, x)
         return x, self.mlp(h), new_state
 
@@ -237,8 +290,17 @@ class TextBackbone(nn.Module):
         return_state: bool = False,
         checkpoint_layers: bool = False,
         next_position: int | None = None,
-    ) -> tuple[torch.Tensor, BackboneState | None]:
+        rows: torch.Tensor | None = None,
+        state_only: bool = False,
+    ) -> tuple[torch.Tensor | None, BackboneState | None]:
         """input_ids (B, T) or inputs_embeds (B, T, H) → hidden (B, T, H) [, state after them].
+
+        `rows` (B, Q) long: return the hidden states at those positions only, (B, Q, H). The
+        last layer then computes its keys/values (or recurrence) for every token but its query
+        side — the query projection and attention of those queries, or the output gate and
+        projection — and its MLP and the final norm at the Q positions alone: nothing after the
+        last layer reads the other positions. `state_only` (with `return_state`): no hidden state
+        at all, (None, state): the last layer computes what the state needs and nothing else.
 
         `position_ids` (3, B, T) default to text positions continuing from `state`. Sequences
         of unequal length are right-padded: every op is causal, so padding never reaches a real
@@ -250,6 +312,8 @@ class TextBackbone(nn.Module):
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        if state_only and (rows is not None or not return_state):
+            raise ValueError("state_only needs return_state and no rows")
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         B, T, _ = x.shape
         start = 0 if state is None else state.next_position
@@ -259,15 +323,18 @@ class TextBackbone(nn.Module):
         rope = self.rotary(position_ids, x.dtype)
         new_states = []
         delta = None  # the last MLP output, added to the residual stream by the next norm
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             layer_state = None if state is None else state.layers[i]
+            layer_rows = ALL_ROWS if i < last or (rows is None and not state_only) else rows
             if checkpoint_layers and torch.is_grad_enabled():
                 x, delta, s = torch.utils.checkpoint.checkpoint(layer, x, delta, rope, layer_state, return_state,
-                                                                use_reentrant=False)
+                                                                layer_rows, use_reentrant=False)
             else:
-                x, delta, s = layer(x, delta, rope, layer_state, return_state)
+                x, delta, s = layer(x, delta, rope, layer_state, return_state, layer_rows)
             new_states.append(s)
-        x = self.norm(x) if delta is None else self.norm.add(delta, x)[0]
+        if x is not None:
+            x = self.norm(x) if delta is None else self.norm.add(delta, x)[0]
         if not return_state:
             return x, None
         length = T + (0 if state is None else state.length)

@@ -52,6 +52,42 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     return fn(q, k, v, scale)
 
 
+def attention_at_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_limit: torch.Tensor,
+                           scale: float) -> torch.Tensor:
+    group = q.shape[1] // k.shape[1]
+    kr = k.repeat_interleave(group, dim=1).float()  # (B, Hq, S, D)
+    vr = v.repeat_interleave(group, dim=1).float()
+    scores = (q.float() @ kr.transpose(-1, -2)) * scale  # (B, Hq, Q, S)
+    allowed = torch.arange(k.shape[2], device=q.device) <= key_limit[:, None, :, None]  # (B, 1, Q, S)
+    return (scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1) @ vr).to(q.dtype)
+
+
+def attention_at_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_limit: torch.Tensor,
+                       scale: float) -> torch.Tensor:
+    B, Hq, Q, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    # The G query heads of a KV head become G·Q queries of that head (head h reads KV head h // G):
+    # SDPA then runs without repeating the keys, on its masked (memory-efficient) kernel.
+    qf = q.reshape(B, Hkv, G * Q, D)
+    allowed = torch.arange(S, device=q.device) <= key_limit[:, None, None, :, None]  # (B, 1, 1, Q, S)
+    mask = allowed.expand(B, 1, G, Q, S).reshape(B, 1, G * Q, S)
+    o = F.scaled_dot_product_attention(qf, k, v, attn_mask=mask, scale=scale)  # (B, Hkv, G·Q, D)
+    return o.reshape(B, Hq, Q, D)
+
+
+def attention_at(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_limit: torch.Tensor,
+                 scale: float) -> torch.Tensor:
+    """Attention of a few queries per sequence, each over its own causal prefix of the keys.
+
+    q: (B, Hq, Q, D) contiguous; k, v: (B, Hkv, S, D) with Hq % Hkv == 0; key_limit (B, Q) long:
+    query j of row b sees keys 0..key_limit[b, j] (its absolute position) → (B, Hq, Q, D). What
+    the last layer of a scoring pass runs for the scored positions alone (`causal_attention` on
+    every query, then picking Q of them, gives the same numbers)."""
+    fn = attention_at_fused if use_fused(q) else attention_at_reference
+    return fn(q, k, v, key_limit, scale)
+
+
 def gated_output_reference(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     B, H, T, D = o.shape
     # The sigmoid reads the strided gate view and writes it contiguous (B, T, H·D).

@@ -33,6 +33,8 @@ class Batch:
     pixel_patches: torch.Tensor | None = None  # (N, C·Tp·P·P) float32: the image's patches
     image_tokens: int = 0  # image placeholders at absolute positions 1..image_tokens of every sequence
     prefix_next_position: int | None = None  # rotary position after the prefix (host-known: no sync)
+    score_rows: torch.Tensor | None = None  # (B, Kmax) long: each row's scored positions (ScoreInputs)
+    score_slot: torch.Tensor | None = None  # (C,) long: each candidate's index into the (B·Kmax) grid
 
     def to(self, device: torch.device, non_blocking: bool = True) -> Batch:
         moved = {}
@@ -52,7 +54,8 @@ class Batch:
         """What the model reads (a device batch plus the request image's cached features)."""
         return ScoreInputs(ids=self.ids, score_index=self.score_index, prefix_ids=self.prefix_ids,
                            positions=self.positions, image_features=image_features, image_tokens=self.image_tokens,
-                           prefix_next_position=self.prefix_next_position)
+                           prefix_next_position=self.prefix_next_position, score_rows=self.score_rows,
+                           score_slot=self.score_slot)
 
     def nbytes(self) -> int:
         return sum(v.numel() * v.element_size() for f in fields(self)
@@ -100,11 +103,18 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
     ids = torch.from_numpy(ids_np)
 
     # Candidate table built as lists, then one tensor (an element-wise tensor assignment costs
-    # microseconds each: 0.4 ms for 128 candidates).
+    # microseconds each: 0.4 ms for 128 candidates). The scored positions also as a (B_pass, Kmax)
+    # grid, padded with the row's last one (all-padding rows: position 0), and each candidate's
+    # slot in it: the pass's last layer computes outputs at the grid alone.
     flat, kmax, cand_rows = [], max(len(p) for p in plan.score_positions), []
+    grid = np.zeros((B_pass, kmax), dtype=np.int64)
+    slots = []
     for qi, pos in enumerate(plan.score_positions):
         cand_rows.append(list(range(len(flat), len(flat) + len(pos))) + [-1] * (kmax - len(pos)))
-        flat.extend(qi * L + (p - P) for p in pos)
+        local = [p - P for p in pos]
+        flat.extend(qi * L + p for p in local)
+        grid[qi] = local + local[-1:] * (kmax - len(local))
+        slots.extend(range(qi * kmax, qi * kmax + len(local)))
     cand = torch.tensor(cand_rows, dtype=torch.long).view(B, kmax)
     rewards = None
     if train or all(q.rewards is not None for q in plan.request.questions):
@@ -127,10 +137,12 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
     patches = image.patches if image is not None else None
     batch = Batch(ids=ids, score_index=torch.tensor(flat, dtype=torch.long), cand_matrix=cand,
                   prefix_ids=prefix_ids, positions=pos, rewards=rewards, pixel_patches=patches,
-                  image_tokens=plan.image_tokens, prefix_next_position=next_pos)
+                  image_tokens=plan.image_tokens, prefix_next_position=next_pos,
+                  score_rows=torch.from_numpy(grid), score_slot=torch.tensor(slots, dtype=torch.long))
     work = WorkCounts(
         sequences=B, seq_lens=tuple(plan.lengths), padded_len=L, padded_rows=B_pass - B, prefix_len=P,
-        candidates=len(flat),
+        candidates=len(flat), scored_rows=B_pass * kmax,
+        score_keys=sum(p + 1 for pos in plan.score_positions for p in pos),
         image_tokens=plan.image_tokens, train=train, common_prefix_len=plan.common_prefix(),
     )
     return HostBatch(plan=plan, tensors=batch, work=work, image=image)

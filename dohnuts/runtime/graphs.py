@@ -4,9 +4,13 @@ A 24-layer pass launches about a thousand kernels; from Python each costs 50–9
 so every pass below ~16k tokens used to wait on the host, not on the GPU (docs/known-issues.md
 KI-2). Here each pass shape is captured once and replayed:
 
-    prefix   (1, P)        → the prefix state (KV, conv and recurrent per layer)      key (P, image)
-    suffix   (B_b, L_b)    → hidden states, continuing the prefix graph's state       key (P, B_b, L_b, image)
-    full     (B_b, L_b)    → hidden states of one batched pass                        key (B_b, L_b, image)
+    prefix   (1, P)        → the prefix state (KV, conv and recurrent per layer)      key (P, image, pruned)
+    suffix   (B_b, L_b)    → hidden states, continuing the prefix graph's state       key (P, B_b, L_b, Q, image)
+    full     (B_b, L_b)    → hidden states of one batched pass                        key (B_b, L_b, Q, image)
+
+The hidden states are those of the request's (B_b, Q) grid of scored positions (Q candidates a
+row at most; `ScoreInputs.score_rows`, a static buffer like the token ids): the last layer runs
+its query side there alone, and the prefix graph computes only its state.
 
 Shapes are bucketed (`ShapeBuckets`): batched-pass lengths on a grid that widens with the length
 (16 tokens up to 512, then 1/32 of the octave: padding under 1/16 of a row; the prefix is already
@@ -152,7 +156,7 @@ class PassGraphs:
     def _static(self, x: ScoreInputs) -> ScoreInputs:
         """Copy the request's inputs into the static buffers; returns the inputs graphs read."""
         out = {}
-        for name in ("ids", "prefix_ids", "positions", "image_features"):
+        for name in ("ids", "prefix_ids", "positions", "image_features", "score_rows"):
             t = getattr(x, name)
             if t is not None:
                 buf = self._buffer(name, t)
@@ -196,27 +200,28 @@ class PassGraphs:
         return g
 
     def hidden(self, x: ScoreInputs, stage=no_stage) -> torch.Tensor | None:
-        """Hidden states (B_b, L_b, H) of the request's passes by graph replay, or None when the
-        shape has no graph (then the caller runs the passes eagerly). The returned tensor is the
-        graph's static output: use it before the next call."""
+        """Hidden states (B_b, L_b, H) — (B_b, Q, H) at `x.score_rows` — of the request's passes
+        by graph replay, or None when the shape has no graph (then the caller runs the passes
+        eagerly). The returned tensor is the graph's static output: use it before the next call."""
         B, L = x.ids.shape
         if self.buckets.fit(B, L) != (B, L):
             self._eager("no bucket")
             return None
         model = self.model
         img = (x.image_tokens, x.prefix_next_position) if x.image_features is not None and x.image_tokens else None
+        Q = None if x.score_rows is None else x.score_rows.shape[1]  # scored positions a row (the output's shape)
         if x.prefix_ids is not None:
             P = x.prefix_len
             with stage("prefix"):
                 xs = self._static(x)
-                pre = self._get(("prefix", P, img), lambda: model.prefix_state(xs))
+                pre = self._get(("prefix", P, img, Q is not None), lambda: model.prefix_state(xs))
                 if pre is None:
                     self._eager("graph budget or capture failure")
                     return None
                 pre.replay()
                 self.stats_.replays += 1
             with stage("suffix"):
-                suf = self._get(("suffix", P, B, L, img), lambda: model.suffix_hidden(xs, pre.output))
+                suf = self._get(("suffix", P, B, L, Q, img), lambda: model.suffix_hidden(xs, pre.output))
                 if suf is None:
                     self._eager("graph budget or capture failure")
                     return None
@@ -225,7 +230,7 @@ class PassGraphs:
             return suf.output
         with stage("forward"):
             xs = self._static(x)
-            full = self._get(("full", B, L, img), lambda: model.full_hidden(xs))
+            full = self._get(("full", B, L, Q, img), lambda: model.full_hidden(xs))
             if full is None:
                 self._eager("graph budget or capture failure")
                 return None

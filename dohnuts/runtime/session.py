@@ -244,7 +244,7 @@ class Session:
         if h is None:
             h = self.model.hidden(x, stage=stage)
         with stage("head"):
-            return self.model.head_scores(h, x.score_index)
+            return self.model.head_scores(h, x.head_index)
 
     def decide(self, scores: torch.Tensor, cand_matrix: torch.Tensor):
         """Per question: calibrated probabilities (Q, Kmax) at this session's temperature, choice (Q,)."""

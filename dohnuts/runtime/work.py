@@ -19,6 +19,12 @@ class WorkCounts:
     padded_len: int  # length of the batched (suffix or single) pass after right-padding
     prefix_len: int = 0  # tokens computed once (batch 1) and forked; 0 = no sharing
     candidates: int = 0  # scored positions (scalar head rows)
+    # Rows the last layer computed its outputs for: the (B_pass × Kmax) grid of scored positions
+    # (its padding included); 0 = every row of the pass (no pruning: records before 2026-12-01's
+    # sixth session, and the transformers target). Nonzero also means the prefix pass computed
+    # only the state it hands on.
+    scored_rows: int = 0
+    score_keys: int = 0  # Σ over candidates of (absolute position + 1): the keys the scored queries see
     image_tokens: int = 0  # merged image tokens spliced into the sequences
     encoded_image_patches: tuple[int, ...] = ()  # patches per image the vision tower ran on (cache misses)
     cached_images: int = 0  # images whose features came from the cache
@@ -60,6 +66,7 @@ class WorkCounts:
         return replace(
             parts[0], sequences=sum(w.sequences for w in parts), seq_lens=tuple(n for w in parts for n in w.seq_lens),
             candidates=sum(w.candidates for w in parts), train=True,
+            scored_rows=sum(w.scored_rows for w in parts), score_keys=sum(w.score_keys for w in parts),
             encoded_image_patches=tuple(n for w in parts for n in w.encoded_image_patches),
             cached_images=sum(w.cached_images for w in parts),
             recomputed_tokens=sum(w.recomputed_tokens for w in parts), microbatches=tuple(parts),

@@ -108,7 +108,8 @@ class MicrobatchGraphs:
             return b
 
         static = replace(batch, **{n: buf(n, getattr(batch, n)) for n in
-                                   ("ids", "score_index", "cand_matrix", "prefix_ids", "positions", "rewards")},
+                                   ("ids", "score_index", "cand_matrix", "prefix_ids", "positions", "rewards",
+                                    "score_rows", "score_slot")},
                          pixel_patches=None)
         return static, buf("image_features", features)
 
@@ -134,7 +135,7 @@ class MicrobatchGraphs:
             self._eager("no bucket")
             return None
         key = tuple((n, None if getattr(batch, n) is None else tuple(getattr(batch, n).shape))
-                    for n in ("ids", "score_index", "cand_matrix", "prefix_ids", "positions"))
+                    for n in ("ids", "score_index", "cand_matrix", "prefix_ids", "positions", "score_rows"))
         key += (batch.image_tokens if features is not None else 0, batch.prefix_next_position)
         static, feats = self._static(batch, features)
         g = self._graphs.get(key)

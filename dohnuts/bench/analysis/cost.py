@@ -44,6 +44,15 @@ Useful, padded and repeated work never mix:
             forward (charged to `backward`, as the forward work × recomputed / computed tokens).
 Bounds use useful work only, so padding and repetition can only lower efficiency.
 
+The last layer's query side (flops.last_layer_query_flops: its query projection, attention of
+its queries, output projection, MLP and final norm) is useful only at the scored positions: no
+later layer reads the others. Its useful work is the candidates' (and, for attention, the
+`score_keys` pairs of their queries); the prefix pass needs none of it (it only hands on state).
+A target that computes the last layer at every position (WorkCounts.scored_rows == 0: the
+transformers target, dohnuts before 2026-12-01's sixth session) has the rest counted as padded
+work ("outputs no head reads"); one that prunes (scored_rows > 0) computed it on its (B × Kmax)
+grid of scored positions, whose padding is padded work.
+
 Necessary bytes (a lower bound, kept simple): every parameter a pass uses is read once per pass
 in the model dtype (embeddings: only the looked-up rows); the residual stream crosses each
 layer boundary once (read + write), plus the embedding read and the final-norm write; keys and
@@ -59,9 +68,9 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from dohnuts.bench.analysis.flops import (
-    INPUT_PROJECTIONS, LoraShape, attention_pairs, by_kind, lora_params, lora_token_flops, patch_values,
-    text_kv_bytes_per_token, text_linears, text_pair_flops, text_params, text_state_bytes, text_token_flops,
-    vision_image_flops, vision_params,
+    INPUT_PROJECTIONS, LoraShape, attention_pairs, by_kind, last_layer_pair_flops, last_layer_query_flops,
+    lora_params, lora_token_flops, patch_values, text_kv_bytes_per_token, text_linears, text_pair_flops, text_params,
+    text_state_bytes, text_token_flops, vision_image_flops, vision_params,
 )
 from dohnuts.config import ModelConfig
 from dohnuts.runtime.work import WorkCounts
@@ -159,6 +168,41 @@ def _splits(work: WorkCounts, common: int) -> dict[str, _Split]:
     prefix = _Split(useful=(P, attention_pairs(0, P)), padded=(0, 0), repeated=(0, 0), rows_reading_state=0,
                     writes_state=True)
     return {"prefix": prefix, "suffix": batched}
+
+
+def _query_tables(m: ModelConfig, lora: LoraShape | None) -> tuple[dict, dict]:
+    """Per position and per pair: the forward FLOPs of the last layer's query side."""
+    return last_layer_query_flops(m.text, lora), last_layer_pair_flops(m.text)
+
+
+def _backward_query_tables(per_token: dict, per_pair: dict) -> tuple[dict, dict]:
+    """The same, backward: input gradients of frozen projections (1 ×), the rest by BACKWARD_FACTOR."""
+    return ({k: v * (1.0 if k == "linear" else BACKWARD_FACTOR[k]) for k, v in per_token.items()},
+            {k: v * BACKWARD_FACTOR[k] for k, v in per_pair.items()})
+
+
+def _last_layer_query_side(cost: StageCost, work: WorkCounts, s: _Split, per_token: dict,
+                           per_pair: dict) -> StageCost:
+    """Move the last layer's query side of the positions no head reads out of useful work (module
+    doc): dropped where the target pruned it (work.scored_rows > 0), counted as padded where it
+    computed it anyway."""
+    def flops(tokens: float, pairs: float) -> Work:
+        f = {k: v * tokens for k, v in per_token.items()}
+        for k, v in per_pair.items():
+            f[k] = f.get(k, 0.0) + v * pairs
+        return Work(f)
+
+    scored, scored_pairs = (0, 0) if s.writes_state else (work.candidates, work.score_keys)
+    unread = flops(max(0, s.useful[0] - scored), max(0, s.useful[1] - scored_pairs))
+    useful = cost.useful + unread.scaled(-1.0)
+    if work.scored_rows:
+        padded = cost.padded + flops(*s.padded).scaled(-1.0)
+        if not s.writes_state:  # the grid's padding: rows with fewer candidates than Kmax, padding rows
+            padded += flops(max(0, work.scored_rows - work.candidates), 0)
+        repeated = cost.repeated + flops(*s.repeated).scaled(-1.0)
+        return dataclasses.replace(cost, useful=useful, padded=padded, repeated=repeated)
+    note = f"last layer's outputs at {s.useful[0] - scored} position(s) no head reads: padded work"
+    return dataclasses.replace(cost, useful=useful, padded=cost.padded + unread, notes=cost.notes + (note,))
 
 
 def _text_slice(tokens: int, pairs: int, per_token: dict, per_pair: dict, token_bytes: float) -> Work:
@@ -263,11 +307,13 @@ def _batch_costs(model: ModelConfig, work: WorkCounts, db: int, lora: LoraShape 
 
     # text passes --------------------------------------------------------------------------
     fwd_token, fwd_pair = _forward_tables(model, lora, work.train)
+    query = _query_tables(model, lora if adapters else None)
     for name, s in splits.items():
         state_io = s.rows_reading_state * (state + work.prefix_len * kv_tok) + (state if s.writes_state else 0)
         useful = _text_slice(*s.useful, fwd_token, fwd_pair, token_bytes) + Work(device_bytes=weight_bytes + state_io)
-        out[name] = StageCost(name, "compute", useful, _text_slice(*s.padded, fwd_token, fwd_pair, token_bytes),
-                              _text_slice(*s.repeated, fwd_token, fwd_pair, token_bytes))
+        out[name] = _last_layer_query_side(
+            StageCost(name, "compute", useful, _text_slice(*s.padded, fwd_token, fwd_pair, token_bytes),
+                      _text_slice(*s.repeated, fwd_token, fwd_pair, token_bytes)), work, s, *query)
 
     # head, backward, d2h ------------------------------------------------------------------
     h = cfg.hidden_size
@@ -285,15 +331,18 @@ def _backward(model, work, splits, lora, fwd_token, fwd_pair, db, state, kv_tok)
     if lora is not None and (lora.rank == 0 or not lora.adapted(cfg)):
         return StageCost("backward", "compute", useful, notes=("head-only training: no backward through the backbone",))
     bwd_token, bwd_pair = _backward_tables(model, fwd_token, fwd_pair)
+    query = _backward_query_tables(*_query_tables(model, lora))
     grad_bytes = 3 * cfg.num_hidden_layers * h * db  # saved input, incoming and outgoing gradient
-    padded = repeated = ZERO
+    total = StageCost("backward", "compute", useful,
+                      notes=("LoRA shape unknown: adapter FLOPs not counted",) if lora is None else ())
     for s in splits.values():
         fixed = text_params(cfg) * db + s.rows_reading_state * (state + work.prefix_len * kv_tok)
-        useful += _text_slice(*s.useful, bwd_token, bwd_pair, grad_bytes) + Work(device_bytes=fixed)
-        padded += _text_slice(*s.padded, bwd_token, bwd_pair, grad_bytes)
-        repeated += _text_slice(*s.repeated, bwd_token, bwd_pair, grad_bytes)
-    notes = ("LoRA shape unknown: adapter FLOPs not counted",) if lora is None else ()
-    return StageCost("backward", "compute", useful, padded, repeated, notes)
+        part = StageCost("backward", "compute",
+                         _text_slice(*s.useful, bwd_token, bwd_pair, grad_bytes) + Work(device_bytes=fixed),
+                         _text_slice(*s.padded, bwd_token, bwd_pair, grad_bytes),
+                         _text_slice(*s.repeated, bwd_token, bwd_pair, grad_bytes))
+        total = _sum_stages([{"b": total}, {"b": _last_layer_query_side(part, work, s, *query)}])["b"]
+    return total
 
 
 def _add_recompute(costs: dict[str, StageCost], work: WorkCounts, computed: int) -> StageCost:

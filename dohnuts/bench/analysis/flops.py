@@ -128,6 +128,54 @@ def text_token_flops(cfg: TextConfig) -> dict[str, float]:
     }
 
 
+# The last layer's query side: what a position needs only when its own hidden state is read (the
+# scalar head's SCORE positions). Keys and values — or, in a Gated DeltaNet layer, the recurrence —
+# are needed for every position (the scored queries read them); the rest is per scored position.
+LAST_LAYER_QUERY_LINEARS = {
+    "full_attention": ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"),
+    "linear_attention": ("linear_attn.in_proj_z", "linear_attn.out_proj", "mlp.gate_proj", "mlp.up_proj",
+                         "mlp.down_proj"),
+}
+
+
+def last_layer_query_linears(cfg: TextConfig) -> tuple[Linear, ...]:
+    last = cfg.num_hidden_layers - 1
+    names = LAST_LAYER_QUERY_LINEARS[cfg.layer_types[last]]
+    return tuple(lin for lin in text_linears(cfg) if lin.layer == last and lin.module in names)
+
+
+def last_layer_query_flops(cfg: TextConfig, lora: LoraShape | None = None) -> dict[str, float]:
+    """Forward FLOPs per position of the last layer's query side (a part of `text_token_flops`):
+    its query-side projections and MLP, the post-mixer norm and its residual add, SwiGLU and
+    the final norm; in a full-attention layer also the query's norm, rotary and output gate; in a
+    Gated DeltaNet layer the output gate's norm (the recurrence's own output reads, q·S and
+    q·kᵀ, stay with every position: dohnuts' kernels compute them for all). With `lora`
+    (unmerged), the adapters of those projections."""
+    h, inter = cfg.hidden_size, cfg.intermediate_size
+    elementwise = 2 * RMSNORM * h + RESIDUAL * h + (SILU + 1) * inter  # post and final norm, the add, SwiGLU
+    if cfg.layer_types[-1] == "full_attention":
+        hq, d = cfg.num_attention_heads, cfg.head_dim
+        elementwise += RMSNORM * hq * d + ROTARY * cfg.rotary_dim * hq + (SIGMOID + 1) * hq * d
+    else:
+        elementwise += (RMSNORM + SILU + 1) * cfg.linear_value_dim
+    linears = last_layer_query_linears(cfg)
+    out = {"linear": float(sum(2 * lin.params for lin in linears)), "elementwise": float(elementwise)}
+    if lora is not None and not lora.merged and lora.rank:
+        adapted = {lin.module for lin in lora.adapted(cfg) if lin.layer == cfg.num_hidden_layers - 1}
+        out["adapter"] = float(sum(2 * lora.rank * (lin.fan_in + lin.fan_out) for lin in linears
+                                   if lin.module in adapted))
+    return out
+
+
+def last_layer_pair_flops(cfg: TextConfig) -> dict[str, float]:
+    """FLOPs of one (query, key) pair in the last layer ({} when it is a Gated DeltaNet layer):
+    only the scored positions' queries are needed there."""
+    if cfg.layer_types[-1] != "full_attention":
+        return {}
+    hq, d = cfg.num_attention_heads, cfg.head_dim
+    return {"attention_matmul": float(4 * hq * d), "softmax": float(SOFTMAX * hq)}
+
+
 def text_pair_flops(cfg: TextConfig) -> dict[str, float]:
     """FLOPs of one attended (query, key) pair, summed over the full-attention layers."""
     n_full = _count(cfg, "full_attention")
