@@ -87,8 +87,62 @@ def lab_conv(out: dict) -> None:
             yv = yv * (1.0 / tl.sqrt(tl.sum(yv * yv, axis=1) + eps))[:, None]
         tl.store(Y + b * T * C + t * C + c, yv.to(Y.dtype.element_ty), mask=t < T)
 
+    @triton.jit
+    def _conv_cached(X, Wt, Y, T, C, sxb, sxt, eps, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
+                     CM: tl.constexpr, EV: tl.constexpr):
+        """M16's stateless conv with a cache modifier / eviction policy on the shifted loads."""
+        h = tl.program_id(0).to(tl.int64)
+        i_t = tl.program_id(1).to(tl.int64)
+        b = tl.program_id(2).to(tl.int64)
+        t = i_t * BT + tl.arange(0, BT)[:, None]
+        c = h * D + tl.arange(0, D)[None, :]
+        acc = tl.zeros((BT, D), dtype=tl.float32)
+        for k in tl.static_range(W):
+            tt = t - (W - 1) + k
+            xk = tl.load(X + b * sxb + tt * sxt + c, mask=(tt >= 0) & (tt < T), other=0.0, cache_modifier=CM,
+                         eviction_policy=EV).to(tl.float32)
+            acc += xk * tl.load(Wt + c * W + k).to(tl.float32)
+        yv = acc * tl.sigmoid(acc)
+        yv = yv / tl.sqrt(tl.sum(yv * yv, axis=1) + eps)[:, None]
+        tl.store(Y + b * T * C + t * C + c, yv.to(Y.dtype.element_ty), mask=t < T)
+
+    @triton.jit
+    def _conv_dot(X, Wt, Y, T, C, sxb, sxt, eps, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr):
+        """The input tile loaded once (BT rows, W − 1 of them shared with the previous program);
+        the W shifted copies made on the tensor cores, exactly: S_k @ x with S_k a 0/1 shift."""
+        h = tl.program_id(0).to(tl.int64)
+        i_t = tl.program_id(1).to(tl.int64)
+        b = tl.program_id(2).to(tl.int64)
+        first = i_t * (BT - (W - 1))  # this program's first output row
+        j = tl.arange(0, BT)
+        rin = first - (W - 1) + j  # tile row j holds input row first − (W − 1) + j
+        c = h * D + tl.arange(0, D)
+        x = tl.load(X + b * sxb + rin[:, None] * sxt + c[None, :], mask=((rin >= 0) & (rin < T))[:, None],
+                    other=0.0)
+        i = tl.arange(0, BT)[:, None]
+        jj = tl.arange(0, BT)[None, :]
+        acc = tl.zeros((BT, D), dtype=tl.float32)
+        for k in tl.static_range(W):
+            shift = (jj == i + k).to(x.dtype)  # output i reads tile row i + k
+            acc += tl.dot(shift, x) * tl.load(Wt + c * W + k).to(tl.float32)[None, :]
+        yv = acc * tl.sigmoid(acc)
+        yv = yv / tl.sqrt(tl.sum(yv * yv, axis=1) + eps)[:, None]
+        t = first + i
+        tl.store(Y + b * T * C + t * C + c[None, :], yv.to(Y.dtype.element_ty), mask=(i < BT - (W - 1)) & (t < T))
+
     y = torch.empty(B, T, C, device="cuda", dtype=torch.bfloat16)
     y2 = torch.empty_like(y)
+    y3 = torch.empty_like(y)
+
+    def run_cached(bt, nw, cm, ev):
+        grid = (C // D, triton.cdiv(T, bt), B)
+        return lambda: _conv_cached[grid](x, w[:C], y2, T, C, x.stride(0), x.stride(1), 1e-6, D=D, W=W, BT=bt,
+                                          CM=cm, EV=ev, num_warps=nw)
+
+    def run_dot(bt, nw):
+        grid = (C // D, triton.cdiv(T, bt - (W - 1)), B)
+        return lambda: _conv_dot[grid](x, w[:C], y3, T, C, x.stride(0), x.stride(1), 1e-6, D=D, W=W, BT=bt,
+                                       num_warps=nw)
 
     def run_math(bt, nw, ieee, dst):
         grid = (C // D, triton.cdiv(T, bt), B)
@@ -106,19 +160,28 @@ def lab_conv(out: dict) -> None:
                                                                          D=D, BT=64, num_warps=4),
            "current (autotuned), norm": lambda: conv_silu_triton(x, w[:C], D, normalize=True),
            "current (autotuned), no norm": lambda: conv_silu_triton(x, w[:C], D, normalize=False)}
-    for bt, nw in ((8, 1), (16, 2), (32, 4), (64, 8)):
-        fns[f"BT={bt} warps={nw} norm"] = run_cfg(bt, nw, True)
-        fns[f"M16 math BT={bt} warps={nw}"] = run_math(bt, nw, True, y)
-        fns[f"fast math BT={bt} warps={nw}"] = run_math(bt, nw, False, y2)
-    errs = {}
     for bt, nw in ((8, 1), (64, 8)):
-        run_math(bt, nw, True, y)()
-        run_math(bt, nw, False, y2)()
-        errs[f"fast vs M16 math BT={bt}"] = float((y.float() - y2.float()).abs().max())
+        fns[f"BT={bt} warps={nw} norm"] = run_cfg(bt, nw, True)
+        fns[f"fast math BT={bt} warps={nw}"] = run_math(bt, nw, False, y2)
+        for cm, ev in ((".ca", ""), (".cg", ""), ("", "evict_last")):
+            fns[f"loads {cm or ev} BT={bt} warps={nw}"] = run_cached(bt, nw, cm, ev)
+    for bt, nw in ((32, 4), (64, 4), (64, 8), (128, 8)):
+        fns[f"dot shifts BT={bt} warps={nw}"] = run_dot(bt, nw)
+    errs = {}
+    run_math(64, 8, True, y)()
+    for name, f, out_ in (("fast math", run_math(64, 8, False, y2), y2), ("dot shifts BT=64", run_dot(64, 4), y3),
+                          ("dot shifts BT=32", run_dot(32, 4), y3), ("loads .ca", run_cached(64, 8, ".ca", ""), y2)):
+        try:
+            f()
+            torch.cuda.synchronize()
+            errs[name] = float((y.float() - out_.float()).abs().max())
+        except Exception as exc:  # noqa: BLE001 - a variant that does not compile is reported
+            errs[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+            fns = {k: v for k, v in fns.items() if not k.startswith(name.split(" BT")[0])}
     res = _ab(fns)
     out["conv"] = {"shape": [B, T, C], "bytes_per_part": moved, "clock": _clock(), "max_abs_diff": errs,
                    "ms": res, "TB/s": {k: moved / (v * 1e-3) / 1e12 for k, v in res.items()}}
-    print("conv  max |fast − M16| (bf16 outputs):", errs)
+    print("conv  max |variant − M16| (bf16 outputs):", errs)
     for k, v in res.items():
         print(f"conv  {k:32s} {v * 1e3:8.1f} µs  {moved / (v * 1e-3) / 1e12:5.2f} TB/s")
 

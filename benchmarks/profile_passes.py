@@ -8,7 +8,9 @@ GPU kernel times torch.profiler saw (what the GPU actually worked); host_ms: the
 to issue the pass; graph_ms: CUDA events around a replay of the same pass captured as a CUDA graph
 (what the runtime runs since issue 11); graph_host_ms: the host time to issue that replay.
 busy << device ≈ host means the eager pass is launch-bound; graph_ms ≈ busy_ms means replay
-removed the launch cost.
+removed the launch cost. The passes are those of a scoring call: the prefix computes only the state
+it hands on, the suffix and full passes their last layer at `--scored` positions a row (0: every
+position, as before 2026-12-01's sixth session).
 
 Inside the replay: graph_busy_ms is the kernel time the profiler saw during one replay (the
 per-kernel table is profile_<pass>_graph.txt, copies and memsets included), so graph_ms −
@@ -145,6 +147,9 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--prefix", type=int, default=448)
     p.add_argument("--suffix", type=int, default=64)
+    p.add_argument("--scored", type=int, default=4,
+                   help="scored positions a row (the last ones), as a scoring pass computes its last layer; "
+                        "0: whole passes (every position's hidden state)")
     p.add_argument("--out", default=".")
     a = p.parse_args(argv)
     from dohnuts.config import preset
@@ -160,16 +165,24 @@ def main(argv=None) -> int:
     full = torch.randint(0, 200000, (a.batch, a.prefix + a.suffix), device="cuda", generator=g)
     full[:, : a.prefix] = full[0, : a.prefix]
     pre, suf = full[:1, : a.prefix], full[:, a.prefix:]
-    res = {"preset": a.preset, "batch": a.batch, "prefix": a.prefix, "suffix": a.suffix,
+    res = {"preset": a.preset, "batch": a.batch, "prefix": a.prefix, "suffix": a.suffix, "scored": a.scored,
            "device": torch.cuda.get_device_name()}
+
+    def rows(length: int):  # the last `scored` positions of every row, or None: every position
+        if not a.scored:
+            return None
+        return torch.arange(length - a.scored, length, device="cuda").expand(a.batch, -1).contiguous()
+
+    suf_rows, full_rows = rows(a.suffix), rows(a.prefix + a.suffix)
+    only = bool(a.scored)  # a scoring prefix pass computes only the state it hands on
     with torch.inference_mode():
         _, state = model(pre, return_state=True)
         forked = state.fork(a.batch)
         passes = {
-            "prefix_1xP": lambda: model(pre, return_state=True),
+            "prefix_1xP": lambda: model(pre, return_state=True, state_only=only),
             "fork": lambda: state.fork(a.batch),
-            "suffix_BxS": lambda: model(suf, state=forked),
-            "full_Bx(P+S)": lambda: model(full),
+            "suffix_BxS": lambda: model(suf, state=forked, rows=suf_rows),
+            "full_Bx(P+S)": lambda: model(full, rows=full_rows),
         }
         for _ in range(3):
             for fn in passes.values():
