@@ -41,6 +41,15 @@ def _ab(fns: dict, rounds: int = 5) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+DIAG_ONLY = False  # --only conv_diag: the copy ceiling, the current kernel and the diagnostics alone
+
+
+def lab_conv_diag(out: dict) -> None:
+    global DIAG_ONLY
+    DIAG_ONLY = True
+    lab_conv(out)
+
+
 def lab_conv(out: dict) -> None:
     import torch
     import triton
@@ -130,9 +139,43 @@ def lab_conv(out: dict) -> None:
         t = first + i
         tl.store(Y + b * T * C + t * C + c[None, :], yv.to(Y.dtype.element_ty), mask=(i < BT - (W - 1)) & (t < T))
 
+    @triton.jit
+    def _conv_diag(X, Wt, Y, T, C, sxb, sxt, eps, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
+                   WT: tl.constexpr, MATH: tl.constexpr):
+        """Diagnostics: WT reads the weight transposed, (W, C) (contiguous per tap: vector loads;
+        the model's (C, W) is strided by W per channel); MATH=False stores the sum of the four
+        shifted inputs (loads only, no weights, SiLU or norm)."""
+        h = tl.program_id(0).to(tl.int64)
+        i_t = tl.program_id(1).to(tl.int64)
+        b = tl.program_id(2).to(tl.int64)
+        t = i_t * BT + tl.arange(0, BT)[:, None]
+        c = h * D + tl.arange(0, D)[None, :]
+        acc = tl.zeros((BT, D), dtype=tl.float32)
+        for k in tl.static_range(W):
+            tt = t - (W - 1) + k
+            xk = tl.load(X + b * sxb + tt * sxt + c, mask=(tt >= 0) & (tt < T), other=0.0).to(tl.float32)
+            if MATH:
+                if WT:
+                    acc += xk * tl.load(Wt + k * C + c).to(tl.float32)
+                else:
+                    acc += xk * tl.load(Wt + c * W + k).to(tl.float32)
+            else:
+                acc += xk
+        yv = acc
+        if MATH:
+            yv = acc * tl.sigmoid(acc)
+            yv = yv / tl.sqrt(tl.sum(yv * yv, axis=1) + eps)[:, None]
+        tl.store(Y + b * T * C + t * C + c, yv.to(Y.dtype.element_ty), mask=t < T)
+
     y = torch.empty(B, T, C, device="cuda", dtype=torch.bfloat16)
     y2 = torch.empty_like(y)
     y3 = torch.empty_like(y)
+    wt = w[:C].t().contiguous()  # (W, C)
+
+    def run_diag(bt, nw, wt_layout, math):
+        grid = (C // D, triton.cdiv(T, bt), B)
+        return lambda: _conv_diag[grid](x, wt if wt_layout else w[:C], y3, T, C, x.stride(0), x.stride(1), 1e-6,
+                                        D=D, W=W, BT=bt, WT=wt_layout, MATH=math, num_warps=nw)
 
     def run_cached(bt, nw, cm, ev):
         grid = (C // D, triton.cdiv(T, bt), B)
@@ -165,11 +208,18 @@ def lab_conv(out: dict) -> None:
         fns[f"fast math BT={bt} warps={nw}"] = run_math(bt, nw, False, y2)
         for cm, ev in ((".ca", ""), (".cg", ""), ("", "evict_last")):
             fns[f"loads {cm or ev} BT={bt} warps={nw}"] = run_cached(bt, nw, cm, ev)
-    for bt, nw in ((32, 4), (64, 4), (64, 8), (128, 8)):
-        fns[f"dot shifts BT={bt} warps={nw}"] = run_dot(bt, nw)
+    if not DIAG_ONLY:
+        for bt, nw in ((32, 4), (64, 4), (64, 8), (128, 8)):
+            fns[f"dot shifts BT={bt} warps={nw}"] = run_dot(bt, nw)
+    else:
+        fns = {k: v for k, v in fns.items() if "copy" in k or "current" in k or k.startswith("BT=")}
+    for bt, nw in ((8, 1), (16, 2), (32, 4), (64, 4), (64, 8)):
+        fns[f"weight (W, C) BT={bt} warps={nw}"] = run_diag(bt, nw, True, True)
+        fns[f"4 loads only BT={bt} warps={nw}"] = run_diag(bt, nw, False, False)
     errs = {}
     run_math(64, 8, True, y)()
-    for name, f, out_ in (("fast math", run_math(64, 8, False, y2), y2), ("dot shifts BT=64", run_dot(64, 4), y3),
+    for name, f, out_ in (("weight (W, C)", run_diag(16, 2, True, True), y3),
+                          ("fast math", run_math(64, 8, False, y2), y2), ("dot shifts BT=64", run_dot(64, 4), y3),
                           ("dot shifts BT=32", run_dot(32, 4), y3), ("loads .ca", run_cached(64, 8, ".ca", ""), y2)):
         try:
             f()

@@ -250,6 +250,9 @@ for Tc in (45, 2):  # a partial block of the kernel's 32; fewer tokens than the 
                 assert torch.equal(wide[:, 8:], ref_state) and wide[:, :8].isnan().all(), ("conv state", Tc, bt)
             assert torch.equal(conv_silu_triton(xc, wc, Dc, normalize=normalize, initial_state=s0, cpu_block_t=32),
                                got), "no state out"
+            tap_major = wc.t().contiguous().t()  # the layout the runtime passes: strides (1, C)
+            assert torch.equal(conv_silu_triton(xc, tap_major, Dc, normalize=normalize, initial_state=s0,
+                                                cpu_block_t=32), got), "tap-major weight"
 # The 4-D copy: a batch-broadcast source (a forked state), a slice of a wider buffer as the
 # destination (the past part of an appended KV), a transposed-view source (attention's values),
 # a last dimension that is not a power of two, and both dtypes of the states; exact.

@@ -44,7 +44,7 @@ def _silu_norm_store(acc, Y, b, t, c, T, C, eps, mask, NORM: tl.constexpr):
 
 @triton.autotune(configs=_CONFIGS, key=["C", "D", "W", "T_BUCKET", "NORM", "HAS_S0", "STORE_ST"], cache_results=True)
 @triton.jit
-def _conv_kernel(X, Wt, Y, S0, ST, T, C, T_BUCKET, sxb, sxt, s0b, s0c, s0w, stb, stc, stw, eps,
+def _conv_kernel(X, Wt, Y, S0, ST, T, C, T_BUCKET, sxb, sxt, swc, swk, s0b, s0c, s0w, stb, stc, stw, eps,
                  D: tl.constexpr, W: tl.constexpr, HP: tl.constexpr, NORM: tl.constexpr,
                  HAS_S0: tl.constexpr, STORE_ST: tl.constexpr, BT: tl.constexpr):
     """Program (head h, token block, batch row b) over channels h·D..(h+1)·D of row b:
@@ -67,7 +67,7 @@ def _conv_kernel(X, Wt, Y, S0, ST, T, C, T_BUCKET, sxb, sxt, s0b, s0c, s0w, stb,
     for k in tl.static_range(W):
         tt = t - (W - 1) + k
         xk = tl.load(X + b * sxb + tt * sxt + c, mask=(tt >= 0) & (tt < T), other=0.0).to(tl.float32)
-        acc += xk * tl.load(Wt + c * W + k).to(tl.float32)
+        acc += xk * tl.load(Wt + c * swc + k * swk).to(tl.float32)
     keep = t < T
     if HAS_S0:
         keep = keep & (t >= W - 1)  # the head tile below writes outputs 0..W−2
@@ -81,7 +81,7 @@ def _conv_kernel(X, Wt, Y, S0, ST, T, C, T_BUCKET, sxb, sxt, s0b, s0c, s0w, stb,
                 th_in = th - (W - 1) + k  # input index; state column W + th_in holds input th_in < 0
                 xh = tl.load(X + b * sxb + th_in * sxt + c, mask=head & (th_in >= 0) & (th_in < T), other=0.0)
                 sh = tl.load(S0 + b * s0b + c * s0c + (W + th_in) * s0w, mask=head & (th_in < 0), other=0.0)
-                acc_h += (xh.to(tl.float32) + sh.to(tl.float32)) * tl.load(Wt + c * W + k).to(tl.float32)
+                acc_h += (xh.to(tl.float32) + sh.to(tl.float32)) * tl.load(Wt + c * swc + k * swk).to(tl.float32)
             _silu_norm_store(acc_h, Y, b, th, c, T, C, eps, head, NORM)
     if STORE_ST:
         if i_t == (T - 1) // BT:
@@ -96,7 +96,9 @@ def _conv_kernel(X, Wt, Y, S0, ST, T, C, T_BUCKET, sxb, sxt, s0b, s0c, s0w, stb,
 def conv_silu_triton(x: torch.Tensor, weight: torch.Tensor, head_dim: int, *, normalize: bool,
                      initial_state: torch.Tensor | None = None, final_state: torch.Tensor | None = None,
                      eps: float = 1e-6, cpu_block_t: int = 32) -> torch.Tensor:
-    """x (B, T, C) with unit channel stride, weight (C, W) → y (B, T, C) contiguous: the causal
+    """x (B, T, C) with unit channel stride, weight (C, W) with any strides → y (B, T, C)
+    contiguous (a weight stored tap-major, (W, C) transposed, is read with vector loads: at 2b's
+    16k-token pass a q part took 61 instead of 73 µs, `benchmarks/kernel_lab.py`): the causal
     depthwise conv from `initial_state` (B, C, W) (zeros if None; any strides), SiLU, and, if
     `normalize`, each head's `head_dim` channels scaled to unit L2 norm (1 / sqrt(Σ y² + eps), as
     fla's l2norm). `final_state`: a (B, C, W) tensor (any strides) that receives the last W
@@ -113,7 +115,6 @@ def conv_silu_triton(x: torch.Tensor, weight: torch.Tensor, head_dim: int, *, no
         raise ValueError(f"conv_silu: final_state {tuple(final_state.shape)} needs batch {B}")
     if x.stride(-1) != 1:
         x = x.contiguous()
-    weight = weight.contiguous()
     y = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
     if B * T * C == 0:
         return y
@@ -125,6 +126,7 @@ def conv_silu_triton(x: torch.Tensor, weight: torch.Tensor, head_dim: int, *, no
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         grid = lambda meta: (C // head_dim, triton.cdiv(T, meta["BT"]), B)  # noqa: E731
         args = (x, weight, y, s0, st, T, C, min(triton.next_power_of_2(T), 4096), x.stride(0), x.stride(1),
+                weight.stride(0), weight.stride(1),
                 *s0_strides, *st_strides, float(eps))
         flags = dict(D=head_dim, W=W, HP=max(2, triton.next_power_of_2(W - 1)), NORM=normalize, HAS_S0=initial_state is not None,
                      STORE_ST=final_state is not None)

@@ -134,6 +134,8 @@ def causal_conv1d_qkv(
 
         B, _, D = x.shape
         final = x.new_empty(B, D, weight.shape[-1]) if output_final_state else None
+        # Tap-major weight (one small copy a layer): each tap's channels are then contiguous.
+        weight = weight.t().contiguous().t()  # (D, W) with strides (1, D)
         outs, start = [], 0
         for i, n in enumerate(sizes):
             part = slice(start, start + n)
