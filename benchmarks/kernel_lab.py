@@ -74,32 +74,13 @@ def lab_conv(out: dict) -> None:
         tl.store(Y + b * T * C + t * C + c, v, mask=t < T)
 
     @triton.jit
-    def _conv_math(X, Wt, Y, T, C, sxb, sxt, eps, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
-                   IEEE: tl.constexpr):
-        """The stateless conv + SiLU + L2 norm, with M16's IEEE divisions or the approximate
-        SiLU division and one reciprocal per row."""
-        h = tl.program_id(0).to(tl.int64)
-        i_t = tl.program_id(1).to(tl.int64)
-        b = tl.program_id(2).to(tl.int64)
-        t = i_t * BT + tl.arange(0, BT)[:, None]
-        c = h * D + tl.arange(0, D)[None, :]
-        acc = tl.zeros((BT, D), dtype=tl.float32)
-        for k in tl.static_range(W):
-            tt = t - (W - 1) + k
-            xk = tl.load(X + b * sxb + tt * sxt + c, mask=(tt >= 0) & (tt < T), other=0.0).to(tl.float32)
-            acc += xk * tl.load(Wt + c * W + k).to(tl.float32)
-        if IEEE:
-            yv = acc * tl.sigmoid(acc)
-            yv = yv / tl.sqrt(tl.sum(yv * yv, axis=1) + eps)[:, None]
-        else:
-            yv = tl.fdiv(acc, 1.0 + tl.exp(-acc))
-            yv = yv * (1.0 / tl.sqrt(tl.sum(yv * yv, axis=1) + eps))[:, None]
-        tl.store(Y + b * T * C + t * C + c, yv.to(Y.dtype.element_ty), mask=t < T)
-
-    @triton.jit
-    def _conv_cached(X, Wt, Y, T, C, sxb, sxt, eps, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
-                     CM: tl.constexpr, EV: tl.constexpr):
-        """M16's stateless conv with a cache modifier / eviction policy on the shifted loads."""
+    def _conv_variant(X, Wt, Y, T, C, sxb, sxt, swc, swk, eps, D: tl.constexpr, W: tl.constexpr,
+                      BT: tl.constexpr, IEEE: tl.constexpr, MATH: tl.constexpr, CM: tl.constexpr, EV: tl.constexpr):
+        """The stateless conv + SiLU + L2 norm with one thing changed at a time: IEEE — M16's
+        IEEE divisions, else the approximate SiLU division and one reciprocal per row; MATH=False
+        — store the sum of the four shifted inputs (loads alone: no weights, SiLU or norm); CM, EV
+        — a cache modifier / eviction policy on the shifted loads; the weight through strides
+        (swc, swk): (C, W) as the model stores it, or tap-major (W, C)."""
         h = tl.program_id(0).to(tl.int64)
         i_t = tl.program_id(1).to(tl.int64)
         b = tl.program_id(2).to(tl.int64)
@@ -110,9 +91,18 @@ def lab_conv(out: dict) -> None:
             tt = t - (W - 1) + k
             xk = tl.load(X + b * sxb + tt * sxt + c, mask=(tt >= 0) & (tt < T), other=0.0, cache_modifier=CM,
                          eviction_policy=EV).to(tl.float32)
-            acc += xk * tl.load(Wt + c * W + k).to(tl.float32)
-        yv = acc * tl.sigmoid(acc)
-        yv = yv / tl.sqrt(tl.sum(yv * yv, axis=1) + eps)[:, None]
+            if MATH:
+                acc += xk * tl.load(Wt + c * swc + k * swk).to(tl.float32)
+            else:
+                acc += xk
+        yv = acc
+        if MATH:
+            if IEEE:
+                yv = acc * tl.sigmoid(acc)
+                yv = yv / tl.sqrt(tl.sum(yv * yv, axis=1) + eps)[:, None]
+            else:
+                yv = tl.fdiv(acc, 1.0 + tl.exp(-acc))
+                yv = yv * (1.0 / tl.sqrt(tl.sum(yv * yv, axis=1) + eps))[:, None]
         tl.store(Y + b * T * C + t * C + c, yv.to(Y.dtype.element_ty), mask=t < T)
 
     @triton.jit
@@ -139,58 +129,22 @@ def lab_conv(out: dict) -> None:
         t = first + i
         tl.store(Y + b * T * C + t * C + c[None, :], yv.to(Y.dtype.element_ty), mask=(i < BT - (W - 1)) & (t < T))
 
-    @triton.jit
-    def _conv_diag(X, Wt, Y, T, C, sxb, sxt, eps, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
-                   WT: tl.constexpr, MATH: tl.constexpr):
-        """Diagnostics: WT reads the weight transposed, (W, C) (contiguous per tap: vector loads;
-        the model's (C, W) is strided by W per channel); MATH=False stores the sum of the four
-        shifted inputs (loads only, no weights, SiLU or norm)."""
-        h = tl.program_id(0).to(tl.int64)
-        i_t = tl.program_id(1).to(tl.int64)
-        b = tl.program_id(2).to(tl.int64)
-        t = i_t * BT + tl.arange(0, BT)[:, None]
-        c = h * D + tl.arange(0, D)[None, :]
-        acc = tl.zeros((BT, D), dtype=tl.float32)
-        for k in tl.static_range(W):
-            tt = t - (W - 1) + k
-            xk = tl.load(X + b * sxb + tt * sxt + c, mask=(tt >= 0) & (tt < T), other=0.0).to(tl.float32)
-            if MATH:
-                if WT:
-                    acc += xk * tl.load(Wt + k * C + c).to(tl.float32)
-                else:
-                    acc += xk * tl.load(Wt + c * W + k).to(tl.float32)
-            else:
-                acc += xk
-        yv = acc
-        if MATH:
-            yv = acc * tl.sigmoid(acc)
-            yv = yv / tl.sqrt(tl.sum(yv * yv, axis=1) + eps)[:, None]
-        tl.store(Y + b * T * C + t * C + c, yv.to(Y.dtype.element_ty), mask=t < T)
-
     y = torch.empty(B, T, C, device="cuda", dtype=torch.bfloat16)
     y2 = torch.empty_like(y)
     y3 = torch.empty_like(y)
     wt = w[:C].t().contiguous()  # (W, C)
 
-    def run_diag(bt, nw, wt_layout, math):
+    def run_variant(bt, nw, dst, *, ieee=True, math=True, cm="", ev="", tap_major=False):
         grid = (C // D, triton.cdiv(T, bt), B)
-        return lambda: _conv_diag[grid](x, wt if wt_layout else w[:C], y3, T, C, x.stride(0), x.stride(1), 1e-6,
-                                        D=D, W=W, BT=bt, WT=wt_layout, MATH=math, num_warps=nw)
-
-    def run_cached(bt, nw, cm, ev):
-        grid = (C // D, triton.cdiv(T, bt), B)
-        return lambda: _conv_cached[grid](x, w[:C], y2, T, C, x.stride(0), x.stride(1), 1e-6, D=D, W=W, BT=bt,
-                                          CM=cm, EV=ev, num_warps=nw)
+        wv = wt.t() if tap_major else w[:C]  # (C, W) either way; strides (W, 1) or (1, C)
+        return lambda: _conv_variant[grid](x, wv, dst, T, C, x.stride(0), x.stride(1), wv.stride(0), wv.stride(1),
+                                           1e-6, D=D, W=W, BT=bt, IEEE=ieee, MATH=math, CM=cm, EV=ev,
+                                           num_warps=nw)
 
     def run_dot(bt, nw):
         grid = (C // D, triton.cdiv(T, bt - (W - 1)), B)
         return lambda: _conv_dot[grid](x, w[:C], y3, T, C, x.stride(0), x.stride(1), 1e-6, D=D, W=W, BT=bt,
                                        num_warps=nw)
-
-    def run_math(bt, nw, ieee, dst):
-        grid = (C // D, triton.cdiv(T, bt), B)
-        return lambda: _conv_math[grid](x, w[:C], dst, T, C, x.stride(0), x.stride(1), 1e-6, D=D, W=W, BT=bt,
-                                        IEEE=ieee, num_warps=nw)
 
     def run_cfg(bt, nw, norm):
         grid = (C // D, triton.cdiv(T, bt), B)
@@ -205,22 +159,22 @@ def lab_conv(out: dict) -> None:
            "current (autotuned), no norm": lambda: conv_silu_triton(x, w[:C], D, normalize=False)}
     for bt, nw in ((8, 1), (64, 8)):
         fns[f"BT={bt} warps={nw} norm"] = run_cfg(bt, nw, True)
-        fns[f"fast math BT={bt} warps={nw}"] = run_math(bt, nw, False, y2)
+        fns[f"fast math BT={bt} warps={nw}"] = run_variant(bt, nw, y2, ieee=False)
         for cm, ev in ((".ca", ""), (".cg", ""), ("", "evict_last")):
-            fns[f"loads {cm or ev} BT={bt} warps={nw}"] = run_cached(bt, nw, cm, ev)
+            fns[f"loads {cm or ev} BT={bt} warps={nw}"] = run_variant(bt, nw, y2, cm=cm, ev=ev)
     if not DIAG_ONLY:
         for bt, nw in ((32, 4), (64, 4), (64, 8), (128, 8)):
             fns[f"dot shifts BT={bt} warps={nw}"] = run_dot(bt, nw)
     else:
         fns = {k: v for k, v in fns.items() if "copy" in k or "current" in k or k.startswith("BT=")}
     for bt, nw in ((8, 1), (16, 2), (32, 4), (64, 4), (64, 8)):
-        fns[f"weight (W, C) BT={bt} warps={nw}"] = run_diag(bt, nw, True, True)
-        fns[f"4 loads only BT={bt} warps={nw}"] = run_diag(bt, nw, False, False)
+        fns[f"weight (W, C) BT={bt} warps={nw}"] = run_variant(bt, nw, y3, tap_major=True)
+        fns[f"4 loads only BT={bt} warps={nw}"] = run_variant(bt, nw, y3, math=False)
     errs = {}
-    run_math(64, 8, True, y)()
-    for name, f, out_ in (("weight (W, C)", run_diag(16, 2, True, True), y3),
-                          ("fast math", run_math(64, 8, False, y2), y2), ("dot shifts BT=64", run_dot(64, 4), y3),
-                          ("dot shifts BT=32", run_dot(32, 4), y3), ("loads .ca", run_cached(64, 8, ".ca", ""), y2)):
+    run_variant(64, 8, y)()
+    for name, f, out_ in (("weight (W, C)", run_variant(16, 2, y3, tap_major=True), y3),
+                          ("fast math", run_variant(64, 8, y2, ieee=False), y2), ("dot shifts BT=64", run_dot(64, 4), y3),
+                          ("dot shifts BT=32", run_dot(32, 4), y3), ("loads .ca", run_variant(64, 8, y2, cm=".ca"), y2)):
         try:
             f()
             torch.cuda.synchronize()
