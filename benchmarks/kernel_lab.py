@@ -146,17 +146,18 @@ def lab_conv(out: dict) -> None:
         return lambda: _conv_dot[grid](x, w[:C], y3, T, C, x.stride(0), x.stride(1), 1e-6, D=D, W=W, BT=bt,
                                        num_warps=nw)
 
-    def run_cfg(bt, nw, norm):
+    def run_cfg(bt, nw, norm):  # dohnuts' kernel at one tile, with the tap-major weight the runtime passes
         grid = (C // D, triton.cdiv(T, bt), B)
-        return lambda: _conv_kernel.fn[grid](x, w[:C], y, y, y, T, C, 512, x.stride(0), x.stride(1), 0, 0, 0, 0, 0, 0,
-                                             1e-6, D=D, W=W, HP=4, NORM=norm, HAS_S0=False, STORE_ST=False, BT=bt,
-                                             num_warps=nw)
+        wv = wt.t()
+        return lambda: _conv_kernel.fn[grid](x, wv, y, y, y, T, C, 512, x.stride(0), x.stride(1), wv.stride(0),
+                                             wv.stride(1), 0, 0, 0, 0, 0, 0, 1e-6, D=D, W=W, HP=4, NORM=norm,
+                                             HAS_S0=False, STORE_ST=False, BT=bt, num_warps=nw)
 
     fns = {"torch contiguous() copy": lambda: x.contiguous(),
            "triton tile copy BT=64": lambda: _copy[(C // D, T // 64, B)](x, y, T, C, x.stride(0), x.stride(1),
                                                                          D=D, BT=64, num_warps=4),
-           "current (autotuned), norm": lambda: conv_silu_triton(x, w[:C], D, normalize=True),
-           "current (autotuned), no norm": lambda: conv_silu_triton(x, w[:C], D, normalize=False)}
+           "current (autotuned), norm": lambda: conv_silu_triton(x, wt.t(), D, normalize=True),
+           "current (autotuned), no norm": lambda: conv_silu_triton(x, wt.t(), D, normalize=False)}
     for bt, nw in ((8, 1), (64, 8)):
         fns[f"BT={bt} warps={nw} norm"] = run_cfg(bt, nw, True)
         fns[f"fast math BT={bt} warps={nw}"] = run_variant(bt, nw, y2, ieee=False)
