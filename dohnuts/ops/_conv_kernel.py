@@ -31,8 +31,8 @@ import triton.language as tl
 # cache directory (`cache_results`, as fla does), so a later process on the machine skips tuning.
 # A fixed 32 tokens / 4 warps ran at 1.4 TB/s on the H200, no faster than fla's conv plus its L2
 # norm (2026-11-30 profile). With the tap-major weight (M17) 32/4 and 64/4 ran at 85 and 109 µs
-# against 61 (64/8) and 69 (8/1) for a 2b q part (kernel_lab, call I of 2026-12-01's sixth session), and a fresh machine's tuner,
-# which times each config once, once kept a 91 µs choice: the configs measured slow are gone.
+# against 61 (64/8) and 69 (8/1) for a 2b q part (kernel_lab, call I of M17), and a fresh
+# machine's tuner, which times each config once, once kept a 91 µs choice: the slow ones are gone.
 _CONFIGS = [triton.Config({"BT": bt}, num_warps=w) for bt, w in ((8, 1), (64, 8), (128, 8), (128, 16))]
 
 
