@@ -173,9 +173,11 @@ def lab_conv(out: dict) -> None:
         fns[f"4 loads only BT={bt} warps={nw}"] = run_variant(bt, nw, y3, math=False)
     errs = {}
     run_variant(64, 8, y)()
-    for name, f, out_ in (("weight (W, C)", run_variant(16, 2, y3, tap_major=True), y3),
-                          ("fast math", run_variant(64, 8, y2, ieee=False), y2), ("dot shifts BT=64", run_dot(64, 4), y3),
-                          ("dot shifts BT=32", run_dot(32, 4), y3), ("loads .ca", run_variant(64, 8, y2, cm=".ca"), y2)):
+    variants = (("weight (W, C)", run_variant(16, 2, y3, tap_major=True), y3),
+                ("fast math", run_variant(64, 8, y2, ieee=False), y2),
+                ("dot shifts BT=64", run_dot(64, 4), y3), ("dot shifts BT=32", run_dot(32, 4), y3),
+                ("loads .ca", run_variant(64, 8, y2, cm=".ca"), y2))
+    for name, f, out_ in variants:
         try:
             f()
             torch.cuda.synchronize()

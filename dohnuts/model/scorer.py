@@ -9,8 +9,8 @@ One request is one invocation: either one batched pass, or the shared prefix onc
 followed by its forked state and the batched suffixes; then the hidden states at the candidates'
 SCORE tokens go through the scalar head. With `ScoreInputs.score_rows` (the runtime always gives
 them) a pass returns the hidden states at the SCORE tokens only, and its last layer computes its
-query side, MLP and final norm there alone; the prefix pass computes only the state it hands on. No vocabulary projection and no token generation exist
-anywhere.
+query side, MLP and final norm there alone; the prefix pass computes only the state it hands on.
+No vocabulary projection and no token generation exist anywhere.
 """
 
 from __future__ import annotations
