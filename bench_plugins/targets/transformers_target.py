@@ -11,7 +11,6 @@ see fla (it would try fla's GPU kernels), so this target hides fla there before 
 from __future__ import annotations
 
 import dataclasses
-
 import sys
 
 import torch
