@@ -10,6 +10,10 @@ path. It answers, on the machine at hand, whether a change is worth making:
   accumulators), against cuBLAS's GEMM followed by dohnuts' SwiGLU kernel.
 - `addmm`: the residual add in the down/out projection's GEMM epilogue (`addmm_` into the
   residual stream, then a plain RMSNorm), against GEMM then the fused add + RMSNorm kernel.
+- `delta_ho`: the delta rule's state recurrence with the chunk outputs computed in the same
+  kernel, against fla's state kernel + output kernel, at the workloads' pass shapes.
+- `overlap`: two half-batch passes of the 2b backbone on two streams in one CUDA graph, against
+  one pass (benchmarks/overlap_lab.py).
 
     python benchmarks/kernel_lab.py --out lab.json [--only conv,addmm]
 """
@@ -287,6 +291,71 @@ def lab_addmm(out: dict) -> None:
     for k, v in res.items():
         print(f"addmm {k:32s} {v:7.3f} ms")
     print(f"addmm residual max |diff| {err:.3g}")
+
+
+def lab_delta_ho(out: dict) -> None:
+    """The delta rule's state recurrence with each chunk's output computed in the same kernel
+    (dohnuts.ops._delta_h_kernel, FUSE_O) against fla's two kernels (chunk_gated_delta_rule_fwd_h
+    writing every chunk's state, then chunk_fwd_o reading it back) and against dohnuts' state
+    kernel + fla's output kernel (today's forked path), at the shapes the workloads run: the
+    text-2b pass, a shared prefix, and suffix passes from a forked state."""
+    import torch
+
+    from dohnuts.ops._delta_h_kernel import delta_h_triton, delta_rule_output_triton
+    from dohnuts.ops._fla import fla
+    from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
+
+    f = fla()
+    H = HV = 16
+    K = V = 128
+    scale = K ** -0.5
+    res = {}
+    for N, T, state in ((32, 512, None), (1, 448, None), (1, 452, None), (32, 64, "forked"), (8, 256, "forked"),
+                        (8, 64, "forked"), (4, 512, None)):
+        gen = torch.Generator(device="cuda").manual_seed(N * 1000 + T)
+        q, k = (torch.nn.functional.normalize(torch.randn(N, T, H, K, device="cuda", generator=gen), dim=-1)
+                .bfloat16() for _ in range(2))
+        v = torch.randn(N, T, HV, V, device="cuda", generator=gen).bfloat16()
+        a, b = (torch.randn(N, T, HV, device="cuda", generator=gen).bfloat16() for _ in range(2))
+        A_log = torch.empty(HV, device="cuda").uniform_(1, 16, generator=gen).log()
+        dt_bias = torch.randn(HV, device="cuda", generator=gen)
+        g, beta = gdn_gates_triton(a, b, A_log, dt_bias, chunk_size=64, scale=f.RCP_LN2)
+        w, u, _ = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=64)
+        s0 = None
+        if state == "forked":
+            s0 = (torch.randn(1, HV, K, V, device="cuda", generator=gen) * 0.1).expand(N, -1, -1, -1)
+        dense = s0.contiguous() if s0 is not None else None
+        fin = s0 is not None
+
+        def fla_pair(dense=dense, q=q, k=k, w=w, u=u, g=g, fin=fin):
+            h, vn, st = f.chunk_gated_delta_rule_fwd_h(k=k, w=w, u=u, g=g, initial_state=dense,
+                                                       output_final_state=fin, chunk_size=64)
+            return f.chunk_fwd_o(q=q, k=k, v=vn, h=h, g=g, scale=scale, chunk_size=64), st
+
+        def ours_pair(s0=s0, q=q, k=k, w=w, u=u, g=g, fin=fin):
+            h, vn, st = delta_h_triton(k, w, u, g, s0, fin)
+            return f.chunk_fwd_o(q=q, k=k, v=vn, h=h, g=g, scale=scale, chunk_size=64), st
+
+        def fused(s0=s0, q=q, k=k, w=w, u=u, g=g, fin=fin):
+            return delta_rule_output_triton(q, k, w, u, g, scale, s0, fin)
+
+        o_ref, st_ref = fla_pair()
+        o_f, st_f = fused()
+        err = float((o_f.float() - o_ref.float()).norm() / o_ref.float().norm())
+        serr = float((st_f - st_ref).norm() / st_ref.norm()) if fin else 0.0
+        fns = {"fla h + fla o": fla_pair, "fused h+o": fused}
+        if s0 is not None:
+            fns["dohnuts h + fla o"] = ours_pair
+        ms = _ab(fns)
+        key = f"{N}x{T}" + (f" {state}" if state else "")
+        res[key] = {"ms": ms, "rel_err_o": err, "rel_err_state": serr}
+        for name, t in ms.items():
+            print(f"delta_ho {key:14s} {name:20s} {t * 1e3:8.1f} us")
+        print(f"delta_ho {key:14s} fused vs fla: o rel err {err:.2e}, state {serr:.2e}")
+    from dohnuts.ops._delta_h_kernel import _tuned_o
+
+    out["delta_ho"] = {"clock": _clock(), "shapes": res,
+                       "fused_configs": {str(k_): str(c) for k_, c in _tuned_o.cache.items()}}
 
 
 def main(argv=None) -> int:

@@ -300,6 +300,38 @@ for s0 in (None, torch.randn(N, HV, K, V, generator=g), one.expand(N, -1, -1, -1
     for name, a_, b_ in zip(("h", "v_new", "final"), got, want):
         assert a_.shape == b_.shape and (a_ - b_).abs().max() < 1e-4, ("delta_h", name, (a_ - b_).abs().max())
 assert delta_h_triton(kd, wd, ud, gd, one, False, cpu_block_v=32)[2] is None
+# The same kernel with each chunk's output computed inside it (FUSE_O) against the torch
+# recurrence's states and new values put through fla's output formula (chunk_fwd_o) in torch:
+# o = scale · (q·h[t]·2^g + tril(q·kᵀ·2^(g_i − g_j))·v_new); every state, three value blocks.
+from dohnuts.ops._delta_h_kernel import delta_rule_output_triton
+
+def _chunk_o_torch(q, k, vn, hs, g, scale, BT=64):
+    HV = vn.shape[2]
+    qq, kk = (x.repeat_interleave(HV // x.shape[2], dim=2).permute(0, 2, 1, 3) for x in (q, k))  # (N, HV, T, K)
+    o = torch.empty(vn.shape)
+    for c in range(hs.shape[1]):
+        sl = slice(c * BT, (c + 1) * BT)
+        gc = g[:, sl].permute(0, 2, 1)
+        A = (qq[:, :, sl] @ kk[:, :, sl].transpose(-1, -2) * torch.exp2(gc[..., :, None] - gc[..., None, :])).tril()
+        oc = qq[:, :, sl] @ hs[:, c] * torch.exp2(gc)[..., None] + A @ vn[:, sl].permute(0, 2, 1, 3)
+        o[:, sl] = (oc * scale).permute(0, 2, 1, 3)
+    return o
+
+qd = torch.randn(N, T, H, K, generator=g) / K ** 0.5
+for s0 in (None, torch.randn(N, HV, K, V, generator=g), one.expand(N, -1, -1, -1), one):
+    hs, vn, final = _delta_h_torch(kd, wd, ud, gd, s0)
+    want = _chunk_o_torch(qd, kd, vn, hs, gd, 0.3)
+    for bv in (16, 32, 64):
+        o, got_final = delta_rule_output_triton(qd, kd, wd, ud, gd, 0.3, s0, True, cpu_block_v=bv)
+        assert o.shape == want.shape and (o - want).abs().max() < 1e-4, ("fused o", bv, (o - want).abs().max())
+        assert (got_final - final).abs().max() < 1e-4, ("fused final state", bv)
+assert delta_rule_output_triton(qd, kd, wd, ud, gd, 0.3, None, False, cpu_block_v=32)[1] is None
+try:
+    delta_rule_output_triton(qd[:, :50], kd, wd, ud, gd, 0.3)
+except ValueError as e:
+    assert "q" in str(e)
+else:
+    raise AssertionError("a q shaped unlike k accepted")
 # The Gated DeltaNet gates read in place: a and b as column slices of a packed projection (token
 # stride of the whole row), 2 chunks (the second partial), a head count that is not a power of two.
 from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton

@@ -576,6 +576,60 @@ def test_inference_delta_rule_without_a_fork_equals_fla():
     assert relative_error(o_fork.float(), o_fla.float()) < 1e-3 and relative_error(s_fork, s_fla) < 1e-3
 
 
+@pytest.mark.parametrize("shape", [(32, 512, None), (3, 200, "dense"), (32, 64, "forked"), (1, 452, "forked")])
+def test_fused_state_output_kernel_equals_fla_s_two_kernels(shape):
+    """The state recurrence with each chunk's output computed inside it (dohnuts' FUSE_O kernel)
+    equals fla's state kernel followed by its output kernel (chunk_gated_delta_rule_fwd_h, then
+    chunk_fwd_o reading the states back), at 2b head sizes: the text pass, a partial last chunk with
+    a dense state per sequence, forked suffix passes (stride-0 state) and a lone sequence."""
+    from dohnuts.ops._delta_h_kernel import delta_rule_output_triton
+    from dohnuts.ops._fla import fla
+    from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
+
+    B, T, state = shape
+    f = fla()
+    g, (q, k, v, a, b, A_log, dt_bias) = _gdn_logit_inputs(B, T, seed=71)
+    q, k = (torch.nn.functional.normalize(x.float(), dim=-1).bfloat16() for x in (q, k))
+    gg, beta = gdn_gates_triton(a, b, A_log, dt_bias, chunk_size=64, scale=f.RCP_LN2)
+    w, u, _ = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=gg, beta=beta, chunk_size=64)
+    s0 = None
+    if state is not None:
+        s0 = torch.randn(1 if state == "forked" else B, 16, 128, 128, device=DEV, generator=g) * 0.1
+        s0 = s0.expand(B, -1, -1, -1)
+    with torch.no_grad():
+        o, final = delta_rule_output_triton(q, k, w, u, gg, 128 ** -0.5, s0, True)
+        h, v_new, final_fla = f.chunk_gated_delta_rule_fwd_h(
+            k=k, w=w, u=u, g=gg, initial_state=None if s0 is None else s0.contiguous(), output_final_state=True,
+            chunk_size=64)
+        o_fla = f.chunk_fwd_o(q=q, k=k, v=v_new, h=h, g=gg, scale=128 ** -0.5, chunk_size=64)
+    assert o.dtype == o_fla.dtype and o.shape == o_fla.shape
+    assert relative_error(o.float(), o_fla.float()) < 2e-3 and relative_error(final, final_fla) < 1e-4
+
+
+@pytest.mark.parametrize("state", [None, "forked"])
+def test_inference_delta_rule_fused_and_split_outputs_agree(monkeypatch, state):
+    """`gated_delta_rule_from_logits` with the outputs computed in the state kernel and with fla's
+    output kernel (`_fused_output` forced both ways) agree, and both equal the FP32 reference."""
+    from dohnuts.ops import delta_rule
+    from dohnuts.ops.delta_rule import gated_delta_rule_from_logits, gated_delta_rule_reference, gdn_gates_reference
+
+    B = 8
+    g, (q, k, v, a, b, A_log, dt_bias) = _gdn_logit_inputs(B, 130, seed=73)
+    s0 = None if state is None else (torch.randn(1, 16, 128, 128, device=DEV, generator=g) * 0.1).expand(B, -1, -1, -1)
+    outs = []
+    with torch.no_grad():
+        for threshold in (0.0, 1e9):  # always fused; never
+            monkeypatch.setattr(delta_rule, "FUSED_OUTPUT_MIN_PROGRAMS_PER_SM", threshold)
+            outs.append(gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=s0,
+                                                     output_final_state=True))
+    (o_f, s_f), (o_s, s_s) = outs
+    assert relative_error(o_f.float(), o_s.float()) < 2e-3 and relative_error(s_f, s_s) < 1e-3
+    gf, bf = gdn_gates_reference(a.float(), b.float(), A_log, dt_bias)
+    o_ref, s_ref = gated_delta_rule_reference(q.float(), k.float(), v.float(), gf, bf, initial_state=s0,
+                                              output_final_state=True)
+    assert relative_error(o_f.float(), o_ref) < BF16_TOL and relative_error(s_f, s_ref) < BF16_TOL
+
+
 def test_gdn_gates_kernel_equals_fla_s_gate_kernels():
     """One launch reading a and b in place (column slices of a packed projection) equals fla's
     fused_beta_sigmoid_fwd and gdn_gate_chunk_cumsum on contiguous copies: β exactly, the decay to

@@ -1,21 +1,29 @@
-"""Triton kernel: the chunk-state recurrence of the gated delta rule, with a forked initial state.
+"""Triton kernel: the chunk-state recurrence of the gated delta rule — with a forked initial state,
+and optionally each chunk's output in the same pass.
 
 Derived from fla 0.6.0's `chunk_gated_delta_rule_fwd_kernel_h_blockdim64`
-(fla/ops/common/chunk_delta_h.py, MIT licence, © Songlin Yang, Yu Zhang, Zhiyuan Li and
-contributors), trimmed to what Qwen3.5's suffix passes use — scalar log2 gates per head, the
-state in (K, V) order, equal-length sequences, K ≤ 128 in two blocks of 64 (fla: four, K ≤ 256) —
-with ONE change: the initial state is read through a batch stride. fla indexes it densely
-(sequence n at n·HV·K·V), so a shared prefix's state had to be copied once per branch before the
-suffix pass (32 MiB a layer for 32 branches of a 2b model); here the branches read one state
-(stride 0) from L2. Passes without a forked state run fla's own kernel (dohnuts.ops.delta_rule),
-which is faster there (2.16 vs 2.43 ms a 2b full pass, 2026-11-30).
+(fla/ops/common/chunk_delta_h.py) and `chunk_fwd_kernel_o` (fla/ops/common/chunk_o.py), MIT
+licence, © Songlin Yang, Yu Zhang, Zhiyuan Li and contributors, trimmed to what Qwen3.5 uses —
+scalar log2 gates per head, the state in (K, V) order, equal-length sequences, K ≤ 128 in two
+blocks of 64 (fla: four, K ≤ 256) — with two changes:
+
+1. The initial state is read through a batch stride. fla indexes it densely (sequence n at
+   n·HV·K·V), so a shared prefix's state had to be copied once per branch before the suffix pass
+   (32 MiB a layer for 32 branches of a 2b model); here the branches read one state (stride 0).
+2. `FUSE_O`: each chunk's output is computed from the state while it is in registers, fla's
+   output kernel folded into the loop. fla writes every chunk's state h[t] (in k's dtype) and
+   v_new, and its output kernel reads both back; with FUSE_O neither exists. The price: a
+   sequence's chunks run one after another (fla's output kernel runs them in parallel), so the
+   caller fuses only when the batch fills the GPU (dohnuts.ops.delta_rule._fused_output).
 
 Per (sequence, value head, V block), over chunks t of BT tokens (fla's algorithm):
-    h[t] = S;  v_new = u − w·S;  S = S·2^(g_last) + kᵀ·(v_new · 2^(g_last − g))
-storing h[t] (read by fla's output kernel), v_new and optionally the final S.
+    v_new = u − w·S
+    o[t] = scale · (q·S · 2^g + tril(q·kᵀ · 2^(g_i − g_j)) · v_new)          (FUSE_O)
+    S = S·2^(g_last) + kᵀ·(v_new · 2^(g_last − g))
+storing o (FUSE_O) or h[t] = S at the chunk's start and v_new (read by fla's output kernel), and
+optionally the final S. S enters every product in k's dtype, as fla's stored h[t] does.
 
-No autograd (inference only); dohnuts.ops.delta_rule uses it only for forked states. CPU tensors run in
-Triton's interpreter (the CPU tests).
+No autograd (inference only). CPU tensors run in Triton's interpreter (the CPU tests).
 """
 
 from __future__ import annotations
@@ -48,9 +56,9 @@ def _store_state(h, b_h1, b_h2, K: tl.constexpr, V, o_v, m_v):
 
 
 @triton.jit
-def _delta_h_kernel(k, v, w, v_new, g, h, h0, ht, T, s0n, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                    V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, USE_INITIAL_STATE: tl.constexpr,
-                    STORE_FINAL_STATE: tl.constexpr):
+def _delta_h_kernel(q, k, v, w, v_new, g, h, o, h0, ht, T, s0n, scale, H: tl.constexpr, HV: tl.constexpr,
+                    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+                    USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, FUSE_O: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     NV = tl.cdiv(V, BV)
     i_v, i_nh = pid % NV, pid // NV
@@ -62,11 +70,15 @@ def _delta_h_kernel(k, v, w, v_new, g, h, h0, ht, T, s0n, H: tl.constexpr, HV: t
     b_h1 = tl.zeros([64, BV], dtype=tl.float32)
     b_h2 = tl.zeros([64, BV], dtype=tl.float32)
 
-    h += (i_n * NT * HV + i_h).to(tl.int64) * K * V
     v += (bos * HV + i_h).to(tl.int64) * V
     k += (bos * H + i_h // (HV // H)).to(tl.int64) * K
     w += (bos * HV + i_h).to(tl.int64) * K
-    v_new += (bos * HV + i_h).to(tl.int64) * V
+    if FUSE_O:  # the chunk outputs are computed here: no h, no v_new
+        q += (bos * H + i_h // (HV // H)).to(tl.int64) * K
+        o += (bos * HV + i_h).to(tl.int64) * V
+    else:
+        h += (i_n * NT * HV + i_h).to(tl.int64) * K * V
+        v_new += (bos * HV + i_h).to(tl.int64) * V
 
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
@@ -83,7 +95,8 @@ def _delta_h_kernel(k, v, w, v_new, g, h, h0, ht, T, s0n, H: tl.constexpr, HV: t
         i_t64 = tl.zeros([], dtype=tl.int64) + i_t  # int64 (and a tensor in the interpreter)
         o_t = i_t64 * BT + tl.arange(0, BT)
         m_t = o_t < T
-        _store_state(h + i_t64 * HV * K * V, b_h1, b_h2, K, V, o_v, m_v)
+        if not FUSE_O:
+            _store_state(h + i_t64 * HV * K * V, b_h1, b_h2, K, V, o_v, m_v)
 
         # v_new = u − w·S, by 64-row blocks of K
         b_w = tl.load(w + o_t[:, None] * (HV * K) + o_k1[None, :], mask=m_t[:, None] & (o_k1[None, :] < K), other=0.0)
@@ -93,34 +106,96 @@ def _delta_h_kernel(k, v, w, v_new, g, h, h0, ht, T, s0n, H: tl.constexpr, HV: t
                           mask=m_t[:, None] & (64 + o_k1[None, :] < K), other=0.0)
             b_v = tl.dot(b_w, b_h2.to(b_w.dtype), b_v)
         b_v = tl.load(v + o_t[:, None] * (HV * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0) - b_v
-        tl.store(v_new + o_t[:, None] * (HV * V) + o_v[None, :], b_v.to(v_new.dtype.element_ty),
-                 mask=m_t[:, None] & m_v[None, :])
 
-        # decay to the chunk's end (log2 gates, cumulated within the chunk)
+        # the chunk's gates (log2, cumulated within the chunk) and kᵀ, by 64-row blocks of K
         last_idx = tl.minimum((i_t + 1) * BT, T) - 1
         b_g_last = tl.load(g + (bos * HV + last_idx * HV + i_h).to(tl.int64)).to(tl.float32)
         b_g = tl.load(g + (bos * HV + i_h).to(tl.int64) + o_t * HV, mask=m_t, other=0.0).to(tl.float32)
+        b_k1 = tl.load(k + o_k1[:, None] + o_t[None, :] * (H * K), mask=(o_k1[:, None] < K) & m_t[None, :], other=0.0)
+        if K > 64:
+            b_k2 = tl.load(k + 64 + o_k1[:, None] + o_t[None, :] * (H * K),
+                           mask=(64 + o_k1[:, None] < K) & m_t[None, :], other=0.0)
+
+        if FUSE_O:
+            # fla's chunk_fwd_o on this chunk, with S still in registers (fla reads h[t] back in
+            # k's dtype; S enters the product in k's dtype here too):
+            #   o = scale · (q·S · 2^g + tril(q·kᵀ · 2^(g_i − g_j)) · v_new)
+            b_q = tl.load(q + o_t[:, None] * (H * K) + o_k1[None, :], mask=m_t[:, None] & (o_k1[None, :] < K),
+                          other=0.0)
+            b_o = tl.dot(b_q, b_h1.to(b_q.dtype))
+            b_A = tl.dot(b_q, b_k1)
+            if K > 64:
+                b_q = tl.load(q + o_t[:, None] * (H * K) + 64 + o_k1[None, :],
+                              mask=m_t[:, None] & (64 + o_k1[None, :] < K), other=0.0)
+                b_o = tl.dot(b_q, b_h2.to(b_q.dtype), b_o)
+                b_A = tl.dot(b_q, b_k2, b_A)
+            b_o = b_o * tl.math.exp2(b_g)[:, None]
+            b_A = b_A * tl.math.exp2(b_g[:, None] - b_g[None, :])
+            b_A = tl.where((o_t[:, None] >= o_t[None, :]) & m_t[:, None] & m_t[None, :], b_A, 0)
+            b_o = (b_o + tl.dot(b_A.to(b_q.dtype), b_v.to(b_q.dtype))) * scale
+            tl.store(o + o_t[:, None] * (HV * V) + o_v[None, :], b_o.to(o.dtype.element_ty),
+                     mask=m_t[:, None] & m_v[None, :])
+        else:
+            tl.store(v_new + o_t[:, None] * (HV * V) + o_v[None, :], b_v.to(v_new.dtype.element_ty),
+                     mask=m_t[:, None] & m_v[None, :])
+
+        # decay to the chunk's end, then S += kᵀ · v_new
         b_v = b_v * tl.where(m_t, tl.math.exp2(b_g_last - b_g), 0)[:, None]
         b_g_last = tl.math.exp2(b_g_last)
         b_h1 *= b_g_last
         if K > 64:
             b_h2 *= b_g_last
         b_v = b_v.to(k.dtype.element_ty)
-
-        # S += kᵀ · v_new
-        b_k = tl.load(k + o_k1[:, None] + o_t[None, :] * (H * K), mask=(o_k1[:, None] < K) & m_t[None, :], other=0.0)
-        b_h1 = tl.dot(b_k, b_v, b_h1)
+        b_h1 = tl.dot(b_k1, b_v, b_h1)
         if K > 64:
-            b_k = tl.load(k + 64 + o_k1[:, None] + o_t[None, :] * (H * K),
-                          mask=(64 + o_k1[:, None] < K) & m_t[None, :], other=0.0)
-            b_h2 = tl.dot(b_k, b_v, b_h2)
+            b_h2 = tl.dot(b_k2, b_v, b_h2)
 
     if STORE_FINAL_STATE:
         _store_state(ht + i_nh * K * V, b_h1, b_h2, K, V, o_v, m_v)
 
 
-_tuned = triton.autotune(configs=_CONFIGS, key=["H", "HV", "K", "V", "BT", "USE_INITIAL_STATE", "STORE_FINAL_STATE"],
-                         cache_results=True)(_delta_h_kernel)
+_KEY = ["H", "HV", "K", "V", "BT", "USE_INITIAL_STATE", "STORE_FINAL_STATE", "FUSE_O"]
+_tuned = triton.autotune(configs=_CONFIGS, key=_KEY, cache_results=True)(_delta_h_kernel)
+# The fused output adds three products a chunk: more warps are worth trying.
+_O_CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=s) for w in (4, 8) for s in (1, 2, 3) for bv in (32, 64)]
+_tuned_o = triton.autotune(configs=_O_CONFIGS, key=_KEY, cache_results=True)(_delta_h_kernel)
+
+
+def _check(k, w, u, g, initial_state):
+    N, T, H, K = k.shape
+    HV, V = u.shape[2], u.shape[3]
+    if K > 128 or w.shape != (N, T, HV, K) or u.shape[:2] != (N, T) or g.shape != (N, T, HV) or HV % H:
+        raise ValueError(f"delta_h: k {tuple(k.shape)}, w {tuple(w.shape)}, u {tuple(u.shape)}, g {tuple(g.shape)}")
+    for name, t in (("k", k), ("w", w), ("u", u), ("g", g)):
+        if not t.is_contiguous():
+            raise ValueError(f"delta_h: {name} must be contiguous")
+    if initial_state is None:
+        return 0
+    s = initial_state
+    if s.shape[1:] != (HV, K, V) or s.shape[0] not in (1, N) or not s[0].is_contiguous() or s.dtype != torch.float32:
+        raise ValueError(f"delta_h: initial_state {tuple(s.shape)} {s.dtype} strides {s.stride()}: "
+                         f"need (N or 1, {HV}, {K}, {V}) FP32, contiguous per sequence")
+    return 0 if s.shape[0] == 1 else s.stride(0)
+
+
+def _launch(q, k, w, u, g, v_new, h, o, initial_state, final, s0n, scale, chunk_size, cpu_block_v):
+    N, T, H, K = k.shape
+    HV, V = u.shape[2], u.shape[3]
+    if N * T == 0:
+        return
+    dummy = o if o is not None else h  # pointers a pass does not use (never dereferenced)
+    h0 = initial_state if initial_state is not None else dummy
+    args = (q if q is not None else dummy, k, u, w, v_new if v_new is not None else dummy, g,
+            h if h is not None else dummy, o if o is not None else dummy, h0, final if final is not None else dummy,
+            T, s0n, scale)
+    flags = dict(H=H, HV=HV, K=K, V=V, BT=chunk_size, USE_INITIAL_STATE=initial_state is not None,
+                 STORE_FINAL_STATE=final is not None, FUSE_O=o is not None)
+    with torch.cuda.device(k.device) if k.is_cuda else contextlib.nullcontext():
+        if k.is_cuda:
+            tuner = _tuned_o if o is not None else _tuned
+            tuner[lambda meta: (triton.cdiv(V, meta["BV"]) * N * HV,)](*args, **flags)
+        else:  # the interpreter cannot benchmark configs: run the given block
+            _delta_h_kernel[(triton.cdiv(V, cpu_block_v) * N * HV,)](*args, **flags, BV=cpu_block_v)
 
 
 def delta_h_triton(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, g: torch.Tensor,
@@ -130,34 +205,30 @@ def delta_h_triton(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, g: torch.T
     u (N, T, HV, V), g (N, T, HV) chunk-cumulated log2 gates (FP32) → (h (N, NT, HV, K, V) in k's
     dtype, v_new like u, final state (N, HV, K, V) FP32 or None). `initial_state`: (N or 1, HV, K, V)
     FP32, contiguous per sequence; a batch stride of 0 (an expanded fork) is read, never copied."""
-    N, T, H, K = k.shape
+    s0n = _check(k, w, u, g, initial_state)
+    N, T, _, K = k.shape
     HV, V = u.shape[2], u.shape[3]
-    if K > 128 or w.shape != (N, T, HV, K) or u.shape[:2] != (N, T) or g.shape != (N, T, HV) or HV % H:
-        raise ValueError(f"delta_h: k {tuple(k.shape)}, w {tuple(w.shape)}, u {tuple(u.shape)}, g {tuple(g.shape)}")
-    for name, t in (("k", k), ("w", w), ("u", u), ("g", g)):
-        if not t.is_contiguous():
-            raise ValueError(f"delta_h: {name} must be contiguous")
-    s0n = 0
-    if initial_state is not None:
-        s = initial_state
-        if s.shape[1:] != (HV, K, V) or s.shape[0] not in (1, N) or not s[0].is_contiguous() or s.dtype != torch.float32:
-            raise ValueError(f"delta_h: initial_state {tuple(s.shape)} {s.dtype} strides {s.stride()}: "
-                             f"need (N or 1, {HV}, {K}, {V}) FP32, contiguous per sequence")
-        s0n = 0 if s.shape[0] == 1 else s.stride(0)
-    NT = triton.cdiv(T, chunk_size)
-    h = k.new_empty(N, NT, HV, K, V)
+    h = k.new_empty(N, triton.cdiv(T, chunk_size), HV, K, V)
     v_new = torch.empty_like(u)
     final = k.new_zeros(N, HV, K, V, dtype=torch.float32) if output_final_state else None
-    if N * T == 0:
-        return h, v_new, final
-    h0 = initial_state if initial_state is not None else h
-    ht = final if final is not None else h
-    args = (k, u, w, v_new, g, h, h0, ht, T, s0n)
-    flags = dict(H=H, HV=HV, K=K, V=V, BT=chunk_size, USE_INITIAL_STATE=initial_state is not None,
-                 STORE_FINAL_STATE=output_final_state)
-    with torch.cuda.device(k.device) if k.is_cuda else contextlib.nullcontext():
-        if k.is_cuda:
-            _tuned[lambda meta: (triton.cdiv(V, meta["BV"]) * N * HV,)](*args, **flags)
-        else:  # the interpreter cannot benchmark configs: run the given block
-            _delta_h_kernel[(triton.cdiv(V, cpu_block_v) * N * HV,)](*args, **flags, BV=cpu_block_v)
+    _launch(None, k, w, u, g, v_new, h, None, initial_state, final, s0n, 1.0, chunk_size, cpu_block_v)
     return h, v_new, final
+
+
+def delta_rule_output_triton(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, g: torch.Tensor,
+                             scale: float, initial_state: torch.Tensor | None = None,
+                             output_final_state: bool = False, chunk_size: int = 64, cpu_block_v: int = 32):
+    """The state recurrence and fla's `chunk_fwd_o` in one kernel: q like k (N, T, H, K) → (o like u,
+    final state or None). Each chunk's output is computed from the state while it is still in
+    registers, so the per-chunk states h (N·NT·HV·K·V in k's dtype: 128 MiB for a 2b 32 × 512
+    pass) and v_new are never written nor read back. Same arguments and state rules as
+    `delta_h_triton`; `scale` multiplies q (K^-½ in Gated DeltaNet)."""
+    s0n = _check(k, w, u, g, initial_state)
+    if q.shape != k.shape or not q.is_contiguous():
+        raise ValueError(f"delta_rule_output: q {tuple(q.shape)} must be contiguous and shaped like k {tuple(k.shape)}")
+    N, _, _, K = k.shape
+    HV, V = u.shape[2], u.shape[3]
+    o = torch.empty_like(u)
+    final = k.new_zeros(N, HV, K, V, dtype=torch.float32) if output_final_state else None
+    _launch(q, k, w, u, g, None, None, o, initial_state, final, s0n, scale, chunk_size, cpu_block_v)
+    return o, final

@@ -157,18 +157,33 @@ def gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=No
     return gated_delta_rule(q, k, v, g, beta, None, initial_state, output_final_state, use_qk_l2norm)
 
 
+# The fused state + output kernel runs the chunks of a sequence one after another in one program
+# per (sequence, value head, 64 values); fla's output kernel runs every chunk in parallel. The
+# fused kernel wins when there are programs enough to fill the GPU (docs/evolution.md M18,
+# `kernel_lab.py delta_ho`): at least this many per streaming multiprocessor.
+FUSED_OUTPUT_MIN_PROGRAMS_PER_SM = 1.0
+
+
+def _fused_output(N: int, HV: int, K: int, V: int, device: torch.device) -> bool:
+    """Whether the state recurrence computes the outputs too (dohnuts.ops._delta_h_kernel, FUSE_O)."""
+    if K > 128:
+        return False
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return N * HV * -(-V // 64) >= FUSED_OUTPUT_MIN_PROGRAMS_PER_SM * sms
+
+
 def _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state, use_qk_l2norm):
     """fla's `chunk_gated_delta_rule` forward (`use_gate_in_kernel`, `use_beta_sigmoid_in_kernel`),
     step by step, without its autograd wrapper. The gates come from dohnuts.ops._gdn_gates_kernel
-    (one launch reading the logits in place, with fla's exp and softplus). A forked prefix state
-    (an expanded view of one (1, HV, K, V) state, batch stride 0) goes to
-    dohnuts.ops._delta_h_kernel, a copy of fla's chunk-state kernel that reads the initial state
-    through a batch stride, so the state is never copied per branch (fla indexes it densely; the
-    copies took 0.45 ms a 2b suffix pass, 2026-11-30 profile; within 1e-3 of fla's own path on the
-    H200, whose tuner may pick other blocks). Every other pass — no state, or a dense one — runs
-    fla's own state kernel, which is the faster of the two there (2.16 vs 2.43 ms a 2b full pass,
-    2026-11-30)."""
-    from dohnuts.ops._delta_h_kernel import delta_h_triton
+    (one launch reading the logits in place, with fla's exp and softplus); fla's intra-chunk step
+    gives w and u. Then, when the batch fills the GPU (`_fused_output`), one dohnuts kernel runs the
+    state recurrence and computes each chunk's output from the state still in registers
+    (`delta_rule_output_triton`): the per-chunk states fla writes and its output kernel reads back
+    (128 MiB a layer of a 2b 32 × 512 pass) never exist. Otherwise — a lone shared prefix, few
+    sequences — fla's state kernel (dohnuts' copy when the state is forked: it reads an expanded
+    (1, HV, K, V) state through a batch stride of 0, never copied per branch) and fla's output
+    kernel, which runs every chunk in parallel. Both read a forked state in place."""
+    from dohnuts.ops._delta_h_kernel import delta_h_triton, delta_rule_output_triton
     from dohnuts.ops._fla import fla
     from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
 
@@ -181,14 +196,21 @@ def _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_
         # copies of the strided logits before them).
         g, beta = gdn_gates_triton(a, b, A_log, dt_bias, chunk_size=CHUNK, scale=f.RCP_LN2)
         w, u, _ = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=CHUNK)
+        N, _, HV, V = v.shape
+        K = k.shape[-1]
         forked = (initial_state is not None and initial_state.shape[0] > 1 and initial_state.stride(0) == 0
-                  and k.shape[-1] <= 128 and initial_state[0].is_contiguous())
+                  and K <= 128 and initial_state[0].is_contiguous())
         if initial_state is not None:
             initial_state = initial_state.float()
             if not forked and not initial_state.is_contiguous():
                 initial_state = initial_state.contiguous()
+        scale = K ** -0.5
+        if _fused_output(N, HV, K, V, q.device):
+            o, final = delta_rule_output_triton(q, k, w, u, g, scale, initial_state, output_final_state,
+                                                chunk_size=CHUNK)
+            return o.to(q.dtype), final
         state_step = delta_h_triton if forked else f.chunk_gated_delta_rule_fwd_h
         h, v_new, final = state_step(k=k, w=w, u=u, g=g, initial_state=initial_state,
                                      output_final_state=output_final_state, chunk_size=CHUNK)
-        o = f.chunk_fwd_o(q=q, k=k, v=v_new, h=h, g=g, scale=k.shape[-1] ** -0.5, chunk_size=CHUNK)
+        o = f.chunk_fwd_o(q=q, k=k, v=v_new, h=h, g=g, scale=scale, chunk_size=CHUNK)
     return o.to(q.dtype), final
