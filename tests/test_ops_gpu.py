@@ -608,9 +608,8 @@ def test_fused_state_output_kernel_equals_fla_s_two_kernels(shape):
 
 @pytest.mark.parametrize("state", [None, "forked"])
 def test_inference_delta_rule_fused_and_split_outputs_agree(monkeypatch, state):
-    """`gated_delta_rule_from_logits` with the outputs computed in the state kernel and with fla's
-    output kernel (`_fused_output` forced both ways) agree, and both equal the FP32 reference."""
-    from dohnuts.ops import delta_rule
+    """`gated_delta_rule_from_logits` with the outputs computed in the state kernel (the default) and
+    with fla's output kernel (DOHNUTS_DELTA_OUTPUT=split) agree, and both equal the FP32 reference."""
     from dohnuts.ops.delta_rule import gated_delta_rule_from_logits, gated_delta_rule_reference, gdn_gates_reference
 
     B = 8
@@ -618,8 +617,8 @@ def test_inference_delta_rule_fused_and_split_outputs_agree(monkeypatch, state):
     s0 = None if state is None else (torch.randn(1, 16, 128, 128, device=DEV, generator=g) * 0.1).expand(B, -1, -1, -1)
     outs = []
     with torch.no_grad():
-        for threshold in (0.0, 1e9):  # always fused; never
-            monkeypatch.setattr(delta_rule, "FUSED_OUTPUT_MIN_PROGRAMS_PER_SM", threshold)
+        for choice in ("fused", "split"):
+            monkeypatch.setenv("DOHNUTS_DELTA_OUTPUT", choice)
             outs.append(gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=s0,
                                                      output_final_state=True))
     (o_f, s_f), (o_s, s_s) = outs

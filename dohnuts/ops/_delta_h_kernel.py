@@ -56,7 +56,7 @@ def _store_state(h, b_h1, b_h2, K: tl.constexpr, V, o_v, m_v):
 
 
 @triton.jit
-def _delta_h_kernel(q, k, v, w, v_new, g, h, o, h0, ht, T, s0n, scale, H: tl.constexpr, HV: tl.constexpr,
+def _delta_h_kernel(q, k, v, w, v_new, g, h, o, h0, ht, T, s0n, scale, size_class, H: tl.constexpr, HV: tl.constexpr,
                     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, FUSE_O: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
@@ -154,10 +154,15 @@ def _delta_h_kernel(q, k, v, w, v_new, g, h, o, h0, ht, T, s0n, scale, H: tl.con
         _store_state(ht + i_nh * K * V, b_h1, b_h2, K, V, o_v, m_v)
 
 
-_KEY = ["H", "HV", "K", "V", "BT", "USE_INITIAL_STATE", "STORE_FINAL_STATE", "FUSE_O"]
+# `size_class` (⌈log2⌉ of sequences × value heads, unused by the kernel) is a tuning key: the best
+# block differs between a lone prefix and a 32-sequence batch (M18: 32 × 512 → BV 64, one stage;
+# 1 × 448 → BV 32, three stages), and a key on T would tune again at every new length.
+_KEY = ["H", "HV", "K", "V", "BT", "USE_INITIAL_STATE", "STORE_FINAL_STATE", "FUSE_O", "size_class"]
 _tuned = triton.autotune(configs=_CONFIGS, key=_KEY, cache_results=True)(_delta_h_kernel)
-# The fused output adds three products a chunk: more warps are worth trying.
-_O_CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=s) for w in (4, 8) for s in (1, 2, 3) for bv in (32, 64)]
+# The fused kernel's configs: each one run correct at the workloads' shapes on the H200 (Triton 3.6,
+# benchmarks/kernel_lab.py delta_ho). (BV 32, 4 warps, 1 stage) is left out: it faults there with
+# an illegal memory access (docs/known-issues.md KI-11). 8 warps measured 1.5–3× slower.
+_O_CONFIGS = [triton.Config({"BV": bv}, num_warps=4, num_stages=s) for bv, s in ((64, 1), (64, 2), (32, 2), (32, 3))]
 _tuned_o = triton.autotune(configs=_O_CONFIGS, key=_KEY, cache_results=True)(_delta_h_kernel)
 
 
@@ -187,7 +192,7 @@ def _launch(q, k, w, u, g, v_new, h, o, initial_state, final, s0n, scale, chunk_
     h0 = initial_state if initial_state is not None else dummy
     args = (q if q is not None else dummy, k, u, w, v_new if v_new is not None else dummy, g,
             h if h is not None else dummy, o if o is not None else dummy, h0, final if final is not None else dummy,
-            T, s0n, scale)
+            T, s0n, scale, (N * HV - 1).bit_length())
     flags = dict(H=H, HV=HV, K=K, V=V, BT=chunk_size, USE_INITIAL_STATE=initial_state is not None,
                  STORE_FINAL_STATE=final is not None, FUSE_O=o is not None)
     with torch.cuda.device(k.device) if k.is_cuda else contextlib.nullcontext():

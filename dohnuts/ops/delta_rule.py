@@ -17,6 +17,8 @@ token-by-token recurrence used only by tests as the ground truth.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -157,32 +159,26 @@ def gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=No
     return gated_delta_rule(q, k, v, g, beta, None, initial_state, output_final_state, use_qk_l2norm)
 
 
-# The fused state + output kernel runs the chunks of a sequence one after another in one program
-# per (sequence, value head, 64 values); fla's output kernel runs every chunk in parallel. The
-# fused kernel wins when there are programs enough to fill the GPU (docs/evolution.md M18,
-# `kernel_lab.py delta_ho`): at least this many per streaming multiprocessor.
-FUSED_OUTPUT_MIN_PROGRAMS_PER_SM = 1.0
-
-
-def _fused_output(N: int, HV: int, K: int, V: int, device: torch.device) -> bool:
-    """Whether the state recurrence computes the outputs too (dohnuts.ops._delta_h_kernel, FUSE_O)."""
-    if K > 128:
-        return False
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return N * HV * -(-V // 64) >= FUSED_OUTPUT_MIN_PROGRAMS_PER_SM * sms
+def _fused_output(K: int) -> bool:
+    """Whether the state recurrence computes the outputs too (dohnuts.ops._delta_h_kernel, FUSE_O):
+    whenever K ≤ 128 (measured at or below fla's two kernels at every workload shape, M18).
+    DOHNUTS_DELTA_OUTPUT=split runs fla's output kernel instead (A/B measurements)."""
+    choice = os.environ.get("DOHNUTS_DELTA_OUTPUT", "fused")
+    if choice not in ("fused", "split"):
+        raise ValueError(f"DOHNUTS_DELTA_OUTPUT={choice!r}: expected fused or split")
+    return K <= 128 and choice == "fused"
 
 
 def _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state, use_qk_l2norm):
     """fla's `chunk_gated_delta_rule` forward (`use_gate_in_kernel`, `use_beta_sigmoid_in_kernel`),
     step by step, without its autograd wrapper. The gates come from dohnuts.ops._gdn_gates_kernel
     (one launch reading the logits in place, with fla's exp and softplus); fla's intra-chunk step
-    gives w and u. Then, when the batch fills the GPU (`_fused_output`), one dohnuts kernel runs the
-    state recurrence and computes each chunk's output from the state still in registers
-    (`delta_rule_output_triton`): the per-chunk states fla writes and its output kernel reads back
-    (128 MiB a layer of a 2b 32 × 512 pass) never exist. Otherwise — a lone shared prefix, few
-    sequences — fla's state kernel (dohnuts' copy when the state is forked: it reads an expanded
-    (1, HV, K, V) state through a batch stride of 0, never copied per branch) and fla's output
-    kernel, which runs every chunk in parallel. Both read a forked state in place."""
+    gives w and u. Then one dohnuts kernel runs the state recurrence and computes each chunk's
+    output from the state still in registers (`delta_rule_output_triton`): the per-chunk states fla
+    writes and its output kernel reads back (128 MiB a layer of a 2b 32 × 512 pass) never exist. It
+    reads a forked state — an expanded (1, HV, K, V) view, batch stride 0 — in place. The split path
+    (`_fused_output` false: K > 128, or DOHNUTS_DELTA_OUTPUT=split) runs fla's state kernel (dohnuts'
+    copy for a forked state, which it reads through the stride) and fla's output kernel."""
     from dohnuts.ops._delta_h_kernel import delta_h_triton, delta_rule_output_triton
     from dohnuts.ops._fla import fla
     from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
@@ -196,7 +192,6 @@ def _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_
         # copies of the strided logits before them).
         g, beta = gdn_gates_triton(a, b, A_log, dt_bias, chunk_size=CHUNK, scale=f.RCP_LN2)
         w, u, _ = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=CHUNK)
-        N, _, HV, V = v.shape
         K = k.shape[-1]
         forked = (initial_state is not None and initial_state.shape[0] > 1 and initial_state.stride(0) == 0
                   and K <= 128 and initial_state[0].is_contiguous())
@@ -205,7 +200,7 @@ def _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_
             if not forked and not initial_state.is_contiguous():
                 initial_state = initial_state.contiguous()
         scale = K ** -0.5
-        if _fused_output(N, HV, K, V, q.device):
+        if _fused_output(K):
             o, final = delta_rule_output_triton(q, k, w, u, g, scale, initial_state, output_final_state,
                                                 chunk_size=CHUNK)
             return o.to(q.dtype), final
