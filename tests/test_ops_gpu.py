@@ -608,8 +608,9 @@ def test_fused_state_output_kernel_equals_fla_s_two_kernels(shape):
 
 @pytest.mark.parametrize("state", [None, "forked"])
 def test_inference_delta_rule_fused_and_split_outputs_agree(monkeypatch, state):
-    """`gated_delta_rule_from_logits` with the outputs computed in the state kernel (the default) and
-    with fla's output kernel (DOHNUTS_DELTA_OUTPUT=split) agree, and both equal the FP32 reference."""
+    """`gated_delta_rule_from_logits` with the outputs computed in the state kernel
+    (DOHNUTS_DELTA_OUTPUT=fused) and with fla's output kernel (=split) agree, and both equal the FP32
+    reference."""
     from dohnuts.ops.delta_rule import gated_delta_rule_from_logits, gated_delta_rule_reference, gdn_gates_reference
 
     B = 8

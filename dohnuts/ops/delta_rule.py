@@ -17,6 +17,7 @@ token-by-token recurrence used only by tests as the ground truth.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -159,26 +160,38 @@ def gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=No
     return gated_delta_rule(q, k, v, g, beta, None, initial_state, output_final_state, use_qk_l2norm)
 
 
-def _fused_output(K: int) -> bool:
-    """Whether the state recurrence computes the outputs too (dohnuts.ops._delta_h_kernel, FUSE_O):
-    whenever K ≤ 128 (measured at or below fla's two kernels at every workload shape, M18).
-    DOHNUTS_DELTA_OUTPUT=split runs fla's output kernel instead (A/B measurements)."""
-    choice = os.environ.get("DOHNUTS_DELTA_OUTPUT", "fused")
-    if choice not in ("fused", "split"):
-        raise ValueError(f"DOHNUTS_DELTA_OUTPUT={choice!r}: expected fused or split")
-    return K <= 128 and choice == "fused"
+def _fused_output(N: int, HV: int, K: int, V: int, device: torch.device) -> bool:
+    """Whether the state recurrence computes the outputs too (dohnuts.ops._delta_h_kernel, FUSE_O).
+
+    The fused kernel runs a sequence's chunks one after another, one program per (sequence, value
+    head, 64 values); fla's output kernel runs every chunk in parallel. Fused wins once those programs
+    fill the GPU's multiprocessors: measured inside CUDA graphs on the H200 (M18), a 2b 32 × 512 pass
+    (1,024 programs) 4.70 → 4.22 ms over its 18 layers, a 32 × 64 suffix 0.98 → 0.61 ms, but a lone
+    448-token prefix (32 programs) 0.28 → 0.34 ms. DOHNUTS_DELTA_OUTPUT=fused|split forces a path
+    (A/B measurements); unset or `auto`: by that count."""
+    choice = os.environ.get("DOHNUTS_DELTA_OUTPUT", "auto")
+    if choice not in ("auto", "fused", "split"):
+        raise ValueError(f"DOHNUTS_DELTA_OUTPUT={choice!r}: expected auto, fused or split")
+    if K > 128 or choice == "split":
+        return False
+    return choice == "fused" or N * HV * -(-V // 64) >= _multiprocessors(device)
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state, use_qk_l2norm):
     """fla's `chunk_gated_delta_rule` forward (`use_gate_in_kernel`, `use_beta_sigmoid_in_kernel`),
     step by step, without its autograd wrapper. The gates come from dohnuts.ops._gdn_gates_kernel
     (one launch reading the logits in place, with fla's exp and softplus); fla's intra-chunk step
-    gives w and u. Then one dohnuts kernel runs the state recurrence and computes each chunk's
-    output from the state still in registers (`delta_rule_output_triton`): the per-chunk states fla
-    writes and its output kernel reads back (128 MiB a layer of a 2b 32 × 512 pass) never exist. It
-    reads a forked state — an expanded (1, HV, K, V) view, batch stride 0 — in place. The split path
-    (`_fused_output` false: K > 128, or DOHNUTS_DELTA_OUTPUT=split) runs fla's state kernel (dohnuts'
-    copy for a forked state, which it reads through the stride) and fla's output kernel."""
+    gives w and u. Then, when the batch fills the GPU (`_fused_output`), one dohnuts kernel runs the
+    state recurrence and computes each chunk's output from the state still in registers
+    (`delta_rule_output_triton`): the per-chunk states fla writes and its output kernel reads back
+    (128 MiB a layer of a 2b 32 × 512 pass) never exist. Otherwise (a lone shared prefix; K > 128)
+    fla's state kernel — dohnuts' copy for a forked state — and fla's output kernel. Both paths read
+    a forked state (an expanded (1, HV, K, V) view, batch stride 0) in place, never copied."""
     from dohnuts.ops._delta_h_kernel import delta_h_triton, delta_rule_output_triton
     from dohnuts.ops._fla import fla
     from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
@@ -200,7 +213,8 @@ def _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_
             if not forked and not initial_state.is_contiguous():
                 initial_state = initial_state.contiguous()
         scale = K ** -0.5
-        if _fused_output(K):
+        N, _, HV, V = v.shape
+        if _fused_output(N, HV, K, V, q.device):
             o, final = delta_rule_output_triton(q, k, w, u, g, scale, initial_state, output_final_state,
                                                 chunk_size=CHUNK)
             return o.to(q.dtype), final
