@@ -34,14 +34,16 @@ def _clock() -> str:
         return "?"
 
 
-def _ab(fns: dict, rounds: int = 5) -> dict[str, float]:
-    """Median ms of each fn, measured round-robin (clock drift hits every candidate alike)."""
-    from triton.testing import do_bench
+def _ab(fns: dict, rounds: int = 5, graph: bool = False) -> dict[str, float]:
+    """Median ms of each fn, measured round-robin (clock drift hits every candidate alike).
+    `graph`: each fn replayed in a CUDA graph, as the runtime runs it — without the host's launch
+    cost, which dominates small passes of multi-kernel candidates (fla's Python wrappers)."""
+    from triton.testing import do_bench, do_bench_cudagraph
 
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for k, f in fns.items():
-            times[k].append(do_bench(f, warmup=5, rep=40))
+            times[k].append(do_bench_cudagraph(f, rep=40) if graph else do_bench(f, warmup=5, rep=40))
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -346,7 +348,7 @@ def lab_delta_ho(out: dict) -> None:
         fns = {"fla h + fla o": fla_pair, "fused h+o": fused}
         if s0 is not None:
             fns["dohnuts h + fla o"] = ours_pair
-        ms = _ab(fns)
+        ms = _ab(fns, graph=True)
         key = f"{N}x{T}" + (f" {state}" if state else "")
         res[key] = {"ms": ms, "rel_err_o": err, "rel_err_state": serr}
         for name, t in ms.items():

@@ -375,18 +375,18 @@ def test_norm_triton_kernels_in_the_interpreter():
 
 def test_delta_rule_output_is_fused_when_the_batch_fills_the_gpu(monkeypatch):
     """The fused state + output kernel runs when its programs (sequences × value heads × 64-value
-    blocks) reach the multiprocessor count, fla's two kernels otherwise; the variable forces either
-    and rejects anything else; K > 128 (beyond the kernel's two blocks) never fuses."""
+    blocks) reach half the multiprocessor count, fla's two kernels otherwise; the variable forces
+    either and rejects anything else; K > 128 (beyond the kernel's two blocks) never fuses."""
     from dohnuts.ops import delta_rule
 
     monkeypatch.setattr(delta_rule, "_multiprocessors", lambda device: 132)
     dev = torch.device("cpu")
     monkeypatch.delenv("DOHNUTS_DELTA_OUTPUT", raising=False)
     assert delta_rule._fused_output(32, 16, 128, 128, dev)  # text-2b: 1,024 programs
-    assert delta_rule._fused_output(5, 16, 128, 100, dev)  # V = 100: two blocks of 64, 160 programs
-    assert not delta_rule._fused_output(4, 16, 128, 128, dev)  # 128 programs < 132
-    assert not delta_rule._fused_output(8, 16, 128, 64, dev)  # V = 64: one block, 128 programs
-    assert delta_rule._fused_output(8, 16, 128, 128, dev)  # V = 128: two blocks, 256 programs
+    assert delta_rule._fused_output(4, 16, 128, 128, dev)  # 128 programs ≥ 66
+    assert delta_rule._fused_output(3, 12, 128, 100, dev)  # V = 100: two blocks of 64, 72 programs
+    assert not delta_rule._fused_output(3, 12, 128, 64, dev)  # V = 64: one block, 36 programs
+    assert not delta_rule._fused_output(2, 16, 128, 128, dev)  # 64 programs < 66
     assert not delta_rule._fused_output(1, 16, 128, 128, dev)  # a lone prefix: 32 programs
     assert not delta_rule._fused_output(64, 16, 256, 128, dev)  # K > 128
     monkeypatch.setenv("DOHNUTS_DELTA_OUTPUT", "fused")

@@ -164,17 +164,18 @@ def _fused_output(N: int, HV: int, K: int, V: int, device: torch.device) -> bool
     """Whether the state recurrence computes the outputs too (dohnuts.ops._delta_h_kernel, FUSE_O).
 
     The fused kernel runs a sequence's chunks one after another, one program per (sequence, value
-    head, 64 values); fla's output kernel runs every chunk in parallel. Fused wins once those programs
-    fill the GPU's multiprocessors: measured inside CUDA graphs on the H200 (M18), a 2b 32 × 512 pass
-    (1,024 programs) 4.70 → 4.22 ms over its 18 layers, a 32 × 64 suffix 0.98 → 0.61 ms, but a lone
-    448-token prefix (32 programs) 0.28 → 0.34 ms. DOHNUTS_DELTA_OUTPUT=fused|split forces a path
-    (A/B measurements); unset or `auto`: by that count."""
+    head, 64 values); fla's output kernel runs every chunk in parallel. Measured in CUDA graphs on the
+    H200 (M18, `kernel_lab.py delta_ho`, 2b heads), fused against split per layer: 32 × 512 (1,024
+    programs) 212 vs 238 µs, 32 × 64 forked 53 vs 65, 8 × 256 forked 36 vs 44, 4 × 512 and 8 × 64 (128
+    programs) 29 vs 42 and 13 vs 16 — but a lone 448-token prefix (32 programs) 19.9 vs 18.7 µs. So:
+    fused from half as many programs as the GPU has multiprocessors. DOHNUTS_DELTA_OUTPUT=fused|split
+    forces a path (A/B measurements); unset or `auto`: by that count."""
     choice = os.environ.get("DOHNUTS_DELTA_OUTPUT", "auto")
     if choice not in ("auto", "fused", "split"):
         raise ValueError(f"DOHNUTS_DELTA_OUTPUT={choice!r}: expected auto, fused or split")
     if K > 128 or choice == "split":
         return False
-    return choice == "fused" or N * HV * -(-V // 64) >= _multiprocessors(device)
+    return choice == "fused" or 2 * N * HV * -(-V // 64) >= _multiprocessors(device)
 
 
 @functools.cache
