@@ -159,9 +159,10 @@ def _delta_h_kernel(q, k, v, w, v_new, g, h, o, h0, ht, T, s0n, scale, size_clas
 # 1 × 448 → BV 32, three stages), and a key on T would tune again at every new length.
 _KEY = ["H", "HV", "K", "V", "BT", "USE_INITIAL_STATE", "STORE_FINAL_STATE", "FUSE_O", "size_class"]
 _tuned = triton.autotune(configs=_CONFIGS, key=_KEY, cache_results=True)(_delta_h_kernel)
-# The fused kernel's configs: each one run correct at the workloads' shapes on the H200 (Triton 3.6,
-# benchmarks/kernel_lab.py delta_ho). (BV 32, 4 warps, 1 stage) is left out: it faults there with
-# an illegal memory access (docs/known-issues.md KI-11). 8 warps measured 1.5–3× slower.
+# The fused kernel's configs: each one ran correct at the workloads' shapes on the H200 (Triton 3.6,
+# results/h200/2026-12-01-s7-fused-configs/fused_configs.json). (BV 32, 4 warps, 1 stage) is left
+# out: it faults there with an illegal memory access (docs/known-issues.md KI-11). 8 warps measured
+# 1.4–1.5× slower.
 _O_CONFIGS = [triton.Config({"BV": bv}, num_warps=4, num_stages=s) for bv, s in ((64, 1), (64, 2), (32, 2), (32, 3))]
 _tuned_o = triton.autotune(configs=_O_CONFIGS, key=_KEY, cache_results=True)(_delta_h_kernel)
 
