@@ -377,6 +377,7 @@ def test_delta_rule_output_is_fused_when_the_batch_fills_the_gpu(monkeypatch):
     """The fused state + output kernel runs when its programs (sequences × value heads × 64-value
     blocks) reach half the multiprocessor count, fla's two kernels otherwise; the variable forces
     either and rejects anything else; K > 128 (beyond the kernel's two blocks) never fuses."""
+    from dohnuts.errors import ConfigError
     from dohnuts.ops import delta_rule
 
     monkeypatch.setattr(delta_rule, "_multiprocessors", lambda device: 132)
@@ -394,8 +395,10 @@ def test_delta_rule_output_is_fused_when_the_batch_fills_the_gpu(monkeypatch):
     monkeypatch.setenv("DOHNUTS_DELTA_OUTPUT", "split")
     assert not delta_rule._fused_output(32, 16, 128, 128, dev)
     monkeypatch.setenv("DOHNUTS_DELTA_OUTPUT", "yes")
-    with pytest.raises(ValueError, match="DOHNUTS_DELTA_OUTPUT"):
+    with pytest.raises(ConfigError, match="DOHNUTS_DELTA_OUTPUT.*expected auto, fused or split"):
         delta_rule._fused_output(32, 16, 128, 128, dev)
+    monkeypatch.setenv("DOHNUTS_DELTA_OUTPUT", "")
+    assert delta_rule.delta_output_choice() == "auto"
 
 
 def test_gdn_gates_from_logits_equal_the_explicit_gates():

@@ -23,6 +23,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from dohnuts.errors import ConfigError
 from dohnuts.ops._dispatch import recording, use_fused
 
 CHUNK = 64
@@ -170,12 +171,20 @@ def _fused_output(N: int, HV: int, K: int, V: int, device: torch.device) -> bool
     programs) 29 vs 42 and 13 vs 16 — but a lone 448-token prefix (32 programs) 19.9 vs 18.7 µs. So:
     fused from half as many programs as the GPU has multiprocessors. DOHNUTS_DELTA_OUTPUT=fused|split
     forces a path (A/B measurements); unset or `auto`: by that count."""
-    choice = os.environ.get("DOHNUTS_DELTA_OUTPUT", "auto")
-    if choice not in ("auto", "fused", "split"):
-        raise ValueError(f"DOHNUTS_DELTA_OUTPUT={choice!r}: expected auto, fused or split")
+    choice = delta_output_choice()
     if K > 128 or choice == "split":
         return False
     return choice == "fused" or 2 * N * HV * -(-V // 64) >= _multiprocessors(device)
+
+
+def delta_output_choice() -> str:
+    """`DOHNUTS_DELTA_OUTPUT` (auto, fused or split; unset or empty: auto). A prediction session
+    checks it when it starts, so a wrong value stops the run before any request (ConfigError)."""
+    choice = os.environ.get("DOHNUTS_DELTA_OUTPUT", "").strip() or "auto"
+    if choice not in ("auto", "fused", "split"):
+        raise ConfigError(f"{choice!r} is not a delta-rule output path: expected auto, fused or split",
+                          source="environment", field="DOHNUTS_DELTA_OUTPUT")
+    return choice
 
 
 @functools.cache

@@ -26,6 +26,7 @@ from dohnuts.errors import RequestError
 from dohnuts.model.lora import LoRAConfig, apply_lora, merge_lora
 from dohnuts.model.packing import fuse_projections
 from dohnuts.model.scorer import ScoringModel, decide, no_stage
+from dohnuts.ops.delta_rule import delta_output_choice
 from dohnuts.runtime.batch import Batch, HostBatch, collate, without_patches
 from dohnuts.runtime.graphs import PassGraphs, ShapeBuckets
 from dohnuts.runtime.image_cache import ImageFeatureCache
@@ -70,6 +71,7 @@ class Session:
 
     def __init__(self, model: ScoringModel, *, tokenizer, base_identity: dict | None = None, max_len: int = 8192,
                  cuda_graphs: bool = True):
+        delta_output_choice()  # a wrong DOHNUTS_DELTA_OUTPUT stops here, before any request
         self.model = model
         # Sibling projections without adapters run as one GEMM each (dohnuts.model.packing);
         # LoRA-wrapped ones are skipped, and re-packed once merged (_modules_changed).
