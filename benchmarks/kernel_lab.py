@@ -12,8 +12,8 @@ path. It answers, on the machine at hand, whether a change is worth making:
   residual stream, then a plain RMSNorm), against GEMM then the fused add + RMSNorm kernel.
 - `delta_ho`: the delta rule's state recurrence with the chunk outputs computed in the same
   kernel, against fla's state kernel + output kernel, at the workloads' pass shapes.
-- `overlap`: two half-batch passes of the 2b backbone on two streams in one CUDA graph, against
-  one pass (benchmarks/overlap_lab.py).
+- `swiglu_inductor`: the gate/up GEMM + SwiGLU compiled by torch.compile (max-autotune, Triton
+  templates with the SwiGLU in their epilogue) against cuBLAS + the SwiGLU kernel (not yet run).
 
     python benchmarks/kernel_lab.py --out lab.json [--only conv,addmm]
 """
@@ -262,6 +262,59 @@ def lab_swiglu_gemm(out: dict) -> None:
                           "TFLOP/s": {k: flops / (v * 1e-3) / 1e12 for k, v in res.items()}}
     for k, v in res.items():
         print(f"mlp   {k:48s} {v:7.3f} ms  {flops / (v * 1e-3) / 1e12:6.1f} TFLOP/s  err {errs.get(k, '')}")
+
+
+def lab_swiglu_inductor(out: dict) -> None:
+    """The MLP's gate/up GEMM + SwiGLU as torch.compile compiles them (inductor, max-autotune: its
+    Triton GEMM templates, persistent TMA ones on Hopper, against ATen's cuBLAS, each with the
+    SwiGLU fused into the epilogue where it can) against cuBLAS + dohnuts' SwiGLU kernel, at
+    text-2b's shape. Two forms: the packed projection (gate and up one GEMM, SwiGLU across its two
+    halves — not a per-tile epilogue) and two GEMMs (the up GEMM's output read by the gate GEMM's
+    epilogue). Written after M18's last device call: not yet run."""
+    import time
+
+    import torch
+    import torch._inductor.config as inductor_config
+    import torch.nn.functional as F
+
+    from dohnuts.ops._swiglu_kernel import swiglu_packed_triton
+
+    M, K, I = 32 * 512, 2048, 6144
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    wp = torch.randn(2 * I, K, device="cuda", dtype=torch.bfloat16) * K ** -0.5
+    wg, wu = wp[:I].contiguous(), wp[I:].contiguous()
+    inductor_config.max_autotune_gemm_backends = "ATEN,TRITON"
+    if hasattr(inductor_config.triton, "enable_persistent_tma_matmul"):
+        inductor_config.triton.enable_persistent_tma_matmul = True
+
+    def packed(x, wp):
+        g, u = F.linear(x, wp).split(I, dim=-1)
+        return F.silu(g) * u
+
+    def split(x, wg, wu):
+        return F.silu(F.linear(x, wg)) * F.linear(x, wu)
+
+    ref = swiglu_packed_triton(F.linear(x, wp))
+    fns = {"cuBLAS GEMM + swiglu kernel": lambda: swiglu_packed_triton(F.linear(x, wp)),
+           "cuBLAS GEMM alone": lambda: F.linear(x, wp)}
+    info: dict = {}
+    for name, fn, args in (("inductor packed", packed, (x, wp)), ("inductor two GEMMs", split, (x, wg, wu))):
+        try:
+            compiled = torch.compile(fn, mode="max-autotune-no-cudagraphs", dynamic=False)
+            t0 = time.perf_counter()
+            y = compiled(*args)
+            torch.cuda.synchronize()
+            info[name] = {"compile_s": time.perf_counter() - t0,
+                          "rel_err": float((y.float() - ref.float()).abs().max() / ref.float().abs().max())}
+            fns[name] = lambda compiled=compiled, args=args: compiled(*args)
+        except Exception as exc:  # noqa: BLE001 - a failed compile is reported, not fatal
+            info[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+    res = _ab(fns, graph=True)
+    flops = 2 * M * K * 2 * I
+    out["swiglu_inductor"] = {"shape": [M, K, I], "clock": _clock(), "ms": res, "compiled": info,
+                              "TFLOP/s": {k: flops / (v * 1e-3) / 1e12 for k, v in res.items()}}
+    for k, v in res.items():
+        print(f"mlp   {k:32s} {v:7.3f} ms  {flops / (v * 1e-3) / 1e12:6.1f} TFLOP/s  {info.get(k, '')}")
 
 
 def lab_addmm(out: dict) -> None:
