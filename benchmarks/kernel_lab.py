@@ -14,6 +14,8 @@ path. It answers, on the machine at hand, whether a change is worth making:
   kernel, against fla's state kernel + output kernel, at the workloads' pass shapes.
 - `swiglu_inductor`: the gate/up GEMM + SwiGLU compiled by torch.compile (max-autotune, Triton
   templates with the SwiGLU in their epilogue) against cuBLAS + the SwiGLU kernel (not yet run).
+- `small_m_gemm`: the 2b projections at a lone prefix's and a suffix's row counts, cuBLAS against
+  torch.compile's max-autotune choice (not yet run).
 
     python benchmarks/kernel_lab.py --out lab.json [--only conv,addmm]
 """
@@ -315,6 +317,38 @@ def lab_swiglu_inductor(out: dict) -> None:
                               "TFLOP/s": {k: flops / (v * 1e-3) / 1e12 for k, v in res.items()}}
     for k, v in res.items():
         print(f"mlp   {k:32s} {v:7.3f} ms  {flops / (v * 1e-3) / 1e12:6.1f} TFLOP/s  {info.get(k, '')}")
+
+
+def lab_small_m_gemm(out: dict) -> None:
+    """The 2b projections at the row counts of a lone prefix (452 tokens: the image-warm prefix,
+    2.8 ms against a 0.70 ms bound, its GEMMs at ≈ 260 TFLOP/s) and of a suffix (2,048), cuBLAS
+    (`F.linear`) against torch.compile's max-autotune choice (its Triton templates or ATen).
+    Written after M18's last device call: not yet run."""
+    import torch
+    import torch._inductor.config as inductor_config
+    import torch.nn.functional as F
+
+    inductor_config.max_autotune_gemm_backends = "ATEN,TRITON"
+    shapes = {"gate/up": (12288, 2048), "down": (2048, 6144), "GDN qkv+b+a": (6176, 2048),
+              "GDN z / out, attn o": (2048, 2048), "attn q+k+v": (5120, 2048)}
+    res: dict = {}
+    for m in (452, 2048):
+        for name, (n, k) in shapes.items():
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+            fns = {"cuBLAS": lambda x=x, w=w: F.linear(x, w)}
+            key = f"{m} x {name}"
+            try:
+                compiled = torch.compile(lambda x, w: F.linear(x, w), mode="max-autotune-no-cudagraphs", dynamic=False)
+                compiled(x, w)
+                fns["inductor max-autotune"] = lambda x=x, w=w, c=compiled: c(x, w)
+            except Exception as exc:  # noqa: BLE001 - reported, not fatal
+                res[key + " (inductor)"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+            ms = _ab(fns, graph=True)
+            res[key] = {"ms": ms, "TFLOP/s": {c: 2 * m * n * k / (t * 1e-3) / 1e12 for c, t in ms.items()}}
+            for c, t in ms.items():
+                print(f"gemm  {key:28s} {c:22s} {t * 1e3:8.1f} us  {2 * m * n * k / (t * 1e-3) / 1e12:6.1f} TFLOP/s")
+    out["small_m_gemm"] = {"clock": _clock(), "shapes": res}
 
 
 def lab_addmm(out: dict) -> None:
