@@ -13,6 +13,7 @@
 #                                                            (results/baselines/h200-2b-K.json)
 #   LAB='conv,swiglu_gemm,addmm'                            benchmarks/kernel_lab.py experiments (kernel_lab.json)
 #   PACK_CACHE=1                                             pack .triton_cache, trimmed, into $OUT (15 MB parts)
+#                                                            (past 8 files in all, the loose ones go into logs.tar.gz)
 #   BUDGET=seconds (default 540)                             stop starting new steps after this
 # Compiled Triton kernels and fla's autotuning choices persist in .triton_cache (TRITON_CACHE_DIR).
 # The device returns at most 8 files: PACK_CACHE=1 packs the cache's binaries and metadata (all a
@@ -110,4 +111,18 @@ echo "triton cache at end: $(du -sh .triton_cache | cut -f1), $(find .triton_cac
 # comes back (as 15 MB parts; here: cat triton_cache.tgz.* > .triton_cache.tgz, carried next call).
 [ -n "${PACK_CACHE:-}" ] && find .triton_cache -type f \( -name '*.cubin' -o -name '*.json' -o -name '*.so' \) \
   | tar czf - -T - | split -b 15m - "$OUT/triton_cache.tgz."
+# A call returns at most 8 files (the rest is lost: twice a cache part, 2026-12-01). Past 8, the
+# loose files (gpu.txt, gpu_tests.txt, kernel_lab.*, cold_start.json, ...) go into one logs.tar.gz.
+bundle_loose() {
+  local n loose
+  n=$(find "$1" -maxdepth 1 -type f | wc -l)
+  [ "$n" -le 8 ] && return 0
+  loose=$(cd "$1" && find . -maxdepth 1 -type f ! -name '*.tar.gz' ! -name 'triton_cache.tgz.*' -printf '%P\n' | sort)
+  [ -z "$loose" ] && return 0
+  (cd "$1" && tar czf logs.tar.gz $loose && rm -f $loose)  # names without spaces: ours
+  n=$(find "$1" -maxdepth 1 -type f | wc -l)
+  [ "$n" -gt 8 ] && echo "warning: $n files in \$OUT, a call returns 8: some will not come back" >&2
+  return 0
+}
+bundle_loose "$OUT"
 ls -la "$OUT"
