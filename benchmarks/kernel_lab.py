@@ -201,6 +201,18 @@ def lab_conv(out: dict) -> None:
         print(f"conv  {k:32s} {v * 1e3:8.1f} µs  {moved / (v * 1e-3) / 1e12:5.2f} TB/s")
 
 
+def _report_mlp(out: dict, key: str, shape: tuple, res: dict[str, float], **notes: dict) -> None:
+    """Record and print the gate/up (+ SwiGLU) timings `res` of an (M, K, I) MLP shape, with the
+    per-candidate notes (errors, compile facts) given by name."""
+    M, K, I = shape
+    flops = 2 * M * K * 2 * I
+    out[key] = {"shape": list(shape), "clock": _clock(), "ms": res, **notes,
+                "TFLOP/s": {k: flops / (v * 1e-3) / 1e12 for k, v in res.items()}}
+    for k, v in res.items():
+        note = "  ".join(str(n[k]) for n in notes.values() if k in n)
+        print(f"mlp   {k:48s} {v:7.3f} ms  {flops / (v * 1e-3) / 1e12:6.1f} TFLOP/s  {note}")
+
+
 def lab_swiglu_gemm(out: dict) -> None:
     import torch
     import torch.nn.functional as F
@@ -258,12 +270,7 @@ def lab_swiglu_gemm(out: dict) -> None:
             fns[name] = f
         except Exception as exc:  # noqa: BLE001 - a config that does not fit is reported, not fatal
             errs[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-    res = _ab(fns)
-    flops = 2 * M * K * 2 * I
-    out["swiglu_gemm"] = {"shape": [M, K, I], "clock": _clock(), "ms": res, "rel_err": errs,
-                          "TFLOP/s": {k: flops / (v * 1e-3) / 1e12 for k, v in res.items()}}
-    for k, v in res.items():
-        print(f"mlp   {k:48s} {v:7.3f} ms  {flops / (v * 1e-3) / 1e12:6.1f} TFLOP/s  err {errs.get(k, '')}")
+    _report_mlp(out, "swiglu_gemm", (M, K, I), _ab(fns), rel_err=errs)
 
 
 def lab_swiglu_inductor(out: dict) -> None:
@@ -311,12 +318,7 @@ def lab_swiglu_inductor(out: dict) -> None:
             fns[name] = lambda compiled=compiled, args=args: compiled(*args)
         except Exception as exc:  # noqa: BLE001 - a failed compile is reported, not fatal
             info[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
-    res = _ab(fns, graph=True)
-    flops = 2 * M * K * 2 * I
-    out["swiglu_inductor"] = {"shape": [M, K, I], "clock": _clock(), "ms": res, "compiled": info,
-                              "TFLOP/s": {k: flops / (v * 1e-3) / 1e12 for k, v in res.items()}}
-    for k, v in res.items():
-        print(f"mlp   {k:32s} {v:7.3f} ms  {flops / (v * 1e-3) / 1e12:6.1f} TFLOP/s  {info.get(k, '')}")
+    _report_mlp(out, "swiglu_inductor", (M, K, I), _ab(fns, graph=True), compiled=info)
 
 
 def lab_small_m_gemm(out: dict) -> None:
