@@ -509,20 +509,29 @@ def _gdn_logit_inputs(B: int, T: int, seed: int):
     return g, (q, k, v, a, b, A_log, dt_bias)
 
 
+def _assert_matches_fp32_reference(o, s, inputs, initial_state):
+    """o and the final state s of the delta rule on `inputs` (q, k, v, a, b, A_log, dt_bias) equal
+    the FP32 chunked reference with the torch gates, within the BF16 gate."""
+    from dohnuts.ops.delta_rule import gated_delta_rule_reference, gdn_gates_reference
+
+    q, k, v, a, b, A_log, dt_bias = inputs
+    gf, bf = gdn_gates_reference(a.float(), b.float(), A_log, dt_bias)
+    o_ref, s_ref = gated_delta_rule_reference(q.float(), k.float(), v.float(), gf, bf, initial_state=initial_state,
+                                              output_final_state=True)
+    assert relative_error(o.float(), o_ref) < BF16_TOL and relative_error(s, s_ref) < BF16_TOL
+
+
 @pytest.mark.parametrize("with_state", [False, True])
 def test_gated_delta_rule_gates_in_kernel(with_state):
     """fla's in-kernel gates (decay from a, A_log, dt_bias; sigmoid of b) against the gates computed
     in torch and the FP32 reference, at Qwen3.5-2b head sizes, with and without a recurrent state."""
-    from dohnuts.ops.delta_rule import gated_delta_rule_from_logits, gated_delta_rule_reference, gdn_gates_reference
+    from dohnuts.ops.delta_rule import gated_delta_rule_from_logits
 
     g, (q, k, v, a, b, A_log, dt_bias) = _gdn_logit_inputs(3, 200, seed=43)
     s0 = torch.randn(3, 16, 128, 128, device=DEV, generator=g) * 0.1 if with_state else None
     with torch.no_grad():
         o, s = gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=s0, output_final_state=True)
-    gf, bf = gdn_gates_reference(a.float(), b.float(), A_log, dt_bias)
-    o_ref, s_ref = gated_delta_rule_reference(q.float(), k.float(), v.float(), gf, bf, initial_state=s0,
-                                              output_final_state=True)
-    assert relative_error(o.float(), o_ref) < BF16_TOL and relative_error(s, s_ref) < BF16_TOL
+    _assert_matches_fp32_reference(o, s, (q, k, v, a, b, A_log, dt_bias), s0)
 
 
 def test_inference_delta_rule_reads_a_forked_state_as_fla_does_dense():
@@ -531,7 +540,7 @@ def test_inference_delta_rule_reads_a_forked_state_as_fla_does_dense():
     chunk_gated_delta_rule on the dense copies (same kernels elsewhere: to BF16 rounding of the
     autotuned blocks), and the FP32 reference; 2b head sizes, 32 branches of 64 tokens."""
     from dohnuts.ops._fla import fla
-    from dohnuts.ops.delta_rule import gated_delta_rule_from_logits, gated_delta_rule_reference, gdn_gates_reference
+    from dohnuts.ops.delta_rule import gated_delta_rule_from_logits
 
     B = 32
     g, (q, k, v, a, b, A_log, dt_bias) = _gdn_logit_inputs(B, 64, seed=59)
@@ -544,10 +553,7 @@ def test_inference_delta_rule_reads_a_forked_state_as_fla_does_dense():
             q, k, v, a, b, initial_state=forked.contiguous(), output_final_state=True, use_qk_l2norm_in_kernel=True,
             use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True)
     assert relative_error(o.float(), o_fla.float()) < 1e-3 and relative_error(s, s_fla) < 1e-3
-    gf, bf = gdn_gates_reference(a.float(), b.float(), A_log, dt_bias)
-    o_ref, s_ref = gated_delta_rule_reference(q.float(), k.float(), v.float(), gf, bf, initial_state=forked,
-                                              output_final_state=True)
-    assert relative_error(o.float(), o_ref) < BF16_TOL and relative_error(s, s_ref) < BF16_TOL
+    _assert_matches_fp32_reference(o, s, (q, k, v, a, b, A_log, dt_bias), forked)
 
 def test_inference_delta_rule_without_a_fork_equals_fla():
     """Without a forked state (no state: a full or prefix pass; a dense per-row state) the
@@ -611,7 +617,7 @@ def test_inference_delta_rule_fused_and_split_outputs_agree(monkeypatch, state):
     """`gated_delta_rule_from_logits` with the outputs computed in the state kernel
     (DOHNUTS_DELTA_OUTPUT=fused) and with fla's output kernel (=split) agree, and both equal the FP32
     reference."""
-    from dohnuts.ops.delta_rule import gated_delta_rule_from_logits, gated_delta_rule_reference, gdn_gates_reference
+    from dohnuts.ops.delta_rule import gated_delta_rule_from_logits
 
     B = 8
     g, (q, k, v, a, b, A_log, dt_bias) = _gdn_logit_inputs(B, 130, seed=73)
@@ -624,10 +630,7 @@ def test_inference_delta_rule_fused_and_split_outputs_agree(monkeypatch, state):
                                                      output_final_state=True))
     (o_f, s_f), (o_s, s_s) = outs
     assert relative_error(o_f.float(), o_s.float()) < 2e-3 and relative_error(s_f, s_s) < 1e-3
-    gf, bf = gdn_gates_reference(a.float(), b.float(), A_log, dt_bias)
-    o_ref, s_ref = gated_delta_rule_reference(q.float(), k.float(), v.float(), gf, bf, initial_state=s0,
-                                              output_final_state=True)
-    assert relative_error(o_f.float(), o_ref) < BF16_TOL and relative_error(s_f, s_ref) < BF16_TOL
+    _assert_matches_fp32_reference(o_f, s_f, (q, k, v, a, b, A_log, dt_bias), s0)
 
 
 def test_gdn_gates_kernel_equals_fla_s_gate_kernels():
