@@ -14,9 +14,11 @@ time over the measured calls (cProfile), and the callees of `Session.prepare`.
 
 Two medians: back to back (hot caches: the floor), and after a `--gap-ms` busy wait (default 20)
 before each call — what a single call pays, whose host waited on the device since its last
-prepare. On the CPU machine the second is ≈ 3× the first (M18: image-cache-warm 0.06 → 0.18 ms;
-0.31 ms inside the harness's calls), and the factor does not come from the clock (a busy wait
-shows it as a sleep does) but from the caches the code finds cold.
+prepare. On the CPU machine the second is 2–3× the first (M18: `--workload
+workloads/image-cache-warm.yaml` 0.145 → 0.457 ms, `workloads/gpu/image-cache-warm-2b.yaml` 0.15 →
+0.33–0.51 ms over three runs; the standard suite's image-cache-warm calls in `dohnuts-bench run`
+prepare in 0.44 ms). The wait is busy, so the clock stays up: the factor is the caches the code
+finds cold.
 """
 
 from __future__ import annotations
