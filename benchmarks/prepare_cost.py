@@ -1,5 +1,6 @@
 """Host time of `Session.prepare` for one request of a workload (tokens, plan, batch tensors),
-median of N calls after warm-up — the CPU work a single prediction call pays before the device.
+median of N calls after warm-up — the CPU work a single prediction call pays before the device —
+and of `Predictor.serialize` + `to_json()`, what it pays after the device.
 
     python benchmarks/prepare_cost.py --workload workloads/gpu/shared-prefix-2b.yaml --calls 20
     python benchmarks/prepare_cost.py --workload workloads/gpu/image-cache-warm-2b.yaml --profile 25
@@ -11,6 +12,10 @@ request's image once first (the vision tower only), so that its features are cac
 benchmark. The sharing decision for the request's shape is taken as measured calls see it
 (decided: one plan collated, not both). `--profile N` prints the N functions with the most own
 time over the measured calls (cProfile), and the callees of `Session.prepare`.
+
+The serialize line scores the request once (`Predictor.compute`, on the session's device) and
+times serializing those host results into the result and its JSON line, as `Predictor.call` does
+in its `serialize` stage (the same two medians).
 
 Two medians: back to back (hot caches: the floor), and after a `--gap-ms` busy wait (default 20)
 before each call — what a single call pays, whose host waited on the device since its last
@@ -35,7 +40,8 @@ from pathlib import Path
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", default="workloads/gpu/shared-prefix-2b.yaml")
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--device", default=None, help="the session's device (default: a GPU when there is one)")
@@ -72,24 +78,11 @@ def _measure(session, req, spec, a) -> int:
     if session.share_tuner is not None and hb.alternative is not None:  # decided, as after the first call
         with session.share_tuner._lock:  # (the planner's split kept: the case where sharing wins)
             session.share_tuner.decisions[session._share_key(hb.plan)] = True
-    for _ in range(3):
-        session.prepare(req)
-    times, gapped = [], []
-    prof = cProfile.Profile() if a.profile else None
-    for _ in range(a.calls):
-        t0 = time.perf_counter()
-        session.prepare(req)
-        times.append((time.perf_counter() - t0) * 1e3)
-    for _ in range(a.calls):
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < a.gap_ms * 1e-3:  # busy: the clock stays up, as in a device wait
-            pass
-        t0 = time.perf_counter()
-        session.prepare(req)
-        gapped.append((time.perf_counter() - t0) * 1e3)
-    print(f"{a.workload}: prepare {statistics.median(times):.3f} ms back to back, "
-          f"{statistics.median(gapped):.3f} ms after {a.gap_ms:g} ms away (medians of {a.calls}, {session.device})")
-    if prof is not None:  # a second pass under the profiler (its overhead stays out of the median)
+    times, gapped = _medians(lambda: session.prepare(req), a)
+    print(f"{a.workload}: prepare {times:.3f} ms back to back, {gapped:.3f} ms after {a.gap_ms:g} ms away "
+          f"(medians of {a.calls}, {session.device})")
+    if a.profile:  # a second pass under the profiler (its overhead stays out of the median)
+        prof = cProfile.Profile()
         prof.enable()
         for _ in range(a.calls):
             session.prepare(req)
@@ -97,7 +90,46 @@ def _measure(session, req, spec, a) -> int:
         st = pstats.Stats(prof)
         st.sort_stats("tottime").print_stats(a.profile)
         st.sort_stats("cumulative").print_callees(r"session.py.*\(prepare\)")
+    times, gapped = _serialize_medians(session, req, a)
+    print(f"{a.workload}: serialize + to_json {times:.3f} ms back to back, {gapped:.3f} ms after {a.gap_ms:g} ms "
+          f"away (medians of {a.calls})")
     return 0
+
+
+def _serialize_medians(session, req, a) -> tuple[float, float]:
+    """`_medians` of serializing one scored call's host results (scored once, here)."""
+    from dohnuts.runtime.predict import Predictor
+
+    pred = Predictor(session)
+    try:
+        hb = pred.prepare(req)
+        dev, ready = pred.pipeline.transfer(hb)
+        host, done, _ = pred.compute(hb, dev, ready)
+        if done is not None:
+            done.synchronize()
+        return _medians(lambda: pred.serialize(hb, host, None).to_json(), a)
+    finally:
+        pred.close()
+
+
+def _medians(fn, a) -> tuple[float, float]:
+    """Median ms of `fn()` over `a.calls` calls after 3 warm-up calls: back to back, and each after a
+    busy wait of `a.gap_ms`."""
+    for _ in range(3):
+        fn()
+    times, gapped = [], []
+    for _ in range(a.calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    for _ in range(a.calls):
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < a.gap_ms * 1e-3:  # busy: the clock stays up, as in a device wait
+            pass
+        t0 = time.perf_counter()
+        fn()
+        gapped.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), statistics.median(gapped)
 
 
 if __name__ == "__main__":
