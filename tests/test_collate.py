@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -52,8 +54,6 @@ def test_rewards_only_when_every_question_has_them():
 def test_the_common_prefix_is_counted_once_and_right():
     """The work record's common prefix: 3 tokens by hand (1, 2, 3), computed by collate when the
     plan does not carry it, taken from the plan when it does (the planner computes it once)."""
-    from dataclasses import replace
-
     from dohnuts.config import preset
     from dohnuts.runtime.plan import plan_request
     from dohnuts.runtime.tokenizer import ByteTokenizer
@@ -65,3 +65,69 @@ def test_the_common_prefix_is_counted_once_and_right():
     plan = plan_request(req, tok, max_len=512, min_shared=1)
     head = len(tok.encode("Question: same start, then "))
     assert plan.common_prefix_len == head
+
+
+def _plain_collate(plan: RequestPlan, pad_id: int, shape=None) -> dict:
+    """The batch tensors one element at a time, straight from their definitions."""
+    P = plan.prefix_len
+    rows = [list(s[P:]) for s in plan.sequences]
+    B_pass, L = shape or (len(rows), max(len(r) for r in rows))
+    kmax = max(len(pos) for pos in plan.score_positions)
+    ids = [[pad_id] * L for _ in range(B_pass)]
+    grid = [[0] * kmax for _ in range(B_pass)]
+    cand, score_index, slots = [], [], []
+    for qi, pos in enumerate(plan.score_positions):
+        ids[qi][: len(rows[qi])] = rows[qi]
+        cand.append([])
+        for j in range(kmax):
+            grid[qi][j] = pos[min(j, len(pos) - 1)] - P
+            if j < len(pos):
+                cand[qi].append(len(score_index))
+                score_index.append(qi * L + pos[j] - P)
+                slots.append(qi * kmax + j)
+            else:
+                cand[qi].append(-1)
+    return {"ids": ids, "cand_matrix": cand, "score_index": score_index, "score_rows": grid, "score_slot": slots,
+            "prefix_ids": [list(plan.sequences[0][:P])] if P else None,
+            "score_keys": sum(p + 1 for pos in plan.score_positions for p in pos)}
+
+
+def test_collate_equals_a_plain_reference_on_random_requests():
+    """Random requests through the planner — ragged candidate counts, multi-byte text, with and
+    without a prefix, image tokens (ids past the byte range), shared or not, in a graph bucket or
+    not — collate to exactly the tensors of the element-by-element definition."""
+    import random
+
+    from dohnuts.config import preset
+    from dohnuts.runtime.plan import plan_request
+    from dohnuts.runtime.tokenizer import ByteTokenizer
+
+    tok, rng = ByteTokenizer(preset("tiny")), random.Random(0)
+
+    def text(n: int) -> str:
+        return "".join(rng.choice("abc dé€") for _ in range(n))
+
+    splits = 0
+    for trial in range(60):
+        qs = tuple(Question(f"q{q}", text(rng.randint(0, 30)),
+                            tuple(text(rng.randint(0, 5)) for _ in range(rng.randint(1, 4))))
+                   for q in range(rng.randint(1, 5)))
+        req = Request("r", qs, prefix=text(rng.randint(1, 40)) if trial % 2 else None)
+        plan = plan_request(req, tok, max_len=1024, image_tokens=rng.choice([0, 6]), min_shared=8)
+        for pl in {plan, replace(plan, prefix_len=0)}:
+            splits += pl.prefix_len > 0
+            L = max(pl.lengths) - pl.prefix_len
+            for shape in (None, (len(pl.sequences) + rng.randint(0, 2), L + rng.randint(0, 9))):
+                hb = collate(pl, pad_id=PAD, shape=shape)
+                want = _plain_collate(pl, PAD, shape)
+                for name in ("ids", "cand_matrix", "score_index", "score_rows", "score_slot", "prefix_ids"):
+                    got = getattr(hb.tensors, name)
+                    if want[name] is None:
+                        assert got is None
+                        continue
+                    assert got.dtype == torch.long and got.is_contiguous(), name
+                    assert got.tolist() == want[name], name
+                assert hb.work.candidates == len(want["score_index"])
+                assert hb.work.score_keys == want["score_keys"]
+                assert hb.work.scored_rows == len(want["score_rows"]) * len(want["score_rows"][0])
+    assert splits > 20  # the shared-prefix layout is exercised, not only the single pass

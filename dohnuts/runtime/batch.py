@@ -9,7 +9,7 @@ causal) and is counted in `WorkCounts`.
 from __future__ import annotations
 
 import itertools
-
+import struct
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
@@ -85,37 +85,37 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
     `shape` (rows, length) pads the batched pass to a CUDA-graph bucket: whole padding rows below
     the questions and right-padding after them (counted as padded work, never as useful)."""
     P = plan.prefix_len
-    rows = [s[P:] for s in plan.sequences]
-    B, L = len(rows), max(len(r) for r in rows)
+    seqs = plan.sequences
+    lens = [len(s) - P for s in seqs]
+    B, L = len(seqs), max(lens)
     if shape is not None:
         if shape[0] < B or shape[1] < L:
             raise ValueError(f"bucket {shape} is smaller than the batch ({B}, {L})")
         B_pass, L = shape
     else:
         B_pass = B
-    # Rows written into one padded array in three numpy calls (one conversion of all tokens, then a
-    # row-major masked assignment) instead of one per row, then shared with torch (numpy converts
-    # ints ~4× faster than torch.tensor on nested lists: 0.18 vs 0.67 ms for 32 × 512 tokens).
-    ids_np = np.full((B_pass, L), pad_id, dtype=np.int64)
-    lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=B)
-    ids_np[:B][np.arange(L) < lens[:, None]] = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64,
-                                                            count=int(lens.sum()))
+    ids_np = np.full((B_pass, L), pad_id, dtype=np.int64)  # shared with torch below, not copied
+    for row, s, n in zip(ids_np, seqs, lens):
+        _pack_into(row, s[P:] if P else s, n)
     ids = torch.from_numpy(ids_np)
 
-    # Candidate table built as lists, then one tensor (an element-wise tensor assignment costs
-    # microseconds each: 0.4 ms for 128 candidates). The scored positions also as a (B_pass, Kmax)
-    # grid, padded with the row's last one (all-padding rows: position 0), and each candidate's
-    # slot in it: the pass's last layer computes outputs at the grid alone.
-    flat, kmax, cand_rows = [], max(len(p) for p in plan.score_positions), []
+    # The candidate table, the flat score indices, the scored positions as a (B_pass, Kmax) grid
+    # (padded with the row's last one; all-padding rows: position 0) and each candidate's slot in
+    # it — the pass's last layer computes outputs at the grid alone — from one flat array of the
+    # C scored positions and each candidate's (question, index) pair: a dozen numpy calls instead
+    # of a Python loop per question (32 questions × 4 candidates: 0.088 → 0.021 ms).
+    counts = [len(p) for p in plan.score_positions]
+    kmax, C = max(counts), sum(counts)
+    scored = np.fromiter(itertools.chain.from_iterable(plan.score_positions), dtype=np.int64, count=C)  # (C,)
+    local = scored - P  # (C,) positions in the batched pass
+    q_of = np.repeat(np.arange(B), counts)  # (C,)
+    ends = np.cumsum(counts)  # (B,)
+    j_of = np.arange(C) - np.repeat(ends - counts, counts)  # (C,) index among its question's candidates
+    cand = np.full((B, kmax), -1, dtype=np.int64)
+    cand[q_of, j_of] = np.arange(C)
     grid = np.zeros((B_pass, kmax), dtype=np.int64)
-    slots = []
-    for qi, pos in enumerate(plan.score_positions):
-        cand_rows.append(list(range(len(flat), len(flat) + len(pos))) + [-1] * (kmax - len(pos)))
-        local = [p - P for p in pos]
-        flat.extend(qi * L + p for p in local)
-        grid[qi] = local + local[-1:] * (kmax - len(local))
-        slots.extend(range(qi * kmax, qi * kmax + len(local)))
-    cand = torch.tensor(cand_rows, dtype=torch.long).view(B, kmax)
+    grid[:B] = local[ends - 1, None]
+    grid[q_of, j_of] = local
     rewards = None
     if train or all(q.rewards is not None for q in plan.request.questions):
         if any(q.rewards is None for q in plan.request.questions):
@@ -125,7 +125,11 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
         rewards = torch.tensor([list(q.rewards) + [0.0] * (kmax - len(q.rewards)) for q in plan.request.questions],
                                dtype=torch.float32).view(B, kmax)
 
-    prefix_ids = torch.tensor([plan.sequences[0][:P]], dtype=torch.long) if P else None
+    prefix_ids = None
+    if P:
+        prefix_np = np.empty((1, P), dtype=np.int64)
+        _pack_into(prefix_np[0], seqs[0][:P], P)
+        prefix_ids = torch.from_numpy(prefix_np)
     pos, next_pos = None, None
     if positions is not None:
         if positions.shape[1] < P + L:  # bucket padding past the longest sequence: keep counting
@@ -135,17 +139,23 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
         if P:
             next_pos = int(positions[:, :P].max()) + 1
     patches = image.patches if image is not None else None
-    batch = Batch(ids=ids, score_index=torch.tensor(flat, dtype=torch.long), cand_matrix=cand,
+    batch = Batch(ids=ids, score_index=torch.from_numpy(q_of * L + local), cand_matrix=torch.from_numpy(cand),
                   prefix_ids=prefix_ids, positions=pos, rewards=rewards, pixel_patches=patches,
                   image_tokens=plan.image_tokens, prefix_next_position=next_pos,
-                  score_rows=torch.from_numpy(grid), score_slot=torch.tensor(slots, dtype=torch.long))
+                  score_rows=torch.from_numpy(grid), score_slot=torch.from_numpy(q_of * kmax + j_of))
     work = WorkCounts(
         sequences=B, seq_lens=tuple(plan.lengths), padded_len=L, padded_rows=B_pass - B, prefix_len=P,
-        candidates=len(flat), scored_rows=B_pass * kmax,
-        score_keys=sum(p + 1 for pos in plan.score_positions for p in pos),
+        candidates=C, scored_rows=B_pass * kmax, score_keys=int(scored.sum()) + C,
         image_tokens=plan.image_tokens, train=train, common_prefix_len=plan.common_prefix(),
     )
     return HostBatch(plan=plan, tensors=batch, work=work, image=image)
+
+
+def _pack_into(row: np.ndarray, tokens: tuple[int, ...], n: int) -> None:
+    """Write n token ids into the first n slots of an int64 row. struct converts Python ints in
+    one C loop, 2× faster than numpy's per-element conversion (fromiter, slice assignment,
+    np.array: 0.18 vs 0.09 ms for 32 × 512 tokens); "q" is the native 8-byte int, as int64 is."""
+    struct.pack_into(f"{n}q", row, 0, *tokens)
 
 
 def without_patches(hb: HostBatch) -> HostBatch:
