@@ -16,6 +16,9 @@ path. It answers, on the machine at hand, whether a change is worth making:
   templates with the SwiGLU in their epilogue) against cuBLAS + the SwiGLU kernel (not yet run).
 - `small_m_gemm`: the 2b projections at a lone prefix's and a suffix's row counts, cuBLAS against
   torch.compile's max-autotune choice (not yet run).
+- `delta_configs`: each tuning config of the fused delta-rule kernel (FUSE_O, and FUSE_WU) in a
+  process of its own, at full and partial last chunks, checked against fla's kernels: a config
+  that faults (illegal address on Triton 3.6) takes only its own CUDA context.
 
     python benchmarks/kernel_lab.py --out lab.json [--only conv,addmm]
 """
@@ -389,12 +392,15 @@ def lab_delta_ho(out: dict) -> None:
     (dohnuts.ops._delta_h_kernel, FUSE_O) against fla's two kernels (chunk_gated_delta_rule_fwd_h
     writing every chunk's state, then chunk_fwd_o reading it back) and against dohnuts' state
     kernel + fla's output kernel (today's forked path), at the shapes the workloads run: the
-    text-2b pass, a shared prefix, and suffix passes from a forked state."""
+    text-2b pass, a shared prefix, and suffix passes from a forked state. With fla's intra-chunk
+    step included: its kkt_solve + recompute_w_u + the fused kernel against kkt_solve + the kernel
+    that folds recompute_w_u in (FUSE_WU, M19)."""
     import torch
 
-    from dohnuts.ops._delta_h_kernel import delta_h_triton, delta_rule_output_triton
+    from dohnuts.ops._delta_h_kernel import delta_h_triton, delta_rule_output_triton, delta_rule_output_wy_triton
     from dohnuts.ops._fla import fla
     from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
+    from dohnuts.ops.delta_rule import _kkt_solve
 
     f = fla()
     H = HV = 16
@@ -434,26 +440,114 @@ def lab_delta_ho(out: dict) -> None:
         o_f, st_f = fused()
         err = float((o_f.float() - o_ref.float()).norm() / o_ref.float().norm())
         serr = float((st_f - st_ref).norm() / st_ref.norm()) if fin else 0.0
-        fns = {"fla h + fla o": fla_pair, "fused h+o": fused}
+        def intra_fused(s0=s0, q=q, k=k, v=v, g=g, beta=beta, fin=fin):  # M18's path, w and u from fla
+            w_, u_, _ = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=64)
+            return delta_rule_output_triton(q, k, w_, u_, g, scale, s0, fin)
+
+        def kkt_fused_wy(s0=s0, q=q, k=k, v=v, g=g, beta=beta, fin=fin):  # recompute_w_u folded in (M19)
+            return delta_rule_output_wy_triton(q, k, v, beta, _kkt_solve(f, k, g, beta), g, scale, s0, fin)
+
+        o_wy, _ = kkt_fused_wy()
+        err_wy = float((o_wy.float() - o_ref.float()).norm() / o_ref.float().norm())
+        fns = {"fla h + fla o": fla_pair, "fused h+o": fused, "intra + fused h+o": intra_fused,
+               "kkt_solve + fused w/u+h+o": kkt_fused_wy}
         if s0 is not None:
             fns["dohnuts h + fla o"] = ours_pair
         ms = _ab(fns, graph=True)
         key = f"{N}x{T}" + (f" {state}" if state else "")
-        res[key] = {"ms": ms, "rel_err_o": err, "rel_err_state": serr}
+        res[key] = {"ms": ms, "rel_err_o": err, "rel_err_state": serr, "rel_err_o_wy": err_wy}
         for name, t in ms.items():
             print(f"delta_ho {key:14s} {name:20s} {t * 1e3:8.1f} us")
-        print(f"delta_ho {key:14s} fused vs fla: o rel err {err:.2e}, state {serr:.2e}")
+        print(f"delta_ho {key:14s} fused vs fla: o rel err {err:.2e}, state {serr:.2e}; w/u folded: o {err_wy:.2e}")
     from dohnuts.ops._delta_h_kernel import _tuned_o
 
     out["delta_ho"] = {"clock": _clock(), "shapes": res,
                        "fused_configs": {str(k_): str(c) for k_, c in _tuned_o.cache.items()}}
 
 
+# Shapes for `delta_configs`: the text pass, partial last chunks (a test's 8 × 333, the image
+# prefix's 452) and a forked suffix pass.
+_CONFIG_SHAPES = ((32, 512, None), (8, 333, None), (1, 452, None), (32, 64, "forked"))
+
+
+def _config_child(spec: str) -> None:
+    """One fused delta-rule config (`BV,warps,stages`), FUSE_O and FUSE_WU, at `_CONFIG_SHAPES`:
+    prints one JSON line per (variant, shape) with the error against fla's chain and the time."""
+    import torch
+    import triton
+
+    from dohnuts.ops._delta_h_kernel import _delta_h_kernel
+    from dohnuts.ops._fla import fla
+    from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
+    from dohnuts.ops.delta_rule import _kkt_solve
+
+    bv, nw, ns = (int(x) for x in spec.split(","))
+    f = fla()
+    H = HV = 16
+    K = V = 128
+    for N, T, state in _CONFIG_SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(N * 1000 + T)
+        q, k = (torch.nn.functional.normalize(torch.randn(N, T, H, K, device="cuda", generator=gen), dim=-1)
+                .bfloat16() for _ in range(2))
+        v = torch.randn(N, T, HV, V, device="cuda", generator=gen).bfloat16()
+        a, b = (torch.randn(N, T, HV, device="cuda", generator=gen).bfloat16() for _ in range(2))
+        A_log = torch.empty(HV, device="cuda").uniform_(1, 16, generator=gen).log()
+        g, beta = gdn_gates_triton(a, b, A_log, torch.randn(HV, device="cuda", generator=gen), chunk_size=64,
+                                   scale=f.RCP_LN2)
+        w, u, _ = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=64)
+        A = _kkt_solve(f, k, g, beta)
+        s0 = None if state is None else (torch.randn(1, HV, K, V, device="cuda", generator=gen) * 0.1).expand(N, -1, -1, -1)
+        h, vn, _ = f.chunk_gated_delta_rule_fwd_h(k=k, w=w, u=u, g=g, chunk_size=64,
+                                                  initial_state=None if s0 is None else s0.contiguous())
+        ref = f.chunk_fwd_o(q=q, k=k, v=vn, h=h, g=g, scale=K ** -0.5, chunk_size=64).float()
+        for wu in (False, True):
+            o = torch.empty_like(v)
+            args = (q, k, v if wu else u, A if wu else w, o, g, beta, o, o, s0 if s0 is not None else o, o,
+                    T, 0, K ** -0.5, (N * HV - 1).bit_length())  # s0n 0: a forked state
+            flags = dict(H=H, HV=HV, K=K, V=V, BT=64, BV=bv, USE_INITIAL_STATE=s0 is not None,
+                         STORE_FINAL_STATE=False, FUSE_O=True, FUSE_WU=wu, num_warps=nw, num_stages=ns)
+            grid = (triton.cdiv(V, bv) * N * HV,)
+
+            def run(grid=grid, args=args, flags=flags):
+                _delta_h_kernel[grid](*args, **flags)
+
+            run()
+            torch.cuda.synchronize()
+            err = float((o.float() - ref).norm() / ref.norm())
+            us = triton.testing.do_bench(run, warmup=5, rep=30) * 1e3
+            print(json.dumps({"variant": "FUSE_WU" if wu else "FUSE_O", "shape": f"{N}x{T}" + (f" {state}" if state else ""),
+                              "rel_err": err, "us": us}), flush=True)
+
+
+def lab_delta_configs(out: dict) -> None:
+    import sys
+
+    from dohnuts.ops._delta_h_kernel import _O_CONFIGS
+
+    specs = [f"{c.kwargs['BV']},{c.num_warps},{c.num_stages}" for c in _O_CONFIGS] + ["32,4,1", "64,8,2"]
+    res = {}
+    for spec in specs:
+        p = subprocess.run([sys.executable, __file__, "--config-child", spec], capture_output=True, text=True,
+                           timeout=180, check=False)
+        rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+        res[spec] = {"rc": p.returncode, "runs": rows, "err": p.stderr.strip().splitlines()[-2:] if p.returncode else []}
+        for r in rows:
+            print(f"delta_configs BV,w,s={spec:8s} {r['variant']:8s} {r['shape']:14s} {r['us']:8.1f} us  "
+                  f"rel err {r['rel_err']:.1e}")
+        if p.returncode:
+            print(f"delta_configs BV,w,s={spec:8s} exit {p.returncode}: {' | '.join(res[spec]['err'])[:200]}")
+    out["delta_configs"] = {"clock": _clock(), "configs": res}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="kernel_lab.json")
     p.add_argument("--only", default="conv,swiglu_gemm,addmm")
+    p.add_argument("--config-child", help=argparse.SUPPRESS)  # delta_configs' per-config process
     a = p.parse_args(argv)
+    if a.config_child:
+        _config_child(a.config_child)
+        return 0
     out: dict = {}
     for name in a.only.split(","):
         try:

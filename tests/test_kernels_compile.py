@@ -77,18 +77,20 @@ def test_norm_gate_swiglu_and_copy_kernels_compile():
 def test_delta_h_kernel_compiles():
     from dohnuts.ops._delta_h_kernel import _CONFIGS, _O_CONFIGS, _delta_h_kernel
 
-    ptr = dict.fromkeys(("q", "k", "v", "w", "v_new", "h", "o"), "*bf16") | dict.fromkeys(("g", "h0", "ht"), "*fp32")
-    for fuse_o, configs in ((False, _CONFIGS), (True, _O_CONFIGS)):
+    ptr = (dict.fromkeys(("q", "k", "v", "w", "v_new", "h", "o"), "*bf16")
+           | dict.fromkeys(("g", "beta", "h0", "ht"), "*fp32"))
+    for fuse_o, fuse_wu, configs in ((False, False, _CONFIGS), (True, False, _O_CONFIGS), (True, True, _O_CONFIGS)):
         for bv in sorted({c.kwargs["BV"] for c in configs}):
             for s0, st in ((True, False), (False, True), (True, True), (False, False)):
                 flags = dict(H=16, HV=16, K=128, V=128, BT=64, BV=bv, USE_INITIAL_STATE=s0, STORE_FINAL_STATE=st,
-                             FUSE_O=fuse_o)
+                             FUSE_O=fuse_o, FUSE_WU=fuse_wu)
                 kernel = _compile(_delta_h_kernel, flags, pointers=ptr)
                 assert kernel.metadata.name == "_delta_h_kernel"
     # K ≤ 64: the second block of K is compiled out
-    flags = {"H": 2, "HV": 4, "K": 64, "V": 64, "BT": 64, "BV": 32, "USE_INITIAL_STATE": True,
-             "STORE_FINAL_STATE": True, "FUSE_O": True}
-    assert _compile(_delta_h_kernel, flags, pointers=ptr).metadata.name == "_delta_h_kernel"
+    for fuse_wu in (False, True):
+        flags = {"H": 2, "HV": 4, "K": 64, "V": 64, "BT": 64, "BV": 32, "USE_INITIAL_STATE": True,
+                 "STORE_FINAL_STATE": True, "FUSE_O": True, "FUSE_WU": fuse_wu}
+        assert _compile(_delta_h_kernel, flags, pointers=ptr).metadata.name == "_delta_h_kernel"
 
 
 def test_gdn_gates_kernel_compiles():

@@ -326,6 +326,42 @@ for s0 in (None, torch.randn(N, HV, K, V, generator=g), one.expand(N, -1, -1, -1
         assert o.shape == want.shape and (o - want).abs().max() < 1e-4, ("fused o", bv, (o - want).abs().max())
         assert (got_final - final).abs().max() < 1e-4, ("fused final state", bv)
 assert delta_rule_output_triton(qd, kd, wd, ud, gd, 0.3, None, False, cpu_block_v=32)[1] is None
+# With fla's recompute_w_u folded in (FUSE_WU): from v, β and the solved intra-chunk matrix
+# A = (I + tril(β·k·kᵀ·2^(g_i − g_j), −1))⁻¹ instead of w = A·(β·2^g·k) and u = A·(β·v), the same
+# outputs and final state as the kernel given w and u (and so as the torch recurrence above).
+from dohnuts.ops._delta_h_kernel import delta_rule_output_wy_triton
+
+def _wy_torch(k, v, beta, g, BT=64):
+    N, T, HV = beta.shape
+    kk = k.repeat_interleave(HV // k.shape[2], dim=2).permute(0, 2, 1, 3)  # (N, HV, T, K)
+    vv, bb, gg = v.permute(0, 2, 1, 3), beta.permute(0, 2, 1), g.permute(0, 2, 1)
+    A, w, u = torch.zeros(N, T, HV, BT), torch.empty(N, T, HV, k.shape[3]), torch.empty(v.shape)
+    for c in range(-(-T // BT)):
+        sl = slice(c * BT, min((c + 1) * BT, T))
+        t = sl.stop - sl.start
+        kc, bc, gc = kk[:, :, sl], bb[:, :, sl], gg[:, :, sl]
+        m = (bc[..., :, None] * (kc @ kc.transpose(-1, -2)) * torch.exp2(gc[..., :, None] - gc[..., None, :])).tril(-1)
+        inv = torch.linalg.inv(torch.eye(t) + m)  # (N, HV, t, t)
+        A[:, sl, :, :t] = inv.permute(0, 2, 1, 3)
+        w[:, sl] = (inv @ (kc * (bc * torch.exp2(gc))[..., None])).permute(0, 2, 1, 3)
+        u[:, sl] = (inv @ (vv[:, :, sl] * bc[..., None])).permute(0, 2, 1, 3)
+    return A, w, u
+
+vd = torch.randn(N, T, HV, V, generator=g)
+betad = torch.rand(N, T, HV, generator=g)
+Ad, wy_w, wy_u = _wy_torch(kd, vd, betad, gd)
+for s0 in (None, torch.randn(N, HV, K, V, generator=g), one.expand(N, -1, -1, -1)):
+    want_o, want_final = delta_rule_output_triton(qd, kd, wy_w, wy_u, gd, 0.3, s0, True, cpu_block_v=32)
+    for bv in (16, 64):
+        o, got_final = delta_rule_output_wy_triton(qd, kd, vd, betad, Ad, gd, 0.3, s0, True, cpu_block_v=bv)
+        assert (o - want_o).abs().max() < 1e-4 * want_o.abs().max(), ("fused w/u: o", bv, (o - want_o).abs().max())
+        assert (got_final - want_final).abs().max() < 1e-4 * want_final.abs().max(), ("fused w/u: final", bv)
+try:
+    delta_rule_output_wy_triton(qd, kd, vd, betad[:, :50], Ad, gd, 0.3)
+except ValueError as e:
+    assert "beta" in str(e)
+else:
+    raise AssertionError("a beta shaped unlike the gates accepted")
 try:
     delta_rule_output_triton(qd[:, :50], kd, wd, ud, gd, 0.3)
 except ValueError as e:

@@ -587,7 +587,8 @@ def test_fused_state_output_kernel_equals_fla_s_two_kernels(shape):
     """The state recurrence with each chunk's output computed inside it (dohnuts' FUSE_O kernel)
     equals fla's state kernel followed by its output kernel (chunk_gated_delta_rule_fwd_h, then
     chunk_fwd_o reading the states back), at 2b head sizes: the text pass, a partial last chunk with
-    a dense state per sequence, forked suffix passes (stride-0 state) and a lone sequence."""
+    a dense state per sequence, forked suffix passes (stride-0 state) and a lone sequence; and so
+    does the kernel that also folds in fla's recompute_w_u (FUSE_WU, from fla's A, v and β)."""
     from dohnuts.ops._delta_h_kernel import delta_rule_output_triton
     from dohnuts.ops._fla import fla
     from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
@@ -610,6 +611,15 @@ def test_fused_state_output_kernel_equals_fla_s_two_kernels(shape):
         o_fla = f.chunk_fwd_o(q=q, k=k, v=v_new, h=h, g=gg, scale=128 ** -0.5, chunk_size=64)
     assert o.dtype == o_fla.dtype and o.shape == o_fla.shape
     assert relative_error(o.float(), o_fla.float()) < 2e-3 and relative_error(final, final_fla) < 1e-4
+    # fla's recompute_w_u folded in too (FUSE_WU): from v, β and the kkt_solve kernel's A alone
+    from dohnuts.ops._delta_h_kernel import delta_rule_output_wy_triton
+    from dohnuts.ops.delta_rule import _kkt_solve
+
+    with torch.no_grad():
+        A = _kkt_solve(f, k, gg, beta)
+        o_wy, final_wy = delta_rule_output_wy_triton(q, k, v, beta, A, gg, 128 ** -0.5, s0, True)
+    assert o_wy.dtype == o_fla.dtype and o_wy.shape == o_fla.shape
+    assert relative_error(o_wy.float(), o_fla.float()) < 2e-3 and relative_error(final_wy, final_fla) < 1e-3
 
 
 @pytest.mark.parametrize("state", [None, "forked"])

@@ -15,9 +15,13 @@ blocks of 64 (fla: four, K ≤ 256) — with two changes:
    v_new, and its output kernel reads both back; with FUSE_O neither exists. The price: a
    sequence's chunks run one after another (fla's output kernel runs them in parallel), so the
    caller fuses only when the batch fills the GPU (dohnuts.ops.delta_rule._fused_output).
+3. `FUSE_WU` (with FUSE_O): fla's `recompute_w_u` folded in too. The kernel reads the values v,
+   β and the solved intra-chunk matrix A of fla's kkt_solve kernel instead of w = A·(β·2^g·k) and
+   u = A·(β·v): v_new = A·(β·v − (β·2^g·k)·S), one more 64 × 64 product a chunk, and w and u
+   (as large as k and v) are never written nor read back.
 
 Per (sequence, value head, V block), over chunks t of BT tokens (fla's algorithm):
-    v_new = u − w·S
+    v_new = u − w·S                      (FUSE_WU: A·(β·v − (β·2^g·k)·S))
     o[t] = scale · (q·S · 2^g + tril(q·kᵀ · 2^(g_i − g_j)) · v_new)          (FUSE_O)
     S = S·2^(g_last) + kᵀ·(v_new · 2^(g_last − g))
 storing o (FUSE_O) or h[t] = S at the chunk's start and v_new (read by fla's output kernel), and
@@ -56,9 +60,10 @@ def _store_state(h, b_h1, b_h2, K: tl.constexpr, V, o_v, m_v):
 
 
 @triton.jit
-def _delta_h_kernel(q, k, v, w, v_new, g, h, o, h0, ht, T, s0n, scale, size_class, H: tl.constexpr, HV: tl.constexpr,
-                    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-                    USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, FUSE_O: tl.constexpr):
+def _delta_h_kernel(q, k, v, w, v_new, g, beta, h, o, h0, ht, T, s0n, scale, size_class, H: tl.constexpr,
+                    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+                    USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, FUSE_O: tl.constexpr,
+                    FUSE_WU: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     NV = tl.cdiv(V, BV)
     i_v, i_nh = pid % NV, pid // NV
@@ -72,7 +77,11 @@ def _delta_h_kernel(q, k, v, w, v_new, g, h, o, h0, ht, T, s0n, scale, size_clas
 
     v += (bos * HV + i_h).to(tl.int64) * V
     k += (bos * H + i_h // (HV // H)).to(tl.int64) * K
-    w += (bos * HV + i_h).to(tl.int64) * K
+    if FUSE_WU:  # w is fla's A, (N, T, HV, BT); v the values themselves; β per token
+        w += (bos * HV + i_h).to(tl.int64) * BT
+        beta += (bos * HV + i_h).to(tl.int64)
+    else:
+        w += (bos * HV + i_h).to(tl.int64) * K
     if FUSE_O:  # the chunk outputs are computed here: no h, no v_new
         q += (bos * H + i_h // (HV // H)).to(tl.int64) * K
         o += (bos * HV + i_h).to(tl.int64) * V
@@ -98,15 +107,6 @@ def _delta_h_kernel(q, k, v, w, v_new, g, h, o, h0, ht, T, s0n, scale, size_clas
         if not FUSE_O:
             _store_state(h + i_t64 * HV * K * V, b_h1, b_h2, K, V, o_v, m_v)
 
-        # v_new = u − w·S, by 64-row blocks of K
-        b_w = tl.load(w + o_t[:, None] * (HV * K) + o_k1[None, :], mask=m_t[:, None] & (o_k1[None, :] < K), other=0.0)
-        b_v = tl.dot(b_w, b_h1.to(b_w.dtype))
-        if K > 64:
-            b_w = tl.load(w + o_t[:, None] * (HV * K) + 64 + o_k1[None, :],
-                          mask=m_t[:, None] & (64 + o_k1[None, :] < K), other=0.0)
-            b_v = tl.dot(b_w, b_h2.to(b_w.dtype), b_v)
-        b_v = tl.load(v + o_t[:, None] * (HV * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0) - b_v
-
         # the chunk's gates (log2, cumulated within the chunk) and kᵀ, by 64-row blocks of K
         last_idx = tl.minimum((i_t + 1) * BT, T) - 1
         b_g_last = tl.load(g + (bos * HV + last_idx * HV + i_h).to(tl.int64)).to(tl.float32)
@@ -115,6 +115,40 @@ def _delta_h_kernel(q, k, v, w, v_new, g, h, o, h0, ht, T, s0n, scale, size_clas
         if K > 64:
             b_k2 = tl.load(k + 64 + o_k1[:, None] + o_t[None, :] * (H * K),
                            mask=(64 + o_k1[:, None] < K) & m_t[None, :], other=0.0)
+
+        if FUSE_WU:
+            # fla's recompute_w_u folded in: u = A·(β·v) and w = A·(β·2^g·k), so
+            #   v_new = u − w·S = A·(β·v − (β·2^g·k)·S)
+            # — one more product (with A), and w and u are never written nor read back.
+            b_b = tl.load(beta + o_t * HV, mask=m_t, other=0.0).to(tl.float32)
+            b_bg = (b_b * tl.math.exp2(b_g))[:, None]
+            b_w = tl.load(k + o_t[:, None] * (H * K) + o_k1[None, :], mask=m_t[:, None] & (o_k1[None, :] < K),
+                          other=0.0)
+            b_w = (b_w * b_bg).to(b_w.dtype)
+            b_v = tl.dot(b_w, b_h1.to(b_w.dtype))
+            if K > 64:
+                b_w = tl.load(k + o_t[:, None] * (H * K) + 64 + o_k1[None, :],
+                              mask=m_t[:, None] & (64 + o_k1[None, :] < K), other=0.0)
+                b_w = (b_w * b_bg).to(b_w.dtype)
+                b_v = tl.dot(b_w, b_h2.to(b_w.dtype), b_v)
+            b_v = tl.load(v + o_t[:, None] * (HV * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
+                          other=0.0).to(tl.float32) * b_b[:, None] - b_v
+            # Rows masked, columns not (as in fla's recompute_w_u): a row's columns past T are in
+            # A's upper triangle, zeros. A mask along the contiguous dimension here faulted on the
+            # H200 (illegal address, Triton 3.6, a partial last chunk; M19).
+            o_c = tl.arange(0, BT)
+            b_a = tl.load(w + o_t[:, None] * (HV * BT) + o_c[None, :], mask=m_t[:, None], other=0.0)
+            b_v = tl.dot(b_a, b_v.to(b_a.dtype))
+        else:
+            # v_new = u − w·S, by 64-row blocks of K
+            b_w = tl.load(w + o_t[:, None] * (HV * K) + o_k1[None, :], mask=m_t[:, None] & (o_k1[None, :] < K),
+                          other=0.0)
+            b_v = tl.dot(b_w, b_h1.to(b_w.dtype))
+            if K > 64:
+                b_w = tl.load(w + o_t[:, None] * (HV * K) + 64 + o_k1[None, :],
+                              mask=m_t[:, None] & (64 + o_k1[None, :] < K), other=0.0)
+                b_v = tl.dot(b_w, b_h2.to(b_w.dtype), b_v)
+            b_v = tl.load(v + o_t[:, None] * (HV * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0) - b_v
 
         if FUSE_O:
             # fla's chunk_fwd_o on this chunk, with S still in registers (fla reads h[t] back in
@@ -157,7 +191,7 @@ def _delta_h_kernel(q, k, v, w, v_new, g, h, o, h0, ht, T, s0n, scale, size_clas
 # `size_class` (⌈log2⌉ of sequences × value heads, unused by the kernel) is a tuning key: the best
 # block differs between a lone prefix and a 32-sequence batch (M18: 32 × 512 → BV 64, one stage;
 # 1 × 448 → BV 32, three stages), and a key on T would tune again at every new length.
-_KEY = ["H", "HV", "K", "V", "BT", "USE_INITIAL_STATE", "STORE_FINAL_STATE", "FUSE_O", "size_class"]
+_KEY = ["H", "HV", "K", "V", "BT", "USE_INITIAL_STATE", "STORE_FINAL_STATE", "FUSE_O", "FUSE_WU", "size_class"]
 _tuned = triton.autotune(configs=_CONFIGS, key=_KEY, cache_results=True)(_delta_h_kernel)
 # The fused kernel's configs: each one ran correct at the workloads' shapes on the H200 (Triton 3.6,
 # results/h200/2026-12-01-s7-fused-configs/fused_configs.json). (BV 32, 4 warps, 1 stage) is left
@@ -167,12 +201,18 @@ _O_CONFIGS = [triton.Config({"BV": bv}, num_warps=4, num_stages=s) for bv, s in 
 _tuned_o = triton.autotune(configs=_O_CONFIGS, key=_KEY, cache_results=True)(_delta_h_kernel)
 
 
-def _check(k, w, u, g, initial_state):
+def _check(k, w, u, g, initial_state, w_cols=None, beta=None):
+    """Shapes and layouts; returns the initial state's batch stride. `w_cols`: w's last dimension
+    (K; the chunk size when w is fla's A and u the values, with `beta`)."""
     N, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
-    if K > 128 or w.shape != (N, T, HV, K) or u.shape[:2] != (N, T) or g.shape != (N, T, HV) or HV % H:
-        raise ValueError(f"delta_h: k {tuple(k.shape)}, w {tuple(w.shape)}, u {tuple(u.shape)}, g {tuple(g.shape)}")
-    for name, t in (("k", k), ("w", w), ("u", u), ("g", g)):
+    if (K > 128 or w.shape != (N, T, HV, w_cols or K) or u.shape[:2] != (N, T) or g.shape != (N, T, HV) or HV % H
+            or (beta is not None and beta.shape != (N, T, HV))):
+        raise ValueError(f"delta_h: k {tuple(k.shape)}, w {tuple(w.shape)}, u {tuple(u.shape)}, g {tuple(g.shape)}"
+                         + ("" if beta is None else f", beta {tuple(beta.shape)}"))
+    for name, t in (("k", k), ("w", w), ("u", u), ("g", g), ("beta", beta)):
+        if t is None:
+            continue
         if not t.is_contiguous():
             raise ValueError(f"delta_h: {name} must be contiguous")
     if initial_state is None:
@@ -184,7 +224,7 @@ def _check(k, w, u, g, initial_state):
     return 0 if s.shape[0] == 1 else s.stride(0)
 
 
-def _launch(q, k, w, u, g, v_new, h, o, initial_state, final, s0n, scale, chunk_size, cpu_block_v):
+def _launch(q, k, w, u, g, v_new, h, o, initial_state, final, s0n, scale, chunk_size, cpu_block_v, beta=None):
     N, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
     if N * T == 0:
@@ -192,10 +232,10 @@ def _launch(q, k, w, u, g, v_new, h, o, initial_state, final, s0n, scale, chunk_
     dummy = o if o is not None else h  # pointers a pass does not use (never dereferenced)
     h0 = initial_state if initial_state is not None else dummy
     args = (q if q is not None else dummy, k, u, w, v_new if v_new is not None else dummy, g,
-            h if h is not None else dummy, o if o is not None else dummy, h0, final if final is not None else dummy,
+            beta if beta is not None else dummy, h if h is not None else dummy, o if o is not None else dummy, h0, final if final is not None else dummy,
             T, s0n, scale, (N * HV - 1).bit_length())
     flags = dict(H=H, HV=HV, K=K, V=V, BT=chunk_size, USE_INITIAL_STATE=initial_state is not None,
-                 STORE_FINAL_STATE=final is not None, FUSE_O=o is not None)
+                 STORE_FINAL_STATE=final is not None, FUSE_O=o is not None, FUSE_WU=beta is not None)
     with torch.cuda.device(k.device) if k.is_cuda else contextlib.nullcontext():
         if k.is_cuda:
             tuner = _tuned_o if o is not None else _tuned
@@ -237,4 +277,24 @@ def delta_rule_output_triton(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, 
     o = torch.empty_like(u)
     final = k.new_zeros(N, HV, K, V, dtype=torch.float32) if output_final_state else None
     _launch(q, k, w, u, g, None, None, o, initial_state, final, s0n, scale, chunk_size, cpu_block_v)
+    return o, final
+
+
+def delta_rule_output_wy_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                                A: torch.Tensor, g: torch.Tensor, scale: float,
+                                initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+                                chunk_size: int = 64, cpu_block_v: int = 32):
+    """`delta_rule_output_triton` with fla's `recompute_w_u` folded in: from the values v (N, T, HV, V),
+    β (N, T, HV) and fla's solved intra-chunk matrix A (N, T, HV, chunk) — the output of its
+    kkt_solve kernel, (I + tril(β·k·kᵀ·2^(g_i − g_j), −1))⁻¹ per chunk — instead of w = A·(β·2^g·k)
+    and u = A·(β·v). Each chunk's new values are A·(β·v − (β·2^g·k)·S), so w and u (as large as k
+    and v) are never written nor read back. → (o like v, final state or None)."""
+    s0n = _check(k, A, v, g, initial_state, w_cols=chunk_size, beta=beta)
+    if q.shape != k.shape or not q.is_contiguous():
+        raise ValueError(f"delta_rule_output: q {tuple(q.shape)} must be contiguous and shaped like k {tuple(k.shape)}")
+    N, _, _, K = k.shape
+    HV = v.shape[2]
+    o = torch.empty_like(v)
+    final = k.new_zeros(N, HV, K, v.shape[3], dtype=torch.float32) if output_final_state else None
+    _launch(q, k, A, v, g, None, None, o, initial_state, final, s0n, scale, chunk_size, cpu_block_v, beta=beta)
     return o, final

@@ -33,7 +33,10 @@ def fla() -> SimpleNamespace:
     from fla.modules.norm.l2norm import l2norm_fwd
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
     from fla.ops.common.chunk_o import chunk_fwd_o
-    from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
+    from fla.ops.gated_delta_rule.chunk_fwd import (
+        chunk_gated_delta_rule_fwd_intra,
+        chunk_gated_delta_rule_fwd_kkt_solve_kernel,
+    )
     from fla.ops.utils.constant import RCP_LN2
 
     return SimpleNamespace(**locals())  # every name imported above, as itself

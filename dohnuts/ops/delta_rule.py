@@ -192,17 +192,33 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def _kkt_solve(f, k, g, beta):
+    """fla's fused kkt + solve_tril kernel alone (the first step of its
+    `chunk_gated_delta_rule_fwd_intra`, whose second step, recompute_w_u, the fused output kernel
+    does itself): A = (I + tril(β·k·kᵀ·2^(g_i − g_j), −1))⁻¹ per chunk, (N, T, HV, CHUNK) in k's dtype."""
+    import triton
+
+    N, T, H, K = k.shape
+    HV = beta.shape[2]
+    A = torch.zeros(N, T, HV, CHUNK, device=k.device, dtype=k.dtype)  # fla's: the upper blocks stay 0
+    f.chunk_gated_delta_rule_fwd_kkt_solve_kernel[(triton.cdiv(T, CHUNK), N * HV)](
+        k=k, g=g, beta=beta, A=A, cu_seqlens=None, chunk_indices=None, T=T, H=H, HV=HV, K=K, BT=CHUNK, BC=16)
+    return A
+
+
 def _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state, use_qk_l2norm):
     """fla's `chunk_gated_delta_rule` forward (`use_gate_in_kernel`, `use_beta_sigmoid_in_kernel`),
     step by step, without its autograd wrapper. The gates come from dohnuts.ops._gdn_gates_kernel
-    (one launch reading the logits in place, with fla's exp and softplus); fla's intra-chunk step
-    gives w and u. Then, when the batch fills the GPU (`_fused_output`), one dohnuts kernel runs the
-    state recurrence and computes each chunk's output from the state still in registers
-    (`delta_rule_output_triton`): the per-chunk states fla writes and its output kernel reads back
-    (128 MiB a layer of a 2b 32 × 512 pass) never exist. Otherwise (a lone shared prefix; K > 128)
-    fla's state kernel — dohnuts' copy for a forked state — and fla's output kernel. Both paths read
-    a forked state (an expanded (1, HV, K, V) view, batch stride 0) in place, never copied."""
-    from dohnuts.ops._delta_h_kernel import delta_h_triton, delta_rule_output_triton
+    (one launch reading the logits in place, with fla's exp and softplus). Then, when the batch
+    fills the GPU (`_fused_output`): fla's kkt_solve kernel gives each chunk's solved matrix A, and
+    one dohnuts kernel does the rest — fla's recompute_w_u, the state recurrence and each chunk's
+    output from the state still in registers (`delta_rule_output_wy_triton`): w, u, the per-chunk
+    states and v_new (in all 2.5× the size of k and v; the states alone 128 MiB a layer of a 2b
+    32 × 512 pass) are never written. Otherwise (a lone shared prefix; K > 128) fla's intra-chunk
+    step gives w and u, then fla's state kernel — dohnuts' copy for a forked state — and fla's
+    output kernel. Both paths read a forked state (an expanded (1, HV, K, V) view, batch stride 0)
+    in place, never copied."""
+    from dohnuts.ops._delta_h_kernel import delta_h_triton, delta_rule_output_wy_triton
     from dohnuts.ops._fla import fla
     from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
 
@@ -214,7 +230,6 @@ def _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_
         # The decay and β in one kernel reading a and b in place (fla's two gate kernels and two
         # copies of the strided logits before them).
         g, beta = gdn_gates_triton(a, b, A_log, dt_bias, chunk_size=CHUNK, scale=f.RCP_LN2)
-        w, u, _ = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=CHUNK)
         K = k.shape[-1]
         forked = (initial_state is not None and initial_state.shape[0] > 1 and initial_state.stride(0) == 0
                   and K <= 128 and initial_state[0].is_contiguous())
@@ -225,9 +240,11 @@ def _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_
         scale = K ** -0.5
         N, _, HV, V = v.shape
         if _fused_output(N, HV, K, V, q.device):
-            o, final = delta_rule_output_triton(q, k, w, u, g, scale, initial_state, output_final_state,
-                                                chunk_size=CHUNK)
+            A = _kkt_solve(f, k, g, beta)
+            o, final = delta_rule_output_wy_triton(q, k, v, beta, A, g, scale, initial_state, output_final_state,
+                                                   chunk_size=CHUNK)
             return o.to(q.dtype), final
+        w, u, _ = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=CHUNK)
         state_step = delta_h_triton if forked else f.chunk_gated_delta_rule_fwd_h
         h, v_new, final = state_step(k=k, w=w, u=u, g=g, initial_state=initial_state,
                                      output_final_state=output_final_state, chunk_size=CHUNK)
