@@ -96,8 +96,11 @@ def plan_request(req: Request, tokenizer, *, max_len: int, image_tokens: int = 0
     if req.prefix:
         head += tokenizer.encode(req.prefix + "\n")
     seqs, positions = [], []
+    encode, score = tokenizer.encode, sp.score
     for qi, q in enumerate(req.questions):
-        ids = head + tokenizer.encode(f"Question: {q.text}\n")
+        ids = encode(f"Question: {q.text}\n")  # a new list (both tokenizers): extended in place below
+        if head:  # copied only when there is one (text-2b's 32 × 512 tokens: plan 0.12 → 0.107 ms)
+            ids = head + ids
         if len(ids) >= max_len:  # no room left for a candidate: blame what filled the context
             if len(head) < max_len:
                 what, field = "question", f"questions[{qi}].text"
@@ -111,8 +114,8 @@ def plan_request(req: Request, tokenizer, *, max_len: int, image_tokens: int = 0
             )
         pos = []
         for ci, cand in enumerate(q.candidates):
-            ids += tokenizer.encode(f"Answer: {cand}")
-            ids.append(sp.score)
+            ids += encode(f"Answer: {cand}")
+            ids.append(score)
             pos.append(len(ids) - 1)
             if len(ids) > max_len:
                 raise RequestError(
