@@ -387,6 +387,28 @@ def lab_addmm(out: dict) -> None:
     print(f"addmm residual max |diff| {err:.3g}")
 
 
+def _delta_inputs(f, N: int, T: int, state: str | None, H: int = 16, K: int = 128):
+    """Delta-rule inputs at 2b head sizes (H = HV, K = V): unit q and k, the gates from random logits,
+    fla's w and u, and a forked (stride-0) initial state when `state` is "forked"."""
+    import torch
+
+    from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
+
+    gen = torch.Generator(device="cuda").manual_seed(N * 1000 + T)
+    q, k = (torch.nn.functional.normalize(torch.randn(N, T, H, K, device="cuda", generator=gen), dim=-1)
+            .bfloat16() for _ in range(2))
+    v = torch.randn(N, T, H, K, device="cuda", generator=gen).bfloat16()
+    a, b = (torch.randn(N, T, H, device="cuda", generator=gen).bfloat16() for _ in range(2))
+    A_log = torch.empty(H, device="cuda").uniform_(1, 16, generator=gen).log()
+    dt_bias = torch.randn(H, device="cuda", generator=gen)
+    g, beta = gdn_gates_triton(a, b, A_log, dt_bias, chunk_size=64, scale=f.RCP_LN2)
+    w, u, _ = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=64)
+    s0 = None
+    if state == "forked":
+        s0 = (torch.randn(1, H, K, K, device="cuda", generator=gen) * 0.1).expand(N, -1, -1, -1)
+    return q, k, v, g, beta, w, u, s0
+
+
 def lab_delta_ho(out: dict) -> None:
     """The delta rule's state recurrence with each chunk's output computed in the same kernel
     (dohnuts.ops._delta_h_kernel, FUSE_O) against fla's two kernels (chunk_gated_delta_rule_fwd_h
@@ -395,32 +417,17 @@ def lab_delta_ho(out: dict) -> None:
     text-2b pass, a shared prefix, and suffix passes from a forked state. With fla's intra-chunk
     step included: its kkt_solve + recompute_w_u + the fused kernel against kkt_solve + the kernel
     that folds recompute_w_u in (FUSE_WU, M19)."""
-    import torch
-
     from dohnuts.ops._delta_h_kernel import delta_h_triton, delta_rule_output_triton, delta_rule_output_wy_triton
     from dohnuts.ops._fla import fla
-    from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
     from dohnuts.ops.delta_rule import _kkt_solve
 
     f = fla()
-    H = HV = 16
-    K = V = 128
+    H, K = 16, 128  # = HV, V
     scale = K ** -0.5
     res = {}
     for N, T, state in ((32, 512, None), (1, 448, None), (1, 452, None), (32, 64, "forked"), (8, 256, "forked"),
                         (8, 64, "forked"), (4, 512, None)):
-        gen = torch.Generator(device="cuda").manual_seed(N * 1000 + T)
-        q, k = (torch.nn.functional.normalize(torch.randn(N, T, H, K, device="cuda", generator=gen), dim=-1)
-                .bfloat16() for _ in range(2))
-        v = torch.randn(N, T, HV, V, device="cuda", generator=gen).bfloat16()
-        a, b = (torch.randn(N, T, HV, device="cuda", generator=gen).bfloat16() for _ in range(2))
-        A_log = torch.empty(HV, device="cuda").uniform_(1, 16, generator=gen).log()
-        dt_bias = torch.randn(HV, device="cuda", generator=gen)
-        g, beta = gdn_gates_triton(a, b, A_log, dt_bias, chunk_size=64, scale=f.RCP_LN2)
-        w, u, _ = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=64)
-        s0 = None
-        if state == "forked":
-            s0 = (torch.randn(1, HV, K, V, device="cuda", generator=gen) * 0.1).expand(N, -1, -1, -1)
+        q, k, v, g, beta, w, u, s0 = _delta_inputs(f, N, T, state, H, K)
         dense = s0.contiguous() if s0 is not None else None
         fin = s0 is not None
 
@@ -478,7 +485,6 @@ def _config_child(spec: str) -> None:
 
     from dohnuts.ops._delta_h_kernel import _delta_h_kernel
     from dohnuts.ops._fla import fla
-    from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
     from dohnuts.ops.delta_rule import _kkt_solve
 
     bv, nw, ns = (int(x) for x in spec.split(","))
@@ -486,17 +492,8 @@ def _config_child(spec: str) -> None:
     H = HV = 16
     K = V = 128
     for N, T, state in _CONFIG_SHAPES:
-        gen = torch.Generator(device="cuda").manual_seed(N * 1000 + T)
-        q, k = (torch.nn.functional.normalize(torch.randn(N, T, H, K, device="cuda", generator=gen), dim=-1)
-                .bfloat16() for _ in range(2))
-        v = torch.randn(N, T, HV, V, device="cuda", generator=gen).bfloat16()
-        a, b = (torch.randn(N, T, HV, device="cuda", generator=gen).bfloat16() for _ in range(2))
-        A_log = torch.empty(HV, device="cuda").uniform_(1, 16, generator=gen).log()
-        g, beta = gdn_gates_triton(a, b, A_log, torch.randn(HV, device="cuda", generator=gen), chunk_size=64,
-                                   scale=f.RCP_LN2)
-        w, u, _ = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=64)
+        q, k, v, g, beta, w, u, s0 = _delta_inputs(f, N, T, state, H, K)
         A = _kkt_solve(f, k, g, beta)
-        s0 = None if state is None else (torch.randn(1, HV, K, V, device="cuda", generator=gen) * 0.1).expand(N, -1, -1, -1)
         h, vn, _ = f.chunk_gated_delta_rule_fwd_h(k=k, w=w, u=u, g=g, chunk_size=64,
                                                   initial_state=None if s0 is None else s0.contiguous())
         ref = f.chunk_fwd_o(q=q, k=k, v=vn, h=h, g=g, scale=K ** -0.5, chunk_size=64).float()
