@@ -76,7 +76,7 @@ def test_bad_image_fails_only_its_request(tmp_path):
     model = api.load("tiny")
     good = _png(tmp_path / "good.png", 7)
     bad = tmp_path / "bad.png"
-    bad.write_bytes(open(good, "rb").read()[:100])  # truncated
+    bad.write_bytes(Path(good).read_bytes()[:100])  # truncated
     empty = tmp_path / "empty.png"
     empty.write_bytes(b"")
     reqs = [_request(good, "r1"), _request(str(bad), "r2"), _request(str(empty), "r3"), _request(good, "r4")]
@@ -94,7 +94,7 @@ def test_cached_image_is_recognised_by_its_bytes_without_decoding(tmp_path, monk
     real = session_mod.prepare_image
     monkeypatch.setattr(session_mod, "prepare_image", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
     a = _png(tmp_path / "a.png", 11)
-    (tmp_path / "same_bytes.png").write_bytes(open(a, "rb").read())
+    (tmp_path / "same_bytes.png").write_bytes(Path(a).read_bytes())
     first = _scores(model.predict([_request(a)]))
     assert len(calls) == 1
     hb = model.prepare(_request(str(tmp_path / "same_bytes.png")))  # same bytes, other name: no decode
