@@ -134,8 +134,8 @@ def _delta_h_kernel(q, k, v, w, v_new, g, beta, h, o, h0, ht, T, s0n, scale, siz
             b_v = tl.load(v + o_t[:, None] * (HV * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
                           other=0.0).to(tl.float32) * b_b[:, None] - b_v
             # Rows masked, columns not (as in fla's recompute_w_u): a row's columns past T are in
-            # A's upper triangle, zeros. A mask along the contiguous dimension here faulted on the
-            # H200 (illegal address, Triton 3.6, a partial last chunk; M19).
+            # A's upper triangle, zeros. With both masked, the first H200 run faulted at partial
+            # last chunks (illegal address, Triton 3.6); without the column mask they ran (M19).
             o_c = tl.arange(0, BT)
             b_a = tl.load(w + o_t[:, None] * (HV * BT) + o_c[None, :], mask=m_t[:, None], other=0.0)
             b_v = tl.dot(b_a, b_v.to(b_a.dtype))
@@ -268,7 +268,9 @@ def delta_rule_output_triton(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, 
     final state or None). Each chunk's output is computed from the state while it is still in
     registers, so the per-chunk states h (N·NT·HV·K·V in k's dtype: 128 MiB for a 2b 32 × 512
     pass) and v_new are never written nor read back. Same arguments and state rules as
-    `delta_h_triton`; `scale` multiplies q (K^-½ in Gated DeltaNet)."""
+    `delta_h_triton`; `scale` multiplies q (K^-½ in Gated DeltaNet). The runtime calls
+    `delta_rule_output_wy_triton` (fla's w and u not even formed); this form is its reference in
+    the tests and `benchmarks/kernel_lab.py`."""
     s0n = _check(k, w, u, g, initial_state)
     if q.shape != k.shape or not q.is_contiguous():
         raise ValueError(f"delta_rule_output: q {tuple(q.shape)} must be contiguous and shaped like k {tuple(k.shape)}")

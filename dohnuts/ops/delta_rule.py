@@ -169,8 +169,11 @@ def _fused_output(N: int, HV: int, K: int, V: int, device: torch.device) -> bool
     H200 (M18, `kernel_lab.py delta_ho`, 2b heads), fused against split per layer: 32 × 512 (1,024
     programs) 212 vs 238 µs, 32 × 64 forked 53 vs 65, 8 × 256 forked 36 vs 44, 4 × 512 and 8 × 64 (128
     programs) 29 vs 42 and 13 vs 16 — but a lone 448-token prefix (32 programs) 19.9 vs 18.7 µs. So:
-    fused from half as many programs as the GPU has multiprocessors. DOHNUTS_DELTA_OUTPUT=fused|split
-    forces a path (A/B measurements); unset or `auto`: by that count."""
+    fused from half as many programs as the GPU has multiprocessors. Since M19 the fused path also
+    replaces fla's recompute_w_u (FUSE_WU); with fla's intra-chunk step counted on both sides the
+    rule still holds where measured (M19, call 2): 32 × 512 351 µs fused against ≈ 424 split
+    (238 + fla's intra step ≈ 186), a lone 448-token prefix 43.9 against ≈ 41.7. DOHNUTS_DELTA_OUTPUT=
+    fused|split forces a path (A/B measurements); unset or `auto`: by that count."""
     choice = delta_output_choice()
     if K > 128 or choice == "split":
         return False
