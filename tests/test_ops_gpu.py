@@ -521,6 +521,30 @@ def _assert_matches_fp32_reference(o, s, inputs, initial_state):
     assert relative_error(o.float(), o_ref) < BF16_TOL and relative_error(s, s_ref) < BF16_TOL
 
 
+# fla's chain rounds w and u (as large as k and v) to BF16 before the state update; dohnuts' FUSE_WU
+# kernel keeps them in FP32 registers, so the two differ by BF16 rounding (2^-9 relative a value),
+# carried through the state: measured 1.1e-3 (o, 32 × 64 forked) and 1.0e-3 (state, 1 × 452) on the
+# H200 (M20, run s9-verify). Equality with fla is therefore checked to this tolerance, and accuracy
+# against the FP32 reference: no worse than fla's own chain (`_assert_no_less_accurate`).
+WU_TOL = 3e-3
+
+
+def _assert_no_less_accurate(ours, theirs, ref, what, slack=1.25):
+    """`ours` is at least about as close to the FP32 reference `ref` as fla's `theirs`: a wrong
+    v_new (a missing β, a stale A) moves ours by far more than the slack."""
+    e_ours, e_fla = relative_error(ours.float(), ref), relative_error(theirs.float(), ref)
+    assert e_ours <= slack * e_fla + 1e-5, f"{what}: {e_ours:.2e} from the FP32 reference, fla {e_fla:.2e}"
+
+
+def _fp32_reference(inputs, initial_state):
+    from dohnuts.ops.delta_rule import gated_delta_rule_reference, gdn_gates_reference
+
+    q, k, v, a, b, A_log, dt_bias = inputs
+    gf, bf = gdn_gates_reference(a.float(), b.float(), A_log, dt_bias)
+    return gated_delta_rule_reference(q.float(), k.float(), v.float(), gf, bf, initial_state=initial_state,
+                                      output_final_state=True)
+
+
 @pytest.mark.parametrize("with_state", [False, True])
 def test_gated_delta_rule_gates_in_kernel(with_state):
     """fla's in-kernel gates (decay from a, A_log, dt_bias; sigmoid of b) against the gates computed
@@ -552,15 +576,19 @@ def test_inference_delta_rule_reads_a_forked_state_as_fla_does_dense():
         o_fla, s_fla = fla().chunk_gated_delta_rule(
             q, k, v, a, b, initial_state=forked.contiguous(), output_final_state=True, use_qk_l2norm_in_kernel=True,
             use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True)
-    assert relative_error(o.float(), o_fla.float()) < 1e-3 and relative_error(s, s_fla) < 1e-3
+    assert relative_error(o.float(), o_fla.float()) < WU_TOL and relative_error(s, s_fla) < WU_TOL
     _assert_matches_fp32_reference(o, s, (q, k, v, a, b, A_log, dt_bias), forked)
+    o_ref, s_ref = _fp32_reference((q, k, v, a, b, A_log, dt_bias), forked)
+    _assert_no_less_accurate(o, o_fla, o_ref, "o")
+    _assert_no_less_accurate(s, s_fla, s_ref, "state")
+
 
 def test_inference_delta_rule_without_a_fork_equals_fla():
     """Without a forked state (no state: a full or prefix pass; a dense per-row state) the
-    inference delta rule runs fla's kernels step by step — its state kernel included — with the
-    gates from dohnuts' one-launch kernel, so it equals fla's chunk_gated_delta_rule to float
-    rounding of the decay (softplus evaluated two ways); a forked state of the same values
-    (dohnuts' state kernel) too."""
+    inference delta rule equals fla's chunk_gated_delta_rule. At 4 × 200 (256 programs, so the fused
+    path with FUSE_WU) to BF16 rounding of fla's w and u (`WU_TOL`), and no less accurate than fla
+    against the FP32 reference; a forked state of the same values (a stride-0 read) equals the
+    dense state's result."""
     from dohnuts.ops._fla import fla
     from dohnuts.ops.delta_rule import gated_delta_rule_from_logits
 
@@ -575,11 +603,14 @@ def test_inference_delta_rule_without_a_fork_equals_fla():
                                                 output_final_state=True)
             o_fla, s_fla = fla().chunk_gated_delta_rule(q, k, v, a, b, initial_state=s0, output_final_state=True, **kw)
             what = "dense" if s0 is not None else "none"
-            assert relative_error(o.float(), o_fla.float()) < 1e-3 and relative_error(s, s_fla) < 1e-4, what
+            assert relative_error(o.float(), o_fla.float()) < WU_TOL and relative_error(s, s_fla) < WU_TOL, what
+            o_ref, s_ref = _fp32_reference((q, k, v, a, b, A_log, dt_bias), s0)
+            _assert_no_less_accurate(o, o_fla, o_ref, f"o, {what}")
+            _assert_no_less_accurate(s, s_fla, s_ref, f"state, {what}")
         o_fork, s_fork = gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias,
                                                       initial_state=dense[:1].expand(B, -1, -1, -1),
                                                       output_final_state=True)
-    assert relative_error(o_fork.float(), o_fla.float()) < 1e-3 and relative_error(s_fork, s_fla) < 1e-3
+    assert relative_error(o_fork.float(), o.float()) < 1e-3 and relative_error(s_fork, s) < 1e-3
 
 
 @pytest.mark.parametrize("shape", [(32, 512, None), (3, 200, "dense"), (32, 64, "forked"), (1, 452, "forked")])
@@ -619,7 +650,10 @@ def test_fused_state_output_kernel_equals_fla_s_two_kernels(shape):
         A = _kkt_solve(f, k, gg, beta)
         o_wy, final_wy = delta_rule_output_wy_triton(q, k, v, beta, A, gg, 128 ** -0.5, s0, True)
     assert o_wy.dtype == o_fla.dtype and o_wy.shape == o_fla.shape
-    assert relative_error(o_wy.float(), o_fla.float()) < 2e-3 and relative_error(final_wy, final_fla) < 1e-3
+    assert relative_error(o_wy.float(), o_fla.float()) < WU_TOL and relative_error(final_wy, final_fla) < WU_TOL
+    o_ref, s_ref = _fp32_reference((q, k, v, a, b, A_log, dt_bias), s0)
+    _assert_no_less_accurate(o_wy, o_fla, o_ref, "o")
+    _assert_no_less_accurate(final_wy, final_fla, s_ref, "state")
 
 
 @pytest.mark.parametrize("state", [None, "forked"])
