@@ -4,7 +4,7 @@
 #   WORKLOADS='workloads/gpu/a.yaml ...'                     one dohnuts-bench run over them (first)
 #   TESTS='pytest -k expression' (or 'all', default none)   GPU tests of tests/test_ops_gpu.py
 #   BACKBONE=1                                               benchmarks/backbone_forward.py on 2b
-#   PROFILE=1                                                benchmarks/profile_passes.py on 2b
+#   PROFILE=1 (or 'B P S')                                   benchmarks/profile_passes.py on 2b (32 × 448 + 64)
 #   COLD=1                                                   benchmarks/cold_start.py: 2 new processes
 #   HOSTPROF='workloads/gpu/a.yaml ...'                      benchmarks/prepare_cost.py --profile: host preparation
 #   SCALING='workloads/scaling/a.yaml ...'                    one dohnuts-bench run of multi-process workloads
@@ -85,8 +85,9 @@ fi
 if [ -n "${PROFILE:-}" ] && [ "$(left)" -gt 60 ]; then
   echo "== pass profile, qwen3.5-2b"
   mkdir -p /tmp/profile
-  timeout $(($(left) - 20)) python3 benchmarks/profile_passes.py --preset qwen3.5-2b --batch 32 --prefix 448 --suffix 64 \
-    --out /tmp/profile 2>&1 | tail -12
+  shape=(32 448 64); [ "$PROFILE" != 1 ] && read -r -a shape <<< "$PROFILE"  # PROFILE='B P S'
+  timeout $(($(left) - 20)) python3 benchmarks/profile_passes.py --preset qwen3.5-2b --batch "${shape[0]}" \
+    --prefix "${shape[1]}" --suffix "${shape[2]}" --out /tmp/profile 2>&1 | tail -12
   tar czf "$OUT/profile.tar.gz" -C /tmp profile  # one file: a call returns at most 8
 fi
 if [ -n "${HOSTPROF:-}" ] && [ "$(left)" -gt 45 ]; then

@@ -183,6 +183,9 @@ def main(argv=None) -> int:
             "fork": lambda: state.fork(a.batch),
             "suffix_BxS": lambda: model(suf, state=forked, rows=suf_rows),
             "full_Bx(P+S)": lambda: model(full, rows=full_rows),
+            # the prefix's rows in the suffixes' token-parallel ops, one pass (the runtime's default)
+            "shared_1xP+BxS": lambda: model.forward_shared(model.embed_tokens(pre), model.embed_tokens(suf),
+                                                           rows=suf_rows),
         }
         for _ in range(3):
             for fn in passes.values():

@@ -81,7 +81,9 @@ def test_quickstart_runs_on_cpu_and_records_every_call(tmp_path, capsys):
     shared = [r for r in records if r["workload"]["kind"] == "shared-prefix" and r["target"] == "dohnuts"]
     # whether to share is measured on the first call (dohnuts.runtime.sharing); then it holds
     assert len({r["work"]["prefix_len"] for r in shared}) == 1
-    assert all(("prefix" in r["stages"]) == (r["work"]["prefix_len"] > 0) for r in shared)
+    # a shared call runs the prefix and its suffixes as one pass (`shared`, the merged default)
+    assert all(("shared" in r["stages"]) == (r["work"]["prefix_len"] > 0) for r in shared)
+    assert not any({"prefix", "suffix"} & set(r["stages"]) for r in shared)
     train = [r for r in records if r["workload"]["kind"] == "train-step"]
     assert all({"forward", "backward", "optimizer"} <= set(r["stages"]) for r in train)
     assert (run_dir / "report.txt").exists() and (run_dir / "summary.json").exists()

@@ -51,8 +51,10 @@ def test_buckets():
         assert 0 <= pad < max(16, n / 16), n
 
 
-@pytest.mark.parametrize("share", [True, False])
-def test_replay_equals_eager_for_changing_inputs(share):
+@pytest.mark.parametrize(("share", "shared_pass"), [(True, "merged"), (True, "split"), (False, "merged")])
+def test_replay_equals_eager_for_changing_inputs(share, shared_pass, monkeypatch):
+    """Shared requests replay one graph (the merged pass) or two (prefix, then suffix: `split`)."""
+    monkeypatch.setenv("DOHNUTS_SHARED_PASS", shared_pass)
     eager = api.load("tiny")
     graphed = _graphed(api.load("tiny"))
     # Same shape bucket, different tokens: each replay must see its own request's inputs.
@@ -64,12 +66,15 @@ def test_replay_equals_eager_for_changing_inputs(share):
         assert relative_error(g, w) < 1e-5
     assert relative_error(got[0], got[1]) > 1e-3  # the requests really differ
     stats = graphed.graphs.stats()
-    passes = 2 if share else 1
+    passes = 2 if share and shared_pass == "split" else 1
     assert stats.captures == passes and stats.replays == 4 * passes and not stats.eager
 
 
-def test_image_requests_replay_with_the_prefix_cutting_the_image(tmp_path, monkeypatch):
+@pytest.mark.parametrize("shared_pass", ["merged", "split"])
+def test_image_requests_replay_with_the_prefix_cutting_the_image(tmp_path, monkeypatch, shared_pass):
     import dohnuts.runtime.plan as plan_mod
+
+    monkeypatch.setenv("DOHNUTS_SHARED_PASS", shared_pass)
 
     # A 64-token grid puts the split inside the image here (with the byte tokenizer's long question
     # head the default 8-token grid does not; a real tokenizer's short one does, at any grid).
@@ -81,7 +86,8 @@ def test_image_requests_replay_with_the_prefix_cutting_the_image(tmp_path, monke
     for share in (True, False):
         for w, g in zip(_scores(eager, reqs, share), _scores(graphed, reqs, share)):
             assert relative_error(g, w) < 1e-5
-    assert graphed.graphs.stats().captures == 3  # prefix + suffix, and one full pass
+    # the merged pass (or prefix + suffix), and one full pass
+    assert graphed.graphs.stats().captures == (2 if shared_pass == "merged" else 3)
 
 
 def test_bucket_padding_is_counted_as_padded_work():
@@ -131,7 +137,7 @@ def test_weight_updates_are_seen_and_module_changes_recapture():
     session.merge_lora()  # modules replaced: the graphs are dropped and captured again
     assert session.graphs.stats().graphs == 0
     merged = _scores(session, reqs)[0]
-    assert relative_error(merged, after) < 1e-5 and session.graphs.stats().captures == captures + 2
+    assert relative_error(merged, after) < 1e-5 and session.graphs.stats().captures == captures + 1  # the merged pass
 
 
 def test_training_microbatch_graphs_equal_eager_updates(tmp_path):

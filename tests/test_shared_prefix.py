@@ -86,28 +86,29 @@ def test_split_rules():
     assert shared_prefix_split(seqs[:1], pos[:1]) == 0  # one question: nothing to share
 
 
-def test_no_state_survives_a_request(monkeypatch):
-    """Poison every prefix state right after it is used: the next request is unaffected."""
-    from dohnuts.model.state import BackboneState
+@pytest.mark.parametrize("shared_pass", ["merged", "split"])
+def test_no_state_survives_a_request(monkeypatch, shared_pass):
+    """Poison every prefix state right after it is forked — per layer, inside the merged pass, or
+    the whole state between the two passes: the next request is unaffected."""
+    from dohnuts.model.state import KVState, LinearAttentionState
 
+    monkeypatch.setenv("DOHNUTS_SHARED_PASS", shared_pass)
     model = _model()
     a, b = _request("a" * 300), _request("b" * 300, texts=("delta", "eps", "zeta"))
     expected = model.predict([b], share_prefix=True)[0]
     states = []
-    real_fork = BackboneState.fork
+    for cls in (KVState, LinearAttentionState):
+        def spy(self, n, real_fork=cls.fork):
+            states.append(self)
+            return real_fork(self, n)
 
-    def spy(self, n):
-        states.append(self)
-        return real_fork(self, n)
-
-    monkeypatch.setattr(BackboneState, "fork", spy)
+        monkeypatch.setattr(cls, "fork", spy)
     model.predict([a], share_prefix=True)
-    assert states
+    assert len(states) == len(model.model.backbone.layers)  # each layer's prefix state, forked once
     with torch.inference_mode():  # the states were made under inference mode
         for st in states:
-            for layer in st.layers:
-                for t in vars(layer).values():
-                    t.fill_(float("nan"))
+            for t in vars(st).values():
+                t.fill_(float("nan"))
     again = model.predict([b], share_prefix=True)[0]
     assert again.questions == expected.questions
 
@@ -179,3 +180,56 @@ def test_a_fork_is_views_outside_autograd_and_copies_under_it():
     assert f.conv.is_contiguous() and f.recurrent.is_contiguous() and f.recurrent.data_ptr() != rec_g.data_ptr()
     (f.conv.sum() + 2 * f.recurrent.sum()).backward()
     assert torch.equal(conv_g.grad, torch.full_like(conv, 6.0)) and torch.equal(rec_g.grad, torch.full_like(rec, 12.0))
+
+
+def _image_request(tmp_path, seed=0) -> Request:
+    import numpy as np
+    from PIL import Image
+
+    path = tmp_path / f"{seed}.png"
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (448, 448, 3), dtype=np.uint8)).save(path)
+    qs = (Question("q1", "what?", ("red", "green")), Question("q2", "how many?", ("one", "two", "three")))
+    return Request(id="img", questions=qs, prefix="a photo", image=str(path))
+
+
+@pytest.mark.parametrize("pruned", [True, False])
+@pytest.mark.parametrize("kind", ["text 300", "text 129", "image", "image cut"])
+def test_merged_pass_equals_prefix_then_suffix(kind, pruned, tmp_path, monkeypatch):
+    """`shared_hidden` (the prefix's rows in the suffixes' token-parallel ops, one pass) equals the
+    prefix pass and the suffix pass from its forked state, to FP32 rounding: text prefixes on and
+    off the 64-token chunk grid, an image prefix, and one whose split cuts the image (the rest of
+    its features in the suffix rows, MRoPE positions); at the scored positions and at every one."""
+    import dataclasses
+
+    import dohnuts.runtime.plan as plan_mod
+
+    if kind == "image cut":
+        monkeypatch.setattr(plan_mod, "PREFIX_ALIGN", 64)  # the split falls inside the 196 image tokens
+    session = _model()
+    req = _image_request(tmp_path) if kind.startswith("image") else _request("x" * int(kind.split()[1]))
+    hb = session.prepare(req, share_prefix=True)
+    assert hb.plan.prefix_len > 0
+    x = hb.tensors.score_inputs()
+    if x.image_tokens:
+        (use,) = session.image_features([(hb, None)])
+        x = dataclasses.replace(x, image_features=use.features)
+        assert (x.image_tokens_in_prefix < x.image_tokens) == (kind == "image cut")
+    if not pruned:
+        x = dataclasses.replace(x, score_rows=None, score_slot=None)
+    m = session.model
+    with torch.no_grad():
+        merged = m.shared_hidden(x)
+        split = m.suffix_hidden(x, m.prefix_state(x))
+    assert merged.shape == split.shape == ((*x.score_rows.shape, split.shape[-1]) if pruned else (*x.ids.shape, split.shape[-1]))
+    assert relative_error(merged, split) < 1e-5
+
+
+def test_shared_pass_setting_is_checked(monkeypatch):
+    from dohnuts.errors import ConfigError
+    from dohnuts.model.scorer import shared_pass
+
+    monkeypatch.setenv("DOHNUTS_SHARED_PASS", "fused")
+    with pytest.raises(ConfigError, match="DOHNUTS_SHARED_PASS|shared-prefix pass"):
+        shared_pass()
+    monkeypatch.setenv("DOHNUTS_SHARED_PASS", "")
+    assert shared_pass() == "merged"

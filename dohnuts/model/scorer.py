@@ -15,15 +15,29 @@ No vocabulary projection and no token generation exist anywhere.
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 
 import torch
 from torch import nn
 
 from dohnuts.config import ModelConfig
+from dohnuts.errors import ConfigError
 from dohnuts.model.inputs import ScoreInputs
 from dohnuts.model.state import BackboneState
 from dohnuts.model.text import TextBackbone
+
+
+def shared_pass() -> str:
+    """`DOHNUTS_SHARED_PASS`: how an inference call with a shared prefix runs — `merged` (default:
+    one pass, the prefix's rows in the suffixes' token-parallel ops, `TextBackbone.forward_shared`)
+    or `split` (a prefix pass, then the suffix pass from its forked state; what training runs).
+    For A/B measurements; a prediction session checks it when it starts (ConfigError)."""
+    choice = os.environ.get("DOHNUTS_SHARED_PASS", "").strip() or "merged"
+    if choice not in ("merged", "split"):
+        raise ConfigError(f"{choice!r} is not a shared-prefix pass: expected merged or split",
+                          source="environment", field="DOHNUTS_SHARED_PASS")
+    return choice
 
 
 def no_stage(name: str):
@@ -109,6 +123,20 @@ class ScoringModel(nn.Module):
                              checkpoint_layers=checkpoint_layers, rows=x.score_rows)
         return h
 
+    def shared_hidden(self, x: ScoreInputs) -> torch.Tensor:
+        """The shared prefix and its B forked suffix rows in one pass (`TextBackbone.forward_shared`)
+        → hidden (B, L, H), or (B, Q, H) at `x.score_rows`: equal to `prefix_state` then
+        `suffix_hidden`, with the prefix's rows in the suffixes' token-parallel ops. Inference only."""
+        B, L = x.ids.shape
+        P, k = x.prefix_len, x.image_tokens_in_prefix
+        emb_p = self.embed(x.prefix_ids, x.image_features[:k] if k else None, 1)
+        rest = x.image_features[k:] if x.image_features is not None and x.image_tokens else None
+        emb_s = self.embed(x.ids, rest, 0)
+        pos_p = None if x.positions is None else x.positions[:, :, :P]
+        pos_s = None if x.positions is None else x.positions[:, :, P:P + L].expand(-1, B, -1)
+        return self.backbone.forward_shared(emb_p, emb_s, prefix_positions=pos_p, suffix_positions=pos_s,
+                                            next_position=x.prefix_next_position, rows=x.score_rows)
+
     def full_hidden(self, x: ScoreInputs, *, checkpoint_layers: bool = False) -> torch.Tensor:
         """One batched pass over whole sequences → hidden (B, L, H), or (B, Q, H) at `x.score_rows`."""
         B, L = x.ids.shape
@@ -128,7 +156,11 @@ class ScoringModel(nn.Module):
         """Hidden states (B, L, H) of the request's rows, or (B, Q, H) at `x.score_rows`: the prefix
         once and its forked suffixes, or one batched pass. `stage(name)` brackets each pass
         (`prefix`, `suffix` or `forward`) with a context manager — the runtime's stage timer, or
-        nothing."""
+        nothing. Outside autograd a shared prefix and its suffixes run as one pass (`shared`,
+        `shared_pass()`)."""
+        if x.prefix_ids is not None and shared_pass() == "merged" and not torch.is_grad_enabled():
+            with stage("shared"):
+                return self.shared_hidden(x)
         if x.prefix_ids is not None:
             with stage("prefix"):
                 state = self.prefix_state(x, checkpoint_layers=checkpoint_layers)

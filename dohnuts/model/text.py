@@ -114,16 +114,47 @@ class GatedDeltaNet(nn.Module):
         """x (B, T, H) → (output (B, T, H), state). `rows` (B, Q): the output only at those
         positions, (B, Q, H); None: no output (the state alone). The recurrence runs over every
         token either way; the output gate, norm and projection only where an output is asked."""
+        o, new_state = self.mix(*self.project(x), state, return_state)
+        if rows is None:
+            return None, new_state
+        if rows is not ALL_ROWS:
+            x, o = take_rows(x, rows), take_rows(o, rows)  # (B, Q, H), (B, Q, HV, V)
+        return self.finish(x, o), new_state
+
+    def forward_shared(self, x: torch.Tensor, groups: tuple[tuple[int, int, object], ...]) -> torch.Tensor:
+        """x (R, H): the rows of a shared pass (`TextBackbone.forward_shared`), the prefix's
+        (1 × P) first, then its B × L forked suffixes → output (R, H). The projections, the output
+        gate, norm and projection run over all rows at once; the recurrence per group: the
+        prefix from no state, the suffixes from its state, forked."""
+        parts = self.project(x)  # (R, ·) each
+        outs, state, start = [], None, 0
+        for n, t, _ in groups:
+            rows = slice(start, start + n * t)
+            start += n * t
+            o, new = self.mix(*(p[rows].view(n, t, -1) for p in parts), None if state is None else state.fork(n),
+                              return_state=state is None)
+            state = state if state is not None else new
+            outs.append(o.reshape(n * t, *o.shape[2:]))
+        return self.finish(x, torch.cat(outs))
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (..., H) → (mixed (..., 2·H·K + HV·V), b (..., HV), a (..., HV)): one GEMM when the
+        weights are packed (the parts are column views of its output)."""
         cfg = self.cfg
-        B, T, _ = x.shape
         hv = cfg.linear_num_value_heads
         w = packed_weight(self.in_proj_qkv, self.in_proj_b, self.in_proj_a)
         if w is None:
-            mixed, b, a = self.in_proj_qkv(x), self.in_proj_b(x), self.in_proj_a(x)
-        else:  # one GEMM; the parts are column views of its output
-            mixed, b, a = F.linear(x, w).split([cfg.linear_conv_dim, hv, hv], dim=-1)
-        # mixed: (B, T, 2·H·K + HV·V); b, a: (B, T, HV)
+            return self.in_proj_qkv(x), self.in_proj_b(x), self.in_proj_a(x)
+        return F.linear(x, w).split([cfg.linear_conv_dim, hv, hv], dim=-1)
 
+    def mix(
+        self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, state: LinearAttentionState | None,
+        return_state: bool,
+    ) -> tuple[torch.Tensor, LinearAttentionState | None]:
+        """The sequence mixing of (B, T, ·) projections: short conv, then the gated delta rule →
+        (o (B, T, HV, V), state)."""
+        cfg = self.cfg
+        B, T, _ = mixed.shape
         # One conv per part (on the GPU, outside training): q, k and v come out contiguous; in a
         # stateless inference pass q and k also come out L2-normalised (`qk_normalised`).
         (q, k, v), conv_state, qk_normalised = ops.causal_conv1d_qkv(
@@ -140,14 +171,13 @@ class GatedDeltaNet(nn.Module):
             q, k, v, a, b, self.A_log, self.dt_bias, initial_state=None if state is None else state.recurrent,
             output_final_state=return_state, use_qk_l2norm=not qk_normalised,
         )  # (B, T, HV, V)
-        new_state = LinearAttentionState(conv_state, recurrent) if return_state else None
-        if rows is None:
-            return None, new_state
-        if rows is not ALL_ROWS:
-            x, o = take_rows(x, rows), take_rows(o, rows)  # (B, Q, H), (B, Q, HV, V)
+        return o, LinearAttentionState(conv_state, recurrent) if return_state else None
+
+    def finish(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """The output gate (from x (..., H)), the gated norm and out_proj of o (..., HV, V) → (..., H)."""
         z = self.in_proj_z(x).view(*o.shape)  # the output gate, only where an output is asked
-        o = self.norm(o, z).reshape(*o.shape[:2], cfg.linear_value_dim)
-        return self.out_proj(o), new_state
+        o = self.norm(o, z).reshape(*o.shape[:-2], self.cfg.linear_value_dim)
+        return self.out_proj(o)
 
 
 def _append_kv(past: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -188,42 +218,80 @@ class Attention(nn.Module):
         """x (B, T, H) → (output (B, T, H), state). `rows` (B, Q): queries only at those positions,
         output (B, Q, H); None: no queries at all (keys and values for the state alone)."""
         cfg = self.cfg
-        B, T, _ = x.shape
+        B = x.shape[0]
         d = cfg.head_dim
-        hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
-        nq = hq * 2 * d
-        w = packed_weight(self.q_proj, self.k_proj, self.v_proj)
+        nq = cfg.num_attention_heads * 2 * d
         if rows is ALL_ROWS:
-            if w is None:
-                qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-            else:  # one GEMM; the parts are column views of its output
-                qg, k, v = F.linear(x, w).split([nq, hkv * d, hkv * d], dim=-1)
-        else:  # keys and values of every token; the query side only at `rows`
-            xq = None if rows is None else take_rows(x, rows)
-            if w is None:
-                k, v = self.k_proj(x), self.v_proj(x)
-                qg = None if xq is None else self.q_proj(xq)
-            else:  # row slices of the packed weight: two GEMMs
-                k, v = F.linear(x, w[nq:]).split([hkv * d, hkv * d], dim=-1)
-                qg = None if xq is None else F.linear(xq, w[:nq])
-        k = self.k_norm.rope(k.view(B, T, hkv, d), rope)  # (B, Hkv, T, D), normalised and rotated
-        v = v.view(B, T, hkv, d).transpose(1, 2)
-        if state is not None:
-            k, v = _append_kv(state.key, k), _append_kv(state.value, v)  # (B, Hkv, P + T, D)
+            o, new_state = self.mix(*self.project(x), rope, state, return_state)
+            return self.o_proj(o), new_state
+        # keys and values of every token; the query side only at `rows`
+        w = packed_weight(self.q_proj, self.k_proj, self.v_proj)
+        xq = None if rows is None else take_rows(x, rows)
+        if w is None:
+            k, v = self.k_proj(x), self.v_proj(x)
+            qg = None if xq is None else self.q_proj(xq)
+        else:  # row slices of the packed weight: two GEMMs
+            k, v = F.linear(x, w[nq:]).chunk(2, dim=-1)
+            qg = None if xq is None else F.linear(xq, w[:nq])
+        k, v = self._keys_values(k, v, rope, state)
         new_state = KVState(k, v) if return_state else None
         if qg is None:
             return None, new_state
         Q = qg.shape[1]
-        q, gate = qg.view(B, Q, hq, 2 * d).chunk(2, dim=-1)  # strided views (B, Q, Hq, D)
-        if rows is ALL_ROWS:
-            q = self.q_norm.rope(q, rope)  # (B, Hq, T, D)
-            o = ops.causal_attention(q, k, v, scale=d ** -0.5)  # (B, Hq, T, D)
-        else:
-            q = self.q_norm.rope(q, (take_rows(rope[0], rows), take_rows(rope[1], rows)))  # (B, Hq, Q, D)
-            past = 0 if state is None else state.key.shape[2]
-            o = ops.attention_at(q, k, v, rows + past, scale=d ** -0.5)  # (B, Hq, Q, D)
-        o = ops.gated_output(o, gate)  # o · sigmoid(gate) as (B, Q, Hq·D)
-        return self.o_proj(o), new_state
+        q, gate = qg.view(B, Q, cfg.num_attention_heads, 2 * d).chunk(2, dim=-1)  # strided views (B, Q, Hq, D)
+        q = self.q_norm.rope(q, (take_rows(rope[0], rows), take_rows(rope[1], rows)))  # (B, Hq, Q, D)
+        past = 0 if state is None else state.key.shape[2]
+        o = ops.attention_at(q, k, v, rows + past, scale=d ** -0.5)  # (B, Hq, Q, D)
+        return self.o_proj(ops.gated_output(o, gate)), new_state  # o · sigmoid(gate) as (B, Q, Hq·D)
+
+    def forward_shared(self, x: torch.Tensor, groups: tuple[tuple[int, int, object], ...]) -> torch.Tensor:
+        """x (R, H): the rows of a shared pass (`TextBackbone.forward_shared`) → output (R, H). The
+        projections run over all rows at once; the attention per group: the prefix's causally, each
+        suffix over the prefix's keys (forked) and its own."""
+        parts = self.project(x)  # (R, ·) each
+        outs, state, start = [], None, 0
+        for n, t, rope in groups:
+            rows = slice(start, start + n * t)
+            start += n * t
+            o, new = self.mix(*(p[rows].view(n, t, -1) for p in parts), rope,
+                              None if state is None else state.fork(n), return_state=state is None)
+            state = state if state is not None else new
+            outs.append(o.reshape(n * t, -1))
+        return self.o_proj(torch.cat(outs))
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (..., H) → (query and gate (..., Hq·2·D), keys (..., Hkv·D), values (..., Hkv·D)):
+        one GEMM when the weights are packed (the parts are column views of its output)."""
+        cfg = self.cfg
+        d, hkv = cfg.head_dim, cfg.num_key_value_heads
+        w = packed_weight(self.q_proj, self.k_proj, self.v_proj)
+        if w is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return F.linear(x, w).split([cfg.num_attention_heads * 2 * d, hkv * d, hkv * d], dim=-1)
+
+    def _keys_values(self, k, v, rope, state):
+        """Projected keys and values (B, T, ·) → normalised, rotated keys and values (B, Hkv, P + T, D),
+        after the state's P past ones."""
+        cfg = self.cfg
+        B, T, _ = k.shape
+        d, hkv = cfg.head_dim, cfg.num_key_value_heads
+        k = self.k_norm.rope(k.view(B, T, hkv, d), rope)  # (B, Hkv, T, D), normalised and rotated
+        v = v.view(B, T, hkv, d).transpose(1, 2)
+        if state is not None:
+            k, v = _append_kv(state.key, k), _append_kv(state.value, v)  # (B, Hkv, P + T, D)
+        return k, v
+
+    def mix(self, qg, k, v, rope, state: KVState | None, return_state: bool) -> tuple[torch.Tensor, KVState | None]:
+        """Causal attention of (B, T, ·) projections at every position, after the state's keys →
+        (gated output (B, T, Hq·D), state)."""
+        cfg = self.cfg
+        B, T, _ = qg.shape
+        d = cfg.head_dim
+        k, v = self._keys_values(k, v, rope, state)
+        q, gate = qg.view(B, T, cfg.num_attention_heads, 2 * d).chunk(2, dim=-1)  # strided views (B, T, Hq, D)
+        q = self.q_norm.rope(q, rope)  # (B, Hq, T, D)
+        o = ops.causal_attention(q, k, v, scale=d ** -0.5)  # (B, Hq, T, D)
+        return ops.gated_output(o, gate), KVState(k, v) if return_state else None  # o · sigmoid(gate), (B, T, Hq·D)
 
 
 class DecoderLayer(nn.Module):
@@ -259,6 +327,17 @@ class DecoderLayer(nn.Module):
             x = take_rows(x, rows)
         h, x = self.post_attention_layernorm.add(h, x)
         return x, self.mlp(h), new_state
+
+    def forward_shared(self, x, delta, groups):
+        """The layer over the rows (R, H) of a shared pass (`TextBackbone.forward_shared`): norms,
+        projections and the MLP once over all rows, the token mixer per group. Returns (residual
+        stream, MLP output); the prefix's state lives only inside the layer."""
+        h = self.input_layernorm(x) if delta is None else None
+        if delta is not None:
+            h, x = self.input_layernorm.add(delta, x)
+        mixer = self.linear_attn if self.layer_type == "linear_attention" else self.self_attn
+        h, x = self.post_attention_layernorm.add(mixer.forward_shared(h, groups), x)
+        return x, self.mlp(h)
 
 
 class TextBackbone(nn.Module):
@@ -342,3 +421,55 @@ class TextBackbone(nn.Module):
             explicit = position_ids is not None and position_ids is not rope_positions_default
             next_position = int(position_ids.max()) + 1 if explicit else start + T
         return x, BackboneState(tuple(new_states), length, next_position)
+
+    def forward_shared(
+        self,
+        prefix_embeds: torch.Tensor,
+        suffix_embeds: torch.Tensor,
+        *,
+        prefix_positions: torch.Tensor | None = None,
+        suffix_positions: torch.Tensor | None = None,
+        next_position: int | None = None,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """A shared prefix (1, P, H) and its B forked suffixes (B, L, H) in ONE pass → the suffixes'
+        hidden states (B, L, H), or (B, Q, H) at `rows` — equal to `forward` over the prefix
+        (returning its state) and then over the suffixes from that state, forked.
+
+        The prefix's P rows join the suffixes' B·L rows in every token-parallel op — norms,
+        projections, the MLP: one GEMM each instead of two, and none of them launched for P rows
+        alone — while each layer's token mixer runs the prefix first and the suffixes from its
+        state (dohnuts.model.state, forked as views). A lone prefix pass is latency-bound (a
+        ~200-token image prefix: ~430 kernels, 2.93 ms against a 0.70 ms bound, docs/evolution.md
+        M19); here it adds only its mixers' kernels to the suffix pass. The last layer runs per
+        group: the prefix's state alone, the suffixes at `rows`.
+
+        Positions: `prefix_positions` (3, 1, P) default to text positions 0..P−1, `suffix_positions`
+        (3, B, L) to text positions from `next_position` (default: after the prefix's positions).
+        Inference only: training keeps the two passes (`forward` with a state), whose autograd and
+        checkpointing paths are the tested ones."""
+        _, P, H = prefix_embeds.shape
+        B, L, _ = suffix_embeds.shape
+        dev, dtype = suffix_embeds.device, suffix_embeds.dtype
+        if prefix_positions is None:
+            prefix_positions = text_positions(1, P, 0, dev)
+            next_position = P if next_position is None else next_position
+        elif next_position is None:
+            next_position = int(prefix_positions.max()) + 1  # reads the device: callers pass it
+        if suffix_positions is None:
+            suffix_positions = text_positions(B, L, next_position, dev)
+        rope_p, rope_s = self.rotary(prefix_positions, dtype), self.rotary(suffix_positions, dtype)
+        groups = ((1, P, rope_p), (B, L, rope_s))
+        x = torch.cat([prefix_embeds.reshape(P, H), suffix_embeds.reshape(B * L, H)])  # (P + B·L, H)
+        delta = None
+        for layer in self.layers[:-1]:
+            x, delta = layer.forward_shared(x, delta, groups)
+        last = self.layers[-1]
+
+        def part(t, a, n, length):
+            return None if t is None else t[a:a + n * length].view(n, length, H)
+
+        _, _, state = last(part(x, 0, 1, P), part(delta, 0, 1, P), rope_p, None, True, None)
+        x, delta, _ = last(part(x, P, B, L), part(delta, P, B, L), rope_s, state.fork(B), False,
+                           ALL_ROWS if rows is None else rows)
+        return self.norm.add(delta, x)[0]

@@ -4,9 +4,13 @@ A 24-layer pass launches about a thousand kernels; from Python each costs 50–9
 so every pass below ~16k tokens used to wait on the host, not on the GPU (docs/known-issues.md
 KI-2). Here each pass shape is captured once and replayed:
 
+    shared   (1, P) + (B_b, L_b) → hidden states of the prefix and its forked suffixes in one
+                           pass (`TextBackbone.forward_shared`, the default)   key (P, B_b, L_b, Q, image)
     prefix   (1, P)        → the prefix state (KV, conv and recurrent per layer)      key (P, image, pruned)
     suffix   (B_b, L_b)    → hidden states, continuing the prefix graph's state       key (P, B_b, L_b, Q, image)
     full     (B_b, L_b)    → hidden states of one batched pass                        key (B_b, L_b, Q, image)
+
+(prefix and suffix: `DOHNUTS_SHARED_PASS=split`.)
 
 The hidden states are those of the request's (B_b, Q) grid of scored positions (Q candidates a
 row at most; `ScoreInputs.score_rows`, a static buffer like the token ids): the last layer runs
@@ -44,7 +48,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from dohnuts.model.inputs import ScoreInputs
-from dohnuts.model.scorer import ScoringModel, no_stage
+from dohnuts.model.scorer import ScoringModel, no_stage, shared_pass
 
 
 @dataclass(frozen=True)
@@ -210,6 +214,16 @@ class PassGraphs:
         model = self.model
         img = (x.image_tokens, x.prefix_next_position) if x.image_features is not None and x.image_tokens else None
         Q = None if x.score_rows is None else x.score_rows.shape[1]  # scored positions a row (the output's shape)
+        if x.prefix_ids is not None and shared_pass() == "merged":
+            with stage("shared"):
+                xs = self._static(x)
+                g = self._get(("shared", x.prefix_len, B, L, Q, img), lambda: model.shared_hidden(xs))
+                if g is None:
+                    self._eager("graph budget or capture failure")
+                    return None
+                g.replay()
+                self.stats_.replays += 1
+            return g.output
         if x.prefix_ids is not None:
             P = x.prefix_len
             with stage("prefix"):

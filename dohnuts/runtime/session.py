@@ -25,7 +25,7 @@ from dohnuts.config import ModelConfig
 from dohnuts.errors import RequestError
 from dohnuts.model.lora import LoRAConfig, apply_lora, merge_lora
 from dohnuts.model.packing import fuse_projections
-from dohnuts.model.scorer import ScoringModel, decide, no_stage
+from dohnuts.model.scorer import ScoringModel, decide, no_stage, shared_pass
 from dohnuts.ops.delta_rule import delta_output_choice
 from dohnuts.runtime.batch import Batch, HostBatch, collate, without_patches
 from dohnuts.runtime.graphs import PassGraphs, ShapeBuckets
@@ -72,6 +72,7 @@ class Session:
     def __init__(self, model: ScoringModel, *, tokenizer, base_identity: dict | None = None, max_len: int = 8192,
                  cuda_graphs: bool = True):
         delta_output_choice()  # a wrong DOHNUTS_DELTA_OUTPUT stops here, before any request
+        shared_pass()  # and a wrong DOHNUTS_SHARED_PASS
         self.model = model
         # Sibling projections without adapters run as one GEMM each (dohnuts.model.packing);
         # LoRA-wrapped ones are skipped, and re-packed once merged (_modules_changed).

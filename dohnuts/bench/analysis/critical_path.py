@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 # The canonical stages in call order and the resource each occupies (cost.stage_costs' names plus
-# the host-side stages the harness times).
+# the host-side stages the harness times; `shared` is prefix + suffix run as one pass).
 STAGE_RESOURCES = (
-    ("prepare", "cpu"), ("h2d", "h2d"), ("vision", "compute"), ("prefix", "compute"), ("suffix", "compute"),
-    ("forward", "compute"), ("head", "compute"), ("backward", "compute"), ("allreduce", "interconnect"),
+    ("prepare", "cpu"), ("h2d", "h2d"), ("vision", "compute"), ("shared", "compute"), ("prefix", "compute"),
+    ("suffix", "compute"), ("forward", "compute"), ("head", "compute"), ("backward", "compute"), ("allreduce", "interconnect"),
     ("optimizer", "compute"),
     ("d2h", "d2h"), ("serialize", "serialize"),
 )

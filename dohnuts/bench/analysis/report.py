@@ -40,6 +40,9 @@ from dohnuts.bench.analysis.records import (
 # A target that times one `forward` and none of prefix / suffix / head (the training step, a
 # peer implementation) is compared with the bound of all of them together.
 FOLDED_INTO_FORWARD = ("prefix", "suffix", "head", "forward")
+# A call that runs its shared prefix and forked suffixes as one pass (`shared`, dohnuts'
+# merged pass) is compared with the bound of the prefix and suffix work together.
+FOLDED_INTO_SHARED = ("prefix", "suffix")
 
 
 @dataclass(frozen=True)
@@ -185,6 +188,7 @@ def _group(key: tuple[str, str], recs: list[dict], spec: HwSpec, buffers: int) -
         except ValueError as exc:
             raise RecordError(str(exc), source=where(rec), field="work") from None
         c = fold_stages(c, "forward", FOLDED_INTO_FORWARD) if fold else c
+        c = fold_stages(c, "shared", FOLDED_INTO_SHARED) if "shared" in timed else c
         grad_bytes = (rec.get("extra") or {}).get("allreduce_bytes")
         if world_size(rec) > 1 and isinstance(grad_bytes, (int, float)) and not isinstance(grad_bytes, bool):
             c = c | {"allreduce": allreduce_cost(grad_bytes, world_size(rec))}
