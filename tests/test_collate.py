@@ -131,3 +131,28 @@ def test_collate_equals_a_plain_reference_on_random_requests():
                 assert hb.work.score_keys == want["score_keys"]
                 assert hb.work.scored_rows == len(want["score_rows"]) * len(want["score_rows"][0])
     assert splits > 20  # the shared-prefix layout is exercised, not only the single pass
+
+
+@pytest.mark.parametrize("prefix_len", [0, 3])
+def test_a_packed_batch_holds_the_same_tensors_in_one_buffer(prefix_len):
+    """`Batch.packed` (what `pin` does with page-locked memory): every integer tensor becomes a
+    view of one buffer with its own values and shape, the float ones stay apart, and `to` — one
+    copy of the buffer, then views — gives the tensors of the per-tensor copy; a `replace`d batch
+    (no buffer) still moves right."""
+    from dataclasses import fields
+
+    t = collate(_plan(prefix_len=prefix_len), pad_id=PAD, shape=(4, 8)).tensors
+    p = t.packed()
+    buf, layout = p.__dict__["_packed"]
+    longs = [f.name for f in fields(t) if isinstance(getattr(t, f.name), torch.Tensor)
+             and getattr(t, f.name).dtype == torch.long]
+    assert set(layout) == set(longs) and buf.numel() == sum(getattr(t, n).numel() for n in longs)
+    assert {getattr(p, n).untyped_storage().data_ptr() for n in longs} == {buf.untyped_storage().data_ptr()}
+    for q in (p, p.to(torch.device("cpu")), replace(p, image_tokens=p.image_tokens).to(torch.device("cpu"))):
+        for f in fields(t):
+            want, got = getattr(t, f.name), getattr(q, f.name)
+            if isinstance(want, torch.Tensor):
+                assert got.dtype == want.dtype and torch.equal(got, want), f.name
+            else:
+                assert got == want, f.name
+    assert p.rewards.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr()

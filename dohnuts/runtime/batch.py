@@ -36,18 +36,46 @@ class Batch:
     score_slot: torch.Tensor | None = None  # (C,) long: each candidate's index into the (B·Kmax) grid
 
     def to(self, device: torch.device, non_blocking: bool = True) -> Batch:
+        """The batch on `device`. A packed batch (`pin`) moves its integer tensors in one copy of
+        their shared buffer and takes views of it there; every other tensor is copied alone."""
         moved = {}
+        packed = self.__dict__.get("_packed")
+        if packed is not None:
+            buf, layout = packed
+            on_device = buf.to(device, non_blocking=non_blocking)
+            for name, (offset, shape) in layout.items():
+                moved[name] = on_device[offset:offset + shape.numel()].view(shape)
         for f in fields(self):
-            v = getattr(self, f.name)
-            moved[f.name] = v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+            if f.name not in moved:
+                v = getattr(self, f.name)
+                moved[f.name] = v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
         return Batch(**moved)
 
     def pin(self) -> Batch:
-        pinned = {}
+        """The batch in page-locked memory (so its host→device copies can be asynchronous)."""
+        return self.packed(lambda n: torch.empty(n, dtype=torch.long, pin_memory=True),
+                           lambda t: t.pin_memory())
+
+    def packed(self, allocate=lambda n: torch.empty(n, dtype=torch.long), keep=lambda t: t) -> Batch:
+        """The batch with its integer (long) tensors as views of ONE buffer from `allocate(n)`,
+        which `to` moves in one copy; other tensors go through `keep`. Each pinned allocation and
+        each copy call costs host time on a single call's critical path: a batch has seven
+        integer tensors (M20)."""
+        out, layout, total = {}, {}, 0
         for f in fields(self):
             v = getattr(self, f.name)
-            pinned[f.name] = v.pin_memory() if isinstance(v, torch.Tensor) else v
-        return Batch(**pinned)
+            if isinstance(v, torch.Tensor) and v.dtype == torch.long:
+                layout[f.name] = (total, v.shape)
+                total += v.numel()
+            out[f.name] = keep(v) if isinstance(v, torch.Tensor) and v.dtype != torch.long else v
+        buf = allocate(total)
+        for name, (offset, shape) in layout.items():
+            view = buf[offset:offset + shape.numel()].view(shape)
+            view.copy_(getattr(self, name))
+            out[name] = view
+        batch = Batch(**out)
+        object.__setattr__(batch, "_packed", (buf, layout))  # not a field: `replace` drops it (per-tensor copies)
+        return batch
 
     def score_inputs(self, image_features: torch.Tensor | None = None) -> ScoreInputs:
         """What the model reads (a device batch plus the request image's cached features)."""
