@@ -350,6 +350,9 @@ def _wy_torch(k, v, beta, g, BT=64):
 vd = torch.randn(N, T, HV, V, generator=g)
 betad = torch.rand(N, T, HV, generator=g)
 Ad, wy_w, wy_u = _wy_torch(kd, vd, betad, gd)
+# fla's kkt_solve kernel writes A's lower blocks only (dohnuts allocates it uninitialised): the
+# kernel must ignore the upper triangle, here NaN
+Ad = Ad.masked_fill(torch.arange(64)[None, :] > (torch.arange(T) % 64)[:, None, None], float("nan"))
 for s0 in (None, torch.randn(N, HV, K, V, generator=g), one.expand(N, -1, -1, -1)):
     want_o, want_final = delta_rule_output_triton(qd, kd, wy_w, wy_u, gd, 0.3, s0, True, cpu_block_v=32)
     for bv in (16, 64):

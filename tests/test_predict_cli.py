@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 import dohnuts.api as api
@@ -65,3 +66,22 @@ def test_unknown_model_one_line_error(tmp_path, capsys):
     src.write_text(json.dumps(GOOD) + "\n")
     assert main(["predict", "--model", "gigantic", str(src)]) == 2
     assert "unknown preset 'gigantic'" in capsys.readouterr().err
+
+
+def test_a_result_line_round_trips_every_float_and_writes_non_finite_as_null():
+    """`RequestResult.to_json` (orjson): one line, every score and probability back exactly, a
+    non-finite score as null (valid JSON, unlike json's NaN)."""
+    import json
+    import random
+
+    pytest.importorskip("orjson")
+    from dohnuts.runtime.predict import QuestionResult, RequestResult
+
+    rng = random.Random(0)
+    qs = [QuestionResult(id=f"q{i}", scores=[rng.gauss(0, 10) for _ in range(4)],
+                         probabilities=[rng.random() for _ in range(4)], choice=i % 4) for i in range(8)]
+    line = RequestResult("r", qs).to_json()
+    assert "\n" not in line
+    assert json.loads(line) == {"id": "r", "questions": [q.__dict__ for q in qs]}
+    bad = RequestResult("r", [QuestionResult("q", [float("nan"), float("inf")], [0.5, 0.5], 0)]).to_json()
+    assert json.loads(bad)["questions"][0]["scores"] == [None, None]

@@ -134,10 +134,13 @@ def _delta_h_kernel(q, k, v, w, v_new, g, beta, h, o, h0, ht, T, s0n, scale, siz
             b_v = tl.load(v + o_t[:, None] * (HV * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
                           other=0.0).to(tl.float32) * b_b[:, None] - b_v
             # Rows masked, columns not (as in fla's recompute_w_u): a row's columns past T are in
-            # A's upper triangle, zeros. With both masked, the first H200 run faulted at partial
-            # last chunks (illegal address, Triton 3.6); without the column mask they ran (M19).
+            # A's upper triangle. With both masked, the first H200 run faulted at partial last
+            # chunks (illegal address, Triton 3.6); without the column mask they ran (M19). The
+            # upper triangle is selected away here, so A needs no zero-filled allocation (fla's
+            # kernel writes only the lower blocks; the fill cost 0.2 ms a 16k-token pass, M20).
             o_c = tl.arange(0, BT)
             b_a = tl.load(w + o_t[:, None] * (HV * BT) + o_c[None, :], mask=m_t[:, None], other=0.0)
+            b_a = tl.where(o_c[:, None] >= o_c[None, :], b_a, 0.0)
             b_v = tl.dot(b_a, b_v.to(b_a.dtype))
         else:
             # v_new = u − w·S, by 64-row blocks of K

@@ -198,12 +198,14 @@ def _multiprocessors(device: torch.device) -> int:
 def _kkt_solve(f, k, g, beta):
     """fla's fused kkt + solve_tril kernel alone (the first step of its
     `chunk_gated_delta_rule_fwd_intra`, whose second step, recompute_w_u, the fused output kernel
-    does itself): A = (I + tril(β·k·kᵀ·2^(g_i − g_j), −1))⁻¹ per chunk, (N, T, HV, CHUNK) in k's dtype."""
+    does itself): A = (I + tril(β·k·kᵀ·2^(g_i − g_j), −1))⁻¹ per chunk, (N, T, HV, CHUNK) in k's dtype.
+    Only its lower blocks are written: the upper ones hold whatever the allocation held, which the
+    fused output kernel selects away (fla's recompute_w_u would need them zero)."""
     import triton
 
     N, T, H, K = k.shape
     HV = beta.shape[2]
-    A = torch.zeros(N, T, HV, CHUNK, device=k.device, dtype=k.dtype)  # fla's: the upper blocks stay 0
+    A = torch.empty(N, T, HV, CHUNK, device=k.device, dtype=k.dtype)  # the upper blocks: not written
     f.chunk_gated_delta_rule_fwd_kkt_solve_kernel[(triton.cdiv(T, CHUNK), N * HV)](
         k=k, g=g, beta=beta, A=A, cu_seqlens=None, chunk_indices=None, T=T, H=H, HV=HV, K=K, BT=CHUNK, BC=16)
     return A
