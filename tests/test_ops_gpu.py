@@ -287,17 +287,19 @@ def test_graph_replay_equals_eager_with_changing_inputs(monkeypatch, tmp_path):
     assert stats.captures >= 4 and stats.replays >= 2 * len(reqs) and not stats.eager
 
 
-@pytest.mark.parametrize("pruned", [True, False])
-def test_merged_shared_pass_equals_prefix_then_suffix(monkeypatch, pruned):
+@pytest.mark.parametrize(("pruned", "overlap"), [(True, "1"), (False, "1"), (True, "0")])
+def test_merged_shared_pass_equals_prefix_then_suffix(monkeypatch, pruned, overlap):
     """On the GPU in BF16 (fused kernels: the prefix group's mixers take fla's split path, the
     suffixes' the fused one from a forked state), the merged shared pass equals the prefix pass
     followed by the suffix pass from its forked state, within BF16 rounding of the different GEMM
-    shapes; 2b-sized linear-attention heads, 6 questions sharing a 300-character prefix."""
+    shapes; 2b-sized linear-attention heads, 6 questions sharing a 300-character prefix. With the
+    prefix's delta rule on a second stream (`DOHNUTS_SHARED_OVERLAP`, default) and without."""
     import dataclasses
 
     import dohnuts.api as api
     from dohnuts.train.task import synthetic_requests
 
+    monkeypatch.setenv("DOHNUTS_SHARED_OVERLAP", overlap)
     _wide_tiny(monkeypatch)
     session = api.load("tiny", device=DEV, dtype=torch.bfloat16, cuda_graphs=False)
     (req,) = synthetic_requests(1, questions=6, shared_prefix=300, seed=11)

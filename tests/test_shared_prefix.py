@@ -88,27 +88,42 @@ def test_split_rules():
 
 @pytest.mark.parametrize("shared_pass", ["merged", "split"])
 def test_no_state_survives_a_request(monkeypatch, shared_pass):
-    """Poison every prefix state right after it is forked — per layer, inside the merged pass, or
-    the whole state between the two passes: the next request is unaffected."""
-    from dohnuts.model.state import KVState, LinearAttentionState
+    """Poison every prefix state the pass made — each attention layer's keys and values when they
+    are forked, each Gated DeltaNet layer's conv history and recurrent state when they are returned
+    (inside the merged pass, or between the two passes): the next request is unaffected."""
+    from dohnuts.model.state import KVState
+    from dohnuts.model.text import GatedDeltaNet
 
     monkeypatch.setenv("DOHNUTS_SHARED_PASS", shared_pass)
     model = _model()
     a, b = _request("a" * 300), _request("b" * 300, texts=("delta", "eps", "zeta"))
     expected = model.predict([b], share_prefix=True)[0]
     states = []
-    for cls in (KVState, LinearAttentionState):
-        def spy(self, n, real_fork=cls.fork):
-            states.append(self)
-            return real_fork(self, n)
 
-        monkeypatch.setattr(cls, "fork", spy)
+    def kv_fork(self, n, real=KVState.fork):
+        states.extend([self.key, self.value])
+        return real(self, n)
+
+    def conv(self, mixed, conv_state, return_state, real=GatedDeltaNet._conv):
+        out = real(self, mixed, conv_state, return_state)
+        if return_state:
+            states.append(out[1])
+        return out
+
+    def delta(self, qkv, b, a, recurrent, return_state, *args, real=GatedDeltaNet._delta, **kw):
+        out = real(self, qkv, b, a, recurrent, return_state, *args, **kw)
+        if return_state:
+            states.append(out[1])
+        return out
+
+    monkeypatch.setattr(KVState, "fork", kv_fork)
+    monkeypatch.setattr(GatedDeltaNet, "_conv", conv)
+    monkeypatch.setattr(GatedDeltaNet, "_delta", delta)
     model.predict([a], share_prefix=True)
-    assert len(states) == len(model.model.backbone.layers)  # each layer's prefix state, forked once
+    assert len(states) == 2 * len(model.model.backbone.layers)  # each layer's prefix state: two tensors
     with torch.inference_mode():  # the states were made under inference mode
-        for st in states:
-            for t in vars(st).values():
-                t.fill_(float("nan"))
+        for t in states:
+            t.fill_(float("nan"))
     again = model.predict([b], share_prefix=True)[0]
     assert again.questions == expected.questions
 

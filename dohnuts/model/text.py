@@ -8,6 +8,9 @@ The backbone ends at the final norm: no vocabulary projection exists in dohnuts.
 
 from __future__ import annotations
 
+import os
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
@@ -28,6 +31,21 @@ class _AllRows:
 
 
 ALL_ROWS = _AllRows()
+
+
+def side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """The second CUDA stream of `device` on which the merged shared pass runs the prefix's delta
+    rule (`GatedDeltaNet.forward_shared`); None off CUDA, or with `DOHNUTS_SHARED_OVERLAP=0` (one
+    stream: for A/B measurements). A CUDA graph captures the fork and join as graph edges."""
+    if device.type != "cuda" or os.environ.get("DOHNUTS_SHARED_OVERLAP", "1").strip() == "0":
+        return None
+    stream = _SIDE_STREAMS.get(device)
+    if stream is None:
+        stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return stream
+
+
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def take_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -125,17 +143,26 @@ class GatedDeltaNet(nn.Module):
         """x (R, H): the rows of a shared pass (`TextBackbone.forward_shared`), the prefix's
         (1 × P) first, then its B × L forked suffixes → output (R, H). The projections, the output
         gate, norm and projection run over all rows at once; the recurrence per group: the
-        prefix from no state, the suffixes from its state, forked."""
-        parts = self.project(x)  # (R, ·) each
-        outs, state, start = [], None, 0
-        for n, t, _ in groups:
-            rows = slice(start, start + n * t)
-            start += n * t
-            o, new = self.mix(*(p[rows].view(n, t, -1) for p in parts), None if state is None else state.fork(n),
-                              return_state=state is None)
-            state = state if state is not None else new
-            outs.append(o.reshape(n * t, *o.shape[2:]))
-        return self.finish(x, torch.cat(outs))
+        prefix from no state, the suffixes from its state, forked.
+
+        On a GPU (`side_stream`) the prefix's delta rule runs on a second stream while the
+        suffixes' conv, gates and intra-chunk solve run on this one — they need only the prefix's
+        conv history — so the prefix's latency-bound chain (one sequence: a few dozen programs a
+        kernel) hides behind the suffixes' work; the suffixes' recurrence waits for its state."""
+        (_, p, _), (n, t, _) = groups
+        mixed, b, a = self.project(x)  # (R, ·) each
+        qkv_p, conv_p, normalised_p = self._conv(mixed[:p].view(1, p, -1), None, True)
+        side = side_stream(x.device)
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(x.device))
+        with torch.cuda.stream(side) if side is not None else nullcontext():
+            o_p, rec_p = self._delta(qkv_p, b[:p].view(1, p, -1), a[:p].view(1, p, -1), None, True, normalised_p)
+        qkv_s, _, normalised_s = self._conv(mixed[p:].view(n, t, -1), conv_p.expand(n, -1, -1), False)
+        join = None if side is None else (lambda: torch.cuda.current_stream(x.device).wait_stream(side))
+        o_s, _ = self._delta(qkv_s, b[p:].view(n, t, -1), a[p:].view(n, t, -1),
+                             rec_p.expand(n, -1, -1, -1), False, normalised_s, before_state=join)
+        o = torch.cat([o_p.reshape(p, *o_p.shape[2:]), o_s.reshape(n * t, *o_s.shape[2:])])
+        return self.finish(x, o)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (..., H) → (mixed (..., 2·H·K + HV·V), b (..., HV), a (..., HV)): one GEMM when the
@@ -153,25 +180,34 @@ class GatedDeltaNet(nn.Module):
     ) -> tuple[torch.Tensor, LinearAttentionState | None]:
         """The sequence mixing of (B, T, ·) projections: short conv, then the gated delta rule →
         (o (B, T, HV, V), state)."""
+        qkv, conv_state, normalised = self._conv(mixed, None if state is None else state.conv, return_state)
+        o, recurrent = self._delta(qkv, b, a, None if state is None else state.recurrent, return_state, normalised)
+        return o, LinearAttentionState(conv_state, recurrent) if return_state else None
+
+    def _conv(self, mixed: torch.Tensor, conv_state: torch.Tensor | None, return_state: bool):
+        """The short conv of (B, T, ·): ((q, k, v), conv state, whether q and k come out normalised).
+        One conv per part (on the GPU, outside training): q, k and v come out contiguous; in a
+        stateless inference pass q and k also come out L2-normalised."""
         cfg = self.cfg
-        B, T, _ = mixed.shape
-        # One conv per part (on the GPU, outside training): q, k and v come out contiguous; in a
-        # stateless inference pass q and k also come out L2-normalised (`qk_normalised`).
-        (q, k, v), conv_state, qk_normalised = ops.causal_conv1d_qkv(
+        return ops.causal_conv1d_qkv(
             mixed, self.conv1d.weight.squeeze(1), [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim],
-            cfg.linear_key_head_dim, None if state is None else state.conv, return_state,
+            cfg.linear_key_head_dim, conv_state, return_state,
         )
+
+    def _delta(self, qkv, b, a, recurrent, return_state: bool, qk_normalised: bool, before_state=None):
+        """The gated delta rule over conv outputs (B, T, ·) → (o (B, T, HV, V), final state or None)."""
+        cfg = self.cfg
+        q, k, v = qkv
+        B, T, _ = b.shape
         q = q.reshape(B, T, cfg.linear_num_key_heads, cfg.linear_key_head_dim)  # (B, T, H, K)
         k = k.reshape(B, T, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
         v = v.reshape(B, T, cfg.linear_num_value_heads, cfg.linear_value_head_dim)  # (B, T, HV, V)
-
         # The gates stay raw: beta = sigmoid(b) and the log-space decay g = -exp(A_log) ·
         # softplus(a + dt_bias) <= 0 (FP32) are computed inside fla's kernels on the GPU.
-        o, recurrent = ops.gated_delta_rule_from_logits(
-            q, k, v, a, b, self.A_log, self.dt_bias, initial_state=None if state is None else state.recurrent,
-            output_final_state=return_state, use_qk_l2norm=not qk_normalised,
+        return ops.gated_delta_rule_from_logits(
+            q, k, v, a, b, self.A_log, self.dt_bias, initial_state=recurrent, output_final_state=return_state,
+            use_qk_l2norm=not qk_normalised, before_state=before_state,
         )  # (B, T, HV, V)
-        return o, LinearAttentionState(conv_state, recurrent) if return_state else None
 
     def finish(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """The output gate (from x (..., H)), the gated norm and out_proj of o (..., HV, V) → (..., H)."""

@@ -147,16 +147,24 @@ def gdn_gates_reference(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
 
 
 def gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=None, output_final_state=False,
-                                 use_qk_l2norm=True):
+                                 use_qk_l2norm=True, before_state=None):
     """`gated_delta_rule` with the gates still raw: a, b (B, T, HV) are the projections that
     `gdn_gates_reference` turns into g and beta; A_log, dt_bias (HV,).
 
     Fused, without autograd: `_inference_fused` — fla's forward steps with the decay computed
     inside its chunk cumsum and the sigmoid in one kernel (about six fewer kernels a layer than the
     torch gates), and a state kernel that reads a forked initial state without copies. With
-    autograd, and on the reference path, the gates are computed in torch and passed on."""
+    autograd, and on the reference path, the gates are computed in torch and passed on.
+
+    `before_state()`, when given, is called right before the first kernel that reads
+    `initial_state`: the kernels before it (gates, the intra-chunk solve) do not need the state, so
+    a caller whose state is still being computed on another CUDA stream waits there (the merged
+    shared pass, `TextBackbone.forward_shared`)."""
     if use_fused(q) and not recording(q, k, v, a, b, A_log, dt_bias, initial_state):
-        return _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state, use_qk_l2norm)
+        return _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state, use_qk_l2norm,
+                                before_state)
+    if before_state is not None:
+        before_state()
     g, beta = gdn_gates_reference(a, b, A_log, dt_bias)
     return gated_delta_rule(q, k, v, g, beta, None, initial_state, output_final_state, use_qk_l2norm)
 
@@ -211,7 +219,8 @@ def _kkt_solve(f, k, g, beta):
     return A
 
 
-def _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state, use_qk_l2norm):
+def _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state, use_qk_l2norm,
+                     before_state=None):
     """fla's `chunk_gated_delta_rule` forward (`use_gate_in_kernel`, `use_beta_sigmoid_in_kernel`),
     step by step, without its autograd wrapper. The gates come from dohnuts.ops._gdn_gates_kernel
     (one launch reading the logits in place, with fla's exp and softplus). Then, when the batch
@@ -236,20 +245,25 @@ def _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_
         # copies of the strided logits before them).
         g, beta = gdn_gates_triton(a, b, A_log, dt_bias, chunk_size=CHUNK, scale=f.RCP_LN2)
         K = k.shape[-1]
+        scale = K ** -0.5
+        N, _, HV, V = v.shape
+        fused = _fused_output(N, HV, K, V, q.device)
+        if fused:
+            A = _kkt_solve(f, k, g, beta)
+        else:
+            w, u, _ = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=CHUNK)
+        if before_state is not None:
+            before_state()  # everything above is independent of the state
         forked = (initial_state is not None and initial_state.shape[0] > 1 and initial_state.stride(0) == 0
                   and K <= 128 and initial_state[0].is_contiguous())
         if initial_state is not None:
             initial_state = initial_state.float()
             if not forked and not initial_state.is_contiguous():
                 initial_state = initial_state.contiguous()
-        scale = K ** -0.5
-        N, _, HV, V = v.shape
-        if _fused_output(N, HV, K, V, q.device):
-            A = _kkt_solve(f, k, g, beta)
+        if fused:
             o, final = delta_rule_output_wy_triton(q, k, v, beta, A, g, scale, initial_state, output_final_state,
                                                    chunk_size=CHUNK)
             return o.to(q.dtype), final
-        w, u, _ = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=CHUNK)
         state_step = delta_h_triton if forked else f.chunk_gated_delta_rule_fwd_h
         h, v_new, final = state_step(k=k, w=w, u=u, g=g, initial_state=initial_state,
                                      output_final_state=output_final_state, chunk_size=CHUNK)
