@@ -13,6 +13,7 @@ On the CPU the same code runs without streams. Every request is one model invoca
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -41,8 +42,17 @@ try:  # orjson formats floats ~5× faster than json (a 2b text call's 128 scores
     def _dumps(obj) -> str:
         return orjson.dumps(obj).decode()
 except ImportError:  # pragma: no cover - orjson is a dependency; a bare environment still works
-    def _dumps(obj) -> str:
-        return json.dumps(obj, separators=(",", ":"))
+    def _finite(obj):
+        if isinstance(obj, float):
+            return obj if math.isfinite(obj) else None
+        if isinstance(obj, dict):
+            return {k: _finite(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [_finite(v) for v in obj]
+        return obj
+
+    def _dumps(obj) -> str:  # as orjson: compact, a non-finite float as null (strict JSON)
+        return json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False)
 
 
 @dataclass(frozen=True)
@@ -51,8 +61,8 @@ class RequestResult:
     questions: list[QuestionResult]
 
     def to_json(self) -> str:
-        """One compact JSON line (orjson when installed: serialising is on a single call's critical
-        path; it writes a non-finite score or probability as null, json as NaN or Infinity)."""
+        """One compact JSON line (orjson: serialising is on a single call's critical path); a
+        non-finite score or probability is written as null (strict JSON)."""
         return _dumps({"id": self.id, "questions": [q.__dict__ for q in self.questions]})
 
 
