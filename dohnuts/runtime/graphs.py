@@ -217,37 +217,30 @@ class PassGraphs:
         if x.prefix_ids is not None and shared_pass() == "merged":
             with stage("shared"):
                 xs = self._static(x)
-                g = self._get(("shared", x.prefix_len, B, L, Q, img), lambda: model.shared_hidden(xs))
-                if g is None:
-                    self._eager("graph budget or capture failure")
-                    return None
-                g.replay()
-                self.stats_.replays += 1
-            return g.output
+                g = self._replay(("shared", x.prefix_len, B, L, Q, img), lambda: model.shared_hidden(xs))
+            return None if g is None else g.output
         if x.prefix_ids is not None:
             P = x.prefix_len
             with stage("prefix"):
                 xs = self._static(x)
-                pre = self._get(("prefix", P, img, Q is not None), lambda: model.prefix_state(xs))
-                if pre is None:
-                    self._eager("graph budget or capture failure")
-                    return None
-                pre.replay()
-                self.stats_.replays += 1
+                pre = self._replay(("prefix", P, img, Q is not None), lambda: model.prefix_state(xs))
+            if pre is None:
+                return None
             with stage("suffix"):
-                suf = self._get(("suffix", P, B, L, Q, img), lambda: model.suffix_hidden(xs, pre.output))
-                if suf is None:
-                    self._eager("graph budget or capture failure")
-                    return None
-                suf.replay()
-                self.stats_.replays += 1
-            return suf.output
+                suf = self._replay(("suffix", P, B, L, Q, img), lambda: model.suffix_hidden(xs, pre.output))
+            return None if suf is None else suf.output
         with stage("forward"):
             xs = self._static(x)
-            full = self._get(("full", B, L, Q, img), lambda: model.full_hidden(xs))
-            if full is None:
-                self._eager("graph budget or capture failure")
-                return None
-            full.replay()
-            self.stats_.replays += 1
-        return full.output
+            full = self._replay(("full", B, L, Q, img), lambda: model.full_hidden(xs))
+        return None if full is None else full.output
+
+    def _replay(self, key: tuple, fn: Callable[[], object]) -> _Captured | None:
+        """Replay the graph of `key` (captured from `fn` on first use); None, counted as eager,
+        when the budget is spent or the pass cannot be captured."""
+        g = self._get(key, fn)
+        if g is None:
+            self._eager("graph budget or capture failure")
+            return None
+        g.replay()
+        self.stats_.replays += 1
+        return g
