@@ -197,3 +197,22 @@ def test_the_sustained_basis_is_bounded_by_the_sustained_matmul(tmp_path):
     console = Console(record=True, width=300)
     print_analysis(analyze_records(read_jsonl(path), spec), console)
     assert "sustained" in console.export_text()
+
+
+def test_a_shared_pass_timed_as_one_stage_gets_the_bound_of_prefix_and_suffix():
+    """A call that runs its shared prefix and suffixes as one pass (stage `shared`, dohnuts'
+    merged pass) is bounded by the prefix's and the suffixes' work together: the row holds their
+    summed useful FLOPs and bytes, no prefix or suffix row remains, and the bound is at most the
+    two bounds added (one roofline over the summed work) and at least the larger."""
+    stages = {k: v for k, v in STAGES.items() if k not in ("prefix", "suffix")} | {"shared": 3.5}
+    rec = _record(WORK, stages, wall=7.0, model="tiny")
+    spec = find_hwspec("rx7900xtx")
+    rows = {r.stage: r for r in analyze_records([rec], spec).groups[0].stages}
+    assert "shared" in rows and not {"prefix", "suffix"} & set(rows)
+    assert list(rows).index("vision") < list(rows).index("shared") < list(rows).index("head")
+    parts = stage_costs(preset("tiny"), WORK)
+    flops = sum(parts[s].useful.total_flops for s in ("prefix", "suffix"))
+    assert sum(rows["shared"].useful_flops.values()) == pytest.approx(flops, rel=1e-12)
+    alone = [stage_bound(parts[s], spec, "bf16").ms for s in ("prefix", "suffix")]
+    assert max(alone) <= rows["shared"].bound_ms["datasheet"] <= sum(alone) * (1 + 1e-9)
+    assert rows["shared"].measured_ms == 3.5
