@@ -412,6 +412,96 @@ def test_norm_triton_kernels_in_the_interpreter():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
 
+_INTERPRETED_CONV_IN_DELTA = """
+import torch
+from dohnuts.ops._conv_kernel import conv_silu_triton
+from dohnuts.ops._delta_h_kernel import delta_rule_output_conv_triton, delta_rule_output_wy_triton
+from dohnuts.ops.conv import DeferredConv
+from dohnuts.ops.delta_rule import gated_delta_rule_from_logits
+
+g = torch.Generator().manual_seed(0)
+N, T, H, HV, K, V, W = 2, 100, 2, 4, 128, 48, 4  # two chunks, the second partial; grouped value heads
+D = 2 * H * K + HV * V
+x = torch.randn(N, T, D + 5, generator=g)[..., :D]  # rows strided like the packed projection's columns
+w = (0.5 * torch.randn(D, W, generator=g)).t().contiguous().t()  # tap-major, as the runtime passes it
+gd = torch.cat([(-torch.rand(N, 64, HV, generator=g)).cumsum(1), (-torch.rand(N, T - 64, HV, generator=g)).cumsum(1)], 1)
+beta = torch.rand(N, T, HV, generator=g)
+A = 0.1 * torch.randn(N, T, HV, 64, generator=g)
+s0 = torch.randn(N, HV, K, V, generator=g)
+
+def parts(state):
+    out, start = [], 0
+    for i, n in enumerate((H * K, H * K, HV * V)):
+        out.append(conv_silu_triton(x[..., start:start + n], w[start:start + n], K if i < 2 else 16, normalize=i < 2,
+                                    initial_state=None if state is None else state[:, start:start + n]))
+        start += n
+    return out[0].view(N, T, H, K), out[1].view(N, T, H, K), out[2].view(N, T, HV, V)
+
+# the kernel computing q and v on load = the conv kernel's outputs fed to the fused kernel: no
+# conv state, one per sequence, and a forked one (batch stride 0); every value block
+for state in (None, torch.randn(N, D, W, generator=g), torch.randn(1, D, W, generator=g).expand(N, -1, -1)):
+    q, k, v = parts(state)
+    for bv in (16, 64):
+        want, want_final = delta_rule_output_wy_triton(q, k, v, beta, A, gd, 0.3, s0, True, cpu_block_v=bv)
+        got, got_final = delta_rule_output_conv_triton(x, w, 0, 2 * H * K, k, beta, A, gd, 0.3, s0, True,
+                                                       conv_state=state, cpu_block_v=bv)
+        assert got.shape == want.shape and (got - want).abs().max() < 1e-5 * want.abs().max(), (got - want).abs().max()
+        assert torch.equal(got_final, want_final)  # v is the conv kernel's to the bit; q does not enter the state
+    # a deferred part materialises to exactly the conv kernel's output
+    dq = DeferredConv(x, w, state, 0, H * K, K, normalize=True).with_heads(H, K)
+    dv = DeferredConv(x, w, state, 2 * H * K, HV * V, 16, normalize=False).with_heads(HV, V)
+    assert dq.shape == (N, T, H, K) and torch.equal(dq.materialize(), q) and torch.equal(dv.materialize(), v)
+# the q channels must lie inside x, and v must end where x does
+for q_off, v_off in ((D - H * K + 1, 2 * H * K), (0, 2 * H * K - 1)):
+    try:
+        delta_rule_output_conv_triton(x, w, q_off, v_off, k, beta, A, gd, 0.3)
+    except ValueError as e:
+        assert "delta_rule_output_conv" in str(e)
+    else:
+        raise AssertionError(("accepted", q_off, v_off))
+# off the fused path (here: the CPU reference) deferred parts are materialised first: the same
+# numbers as the plain tensors
+q, k, v = parts(None)
+a_, b_ = torch.randn(N, T, HV, generator=g), torch.randn(N, T, HV, generator=g)
+A_log, dt_bias = torch.rand(HV, generator=g).log1p(), torch.randn(HV, generator=g)
+dq = DeferredConv(x, w, None, 0, H * K, K, normalize=True).with_heads(H, K)
+dv = DeferredConv(x, w, None, 2 * H * K, HV * V, 16, normalize=False).with_heads(HV, V)
+o1, f1 = gated_delta_rule_from_logits(dq, k, dv, a_, b_, A_log, dt_bias, s0, True, use_qk_l2norm=False)
+o2, f2 = gated_delta_rule_from_logits(q, k, v, a_, b_, A_log, dt_bias, s0, True, use_qk_l2norm=False)
+assert torch.equal(o1, o2) and torch.equal(f1, f2)
+print("ok")
+"""
+
+
+def test_conv_in_delta_kernel_in_the_interpreter():
+    """CONV_QV: the fused delta-rule kernel computing q and v from the packed projection (conv,
+    SiLU, q's L2 norm) equals the conv kernel followed by the fused kernel — with no conv state, a
+    per-sequence one and a forked one — and `DeferredConv` parts materialise to the conv kernel's
+    output, which every path that is not the fused kernel gets (Triton's interpreter, fresh process)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", _INTERPRETED_CONV_IN_DELTA], env=env, capture_output=True,
+                         text=True, timeout=600, check=False)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_conv_in_delta_setting_is_checked(monkeypatch):
+    from dohnuts.errors import ConfigError
+    from dohnuts.ops.conv import conv_in_delta
+
+    monkeypatch.setenv("DOHNUTS_CONV_IN_DELTA", "yes")
+    with pytest.raises(ConfigError, match="DOHNUTS_CONV_IN_DELTA|conv placement"):
+        conv_in_delta()
+    monkeypatch.setenv("DOHNUTS_CONV_IN_DELTA", "0")
+    assert conv_in_delta() is False
+    monkeypatch.setenv("DOHNUTS_CONV_IN_DELTA", "")
+    assert conv_in_delta() is True
+
+
 def test_delta_rule_output_is_fused_when_the_batch_fills_the_gpu(monkeypatch):
     """The fused state + output kernel runs when its programs (sequences × value heads × 64-value
     blocks) reach half the multiprocessor count, fla's two kernels otherwise; the variable forces

@@ -707,6 +707,79 @@ def test_inference_delta_rule_fused_and_split_outputs_agree(monkeypatch, state):
     _assert_matches_fp32_reference(o_f, s_f, (q, k, v, a, b, A_log, dt_bias), s0)
 
 
+@pytest.mark.parametrize("state", [None, "rows", "forked"])
+def test_conv_in_delta_equals_the_conv_kernel_then_the_fused_kernel(state):
+    """CONV_QV at 2b sizes in BF16: the fused kernel computing q and v from the packed projection
+    (conv, SiLU, q's L2 norm on load) equals the conv kernel's q, k, v fed to the same fused kernel
+    (with a recurrent state, and no conv state / one per row / a forked one), and through
+    `gated_delta_rule_from_logits` (deferred parts) equals the FP32 reference."""
+    from dohnuts.config import preset
+    from dohnuts.ops._delta_h_kernel import delta_rule_output_conv_triton, delta_rule_output_wy_triton
+    from dohnuts.ops._fla import fla
+    from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
+    from dohnuts.ops.conv import causal_conv1d_qkv
+    from dohnuts.ops.delta_rule import CHUNK, _kkt_solve, gated_delta_rule_from_logits
+
+    cfg = preset("qwen3.5-2b").text
+    H, HV, K, V = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    sizes = [H * K, H * K, HV * V]
+    D, W, B, T = sum(sizes), cfg.linear_conv_kernel_dim, 8, 200
+    g = torch.Generator(device=DEV).manual_seed(83)
+    packed = torch.randn(B, T, D + 2 * HV, device=DEV, generator=g).bfloat16()
+    x, b, a = packed[..., :D], packed[..., D:D + HV], packed[..., D + HV:]
+    w = (0.3 * torch.randn(D, W, device=DEV, generator=g)).bfloat16().t().contiguous().t()
+    cs = {None: None, "rows": torch.randn(B, D, W, device=DEV, generator=g).bfloat16(),
+          "forked": torch.randn(1, D, W, device=DEV, generator=g).bfloat16().expand(B, -1, -1)}[state]
+    A_log = torch.empty(HV, device=DEV).uniform_(1, 16, generator=g).log().bfloat16()
+    dt_bias = torch.randn(HV, device=DEV, generator=g).bfloat16()
+    s0 = (torch.randn(1, HV, K, V, device=DEV, generator=g) * 0.1).expand(B, -1, -1, -1)
+    with torch.no_grad():
+        (q, k, v), _, _ = causal_conv1d_qkv(x, w, sizes, K, cs, False)
+        q, k, v = q.view(B, T, H, K), k.view(B, T, H, K), v.view(B, T, HV, V)
+        f = fla()
+        gg, beta = gdn_gates_triton(a, b, A_log, dt_bias, chunk_size=CHUNK, scale=f.RCP_LN2)
+        A = _kkt_solve(f, k, gg, beta)
+        want, want_final = delta_rule_output_wy_triton(q, k, v, beta, A, gg, K ** -0.5, s0, True)
+        got, got_final = delta_rule_output_conv_triton(x, w, 0, 2 * H * K, k, beta, A, gg, K ** -0.5, s0, True,
+                                                       conv_state=cs)
+        assert relative_error(got.float(), want.float()) < 2e-3 and relative_error(got_final, want_final) < 1e-3
+        (dq, dk, dv), _, normalised = causal_conv1d_qkv(x, w, sizes, K, cs, False, defer_qv=True)
+        assert isinstance(dq, ops.DeferredConv) and isinstance(dv, ops.DeferredConv) and normalised
+        o, final = gated_delta_rule_from_logits(dq.with_heads(H, K), dk.view(B, T, H, K), dv.with_heads(HV, V), a, b,
+                                                A_log, dt_bias, s0, True, use_qk_l2norm=False)
+    assert relative_error(o.float(), got.float()) < 1e-3 and relative_error(final, got_final) < 1e-3
+    _assert_matches_fp32_reference(o, final, (q, k, v, a, b, A_log, dt_bias), s0)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_conv_in_delta_scores_equal_the_conv_kernel_path(monkeypatch, share):
+    """Whole calls by CUDA-graph replay, the fused delta-rule path forced: scores with q and v
+    computed in the delta-rule kernel (`DOHNUTS_CONV_IN_DELTA=1`) equal those with the conv kernel
+    for every part (=0), request after request (merged shared pass and the unshared pass), and the
+    kernel ran."""
+    import dohnuts.api as api
+    import dohnuts.ops._delta_h_kernel as dk
+    from dohnuts.train.task import synthetic_requests
+
+    _wide_tiny(monkeypatch)
+    monkeypatch.setenv("DOHNUTS_DELTA_OUTPUT", "fused")
+    calls = []
+    real = dk.delta_rule_output_conv_triton
+    monkeypatch.setattr(dk, "delta_rule_output_conv_triton", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    reqs = synthetic_requests(3, questions=6, shared_prefix=300, seed=13)
+    scores = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("DOHNUTS_CONV_IN_DELTA", flag)
+        session = api.load("tiny", device=DEV, dtype=torch.bfloat16)
+        got = session.predict(reqs + reqs[:1], share_prefix=share)
+        scores[flag] = torch.tensor([s for r in got for q in r.questions for s in q.scores])
+        if flag == "1":
+            assert calls, "the conv-in-delta kernel never ran"
+            calls.clear()
+    assert not calls
+    assert relative_error(scores["1"], scores["0"]) < 1e-3
+
+
 def test_gdn_gates_kernel_equals_fla_s_gate_kernels():
     """One launch reading a and b in place (column slices of a packed projection) equals fla's
     fused_beta_sigmoid_fwd and gdn_gate_chunk_cumsum on contiguous copies: β exactly, the decay to
