@@ -16,9 +16,6 @@ path. It answers, on the machine at hand, whether a change is worth making:
   templates with the SwiGLU in their epilogue) against cuBLAS + the SwiGLU kernel (not yet run).
 - `small_m_gemm`: the 2b projections at a lone prefix's and a suffix's row counts, cuBLAS against
   torch.compile's max-autotune choice (not yet run).
-- `conv_in_delta`: a Gated DeltaNet layer's conv + delta rule with q's and v's conv computed on
-  load in the fused delta-rule kernel (CONV_QV) against the conv kernel for every part, at the
-  workloads' pass shapes (stateless, and suffixes from a forked conv and recurrent state).
 - `delta_configs`: each tuning config of the fused delta-rule kernel (FUSE_O, and FUSE_WU) in a
   process of its own, at full and partial last chunks, checked against fla's kernels: a config
   that faults (illegal address on Triton 3.6) takes only its own CUDA context.
@@ -473,65 +470,6 @@ def lab_delta_ho(out: dict) -> None:
 
     out["delta_ho"] = {"clock": _clock(), "shapes": res,
                        "fused_configs": {str(k_): str(c) for k_, c in _tuned_o.cache.items()}}
-
-
-def lab_conv_in_delta(out: dict) -> None:
-    """One 2b Gated DeltaNet layer from its packed projection to the delta rule's output, in CUDA
-    graphs: the conv kernel for q, k and v, then gates, kkt_solve and the fused kernel (today's
-    path), against the conv kernel for k only and the fused kernel computing q and v on load
-    (CONV_QV) — the stateless text-2b pass and forked suffix passes; with the error between them."""
-    import torch
-
-    from dohnuts.config import preset
-    from dohnuts.ops._delta_h_kernel import delta_rule_output_conv_triton, delta_rule_output_wy_triton
-    from dohnuts.ops._fla import fla
-    from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
-    from dohnuts.ops.conv import causal_conv1d_qkv
-    from dohnuts.ops.delta_rule import _kkt_solve
-
-    f = fla()
-    cfg = preset("qwen3.5-2b").text
-    H, HV, K, V = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
-    sizes = [H * K, H * K, HV * V]
-    D, W = sum(sizes), cfg.linear_conv_kernel_dim
-    res = {}
-    for N, T, state in ((32, 512, None), (32, 64, "forked"), (8, 288, "forked"), (4, 512, None)):
-        gen = torch.Generator(device="cuda").manual_seed(N * 7 + T)
-        packed = torch.randn(N * T, D + 2 * HV, device="cuda", generator=gen).bfloat16().view(N, T, -1)
-        x, b, a = packed[..., :D], packed[..., D:D + HV], packed[..., D + HV:]
-        w = (0.3 * torch.randn(D, W, device="cuda", generator=gen)).bfloat16().t().contiguous().t()
-        A_log = torch.empty(HV, device="cuda").uniform_(1, 16, generator=gen).log()
-        dt_bias = torch.randn(HV, device="cuda", generator=gen)
-        cs = s0 = None
-        if state == "forked":
-            cs = torch.randn(1, D, W, device="cuda", generator=gen).bfloat16().expand(N, -1, -1)
-            s0 = (torch.randn(1, HV, K, V, device="cuda", generator=gen) * 0.1).expand(N, -1, -1, -1)
-
-        def today(x=x, a=a, b=b, w=w, cs=cs, s0=s0, N=N, T=T):
-            (q, k, v), _, _ = causal_conv1d_qkv(x, w, sizes, K, cs, False)
-            q, k, v = q.view(N, T, H, K), k.view(N, T, H, K), v.view(N, T, HV, V)
-            g, beta = gdn_gates_triton(a, b, A_log, dt_bias, chunk_size=64, scale=f.RCP_LN2)
-            return delta_rule_output_wy_triton(q, k, v, beta, _kkt_solve(f, k, g, beta), g, K ** -0.5, s0)[0]
-
-        def on_load(x=x, a=a, b=b, w=w, cs=cs, s0=s0, N=N, T=T):
-            (_, k, _), _, _ = causal_conv1d_qkv(x, w, sizes, K, cs, False, defer_qv=True)
-            k = k.view(N, T, H, K)
-            g, beta = gdn_gates_triton(a, b, A_log, dt_bias, chunk_size=64, scale=f.RCP_LN2)
-            return delta_rule_output_conv_triton(x, w, 0, 2 * H * K, k, beta, _kkt_solve(f, k, g, beta), g,
-                                                 K ** -0.5, s0, conv_state=cs)[0]
-
-        o_t, o_l = today(), on_load()
-        err = float((o_l.float() - o_t.float()).norm() / o_t.float().norm())
-        ms = _ab({"conv q,k,v + fused": today, "conv k + fused conv q,v": on_load}, graph=True)
-        key = f"{N}x{T}" + (f" {state}" if state else "")
-        res[key] = {"ms": ms, "rel_err": err}
-        for name, t in ms.items():
-            print(f"conv_in_delta {key:12s} {name:26s} {t * 1e3:8.1f} us")
-        print(f"conv_in_delta {key:12s} rel err {err:.2e}")
-    from dohnuts.ops._delta_h_kernel import _tuned_o
-
-    out["conv_in_delta"] = {"clock": _clock(), "shapes": res,
-                            "fused_configs": {str(k_): str(c) for k_, c in _tuned_o.cache.items()}}
 
 
 # Shapes for `delta_configs`: the text pass, partial last chunks (a test's 8 × 333, the image

@@ -82,26 +82,19 @@ def test_norm_gate_swiglu_and_copy_kernels_compile():
 def test_delta_h_kernel_compiles():
     from dohnuts.ops._delta_h_kernel import _CONFIGS, _O_CONFIGS, _delta_h_kernel
 
-    ptr = (dict.fromkeys(("q", "k", "v", "w", "v_new", "h", "o", "xc", "cw", "cs0"), "*bf16")
+    ptr = (dict.fromkeys(("q", "k", "v", "w", "v_new", "h", "o"), "*bf16")
            | dict.fromkeys(("g", "beta", "h0", "ht"), "*fp32"))
-    no_conv = {"CONV_QV": False, "CONV_W": 4, "CONV_S0": False}
     for fuse_o, fuse_wu, configs in ((False, False, _CONFIGS), (True, False, _O_CONFIGS), (True, True, _O_CONFIGS)):
         for bv in sorted({c.kwargs["BV"] for c in configs}):
             for s0, st in ((True, False), (False, True), (True, True), (False, False)):
                 flags = dict(H=16, HV=16, K=128, V=128, BT=64, BV=bv, USE_INITIAL_STATE=s0, STORE_FINAL_STATE=st,
-                             FUSE_O=fuse_o, FUSE_WU=fuse_wu, **no_conv)
+                             FUSE_O=fuse_o, FUSE_WU=fuse_wu)
                 kernel = _compile(_delta_h_kernel, flags, pointers=ptr)
                 assert kernel.metadata.name == "_delta_h_kernel"
-    # CONV_QV (q and v computed on load from the packed projection), with and without a conv state
-    for bv in sorted({c.kwargs["BV"] for c in _O_CONFIGS}):
-        for s0, conv_s0 in ((False, False), (True, True), (True, False)):
-            flags = dict(H=16, HV=16, K=128, V=128, BT=64, BV=bv, USE_INITIAL_STATE=s0, STORE_FINAL_STATE=False,
-                         FUSE_O=True, FUSE_WU=True, CONV_QV=True, CONV_W=4, CONV_S0=conv_s0)
-            assert _compile(_delta_h_kernel, flags, pointers=ptr).metadata.name == "_delta_h_kernel"
     # K ≤ 64: the second block of K is compiled out
-    for fuse_wu, conv in ((False, False), (True, False), (True, True)):
+    for fuse_wu in (False, True):
         flags = {"H": 2, "HV": 4, "K": 64, "V": 64, "BT": 64, "BV": 32, "USE_INITIAL_STATE": True,
-                 "STORE_FINAL_STATE": True, "FUSE_O": True, "FUSE_WU": fuse_wu, **no_conv, "CONV_QV": conv}
+                 "STORE_FINAL_STATE": True, "FUSE_O": True, "FUSE_WU": fuse_wu}
         assert _compile(_delta_h_kernel, flags, pointers=ptr).metadata.name == "_delta_h_kernel"
 
 

@@ -186,13 +186,12 @@ class GatedDeltaNet(nn.Module):
 
     def _conv(self, mixed: torch.Tensor, conv_state: torch.Tensor | None, return_state: bool):
         """The short conv of (B, T, ·): ((q, k, v), conv state, whether q and k come out normalised).
-        One conv per part (on the GPU, outside training): q, k and v come out contiguous and q and k
-        L2-normalised — or, where no conv state is returned, q and v as `ops.DeferredConv` parts that
-        the fused delta-rule kernel computes on load (`DOHNUTS_CONV_IN_DELTA`)."""
+        One conv per part (on the GPU, outside training): q, k and v come out contiguous; in a
+        stateless inference pass q and k also come out L2-normalised."""
         cfg = self.cfg
         return ops.causal_conv1d_qkv(
             mixed, self.conv1d.weight.squeeze(1), [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim],
-            cfg.linear_key_head_dim, conv_state, return_state, defer_qv=ops.conv_in_delta(),
+            cfg.linear_key_head_dim, conv_state, return_state,
         )
 
     def _delta(self, qkv, b, a, recurrent, return_state: bool, qk_normalised: bool, before_state=None):
@@ -200,10 +199,9 @@ class GatedDeltaNet(nn.Module):
         cfg = self.cfg
         q, k, v = qkv
         B, T, _ = b.shape
-        # q and v may be DeferredConv parts: the fused delta-rule kernel computes their conv on load
-        q = _by_heads(q, B, T, cfg.linear_num_key_heads, cfg.linear_key_head_dim)  # (B, T, H, K)
+        q = q.reshape(B, T, cfg.linear_num_key_heads, cfg.linear_key_head_dim)  # (B, T, H, K)
         k = k.reshape(B, T, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
-        v = _by_heads(v, B, T, cfg.linear_num_value_heads, cfg.linear_value_head_dim)  # (B, T, HV, V)
+        v = v.reshape(B, T, cfg.linear_num_value_heads, cfg.linear_value_head_dim)  # (B, T, HV, V)
         # The gates stay raw: beta = sigmoid(b) and the log-space decay g = -exp(A_log) ·
         # softplus(a + dt_bias) <= 0 (FP32) are computed inside fla's kernels on the GPU.
         return ops.gated_delta_rule_from_logits(
@@ -216,11 +214,6 @@ class GatedDeltaNet(nn.Module):
         z = self.in_proj_z(x).view(*o.shape)  # the output gate, only where an output is asked
         o = self.norm(o, z).reshape(*o.shape[:-2], self.cfg.linear_value_dim)
         return self.out_proj(o)
-
-
-def _by_heads(x, B: int, T: int, heads: int, head_dim: int):
-    """(B, T, heads · head_dim) → (B, T, heads, head_dim), for a tensor or an `ops.DeferredConv` part."""
-    return x.with_heads(heads, head_dim) if isinstance(x, ops.DeferredConv) else x.reshape(B, T, heads, head_dim)
 
 
 def _append_kv(past: torch.Tensor, new: torch.Tensor) -> torch.Tensor:

@@ -9,12 +9,12 @@ benchmarks); nothing in the runtime switches paths.
 from dohnuts.ops._dispatch import recording, reference
 from dohnuts.ops.activation import swiglu, swiglu_packed
 from dohnuts.ops.attention import attention_at, causal_attention, gated_output
-from dohnuts.ops.conv import DeferredConv, causal_conv1d, causal_conv1d_parts, causal_conv1d_qkv, conv_in_delta
 from dohnuts.ops.copy import copy4d
+from dohnuts.ops.conv import causal_conv1d, causal_conv1d_parts, causal_conv1d_qkv
 from dohnuts.ops.delta_rule import gated_delta_rule, gated_delta_rule_from_logits
 from dohnuts.ops.norm import add_rms_norm, gated_rms_norm, rms_norm
 from dohnuts.ops.rope import apply_rotary, norm_rope
 
-__all__ = ["DeferredConv", "add_rms_norm", "apply_rotary", "attention_at", "causal_attention", "causal_conv1d", "causal_conv1d_parts",
-           "causal_conv1d_qkv", "conv_in_delta", "copy4d", "gated_delta_rule", "gated_delta_rule_from_logits", "gated_output", "gated_rms_norm",
+__all__ = ["add_rms_norm", "apply_rotary", "attention_at", "causal_attention", "causal_conv1d", "causal_conv1d_parts",
+           "causal_conv1d_qkv", "copy4d", "gated_delta_rule", "gated_delta_rule_from_logits", "gated_output", "gated_rms_norm",
            "norm_rope", "recording", "reference", "rms_norm", "swiglu", "swiglu_packed"]

@@ -60,30 +60,10 @@ def _store_state(h, b_h1, b_h2, K: tl.constexpr, V, o_v, m_v):
 
 
 @triton.jit
-def _conv_silu(x, wt, s0, o_t, o_c, m_c, T, sxt, swc, swk, s0c, s0w, R: tl.constexpr, C: tl.constexpr,
-               W: tl.constexpr, HAS_S0: tl.constexpr):
-    """CONV_QV: silu(causal depthwise conv) of rows o_t (R) and channels o_c (C, mask m_c) of one
-    sequence's packed projection x (row stride sxt), tap-major weight wt; inputs before the
-    sequence's start come from its conv state s0 ((C, W) strides s0c, s0w; zeros without one).
-    The arithmetic of dohnuts.ops._conv_kernel (taps in order, FP32), so the values are its own."""
-    acc = tl.zeros([R, C], dtype=tl.float32)
-    for j in tl.static_range(W):
-        tt = o_t - (W - 1) + j
-        xk = tl.load(x + tt[:, None] * sxt + o_c[None, :], mask=((tt >= 0) & (tt < T))[:, None] & m_c[None, :],
-                     other=0.0).to(tl.float32)
-        if HAS_S0:  # state column W + tt holds input tt < 0
-            xk += tl.load(s0 + o_c[None, :] * s0c + (W + tt)[:, None] * s0w, mask=(tt < 0)[:, None] & m_c[None, :],
-                          other=0.0).to(tl.float32)
-        acc += xk * tl.load(wt + o_c * swc + j * swk, mask=m_c, other=0.0).to(tl.float32)[None, :]
-    return acc * tl.sigmoid(acc)
-
-
-@triton.jit
-def _delta_h_kernel(q, k, v, w, v_new, g, beta, h, o, h0, ht, T, s0n, scale, size_class,
-                    xc, cw, cs0, q_off, v_off, sxb, sxt, swc, swk, cs0b, cs0c, cs0w, eps, H: tl.constexpr,
+def _delta_h_kernel(q, k, v, w, v_new, g, beta, h, o, h0, ht, T, s0n, scale, size_class, H: tl.constexpr,
                     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, FUSE_O: tl.constexpr,
-                    FUSE_WU: tl.constexpr, CONV_QV: tl.constexpr, CONV_W: tl.constexpr, CONV_S0: tl.constexpr):
+                    FUSE_WU: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     NV = tl.cdiv(V, BV)
     i_v, i_nh = pid % NV, pid // NV
@@ -111,13 +91,6 @@ def _delta_h_kernel(q, k, v, w, v_new, g, beta, h, o, h0, ht, T, s0n, scale, siz
 
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
-    if CONV_QV:  # q and v are computed here from the packed projection xc: its q and v channels
-        i_hq = (i_h // (HV // H)).to(tl.int64)
-        cq = q_off + i_hq * K  # this head's first q channel
-        cv = v_off + i_h * V
-        xq, xv = xc + i_n * sxb + cq, xc + i_n * sxb + cv
-        wq, wv = cw + cq * swc, cw + cv * swc
-        sq, sv = cs0 + i_n * cs0b + cq * cs0c, cs0 + i_n * cs0b + cv * cs0c
     if USE_INITIAL_STATE:
         s0 = h0 + i_n * s0n + i_h * K * V  # the one change from fla: s0n may be 0 (a forked state)
         p0, m0 = _h_block(s0, 0, K, V, o_v, m_v)
@@ -158,13 +131,8 @@ def _delta_h_kernel(q, k, v, w, v_new, g, beta, h, o, h0, ht, T, s0n, scale, siz
                               mask=m_t[:, None] & (64 + o_k1[None, :] < K), other=0.0)
                 b_w = (b_w * b_bg).to(b_w.dtype)
                 b_v = tl.dot(b_w, b_h2.to(b_w.dtype), b_v)
-            if CONV_QV:  # rounded to the dtype, as the conv kernel stores it
-                b_vx = _conv_silu(xv, wv, sv, o_t, o_v, m_v, T, sxt, swc, swk, cs0c, cs0w, BT, BV, CONV_W, CONV_S0)
-                b_vx = b_vx.to(k.dtype.element_ty).to(tl.float32)
-            else:
-                b_vx = tl.load(v + o_t[:, None] * (HV * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
-                               other=0.0).to(tl.float32)
-            b_v = b_vx * b_b[:, None] - b_v
+            b_v = tl.load(v + o_t[:, None] * (HV * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
+                          other=0.0).to(tl.float32) * b_b[:, None] - b_v
             # Rows masked, columns not (as in fla's recompute_w_u): a row's columns past T are in
             # A's upper triangle. With both masked, the first H200 run faulted at partial last
             # chunks (illegal address, Triton 3.6); without the column mask they ran (M19). The
@@ -189,27 +157,13 @@ def _delta_h_kernel(q, k, v, w, v_new, g, beta, h, o, h0, ht, T, s0n, scale, siz
             # fla's chunk_fwd_o on this chunk, with S still in registers (fla reads h[t] back in
             # k's dtype; S enters the product in k's dtype here too):
             #   o = scale · (q·S · 2^g + tril(q·kᵀ · 2^(g_i − g_j)) · v_new)
-            if CONV_QV:  # conv → SiLU → L2 norm over the head's K channels (both 64-blocks)
-                b_y1 = _conv_silu(xq, wq, sq, o_t, o_k1, o_k1 < K, T, sxt, swc, swk, cs0c, cs0w, BT, 64, CONV_W,
-                                  CONV_S0)
-                b_ss = tl.sum(b_y1 * b_y1, axis=1)
-                if K > 64:
-                    b_y2 = _conv_silu(xq + 64, wq + 64 * swc, sq + 64 * cs0c, o_t, o_k1, 64 + o_k1 < K, T, sxt, swc,
-                                      swk, cs0c, cs0w, BT, 64, CONV_W, CONV_S0)
-                    b_ss += tl.sum(b_y2 * b_y2, axis=1)
-                b_rn = tl.sqrt(b_ss + eps)[:, None]
-                b_q = (b_y1 / b_rn).to(k.dtype.element_ty)
-            else:
-                b_q = tl.load(q + o_t[:, None] * (H * K) + o_k1[None, :], mask=m_t[:, None] & (o_k1[None, :] < K),
-                              other=0.0)
+            b_q = tl.load(q + o_t[:, None] * (H * K) + o_k1[None, :], mask=m_t[:, None] & (o_k1[None, :] < K),
+                          other=0.0)
             b_o = tl.dot(b_q, b_h1.to(b_q.dtype))
             b_A = tl.dot(b_q, b_k1)
             if K > 64:
-                if CONV_QV:
-                    b_q = (b_y2 / b_rn).to(k.dtype.element_ty)
-                else:
-                    b_q = tl.load(q + o_t[:, None] * (H * K) + 64 + o_k1[None, :],
-                                  mask=m_t[:, None] & (64 + o_k1[None, :] < K), other=0.0)
+                b_q = tl.load(q + o_t[:, None] * (H * K) + 64 + o_k1[None, :],
+                              mask=m_t[:, None] & (64 + o_k1[None, :] < K), other=0.0)
                 b_o = tl.dot(b_q, b_h2.to(b_q.dtype), b_o)
                 b_A = tl.dot(b_q, b_k2, b_A)
             b_o = b_o * tl.math.exp2(b_g)[:, None]
@@ -240,8 +194,7 @@ def _delta_h_kernel(q, k, v, w, v_new, g, beta, h, o, h0, ht, T, s0n, scale, siz
 # `size_class` (⌈log2⌉ of sequences × value heads, unused by the kernel) is a tuning key: the best
 # block differs between a lone prefix and a 32-sequence batch (M18: 32 × 512 → BV 64, one stage;
 # 1 × 448 → BV 32, three stages), and a key on T would tune again at every new length.
-_KEY = ["H", "HV", "K", "V", "BT", "USE_INITIAL_STATE", "STORE_FINAL_STATE", "FUSE_O", "FUSE_WU", "CONV_QV",
-        "CONV_S0", "size_class"]
+_KEY = ["H", "HV", "K", "V", "BT", "USE_INITIAL_STATE", "STORE_FINAL_STATE", "FUSE_O", "FUSE_WU", "size_class"]
 _tuned = triton.autotune(configs=_CONFIGS, key=_KEY, cache_results=True)(_delta_h_kernel)
 # The fused kernel's configs: each one ran correct at the workloads' shapes on the H200 (Triton 3.6,
 # results/h200/2026-12-01-s7-fused-configs/fused_configs.json). (BV 32, 4 warps, 1 stage) is left
@@ -274,32 +227,18 @@ def _check(k, w, u, g, initial_state, w_cols=None, beta=None):
     return 0 if s.shape[0] == 1 else s.stride(0)
 
 
-def _launch(q, k, w, u, g, v_new, h, o, initial_state, final, s0n, scale, chunk_size, cpu_block_v, beta=None,
-            conv=None, shape_v=None):
-    """`conv`: (x, weight, state or None, q_off, v_off, eps) for CONV_QV (q and u/v are then None;
-    `shape_v` gives (HV, V))."""
+def _launch(q, k, w, u, g, v_new, h, o, initial_state, final, s0n, scale, chunk_size, cpu_block_v, beta=None):
     N, T, H, K = k.shape
-    HV, V = shape_v if u is None else (u.shape[2], u.shape[3])
+    HV, V = u.shape[2], u.shape[3]
     if N * T == 0:
         return
     dummy = o if o is not None else h  # pointers a pass does not use (never dereferenced)
     h0 = initial_state if initial_state is not None else dummy
-    if conv is not None:
-        x, cw, cs, q_off, v_off, eps = conv
-        cs_strides = (0 if cs.shape[0] == 1 or cs.stride(0) == 0 else cs.stride(0), cs.stride(1), cs.stride(2)) \
-            if cs is not None else (0, 0, 0)
-        conv_args = (x, cw, cs if cs is not None else dummy, q_off, v_off, x.stride(0), x.stride(1),
-                     cw.stride(0), cw.stride(1), *cs_strides, float(eps))
-        conv_flags = {"CONV_QV": True, "CONV_W": cw.shape[1], "CONV_S0": cs is not None}
-    else:
-        conv_args = (dummy, dummy, dummy, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0)
-        conv_flags = {"CONV_QV": False, "CONV_W": 4, "CONV_S0": False}
-    args = (q if q is not None else dummy, k, u if u is not None else dummy, w,
-            v_new if v_new is not None else dummy, g,
-            beta if beta is not None else dummy, h if h is not None else dummy, o if o is not None else dummy, h0,
-            final if final is not None else dummy, T, s0n, scale, (N * HV - 1).bit_length(), *conv_args)
+    args = (q if q is not None else dummy, k, u, w, v_new if v_new is not None else dummy, g,
+            beta if beta is not None else dummy, h if h is not None else dummy, o if o is not None else dummy, h0, final if final is not None else dummy,
+            T, s0n, scale, (N * HV - 1).bit_length())
     flags = dict(H=H, HV=HV, K=K, V=V, BT=chunk_size, USE_INITIAL_STATE=initial_state is not None,
-                 STORE_FINAL_STATE=final is not None, FUSE_O=o is not None, FUSE_WU=beta is not None, **conv_flags)
+                 STORE_FINAL_STATE=final is not None, FUSE_O=o is not None, FUSE_WU=beta is not None)
     with torch.cuda.device(k.device) if k.is_cuda else contextlib.nullcontext():
         if k.is_cuda:
             tuner = _tuned_o if o is not None else _tuned
@@ -363,39 +302,4 @@ def delta_rule_output_wy_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     o = torch.empty_like(v)
     final = k.new_zeros(N, HV, K, v.shape[3], dtype=torch.float32) if output_final_state else None
     _launch(q, k, A, v, g, None, None, o, initial_state, final, s0n, scale, chunk_size, cpu_block_v, beta=beta)
-    return o, final
-
-
-def delta_rule_output_conv_triton(x: torch.Tensor, conv_weight: torch.Tensor, q_off: int, v_off: int,
-                                  k: torch.Tensor, beta: torch.Tensor, A: torch.Tensor, g: torch.Tensor,
-                                  scale: float, initial_state: torch.Tensor | None = None,
-                                  output_final_state: bool = False, conv_state: torch.Tensor | None = None,
-                                  eps: float = 1e-6, chunk_size: int = 64, cpu_block_v: int = 32):
-    """`delta_rule_output_wy_triton` with Gated DeltaNet's short conv of q and v folded in (CONV_QV):
-    q and v are read as the packed projection x (N, T, D) (unit channel stride; q's channels start
-    at `q_off`, v's at `v_off`) and computed on load — conv with `conv_weight` (D, W), SiLU, and
-    for q the L2 norm per head (1 / sqrt(Σ y² + eps)), the arithmetic of
-    dohnuts.ops._conv_kernel, rounded to k's dtype as that kernel stores it — so the two conv
-    outputs (each as large as k) are never written nor read back. `conv_state` (N or 1, D, W; any
-    strides, a batch stride of 0 for a fork): the inputs before each sequence's start (zeros if
-    None). k (N, T, H, K) comes normalised from the conv kernel (fla's kkt_solve reads it too).
-    → (o (N, T, HV, V) in k's dtype, final recurrent state or None)."""
-    N, T, H, K = k.shape
-    HV = beta.shape[2]
-    D = x.shape[-1]
-    V = (D - v_off) // HV if HV else 0
-    if (x.shape[:2] != (N, T) or x.stride(-1) != 1 or conv_weight.dim() != 2 or conv_weight.shape[0] != D
-            or q_off + H * K > D or v_off + HV * V != D or V <= 0):
-        raise ValueError(f"delta_rule_output_conv: x {tuple(x.shape)} (strides {x.stride()}), conv weight "
-                         f"{tuple(conv_weight.shape)}, q at {q_off}, v at {v_off} for k {tuple(k.shape)} and "
-                         f"{HV} value heads")
-    if conv_state is not None and (conv_state.shape[1:] != conv_weight.shape or conv_state.shape[0] not in (1, N)):
-        raise ValueError(f"delta_rule_output_conv: conv state {tuple(conv_state.shape)}: need (N or 1, {D}, "
-                         f"{conv_weight.shape[1]})")
-    v_shape = torch.empty(N, T, HV, V, device="meta")  # v's shape, for the checks the other forms share
-    s0n = _check(k, A, v_shape, g, initial_state, w_cols=chunk_size, beta=beta)
-    o = k.new_empty(N, T, HV, V)
-    final = k.new_zeros(N, HV, K, V, dtype=torch.float32) if output_final_state else None
-    _launch(None, k, A, None, g, None, None, o, initial_state, final, s0n, scale, chunk_size, cpu_block_v,
-            beta=beta, conv=(x, conv_weight, conv_state, q_off, v_off, eps), shape_v=(HV, V))
     return o, final

@@ -7,68 +7,10 @@ cache, so a state can be handed from a prefix pass to suffix passes (shared-pref
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
-from dohnuts.errors import ConfigError
 from dohnuts.ops._dispatch import recording, use_fused
-
-
-def conv_in_delta() -> bool:
-    """`DOHNUTS_CONV_IN_DELTA` (1, the default, or 0): whether an inference pass may leave Gated
-    DeltaNet's q and v convs to the fused delta-rule kernel (`DeferredConv`). 0 runs the conv
-    kernel for every part, as before (A/B measurements). A prediction session checks it when it
-    starts, so a wrong value stops the run before any request (ConfigError)."""
-    choice = os.environ.get("DOHNUTS_CONV_IN_DELTA", "").strip() or "1"
-    if choice not in ("0", "1"):
-        raise ConfigError(f"{choice!r} is not a conv placement: expected 1 (q and v convs in the delta-rule "
-                          "kernel) or 0 (the conv kernel for every part)", source="environment",
-                          field="DOHNUTS_CONV_IN_DELTA")
-    return choice == "1"
-
-
-@dataclass(frozen=True)
-class DeferredConv:
-    """One part of the packed q/k/v projection whose conv has not run: its channels
-    [start, start + size) of `x` (B, T, D), with the (tap-major) weight and the initial conv state
-    of the whole projection. The fused delta-rule kernel computes it on load
-    (dohnuts.ops._delta_h_kernel, CONV_QV), so the conv output is never written; anything else
-    calls `materialize()` and gets exactly what `causal_conv1d_qkv` would have returned.
-
-    `heads`, `head_dim`: the (B, T, heads, head_dim) view the delta rule takes (`with_heads`);
-    `block`: the conv kernel's channel block (the key head dim: also the L2 norm's group)."""
-
-    x: torch.Tensor
-    weight: torch.Tensor
-    state: torch.Tensor | None
-    start: int
-    size: int
-    block: int
-    normalize: bool
-    heads: int = 0
-    head_dim: int = 0
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        B, T = self.x.shape[:2]
-        return (B, T, self.heads, self.head_dim) if self.heads else (B, T, self.size)
-
-    def with_heads(self, heads: int, head_dim: int) -> DeferredConv:
-        if heads * head_dim != self.size:
-            raise ValueError(f"a conv part of {self.size} channels viewed as {heads} × {head_dim}")
-        return DeferredConv(self.x, self.weight, self.state, self.start, self.size, self.block, self.normalize,
-                            heads, head_dim)
-
-    def materialize(self) -> torch.Tensor:
-        from dohnuts.ops._conv_kernel import conv_silu_triton
-
-        part = slice(self.start, self.start + self.size)
-        y = conv_silu_triton(self.x[..., part], self.weight[part], self.block, normalize=self.normalize,
-                             initial_state=None if self.state is None else self.state[:, part])
-        return y.view(self.shape)
 
 
 def causal_conv1d_reference(
@@ -175,8 +117,7 @@ def causal_conv1d_qkv(
     key_head_dim: int,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-    defer_qv: bool = False,
-) -> tuple[tuple[torch.Tensor | DeferredConv, ...], torch.Tensor | None, bool]:
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None, bool]:
     """Gated DeltaNet's conv over its packed q/k/v projection: `causal_conv1d_parts` with sizes
     [q, k, v], plus whether q and k came out already L2-normalised per head of `key_head_dim`.
 
@@ -186,12 +127,7 @@ def causal_conv1d_qkv(
     batch-broadcast view) and writing its channels of the (B, D, W) final state. The caller then
     skips the delta rule's own normalisation (normalised = True). Under autograd, and on the
     reference path, this is `causal_conv1d_parts` and the delta rule normalises (normalised =
-    False): training keeps fla's conv and fused L2-norm backward.
-
-    `defer_qv` (on that fused path, when no final state is asked): q and v come back as
-    `DeferredConv` parts — only k's conv runs here (fla's kkt_solve reads k) — and the fused
-    delta-rule kernel computes q and v on load. In a 2b 32 × 512 pass each of their conv outputs is
-    64 MiB a layer written and read back."""
+    False): training keeps fla's conv and fused L2-norm backward."""
     if (use_fused(x) and not recording(x, weight, initial_state) and len(sizes) == 3
             and key_head_dim & (key_head_dim - 1) == 0 and all(n % key_head_dim == 0 for n in sizes)):
         from dohnuts.ops._conv_kernel import conv_silu_triton
@@ -201,13 +137,8 @@ def causal_conv1d_qkv(
         # Tap-major weight (one small copy a layer): each tap's channels are then contiguous.
         weight = weight.t().contiguous().t()  # (D, W) with strides (1, D)
         outs, start = [], 0
-        defer = defer_qv and final is None
         for i, n in enumerate(sizes):
             part = slice(start, start + n)
-            if defer and i != 1:
-                outs.append(DeferredConv(x, weight, initial_state, start, n, key_head_dim, normalize=i < 2))
-                start += n
-                continue
             outs.append(conv_silu_triton(
                 x[..., part], weight[part], key_head_dim, normalize=i < 2,
                 initial_state=None if initial_state is None else initial_state[:, part],

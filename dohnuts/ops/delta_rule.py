@@ -25,7 +25,6 @@ import torch.nn.functional as F
 
 from dohnuts.errors import ConfigError
 from dohnuts.ops._dispatch import recording, use_fused
-from dohnuts.ops.conv import DeferredConv
 
 CHUNK = 64
 
@@ -161,13 +160,7 @@ def gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=No
     `initial_state`: the kernels before it (gates, the intra-chunk solve) do not need the state, so
     a caller whose state is still being computed on another CUDA stream waits there (the merged
     shared pass, `TextBackbone.forward_shared`)."""
-    # q and v may be conv inputs still (DeferredConv, from causal_conv1d_qkv(defer_qv)): only the
-    # fused inference path computes them on load; any other gets them materialised
-    deferred = isinstance(q, DeferredConv) or isinstance(v, DeferredConv)
-    if deferred and (use_qk_l2norm or not use_fused(k) or recording(k, a, b, A_log, dt_bias, initial_state)):
-        q, v = (t.materialize() if isinstance(t, DeferredConv) else t for t in (q, v))
-        deferred = False
-    if deferred or (use_fused(q) and not recording(q, k, v, a, b, A_log, dt_bias, initial_state)):
+    if use_fused(q) and not recording(q, k, v, a, b, A_log, dt_bias, initial_state):
         return _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state, use_qk_l2norm,
                                 before_state)
     if before_state is not None:
@@ -210,18 +203,6 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _conv_in_kernel(q, v):
-    """(x, weight, q_off, v_off) when the fused kernel can compute q and v from their conv inputs:
-    both deferred parts of one projection, q normalised (the conv kernel's L2 norm, with its
-    channel block the key head dim) and v not; else None (the parts are materialised)."""
-    if not (isinstance(q, DeferredConv) and isinstance(v, DeferredConv)):
-        return None
-    if (q.x is not v.x or q.weight is not v.weight or q.state is not v.state or not q.normalize or v.normalize
-            or q.block != q.head_dim):
-        return None
-    return q.x, q.weight, q.start, v.start
-
-
 def _kkt_solve(f, k, g, beta):
     """fla's fused kkt + solve_tril kernel alone (the first step of its
     `chunk_gated_delta_rule_fwd_intra`, whose second step, recompute_w_u, the fused output kernel
@@ -251,14 +232,13 @@ def _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_
     step gives w and u, then fla's state kernel — dohnuts' copy for a forked state — and fla's
     output kernel. Both paths read a forked state (an expanded (1, HV, K, V) view, batch stride 0)
     in place, never copied."""
-    from dohnuts.ops._delta_h_kernel import delta_h_triton, delta_rule_output_conv_triton, delta_rule_output_wy_triton
+    from dohnuts.ops._delta_h_kernel import delta_h_triton, delta_rule_output_wy_triton
     from dohnuts.ops._fla import fla
     from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
 
     f = fla()
-    with torch.cuda.device(k.device):
-        # q and v may still be conv inputs (DeferredConv): the fused kernel computes them on load
-        q, k, v = (t if isinstance(t, DeferredConv) else t.contiguous() for t in (q, k, v))  # as fla's input guard
+    with torch.cuda.device(q.device):
+        q, k, v = (t.contiguous() for t in (q, k, v))  # fla's input guard did the same
         if use_qk_l2norm:
             q, k = f.l2norm_fwd(q)[0], f.l2norm_fwd(k)[0]
         # The decay and β in one kernel reading a and b in place (fla's two gate kernels and two
@@ -267,10 +247,7 @@ def _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_
         K = k.shape[-1]
         scale = K ** -0.5
         N, _, HV, V = v.shape
-        fused = _fused_output(N, HV, K, V, k.device)
-        conv = _conv_in_kernel(q, v) if fused else None
-        if conv is None and (isinstance(q, DeferredConv) or isinstance(v, DeferredConv)):
-            q, v = (t.materialize() if isinstance(t, DeferredConv) else t for t in (q, v))
+        fused = _fused_output(N, HV, K, V, q.device)
         if fused:
             A = _kkt_solve(f, k, g, beta)
         else:
@@ -283,10 +260,6 @@ def _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_
             initial_state = initial_state.float()
             if not forked and not initial_state.is_contiguous():
                 initial_state = initial_state.contiguous()
-        if conv is not None:
-            o, final = delta_rule_output_conv_triton(*conv, k, beta, A, g, scale, initial_state, output_final_state,
-                                                     conv_state=q.state, chunk_size=CHUNK)
-            return o, final
         if fused:
             o, final = delta_rule_output_wy_triton(q, k, v, beta, A, g, scale, initial_state, output_final_state,
                                                    chunk_size=CHUNK)

@@ -26,7 +26,6 @@ from dohnuts.errors import RequestError
 from dohnuts.model.lora import LoRAConfig, apply_lora, merge_lora
 from dohnuts.model.packing import fuse_projections
 from dohnuts.model.scorer import ScoringModel, decide, no_stage, shared_pass
-from dohnuts.ops.conv import conv_in_delta
 from dohnuts.ops.delta_rule import delta_output_choice
 from dohnuts.runtime.batch import Batch, HostBatch, collate, without_patches
 from dohnuts.runtime.graphs import PassGraphs, ShapeBuckets
@@ -74,7 +73,6 @@ class Session:
                  cuda_graphs: bool = True):
         delta_output_choice()  # a wrong DOHNUTS_DELTA_OUTPUT stops here, before any request
         shared_pass()  # and a wrong DOHNUTS_SHARED_PASS
-        conv_in_delta()  # and a wrong DOHNUTS_CONV_IN_DELTA
         self.model = model
         # Sibling projections without adapters run as one GEMM each (dohnuts.model.packing);
         # LoRA-wrapped ones are skipped, and re-packed once merged (_modules_changed).
