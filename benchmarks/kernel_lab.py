@@ -16,6 +16,8 @@ path. It answers, on the machine at hand, whether a change is worth making:
   templates with the SwiGLU in their epilogue) against cuBLAS + the SwiGLU kernel (not yet run).
 - `small_m_gemm`: the 2b projections at a lone prefix's and a suffix's row counts, cuBLAS against
   torch.compile's max-autotune choice (not yet run).
+- `conv_parts`: Gated DeltaNet's q, k and v convs in one launch (M21) against one launch a part,
+  at the workloads' pass shapes, in CUDA graphs.
 - `delta_configs`: each tuning config of the fused delta-rule kernel (FUSE_O, and FUSE_WU) in a
   process of its own, at full and partial last chunks, checked against fla's kernels: a config
   that faults (illegal address on Triton 3.6) takes only its own CUDA context.
@@ -161,7 +163,8 @@ def lab_conv(out: dict) -> None:
         grid = (C // D, triton.cdiv(T, bt), B)
         wv = wt.t()
         return lambda: _conv_kernel.fn[grid](x, wv, y, y, y, T, C, 512, x.stride(0), x.stride(1), wv.stride(0),
-                                             wv.stride(1), 0, 0, 0, 0, 0, 0, 1e-6, D=D, W=W, HP=4, NORM=norm,
+                                             wv.stride(1), 0, 0, 0, 0, 0, 0, 1e-6, C, C, C if norm else 0,
+                                             D=D, W=W, HP=4, NORM=norm,
                                              HAS_S0=False, STORE_ST=False, BT=bt, num_warps=nw)
 
     fns = {"torch contiguous() copy": lambda: x.contiguous(),
@@ -470,6 +473,48 @@ def lab_delta_ho(out: dict) -> None:
 
     out["delta_ho"] = {"clock": _clock(), "shapes": res,
                        "fused_configs": {str(k_): str(c) for k_, c in _tuned_o.cache.items()}}
+
+
+def lab_conv_parts(out: dict) -> None:
+    """q, k and v (2b sizes) through the conv kernel in one launch (`conv_silu_parts_triton`, M21)
+    against three launches, one a part (the runtime before M21), in CUDA graphs: the text-2b pass,
+    a lone prefix returning its state, and suffixes from a forked state; outputs compared exactly."""
+    import torch
+
+    from dohnuts.config import preset
+    from dohnuts.ops._conv_kernel import conv_silu_parts_triton, conv_silu_triton
+
+    cfg = preset("qwen3.5-2b").text
+    K = cfg.linear_key_head_dim
+    sizes = [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim]
+    D, W = sum(sizes), cfg.linear_conv_kernel_dim
+    res = {}
+    for N, T, state in ((32, 512, None), (1, 448, "out"), (1, 200, "out"), (32, 64, "forked"), (8, 256, "forked")):
+        gen = torch.Generator(device="cuda").manual_seed(N + T)
+        x = torch.randn(N, T, D + 32, device="cuda", generator=gen).bfloat16()[..., :D]
+        w = (0.3 * torch.randn(D, W, device="cuda", generator=gen)).bfloat16().t().contiguous().t()
+        s0 = torch.randn(1, D, W, device="cuda", generator=gen).bfloat16().expand(N, -1, -1) if state == "forked" else None
+        fin = torch.empty(N, D, W, device="cuda", dtype=torch.bfloat16) if state == "out" else None
+
+        def one(x=x, w=w, s0=s0, fin=fin):
+            return conv_silu_parts_triton(x, w, K, sizes, normalized_parts=2, initial_state=s0, final_state=fin)
+
+        def three(x=x, w=w, s0=s0, fin=fin):
+            outs, start = [], 0
+            for i, n in enumerate(sizes):
+                ch = slice(start, start + n)
+                outs.append(conv_silu_triton(x[..., ch], w[ch], K, normalize=i < 2,
+                                             initial_state=None if s0 is None else s0[:, ch],
+                                             final_state=None if fin is None else fin[:, ch]))
+                start += n
+            return outs
+
+        same = all(torch.equal(a, b) for a, b in zip(one(), three()))
+        ms = _ab({"one launch": one, "three launches": three}, graph=True)
+        key = f"{N}x{T}" + (f" {state}" if state else "")
+        res[key] = {"ms": ms, "equal": same}
+        print(f"conv_parts {key:12s} " + "  ".join(f"{k} {v * 1e3:7.1f} us" for k, v in ms.items()) + f"  equal {same}")
+    out["conv_parts"] = {"clock": _clock(), "shapes": res}
 
 
 # Shapes for `delta_configs`: the text pass, partial last chunks (a test's 8 × 333, the image

@@ -253,6 +253,34 @@ for Tc in (45, 2):  # a partial block of the kernel's 32; fewer tokens than the 
             tap_major = wc.t().contiguous().t()  # the layout the runtime passes: strides (1, C)
             assert torch.equal(conv_silu_triton(xc, tap_major, Dc, normalize=normalize, initial_state=s0,
                                                 cpu_block_t=32), got), "tap-major weight"
+# The q, k and v parts in one launch (q and k normalised): each part, a contiguous block of one
+# buffer, equals the part's own launch on its channels, and the final state the one-conv state.
+from dohnuts.ops._conv_kernel import conv_silu_parts_triton
+
+sizes_c = [16, 16, 32]
+xp = torch.randn(Bc, 45, 64 + 8, generator=g)[..., 4:68]
+wp, rows_p = torch.randn(64, Wc, generator=g), torch.randn(Bc, 64, Wc, generator=g)
+for s0 in (None, rows_p, rows_p[:1].expand(Bc, -1, -1)):
+    for bt in (32, 64):
+        wide = torch.full((Bc, 64, Wc), float("nan"))
+        parts = conv_silu_parts_triton(xp, wp, Dc, sizes_c, normalized_parts=2, initial_state=s0, final_state=wide,
+                                       cpu_block_t=bt)
+        start = 0
+        for i, (n, y) in enumerate(zip(sizes_c, parts)):
+            ch = slice(start, start + n)
+            own = conv_silu_triton(xp[..., ch], wp[ch], Dc, normalize=i < 2,
+                                   initial_state=None if s0 is None else s0[:, ch], cpu_block_t=bt)
+            assert y.shape == (Bc, 45, n) and y.is_contiguous() and torch.equal(y, own), ("conv parts", i, bt)
+            start += n
+        assert torch.equal(wide, causal_conv1d_reference(xp, wp, s0, True)[1]), "conv parts: state"
+        assert parts[1].data_ptr() == parts[0].data_ptr() + parts[0].numel() * parts[0].element_size()
+for bad in ([16, 16], [16, 16, 16, 16], [24, 8, 32], [16, 16, 32, 0]):
+    try:
+        conv_silu_parts_triton(xp, wp, Dc, bad, normalized_parts=1)
+    except ValueError as e:
+        assert "parts" in str(e)
+    else:
+        raise AssertionError(("parts accepted", bad))
 # The 4-D copy: a batch-broadcast source (a forked state), a slice of a wider buffer as the
 # destination (the past part of an appended KV), a transposed-view source (attention's values),
 # a last dimension that is not a power of two, and both dtypes of the states; exact.

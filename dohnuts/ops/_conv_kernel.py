@@ -21,6 +21,7 @@ interpreter (the CPU tests).
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import torch
 import triton
@@ -37,21 +38,28 @@ _CONFIGS = [triton.Config({"BT": bt}, num_warps=w) for bt, w in ((8, 1), (64, 8)
 
 
 @triton.jit
-def _silu_norm_store(acc, Y, b, t, c, T, C, eps, mask, NORM: tl.constexpr):
+def _silu_norm_store(acc, Y, b, t, c, T, C, eps, mask, norm, NORM: tl.constexpr):
+    """Store silu(acc) at rows t, channels c of a (B, T, C) output; divided by its L2 norm per row
+    if `norm` (a head of a normalised part; NORM: some head of the launch is)."""
     y = acc * tl.sigmoid(acc)
     if NORM:
-        y = y / tl.sqrt(tl.sum(y * y, axis=1) + eps)[:, None]
+        y = y / tl.where(norm, tl.sqrt(tl.sum(y * y, axis=1) + eps), 1.0)[:, None]
     tl.store(Y + b * T * C + t * C + c, y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.autotune(configs=_CONFIGS, key=["C", "D", "W", "T_BUCKET", "NORM", "HAS_S0", "STORE_ST"], cache_results=True)
 @triton.jit
 def _conv_kernel(X, Wt, Y, S0, ST, T, C, T_BUCKET, sxb, sxt, swc, swk, s0b, s0c, s0w, stb, stc, stw, eps,
-                 D: tl.constexpr, W: tl.constexpr, HP: tl.constexpr, NORM: tl.constexpr,
+                 c1, c2, norm_ch, D: tl.constexpr, W: tl.constexpr, HP: tl.constexpr, NORM: tl.constexpr,
                  HAS_S0: tl.constexpr, STORE_ST: tl.constexpr, BT: tl.constexpr):
     """Program (head h, token block, batch row b) over channels h·D..(h+1)·D of row b:
     y[t] = silu(Σ_k w[:, k] · x[t−W+1+k]), x[t < 0] from the initial state (or 0), then y / ‖y‖₂
-    per row if NORM. The program holding the last token also writes the final state.
+    per row for the heads below channel `norm_ch`. The program holding the last token also writes
+    the final state.
+
+    The channels fall in up to three parts, split at c1 ≤ c2 (Gated DeltaNet's q, k and v: one
+    launch a layer instead of three); part p's outputs are a contiguous (B, T, C_p) block of Y,
+    the parts one after another.
 
     The tile reads only x, with unit-stride (vectorised) loads. With a state, the first W − 1
     outputs — the only ones that read it — are left to a small head tile of the first block: the
@@ -65,6 +73,13 @@ def _conv_kernel(X, Wt, Y, S0, ST, T, C, T_BUCKET, sxb, sxt, swc, swk, s0b, s0c,
     t = i_t * BT + tl.arange(0, BT)[:, None]
     ch = h * D + tl.arange(0, D)
     c = ch[None, :]
+    # this head's part: its first channel, its width, and where its (B, T, C_p) block starts in Y
+    c0 = h * D
+    start = tl.where(c0 >= c2, c2, tl.where(c0 >= c1, c1, 0)).to(tl.int64)
+    width = tl.where(c0 >= c2, C, tl.where(c0 >= c1, c2, c1)).to(tl.int64) - start
+    Yp = Y + tl.num_programs(2).to(tl.int64) * T * start
+    cp = c - start
+    norm = c0 < norm_ch
     acc = tl.zeros((BT, D), dtype=tl.float32)
     for k in tl.static_range(W):
         tt = t - (W - 1) + k
@@ -73,7 +88,7 @@ def _conv_kernel(X, Wt, Y, S0, ST, T, C, T_BUCKET, sxb, sxt, swc, swk, s0b, s0c,
     keep = t < T
     if HAS_S0:
         keep = keep & (t >= W - 1)  # the head tile below writes outputs 0..W−2
-    _silu_norm_store(acc, Y, b, t, c, T, C, eps, keep, NORM)
+    _silu_norm_store(acc, Yp, b, t, cp, T, width, eps, keep, norm, NORM)
     if HAS_S0:
         if i_t == 0:
             th = tl.arange(0, HP)[:, None]  # outputs 0..W−2 (HP ≥ W − 1 rows, the rest masked)
@@ -84,7 +99,7 @@ def _conv_kernel(X, Wt, Y, S0, ST, T, C, T_BUCKET, sxb, sxt, swc, swk, s0b, s0c,
                 xh = tl.load(X + b * sxb + th_in * sxt + c, mask=head & (th_in >= 0) & (th_in < T), other=0.0)
                 sh = tl.load(S0 + b * s0b + c * s0c + (W + th_in) * s0w, mask=head & (th_in < 0), other=0.0)
                 acc_h += (xh.to(tl.float32) + sh.to(tl.float32)) * tl.load(Wt + c * swc + k * swk).to(tl.float32)
-            _silu_norm_store(acc_h, Y, b, th, c, T, C, eps, head, NORM)
+            _silu_norm_store(acc_h, Yp, b, th, cp, T, width, eps, head, norm, NORM)
     if STORE_ST:
         if i_t == (T - 1) // BT:
             for j in tl.static_range(W):  # state column j = input T − W + j
@@ -105,11 +120,27 @@ def conv_silu_triton(x: torch.Tensor, weight: torch.Tensor, head_dim: int, *, no
     `normalize`, each head's `head_dim` channels scaled to unit L2 norm (1 / sqrt(Σ y² + eps), as
     fla's l2norm). `final_state`: a (B, C, W) tensor (any strides) that receives the last W
     inputs. `cpu_block_t`: the tokens per program in the interpreter (on a GPU the tuner picks)."""
+    (y,) = conv_silu_parts_triton(x, weight, head_dim, [x.shape[-1]], normalized_parts=int(normalize),
+                                  initial_state=initial_state, final_state=final_state, eps=eps,
+                                  cpu_block_t=cpu_block_t)
+    return y
+
+
+def conv_silu_parts_triton(x: torch.Tensor, weight: torch.Tensor, head_dim: int, sizes: list[int], *,
+                           normalized_parts: int, initial_state: torch.Tensor | None = None,
+                           final_state: torch.Tensor | None = None, eps: float = 1e-6,
+                           cpu_block_t: int = 32) -> tuple[torch.Tensor, ...]:
+    """`conv_silu_triton` over the channels of x split into up to three parts of `sizes` (each a
+    multiple of `head_dim`), in one launch: → one contiguous (B, T, size) output a part (views of
+    one buffer), the first `normalized_parts` parts L2-normalised per head. Gated DeltaNet's q, k
+    and v (q and k normalised) take one launch a layer instead of three."""
     B, T, C = x.shape
     W = weight.shape[-1]
-    if weight.shape != (C, W) or C % head_dim or head_dim & (head_dim - 1):
-        raise ValueError(f"conv_silu: x {tuple(x.shape)}, weight {tuple(weight.shape)}, head_dim {head_dim}: "
-                         "need weight (C, W), C a multiple of head_dim and head_dim a power of two")
+    if (weight.shape != (C, W) or C % head_dim or head_dim & (head_dim - 1) or not 1 <= len(sizes) <= 3
+            or sum(sizes) != C or any(n <= 0 or n % head_dim for n in sizes) or not 0 <= normalized_parts <= len(sizes)):
+        raise ValueError(f"conv_silu: x {tuple(x.shape)}, weight {tuple(weight.shape)}, head_dim {head_dim}, parts "
+                         f"{list(sizes)}: need weight (C, W), 1–3 parts that are multiples of head_dim (a power of "
+                         "two) and sum to C")
     for name, s in (("initial_state", initial_state), ("final_state", final_state)):
         if s is not None and (s.shape[1:] != (C, W) or s.shape[0] not in (1, B)):
             raise ValueError(f"conv_silu: {name} {tuple(s.shape)} for x {tuple(x.shape)} and width {W}: need (B, C, W)")
@@ -117,23 +148,29 @@ def conv_silu_triton(x: torch.Tensor, weight: torch.Tensor, head_dim: int, *, no
         raise ValueError(f"conv_silu: final_state {tuple(final_state.shape)} needs batch {B}")
     if x.stride(-1) != 1:
         x = x.contiguous()
-    y = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
+    buf = torch.empty(B * T * C, dtype=x.dtype, device=x.device)
+    ys, at = [], 0
+    for n in sizes:
+        ys.append(buf[at:at + B * T * n].view(B, T, n))
+        at += B * T * n
     if B * T * C == 0:
-        return y
-    s0 = initial_state if initial_state is not None else y  # a placeholder pointer when absent
+        return tuple(ys)
+    bounds = [*itertools.accumulate(sizes[:-1]), C, C][:2]  # c1 ≤ c2: where parts 2 and 3 start
+    norm_ch = sum(sizes[:normalized_parts])
+    s0 = initial_state if initial_state is not None else buf  # a placeholder pointer when absent
     s0_strides = (0 if s0.shape[0] == 1 else s0.stride(0), s0.stride(1), s0.stride(2)) if initial_state is not None \
         else (0, 0, 0)
-    st = final_state if final_state is not None else y
+    st = final_state if final_state is not None else buf
     st_strides = final_state.stride() if final_state is not None else (0, 0, 0)
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         grid = lambda meta: (C // head_dim, triton.cdiv(T, meta["BT"]), B)  # noqa: E731
-        args = (x, weight, y, s0, st, T, C, min(triton.next_power_of_2(T), 4096), x.stride(0), x.stride(1),
+        args = (x, weight, buf, s0, st, T, C, min(triton.next_power_of_2(T), 4096), x.stride(0), x.stride(1),
                 weight.stride(0), weight.stride(1),
-                *s0_strides, *st_strides, float(eps))
-        flags = dict(D=head_dim, W=W, HP=max(2, triton.next_power_of_2(W - 1)), NORM=normalize, HAS_S0=initial_state is not None,
-                     STORE_ST=final_state is not None)
+                *s0_strides, *st_strides, float(eps), *bounds, norm_ch)
+        flags = dict(D=head_dim, W=W, HP=max(2, triton.next_power_of_2(W - 1)), NORM=norm_ch > 0,
+                     HAS_S0=initial_state is not None, STORE_ST=final_state is not None)
         if x.is_cuda:
             _conv_kernel[grid](*args, **flags)
         else:  # the interpreter cannot benchmark configs: run the given block
             _conv_kernel.fn[grid](*args, **flags, BT=cpu_block_t)
-    return y
+    return tuple(ys)

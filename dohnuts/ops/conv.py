@@ -122,28 +122,24 @@ def causal_conv1d_qkv(
     [q, k, v], plus whether q and k came out already L2-normalised per head of `key_head_dim`.
 
     Fused and without autograd (every inference pass: stateless, a prefix that returns its state,
-    a suffix that starts from a forked one), each part takes one Triton kernel: conv + SiLU, plus
-    the L2 norm for q and k, reading the state through its strides (a forked state may be a
+    a suffix that starts from a forked one), one Triton kernel computes the three parts: conv +
+    SiLU, plus the L2 norm for q and k, reading the state through its strides (a forked state may be a
     batch-broadcast view) and writing its channels of the (B, D, W) final state. The caller then
     skips the delta rule's own normalisation (normalised = True). Under autograd, and on the
     reference path, this is `causal_conv1d_parts` and the delta rule normalises (normalised =
     False): training keeps fla's conv and fused L2-norm backward."""
     if (use_fused(x) and not recording(x, weight, initial_state) and len(sizes) == 3
             and key_head_dim & (key_head_dim - 1) == 0 and all(n % key_head_dim == 0 for n in sizes)):
-        from dohnuts.ops._conv_kernel import conv_silu_triton
+        from dohnuts.ops._conv_kernel import conv_silu_parts_triton
 
         B, _, D = x.shape
         final = x.new_empty(B, D, weight.shape[-1]) if output_final_state else None
         # Tap-major weight (one small copy a layer): each tap's channels are then contiguous.
         weight = weight.t().contiguous().t()  # (D, W) with strides (1, D)
-        outs, start = [], 0
-        for i, n in enumerate(sizes):
-            part = slice(start, start + n)
-            outs.append(conv_silu_triton(
-                x[..., part], weight[part], key_head_dim, normalize=i < 2,
-                initial_state=None if initial_state is None else initial_state[:, part],
-                final_state=None if final is None else final[:, part]))
-            start += n
+        # q, k and v in one launch (three before M21: two launches fewer a layer, four in a
+        # shared pass's two groups), each a contiguous block of one buffer
+        outs = conv_silu_parts_triton(x, weight, key_head_dim, list(sizes), normalized_parts=2,
+                                      initial_state=initial_state, final_state=final)
         return tuple(outs), final, True
     parts, state = causal_conv1d_parts(x, weight, sizes, initial_state, output_final_state)
     return parts, state, False
