@@ -43,7 +43,8 @@ def _silu_norm_store(acc, Y, b, t, c, T, C, eps, mask, norm, NORM: tl.constexpr)
     if `norm` (a head of a normalised part; NORM: some head of the launch is)."""
     y = acc * tl.sigmoid(acc)
     if NORM:
-        y = y / tl.where(norm, tl.sqrt(tl.sum(y * y, axis=1) + eps), 1.0)[:, None]
+        if norm:  # a branch, not a select: v's heads skip the reduction
+            y = y / tl.sqrt(tl.sum(y * y, axis=1) + eps)[:, None]
     tl.store(Y + b * T * C + t * C + c, y.to(Y.dtype.element_ty), mask=mask)
 
 
