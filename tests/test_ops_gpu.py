@@ -737,14 +737,14 @@ def test_conv_qkv_normalises_q_and_k_in_every_inference_pass():
     conv followed by the delta rule's L2 norm (FP32 reference), v equals the plain conv, the final
     state equals the reference's; under autograd the op leaves normalisation to the delta rule."""
     from dohnuts.config import preset
-    from dohnuts.ops.conv import ONE_LAUNCH_TOKENS, causal_conv1d_parts_reference, causal_conv1d_qkv
+    from dohnuts.ops.conv import causal_conv1d_parts_reference, causal_conv1d_qkv
     from dohnuts.ops.delta_rule import _l2norm
 
     cfg = preset("qwen3.5-2b").text
     sizes = [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim]
     D, hd, W = sum(sizes), cfg.linear_key_head_dim, cfg.linear_conv_kernel_dim
     g = torch.Generator(device=DEV).manual_seed(47)
-    for B in (4, 16):  # one launch for the three parts (≤ ONE_LAUNCH_TOKENS), and one a part
+    for B in (4, 16):
         packed = torch.randn(B, 333, D + 32, device=DEV, generator=g).bfloat16()  # + b and a columns
         x = packed[..., :D]
         w = (0.3 * torch.randn(D, W, device=DEV, generator=g)).bfloat16()
@@ -754,8 +754,8 @@ def test_conv_qkv_normalises_q_and_k_in_every_inference_pass():
             with torch.no_grad():
                 (q, k, v), state, normalised = causal_conv1d_qkv(x, w, sizes, hd, s0, out_state)
             assert normalised and (state is None) == (not out_state)
-            if B * 333 <= ONE_LAUNCH_TOKENS:  # one launch: the parts are consecutive blocks of one buffer
-                assert k.data_ptr() == q.data_ptr() + q.numel() * q.element_size()
+            # one launch: the parts are consecutive blocks of one buffer
+            assert k.data_ptr() == q.data_ptr() + q.numel() * q.element_size()
             (qr, kr, vr), sr = causal_conv1d_parts_reference(x.float(), w.float(), sizes,
                                                              None if s0 is None else s0.float(), True)
             for got, want in ((q, qr), (k, kr)):

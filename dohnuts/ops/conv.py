@@ -110,15 +110,6 @@ def causal_conv1d_parts(
     return fn(x, weight, sizes, initial_state, output_final_state)
 
 
-# Up to this many tokens (batch × length) a pass convolves q, k and v in one launch; above, one a
-# part. Measured in CUDA graphs on the H200 (M21, `kernel_lab.py conv_parts`, 2b sizes): one
-# launch 7.3 vs 11.2 µs (1 × 448 prefix), 5.4 vs 10.4 (1 × 200), 34.4 vs 41.0 (32 × 64 forked), 29.5
-# vs 35.6 (8 × 256 forked), but 195.5 vs 184.8 µs for the 16,384 tokens of text-2b, where each
-# part's own tuning (v without the norm) pays more than two launches cost. Unmeasured between
-# 2,048 and 16,384 tokens.
-ONE_LAUNCH_TOKENS = 4096
-
-
 def causal_conv1d_qkv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -131,35 +122,26 @@ def causal_conv1d_qkv(
     [q, k, v], plus whether q and k came out already L2-normalised per head of `key_head_dim`.
 
     Fused and without autograd (every inference pass: stateless, a prefix that returns its state,
-    a suffix that starts from a forked one), one Triton kernel computes the three parts (above
-    `ONE_LAUNCH_TOKENS`, one a part): conv + SiLU, plus the L2 norm for q and k, reading the state
-    through its strides (a forked state may be a batch-broadcast view) and writing its channels of
-    the (B, D, W) final state. The caller then
-    skips the delta rule's own normalisation (normalised = True). Under autograd, and on the
+    a suffix that starts from a forked one), one Triton kernel computes the three parts: conv +
+    SiLU, plus the L2 norm for q and k, reading the state through its strides (a forked state may
+    be a batch-broadcast view) and writing the (B, D, W) final state. The caller then skips the
+    delta rule's own normalisation (normalised = True). Under autograd, and on the
     reference path, this is `causal_conv1d_parts` and the delta rule normalises (normalised =
     False): training keeps fla's conv and fused L2-norm backward."""
     if (use_fused(x) and not recording(x, weight, initial_state) and len(sizes) == 3
             and key_head_dim & (key_head_dim - 1) == 0 and all(n % key_head_dim == 0 for n in sizes)):
-        from dohnuts.ops._conv_kernel import conv_silu_parts_triton, conv_silu_triton
+        from dohnuts.ops._conv_kernel import conv_silu_parts_triton
 
         B, _, D = x.shape
         final = x.new_empty(B, D, weight.shape[-1]) if output_final_state else None
         # Tap-major weight (one small copy a layer): each tap's channels are then contiguous.
         weight = weight.t().contiguous().t()  # (D, W) with strides (1, D)
-        if B * x.shape[1] <= ONE_LAUNCH_TOKENS:
-            # q, k and v in one launch, each a contiguous block of one buffer: two launches fewer
-            # a layer, four in a shared pass's two groups
-            outs = conv_silu_parts_triton(x, weight, key_head_dim, list(sizes), normalized_parts=2,
-                                          initial_state=initial_state, final_state=final)
-        else:  # a launch a part, each tuned for its own work (q and k normalised, v not)
-            outs, start = [], 0
-            for i, n in enumerate(sizes):
-                part = slice(start, start + n)
-                outs.append(conv_silu_triton(
-                    x[..., part], weight[part], key_head_dim, normalize=i < 2,
-                    initial_state=None if initial_state is None else initial_state[:, part],
-                    final_state=None if final is None else final[:, part]))
-                start += n
+        # q, k and v in one launch, each a contiguous block of one buffer (M21): in CUDA graphs on
+        # the H200 (`kernel_lab.py conv_parts`, 2b sizes) 158.5 vs 174.8 µs a layer for text-2b's
+        # 32 × 512, 26.8 vs 36.6 for a 32 × 64 forked suffix, 7.0 vs 12.3 for a 1 × 448 prefix
+        # against a launch a part
+        outs = conv_silu_parts_triton(x, weight, key_head_dim, list(sizes), normalized_parts=2,
+                                      initial_state=initial_state, final_state=final)
         return tuple(outs), final, True
     parts, state = causal_conv1d_parts(x, weight, sizes, initial_state, output_final_state)
     return parts, state, False
