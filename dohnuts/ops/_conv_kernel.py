@@ -2,13 +2,14 @@
 in and out, in one pass.
 
 Every inference pass (no autograd) runs the q, k and v parts of the packed projection through this
-kernel: q and k go conv → SiLU → L2 norm per head, v conv → SiLU. It replaces, per layer, fla's
-three conv kernels, its three conv-state kernels, the copies that made a forked (batch-broadcast)
-or sliced state dense, the concatenation of the three final states, and the delta rule's two
-L2-norm kernels (2026-11-30 profiles: 18 launches instead of up to 234 in a 24-layer suffix pass).
+kernel, all three in one launch since M21: q and k go conv → SiLU → L2 norm per head, v conv →
+SiLU. It replaces, per layer, fla's three conv kernels, its three conv-state kernels, the copies
+that made a forked (batch-broadcast) or sliced state dense, the concatenation of the three final
+states, and the delta rule's two L2-norm kernels (2026-11-30 profiles: 18 launches instead of up
+to 234 in a 24-layer suffix pass).
 
-- The input part is read in place (a strided column slice of the packed projection); the output is
-  written (B, T, C) contiguous.
+- The input is read in place (strided rows of the packed projection); each part's output is
+  written (B, T, C_part) contiguous, the parts one after another in one buffer.
 - The initial state (B, C, W), oldest input first, is read through its strides: a forked prefix
   state may be a batch-broadcast view (stride 0) and is never copied.
 - The final state (the last W inputs, the layout of `dohnuts.ops.conv`) is written through the
