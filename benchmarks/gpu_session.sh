@@ -61,10 +61,10 @@ fi
 if [ -n "${DISTKILL:-}" ] && [ "$(left)" -gt 120 ]; then
   echo "== NCCL: rank 1 of 2 killed after update 3 of a 0.8b training run, then resumed ($(left) s left)"
   rm -rf /tmp/killrun
-  { DOHNUTS_FAULT_EXIT=rank=1,update=3 timeout 240 python3 -m dohnuts.cli train --model qwen3.5-0.8b --out /tmp/killrun \
+  { timeout 240 python3 -m tests.faulty_cli 1 3 train --model qwen3.5-0.8b --out /tmp/killrun \
       --updates 6 --eval-every 2 --synthetic-train 48 --nproc-per-node 2 2>&1 | tail -4; echo "train exit: ${PIPESTATUS[0]}"
     ls /tmp/killrun/checkpoints; echo "latest: $(cat /tmp/killrun/checkpoints/latest 2>/dev/null)"
-    timeout 240 python3 -m dohnuts.cli train --out /tmp/killrun --resume --nproc-per-node 2 2>&1 | tail -3
+    timeout 240 python3 -m dohnuts train --out /tmp/killrun --resume --nproc-per-node 2 2>&1 | tail -3
     echo "resume exit: ${PIPESTATUS[0]}"; ls /tmp/killrun/checkpoints; } 2>&1 | tee "$OUT/distkill.txt"
 fi
 if [ -n "${BASELINES:-}" ] && [ "$(left)" -gt 90 ]; then

@@ -74,10 +74,6 @@ def _measure(session, req, spec, a) -> int:
         time.sleep(ImageKeyMemo.RACY_S)
     if spec.shape.get("cache") == "warm":  # its image's features enter the cache (the vision tower only)
         session.image_features([(session.prepare(req), None)])
-    hb = session.prepare(req)
-    if session.share_tuner is not None and hb.alternative is not None:  # decided, as after the first call
-        with session.share_tuner._lock:  # (the planner's split kept: the case where sharing wins)
-            session.share_tuner.decisions[session._share_key(hb.plan)] = True
     times, gapped = _medians(lambda: session.prepare(req), a)
     print(f"{a.workload}: prepare {times:.3f} ms back to back, {gapped:.3f} ms after {a.gap_ms:g} ms away "
           f"(medians of {a.calls}, {session.device})")

@@ -74,16 +74,16 @@ def model():
 
 def test_predict_call(benchmark, model):
     (req,) = synthetic_requests(1, questions=8, seed=0)
-    pred = Predictor(model, share_prefix=False)
+    pred = Predictor(model)
+    assert pred.prepare(req).plan.prefix_len == 0  # one batched pass
     _bench(benchmark, lambda: pred.call(req), model.device)
     pred.close()
 
 
 def test_shared_prefix_call(benchmark, model):
     (req,) = synthetic_requests(1, questions=8, shared_prefix=300, seed=0)
-    pred = Predictor(model, share_prefix=True)
-    model.share_tuner = None  # the planner's split, always: this gate times the shared path
-    assert pred.prepare(req).plan.prefix_len > 0
+    pred = Predictor(model)
+    assert pred.prepare(req).plan.prefix_len > 0  # the shared pass
     _bench(benchmark, lambda: pred.call(req), model.device)
     pred.close()
 

@@ -15,6 +15,7 @@ import torch
 from dohnuts.model.build import build_text_backbone, resolve_source
 from dohnuts.model.lora import LoRAConfig
 from dohnuts.model.scorer import ScoringModel
+from dohnuts.runtime.policy import PRODUCT, ExecutionPolicy
 from dohnuts.runtime.session import Session
 from dohnuts.runtime.tokenizer import tokenizer_for
 
@@ -47,14 +48,16 @@ def _weights_fingerprint(root: Path) -> str:
 
 def load(source: str | Path = "tiny", *, adapter: str | Path | None = None, lora: LoRAConfig | None = None,
          merge: bool = False, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
-         seed: int = 0, max_len: int = 8192, cuda_graphs: bool = True) -> Session:
+         seed: int = 0, max_len: int = 8192, _policy: ExecutionPolicy = PRODUCT) -> Session:
     """A scoring session from a preset name or a checkpoint directory.
 
     `adapter` loads a saved LoRA + head file (verified against this base); with `merge` its
     adapters are then folded into the base (deployment: no adapter cost). `lora` attaches fresh
-    adapters for training. Without either the model scores with its (random) head. On a GPU the
-    inference passes replay CUDA graphs; `cuda_graphs=False` launches them eagerly (parity tests
-    and eager-vs-graph measurements only).
+    adapters for training. Without either the model scores with its (random) head. A preset has
+    seeded random weights: its scores mean nothing until it is trained.
+
+    The session runs the one execution policy (dohnuts.runtime.policy); `_policy` is internal,
+    for the benchmark's measurement-only variants and tests.
     """
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
@@ -73,7 +76,7 @@ def load(source: str | Path = "tiny", *, adapter: str | Path | None = None, lora
         p.requires_grad_(False)
     session = Session(model, tokenizer=tokenizer_for(cfg, ckpt),
                       base_identity={"config_hash": cfg.config_hash(), "weights": weights}, max_len=max_len,
-                      cuda_graphs=cuda_graphs)
+                      _policy=_policy)
     if adapter is not None:
         from dohnuts.adapters import load_adapter
 

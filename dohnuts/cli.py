@@ -29,7 +29,7 @@ def _progress(enabled: bool = True):
 
 def _launch(args, command: str, out: str | None = None) -> int:
     """`--nproc-per-node N`: the same command as N processes under torchrun; one line when a rank fails."""
-    from dohnuts.runtime.distributed import launch
+    from dohnuts.launch import launch
 
     argv, skip = [], False
     for a in args.argv:
@@ -39,7 +39,7 @@ def _launch(args, command: str, out: str | None = None) -> int:
             skip = True
         elif not a.startswith("--nproc-per-node="):
             argv.append(a)
-    res = launch(argv, args.nproc_per_node)
+    res = launch(argv, args.nproc_per_node, entry=args.entry)
     if res.failed_rank is None:
         return res.returncode
     if res.exitcode == 2:
@@ -169,7 +169,7 @@ def cmd_predict(args) -> int:
         print(f"dohnuts: merged {n} LoRA adapters of {args.adapter} into the base weights for prediction "
               f"(temperature {model.temperature:.3f})", file=sys.stderr)
     out = _open_output(out_path)
-    predictor = Predictor(model, share_prefix=not args.no_share_prefix)
+    predictor = Predictor(model)
     done = refused = 0
     try:
         items = ((f"{src}:{n}", item) for n, item in read_requests(src))
@@ -207,7 +207,8 @@ def _predict_sharded(args) -> int:
     import torch.distributed as dist
 
     import dohnuts.api as api
-    from dohnuts.runtime.distributed import join, leave, report_status
+    from dohnuts.launch import report_status
+    from dohnuts.runtime.distributed import join, leave
     from dohnuts.runtime.predict import Predictor, RequestFailure
     from dohnuts.runtime.requests import read_requests
 
@@ -219,7 +220,7 @@ def _predict_sharded(args) -> int:
             model.merge_lora()
         mine = [(k, (f"{src}:{n}", item)) for k, (n, item) in enumerate(read_requests(src))
                 if k % world.size == world.rank]
-        predictor = Predictor(model, share_prefix=not args.no_share_prefix)
+        predictor = Predictor(model)
         try:
             rows = [(k, r.to_json(), _failure_line(src, r) if isinstance(r, RequestFailure) else None)
                     for (k, _), r in zip(mine, predictor.run(item for _, item in mine))]
@@ -382,7 +383,7 @@ def cmd_train(args) -> int:
     cfg = dataclasses.replace(cfg, device=device)
     barrier(world)
     log = (lambda msg: print(f"dohnuts: {msg}", file=sys.stderr)) if world.is_main else (lambda msg: None)
-    trainer = Trainer(cfg, data, log=log, world=world)
+    trainer = Trainer(cfg, data, log=log, world=world, after_update=args.after_update)
     try:
         if args.resume and trainer.resume():
             log(f"resumed at update {trainer.update}" + (f" on {world.size} processes" if world.distributed else ""))
@@ -417,7 +418,6 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--adapter", help="adapter file (LoRA + head + temperature) saved by `dohnuts train`; its "
                     "adapters are merged into the base weights before scoring (deployment)")
     pr.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
-    pr.add_argument("--no-share-prefix", action="store_true", help="never compute a shared prefix once")
     pr.add_argument("--nproc-per-node", type=int, default=1,
                     help="score on N processes (one per GPU; gloo processes on a CPU) under torchrun; request k "
                     "goes to rank k mod N and the output keeps the input order (default 1)")
@@ -451,10 +451,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, after_update=None, entry: tuple[str, ...] = ("-m", "dohnuts")) -> int:
+    """The `dohnuts` command. For tests only: `after_update(world, update)` is called by training
+    after each update (fault injection), and `entry` is how `--nproc-per-node` starts the workers
+    (an entry that injects the same fault into them)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    args.argv = argv
+    args.argv, args.after_update, args.entry = argv, after_update, entry
     try:
         return args.func(args)
     except DohnutsError as exc:

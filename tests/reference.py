@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -57,3 +58,38 @@ def adapted_tiny(rank: int = 4, seed: int = 0):
             if isinstance(m, LoRALinear):
                 m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.05)
     return session
+
+
+@contextmanager
+def unshared(session):
+    """The session planning without a shared prefix inside the block: the measurement-only
+    `UNSHARED` variant (dohnuts.runtime.policy) on the same model, for shared-vs-unshared parity."""
+    from dohnuts.runtime.policy import UNSHARED
+
+    saved = session._policy
+    session._policy = UNSHARED
+    try:
+        yield session
+    finally:
+        session._policy = saved
+
+
+def scores_of(results) -> torch.Tensor:
+    """Every candidate score of prediction results, flat, in order."""
+    return torch.tensor([s for r in results for q in r.questions for s in q.scores])
+
+
+def two_passes(m, x):
+    """The reference for the shared pass: the prefix through `TextBackbone.forward` (returning its
+    state), then the suffixes from that state, forked — two passes, as a KV cache is used."""
+    B, L = x.ids.shape
+    P, k = x.prefix_len, x.image_tokens_in_prefix
+    emb_p = m.embed(x.prefix_ids, x.image_features[:k] if k else None, 1)
+    pos_p = None if x.positions is None else x.positions[:, :, :P]
+    _, state = m.backbone(inputs_embeds=emb_p, position_ids=pos_p, return_state=True,
+                          next_position=x.prefix_next_position)
+    rest = x.image_features[k:] if x.image_features is not None and x.image_tokens else None
+    emb_s = m.embed(x.ids, rest, 0)
+    pos_s = None if x.positions is None else x.positions[:, :, P:P + L].expand(-1, B, -1)
+    h, _ = m.backbone(inputs_embeds=emb_s, position_ids=pos_s, state=state.fork(B), rows=x.score_rows)
+    return h

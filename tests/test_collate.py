@@ -62,7 +62,7 @@ def test_the_common_prefix_is_counted_once_and_right():
     assert collate(replace(_plan(), common_prefix_len=2), pad_id=PAD).work.common_prefix_len == 2
     tok = ByteTokenizer(preset("tiny"))
     req = Request("r", (Question("a", "same start, then a", ("x",)), Question("b", "same start, then b", ("x",))))
-    plan = plan_request(req, tok, max_len=512, min_shared=1)
+    plan = plan_request(req, tok, max_len=512)
     head = len(tok.encode("Question: same start, then "))
     assert plan.common_prefix_len == head
 
@@ -113,8 +113,11 @@ def test_collate_equals_a_plain_reference_on_random_requests():
                             tuple(text(rng.randint(0, 5)) for _ in range(rng.randint(1, 4))))
                    for q in range(rng.randint(1, 5)))
         req = Request("r", qs, prefix=text(rng.randint(1, 40)) if trial % 2 else None)
-        plan = plan_request(req, tok, max_len=1024, image_tokens=rng.choice([0, 6]), min_shared=8)
-        for pl in {plan, replace(plan, prefix_len=0)}:
+        plan = plan_request(req, tok, max_len=1024, image_tokens=rng.choice([0, 6]))
+        # collate takes any split the planner could make (on any grid): every one ≤ the common
+        # prefix and the first candidate, here on an 8-token grid so that short requests split too
+        cap = min(plan.common_prefix(), min(p[0] for p in plan.score_positions)) if len(qs) > 1 else 0
+        for pl in {replace(plan, prefix_len=cap - cap % 8), replace(plan, prefix_len=0)}:
             splits += pl.prefix_len > 0
             L = max(pl.lengths) - pl.prefix_len
             for shape in (None, (len(pl.sequences) + rng.randint(0, 2), L + rng.randint(0, 9))):

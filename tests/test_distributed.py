@@ -108,9 +108,11 @@ def test_a_killed_rank_ends_the_run_and_the_checkpoint_survives(tmp_path):
     out = tmp_path / "run"
     args = ["train", "--model", "tiny", "--out", str(out), "--updates", "6", "--eval-every", "2",
             "--synthetic-train", "16", "--device", "cpu", "--nproc-per-node", "2"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", DOHNUTS_FAULT_EXIT="rank=1,update=3")
-    run = subprocess.run([sys.executable, "-m", "dohnuts.cli", *args], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=600)
+    # tests.faulty_cli: the CLI with the fault injected through the trainer's after_update callback
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    run = subprocess.run([sys.executable, "-m", "tests.faulty_cli", "1", "3", *args], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
     assert run.returncode != 0
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("dohnuts: error:") and "rank 1" in last and "update 2" in last, run.stderr

@@ -17,17 +17,19 @@ from dohnuts.model.lora import LoRAConfig, LoRALinear
 from dohnuts.runtime.graphs import PassGraphs, ShapeBuckets
 from dohnuts.runtime.requests import Question, Request
 from dohnuts.train.task import synthetic_requests
-from tests.reference import adapted_tiny, relative_error
+from tests.reference import adapted_tiny, relative_error, unshared
 
 
 def _graphed(session, **kw):
     session.graphs = PassGraphs(session.model, emulate=True, **kw)
-    session.share_tuner = None  # these tests count graphs: follow the planner, measure nothing
     return session
 
 
 def _scores(session, reqs, share=True):
-    return [torch.tensor([s for q in r.questions for s in q.scores]) for r in session.predict(reqs, share_prefix=share)]
+    if not share:
+        with unshared(session):
+            return _scores(session, reqs)
+    return [torch.tensor([s for q in r.questions for s in q.scores]) for r in session.predict(reqs)]
 
 
 def _png(path, seed):
@@ -51,10 +53,9 @@ def test_buckets():
         assert 0 <= pad < max(16, n / 16), n
 
 
-@pytest.mark.parametrize(("share", "shared_pass"), [(True, "merged"), (True, "split"), (False, "merged")])
-def test_replay_equals_eager_for_changing_inputs(share, shared_pass, monkeypatch):
-    """Shared requests replay one graph (the merged pass) or two (prefix, then suffix: `split`)."""
-    monkeypatch.setenv("DOHNUTS_SHARED_PASS", shared_pass)
+@pytest.mark.parametrize("share", [True, False])
+def test_replay_equals_eager_for_changing_inputs(share):
+    """Shared requests replay the graph of the shared pass, unshared ones that of one full pass."""
     eager = api.load("tiny")
     graphed = _graphed(api.load("tiny"))
     # Same shape bucket, different tokens: each replay must see its own request's inputs.
@@ -66,34 +67,28 @@ def test_replay_equals_eager_for_changing_inputs(share, shared_pass, monkeypatch
         assert relative_error(g, w) < 1e-5
     assert relative_error(got[0], got[1]) > 1e-3  # the requests really differ
     stats = graphed.graphs.stats()
-    passes = 2 if share and shared_pass == "split" else 1
-    assert stats.captures == passes and stats.replays == 4 * passes and not stats.eager
+    assert stats.captures == 1 and stats.replays == 4 and not stats.eager
 
 
-@pytest.mark.parametrize("shared_pass", ["merged", "split"])
-def test_image_requests_replay_with_the_prefix_cutting_the_image(tmp_path, monkeypatch, shared_pass):
-    import dohnuts.runtime.plan as plan_mod
-
-    monkeypatch.setenv("DOHNUTS_SHARED_PASS", shared_pass)
-
-    # A 64-token grid puts the split inside the image here (with the byte tokenizer's long question
-    # head the default 8-token grid does not; a real tokenizer's short one does, at any grid).
-    monkeypatch.setattr(plan_mod, "PREFIX_ALIGN", 64)
+def test_image_requests_replay_with_the_prefix_cutting_the_image(tmp_path):
+    # The 64-token grid puts the split inside the image (positions 1..196) here.
     eager, graphed = api.load("tiny"), _graphed(api.load("tiny"))
-    qs = (Question("q1", "what?", ("red", "green")), Question("q2", "how many?", ("one", "two", "three")))
+    qs = (Question("q1", "what?", ("red", "green")), Question("q2", "how many?", ("one", "two", "three")),
+          Question("q3", "where?", ("here", "there")))
     reqs = [Request(id=f"r{i}", questions=qs, prefix="a photo", image=_png(tmp_path / f"{i}.png", i)) for i in range(2)]
     assert graphed.prepare(reqs[0]).plan.prefix_len == 192  # 196 image tokens: the split cuts the image
     for share in (True, False):
         for w, g in zip(_scores(eager, reqs, share), _scores(graphed, reqs, share)):
             assert relative_error(g, w) < 1e-5
-    # the merged pass (or prefix + suffix), and one full pass
-    assert graphed.graphs.stats().captures == (2 if shared_pass == "merged" else 3)
+    # the shared pass and one full pass
+    assert graphed.graphs.stats().captures == 2
 
 
 def test_bucket_padding_is_counted_as_padded_work():
     session = _graphed(api.load("tiny"))
     (req,) = synthetic_requests(1, questions=3, seed=1)
-    hb = session.prepare(req, share_prefix=False)
+    hb = session.prepare(req)
+    assert hb.plan.prefix_len == 0
     real = max(hb.plan.lengths)
     step = session.graphs.buckets.step(real)
     assert hb.tensors.ids.shape == (4, step * -(-real // step))  # 3 questions → 4 rows, length → the grid
@@ -101,7 +96,7 @@ def test_bucket_padding_is_counted_as_padded_work():
     counts = token_counts(hb.work)
     assert counts["useful"] + counts["repeated"] == sum(hb.plan.lengths)  # (the shared question head repeats)
     assert counts["padded"] == 4 * hb.work.padded_len - sum(hb.plan.lengths)
-    plain = api.load("tiny").prepare(req, share_prefix=False).work
+    plain = api.load("tiny").prepare(req).work
     assert token_counts(plain)["useful"] == counts["useful"] and token_counts(plain)["padded"] < counts["padded"]
 
 
@@ -159,7 +154,7 @@ def test_training_microbatch_graphs_equal_eager_updates(tmp_path):
         opt = make_optimizer(s, cfg)
         params = [p for g in opt.param_groups for p in g["params"]]
         graphs = MicrobatchGraphs(s.model, obj, params, divisor=MICROBATCHES, emulate=True) if graphed else None
-        up = Updater(s, opt, obj, cfg, graphs=graphs)
+        up = Updater(s, opt, obj, cfg, _graphs=graphs)
         losses = [r.loss for r in up.run(updates)]
         results.append((losses, torch.cat([p.detach().flatten() for p in params]), graphs))
         up.close()

@@ -12,7 +12,7 @@ from PIL import Image
 import dohnuts.api as api
 from dohnuts.runtime.predict import Predictor
 from dohnuts.runtime.requests import Question, Request
-from tests.reference import hf_full_config, relative_error
+from tests.reference import hf_full_config, relative_error, unshared
 
 
 def _png(path, seed, size=(96, 64)):
@@ -22,7 +22,8 @@ def _png(path, seed, size=(96, 64)):
 
 
 def _request(image, rid="r", prefix="a photo"):
-    qs = (Question("q1", "what colour?", ("red", "green")), Question("q2", "how many?", ("one", "two", "three")))
+    qs = (Question("q1", "what colour?", ("red", "green")), Question("q2", "how many?", ("one", "two", "three")),
+          Question("q3", "where?", ("here", "there")))
     return Request(id=rid, questions=qs, prefix=prefix, image=image)
 
 
@@ -35,29 +36,33 @@ def test_scores_equal_transformers_features_spliced(tmp_path):
 
     model = api.load("tiny")
     req = _request(_png(tmp_path / "a.png", 0))
-    ours = _scores(model.predict([req], share_prefix=False))
+    with unshared(model):
+        ours = _scores(model.predict([req]))
 
     hf = Qwen3_5Model(hf_full_config(model.cfg)).eval()
     hf.visual.load_state_dict(model.model.visual.state_dict())
     model.image_cache.clear()  # (a cached image is prepared without its pixels)
-    hb = model.prepare(req, share_prefix=False)
+    with unshared(model):
+        hb = model.prepare(req)
     with torch.no_grad():
         feats = hf.visual(hb.image.patches, grid_thw=torch.tensor([hb.image.grid_thw])).pooler_output
         scores = model.model(hb.tensors.score_inputs(feats))
     assert relative_error(ours, scores) < 1e-4
     # and the image really matters
-    other = _scores(model.predict([_request(_png(tmp_path / "b.png", 1))], share_prefix=False))
+    other = _scores(model.predict([_request(_png(tmp_path / "b.png", 1))]))
     assert relative_error(ours, other) > 1e-4
 
 
 def test_shared_prefix_with_image_equals_unshared(tmp_path):
     model = api.load("tiny")
-    req = _request(_png(tmp_path / "a.png", 3, size=(448, 448)))  # 196 image tokens: a prefix ≥ 128
-    assert model.prepare(req, share_prefix=True).plan.prefix_len == 216  # 196 + 2, "a photo\n", "Question: "
-    shared = _scores(model.predict([req], share_prefix=True))
+    req = _request(_png(tmp_path / "a.png", 3, size=(448, 448)))  # 196 image tokens
+    # 196 + 2, "a photo\n", "Question: " = 216 shared tokens → 192 on the 64-token grid (inside the image)
+    assert model.prepare(req).plan.prefix_len == 192
+    shared = _scores(model.predict([req]))
     model.image_cache.clear()
-    unshared = _scores(model.predict([req], share_prefix=False))
-    assert relative_error(shared, unshared) < 1e-5
+    with unshared(model):
+        plain = _scores(model.predict([req]))
+    assert relative_error(shared, plain) < 1e-5
 
 
 def test_cache_serves_repeats_and_same_pixels_other_file(tmp_path):
@@ -160,7 +165,8 @@ def test_image_positions_depend_on_the_layout_only(tmp_path):
     from dohnuts.runtime.session import image_head_positions
 
     model = api.load("tiny")
-    hb = model.prepare(_request(_png(tmp_path / "a.png", 5, size=(448, 448))), share_prefix=False)
+    with unshared(model):
+        hb = model.prepare(_request(_png(tmp_path / "a.png", 5, size=(448, 448))))
     cfg = model.cfg
     for seq in hb.plan.sequences:
         want = mrope_position_ids(torch.tensor(seq), [hb.image.grid_thw], image_token_id=cfg.image_token_id,

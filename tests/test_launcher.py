@@ -115,7 +115,7 @@ def test_scaling_section_and_plot(two_process_run):
 
 
 def test_a_killed_rank_is_a_failure_and_every_record_stays(tmp_path):
-    proc, run = _bench(tmp_path, TRAIN, env={"DOHNUTS_FAULT_EXIT": "rank=1,update=1"})
+    proc, run = _bench(tmp_path, TRAIN, env={"DOHNUTS_BENCH_FAULT_EXIT": "rank=1,call=1"})
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "rank 1 failed (exit code 17)" in proc.stderr
     meta = json.loads((run / "run.json").read_text())

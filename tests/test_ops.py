@@ -442,14 +442,12 @@ def test_norm_triton_kernels_in_the_interpreter():
 
 def test_delta_rule_output_is_fused_when_the_batch_fills_the_gpu(monkeypatch):
     """The fused state + output kernel runs when its programs (sequences × value heads × 64-value
-    blocks) reach half the multiprocessor count, fla's two kernels otherwise; the variable forces
-    either and rejects anything else; K > 128 (beyond the kernel's two blocks) never fuses."""
-    from dohnuts.errors import ConfigError
+    blocks) reach half the multiprocessor count, fla's two kernels otherwise; K > 128 (beyond the
+    kernel's two blocks) never fuses. A rule of the device, with no switch."""
     from dohnuts.ops import delta_rule
 
     monkeypatch.setattr(delta_rule, "_multiprocessors", lambda device: 132)
     dev = torch.device("cpu")
-    monkeypatch.delenv("DOHNUTS_DELTA_OUTPUT", raising=False)
     assert delta_rule._fused_output(32, 16, 128, 128, dev)  # text-2b: 1,024 programs
     assert delta_rule._fused_output(4, 16, 128, 128, dev)  # 128 programs ≥ 66
     assert delta_rule._fused_output(3, 12, 128, 100, dev)  # V = 100: two blocks of 64, 72 programs
@@ -457,15 +455,6 @@ def test_delta_rule_output_is_fused_when_the_batch_fills_the_gpu(monkeypatch):
     assert not delta_rule._fused_output(2, 16, 128, 128, dev)  # 64 programs < 66
     assert not delta_rule._fused_output(1, 16, 128, 128, dev)  # a lone prefix: 32 programs
     assert not delta_rule._fused_output(64, 16, 256, 128, dev)  # K > 128
-    monkeypatch.setenv("DOHNUTS_DELTA_OUTPUT", "fused")
-    assert delta_rule._fused_output(1, 16, 128, 128, dev) and not delta_rule._fused_output(1, 16, 256, 128, dev)
-    monkeypatch.setenv("DOHNUTS_DELTA_OUTPUT", "split")
-    assert not delta_rule._fused_output(32, 16, 128, 128, dev)
-    monkeypatch.setenv("DOHNUTS_DELTA_OUTPUT", "yes")
-    with pytest.raises(ConfigError, match="DOHNUTS_DELTA_OUTPUT.*expected auto, fused or split"):
-        delta_rule._fused_output(32, 16, 128, 128, dev)
-    monkeypatch.setenv("DOHNUTS_DELTA_OUTPUT", "")
-    assert delta_rule.delta_output_choice() == "auto"
 
 
 def test_gdn_gates_from_logits_equal_the_explicit_gates():

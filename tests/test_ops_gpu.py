@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from dohnuts import ops
-from tests.reference import relative_error
+from dohnuts.runtime.policy import EAGER
+from tests.reference import relative_error, two_passes, unshared
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -197,7 +198,9 @@ def test_backbone_fused_bf16_matches_reference_fp32():
 
 
 def test_shared_prefix_equals_unshared_bf16(monkeypatch):
-    """Scores and LoRA/head gradients with sharing equal those without, in BF16 on the GPU.
+    """Scores and LoRA/head gradients with sharing equal those without, in BF16 on the GPU: the
+    training pass of the shared request (the shared pass, every layer recomputed in the backward)
+    against one batched pass.
 
     The tiny preset's key head dim (16) is one fla's backward must not run at on Hopper (KI-1),
     so this test widens the linear-attention heads to Qwen3.5's 128."""
@@ -225,7 +228,11 @@ def test_shared_prefix_equals_unshared_bf16(monkeypatch):
     grads, losses = [], []
     pipe = Pipeline(session.device)
     for share in (True, False):
-        hb = session.prepare(req, share_prefix=share, train=True)
+        if share:
+            hb = session.prepare(req, train=True)
+        else:
+            with unshared(session):
+                hb = session.prepare(req, train=True)
         assert (hb.plan.prefix_len > 0) == share
         model.zero_grad()
         model.train()
@@ -250,7 +257,7 @@ def _wide_tiny(monkeypatch):
 
 
 def test_graph_replay_equals_eager_with_changing_inputs(monkeypatch, tmp_path):
-    """CUDA-graph replay of the prefix, suffix and full passes against the eager passes, request
+    """CUDA-graph replay of the shared and full passes against the eager passes, request
     after request of the same shape bucket (a graph reading a stale static buffer fails), with and
     without a shared prefix and with an image cut by the prefix split."""
     import numpy as np
@@ -262,7 +269,7 @@ def test_graph_replay_equals_eager_with_changing_inputs(monkeypatch, tmp_path):
 
     _wide_tiny(monkeypatch)
     graphed = api.load("tiny", device=DEV, dtype=torch.bfloat16)
-    eager = api.load("tiny", device=DEV, dtype=torch.bfloat16, cuda_graphs=False)
+    eager = api.load("tiny", device=DEV, dtype=torch.bfloat16, _policy=EAGER)
     assert graphed.graphs is not None and eager.graphs is None
     texts = synthetic_requests(3, questions=6, shared_prefix=300, seed=5)
     rng = np.random.default_rng(0)
@@ -270,12 +277,16 @@ def test_graph_replay_equals_eager_with_changing_inputs(monkeypatch, tmp_path):
     for i in range(2):
         path = tmp_path / f"{i}.png"
         Image.fromarray(rng.integers(0, 256, (448, 448, 3), dtype=np.uint8)).save(path)
-        qs = (Question("a", "what?", ("red", "green")), Question("b", "how many?", ("one", "two", "three")))
+        qs = (Question("a", "what?", ("red", "green")), Question("b", "how many?", ("one", "two", "three")),
+              Question("c", "where?", ("here", "there")))
         images.append(Request(id=f"img{i}", questions=qs, prefix="a photo", image=str(path)))
     reqs = [texts[0], texts[1], texts[0], texts[2], images[0], images[1], images[0]]
     for share in (True, False):
-        got = graphed.predict(reqs, share_prefix=share)
-        want = eager.predict(reqs, share_prefix=share)
+        if share:
+            got, want = graphed.predict(reqs), eager.predict(reqs)
+        else:
+            with unshared(graphed), unshared(eager):
+                got, want = graphed.predict(reqs), eager.predict(reqs)
         for g, w in zip(got, want):
             gs = torch.tensor([s for q in g.questions for s in q.scores])
             ws = torch.tensor([s for q in w.questions for s in q.scores])
@@ -283,27 +294,29 @@ def test_graph_replay_equals_eager_with_changing_inputs(monkeypatch, tmp_path):
         first, second = (torch.tensor([s for q in r.questions for s in q.scores]) for r in got[:2])
         assert relative_error(first, second) > 1e-3  # different requests, different scores
     stats = graphed.graphs.stats()
-    # shared: one merged pass a shape (text, image); unshared: one full pass a shape
+    # shared: one shared pass a shape (text, image); unshared: one full pass a shape
     assert stats.captures >= 4 and stats.replays >= 2 * len(reqs) and not stats.eager
 
 
-@pytest.mark.parametrize(("pruned", "overlap"), [(True, "1"), (False, "1"), (True, "0")])
-def test_merged_shared_pass_equals_prefix_then_suffix(monkeypatch, pruned, overlap):
+@pytest.mark.parametrize(("pruned", "overlap"), [(True, True), (False, True), (True, False)])
+def test_shared_pass_equals_prefix_then_suffix(monkeypatch, pruned, overlap):
     """On the GPU in BF16 (fused kernels: the prefix group's mixers take fla's split path, the
-    suffixes' the fused one from a forked state), the merged shared pass equals the prefix pass
-    followed by the suffix pass from its forked state, within BF16 rounding of the different GEMM
-    shapes; 2b-sized linear-attention heads, 6 questions sharing a 300-character prefix. With the
-    prefix's delta rule on a second stream (`DOHNUTS_SHARED_OVERLAP`, default) and without."""
+    suffixes' the fused one from a forked state), the shared pass equals the prefix pass followed by
+    the suffix pass from its forked state, within BF16 rounding of the different GEMM shapes;
+    2b-sized linear-attention heads, 6 questions sharing a 300-character prefix. With the prefix's
+    delta rule on the second stream (the policy) and, to check the stream adds nothing, without."""
     import dataclasses
 
     import dohnuts.api as api
+    import dohnuts.model.text as text
     from dohnuts.train.task import synthetic_requests
 
-    monkeypatch.setenv("DOHNUTS_SHARED_OVERLAP", overlap)
+    if not overlap:
+        monkeypatch.setattr(text, "side_stream", lambda x: None)
     _wide_tiny(monkeypatch)
-    session = api.load("tiny", device=DEV, dtype=torch.bfloat16, cuda_graphs=False)
+    session = api.load("tiny", device=DEV, dtype=torch.bfloat16, _policy=EAGER)
     (req,) = synthetic_requests(1, questions=6, shared_prefix=300, seed=11)
-    hb = session.prepare(req, share_prefix=True)
+    hb = session.prepare(req)
     assert hb.plan.prefix_len > 0
     x = hb.tensors.to(session.device).score_inputs()
     if not pruned:
@@ -311,14 +324,15 @@ def test_merged_shared_pass_equals_prefix_then_suffix(monkeypatch, pruned, overl
     m = session.model
     with torch.inference_mode():
         merged = m.shared_hidden(x).float()
-        split = m.suffix_hidden(x, m.prefix_state(x)).float()
+        split = two_passes(m, x).float()
     assert merged.shape == split.shape
     assert relative_error(merged, split) < BF16_TOL
 
 
 def test_training_graph_replay_equals_eager_gradients(monkeypatch):
     """A microbatch's forward/backward by CUDA-graph replay against the eager forward/backward on the
-    same (bucketed) batch: loss and every LoRA/head gradient, request after request of one shape."""
+    same (bucketed) batch: loss and every LoRA/head gradient, request after request of one shape —
+    a shared request, whose backward graph holds the recomputation of every layer."""
     import dohnuts.api as api
     from dohnuts.model.lora import LoRAConfig, LoRALinear
     from dohnuts.runtime.pipeline import Pipeline
@@ -341,7 +355,9 @@ def test_training_graph_replay_equals_eager_gradients(monkeypatch):
     reqs = synthetic_requests(2, questions=6, shared_prefix=300, seed=9)
     session.model.train()
     for req in (reqs[0], reqs[1], reqs[0]):
-        dev = pipe.wait(*pipe.transfer(session.prepare(req, train=True, bucket=True)))
+        hb = session.prepare(req, train=True, bucket=True)
+        assert hb.plan.prefix_len > 0
+        dev = pipe.wait(*pipe.transfer(hb))
         opt.zero_grad(set_to_none=False)
         loss_g = float(graphs.step(dev, None, NULL_TIMER))
         grads_g = torch.cat([p.grad.flatten().float() for p in params]).clone()
@@ -688,9 +704,10 @@ def test_fused_state_output_kernel_equals_fla_s_two_kernels(shape):
 
 @pytest.mark.parametrize("state", [None, "forked"])
 def test_inference_delta_rule_fused_and_split_outputs_agree(monkeypatch, state):
-    """`gated_delta_rule_from_logits` with the outputs computed in the state kernel
-    (DOHNUTS_DELTA_OUTPUT=fused) and with fla's output kernel (=split) agree, and both equal the FP32
-    reference."""
+    """`gated_delta_rule_from_logits` with the outputs computed in the state kernel (fused) and with
+    fla's output kernel (split) — the rule `_fused_output` forced each way — agree, and both equal
+    the FP32 reference."""
+    from dohnuts.ops import delta_rule
     from dohnuts.ops.delta_rule import gated_delta_rule_from_logits
 
     B = 8
@@ -699,7 +716,7 @@ def test_inference_delta_rule_fused_and_split_outputs_agree(monkeypatch, state):
     outs = []
     with torch.no_grad():
         for choice in ("fused", "split"):
-            monkeypatch.setenv("DOHNUTS_DELTA_OUTPUT", choice)
+            monkeypatch.setattr(delta_rule, "_fused_output", lambda *args, fused=choice == "fused": fused)
             outs.append(gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=s0,
                                                      output_final_state=True))
     (o_f, s_f), (o_s, s_s) = outs

@@ -21,7 +21,7 @@ from dohnuts.model.packing import fuse_projections, packed_weight
 from dohnuts.runtime.requests import Question, Request
 from dohnuts.train.objective import RLCDConfig
 from dohnuts.train.step import microbatch_loss
-from tests.reference import relative_error
+from tests.reference import relative_error, unshared
 
 CFG = preset("tiny")
 GROUPS = 2 * CFG.text.num_hidden_layers  # one MLP group per layer + one mixer group per layer
@@ -132,7 +132,10 @@ def _png(path, seed):
 
 
 def _scores(session, reqs, share):
-    return [torch.tensor([s for q in r.questions for s in q.scores]) for r in session.predict(reqs, share_prefix=share)]
+    if not share:
+        with unshared(session):
+            return _scores(session, reqs, True)
+    return [torch.tensor([s for q in r.questions for s in q.scores]) for r in session.predict(reqs)]
 
 
 def _unpacked_session(monkeypatch, **kw):
@@ -150,8 +153,8 @@ def test_session_packs_and_scores_equal_unpacked(monkeypatch, tmp_path):
     packed = api.load("tiny")
     plain = _unpacked_session(monkeypatch)
     assert _packed_count(packed.model.backbone) == GROUPS
-    packed.share_tuner = plain.share_tuner = None  # follow the planner: both compute the same passes
-    qs = (Question("q1", "what?", ("red", "green")), Question("q2", "how many?", ("one", "two", "three")))
+    qs = (Question("q1", "what?", ("red", "green")), Question("q2", "how many?", ("one", "two", "three")),
+          Question("q3", "where?", ("here", "there")))
     reqs = synthetic_requests(2, questions=5, shared_prefix=300, seed=7)
     reqs += [Request(id="img", questions=qs, prefix="a photo", image=_png(tmp_path / "a.png", 0))]
     assert packed.prepare(reqs[0]).plan.prefix_len > 0 and packed.prepare(reqs[-1]).plan.prefix_len > 0
@@ -180,7 +183,8 @@ def test_lora_training_is_unaffected(monkeypatch, targets):
     (req,) = synthetic_requests(1, questions=5, shared_prefix=300, seed=4)
     out = []
     for s in (packed, plain):
-        hb = s.prepare(req, share_prefix=True, train=True)
+        hb = s.prepare(req, train=True)
+        assert hb.plan.prefix_len > 0
         s.model.zero_grad()
         s.model.train()
         loss = microbatch_loss(s.model, hb.tensors, RLCDConfig())

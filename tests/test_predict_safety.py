@@ -136,16 +136,6 @@ def test_unknown_device(tmp_path, capsys):
     assert "not supported" in _one_error_line(capsys)
 
 
-def test_wrong_delta_output_switch_stops_before_any_request(tmp_path, capsys, monkeypatch):
-    src = _jsonl(tmp_path / "r.jsonl", GOOD)
-    out = tmp_path / "out.jsonl"
-    monkeypatch.setenv("DOHNUTS_DELTA_OUTPUT", "fast")
-    assert main(["predict", str(src), "-o", str(out)]) == 2
-    line = _one_error_line(capsys)
-    assert "DOHNUTS_DELTA_OUTPUT" in line and "'fast'" in line and "auto, fused or split" in line
-    assert not out.exists() or out.read_text() == ""
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_device_without_cuda(tmp_path, capsys):
     src = _jsonl(tmp_path / "r.jsonl", GOOD)

@@ -89,7 +89,8 @@ def test_requests_score_the_same_with_and_without_the_grid():
     model = session.model
     for share in (True, False):
         (req,) = synthetic_requests(1, questions=4, shared_prefix=200 if share else 0, seed=5)
-        hb = session.prepare(req, share_prefix=share)
+        hb = session.prepare(req)
+        assert (hb.plan.prefix_len > 0) == share
         x = hb.tensors.score_inputs()
         assert x.score_rows is not None and hb.work.scored_rows == x.score_rows.numel()
         with torch.no_grad():
@@ -109,9 +110,8 @@ def test_graph_replay_reads_each_requests_positions():
     session = api.load("tiny")
     model = session.model
     graphs = session.graphs = PassGraphs(model, emulate=True)  # prepare pads to the graphs' buckets
-    session.share_tuner = None
     (req,) = synthetic_requests(1, questions=4, shared_prefix=0, seed=9)
-    x = session.prepare(req, share_prefix=False).tensors.score_inputs()
+    x = session.prepare(req).tensors.score_inputs()
     moved = dataclasses.replace(x, score_rows=(x.score_rows - 1).clamp_min(0))
     with torch.no_grad():
         first = graphs.hidden(x).clone()

@@ -1,16 +1,25 @@
-"""Shared causal prefix: computing it once and forking equals computing it per question —
-scores and gradients — and no state outlives its request or a weight update."""
+"""Shared causal prefix: the sharing rule (64-token split, enough work saved), and computing the
+prefix once and forking equals computing it per question — scores, and gradients through the
+training pass that recomputes the whole shared request — with no state outliving its request or a
+weight update."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
-from dohnuts.runtime.plan import PREFIX_ALIGN, longest_common_prefix, shared_prefix_split
+from dohnuts.runtime.plan import MIN_SAVED_TOKENS, PREFIX_ALIGN, longest_common_prefix, shared_prefix_split
 from dohnuts.runtime.requests import Question, Request
 from dohnuts.train.objective import RLCDConfig
 from dohnuts.train.step import microbatch_loss
-from tests.reference import adapted_tiny, relative_error
+from tests.reference import adapted_tiny, relative_error, scores_of, two_passes, unshared
+
+# The byte tokenizer's layout (dohnuts.runtime.plan): prefix, "\n", "Question: ", text, "\n", then
+# "Answer: " + candidate + SCORE per candidate. Questions whose texts differ in their first
+# character share exactly len(prefix) + 11 tokens.
+HEAD = 11
 
 
 def _model(seed=0):
@@ -23,13 +32,13 @@ def _request(prefix: str, texts=("alpha", "beta", "gamma"), cands=("one", "two",
     return Request(id="r", questions=qs, prefix=prefix)
 
 
-def _scores_and_grads(session, req, share):
-    hb = session.prepare(req, share_prefix=share, train=True)
+def _scores_and_grads(session, req):
+    """The training pass's loss gradients (recomputing, as training always does) and the scores."""
+    hb = session.prepare(req, train=True)
     model = session.model
     model.zero_grad()
     model.train()
-    loss = microbatch_loss(model, hb.tensors, RLCDConfig())
-    loss.backward()
+    microbatch_loss(model, hb.tensors, RLCDConfig()).backward()
     grads = torch.cat([p.grad.flatten() for p in model.trainable_parameters()])
     model.eval()
     with torch.no_grad():
@@ -37,67 +46,80 @@ def _scores_and_grads(session, req, share):
     return hb.plan, scores, grads
 
 
-@pytest.mark.parametrize("prefix_chars", [300, 255, 129])  # splits 304, 264, 136: none a multiple of the chunk (64)
+@pytest.mark.parametrize("prefix_chars", [300, 245, 117])  # 311, 256 and 128 shared tokens: splits 256, 256, 128
 def test_sharing_equals_not_sharing(prefix_chars):
-    """Equal to FP32 rounding. The split is not on a delta-rule chunk boundary, so the chunked
-    FP32 recurrence sums in another order than the one pass (a split at 296 of 300 tokens moves
-    the reference's output by 2e-8): scores differ by < 1e-6 and gradients by ≈ 2e-5 (≈ 2e-6 when
-    the split was a multiple of 64, 2026-12-01). A real defect — a state read from the wrong row
-    or position — moves them by orders of magnitude more."""
+    """Scores and LoRA/head gradients (the training pass, every layer recomputed in the backward
+    pass) with the prefix computed once equal those of one batched pass, to FP32 rounding."""
     model = _model()
     req = _request("x" * prefix_chars)
-    plan_s, s_shared, g_shared = _scores_and_grads(model, req, True)
-    plan_u, s_plain, g_plain = _scores_and_grads(model, req, False)
+    plan_s, s_shared, g_shared = _scores_and_grads(model, req)
+    with unshared(model):
+        plan_u, s_plain, g_plain = _scores_and_grads(model, req)
     assert plan_u.prefix_len == 0
-    lcp = longest_common_prefix(plan_s.sequences)
-    assert plan_s.prefix_len == lcp - lcp % PREFIX_ALIGN and plan_s.prefix_len >= 128
+    common = prefix_chars + HEAD
+    assert plan_s.prefix_len == common - common % PREFIX_ALIGN > 0
     assert relative_error(s_shared, s_plain) < 1e-5
-    assert relative_error(g_shared, g_plain) < 5e-5
+    assert relative_error(g_shared, g_plain) < 5e-5 and float(g_plain.norm()) > 0
 
 
-def test_prefix_shorter_than_threshold_takes_one_pass():
+@pytest.mark.parametrize(("shared", "split"), [(63, 0), (64, 64), (65, 64), (127, 64), (128, 128), (129, 128)])
+def test_the_split_is_on_the_64_token_grid(shared, split):
+    """Requests whose questions share exactly `shared` tokens split at the multiple of 64 below
+    (none under 64), and score as one batched pass does."""
     model = _model()
-    req = _request("short")
-    plan, _, _ = _scores_and_grads(model, req, True)
-    assert plan.prefix_len == 0
+    texts = tuple(f"{c} question" for c in "abcdefgh")  # 8 questions: 7 × 64 tokens saved ≥ MIN_SAVED_TOKENS
+    req = _request("p" * (shared - HEAD), texts=texts)
+    plan = model.prepare(req).plan
+    assert plan.common_prefix() == shared and plan.prefix_len == split
+    if split:
+        assert plan.sequences[0][:split] == plan.sequences[-1][:split]
+        with unshared(model):
+            plain = scores_of(model.predict([req]))
+        assert relative_error(scores_of(model.predict([req])), plain) < 1e-5
 
 
-def test_candidate_right_after_the_split():
-    """The first candidate starts exactly at the split: every scored position is in the suffix."""
+@pytest.mark.parametrize(("first_score", "split"), [(256, 256), (255, 192)])
+def test_a_candidate_just_after_the_split(first_score, split):
+    """Identical questions share everything up to their first candidate's SCORE token: the split
+    stops at that position (every scored position stays in the suffix), on the grid — a SCORE token
+    at 256 is the first suffix token; at 255 the split falls back to 192."""
     model = _model()
-    # "Question: q\n" is 12 bytes; a prefix of 243 chars + "\n" puts the question end at 256, and
-    # "Answer: a" the first SCORE token at 265: the split (on the 8-token grid) lands one token before it.
-    req = _request("y" * 243, texts=("q", "q", "q"), cands=("a", "b", "c"))
-    plan = model.prepare(req, share_prefix=True).plan
-    assert plan.prefix_len == 264 and plan.score_positions[0][0] == 265
+    # "y" * c + "\n" + "Question: q\n" (12) + "Answer: a" (9): the first SCORE token at c + 22
+    req = _request("y" * (first_score - 22), texts=("q", "q", "q"), cands=("a", "b", "c"))
+    plan = model.prepare(req).plan
+    assert plan.score_positions[0][0] == first_score and plan.prefix_len == split
     assert min(p[0] for p in plan.score_positions) >= plan.prefix_len
-    assert any(len(s) > plan.prefix_len and plan.score_positions[0][0] - plan.prefix_len < 10 for s in plan.sequences)
-    shared = torch.tensor([s for q in model.predict([req], share_prefix=True)[0].questions for s in q.scores])
-    plain = torch.tensor([s for q in model.predict([req], share_prefix=False)[0].questions for s in q.scores])
-    assert relative_error(shared, plain) < 1e-5
+    with unshared(model):
+        plain = scores_of(model.predict([req]))
+    assert relative_error(scores_of(model.predict([req])), plain) < 1e-5
 
 
 def test_split_rules():
+    """By hand: the split is the common prefix capped at the first candidate, aligned down to 64;
+    one question never shares; too little saved work, (B − 1) · P < MIN_SAVED_TOKENS, does not."""
+    assert PREFIX_ALIGN == 64 and MIN_SAVED_TOKENS == 256
     seqs = ((1,) * 200 + (2, 3), (1,) * 200 + (4, 5), (1,) * 150 + (9,) * 52)
     pos = ((201,), (201,), (201,))
-    assert shared_prefix_split(seqs, pos) == 144  # LCP 150 → aligned down to 144 (PREFIX_ALIGN 8)
-    assert shared_prefix_split(seqs, pos, align=64) == 128
-    assert shared_prefix_split(seqs, ((100,), (201,), (201,))) == 0  # a candidate at 100 caps it below 128
+    assert shared_prefix_split(seqs, pos) == 128  # LCP 150 → 128; 2 × 128 = 256 saved
+    assert shared_prefix_split(seqs, ((100,), (201,), (201,))) == 0  # a candidate at 100 caps it at 64: 128 saved
     assert shared_prefix_split(seqs[:1], pos[:1]) == 0  # one question: nothing to share
+    assert shared_prefix_split(seqs[:2], pos[:2]) == 0  # LCP 200 → 192, but 1 × 192 < 256 saved
+    four = seqs + ((1,) * 70,)
+    assert shared_prefix_split(four, pos + ((69,),)) == 0  # capped at 69 → 64: 3 × 64 < 256
+    five = four + ((1,) * 70,)
+    assert shared_prefix_split(five, pos + ((69,), (69,))) == 64  # 4 × 64 = 256
 
 
-@pytest.mark.parametrize("shared_pass", ["merged", "split"])
-def test_no_state_survives_a_request(monkeypatch, shared_pass):
-    """Poison every prefix state the pass made — each attention layer's keys and values when they
-    are forked, each Gated DeltaNet layer's conv history and recurrent state when they are returned
-    (inside the merged pass, or between the two passes): the next request is unaffected."""
+def test_no_state_survives_a_request(monkeypatch):
+    """Poison every prefix state the shared pass made — each attention layer's keys and values when
+    they are forked, each Gated DeltaNet layer's conv history and recurrent state when they are
+    returned — after a request: the next request is unaffected."""
     from dohnuts.model.state import KVState
     from dohnuts.model.text import GatedDeltaNet
 
-    monkeypatch.setenv("DOHNUTS_SHARED_PASS", shared_pass)
     model = _model()
     a, b = _request("a" * 300), _request("b" * 300, texts=("delta", "eps", "zeta"))
-    expected = model.predict([b], share_prefix=True)[0]
+    expected = model.predict([b])[0]
     states = []
 
     def kv_fork(self, n, real=KVState.fork):
@@ -119,12 +141,12 @@ def test_no_state_survives_a_request(monkeypatch, shared_pass):
     monkeypatch.setattr(KVState, "fork", kv_fork)
     monkeypatch.setattr(GatedDeltaNet, "_conv", conv)
     monkeypatch.setattr(GatedDeltaNet, "_delta", delta)
-    model.predict([a], share_prefix=True)
+    model.predict([a])
     assert len(states) == 2 * len(model.model.backbone.layers)  # each layer's prefix state: two tensors
     with torch.inference_mode():  # the states were made under inference mode
         for t in states:
             t.fill_(float("nan"))
-    again = model.predict([b], share_prefix=True)[0]
+    again = model.predict([b])[0]
     assert again.questions == expected.questions
 
 
@@ -134,35 +156,69 @@ def test_no_state_survives_an_optimizer_step():
 
     model = _model()
     req = _request("z" * 300)
-    before = torch.tensor([s for q in model.predict([req])[0].questions for s in q.scores])
+    before = scores_of(model.predict([req]))
     opt = make_optimizer(model, OptimConfig(lr=1e-2))
     Updater(model, opt, RLCDConfig(), OptimConfig(lr=1e-2)).update([req] * 4)
-    shared = torch.tensor([s for q in model.predict([req], share_prefix=True)[0].questions for s in q.scores])
-    plain = torch.tensor([s for q in model.predict([req], share_prefix=False)[0].questions for s in q.scores])
+    shared = scores_of(model.predict([req]))
+    with unshared(model):
+        plain = scores_of(model.predict([req]))
     assert relative_error(shared, plain) < 1e-5
     assert relative_error(shared, before) > 1e-4  # the weights really changed
 
 
-def test_activation_checkpointing_recomputes_the_shared_request():
+def test_training_recomputes_the_complete_shared_request(monkeypatch):
+    """The training pass of a shared request is the shared pass with every layer — the prefix's
+    rows, its state forked, the suffixes — an activation-checkpointing region: the backward pass
+    runs each layer's shared forward again and builds the prefix's state afresh (counted here), and
+    the gradients equal those of the same pass without recomputation."""
+    from dohnuts.model.text import DecoderLayer, TextBackbone
+
     model = _model()
     req = _request("c" * 300)
-    hb = model.prepare(req, share_prefix=True, train=True)
+    hb = model.prepare(req, train=True)
     assert hb.plan.prefix_len > 0
-    grads = []
-    for ckpt in (False, True):
-        model.model.zero_grad()
-        model.model.train()
-        microbatch_loss(model.model, hb.tensors, RLCDConfig(), checkpoint_layers=ckpt).backward()
+    x = hb.tensors.score_inputs()
+    calls = {"layer": 0, "last": 0}
+
+    def layer_shared(self, *args, real=DecoderLayer.forward_shared):
+        calls["layer"] += 1
+        return real(self, *args)
+
+    def last_shared(self, *args, real=TextBackbone._last_shared):  # the last layer: prefix state, fork, suffixes
+        calls["last"] += 1
+        return real(self, *args)
+
+    monkeypatch.setattr(DecoderLayer, "forward_shared", layer_shared)
+    monkeypatch.setattr(TextBackbone, "_last_shared", last_shared)
+    m = model.model
+    grads, counts = [], []
+    for recompute in (False, True):
+        calls.update(layer=0, last=0)
+        m.zero_grad()
+        m.train()
+        loss = microbatch_loss(m, hb.tensors, RLCDConfig()) if recompute else \
+            _loss_without_recompute(m, hb.tensors)
+        loss.backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.trainable_parameters()]))
-    assert relative_error(grads[1], grads[0]) < 1e-6
+        counts.append(dict(calls))
+    n = len(m.backbone.layers) - 1
+    assert counts[0] == {"layer": n, "last": 1}
+    assert counts[1] == {"layer": 2 * n, "last": 2}  # the whole shared request, again, in the backward
+    assert relative_error(grads[1], grads[0]) < 1e-6 and float(grads[0].norm()) > 0
+
+
+def _loss_without_recompute(model, batch):
+    from dohnuts.model.scorer import candidate_logits
+    from dohnuts.train.objective import rlcd_loss
+
+    scores = model(batch.score_inputs(), recompute=False)
+    return rlcd_loss(candidate_logits(scores, batch.cand_matrix), batch.rewards, RLCDConfig())
 
 
 def test_longest_common_prefix_equals_the_plain_definition():
     """The bisecting version against the element-by-element definition, on random sequences
     that share prefixes of every length (including none, all, and one sequence a prefix of another)."""
     import random
-
-    from dohnuts.runtime.plan import longest_common_prefix
 
     def plain(seqs):
         n = min(len(s) for s in seqs)
@@ -197,32 +253,31 @@ def test_a_fork_is_views_outside_autograd_and_copies_under_it():
     assert torch.equal(conv_g.grad, torch.full_like(conv, 6.0)) and torch.equal(rec_g.grad, torch.full_like(rec, 12.0))
 
 
-def _image_request(tmp_path, seed=0) -> Request:
+def _image_request(tmp_path, prefix="a photo", seed=0) -> Request:
     import numpy as np
     from PIL import Image
 
     path = tmp_path / f"{seed}.png"
     Image.fromarray(np.random.default_rng(seed).integers(0, 256, (448, 448, 3), dtype=np.uint8)).save(path)
-    qs = (Question("q1", "what?", ("red", "green")), Question("q2", "how many?", ("one", "two", "three")))
-    return Request(id="img", questions=qs, prefix="a photo", image=str(path))
+    qs = (Question("q1", "what?", ("red", "green")), Question("q2", "how many?", ("one", "two", "three")),
+          Question("q3", "where?", ("here", "there")))
+    return Request(id="img", questions=qs, prefix=prefix, image=str(path))
 
 
 @pytest.mark.parametrize("pruned", [True, False])
-@pytest.mark.parametrize("kind", ["text 300", "text 129", "image", "image cut"])
-def test_merged_pass_equals_prefix_then_suffix(kind, pruned, tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["text 300", "text 117", "image", "image cut"])
+def test_shared_pass_equals_prefix_then_suffix(kind, pruned, tmp_path):
     """`shared_hidden` (the prefix's rows in the suffixes' token-parallel ops, one pass) equals the
     prefix pass and the suffix pass from its forked state, to FP32 rounding: text prefixes on and
-    off the 64-token chunk grid, an image prefix, and one whose split cuts the image (the rest of
-    its features in the suffix rows, MRoPE positions); at the scored positions and at every one."""
-    import dataclasses
-
-    import dohnuts.runtime.plan as plan_mod
-
-    if kind == "image cut":
-        monkeypatch.setattr(plan_mod, "PREFIX_ALIGN", 64)  # the split falls inside the 196 image tokens
+    off the chunk grid, an image prefix, and one whose split cuts the image (the rest of its
+    features in the suffix rows, MRoPE positions); at the scored positions and at every one."""
     session = _model()
-    req = _image_request(tmp_path) if kind.startswith("image") else _request("x" * int(kind.split()[1]))
-    hb = session.prepare(req, share_prefix=True)
+    if kind.startswith("image"):
+        # 196 image tokens + 2 at 0..197: "a photo" splits at 192 (inside the image), a longer prefix at 256
+        req = _image_request(tmp_path, prefix="a photo" if kind == "image cut" else "a photo " + "z" * 60)
+    else:
+        req = _request("x" * int(kind.split()[1]))
+    hb = session.prepare(req)
     assert hb.plan.prefix_len > 0
     x = hb.tensors.score_inputs()
     if x.image_tokens:
@@ -233,18 +288,8 @@ def test_merged_pass_equals_prefix_then_suffix(kind, pruned, tmp_path, monkeypat
         x = dataclasses.replace(x, score_rows=None, score_slot=None)
     m = session.model
     with torch.no_grad():
-        merged = m.shared_hidden(x)
-        split = m.suffix_hidden(x, m.prefix_state(x))
-    assert merged.shape == split.shape == ((*x.score_rows.shape, split.shape[-1]) if pruned else (*x.ids.shape, split.shape[-1]))
-    assert relative_error(merged, split) < 1e-5
-
-
-def test_shared_pass_setting_is_checked(monkeypatch):
-    from dohnuts.errors import ConfigError
-    from dohnuts.model.scorer import shared_pass
-
-    monkeypatch.setenv("DOHNUTS_SHARED_PASS", "fused")
-    with pytest.raises(ConfigError, match="DOHNUTS_SHARED_PASS|shared-prefix pass"):
-        shared_pass()
-    monkeypatch.setenv("DOHNUTS_SHARED_PASS", "")
-    assert shared_pass() == "merged"
+        shared = m.shared_hidden(x)
+        split = two_passes(m, x)
+    assert shared.shape == split.shape == ((*x.score_rows.shape, split.shape[-1]) if pruned
+                                           else (*x.ids.shape, split.shape[-1]))
+    assert relative_error(shared, split) < 1e-5

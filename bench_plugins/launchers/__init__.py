@@ -38,7 +38,7 @@ class TorchrunLauncher:
 
     def launch(self, run, spec, processes: int, out, *, gpu: bool, telemetry_interval: float = 0.1) -> int:
         from dohnuts.bench.runner import safe_name
-        from dohnuts.runtime.distributed import torchrun_failure
+        from dohnuts.launch import torchrun_failure
 
         ranks_dir = run.run_dir / "ranks" / f"{safe_name(spec.name)}-p{processes}"
         ranks_dir.mkdir(parents=True, exist_ok=True)

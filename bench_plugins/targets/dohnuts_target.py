@@ -2,13 +2,14 @@
 
 The workload's `model` is a preset or a checkpoint directory. Options (per target entry in a
 workload file):
-    share_prefix: true      compute a long shared prefix once (false: one batched pass)
     lora_rank: 16           fresh adapters for train-step workloads
     adapter: PATH           an adapter file saved by `dohnuts train`: prediction merges it into the
                             base (as `dohnuts predict --adapter` serves it); a train-step workload
                             continues training it (as `dohnuts train --initialize-from` does)
-    cuda_graphs: true       replay the inference passes as CUDA graphs (false: launch them eagerly,
-                            to measure what the graphs save; the product always uses them on a GPU)
+Measurement-only variants (dohnuts.runtime.policy; never what a user runs, and labelled so in every
+record — `variant` — and report):
+    share_prefix: false     one batched pass even where the sharing rule shares (`unshared`)
+    cuda_graphs: false      the inference passes and training microbatches launched eagerly (`eager`)
 
 Each record's `extra.graphs` counts the call's graph replays (inference passes, or training
 microbatches), captures and eager passes.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from dohnuts.bench.calls import CallResult, PredictCall, TrainCall
 from dohnuts.errors import ConfigError
+from dohnuts.runtime.policy import ExecutionPolicy
 
 OPTIONS = {"share_prefix", "lora_rank", "adapter", "cuda_graphs"}
 
@@ -34,12 +36,13 @@ class DohnutsTarget:
                               source=spec.file, field="targets")
         self.train = spec.kind == "train-step"
         adapter = options.get("adapter")
-        share = bool(options.get("share_prefix", True))
+        policy = ExecutionPolicy(share_prefix=bool(options.get("share_prefix", True)),
+                                 cuda_graphs=bool(options.get("cuda_graphs", True)))
+        self.variant = policy.variant  # None: the product
         lora = LoRAConfig(rank=int(options.get("lora_rank", 16))) if self.train and adapter is None else None
         # Prediction runs a deployed model (adapters merged: no adapter cost); training carries them.
         self.model = api.load(spec.model, device=device, dtype=dtype, seed=spec.seed, lora=lora, adapter=adapter,
-                              merge=adapter is not None and not self.train,
-                              cuda_graphs=bool(options.get("cuda_graphs", True)))
+                              merge=adapter is not None and not self.train, _policy=policy)
         cfg = self.model.lora
         self.lora_info = {"rank": cfg.rank, "targets": list(cfg.targets), "merged": False} if cfg else None
         if self.train:
@@ -51,12 +54,11 @@ class DohnutsTarget:
             # Under a launcher every rank runs its share of each update's microbatches, and the
             # gradients meet in one all-reduce (its bytes go into the records for the analysis).
             world = current_world()
-            self.updater = Updater(self.model, make_optimizer(self.model, optim), RLCDConfig(), optim,
-                                   share_prefix=share, world=world)
+            self.updater = Updater(self.model, make_optimizer(self.model, optim), RLCDConfig(), optim, world=world)
             self.allreduce = ({"allreduce_bytes": gradient_bytes(self.model.trainable_parameters()) + 4}
                               if world.distributed else {})
         else:
-            self.predictor = Predictor(self.model, share_prefix=share)
+            self.predictor = Predictor(self.model)
 
     def run_call(self, call, timer) -> CallResult:
         if isinstance(call, PredictCall) and not self.train:

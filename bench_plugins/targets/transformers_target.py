@@ -17,6 +17,7 @@ import torch
 
 from dohnuts.bench.calls import CallResult, PredictCall
 from dohnuts.errors import ConfigError
+from dohnuts.runtime.policy import ExecutionPolicy
 from dohnuts.runtime.predict import Predictor
 
 TEXT_KINDS = ("text", "shared-prefix")
@@ -57,7 +58,9 @@ class TransformersTarget:
 
         Config, Model, Rotary = _import_transformers(device)
         self.device = device
-        self.ours = api.load(spec.model, device=device, dtype=dtype, seed=spec.seed)
+        # dohnuts' planner and head over the same weights, planning plain batches (no shared prefix)
+        self.ours = api.load(spec.model, device=device, dtype=dtype, seed=spec.seed,
+                             _policy=ExecutionPolicy(share_prefix=False, cuda_graphs=False))
         hf_cfg = Config(**to_hf_text_config(self.ours.cfg.text))
         hf_cfg._attn_implementation = "sdpa"
         with torch.device("meta"):
@@ -71,7 +74,7 @@ class TransformersTarget:
         if not isinstance(call, PredictCall):
             raise TypeError(f"transformers target cannot run {type(call).__name__}")
         with timer.stage("prepare"):
-            hb = self.ours.prepare(call.request, share_prefix=False)
+            hb = self.ours.prepare(call.request)
             lengths = torch.tensor(hb.plan.lengths)
             padded = bool((lengths != lengths.max()).any())
             mask = (torch.arange(hb.tensors.ids.shape[1])[None] < lengths[:, None]).long() if padded else None

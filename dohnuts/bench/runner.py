@@ -19,6 +19,7 @@ import gc
 import random
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from dohnuts.bench.calls import CallResult
 from dohnuts.bench.provenance import provenance
 from dohnuts.bench.telemetry import DEFAULT_MIN_CLOCK_FRACTION, TelemetryThread, call_validity
 from dohnuts.bench.workload import WorkloadSpec
-from dohnuts.runtime.distributed import SINGLE, World, any_rank, barrier, fault_point, max_over_ranks
+from dohnuts.runtime.distributed import SINGLE, World, any_rank, barrier, max_over_ranks
 from dohnuts.runtime.timing import StageTimer, empty_stage_cost
 
 SCHEMA = 1
@@ -46,6 +47,8 @@ class RunContext:
     measured: dict = field(default_factory=dict)  # measured ceilings etc., written to run.json
     notes: list = field(default_factory=list)
     failures: list = field(default_factory=list)  # {"workload", "file", "target", "error"}: written to run.json
+    # Tests only: called as before_call(world, i) before measured call i (a fault injected into a rank).
+    before_call: Callable[[World, int], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -180,7 +183,8 @@ def _measure_target(run, pm, spec, tspec, factory, kind, calls, warmup, device, 
         while any_rank(i < wanted or time.perf_counter() - start < spec.min_duration_s, world):
             call = calls[(warmup + i) % len(calls)]
             pm.hook.dohnuts_bench_before_call(run=run, spec=spec, target_name=tspec.label, iteration=i)
-            fault_point(world, i)  # tests: DOHNUTS_FAULT_EXIT="rank=R,update=I" ends rank R abruptly here
+            if run.before_call is not None:
+                run.before_call(world, i)
             record = _measure_call(run, spec, tspec, target, call, device, dtype, cfg, prov, telemetry, i)
             # Even and odd calls are two interleaved halves of one measurement: their difference
             # is the run's own noise budget (A/A, dohnuts.bench.analysis.compare.aa_noise).
@@ -260,6 +264,8 @@ def _record(run, spec, tspec, target, cfg, dtype, device, prov, *, iteration: in
         "target": tspec.label,
         "target_name": tspec.name,
         "target_options": tspec.options,
+        # a measurement-only variant of the product (dohnuts.runtime.policy), or None
+        "variant": getattr(target, "variant", None),
         "iteration": iteration,
         "phase": phase,
         "stages": stages,

@@ -20,6 +20,28 @@ import sys
 from pathlib import Path
 
 
+FAULT = "DOHNUTS_BENCH_FAULT_EXIT"
+
+
+def _fault_from_environment():
+    """The launcher tests' fault injection: DOHNUTS_BENCH_FAULT_EXIT="rank=R,call=I" makes rank R
+    of a multi-process measurement exit abruptly (status 17, nothing flushed) before its measured
+    call I. A test hook of this worker only: nothing else reads it."""
+    import os
+
+    spec = os.environ.get(FAULT)
+    if not spec:
+        return None
+    fields = dict(part.split("=", 1) for part in spec.split(","))
+    rank, call = int(fields["rank"]), int(fields["call"])
+
+    def fault(world, i: int) -> None:
+        if world.rank == rank and i == call:
+            os._exit(17)
+
+    return fault
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="dohnuts.bench.worker")
     p.add_argument("--workload", required=True)
@@ -46,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     run = RunContext(run_id=args.run_id, run_dir=out_dir / f"rank{world.rank}", device=torch.device(device),
-                     hwspec=None, console=Console(stderr=True, highlight=False, quiet=True))
+                     hwspec=None, console=Console(stderr=True, highlight=False, quiet=True),
+                     before_call=_fault_from_environment())
     busbw = allreduce_busbw(world)
     if busbw is not None:
         (out_dir / "measured.json").write_text(json.dumps({"allreduce_busbw": busbw}, indent=2))

@@ -5,39 +5,36 @@ FP32 score per candidate comes out. It knows nothing of tokenizers, image caches
 temperatures or adapter files — those live in the runtime session (dohnuts.runtime.session).
 A pass makes no host reads, so each of its passes can be captured as a CUDA graph.
 
-One request is one invocation: either one batched pass, or the shared prefix once (batch 1)
-followed by its forked state and the batched suffixes; then the hidden states at the candidates'
-SCORE tokens go through the scalar head. With `ScoreInputs.score_rows` (the runtime always gives
-them) a pass returns the hidden states at the SCORE tokens only, and its last layer computes its
-query side, MLP and final norm there alone; the prefix pass computes only the state it hands on.
-No vocabulary projection and no token generation exist anywhere.
+One request is one invocation, by one of two passes (`choose_pass`): one batched pass over whole
+sequences, or the shared pass — the shared prefix once, its state forked into the batched
+suffixes, in one pass; then the hidden states at the candidates' SCORE tokens go through the
+scalar head. With `ScoreInputs.score_rows` (the runtime always gives them) a pass returns the
+hidden states at the SCORE tokens only, and its last layer computes its query side, MLP and
+final norm there alone. Training runs the same passes with `recompute=True`. No vocabulary
+projection and no token generation exist anywhere.
 """
 
 from __future__ import annotations
 
-import os
 from contextlib import nullcontext
 
 import torch
 from torch import nn
 
 from dohnuts.config import ModelConfig
-from dohnuts.errors import ConfigError
 from dohnuts.model.inputs import ScoreInputs
-from dohnuts.model.state import BackboneState
 from dohnuts.model.text import TextBackbone
 
+FULL, SHARED = "forward", "shared"  # the two passes (and the names of their timed stages)
 
-def shared_pass() -> str:
-    """`DOHNUTS_SHARED_PASS`: how an inference call with a shared prefix runs — `merged` (default:
-    one pass, the prefix's rows in the suffixes' token-parallel ops, `TextBackbone.forward_shared`)
-    or `split` (a prefix pass, then the suffix pass from its forked state; what training runs).
-    For A/B measurements; a prediction session checks it when it starts (ConfigError)."""
-    choice = os.environ.get("DOHNUTS_SHARED_PASS", "").strip() or "merged"
-    if choice not in ("merged", "split"):
-        raise ConfigError(f"{choice!r} is not a shared-prefix pass: expected merged or split",
-                          source="environment", field="DOHNUTS_SHARED_PASS")
-    return choice
+
+def choose_pass(x: ScoreInputs) -> str:
+    """The one place a request's pass is chosen — for eager execution, graph capture and training
+    alike: a request the planner split at a shared prefix runs the shared pass (the prefix once,
+    its state forked into the suffix rows, `TextBackbone.forward_shared`); any other runs one
+    batched pass over whole sequences. Whether to split is the planner's rule
+    (dohnuts.runtime.plan.shared_prefix_split), decided before the request reaches the model."""
+    return SHARED if x.prefix_ids is not None else FULL
 
 
 def no_stage(name: str):
@@ -101,32 +98,9 @@ class ScoringModel(nn.Module):
         feats = features.to(x.dtype).unsqueeze(0).expand(B, -1, -1)  # (B, m, H)
         return torch.cat([x[:, :start], feats, x[:, start + m:]], dim=1)
 
-    def prefix_state(self, x: ScoreInputs, *, checkpoint_layers: bool = False) -> BackboneState:
-        """The shared prefix (1, P) once: the state every branch continues from (batch 1)."""
-        k = x.image_tokens_in_prefix
-        emb = self.embed(x.prefix_ids, x.image_features[:k] if k else None, 1)
-        pos = None if x.positions is None else x.positions[:, :, :x.prefix_len]
-        _, state = self.backbone(inputs_embeds=emb, position_ids=pos, return_state=True,
-                                 checkpoint_layers=checkpoint_layers, next_position=x.prefix_next_position,
-                                 state_only=x.score_rows is not None)
-        return state
-
-    def suffix_hidden(self, x: ScoreInputs, state: BackboneState, *, checkpoint_layers: bool = False) -> torch.Tensor:
-        """The B suffix rows continuing a batch-1 prefix state (forked here) → hidden (B, L, H),
-        or (B, Q, H) at `x.score_rows`."""
-        B, L = x.ids.shape
-        P, k = x.prefix_len, x.image_tokens_in_prefix
-        rest = x.image_features[k:] if x.image_features is not None and x.image_tokens else None
-        emb = self.embed(x.ids, rest, 0)
-        pos = None if x.positions is None else x.positions[:, :, P:P + L].expand(-1, B, -1)
-        h, _ = self.backbone(inputs_embeds=emb, position_ids=pos, state=state.fork(B),
-                             checkpoint_layers=checkpoint_layers, rows=x.score_rows)
-        return h
-
-    def shared_hidden(self, x: ScoreInputs) -> torch.Tensor:
+    def shared_hidden(self, x: ScoreInputs, *, recompute: bool = False) -> torch.Tensor:
         """The shared prefix and its B forked suffix rows in one pass (`TextBackbone.forward_shared`)
-        → hidden (B, L, H), or (B, Q, H) at `x.score_rows`: equal to `prefix_state` then
-        `suffix_hidden`, with the prefix's rows in the suffixes' token-parallel ops. Inference only."""
+        → hidden (B, L, H), or (B, Q, H) at `x.score_rows`."""
         B, L = x.ids.shape
         P, k = x.prefix_len, x.image_tokens_in_prefix
         emb_p = self.embed(x.prefix_ids, x.image_features[:k] if k else None, 1)
@@ -135,43 +109,42 @@ class ScoringModel(nn.Module):
         pos_p = None if x.positions is None else x.positions[:, :, :P]
         pos_s = None if x.positions is None else x.positions[:, :, P:P + L].expand(-1, B, -1)
         return self.backbone.forward_shared(emb_p, emb_s, prefix_positions=pos_p, suffix_positions=pos_s,
-                                            next_position=x.prefix_next_position, rows=x.score_rows)
+                                            next_position=x.prefix_next_position, rows=x.score_rows,
+                                            recompute=recompute)
 
-    def full_hidden(self, x: ScoreInputs, *, checkpoint_layers: bool = False) -> torch.Tensor:
+    def full_hidden(self, x: ScoreInputs, *, recompute: bool = False) -> torch.Tensor:
         """One batched pass over whole sequences → hidden (B, L, H), or (B, Q, H) at `x.score_rows`."""
         B, L = x.ids.shape
         feats = x.image_features if x.image_tokens else None
         emb = self.embed(x.ids, feats, 1)
         pos = None if x.positions is None else x.positions[:, :, :L].expand(-1, B, -1)
-        h, _ = self.backbone(inputs_embeds=emb, position_ids=pos, checkpoint_layers=checkpoint_layers,
-                             rows=x.score_rows)
+        h, _ = self.backbone(inputs_embeds=emb, position_ids=pos, checkpoint_layers=recompute, rows=x.score_rows)
         return h
+
+    def run_pass(self, kind: str, x: ScoreInputs, *, recompute: bool = False) -> torch.Tensor:
+        """The hidden states of pass `kind` (`choose_pass`) over `x`. `recompute` (training):
+        activation checkpointing — each layer of the whole request, a shared prefix and its forked
+        suffixes together, is recomputed in the backward pass from fresh state."""
+        if kind == SHARED:
+            return self.shared_hidden(x, recompute=recompute)
+        return self.full_hidden(x, recompute=recompute)
 
     def head_scores(self, h: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """hidden (B, L, H) → the scores (C,) FP32 of the flat rows `index` names (a request's
         `head_index` for what `hidden` returned)."""
         return self.head(h.reshape(-1, h.shape[-1]).index_select(0, index))
 
-    def hidden(self, x: ScoreInputs, *, checkpoint_layers: bool = False, stage=no_stage) -> torch.Tensor:
-        """Hidden states (B, L, H) of the request's rows, or (B, Q, H) at `x.score_rows`: the prefix
-        once and its forked suffixes, or one batched pass. `stage(name)` brackets each pass
-        (`prefix`, `suffix` or `forward`) with a context manager — the runtime's stage timer, or
-        nothing. Outside autograd a shared prefix and its suffixes run as one pass (`shared`,
-        `shared_pass()`)."""
-        if x.prefix_ids is not None and shared_pass() == "merged" and not torch.is_grad_enabled():
-            with stage("shared"):
-                return self.shared_hidden(x)
-        if x.prefix_ids is not None:
-            with stage("prefix"):
-                state = self.prefix_state(x, checkpoint_layers=checkpoint_layers)
-            with stage("suffix"):
-                return self.suffix_hidden(x, state, checkpoint_layers=checkpoint_layers)
-        with stage("forward"):
-            return self.full_hidden(x, checkpoint_layers=checkpoint_layers)
+    def hidden(self, x: ScoreInputs, *, recompute: bool = False, stage=no_stage) -> torch.Tensor:
+        """Hidden states (B, L, H) of the request's rows, or (B, Q, H) at `x.score_rows`, by the pass
+        `choose_pass` picks; `stage(name)` brackets it (`shared` or `forward`) with a context
+        manager — the runtime's stage timer, or nothing."""
+        kind = choose_pass(x)
+        with stage(kind):
+            return self.run_pass(kind, x, recompute=recompute)
 
-    def forward(self, x: ScoreInputs, *, checkpoint_layers: bool = False, stage=no_stage) -> torch.Tensor:
+    def forward(self, x: ScoreInputs, *, recompute: bool = False, stage=no_stage) -> torch.Tensor:
         """One request's candidate scores (C,) FP32, in the order of `x.score_index`."""
-        h = self.hidden(x, checkpoint_layers=checkpoint_layers, stage=stage)
+        h = self.hidden(x, recompute=recompute, stage=stage)
         with stage("head"):
             return self.head_scores(h, x.head_index)
 

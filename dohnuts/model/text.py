@@ -8,7 +8,6 @@ The backbone ends at the final norm: no vocabulary projection exists in dohnuts.
 
 from __future__ import annotations
 
-import os
 from contextlib import nullcontext
 
 import torch
@@ -33,11 +32,13 @@ class _AllRows:
 ALL_ROWS = _AllRows()
 
 
-def side_stream(device: torch.device) -> torch.cuda.Stream | None:
-    """The second CUDA stream of `device` on which the merged shared pass runs the prefix's delta
-    rule (`GatedDeltaNet.forward_shared`); None off CUDA, or with `DOHNUTS_SHARED_OVERLAP=0` (one
-    stream: for A/B measurements). A CUDA graph captures the fork and join as graph edges."""
-    if device.type != "cuda" or os.environ.get("DOHNUTS_SHARED_OVERLAP", "1").strip() == "0":
+def side_stream(x: torch.Tensor) -> torch.cuda.Stream | None:
+    """The second CUDA stream of x's device on which the shared pass runs the prefix's delta rule
+    (`GatedDeltaNet.forward_shared`); None off CUDA and under autograd (training keeps one stream:
+    its backward would otherwise run on streams of their own). A CUDA graph captures the fork and
+    join as graph edges."""
+    device = x.device
+    if device.type != "cuda" or ops.recording(x):
         return None
     stream = _SIDE_STREAMS.get(device)
     if stream is None:
@@ -152,7 +153,7 @@ class GatedDeltaNet(nn.Module):
         (_, p, _), (n, t, _) = groups
         mixed, b, a = self.project(x)  # (R, ·) each
         qkv_p, conv_p, normalised_p = self._conv(mixed[:p].view(1, p, -1), None, True)
-        side = side_stream(x.device)
+        side = side_stream(x)
         if side is not None:
             side.wait_stream(torch.cuda.current_stream(x.device))
         with torch.cuda.stream(side) if side is not None else nullcontext():
@@ -443,8 +444,7 @@ class TextBackbone(nn.Module):
             layer_state = None if state is None else state.layers[i]
             layer_rows = ALL_ROWS if i < last or (rows is None and not state_only) else rows
             if checkpoint_layers and torch.is_grad_enabled():
-                x, delta, s = torch.utils.checkpoint.checkpoint(layer, x, delta, rope, layer_state, return_state,
-                                                                layer_rows, use_reentrant=False)
+                x, delta, s = recomputed(layer, x, delta, rope, layer_state, return_state, layer_rows)
             else:
                 x, delta, s = layer(x, delta, rope, layer_state, return_state, layer_rows)
             new_states.append(s)
@@ -467,6 +467,7 @@ class TextBackbone(nn.Module):
         suffix_positions: torch.Tensor | None = None,
         next_position: int | None = None,
         rows: torch.Tensor | None = None,
+        recompute: bool = False,
     ) -> torch.Tensor:
         """A shared prefix (1, P, H) and its B forked suffixes (B, L, H) in ONE pass → the suffixes'
         hidden states (B, L, H), or (B, Q, H) at `rows` — equal to `forward` over the prefix
@@ -484,8 +485,12 @@ class TextBackbone(nn.Module):
 
         Positions: `prefix_positions` (3, 1, P) default to text positions 0..P−1, `suffix_positions`
         (3, B, L) to text positions from `next_position` (default: after the prefix's positions).
-        Inference only: training keeps the two passes (`forward` with a state), whose autograd and
-        checkpointing paths are the tested ones."""
+
+        `recompute` (training): each layer — the prefix's rows, their state forked, the suffixes' —
+        is one activation-checkpointing region: the backward pass recomputes the whole shared
+        request layer by layer from fresh state, and the gradients of every branch flow back into
+        the prefix's rows through the fork. Under autograd the prefix's delta rule stays on the
+        compute stream."""
         _, P, H = prefix_embeds.shape
         B, L, _ = suffix_embeds.shape
         dev, dtype = suffix_embeds.device, suffix_embeds.dtype
@@ -500,14 +505,36 @@ class TextBackbone(nn.Module):
         groups = ((1, P, rope_p), (B, L, rope_s))
         x = torch.cat([prefix_embeds.reshape(P, H), suffix_embeds.reshape(B * L, H)])  # (P + B·L, H)
         delta = None
+        recompute = recompute and torch.is_grad_enabled()
         for layer in self.layers[:-1]:
-            x, delta = layer.forward_shared(x, delta, groups)
+            if recompute:
+                x, delta = recomputed(layer.forward_shared, x, delta, groups)
+            else:
+                x, delta = layer.forward_shared(x, delta, groups)
+        rows = ALL_ROWS if rows is None else rows
+        if recompute:
+            return recomputed(self._last_shared, x, delta, groups, rows)
+        return self._last_shared(x, delta, groups, rows)
+
+    def _last_shared(self, x, delta, groups, rows) -> torch.Tensor:
+        """The last layer of a shared pass, per group: the prefix's state alone, then the suffixes
+        from it, forked, at `rows`; and the final norm."""
+        (_, P, rope_p), (B, L, rope_s) = groups
+        H = x.shape[-1]
         last = self.layers[-1]
 
         def part(t, a, n, length):
             return None if t is None else t[a:a + n * length].view(n, length, H)
 
         _, _, state = last(part(x, 0, 1, P), part(delta, 0, 1, P), rope_p, None, True, None)
-        x, delta, _ = last(part(x, P, B, L), part(delta, P, B, L), rope_s, state.fork(B), False,
-                           ALL_ROWS if rows is None else rows)
+        x, delta, _ = last(part(x, P, B, L), part(delta, P, B, L), rope_s, state.fork(B), False, rows)
         return self.norm.add(delta, x)[0]
+
+
+def recomputed(fn, *args):
+    """fn(*args) under activation checkpointing: what it saves for the backward pass is dropped
+    and recomputed there (non-reentrant). The RNG state is kept for the recomputation (LoRA dropout
+    draws masks) except while a CUDA graph is being captured, where it cannot be read — the graphs
+    never run dropout (dohnuts.train.step)."""
+    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=not capturing)

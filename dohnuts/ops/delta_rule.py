@@ -18,12 +18,10 @@ token-by-token recurrence used only by tests as the ground truth.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
 
-from dohnuts.errors import ConfigError
 from dohnuts.ops._dispatch import recording, use_fused
 
 CHUNK = 64
@@ -170,32 +168,14 @@ def gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=No
 
 
 def _fused_output(N: int, HV: int, K: int, V: int, device: torch.device) -> bool:
-    """Whether the state recurrence computes the outputs too (dohnuts.ops._delta_h_kernel, FUSE_O).
+    """Whether the state recurrence computes the outputs too (dohnuts.ops._delta_h_kernel, FUSE_O):
+    from half as many programs — (sequence, value head, 64 values) — as the GPU has
+    multiprocessors, and for key heads up to 128.
 
-    The fused kernel runs a sequence's chunks one after another, one program per (sequence, value
-    head, 64 values); fla's output kernel runs every chunk in parallel. Measured in CUDA graphs on the
-    H200 (M18, `kernel_lab.py delta_ho`, 2b heads), fused against split per layer: 32 × 512 (1,024
-    programs) 212 vs 238 µs, 32 × 64 forked 53 vs 65, 8 × 256 forked 36 vs 44, 4 × 512 and 8 × 64 (128
-    programs) 29 vs 42 and 13 vs 16 — but a lone 448-token prefix (32 programs) 19.9 vs 18.7 µs. So:
-    fused from half as many programs as the GPU has multiprocessors. Since M19 the fused path also
-    replaces fla's recompute_w_u (FUSE_WU); with fla's intra-chunk step counted on both sides the
-    rule still holds where measured (M19, call 2): 32 × 512 351 µs fused against ≈ 424 split
-    (238 + fla's intra step ≈ 186), a lone 448-token prefix 43.9 against ≈ 41.7. DOHNUTS_DELTA_OUTPUT=
-    fused|split forces a path (A/B measurements); unset or `auto`: by that count."""
-    choice = delta_output_choice()
-    if K > 128 or choice == "split":
-        return False
-    return choice == "fused" or 2 * N * HV * -(-V // 64) >= _multiprocessors(device)
-
-
-def delta_output_choice() -> str:
-    """`DOHNUTS_DELTA_OUTPUT` (auto, fused or split; unset or empty: auto). A prediction session
-    checks it when it starts, so a wrong value stops the run before any request (ConfigError)."""
-    choice = os.environ.get("DOHNUTS_DELTA_OUTPUT", "").strip() or "auto"
-    if choice not in ("auto", "fused", "split"):
-        raise ConfigError(f"{choice!r} is not a delta-rule output path: expected auto, fused or split",
-                          source="environment", field="DOHNUTS_DELTA_OUTPUT")
-    return choice
+    The fused kernel runs a sequence's chunks one after another; fla's output kernel runs every
+    chunk in parallel, which wins only while the fused kernel leaves most of the GPU idle (a lone
+    shared prefix). The measurements that drew the line are in docs/evolution.md (M18, M19)."""
+    return K <= 128 and 2 * N * HV * -(-V // 64) >= _multiprocessors(device)
 
 
 @functools.cache

@@ -95,14 +95,10 @@ class HostBatch:
     tensors: Batch
     work: WorkCounts
     image: object | None = None  # dohnuts.runtime.images.PreparedImage when the request has one
-    # The same request planned without sharing, when whether to share is not yet decided for its
-    # shape (dohnuts.runtime.sharing): the session measures both and scores with the faster.
-    alternative: HostBatch | None = None
 
     def pinned(self) -> HostBatch:
         """The same batch in page-locked memory (so the host→device copy can be asynchronous)."""
-        alt = self.alternative.pinned() if self.alternative is not None else None
-        return replace(self, tensors=self.tensors.pin(), alternative=alt)
+        return replace(self, tensors=self.tensors.pin())
 
 
 def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
@@ -190,5 +186,4 @@ def _pack_into(row: np.ndarray, tokens: tuple[int, ...], n: int) -> None:
 
 def without_patches(hb: HostBatch) -> HostBatch:
     """The same batch minus its pixel patches (the image's features are already cached)."""
-    alt = without_patches(hb.alternative) if hb.alternative is not None else None
-    return replace(hb, tensors=replace(hb.tensors, pixel_patches=None), alternative=alt)
+    return replace(hb, tensors=replace(hb.tensors, pixel_patches=None))

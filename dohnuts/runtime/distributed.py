@@ -23,7 +23,6 @@ Multi-node is the same code under torchrun's rendezvous, e.g. on each of two hos
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -188,99 +187,3 @@ def barrier(world: World) -> None:
         import torch.distributed as dist
 
         dist.barrier()
-
-
-# -- the launcher of `--nproc-per-node N` ---------------------------------------------------------
-
-_ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
-_ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
-_FIRST_FAILURE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
-_RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")
-
-
-def torchrun_failure(lines) -> tuple[int | None, int | None]:
-    """(failed rank, its exit code) from torchrun's log lines, or (None, None): the first failure
-    it logged ("failed (exitcode: 17) local_rank: 1"), corrected by the "Root Cause" block of its
-    report (the other ranks it stopped come under "Failures")."""
-    failed_rank = exitcode = None
-    root = False
-    for line in lines:
-        m = _FIRST_FAILURE.search(line)
-        if m and failed_rank is None:
-            exitcode, failed_rank = int(m.group(1)), int(m.group(2))
-        if "Root Cause" in line:
-            root = True
-        elif root and (m := _ROOT_RANK.match(line)):
-            failed_rank = int(m.group(1))
-        elif root and (m := _ROOT_EXIT.match(line)):
-            exitcode = int(m.group(1))
-    return failed_rank, exitcode
-
-
-@dataclass(frozen=True)
-class LaunchResult:
-    returncode: int
-    failed_rank: int | None = None
-    exitcode: int | None = None
-
-
-def launch(argv: list[str], nproc: int) -> LaunchResult:
-    """Run `python -m dohnuts.cli ARGV` as `nproc` processes under torchrun (standalone rendezvous on
-    this host). The workers' own lines pass through; torchrun's error report is read, not shown:
-    when a worker fails torchrun ends the others, and the caller reports the failed rank in one line."""
-    import subprocess
-    import sys
-
-    import tempfile
-
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "dohnuts.cli", *argv]
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    status = tempfile.NamedTemporaryFile(prefix="dohnuts-status-", delete=False)
-    status.close()
-    env[STATUS_FILE] = status.name
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
-    lines = []
-    for line in proc.stderr:
-        lines.append(line)  # torchrun's report, read for the failed rank once it ends
-        text = _RANK_PREFIX.sub("", line)
-        if text.startswith("dohnuts:"):  # the workers' own messages; tracebacks and torchrun's log are read only
-            sys.stderr.write(text)
-    code = proc.wait()
-    failed_rank, exitcode = torchrun_failure(lines)
-    try:
-        with open(status.name) as f:
-            reported = f.read().strip()
-    finally:
-        os.unlink(status.name)
-    if code == 0 and reported:  # the run's own outcome, e.g. 2: some request lines were refused
-        code = int(reported)
-    return LaunchResult(code, failed_rank, exitcode)
-
-
-STATUS_FILE = "DOHNUTS_STATUS_FILE"
-
-
-def report_status(world: World, code: int) -> int:
-    """A rank's exit status for the launcher: torchrun reads any non-zero status as a failed worker,
-    so rank 0 hands a run's own outcome (2: some lines refused) to the launcher in a file and the
-    workers exit 0. Without a launcher (plain torchrun) the code is returned as it is."""
-    path = os.environ.get(STATUS_FILE)
-    if not path:
-        return code
-    if world.is_main:
-        with open(path, "w") as f:
-            f.write(str(code))
-    return 0
-
-
-def fault_point(world: World, update: int) -> None:
-    """Fault injection for tests: DOHNUTS_FAULT_EXIT="rank=R,update=U" makes rank R exit abruptly
-    (status 17, nothing flushed or cleaned) once it has computed update U."""
-    spec = os.environ.get("DOHNUTS_FAULT_EXIT")
-    if not spec:
-        return
-    fields = dict(part.split("=", 1) for part in spec.split(","))
-    if int(fields.get("rank", -1)) == world.rank and int(fields.get("update", -1)) == update:
-        os._exit(17)

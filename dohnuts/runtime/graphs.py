@@ -5,16 +5,15 @@ so every pass below ~16k tokens used to wait on the host, not on the GPU (docs/k
 KI-2). Here each pass shape is captured once and replayed:
 
     shared   (1, P) + (B_b, L_b) → hidden states of the prefix and its forked suffixes in one
-                           pass (`TextBackbone.forward_shared`, the default)   key (P, B_b, L_b, Q, image)
-    prefix   (1, P)        → the prefix state (KV, conv and recurrent per layer)      key (P, image, pruned)
-    suffix   (B_b, L_b)    → hidden states, continuing the prefix graph's state       key (P, B_b, L_b, Q, image)
-    full     (B_b, L_b)    → hidden states of one batched pass                        key (B_b, L_b, Q, image)
+                                   pass (`TextBackbone.forward_shared`)   key (P, B_b, L_b, Q, image)
+    forward  (B_b, L_b)          → hidden states of one batched pass      key (B_b, L_b, Q, image)
 
-(prefix and suffix: `DOHNUTS_SHARED_PASS=split`.)
+Which pass a request runs is `dohnuts.model.scorer.choose_pass`'s answer: a graph captures the
+pass it names and never decides again.
 
 The hidden states are those of the request's (B_b, Q) grid of scored positions (Q candidates a
 row at most; `ScoreInputs.score_rows`, a static buffer like the token ids): the last layer runs
-its query side there alone, and the prefix graph computes only its state.
+its query side there alone.
 
 Shapes are bucketed (`ShapeBuckets`): batched-pass lengths on a grid that widens with the length
 (16 tokens up to 512, then 1/32 of the octave: padding under 1/16 of a row; the prefix is already
@@ -24,9 +23,9 @@ request. A shape outside every bucket, or past the graph budget, runs eagerly an
 
 Static buffers. A graph reads its inputs from fixed tensors (one per name and shape, shared by
 the graphs that take that shape) and writes fixed outputs; `hidden()` copies each request's
-inputs into the buffers before replaying. The suffix graph reads the prefix graph's output state
-directly, so the state never leaves the graphs' memory; it is overwritten by the next request's
-prefix replay (no state outlives its request). Parameters are read in place, so optimizer steps
+inputs into the buffers before replaying. A shared prefix's state lives only inside the shared
+pass's graph and is overwritten by the next replay (no state outlives its request). Parameters
+are read in place, so optimizer steps
 need no recapture; replacing modules (LoRA merge or attach) does, and the session clears the
 graphs then.
 
@@ -48,7 +47,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from dohnuts.model.inputs import ScoreInputs
-from dohnuts.model.scorer import ScoringModel, no_stage, shared_pass
+from dohnuts.model.scorer import ScoringModel, choose_pass, no_stage
 
 
 @dataclass(frozen=True)
@@ -91,13 +90,6 @@ class GraphStats:
                 "replays": self.replays, "eager": dict(self.eager), "graphs": self.graphs}
 
 
-def _tensors(obj) -> list[torch.Tensor]:
-    """The tensors of a pass output (a tensor, or a BackboneState), in a fixed order."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    return [t for layer in obj.layers for t in vars(layer).values()]
-
-
 class _Captured:
     """One captured pass: replay() recomputes `output` in place from the static buffers."""
 
@@ -119,8 +111,7 @@ class _Captured:
         if self.graph is not None:
             self.graph.replay()
             return
-        for dst, src in zip(_tensors(self.output), _tensors(self.fn())):
-            dst.copy_(src)
+        self.output.copy_(self.fn())
 
 
 class PassGraphs:
@@ -211,28 +202,13 @@ class PassGraphs:
         if self.buckets.fit(B, L) != (B, L):
             self._eager("no bucket")
             return None
-        model = self.model
         img = (x.image_tokens, x.prefix_next_position) if x.image_features is not None and x.image_tokens else None
         Q = None if x.score_rows is None else x.score_rows.shape[1]  # scored positions a row (the output's shape)
-        if x.prefix_ids is not None and shared_pass() == "merged":
-            with stage("shared"):
-                xs = self._static(x)
-                g = self._replay(("shared", x.prefix_len, B, L, Q, img), lambda: model.shared_hidden(xs))
-            return None if g is None else g.output
-        if x.prefix_ids is not None:
-            P = x.prefix_len
-            with stage("prefix"):
-                xs = self._static(x)
-                pre = self._replay(("prefix", P, img, Q is not None), lambda: model.prefix_state(xs))
-            if pre is None:
-                return None
-            with stage("suffix"):
-                suf = self._replay(("suffix", P, B, L, Q, img), lambda: model.suffix_hidden(xs, pre.output))
-            return None if suf is None else suf.output
-        with stage("forward"):
+        kind = choose_pass(x)
+        with stage(kind):
             xs = self._static(x)
-            full = self._replay(("full", B, L, Q, img), lambda: model.full_hidden(xs))
-        return None if full is None else full.output
+            g = self._replay((kind, x.prefix_len, B, L, Q, img), lambda: self.model.run_pass(kind, xs))
+        return None if g is None else g.output
 
     def _replay(self, key: tuple, fn: Callable[[], object]) -> _Captured | None:
         """Replay the graph of `key` (captured from `fn` on first use); None, counted as eager,

@@ -9,7 +9,7 @@ Each question becomes one causal sequence:
 
 The scalar head reads the hidden state at each SCORE token. Because the image and the prefix
 come first, all questions of a request share a causal prefix; `shared_prefix_split` decides
-whether to compute it once (DESIGN.md "Shared causal prefix").
+whether to compute it once (the sharing rule of dohnuts.runtime.policy).
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ from dataclasses import dataclass
 from dohnuts.errors import RequestError
 from dohnuts.runtime.requests import Request
 
-# The split lands on a multiple of 8 tokens: prefix lengths (and so prefix CUDA graphs) stay on a
-# coarse grid, and each row recomputes fewer than 8 shared tokens. (64, the delta-rule chunk, is
-# not needed — fla's kernels take any length and state — and cost an image request 14 tokens a
-# row, which the suffix's length grid then rounded up to 26: 9 % of the suffix pass.)
-PREFIX_ALIGN = 8
-# The planner proposes a split only from this many shared tokens on; whether prediction then
-# computes it once is measured per shape (dohnuts.runtime.sharing). Training follows the proposal.
-MIN_SHARED_PREFIX = 128
+# The sharing rule (dohnuts.runtime.policy): the split lands on a multiple of 64 tokens, the delta
+# rule's chunk, as the specification states; and a request shares only when computing its prefix
+# once saves at least MIN_SAVED_TOKENS tokens of dense work, (B − 1) · P. A shared pass costs the
+# prefix's token mixers on top of the suffixes' (about 24 latency-bound kernels a layer, whatever P):
+# below that saving one batched pass is as fast (docs/evolution.md M22 measures the threshold).
+PREFIX_ALIGN = 64
+MIN_SAVED_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -72,23 +71,27 @@ def longest_common_prefix(seqs: tuple[tuple[int, ...], ...], known: int = 0) -> 
     return p
 
 
-def shared_prefix_split(plan_seqs, score_positions, *, align: int | None = None,
-                        min_shared: int = MIN_SHARED_PREFIX, common: int | None = None) -> int:
-    """Split point P: ≤ the longest common prefix (`common`, computed if None), ≤ every first
-    candidate position (all scored positions stay in the suffix, and every suffix is non-empty),
-    aligned down to `align` (default PREFIX_ALIGN); 0 when there is one question or P < `min_shared`."""
-    align = PREFIX_ALIGN if align is None else align
+def shared_prefix_split(plan_seqs, score_positions, *, common: int | None = None) -> int:
+    """The sharing rule: the split point P, or 0 for one batched pass.
+
+    P is the longest common prefix (`common`, computed if None), capped at every first candidate
+    position (all scored positions stay in the suffix, and every suffix is non-empty), aligned
+    down to PREFIX_ALIGN. The request shares when it has two questions or more and computing P
+    once saves at least MIN_SAVED_TOKENS tokens, (B − 1) · P. A pure function of the token plan:
+    the same request takes the same path in every process, on every device."""
     if len(plan_seqs) < 2:
         return 0
     p = longest_common_prefix(plan_seqs) if common is None else common
     p = min(p, min(pos[0] for pos in score_positions))
-    p -= p % align
-    return p if p >= min_shared else 0
+    p -= p % PREFIX_ALIGN
+    return p if p > 0 and (len(plan_seqs) - 1) * p >= MIN_SAVED_TOKENS else 0
 
 
 def plan_request(req: Request, tokenizer, *, max_len: int, image_tokens: int = 0,
                  image_grid: tuple[int, int, int] | None = None, share_prefix: bool = True,
-                 min_shared: int = MIN_SHARED_PREFIX, source: str | None = None) -> RequestPlan:
+                 source: str | None = None) -> RequestPlan:
+    """One request's token plan. `share_prefix=False` never splits: the measurement-only unshared
+    variant (dohnuts.runtime.policy.UNSHARED) and the transformers peer's plain batches."""
     sp = tokenizer.special
     head: list[int] = []
     if image_tokens:
@@ -127,5 +130,5 @@ def plan_request(req: Request, tokenizer, *, max_len: int, image_tokens: int = 0
     seqs_t, pos_t = tuple(seqs), tuple(positions)
     # Once (the split and the work records both need it); every sequence starts with `head`.
     common = longest_common_prefix(seqs_t, known=len(head))
-    prefix = shared_prefix_split(seqs_t, pos_t, min_shared=min_shared, common=common) if share_prefix else 0
+    prefix = shared_prefix_split(seqs_t, pos_t, common=common) if share_prefix else 0
     return RequestPlan(req, seqs_t, pos_t, image_tokens, image_grid, prefix, common)

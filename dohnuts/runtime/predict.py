@@ -82,9 +82,8 @@ class RequestFailure:
 class Predictor:
     """Runs requests through one session with prefetching and asynchronous transfers."""
 
-    def __init__(self, session, *, share_prefix: bool = True, workers: int = 2):
+    def __init__(self, session, *, workers: int = 2):
         self.session = session
-        self.share_prefix = share_prefix
         self.pipeline = Pipeline(session.device, workers=workers)
 
     def close(self) -> None:
@@ -94,7 +93,7 @@ class Predictor:
 
     def prepare(self, req: Request, source: str | None = None) -> HostBatch:
         """CPU work for one request (see Session.prepare)."""
-        return self.session.prepare(req, share_prefix=self.share_prefix, source=source)
+        return self.session.prepare(req, source=source)
 
     def compute(self, hb: HostBatch, dev, ready, timer=NULL_TIMER):
         """Score on the compute stream; returns (host probs, choices, scores; done event; work counts)."""

@@ -25,15 +25,14 @@ from dohnuts.config import ModelConfig
 from dohnuts.errors import RequestError
 from dohnuts.model.lora import LoRAConfig, apply_lora, merge_lora
 from dohnuts.model.packing import fuse_projections
-from dohnuts.model.scorer import ScoringModel, decide, no_stage, shared_pass
-from dohnuts.ops.delta_rule import delta_output_choice
+from dohnuts.model.scorer import ScoringModel, decide, no_stage
 from dohnuts.runtime.batch import Batch, HostBatch, collate, without_patches
 from dohnuts.runtime.graphs import PassGraphs, ShapeBuckets
 from dohnuts.runtime.image_cache import ImageFeatureCache
 from dohnuts.runtime.images import ImageKeyMemo, PreparedImage, prepare_image
 from dohnuts.runtime.plan import plan_request
+from dohnuts.runtime.policy import PRODUCT, ExecutionPolicy
 from dohnuts.runtime.requests import Request
-from dohnuts.runtime.sharing import ShareTuner, device_time_ms, share_key
 from dohnuts.runtime.timing import NULL_TIMER
 from dohnuts.runtime.work import WorkCounts
 
@@ -70,9 +69,10 @@ class Session:
     """A scoring model with its tokenizer, image-feature cache, temperature and adapters."""
 
     def __init__(self, model: ScoringModel, *, tokenizer, base_identity: dict | None = None, max_len: int = 8192,
-                 cuda_graphs: bool = True):
-        delta_output_choice()  # a wrong DOHNUTS_DELTA_OUTPUT stops here, before any request
-        shared_pass()  # and a wrong DOHNUTS_SHARED_PASS
+                 _policy: ExecutionPolicy = PRODUCT):
+        # The execution policy is fixed (dohnuts.runtime.policy); `_policy` is internal: the
+        # benchmark's measurement-only variants and tests construct sessions with another one.
+        self._policy = _policy
         self.model = model
         # Sibling projections without adapters run as one GEMM each (dohnuts.model.packing);
         # LoRA-wrapped ones are skipped, and re-packed once merged (_modules_changed).
@@ -86,16 +86,17 @@ class Session:
         # A fresh cache per loaded model (the seed: loading a model creates a fresh cache).
         self.image_cache = ImageFeatureCache() if model.visual is not None else None
         self._image_keys = ImageKeyMemo()  # file bytes → content key: cached images skip decoding
-        # Inference passes replay CUDA graphs on a GPU (dohnuts.runtime.graphs). `cuda_graphs=False`
-        # runs them eagerly: for parity tests and eager-vs-graph measurements, not a user setting.
-        self.graphs = PassGraphs(model) if cuda_graphs and model.device.type == "cuda" else None
-        # Whether to compute a shared prefix once is measured per shape class (runtime/sharing.py);
-        # None: follow the planner's token threshold.
-        self.share_tuner: ShareTuner | None = ShareTuner(device_time_ms(model.device))
+        # Inference passes replay CUDA graphs on a GPU (dohnuts.runtime.graphs).
+        self.graphs = PassGraphs(model) if _policy.cuda_graphs and model.device.type == "cuda" else None
 
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+    @property
+    def policy(self) -> ExecutionPolicy:
+        """The execution policy this session runs (`PRODUCT`, or a measurement-only variant)."""
+        return self._policy
 
     # -- adapters ------------------------------------------------------------------------------
 
@@ -127,9 +128,10 @@ class Session:
 
     # -- the data path -------------------------------------------------------------------------
 
-    def prepare(self, req: Request, *, share_prefix: bool = True, train: bool = False, bucket: bool | None = None,
+    def prepare(self, req: Request, *, train: bool = False, bucket: bool | None = None,
                 source: str | None = None) -> HostBatch:
-        """CPU work for one request: image decode, tokens, plan, tensors (pinned on CUDA).
+        """CPU work for one request: image decode, tokens, plan (the sharing rule), tensors (pinned
+        on CUDA).
 
         `bucket` pads the batched pass to a CUDA-graph shape (default: for prediction when the
         session replays graphs). Thread-safe (prediction and training call it from worker
@@ -142,21 +144,14 @@ class Session:
             image = self._prepare_image(req.image)
             grid, n_img = image.grid_thw, image.token_count
         plan = plan_request(req, self.tokenizer, max_len=self.max_len, image_tokens=n_img, image_grid=grid,
-                            share_prefix=share_prefix, source=source)
+                            share_prefix=self._policy.share_prefix, source=source)
         positions = None
         if image is not None:  # (3, T_max): every question shares the image head, so the longest decides
             positions = image_head_positions(grid, n_img, max(plan.lengths), self.cfg.image_token_id,
                                              self.cfg.vision.spatial_merge_size)
         if bucket is None:
             bucket = self.graphs is not None and not train
-        alternative = None
-        if plan.prefix_len and not train and self.share_tuner is not None:
-            decided = self.share_tuner.decision(self._share_key(plan))
-            if decided is False:
-                plan = replace(plan, prefix_len=0)  # measured: one batched pass is faster for this shape
-            elif decided is None:
-                alternative = self._collate(replace(plan, prefix_len=0), image, train, positions, bucket)
-        hb = replace(self._collate(plan, image, train, positions, bucket), alternative=alternative)
+        hb = self._collate(plan, image, train, positions, bucket)
         if image is not None and image.key in self.image_cache:
             hb = without_patches(hb)  # cached features: no pixels to move (re-read from host if evicted)
         return hb.pinned() if self.device.type == "cuda" else hb
@@ -168,10 +163,6 @@ class Session:
             shape = buckets.fit(len(plan.sequences), max(plan.lengths) - plan.prefix_len)
         return collate(plan, pad_id=self.tokenizer.special.pad, image=image, train=train, positions=positions,
                        shape=shape)
-
-    @staticmethod
-    def _share_key(plan) -> tuple:
-        return share_key(len(plan.sequences), plan.prefix_len, max(plan.lengths), plan.image_tokens)
 
     def _prepare_image(self, path: str) -> PreparedImage:
         """Decode + patches under the fixed policy; an image whose bytes were seen before and whose
@@ -219,25 +210,12 @@ class Session:
 
     def score(self, hb: HostBatch, dev: Batch, timer=NULL_TIMER) -> tuple[torch.Tensor, WorkCounts]:
         """Prediction scores (C,) FP32 of one prepared request on the device, and its work counts
-        (with the image's cache outcome). Call under torch.inference_mode().
-
-        A batch that carries an unshared alternative (sharing not yet decided for its shape) is
-        first run both ways and the decision recorded; the faster variant is then scored. Both
-        variants score the same candidates in the same order."""
+        (with the image's cache outcome). Call under torch.inference_mode()."""
         feats, use = None, None
         if hb.image is not None:
             with timer.stage("vision"):
                 (use,) = self.image_features([(hb, dev)])
             feats = use.features
-        if hb.alternative is not None:
-            key = self._share_key(hb.plan)
-            alt = hb.alternative
-            alt_dev = alt.tensors.to(self.device, non_blocking=True)
-            if self.share_tuner.decision(key) is None:
-                xs, xu = dev.score_inputs(feats), alt_dev.score_inputs(feats)
-                self.share_tuner.decide(key, lambda: self._scores(xs), lambda: self._scores(xu))
-            if not self.share_tuner.decision(key):
-                hb, dev = alt, alt_dev
         work = use.counted(hb.work) if use is not None else hb.work
         stage = timer.stage if timer is not NULL_TIMER else no_stage
         return self._scores(dev.score_inputs(feats), stage), work
@@ -253,11 +231,11 @@ class Session:
         """Per question: calibrated probabilities (Q, Kmax) at this session's temperature, choice (Q,)."""
         return decide(scores, cand_matrix, self.temperature)
 
-    def predict(self, requests: Iterable[Request], *, share_prefix: bool = True) -> list:
+    def predict(self, requests: Iterable[Request]) -> list:
         """Score requests → RequestResult / RequestFailure per request, in order."""
         from dohnuts.runtime.predict import Predictor
 
-        pred = Predictor(self, share_prefix=share_prefix)
+        pred = Predictor(self)
         try:
             return list(pred.run((r.id, r) for r in requests))
         finally:

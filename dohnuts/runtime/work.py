@@ -57,12 +57,11 @@ class WorkCounts:
         return self.computed_tokens - self.useful_tokens
 
     @classmethod
-    def of_update(cls, parts: Sequence[WorkCounts], *, recompute: bool = False) -> WorkCounts:
-        """A training update over its microbatches: totals at the top level, each pass kept.
-
-        `recompute`: activation checkpointing ran every layer's forward again in the backward."""
-        if recompute:
-            parts = [replace(w, recomputed_tokens=w.computed_tokens) for w in parts]
+    def of_update(cls, parts: Sequence[WorkCounts]) -> WorkCounts:
+        """A training update over its microbatches: totals at the top level, each pass kept. Every
+        layer's forward runs again in the backward pass (activation checkpointing, the execution
+        policy): counted as recomputed (repeated) work."""
+        parts = [replace(w, recomputed_tokens=w.computed_tokens) for w in parts]
         return replace(
             parts[0], sequences=sum(w.sequences for w in parts), seq_lens=tuple(n for w in parts for n in w.seq_lens),
             candidates=sum(w.candidates for w in parts), train=True,

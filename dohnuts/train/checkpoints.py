@@ -66,7 +66,8 @@ ARGUMENTS = {
     "objective.margin": "--margin", "initialize_from": "--initialize-from", "device": "--device",
 }
 # What a resumed run may change (`updates` is checked on its own: not below the checkpoint; the
-# data is compared by content, so a moved --data folder is the same data).
+# data is compared by content, so a moved --data folder is the same data; `optim.checkpoint_layers`
+# is a field of runs started before activation checkpointing became the fixed policy).
 RESUME_MAY_CHANGE = ("out", "device", "updates", "schedule_updates", "optim.checkpoint_layers", "data")
 
 

@@ -23,15 +23,13 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import replace
 
 import torch
 
-from dohnuts.model.scorer import candidate_logits
 from dohnuts.runtime.batch import Batch
 from dohnuts.runtime.graphs import GraphStats, ShapeBuckets
-from dohnuts.train.objective import RLCDConfig, rlcd_loss
+from dohnuts.train.objective import RLCDConfig
 
 
 class _MicrobatchGraph:
@@ -114,16 +112,12 @@ class MicrobatchGraphs:
         return static, buf("image_features", features)
 
     def _loss_fn(self, batch: Batch, features: torch.Tensor | None) -> Callable[[], torch.Tensor]:
-        model, objective, divisor = self.model, self.objective, self.divisor
-        cuda = not self.emulate
+        from dohnuts.train.step import microbatch_loss
 
-        def forward() -> torch.Tensor:
-            # Capture needs autocast without its weight-cast cache (the cache would hold tensors
-            # made outside the graph).
-            ctx = torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False) if cuda else nullcontext()
-            with ctx:
-                scores = model(batch.score_inputs(features))
-            return rlcd_loss(candidate_logits(scores, batch.cand_matrix), batch.rewards, objective) / divisor
+        model, objective, divisor = self.model, self.objective, self.divisor
+
+        def forward() -> torch.Tensor:  # the eager microbatch's loss, exactly
+            return microbatch_loss(model, batch, objective, image_features=features, autocast_cache=False) / divisor
 
         return forward
 

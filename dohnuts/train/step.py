@@ -42,7 +42,6 @@ class OptimConfig:
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float = 1.0
-    checkpoint_layers: bool = False  # activation checkpointing (recompute each layer in backward)
 
 
 def make_optimizer(session, cfg: OptimConfig) -> torch.optim.AdamW:
@@ -55,14 +54,18 @@ def make_optimizer(session, cfg: OptimConfig) -> torch.optim.AdamW:
 
 
 def microbatch_loss(model, batch: Batch, objective: RLCDConfig, *, image_features: torch.Tensor | None = None,
-                    checkpoint_layers: bool = False) -> torch.Tensor:
+                    autocast_cache: bool = True) -> torch.Tensor:
     """RLCD loss (mean over the microbatch's questions) of the pure model on one request's batch
-    (on the model's device) with its image's features."""
+    (on the model's device) with its image's features: the pass prediction runs (`choose_pass`),
+    with every layer recomputed in the backward pass (the execution policy's activation
+    checkpointing). `autocast_cache=False` inside CUDA graph capture (the cache would hold tensors
+    made outside the graph)."""
     if batch.rewards is None:
         raise ValueError("a training batch needs rewards")
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if model.device.type == "cuda" else nullcontext()
+    cuda = model.device.type == "cuda"
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=autocast_cache) if cuda else nullcontext()
     with autocast:
-        scores = model(batch.score_inputs(image_features), checkpoint_layers=checkpoint_layers)
+        scores = model(batch.score_inputs(image_features), recompute=True)
     return rlcd_loss(candidate_logits(scores, batch.cand_matrix), batch.rewards, objective)
 
 
@@ -77,21 +80,20 @@ class Updater:
     """Optimizer updates of a session's adapters, 4 microbatches (one request each) per update."""
 
     def __init__(self, session, optimizer: torch.optim.Optimizer, objective: RLCDConfig, cfg: OptimConfig, *,
-                 share_prefix: bool = True, workers: int = 2, graphs: MicrobatchGraphs | None = None,
-                 world: World = SINGLE):
+                 workers: int = 2, world: World = SINGLE, _graphs: MicrobatchGraphs | None = None):
+        """`_graphs`: tests inject emulated microbatch graphs (CPU); otherwise the session decides."""
         self.session = session
         self.world = world  # several processes: each runs its share of the microbatches (runtime.distributed)
         self.optimizer = optimizer
         self.objective = objective
         self.cfg = cfg
-        self.share_prefix = share_prefix
         self.pipeline = Pipeline(session.device, workers=workers)
         # Microbatches replay CUDA graphs on a GPU when the session does (not with LoRA dropout,
-        # whose masks are random, nor with activation checkpointing, which is an eager recompute).
+        # whose masks are random); the graphs hold the recomputation of the backward pass too.
         params = [p for g in optimizer.param_groups for p in g["params"]]
         lora = session.lora
-        if graphs is None and session.graphs is not None and not cfg.checkpoint_layers and \
-                (lora is None or lora.dropout == 0):
+        graphs = _graphs
+        if graphs is None and session.graphs is not None and (lora is None or lora.dropout == 0):
             graphs = MicrobatchGraphs(session.model, objective, params, divisor=MICROBATCHES)
         self.graphs = graphs
 
@@ -103,8 +105,7 @@ class Updater:
             raise ValueError(f"an update takes exactly {MICROBATCHES} microbatches, got {len(requests)}")
         bucket = self.graphs is not None
         mine = self.world.microbatches(len(requests))
-        return [self.pipeline.submit(self.session.prepare, requests[i], share_prefix=self.share_prefix, train=True,
-                                     bucket=bucket) for i in mine]
+        return [self.pipeline.submit(self.session.prepare, requests[i], train=True, bucket=bucket) for i in mine]
 
     def update(self, requests: Sequence[Request], timer=NULL_TIMER) -> UpdateResult:
         """One update over 4 requests (prepared by the workers, copied one microbatch ahead). With
@@ -141,8 +142,7 @@ class Updater:
             loss = self.graphs.step(dev, feats, timer) if self.graphs is not None else None
             if loss is None:
                 with timer.stage("forward"):
-                    loss = microbatch_loss(model, dev, self.objective, image_features=feats,
-                                           checkpoint_layers=self.cfg.checkpoint_layers) / MICROBATCHES
+                    loss = microbatch_loss(model, dev, self.objective, image_features=feats) / MICROBATCHES
                 with timer.stage("backward"):
                     loss.backward()
             total += loss.detach()
@@ -156,5 +156,5 @@ class Updater:
             self.optimizer.step()
         model.eval()
         works = [hb.work if use is None else use.counted(hb.work) for hb, use in zip(hbs, uses)]
-        work = WorkCounts.of_update(works, recompute=self.cfg.checkpoint_layers) if works else None
+        work = WorkCounts.of_update(works) if works else None
         return UpdateResult(loss=float(total), grad_norm=float(norm), work=work)

@@ -36,7 +36,7 @@ import torch
 from dohnuts.adapters import fsync_dir, fsync_file, load_adapter, save_adapter
 from dohnuts.errors import CheckpointError, ConfigError, DohnutsError
 from dohnuts.model.lora import LoRAConfig
-from dohnuts.runtime.distributed import SINGLE, World, fault_point
+from dohnuts.runtime.distributed import SINGLE, World
 from dohnuts.runtime.predict import RequestResult
 from dohnuts.train.checkpoints import (
     BEST, CHECKPOINT_FORMAT, CHECKPOINTS, LOG, POINTER, SUMMARY, check_resumable, check_run_dir, config_record,
@@ -125,12 +125,15 @@ class Trainer:
     rank trains its share of each update and restores the same checkpoint; rank 0 alone evaluates,
     selects, writes checkpoints and logs, and finishes (calibration and test)."""
 
-    def __init__(self, cfg: TrainConfig, data: Partitions, log=print, world: World = SINGLE):
+    def __init__(self, cfg: TrainConfig, data: Partitions, log=print, world: World = SINGLE, after_update=None):
+        """`after_update(world, update)`, when given, is called after each update (tests inject
+        faults through it)."""
         import dohnuts.api as api
 
         validate_config(cfg)
         validate_data(data)
         self.cfg, self.data, self.log, self.world = cfg, data, log, world
+        self.after_update = after_update
         self.out = Path(cfg.out)
         if self.out.exists() and not self.out.is_dir():
             raise ConfigError("exists and is not a directory", source=str(self.out))
@@ -323,7 +326,8 @@ class Trainer:
                 raise TrainingError(msg, source=str(self.out))
             self.scheduler.step()
             self.update += 1
-            fault_point(self.world, self.update)
+            if self.after_update is not None:
+                self.after_update(self.world, self.update)
             self._record("update", loss=res.loss, grad_norm=res.grad_norm, lr=self.scheduler.get_last_lr()[0])
             if progress is not None:
                 progress(self.update, res.loss)

@@ -56,7 +56,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from dohnuts.bench.analysis.records import RecordError, stage_ms, where, workload_label
+from dohnuts.bench.analysis.records import RecordError, stage_ms, target_label, where, workload_label
 from dohnuts.errors import DohnutsError
 
 FASTER = "faster"
@@ -153,7 +153,7 @@ def _key(rec: dict) -> tuple[str, str]:
         raise RecordError("must be an object with a name", source=where(rec), field="workload")
     if "target" not in rec:
         raise RecordError("is missing", source=where(rec), field="target")
-    return workload_label(rec), str(rec["target"])
+    return workload_label(rec), target_label(rec)
 
 
 def _samples(records: list[dict]) -> dict[tuple[str, str], dict[str, list[float]]]:

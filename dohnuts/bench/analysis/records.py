@@ -278,11 +278,37 @@ def stage_ms(entry: dict) -> float:
     return float(entry["device_ms"] if entry.get("device_ms") is not None else entry["host_ms"])
 
 
+MEASUREMENT_ONLY = "measurement-only"
+
+
+def variant_of(rec: dict) -> str | None:
+    """The measurement-only variant a record measured (dohnuts.runtime.policy: `unshared`,
+    `eager`, ...), or None for the product. Records written before the field existed are read
+    from the dohnuts target's options."""
+    v = rec.get("variant")
+    if isinstance(v, str) and v:
+        return v
+    opts = rec.get("target_options")
+    if rec.get("target_name") != "dohnuts" or not isinstance(opts, dict):
+        return None
+    parts = [name for name, key in (("unshared", "share_prefix"), ("eager", "cuda_graphs")) if opts.get(key) is False]
+    return "+".join(parts) or None
+
+
+def target_label(rec: dict) -> str:
+    """The record's target as reports name it: a measurement-only variant of the product
+    (`variant_of`) says so, in every report and comparison."""
+    target = str(rec["target"])
+    return target + f" ({MEASUREMENT_ONLY})" if variant_of(rec) is not None else target
+
+
 def group_key(rec: dict) -> tuple[str, str]:
     """(workload, target) a record is summarised under: a target's first call (`phase`
     "first-call") is its own group, never mixed with the steady-state calls; a measurement by
-    several processes (`world_size` N > 1, every rank pooled) is the workload `NAME ×N`."""
-    target = str(rec["target"])
+    several processes (`world_size` N > 1, every rank pooled) is the workload `NAME ×N`; a
+    measurement-only variant of the product (`variant_of`) says so in its target's name, in every
+    report."""
+    target = target_label(rec)
     if rec.get("phase", "steady") != "steady":
         target += f" · {rec['phase']}"
     return workload_label(rec), target

@@ -27,7 +27,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dohnuts.bench.analysis.records import stage_ms, valid_records, world_size
+from dohnuts.bench.analysis.records import stage_ms, target_label, valid_records, world_size
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def scaling_rows(records: list[dict]) -> list[ScalingRow]:
     steady: dict[tuple[str, str], dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
     stream: dict[tuple[str, str], dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
-        key = (str(r["workload"]["name"]), str(r["target"]))
+        key = (str(r["workload"]["name"]), target_label(r))
         phase = r.get("phase", "steady")
         if phase == "steady":
             steady[key][world_size(r)].append(r)
