@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 
+import pytest
 import torch
 
 from dohnuts.runtime.requests import Request
 from dohnuts.train.objective import RLCDConfig
-from dohnuts.train.step import OptimConfig, Updater, make_optimizer, microbatch_loss
+from dohnuts.train.step import OptimConfig, Updater, make_optimizer, microbatch_loss, requests_per_microbatch
 from dohnuts.train.task import synthetic_requests
 from tests.reference import adapted_tiny, relative_error
 
@@ -72,3 +73,30 @@ def test_clip_applies_once_to_averaged_gradient():
     assert len(grads_seen) == 1  # one step per update
     assert abs(res.grad_norm - float(g.norm())) / float(g.norm()) < 1e-5
     assert relative_error(grads_seen[0], g * (max_norm / float(g.norm()))) < 1e-5
+
+
+def test_requests_per_microbatch_reaches_32_questions_an_update():
+    assert requests_per_microbatch(synthetic_requests(3, questions=8, seed=1)) == 1  # the synthetic task
+    assert requests_per_microbatch(synthetic_requests(3, questions=1, seed=1)) == 8  # the digits task
+    assert requests_per_microbatch(synthetic_requests(3, questions=3, seed=1)) == 3  # ceil(8 / 3)
+    assert requests_per_microbatch(synthetic_requests(3, questions=20, seed=1)) == 1
+
+
+def test_microbatches_of_two_requests_equal_concatenated_batch():
+    reqs = synthetic_requests(8, questions=2, seed=13)  # 4 microbatches of 2 requests, equal question counts
+    merged = Request(id="all", questions=tuple(q for r in reqs for q in r.questions))
+    objective, cfg = RLCDConfig(), OptimConfig(lr=1e-2, max_grad_norm=1e9)
+    a = _model()
+    res = Updater(a, make_optimizer(a, cfg), objective, cfg, requests_per_microbatch=2).update(reqs)
+    b = _model()
+    opt_b = make_optimizer(b, cfg)
+    b.model.train()
+    loss_b = microbatch_loss(b.model, b.prepare(merged, train=True).tensors, objective)
+    loss_b.backward()
+    assert abs(res.loss - float(loss_b.detach())) < 1e-6
+    opt_b.step()
+    pa = torch.cat([p.detach().flatten() for p in a.trainable_parameters()])
+    pb = torch.cat([p.detach().flatten() for p in b.trainable_parameters()])
+    assert relative_error(pa, pb) < 1e-5
+    with pytest.raises(ValueError, match="8 requests, got 4"):
+        Updater(a, make_optimizer(a, cfg), objective, cfg, requests_per_microbatch=2).update(reqs[:4])

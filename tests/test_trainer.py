@@ -57,3 +57,30 @@ def test_microbatch_order_is_a_permutation_per_epoch():
     n = 10
     seen = [i for u in range(5) for i in microbatch_order(n, seed=3, update=u)]  # 20 draws = 2 epochs
     assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:]) == list(range(10))
+
+
+def test_microbatch_order_with_several_requests_per_microbatch():
+    n = 12
+    assert [microbatch_order(n, seed=3, update=u, per=1) for u in range(3)] == \
+        [microbatch_order(n, seed=3, update=u) for u in range(3)]
+    first, second = (microbatch_order(n, seed=3, update=u, per=3) for u in range(2))
+    assert len(first) == len(second) == 12  # 4 microbatches of 3 requests
+    assert sorted(first) == list(range(12)) and sorted(second) == list(range(12))  # one epoch each
+    assert first == microbatch_order(n, seed=3, update=0) + microbatch_order(n, seed=3, update=1) + \
+        microbatch_order(n, seed=3, update=2)  # the same data order, drawn 12 at a time
+
+
+def test_resume_refuses_a_checkpoint_with_another_microbatch_size(tmp_path):
+    """_data() holds 2-question requests: 4 to a microbatch. A checkpoint written when an update took
+    one request per microbatch (before KI-10's fix: no key) would continue another data order."""
+    first = Trainer(_cfg(tmp_path / "run", 4), _data(), log=lambda m: None)
+    assert first.per == 4
+    first.train(stop_at=2)
+    first.close()
+    ckpt = tmp_path / "run" / "checkpoints" / (tmp_path / "run" / "checkpoints" / "latest").read_text().strip()
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    assert manifest["requests_per_microbatch"] == 4
+    del manifest["requests_per_microbatch"]
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="1 request"):
+        Trainer(_cfg(tmp_path / "run", 4), _data(), log=lambda m: None).resume()

@@ -1,22 +1,26 @@
 """One optimizer update = 4 microbatches at one parameter snapshot, fed by the runtime pipeline.
 
-The optimizer sees the average of the 4 microbatch losses (each the mean over its questions):
-gradients of all 4 accumulate, the global gradient norm is clipped once, and AdamW steps once.
+A microbatch is one request, or `requests_per_microbatch` consecutive requests when the training
+requests hold few questions (the trainer picks it so that an update sees about
+`QUESTIONS_PER_UPDATE` questions: one digits request is one question, one synthetic request 8).
+The optimizer sees the average of the update's request losses (each the mean over its questions):
+gradients of all of them accumulate, the global gradient norm is clipped once, and AdamW steps once.
 Only LoRA adapters and the scalar head train (FP32 master weights); on the GPU the forward runs
 under BF16 autocast over the BF16 frozen base.
 
 `Updater` is the one training loop of the project (`dohnuts train` and the bench's train-step
 workload both run it). Its batches come from exactly the calls prediction uses:
 
-    worker threads  Session.prepare of the update's 4 requests (and of the next update's,
+    worker threads  Session.prepare of the update's requests (and of the next update's,
                     while this one computes)
-    vision          Session.image_features over all 4 microbatches at once: one cache call, misses
+    vision          Session.image_features over all its microbatches at once: one cache call, misses
                     encoded together, a repeated image once (the same 128 MiB cache prediction uses)
-    transfer stream microbatch i+1 is copied while microbatch i runs forward and backward
+    transfer stream request i+1 is copied while request i runs forward and backward
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -34,6 +38,21 @@ from dohnuts.train.graphs import MicrobatchGraphs
 from dohnuts.train.objective import RLCDConfig, rlcd_loss
 
 MICROBATCHES = 4
+# The questions an update averages, what the defaults (lr 2e-3, 200 updates) were tuned with: 4
+# requests of 8 questions. Four 1-question requests give an update whose gradient points along
+# the true one with cosine ≈ 0.07 (32 questions: ≈ 0.2–0.3); at lr 2e-3 such updates collapse the
+# SCORE hidden states (docs/known-issues.md KI-10), so the trainer groups requests to reach this.
+QUESTIONS_PER_UPDATE = 32
+
+
+def requests_per_microbatch(requests: Sequence[Request]) -> int:
+    """How many requests one microbatch takes so that an update (4 microbatches) averages about
+    QUESTIONS_PER_UPDATE questions: ceil(QUESTIONS_PER_UPDATE / (4 · mean questions per request)),
+    at least 1 (1 for the synthetic task's 8-question requests, 8 for the digits' 1-question ones)."""
+    if not requests:
+        return 1
+    mean = sum(len(r.questions) for r in requests) / len(requests)
+    return max(1, math.ceil(QUESTIONS_PER_UPDATE / (MICROBATCHES * mean) - 1e-9))
 
 
 @dataclass(frozen=True)
@@ -77,11 +96,18 @@ class UpdateResult:
 
 
 class Updater:
-    """Optimizer updates of a session's adapters, 4 microbatches (one request each) per update."""
+    """Optimizer updates of a session's adapters, 4 microbatches of `requests_per_microbatch`
+    requests (default one) per update: an update is given 4 · requests_per_microbatch requests,
+    microbatch i being requests[i·r : (i+1)·r]."""
 
     def __init__(self, session, optimizer: torch.optim.Optimizer, objective: RLCDConfig, cfg: OptimConfig, *,
-                 workers: int = 2, world: World = SINGLE, _graphs: MicrobatchGraphs | None = None):
+                 workers: int = 2, world: World = SINGLE, requests_per_microbatch: int = 1,
+                 _graphs: MicrobatchGraphs | None = None):
         """`_graphs`: tests inject emulated microbatch graphs (CPU); otherwise the session decides."""
+        if requests_per_microbatch < 1:
+            raise ValueError(f"requests_per_microbatch must be ≥ 1, got {requests_per_microbatch}")
+        self.per = requests_per_microbatch
+        self.divisor = MICROBATCHES * requests_per_microbatch  # the update's loss is the mean over its requests
         self.session = session
         self.world = world  # several processes: each runs its share of the microbatches (runtime.distributed)
         self.optimizer = optimizer
@@ -94,22 +120,24 @@ class Updater:
         lora = session.lora
         graphs = _graphs
         if graphs is None and session.graphs is not None and (lora is None or lora.dropout == 0):
-            graphs = MicrobatchGraphs(session.model, objective, params, divisor=MICROBATCHES)
+            graphs = MicrobatchGraphs(session.model, objective, params, divisor=self.divisor)
         self.graphs = graphs
 
     def close(self) -> None:
         self.pipeline.close()
 
     def _submit(self, requests: Sequence[Request]) -> list:
-        if len(requests) != MICROBATCHES:
-            raise ValueError(f"an update takes exactly {MICROBATCHES} microbatches, got {len(requests)}")
+        if len(requests) != self.divisor:
+            raise ValueError(f"an update takes exactly {MICROBATCHES} microbatches of {self.per} request(s), "
+                             f"{self.divisor} requests, got {len(requests)}")
         bucket = self.graphs is not None
-        mine = self.world.microbatches(len(requests))
+        mine = [i * self.per + j for i in self.world.microbatches(MICROBATCHES) for j in range(self.per)]
         return [self.pipeline.submit(self.session.prepare, requests[i], train=True, bucket=bucket) for i in mine]
 
     def update(self, requests: Sequence[Request], timer=NULL_TIMER) -> UpdateResult:
-        """One update over 4 requests (prepared by the workers, copied one microbatch ahead). With
-        several processes every rank is given the same 4 and runs its own share of them."""
+        """One update over 4 · requests_per_microbatch requests (prepared by the workers, copied one
+        request ahead). With several processes every rank is given the same requests and runs the
+        microbatches i with i mod size == rank."""
         return self._update(self._submit(requests), timer)
 
     def run(self, updates: Iterable[Sequence[Request]]) -> Iterator[UpdateResult]:
@@ -142,13 +170,13 @@ class Updater:
             loss = self.graphs.step(dev, feats, timer) if self.graphs is not None else None
             if loss is None:
                 with timer.stage("forward"):
-                    loss = microbatch_loss(model, dev, self.objective, image_features=feats) / MICROBATCHES
+                    loss = microbatch_loss(model, dev, self.objective, image_features=feats) / self.divisor
                 with timer.stage("backward"):
                     loss.backward()
             total += loss.detach()
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         if self.world.distributed:
-            with timer.stage("allreduce"):  # every rank then holds the sum over all 4 microbatches
+            with timer.stage("allreduce"):  # every rank then holds the sum over all microbatches
                 all_reduce_gradients(params, self.world)
                 all_reduce_sum(total, self.world)
         with timer.stage("optimizer"):

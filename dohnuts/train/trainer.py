@@ -3,7 +3,9 @@
     base init, or --initialize-from ADAPTER (verified unmerged LoRA + head weights)
     checkpoint of update 0 (before anything else is written: every started run can be resumed)
     step 0: development score of the starting weights (an eligible selected checkpoint)
-    updates of 4 microbatches (RLCD, AdamW over LoRA + head), dev evaluation every N updates,
+    updates of 4 microbatches (RLCD, AdamW over LoRA + head; a microbatch is one request, or several
+        when the requests hold few questions: an update averages ≈ 32 questions, step.py), dev
+        evaluation every N updates,
         the best dev accuracy selects `best.safetensors` (ties keep the earlier one),
         a checkpoint after every evaluation (what --resume restores: adapters, optimizer,
         scheduler, RNG states, update count, selection so far, the length of the log)
@@ -45,7 +47,7 @@ from dohnuts.train.checkpoints import (
 )
 from dohnuts.train.calibration import expected_calibration_error, fit_temperature, nll
 from dohnuts.train.objective import RLCDConfig
-from dohnuts.train.step import MICROBATCHES, OptimConfig, Updater, make_optimizer
+from dohnuts.train.step import MICROBATCHES, OptimConfig, Updater, make_optimizer, requests_per_microbatch
 
 class TrainingError(DohnutsError):
     """Training cannot go on (a non-finite loss or gradient norm); what was saved stays intact."""
@@ -108,11 +110,12 @@ def _schedule(cfg: TrainConfig):
     return factor
 
 
-def microbatch_order(n: int, seed: int, update: int) -> list[int]:
-    """Indices of the 4 training requests of `update` (epoch-wise permutations of range(n))."""
+def microbatch_order(n: int, seed: int, update: int, per: int = 1) -> list[int]:
+    """Indices of the 4 · per training requests of `update` (epoch-wise permutations of range(n)),
+    microbatch i being the i-th run of `per` of them."""
     out = []
-    for j in range(MICROBATCHES):
-        k = update * MICROBATCHES + j
+    for j in range(MICROBATCHES * per):
+        k = update * MICROBATCHES * per + j
         epoch, pos = divmod(k, n)
         perm = list(range(n))
         random.Random(seed * 1_000_003 + epoch).shuffle(perm)
@@ -148,7 +151,12 @@ class Trainer:
         self.update = 0
         self.best = {"update": None, "accuracy": -1.0}
         self.checkpoint: str | None = None  # the committed checkpoint this trainer continues from / wrote last
-        self.updater = Updater(self.session, self.optimizer, cfg.objective, cfg.optim, world=world)
+        self.per = requests_per_microbatch(data.train)  # a function of the data, which --resume verifies
+        if self.per > 1:
+            log(f"the training requests hold {sum(len(r.questions) for r in data.train) / len(data.train):.3g} "
+                f"question(s) on average: an update takes {MICROBATCHES} microbatches of {self.per} requests")
+        self.updater = Updater(self.session, self.optimizer, cfg.objective, cfg.optim, world=world,
+                               requests_per_microbatch=self.per)
 
     def close(self) -> None:
         self.updater.close()
@@ -199,6 +207,7 @@ class Trainer:
             "format": CHECKPOINT_FORMAT, "update": self.update, "best": self.best, "time": time.time(),
             "config": config_record(self.cfg), "data": self.fingerprint,
             "schedule_updates": self.cfg.schedule_updates if self.cfg.schedule_updates is not None else self.cfg.updates,
+            "requests_per_microbatch": self.per,
             "scheduler": self.scheduler.state_dict(), "optimizer": opt_meta,
             "python_rng": [py[0], list(py[1]), py[2]],
             "log": {"bytes": len(log_data), "sha256": hashlib.sha256(log_data).hexdigest()},
@@ -225,6 +234,10 @@ class Trainer:
 
         manifest = read_checkpoint(ckpt)
         check_resumable(manifest, self.cfg, self.fingerprint, str(self.out))
+        if manifest.get("requests_per_microbatch", 1) != self.per:  # a checkpoint of an older version
+            raise CheckpointError(f"was written when an update took {manifest.get('requests_per_microbatch', 1)} "
+                                  f"request(s) per microbatch; this version takes {self.per} for this data, so the "
+                                  "run cannot be resumed consistently — choose a new --out", source=str(ckpt))
         log = self.out / LOG
         log_data = log.read_bytes() if log.exists() else b""
         keep = manifest["log"]["bytes"]
@@ -314,7 +327,8 @@ class Trainer:
             self._evaluate_dev()  # step 0 is an eligible checkpoint
         n = len(self.data.train)
         end = self.cfg.updates if stop_at is None else min(stop_at, self.cfg.updates)
-        order = ([self.data.train[i] for i in microbatch_order(n, self.cfg.seed, u)] for u in range(self.update, end))
+        order = ([self.data.train[i] for i in microbatch_order(n, self.cfg.seed, u, self.per)]
+                 for u in range(self.update, end))
         for res in self.updater.run(order):
             if not (math.isfinite(res.loss) and math.isfinite(res.grad_norm)):
                 u = self.update + 1
