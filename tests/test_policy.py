@@ -196,3 +196,18 @@ def test_the_policy_selected_in_training_is_the_policy_served(tmp_path):
     accuracy = float((logits.argmax(-1) == correct).double().mean())
     assert accuracy == dev["accuracy"]
     assert abs(nll(logits, correct, 1.0) - dev["nll"]) <= 1e-5 * max(1.0, abs(dev["nll"]))
+
+
+def test_python_dash_m_dohnuts_is_the_command(tmp_path):
+    """`python -m dohnuts` runs the `dohnuts` command (torchrun starts its workers that way)."""
+    src = tmp_path / "r.jsonl"
+    src.write_text(json.dumps({"id": "r1", "questions": [{"id": "q", "text": "which?", "candidates": ["a", "b"]}]})
+                   + "\n")
+    out = subprocess.run([sys.executable, "-m", "dohnuts", "predict", str(src), "-o", str(tmp_path / "o.jsonl")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (row,) = [json.loads(x) for x in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert row["id"] == "r1" and len(row["questions"][0]["scores"]) == 2
+    from dohnuts.launch import launch
+
+    assert inspect.signature(launch).parameters["entry"].default == ("-m", "dohnuts")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -21,6 +20,16 @@ def _grads(model):
     return torch.cat([p.grad.flatten() for p in model.trainable_parameters()])
 
 
+def _one_batch(merged, objective, cfg):
+    """A fresh model's loss over every question as one batch, its gradients accumulated."""
+    b = _model()
+    opt_b = make_optimizer(b, cfg)
+    b.model.train()
+    loss_b = microbatch_loss(b.model, b.prepare(merged, train=True).tensors, objective)
+    loss_b.backward()
+    return b, opt_b, loss_b
+
+
 def test_four_microbatches_equal_concatenated_batch():
     reqs = synthetic_requests(4, questions=3, seed=11)
     merged = Request(id="all", questions=tuple(q for r in reqs for q in r.questions))
@@ -31,11 +40,7 @@ def test_four_microbatches_equal_concatenated_batch():
     opt_a = make_optimizer(a, cfg)
     res = Updater(a, opt_a, objective, cfg).update(reqs)
 
-    b = _model()
-    opt_b = make_optimizer(b, cfg)
-    b.model.train()
-    loss_b = microbatch_loss(b.model, b.prepare(merged, train=True).tensors, objective)
-    loss_b.backward()
+    b, opt_b, loss_b = _one_batch(merged, objective, cfg)
     assert abs(res.loss - float(loss_b.detach())) < 1e-6
     # gradients were consumed by step(); recompute a's on the same snapshot to compare
     a2 = _model()
@@ -88,11 +93,7 @@ def test_microbatches_of_two_requests_equal_concatenated_batch():
     objective, cfg = RLCDConfig(), OptimConfig(lr=1e-2, max_grad_norm=1e9)
     a = _model()
     res = Updater(a, make_optimizer(a, cfg), objective, cfg, requests_per_microbatch=2).update(reqs)
-    b = _model()
-    opt_b = make_optimizer(b, cfg)
-    b.model.train()
-    loss_b = microbatch_loss(b.model, b.prepare(merged, train=True).tensors, objective)
-    loss_b.backward()
+    b, opt_b, loss_b = _one_batch(merged, objective, cfg)
     assert abs(res.loss - float(loss_b.detach())) < 1e-6
     opt_b.step()
     pa = torch.cat([p.detach().flatten() for p in a.trainable_parameters()])
