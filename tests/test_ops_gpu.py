@@ -159,7 +159,7 @@ def test_backbone_pruned_to_scored_rows_bf16():
 
     from dohnuts.config import preset
     from dohnuts.model.build import build_text_backbone
-    from dohnuts.model.text import take_rows
+    from dohnuts.model.blocks import take_rows
 
     cfg = preset("qwen3.5-2b")
     cfg = replace(cfg, text=replace(cfg.text, num_hidden_layers=4, layer_types=()))
@@ -308,11 +308,11 @@ def test_shared_pass_equals_prefix_then_suffix(monkeypatch, pruned, overlap):
     import dataclasses
 
     import dohnuts.api as api
-    import dohnuts.model.text as text
+    import dohnuts.model.deltanet as deltanet
     from dohnuts.train.task import synthetic_requests
 
     if not overlap:
-        monkeypatch.setattr(text, "side_stream", lambda x: None)
+        monkeypatch.setattr(deltanet, "side_stream", lambda x: None)
     _wide_tiny(monkeypatch)
     session = api.load("tiny", device=DEV, dtype=torch.bfloat16, _policy=EAGER)
     (req,) = synthetic_requests(1, questions=6, shared_prefix=300, seed=11)

@@ -18,7 +18,7 @@ import torch
 import dohnuts.api as api
 from dohnuts.config import preset
 from dohnuts.model.build import build_text_backbone
-from dohnuts.model.text import take_rows
+from dohnuts.model.blocks import take_rows
 from dohnuts.ops.attention import attention_at_fused, attention_at_reference, causal_attention_reference
 from dohnuts.runtime.graphs import PassGraphs
 from dohnuts.train.task import synthetic_requests

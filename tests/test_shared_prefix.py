@@ -115,7 +115,7 @@ def test_no_state_survives_a_request(monkeypatch):
     they are forked, each Gated DeltaNet layer's conv history and recurrent state when they are
     returned — after a request: the next request is unaffected."""
     from dohnuts.model.state import KVState
-    from dohnuts.model.text import GatedDeltaNet
+    from dohnuts.model.deltanet import GatedDeltaNet
 
     model = _model()
     a, b = _request("a" * 300), _request("b" * 300, texts=("delta", "eps", "zeta"))

@@ -1,0 +1,147 @@
+"""Gated DeltaNet, the linear-attention token mixer of Qwen3.5: short conv → gated delta rule →
+gated RMSNorm → out_proj, with its conv history and recurrent state in and out
+(dohnuts.model.state), which is how a shared prefix is computed once and forked."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dohnuts import ops
+from dohnuts.config import TextConfig
+from dohnuts.model.blocks import ALL_ROWS, GatedRMSNorm, take_rows
+from dohnuts.model.packing import packed_weight
+from dohnuts.model.state import LinearAttentionState
+
+
+def side_stream(x: torch.Tensor) -> torch.cuda.Stream | None:
+    """The second CUDA stream of x's device on which the shared pass runs the prefix's delta rule
+    (`GatedDeltaNet.forward_shared`); None off CUDA and under autograd (training keeps one stream:
+    its backward would otherwise run on streams of their own). A CUDA graph captures the fork and
+    join as graph edges."""
+    device = x.device
+    if device.type != "cuda" or ops.recording(x):
+        return None
+    stream = _SIDE_STREAMS.get(device)
+    if stream is None:
+        stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return stream
+
+
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+class GatedDeltaNet(nn.Module):
+    """Linear-attention token mixer: short conv → gated delta rule → gated RMSNorm → out_proj."""
+
+    # in_proj_z stays alone: as a column slice of a packed output it would be strided, and the
+    # gated norm's fla wrapper would copy it (a full read + write), more than its GEMM saves.
+    packed_projections = (("in_proj_qkv", "in_proj_b", "in_proj_a"),)
+
+    def __init__(self, cfg: TextConfig):
+        super().__init__()
+        self.cfg = cfg
+        hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
+        self.in_proj_qkv = nn.Linear(cfg.hidden_size, cfg.linear_conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(cfg.hidden_size, cfg.linear_value_dim, bias=False)
+        self.in_proj_b = nn.Linear(cfg.hidden_size, hv, bias=False)
+        self.in_proj_a = nn.Linear(cfg.hidden_size, hv, bias=False)
+        # Depthwise conv weight in transformers' nn.Conv1d layout (D, 1, W); only its weight is used.
+        self.conv1d = nn.Conv1d(cfg.linear_conv_dim, cfg.linear_conv_dim, cfg.linear_conv_kernel_dim,
+                                groups=cfg.linear_conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(hv))
+        self.A_log = nn.Parameter(torch.empty(hv).uniform_(1, 16).log())
+        self.norm = GatedRMSNorm(dv, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(cfg.linear_value_dim, cfg.hidden_size, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, state: LinearAttentionState | None, return_state: bool, rows=ALL_ROWS
+    ) -> tuple[torch.Tensor | None, LinearAttentionState | None]:
+        """x (B, T, H) → (output (B, T, H), state). `rows` (B, Q): the output only at those
+        positions, (B, Q, H); None: no output (the state alone). The recurrence runs over every
+        token either way; the output gate, norm and projection only where an output is asked."""
+        o, new_state = self.mix(*self.project(x), state, return_state)
+        if rows is None:
+            return None, new_state
+        if rows is not ALL_ROWS:
+            x, o = take_rows(x, rows), take_rows(o, rows)  # (B, Q, H), (B, Q, HV, V)
+        return self.finish(x, o), new_state
+
+    def forward_shared(self, x: torch.Tensor, groups: tuple[tuple[int, int, object], ...]) -> torch.Tensor:
+        """x (R, H): the rows of a shared pass (`TextBackbone.forward_shared`), the prefix's
+        (1 × P) first, then its B × L forked suffixes → output (R, H). The projections, the output
+        gate, norm and projection run over all rows at once; the recurrence per group: the
+        prefix from no state, the suffixes from its state, forked.
+
+        On a GPU (`side_stream`) the prefix's delta rule runs on a second stream while the
+        suffixes' conv, gates and intra-chunk solve run on this one — they need only the prefix's
+        conv history — so the prefix's latency-bound chain (one sequence: a few dozen programs a
+        kernel) hides behind the suffixes' work; the suffixes' recurrence waits for its state."""
+        (_, p, _), (n, t, _) = groups
+        mixed, b, a = self.project(x)  # (R, ·) each
+        qkv_p, conv_p, normalised_p = self._conv(mixed[:p].view(1, p, -1), None, True)
+        side = side_stream(x)
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(x.device))
+        with torch.cuda.stream(side) if side is not None else nullcontext():
+            o_p, rec_p = self._delta(qkv_p, b[:p].view(1, p, -1), a[:p].view(1, p, -1), None, True, normalised_p)
+        qkv_s, _, normalised_s = self._conv(mixed[p:].view(n, t, -1), conv_p.expand(n, -1, -1), False)
+        join = None if side is None else (lambda: torch.cuda.current_stream(x.device).wait_stream(side))
+        o_s, _ = self._delta(qkv_s, b[p:].view(n, t, -1), a[p:].view(n, t, -1),
+                             rec_p.expand(n, -1, -1, -1), False, normalised_s, before_state=join)
+        o = torch.cat([o_p.reshape(p, *o_p.shape[2:]), o_s.reshape(n * t, *o_s.shape[2:])])
+        return self.finish(x, o)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (..., H) → (mixed (..., 2·H·K + HV·V), b (..., HV), a (..., HV)): one GEMM when the
+        weights are packed (the parts are column views of its output)."""
+        cfg = self.cfg
+        hv = cfg.linear_num_value_heads
+        w = packed_weight(self.in_proj_qkv, self.in_proj_b, self.in_proj_a)
+        if w is None:
+            return self.in_proj_qkv(x), self.in_proj_b(x), self.in_proj_a(x)
+        return F.linear(x, w).split([cfg.linear_conv_dim, hv, hv], dim=-1)
+
+    def mix(
+        self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, state: LinearAttentionState | None,
+        return_state: bool,
+    ) -> tuple[torch.Tensor, LinearAttentionState | None]:
+        """The sequence mixing of (B, T, ·) projections: short conv, then the gated delta rule →
+        (o (B, T, HV, V), state)."""
+        qkv, conv_state, normalised = self._conv(mixed, None if state is None else state.conv, return_state)
+        o, recurrent = self._delta(qkv, b, a, None if state is None else state.recurrent, return_state, normalised)
+        return o, LinearAttentionState(conv_state, recurrent) if return_state else None
+
+    def _conv(self, mixed: torch.Tensor, conv_state: torch.Tensor | None, return_state: bool):
+        """The short conv of (B, T, ·): ((q, k, v), conv state, whether q and k come out normalised).
+        One conv per part (on the GPU, outside training): q, k and v come out contiguous; in a
+        stateless inference pass q and k also come out L2-normalised."""
+        cfg = self.cfg
+        return ops.causal_conv1d_qkv(
+            mixed, self.conv1d.weight.squeeze(1), [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim],
+            cfg.linear_key_head_dim, conv_state, return_state,
+        )
+
+    def _delta(self, qkv, b, a, recurrent, return_state: bool, qk_normalised: bool, before_state=None):
+        """The gated delta rule over conv outputs (B, T, ·) → (o (B, T, HV, V), final state or None)."""
+        cfg = self.cfg
+        q, k, v = qkv
+        B, T, _ = b.shape
+        q = q.reshape(B, T, cfg.linear_num_key_heads, cfg.linear_key_head_dim)  # (B, T, H, K)
+        k = k.reshape(B, T, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
+        v = v.reshape(B, T, cfg.linear_num_value_heads, cfg.linear_value_head_dim)  # (B, T, HV, V)
+        # The gates stay raw: beta = sigmoid(b) and the log-space decay g = -exp(A_log) ·
+        # softplus(a + dt_bias) <= 0 (FP32) are computed inside fla's kernels on the GPU.
+        return ops.gated_delta_rule_from_logits(
+            q, k, v, a, b, self.A_log, self.dt_bias, initial_state=recurrent, output_final_state=return_state,
+            use_qk_l2norm=not qk_normalised, before_state=before_state,
+        )  # (B, T, HV, V)
+
+    def finish(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """The output gate (from x (..., H)), the gated norm and out_proj of o (..., HV, V) → (..., H)."""
+        z = self.in_proj_z(x).view(*o.shape)  # the output gate, only where an output is asked
+        o = self.norm(o, z).reshape(*o.shape[:-2], self.cfg.linear_value_dim)
+        return self.out_proj(o)
