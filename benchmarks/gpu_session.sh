@@ -11,7 +11,7 @@
 #   DISTKILL=1                                               NCCL: rank 1 of 2 killed in training, then --resume
 #   BASELINES=N                                              N runs of benchmarks/test_regressions.py on 2b
 #                                                            (results/baselines/h200-2b-K.json)
-#   LAB='conv,swiglu_gemm,addmm'                            benchmarks/kernel_lab.py experiments (kernel_lab.json)
+#   LAB='delta_ho,conv_parts'                               benchmarks/kernel_lab.py experiments (kernel_lab.json)
 #   PACK_CACHE=1                                             pack .triton_cache, trimmed, into $OUT (15 MB parts)
 #                                                            (past 8 files in all, the loose ones go into logs.tar.gz)
 #   BUDGET=seconds (default 540)                             stop starting new steps after this
