@@ -216,7 +216,7 @@ class ModelConfig:
 
 
 # --------------------------------------------------------------------------------------------
-# Presets. Public sizes from the Qwen3.5 family (DESIGN.md "The model"): vocab 248320, head_dim
+# Presets. Public sizes from the Qwen3.5 family: vocab 248320, head_dim
 # 256, linear key/value head dim 128, conv kernel 4, full attention every 4th layer, partial
 # rotary 0.25, rope theta 1e7.
 

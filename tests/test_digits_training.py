@@ -1,5 +1,5 @@
 """Images flow through training, end to end on the CPU (the fast version of the digits task of
-docs/evolution.md M7): `dohnuts train` on scikit-learn's digits 0 and 1 (ten candidates each)
+docs/history/evolution.md M7): `dohnuts train` on scikit-learn's digits 0 and 1 (ten candidates each)
 learns to tell them apart, and the same run on one constant image does not."""
 
 from __future__ import annotations

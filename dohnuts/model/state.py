@@ -4,8 +4,8 @@ A full-attention layer's state is its keys and values (KV cache); a Gated DeltaN
 its short-conv history and its recurrent matrix. A `BackboneState` is what a pass over a token
 prefix leaves behind; `fork(n)` turns a batch-1 prefix state into n independent branches.
 
-Lifetime (DESIGN.md "Shared causal prefix"): a state belongs to one request and one weight
-snapshot. It is created by a forward pass and passed explicitly to the next; nothing in the
+Lifetime (the execution policy, dohnuts.runtime.policy): a state belongs to one request and one
+weight snapshot. It is created by a forward pass and passed explicitly to the next; nothing in the
 model keeps a reference to it, so nothing survives an optimizer update or another request.
 """
 

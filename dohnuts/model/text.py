@@ -165,12 +165,10 @@ class TextBackbone(nn.Module):
         The prefix's P rows join the suffixes' B·L rows in every token-parallel op — norms,
         projections, the MLP: one GEMM each instead of two, and none of them launched for P rows
         alone — while each layer's token mixer runs the prefix first and the suffixes from its
-        state (dohnuts.model.state, forked as views). A lone prefix pass is latency-bound (a
-        ~200-token image prefix: ~430 kernels, 2.93 ms against a 0.70 ms bound, docs/evolution.md
-        M19); here it adds only its mixers' kernels to the suffix pass. Measured on the H200 (M20):
-        0.3–0.6 ms less device time a call than the two passes, not more — the prefix's rows make
-        the GEMMs tile worse, and its mixers (kkt_solve alone 18 µs a layer) remain. The last layer
-        runs per group: the prefix's state alone, the suffixes at `rows`.
+        state (dohnuts.model.state, forked as views). A lone prefix pass is latency-bound (one
+        sequence: hundreds of small kernels); here the prefix adds only its token mixers' kernels
+        to the suffix pass (measured against two passes: docs/history/evolution.md M20). The last
+        layer runs per group: the prefix's state alone, the suffixes at `rows`.
 
         Positions: `prefix_positions` (3, 1, P) default to text positions 0..P−1, `suffix_positions`
         (3, B, L) to text positions from `next_position` (default: after the prefix's positions).

@@ -2,11 +2,10 @@
 in and out, in one pass.
 
 Every inference pass (no autograd) runs the q, k and v parts of the packed projection through this
-kernel, all three in one launch since M21: q and k go conv → SiLU → L2 norm per head, v conv →
-SiLU. It replaces, per layer, fla's three conv kernels, its three conv-state kernels, the copies
-that made a forked (batch-broadcast) or sliced state dense, the concatenation of the three final
-states, and the delta rule's two L2-norm kernels (2026-11-30 profiles: 18 launches instead of up
-to 234 in a 24-layer suffix pass).
+kernel, all three in one launch: q and k go conv → SiLU → L2 norm per head, v conv → SiLU. It
+replaces, per layer, fla's three conv kernels, its three conv-state kernels, the copies that made
+a forked (batch-broadcast) or sliced state dense, the concatenation of the three final states,
+and the delta rule's two L2-norm kernels: a launch a layer instead of about ten.
 
 - The input is read in place (strided rows of the packed projection); each part's output is
   written (B, T, C_part) contiguous, the parts one after another in one buffer.
@@ -31,10 +30,9 @@ import triton.language as tl
 # Tokens per program and warps, tuned per (channels, head dim, width, flags, length bucket) on the
 # first call of each (an eager pass, before any CUDA-graph capture); the choice is kept in Triton's
 # cache directory (`cache_results`, as fla does), so a later process on the machine skips tuning.
-# A fixed 32 tokens / 4 warps ran at 1.4 TB/s on the H200, no faster than fla's conv plus its L2
-# norm (2026-11-30 profile). With the tap-major weight (M17) 32/4 and 64/4 ran at 85 and 109 µs
-# against 61 (64/8) and 69 (8/1) for a 2b q part (kernel_lab, call I of M17), and a fresh
-# machine's tuner, which times each config once, once kept a 91 µs choice: the slow ones are gone.
+# A fixed tile was no faster than fla's conv plus its L2 norm; of the tuned configs, those that
+# measured slow at 2b's shapes are not offered, since a fresh machine's tuner times each config
+# once and once kept a slow one (docs/history/evolution.md M17).
 _CONFIGS = [triton.Config({"BT": bt}, num_warps=w) for bt, w in ((8, 1), (64, 8), (128, 8), (128, 16))]
 
 
@@ -66,9 +64,9 @@ def _conv_kernel(X, Wt, Y, S0, ST, T, C, T_BUCKET, sxb, sxt, swc, swk, s0b, s0c,
     The tile reads only x, with unit-stride (vectorised) loads. With a state, the first W − 1
     outputs — the only ones that read it — are left to a small head tile of the first block: the
     state's (B, C, W) layout is strided along the channels, and loading it inside the main tile
-    (masked, one scalar load per element) ran at 0.7 TB/s (23 µs a part in a 2b suffix)."""
+    (masked, one scalar load per element) ran at a fraction of the bandwidth."""
     # Heads vary fastest: programs running together read and write neighbouring 256-byte pieces of
-    # the same rows (a 448-token prefix pass's conv: 309 → 228 µs; no change at 16k tokens).
+    # the same rows (faster for short passes, docs/history/evolution.md M16).
     h = tl.program_id(0).to(tl.int64)
     i_t = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -116,8 +114,7 @@ def conv_silu_triton(x: torch.Tensor, weight: torch.Tensor, head_dim: int, *, no
                      initial_state: torch.Tensor | None = None, final_state: torch.Tensor | None = None,
                      eps: float = 1e-6, cpu_block_t: int = 32) -> torch.Tensor:
     """x (B, T, C) with unit channel stride, weight (C, W) with any strides → y (B, T, C)
-    contiguous (a weight stored tap-major, (W, C) transposed, is read with vector loads: at 2b's
-    16k-token pass a q part took 61 instead of 73 µs, `benchmarks/kernel_lab.py`): the causal
+    contiguous (a weight stored tap-major, (W, C) transposed, is read with vector loads): the causal
     depthwise conv from `initial_state` (B, C, W) (zeros if None; any strides), SiLU, and, if
     `normalize`, each head's `head_dim` channels scaled to unit L2 norm (1 / sqrt(Σ y² + eps), as
     fla's l2norm). `final_state`: a (B, C, W) tensor (any strides) that receives the last W

@@ -4,9 +4,8 @@ A forked prefix state reaches the suffix pass as batch-broadcast views. The pref
 are copied once per branch, joined to the new ones (the suffix's attention input); the recurrent
 state is not copied at all since the inference delta rule reads it through a batch stride
 (dohnuts.ops._delta_h_kernel), and other paths copy it with this op. PyTorch copies a stride-0
-source with its generic strided kernel, one element per thread: 1.56 TB/s for the 2b recurrent
-fork when it was still copied (21.5 µs a layer for 32 × 1 MiB, H200, 2026-11-30 profile; this
-kernel: 0.18 ms for 18 layers). Here every program moves a (rows × C) tile with
+source with its generic strided kernel, one element per thread, well below the memory
+bandwidth. Here every program moves a (rows × C) tile with
 vectorised loads and stores along the unit-stride last dimension, and a broadcast source is read
 from L2 by every batch row after the first. No autograd; CPU tensors run in Triton's interpreter
 (the CPU tests).

@@ -134,10 +134,9 @@ def _delta_h_kernel(q, k, v, w, v_new, g, beta, h, o, h0, ht, T, s0n, scale, siz
             b_v = tl.load(v + o_t[:, None] * (HV * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
                           other=0.0).to(tl.float32) * b_b[:, None] - b_v
             # Rows masked, columns not (as in fla's recompute_w_u): a row's columns past T are in
-            # A's upper triangle. With both masked, the first H200 run faulted at partial last
-            # chunks (illegal address, Triton 3.6); without the column mask they ran (M19). The
-            # upper triangle is selected away here, so A needs no zero-filled allocation (fla's
-            # kernel writes only the lower blocks; the fill cost 0.2 ms a 16k-token pass, M20).
+            # A's upper triangle. With both masked, Triton 3.6 faulted at partial last chunks
+            # (illegal address). The upper triangle is selected away here, so A needs no
+            # zero-filled allocation (fla's kernel writes only the lower blocks).
             o_c = tl.arange(0, BT)
             b_a = tl.load(w + o_t[:, None] * (HV * BT) + o_c[None, :], mask=m_t[:, None], other=0.0)
             b_a = tl.where(o_c[:, None] >= o_c[None, :], b_a, 0.0)
@@ -192,14 +191,13 @@ def _delta_h_kernel(q, k, v, w, v_new, g, beta, h, o, h0, ht, T, s0n, scale, siz
 
 
 # `size_class` (⌈log2⌉ of sequences × value heads, unused by the kernel) is a tuning key: the best
-# block differs between a lone prefix and a 32-sequence batch (M18: 32 × 512 → BV 64, one stage;
-# 1 × 448 → BV 32, three stages), and a key on T would tune again at every new length.
+# block differs between a lone prefix and a 32-sequence batch (measured: docs/history/evolution.md
+# M18), and a key on T would tune again at every new length.
 _KEY = ["H", "HV", "K", "V", "BT", "USE_INITIAL_STATE", "STORE_FINAL_STATE", "FUSE_O", "FUSE_WU", "size_class"]
 _tuned = triton.autotune(configs=_CONFIGS, key=_KEY, cache_results=True)(_delta_h_kernel)
-# The fused kernel's configs: each one ran correct at the workloads' shapes on the H200 (Triton 3.6,
-# results/h200/2026-12-01-s7-fused-configs/fused_configs.json). (BV 32, 4 warps, 1 stage) is left
-# out: it faults there with an illegal memory access (docs/known-issues.md KI-11). 8 warps measured
-# 1.4–1.5× slower.
+# The fused kernel's configs: each one ran correct at the workloads' shapes on the H200 (Triton
+# 3.6). (BV 32, 4 warps, 1 stage) is left out: it faults there with an illegal memory access
+# (docs/known-issues.md KI-11); 8 warps were slower (docs/history/evolution.md M18).
 _O_CONFIGS = [triton.Config({"BV": bv}, num_warps=4, num_stages=s) for bv, s in ((64, 1), (64, 2), (32, 2), (32, 3))]
 _tuned_o = triton.autotune(configs=_O_CONFIGS, key=_KEY, cache_results=True)(_delta_h_kernel)
 

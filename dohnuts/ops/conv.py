@@ -136,10 +136,8 @@ def causal_conv1d_qkv(
         final = x.new_empty(B, D, weight.shape[-1]) if output_final_state else None
         # Tap-major weight (one small copy a layer): each tap's channels are then contiguous.
         weight = weight.t().contiguous().t()  # (D, W) with strides (1, D)
-        # q, k and v in one launch, each a contiguous block of one buffer (M21): in CUDA graphs on
-        # the H200 (`kernel_lab.py conv_parts`, 2b sizes) 158.5 vs 174.8 µs a layer for text-2b's
-        # 32 × 512, 26.8 vs 36.6 for a 32 × 64 forked suffix, 7.0 vs 12.3 for a 1 × 448 prefix
-        # against a launch a part
+        # q, k and v in one launch, each a contiguous block of one buffer: faster than a launch a
+        # part at every measured size (`kernel_lab.py conv_parts`, docs/history/evolution.md M21)
         outs = conv_silu_parts_triton(x, weight, key_head_dim, list(sizes), normalized_parts=2,
                                       initial_state=initial_state, final_state=final)
         return tuple(outs), final, True

@@ -174,7 +174,7 @@ def _fused_output(N: int, HV: int, K: int, V: int, device: torch.device) -> bool
 
     The fused kernel runs a sequence's chunks one after another; fla's output kernel runs every
     chunk in parallel, which wins only while the fused kernel leaves most of the GPU idle (a lone
-    shared prefix). The measurements that drew the line are in docs/evolution.md (M18, M19)."""
+    shared prefix). The measurements that drew the line are in docs/history/evolution.md (M18, M19)."""
     return K <= 128 and 2 * N * HV * -(-V // 64) >= _multiprocessors(device)
 
 

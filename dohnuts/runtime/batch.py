@@ -60,7 +60,7 @@ class Batch:
         """The batch with its integer (long) tensors as views of ONE buffer from `allocate(n)`,
         which `to` moves in one copy; other tensors go through `keep`. Each pinned allocation and
         each copy call costs host time on a single call's critical path: a batch has seven
-        integer tensors (M20)."""
+        integer tensors."""
         out, layout, total = {}, {}, 0
         for f in fields(self):
             v = getattr(self, f.name)

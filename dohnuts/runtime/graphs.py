@@ -1,8 +1,8 @@
 """CUDA graphs of the inference passes: the host issues one replay instead of ~1,000 kernels.
 
-A 24-layer pass launches about a thousand kernels; from Python each costs 50–90 µs of host time,
-so every pass below ~16k tokens used to wait on the host, not on the GPU (docs/known-issues.md
-KI-2). Here each pass shape is captured once and replayed:
+A 24-layer pass launches about a thousand kernels, each costing tens of µs of host time from
+Python, so every pass below ~16k tokens waited on the host, not on the GPU (measured:
+docs/history/evolution.md M5, M8). Here each pass shape is captured once and replayed:
 
     shared   (1, P) + (B_b, L_b) → hidden states of the prefix and its forked suffixes in one
                                    pass (`TextBackbone.forward_shared`)   key (P, B_b, L_b, Q, image)

@@ -83,9 +83,8 @@ class PreparedImage:
 class ImageKeyMemo:
     """File bytes → what decoding them gave (content key, grid, size), bounded LRU, thread-safe.
 
-    Decoding, resizing and hashing the pixels cost ≈ 10 ms per 448² image on the H200's host
-    (docs/known-issues.md KI-6), for every request, because the feature cache is keyed by decoded
-    pixels. The same bytes always decode to the same pixels under one policy, so a digest of the
+    Decoding, resizing and hashing the pixels cost milliseconds per image (≈ 10 ms for 448² on the
+    H200's host), for every request, because the feature cache is keyed by decoded pixels. The same bytes always decode to the same pixels under one policy, so a digest of the
     file bytes (blake2b, ≈ 1 ms per MB) finds the content key of an image seen before; when its
     features are cached, the request needs no pixels at all.
 

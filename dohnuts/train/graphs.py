@@ -1,8 +1,8 @@
 """A training microbatch's forward (loss) and backward as two CUDA graphs per shape.
 
 An eager training microbatch of the 2b model issues a few thousand kernels (forward, LoRA
-adapters under autocast, backward): the 4-microbatch update took 962 ms on the H200 for ≈ 114 ms
-of bound (docs/known-issues.md KI-2). Here each microbatch shape is captured once:
+adapters under autocast, backward, the recomputation): eager, an update waits on the host, not on
+the GPU (docs/history/evolution.md M8). Here each microbatch shape is captured once:
 
     forward graph   static batch → scores → RLCD loss / 4           (the loss is a static output)
     backward graph  loss.backward(): gradients ADD into the parameters' .grad in place

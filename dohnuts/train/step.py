@@ -41,7 +41,8 @@ MICROBATCHES = 4
 # The questions an update averages, what the defaults (lr 2e-3, 200 updates) were tuned with: 4
 # requests of 8 questions. Four 1-question requests give an update whose gradient points along
 # the true one with cosine ≈ 0.07 (32 questions: ≈ 0.2–0.3); at lr 2e-3 such updates collapse the
-# SCORE hidden states (docs/known-issues.md KI-10), so the trainer groups requests to reach this.
+# SCORE hidden states (docs/history/known-issues-2026-12-01.md KI-10), so the trainer groups
+# requests to reach this.
 QUESTIONS_PER_UPDATE = 32
 
 
