@@ -2,7 +2,7 @@
 # One batched GPU session on the lent H200 (docs/gpu.md): install the carried fla wheels, then
 # run what the environment asks for, everything written under $OUT.
 #   WORKLOADS='workloads/gpu/a.yaml ...'                     one dohnuts-bench run over them (first)
-#   TESTS='pytest -k expression' (or 'all', default none)   GPU tests of tests/test_ops_gpu.py
+#   TESTS='pytest -k expression' (or 'all', default none)   GPU tests of tests/gpu/
 #   BACKBONE=1                                               benchmarks/backbone_forward.py on 2b
 #   PROFILE=1 (or 'B P S')                                   benchmarks/profile_passes.py on 2b (32 × 448 + 64)
 #   COLD=1                                                   benchmarks/cold_start.py: 2 new processes
@@ -35,7 +35,7 @@ echo "triton cache at start: $(du -sh .triton_cache | cut -f1), $(find .triton_c
 if [ -n "${TESTS:-}" ] && [ "$(left)" -gt 60 ]; then
   echo "== GPU tests ($TESTS, $(left) s left)"
   sel=(); [ "$TESTS" != all ] && sel=(-k "$TESTS")
-  timeout $(($(left) - 20)) python3 -m pytest -q tests/test_ops_gpu.py "${sel[@]}" -p no:cacheprovider --durations=10 2>&1 \
+  timeout $(($(left) - 20)) python3 -m pytest -q tests/gpu "${sel[@]}" -p no:cacheprovider --durations=10 2>&1 \
     | tee "$OUT/gpu_tests.txt" | tail -25
 fi
 if [ -n "${WORKLOADS:-}" ] && [ "$(left)" -gt 60 ]; then

@@ -2,7 +2,7 @@
 buffers and shape buckets as on the GPU, with each "replay" recomputing its pass from the static
 buffers into the static outputs. Scores equal the eager path's for changing inputs (a stale
 buffer fails), bucket padding is counted as padded work, and the budget and LoRA changes are
-honoured. The CUDA replay itself is tested in tests/test_ops_gpu.py."""
+honoured. The CUDA replay itself is tested in tests/gpu/test_runtime.py."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ delta rule's backward kernel `chunk_bwd_dqkwg` on Hopper GPUs with Triton in [3.
 because that Triton miscompiles it at block size BK=64. Qwen3.5's key head dim is 128, for
 which Hopper selects BK=128; fla's guard does not distinguish the two. We lift the guard only
 for head dims whose block size is 128 on Hopper, and only because our own GPU gradient-parity
-test (tests/test_ops_gpu.py::test_gated_delta_rule_grad_parity_qwen_sizes) compares that exact
+test (tests/gpu/test_ops.py::test_gated_delta_rule_grad_parity_qwen_sizes) compares that exact
 backward against an FP32 reference on every GPU test run. For any other head dim the guard
 stays and fla raises its own error. The lift is announced once on stderr; it is never silent.
 """

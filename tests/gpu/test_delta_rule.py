@@ -1,0 +1,169 @@
+"""The inference gated delta rule on the GPU: the gates in one kernel, a forked state read in place,
+the fused state-and-output kernel — each against fla's kernels and the FP32 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.gpu.helpers import DEV, WU_TOL, _assert_matches_fp32_reference, _assert_no_less_accurate, _fp32_reference, _gdn_logit_inputs
+from tests.reference import relative_error
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("with_state", [False, True])
+def test_gated_delta_rule_gates_in_kernel(with_state):
+    """fla's in-kernel gates (decay from a, A_log, dt_bias; sigmoid of b) against the gates computed
+    in torch and the FP32 reference, at Qwen3.5-2b head sizes, with and without a recurrent state."""
+    from dohnuts.ops.delta_rule import gated_delta_rule_from_logits
+
+    g, (q, k, v, a, b, A_log, dt_bias) = _gdn_logit_inputs(3, 200, seed=43)
+    s0 = torch.randn(3, 16, 128, 128, device=DEV, generator=g) * 0.1 if with_state else None
+    with torch.no_grad():
+        o, s = gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=s0, output_final_state=True)
+    _assert_matches_fp32_reference(o, s, (q, k, v, a, b, A_log, dt_bias), s0)
+
+
+def test_inference_delta_rule_reads_a_forked_state_as_fla_does_dense():
+    """The inference delta rule (fla's forward steps, dohnuts' state kernel with a batch stride)
+    from a forked state — an expanded view of one state, never copied — equals fla's own
+    chunk_gated_delta_rule on the dense copies (same kernels elsewhere: to BF16 rounding of the
+    autotuned blocks), and the FP32 reference; 2b head sizes, 32 branches of 64 tokens."""
+    from dohnuts.ops._fla import fla
+    from dohnuts.ops.delta_rule import gated_delta_rule_from_logits
+
+    B = 32
+    g, (q, k, v, a, b, A_log, dt_bias) = _gdn_logit_inputs(B, 64, seed=59)
+    one = torch.randn(1, 16, 128, 128, device=DEV, generator=g) * 0.1
+    forked = one.expand(B, -1, -1, -1)
+    with torch.no_grad():
+        o, s = gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=forked,
+                                            output_final_state=True)
+        o_fla, s_fla = fla().chunk_gated_delta_rule(
+            q, k, v, a, b, initial_state=forked.contiguous(), output_final_state=True, use_qk_l2norm_in_kernel=True,
+            use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True)
+    assert relative_error(o.float(), o_fla.float()) < WU_TOL and relative_error(s, s_fla) < WU_TOL
+    _assert_matches_fp32_reference(o, s, (q, k, v, a, b, A_log, dt_bias), forked)
+    o_ref, s_ref = _fp32_reference((q, k, v, a, b, A_log, dt_bias), forked)
+    _assert_no_less_accurate(o, o_fla, o_ref, "o")
+    _assert_no_less_accurate(s, s_fla, s_ref, "state")
+
+
+def test_inference_delta_rule_without_a_fork_equals_fla():
+    """Without a forked state (no state: a full or prefix pass; a dense per-row state) the
+    inference delta rule equals fla's chunk_gated_delta_rule. At 4 × 200 (256 programs, so the fused
+    path with FUSE_WU) to BF16 rounding of fla's w and u (`WU_TOL`), and no less accurate than fla
+    against the FP32 reference; a forked state of the same values (a stride-0 read) equals the
+    dense state's result."""
+    from dohnuts.ops._fla import fla
+    from dohnuts.ops.delta_rule import gated_delta_rule_from_logits
+
+    B = 4
+    g, (q, k, v, a, b, A_log, dt_bias) = _gdn_logit_inputs(B, 200, seed=61)
+    dense = torch.randn(1, 16, 128, 128, device=DEV, generator=g).expand(B, -1, -1, -1).contiguous() * 0.1
+    kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+              use_beta_sigmoid_in_kernel=True)
+    with torch.no_grad():
+        for s0 in (None, dense):
+            o, s = gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=s0,
+                                                output_final_state=True)
+            o_fla, s_fla = fla().chunk_gated_delta_rule(q, k, v, a, b, initial_state=s0, output_final_state=True, **kw)
+            what = "dense" if s0 is not None else "none"
+            assert relative_error(o.float(), o_fla.float()) < WU_TOL and relative_error(s, s_fla) < WU_TOL, what
+            o_ref, s_ref = _fp32_reference((q, k, v, a, b, A_log, dt_bias), s0)
+            _assert_no_less_accurate(o, o_fla, o_ref, f"o, {what}")
+            _assert_no_less_accurate(s, s_fla, s_ref, f"state, {what}")
+        o_fork, s_fork = gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias,
+                                                      initial_state=dense[:1].expand(B, -1, -1, -1),
+                                                      output_final_state=True)
+    assert relative_error(o_fork.float(), o.float()) < 1e-3 and relative_error(s_fork, s) < 1e-3
+
+
+@pytest.mark.parametrize("shape", [(32, 512, None), (3, 200, "dense"), (32, 64, "forked"), (1, 452, "forked")])
+def test_fused_state_output_kernel_equals_fla_s_two_kernels(shape):
+    """The state recurrence with each chunk's output computed inside it (dohnuts' FUSE_O kernel)
+    equals fla's state kernel followed by its output kernel (chunk_gated_delta_rule_fwd_h, then
+    chunk_fwd_o reading the states back), at 2b head sizes: the text pass, a partial last chunk with
+    a dense state per sequence, forked suffix passes (stride-0 state) and a lone sequence; and so
+    does the kernel that also folds in fla's recompute_w_u (FUSE_WU, from fla's A, v and β)."""
+    from dohnuts.ops._delta_h_kernel import delta_rule_output_triton
+    from dohnuts.ops._fla import fla
+    from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
+
+    B, T, state = shape
+    f = fla()
+    g, (q, k, v, a, b, A_log, dt_bias) = _gdn_logit_inputs(B, T, seed=71)
+    q, k = (torch.nn.functional.normalize(x.float(), dim=-1).bfloat16() for x in (q, k))
+    gg, beta = gdn_gates_triton(a, b, A_log, dt_bias, chunk_size=64, scale=f.RCP_LN2)
+    w, u, _ = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=gg, beta=beta, chunk_size=64)
+    s0 = None
+    if state is not None:
+        s0 = torch.randn(1 if state == "forked" else B, 16, 128, 128, device=DEV, generator=g) * 0.1
+        s0 = s0.expand(B, -1, -1, -1)
+    with torch.no_grad():
+        o, final = delta_rule_output_triton(q, k, w, u, gg, 128 ** -0.5, s0, True)
+        h, v_new, final_fla = f.chunk_gated_delta_rule_fwd_h(
+            k=k, w=w, u=u, g=gg, initial_state=None if s0 is None else s0.contiguous(), output_final_state=True,
+            chunk_size=64)
+        o_fla = f.chunk_fwd_o(q=q, k=k, v=v_new, h=h, g=gg, scale=128 ** -0.5, chunk_size=64)
+    assert o.dtype == o_fla.dtype and o.shape == o_fla.shape
+    assert relative_error(o.float(), o_fla.float()) < 2e-3 and relative_error(final, final_fla) < 1e-4
+    # fla's recompute_w_u folded in too (FUSE_WU): from v, β and the kkt_solve kernel's A alone
+    from dohnuts.ops._delta_h_kernel import delta_rule_output_wy_triton
+    from dohnuts.ops.delta_rule import _kkt_solve
+
+    with torch.no_grad():
+        A = _kkt_solve(f, k, gg, beta)
+        o_wy, final_wy = delta_rule_output_wy_triton(q, k, v, beta, A, gg, 128 ** -0.5, s0, True)
+    assert o_wy.dtype == o_fla.dtype and o_wy.shape == o_fla.shape
+    assert relative_error(o_wy.float(), o_fla.float()) < WU_TOL and relative_error(final_wy, final_fla) < WU_TOL
+    o_ref, s_ref = _fp32_reference((q, k, v, a, b, A_log, dt_bias), s0)
+    _assert_no_less_accurate(o_wy, o_fla, o_ref, "o")
+    _assert_no_less_accurate(final_wy, final_fla, s_ref, "state")
+
+
+@pytest.mark.parametrize("state", [None, "forked"])
+def test_inference_delta_rule_fused_and_split_outputs_agree(monkeypatch, state):
+    """`gated_delta_rule_from_logits` with the outputs computed in the state kernel (fused) and with
+    fla's output kernel (split) — the rule `_fused_output` forced each way — agree, and both equal
+    the FP32 reference."""
+    from dohnuts.ops import delta_rule
+    from dohnuts.ops.delta_rule import gated_delta_rule_from_logits
+
+    B = 8
+    g, (q, k, v, a, b, A_log, dt_bias) = _gdn_logit_inputs(B, 130, seed=73)
+    s0 = None if state is None else (torch.randn(1, 16, 128, 128, device=DEV, generator=g) * 0.1).expand(B, -1, -1, -1)
+    outs = []
+    with torch.no_grad():
+        for choice in ("fused", "split"):
+            monkeypatch.setattr(delta_rule, "_fused_output", lambda *args, fused=choice == "fused": fused)
+            outs.append(gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=s0,
+                                                     output_final_state=True))
+    (o_f, s_f), (o_s, s_s) = outs
+    assert relative_error(o_f.float(), o_s.float()) < 2e-3 and relative_error(s_f, s_s) < 1e-3
+    _assert_matches_fp32_reference(o_f, s_f, (q, k, v, a, b, A_log, dt_bias), s0)
+
+
+def test_gdn_gates_kernel_equals_fla_s_gate_kernels():
+    """One launch reading a and b in place (column slices of a packed projection) equals fla's
+    fused_beta_sigmoid_fwd and gdn_gate_chunk_cumsum on contiguous copies: β exactly, the decay to
+    float rounding (fla evaluates softplus with inline PTX); 2b head count, 3 chunks."""
+    from fla.ops.common.gate import fused_beta_sigmoid_fwd
+    from fla.ops.gated_delta_rule.gate import gdn_gate_chunk_cumsum
+
+    from dohnuts.ops._fla import fla
+    from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
+
+    f = fla()
+    g = torch.Generator(device=DEV).manual_seed(67)
+    HV = 16
+    packed = torch.randn(4, 150, 64 + 2 * HV, device=DEV, generator=g).bfloat16()
+    b, a = packed[..., 64:64 + HV], packed[..., 64 + HV:]
+    A_log = torch.empty(HV, device=DEV).uniform_(1, 16, generator=g).log().bfloat16()
+    dt_bias = torch.randn(HV, device=DEV, generator=g).bfloat16()
+    got_g, got_beta = gdn_gates_triton(a, b, A_log, dt_bias, chunk_size=64, scale=f.RCP_LN2)
+    want_g = gdn_gate_chunk_cumsum(a.contiguous(), A_log, chunk_size=64, scale=f.RCP_LN2, dt_bias=dt_bias)
+    want_beta = fused_beta_sigmoid_fwd(b.contiguous())
+    assert torch.equal(got_beta, want_beta)
+    assert relative_error(got_g, want_g) < 1e-5 and (got_g - want_g).abs().max() < 1e-4 * want_g.abs().max()

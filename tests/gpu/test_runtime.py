@@ -1,0 +1,99 @@
+"""The runtime on the GPU: CUDA-graph replay against eager passes, the stage timer's events, and
+pinned batches moved in one copy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dohnuts.runtime.policy import EAGER
+from tests.gpu.helpers import DEV, _wide_tiny
+from tests.reference import relative_error, unshared
+
+pytestmark = pytest.mark.gpu
+
+
+def test_graph_replay_equals_eager_with_changing_inputs(monkeypatch, tmp_path):
+    """CUDA-graph replay of the shared and full passes against the eager passes, request
+    after request of the same shape bucket (a graph reading a stale static buffer fails), with and
+    without a shared prefix and with an image cut by the prefix split."""
+    import numpy as np
+    from PIL import Image
+
+    import dohnuts.api as api
+    from dohnuts.runtime.requests import Question, Request
+    from dohnuts.train.task import synthetic_requests
+
+    _wide_tiny(monkeypatch)
+    graphed = api.load("tiny", device=DEV, dtype=torch.bfloat16)
+    eager = api.load("tiny", device=DEV, dtype=torch.bfloat16, _policy=EAGER)
+    assert graphed.graphs is not None and eager.graphs is None
+    texts = synthetic_requests(3, questions=6, shared_prefix=300, seed=5)
+    rng = np.random.default_rng(0)
+    images = []
+    for i in range(2):
+        path = tmp_path / f"{i}.png"
+        Image.fromarray(rng.integers(0, 256, (448, 448, 3), dtype=np.uint8)).save(path)
+        qs = (Question("a", "what?", ("red", "green")), Question("b", "how many?", ("one", "two", "three")),
+              Question("c", "where?", ("here", "there")))
+        images.append(Request(id=f"img{i}", questions=qs, prefix="a photo", image=str(path)))
+    reqs = [texts[0], texts[1], texts[0], texts[2], images[0], images[1], images[0]]
+    for share in (True, False):
+        if share:
+            got, want = graphed.predict(reqs), eager.predict(reqs)
+        else:
+            with unshared(graphed), unshared(eager):
+                got, want = graphed.predict(reqs), eager.predict(reqs)
+        for g, w in zip(got, want):
+            gs = torch.tensor([s for q in g.questions for s in q.scores])
+            ws = torch.tensor([s for q in w.questions for s in q.scores])
+            assert relative_error(gs, ws) < 1e-3, (share, g.id)
+        first, second = (torch.tensor([s for q in r.questions for s in q.scores]) for r in got[:2])
+        assert relative_error(first, second) > 1e-3  # different requests, different scores
+    stats = graphed.graphs.stats()
+    # shared: one shared pass a shape (text, image); unshared: one full pass a shape
+    assert stats.captures >= 4 and stats.replays >= 2 * len(reqs) and not stats.eager
+
+
+def test_stage_timer_reuses_its_events_and_keeps_each_stage_s_time():
+    """Timing events go back to a pool when read and serve the next timer; each stage still gets
+    its own device time (a sleep kernel of ≈ 2 ms against an empty stage), and a stage entered
+    after a read adds to its earlier time."""
+    from dohnuts.runtime import timing
+
+    dev = torch.device(DEV)
+    cycles = 4_000_000  # ≈ 2 ms at the H200's 1.98 GHz (longer at lower clocks, or on a first launch)
+    first = timing.StageTimer(dev)
+    with first.stage("sleep"):
+        torch.cuda._sleep(cycles)
+    assert first.result()["sleep"].device_ms > 1.0
+    reused = timing._EVENT_POOLS[torch.cuda.current_device()][-1]
+    second = timing.StageTimer(dev)
+    with second.stage("empty"):
+        pass
+    assert all(a is b for a, b in zip(second._events["empty"][0], reused))  # the same two events
+    with second.stage("sleep"):
+        torch.cuda._sleep(cycles)
+    got = second.result()
+    assert got["empty"].device_ms < 0.1 and got["sleep"].device_ms > 1.0
+    with second.stage("sleep"):
+        torch.cuda._sleep(cycles)
+    again = second.result()["sleep"]
+    assert again.count == 2 and again.device_ms > got["sleep"].device_ms + 1.0
+
+
+def test_a_prepared_batch_is_pinned_in_one_buffer_and_moves_in_one_copy():
+    """On a GPU, `Session.prepare` pins the batch's integer tensors as views of one page-locked
+    buffer; `to(device)` (one asynchronous copy, then views) gives the same tensors."""
+    import dohnuts.api as api
+    from dohnuts.train.task import synthetic_requests
+
+    session = api.load("tiny", device=DEV)
+    (req,) = synthetic_requests(1, questions=3, shared_prefix=200, seed=1)
+    t = session.prepare(req).tensors
+    buf, layout = t.__dict__["_packed"]
+    assert buf.is_pinned() and layout and all(getattr(t, n).is_pinned() for n in layout)
+    d = t.to(session.device)
+    torch.cuda.synchronize()
+    for n in layout:
+        assert getattr(d, n).device.type == "cuda" and torch.equal(getattr(d, n).cpu(), getattr(t, n)), n
