@@ -46,7 +46,8 @@ class DohnutsTarget:
         cfg = self.model.lora
         self.lora_info = {"rank": cfg.rank, "targets": list(cfg.targets), "merged": False} if cfg else None
         if self.train:
-            from dohnuts.runtime.distributed import current_world, gradient_bytes
+            from dohnuts.runtime.collectives import gradient_bytes
+            from dohnuts.runtime.process_group import current_world
             from dohnuts.train.objective import RLCDConfig
             from dohnuts.train.step import OptimConfig, Updater, make_optimizer
 

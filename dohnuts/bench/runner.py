@@ -31,7 +31,8 @@ from dohnuts.bench.calls import CallResult
 from dohnuts.bench.provenance import provenance
 from dohnuts.bench.telemetry import DEFAULT_MIN_CLOCK_FRACTION, TelemetryThread, call_validity
 from dohnuts.bench.workload import WorkloadSpec
-from dohnuts.runtime.distributed import SINGLE, World, any_rank, barrier, max_over_ranks
+from dohnuts.runtime.collectives import any_rank, barrier, max_over_ranks
+from dohnuts.runtime.process_group import SINGLE, World
 from dohnuts.runtime.timing import StageTimer, empty_stage_cost
 
 SCHEMA = 1

@@ -7,8 +7,8 @@ Every rank joins the process group (NCCL on GPUs, gloo on CPUs), measures the wo
 own device with the same run loop as a single process (dohnuts.bench.runner.measure_workload,
 which shards or shares the calls and keeps the ranks' counts in step), and writes its records to
 `RANKS_DIR/rank<R>.jsonl`, each line flushed as it is measured. Rank 0 first measures the
-all-reduce bus bandwidth of this world (the interconnect's measured ceiling) into
-`RANKS_DIR/measured.json`; a rank whose target failed (out of memory) writes
+all-reduce bus bandwidth of this world (dohnuts.bench.interconnect: the interconnect's measured
+ceiling) into `RANKS_DIR/measured.json`; a rank whose target failed (out of memory) writes
 `RANKS_DIR/failures-rank<R>.json`. The launcher gathers all of it into the run's files.
 """
 
@@ -53,11 +53,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from rich.console import Console
 
+    from dohnuts.bench.interconnect import allreduce_busbw
     from dohnuts.bench.plugins import collect, plugin_manager
     from dohnuts.bench.runner import RunContext, measure_workload
     from dohnuts.bench.telemetry import TelemetryThread
     from dohnuts.bench.workload import load_workload
-    from dohnuts.runtime.distributed import allreduce_busbw, barrier, join, leave
+    from dohnuts.runtime.collectives import barrier
+    from dohnuts.runtime.process_group import join, leave
 
     world, device = join("cuda" if args.gpu else "cpu")
     out_dir = Path(args.dir)
