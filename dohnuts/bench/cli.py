@@ -112,6 +112,7 @@ def cmd_run(args) -> int:
     from dohnuts.bench.plugins import collect, plugin_manager
     from dohnuts.bench.provenance import device_info
     from dohnuts.bench.runner import RunContext, measure_workload, new_run_dir, resolve_device
+    from dohnuts.bench.sink import RecordSink
     from dohnuts.bench.telemetry import TelemetryThread
     from dohnuts.bench.workload import load_workload
 
@@ -181,7 +182,7 @@ def cmd_run(args) -> int:
         console.print(f"run [bold]{run_id}[/] → {results}")
         telemetry.start()
         try:
-            with open(results, "a", encoding="utf-8") as out, Progress(
+            with RecordSink.open(results) as out, Progress(
                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                 console=console, disable=args.quiet,
             ) as progress:

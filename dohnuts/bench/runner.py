@@ -3,8 +3,8 @@
 For each workload and each of its targets, in one process and on the same calls:
 warm-up calls (unrecorded), then measured calls until `repeat` calls and `min_duration_s`
 have both passed. Each measured call is timed per stage (CUDA events on the GPU, host clock
-always) and appended to `results.jsonl` as one record, flushed at once: an interrupted run
-(Ctrl-C) leaves a valid file holding every completed record. Records are strict JSON (no bare
+always) and written to the run's `RecordSink` (results.jsonl) as one record, flushed at once: an
+interrupted run (Ctrl-C) leaves a valid file holding every completed record. Records are strict JSON (no bare
 NaN or Infinity: a non-finite number a target reports is written as null).
 
 A target that runs out of memory (`is_out_of_memory`: torch.OutOfMemoryError, MemoryError, or a
@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 from dohnuts.bench.analysis.compare import required_calls
-from dohnuts.bench.analysis.records import dumps
 from dohnuts.bench.calls import CallResult
 from dohnuts.bench.provenance import provenance
+from dohnuts.bench.sink import RecordSink
 from dohnuts.bench.telemetry import DEFAULT_MIN_CLOCK_FRACTION, TelemetryThread, call_validity
 from dohnuts.bench.workload import WorkloadSpec
 from dohnuts.runtime.collectives import any_rank, barrier, max_over_ranks
@@ -86,7 +86,7 @@ def _stages_dict(timer: StageTimer) -> dict:
 
 
 def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict, targets: dict, telemetry: TelemetryThread,
-                     out, progress=None, world: World = SINGLE) -> int:
+                     out: RecordSink, progress=None, world: World = SINGLE) -> int:
     """Measure every target of one workload; returns the number of records written.
 
     With several processes (`world`, started by a launcher plugin) every rank runs this on its
@@ -171,7 +171,7 @@ def _measure_target(run, pm, spec, tspec, factory, kind, calls, warmup, device, 
                 # is part of end-to-end cost: recorded on its own, never mixed into the steady state.
                 record = _measure_call(run, spec, tspec, target, calls[0], device, dtype, cfg, prov, telemetry,
                                        -1, phase="first-call")
-                _write(out, record | ranks)
+                out.write(record | ranks)
                 written += 1
             else:
                 target.run_call(calls[i % len(calls)], StageTimer(device))
@@ -192,7 +192,7 @@ def _measure_target(run, pm, spec, tspec, factory, kind, calls, warmup, device, 
             record["aa_half"] = i % 2
             record.update(ranks)
             pm.hook.dohnuts_bench_after_call(run=run, spec=spec, target_name=tspec.label, record=record)
-            _write(out, record)
+            out.write(record)
             written += 1
             i += 1
             walls.append(record["wall_ms"])
@@ -216,12 +216,6 @@ def _measure_target(run, pm, spec, tspec, factory, kind, calls, warmup, device, 
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return written
-
-
-def _write(out, record: dict) -> None:
-    """Append one record as one strict-JSON line and flush it (a killed run keeps every line)."""
-    out.write(dumps(record) + "\n")
-    out.flush()
 
 
 def _measure_call(run, spec, tspec, target, call, device, dtype, cfg, prov, telemetry, iteration,
@@ -329,7 +323,7 @@ def _measure_stream(run, spec, tspec, target, calls, device, dtype, cfg, prov, t
                          decisions=row["decisions"], work=row["work"], window=window, validity=validity,
                          extra={"stream": stream})
         previous = row["done"]
-        _write(out, record | (ranks or {}))
+        out.write(record | (ranks or {}))
     return len(rows)
 
 

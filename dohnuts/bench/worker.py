@@ -6,8 +6,8 @@
 Every rank joins the process group (NCCL on GPUs, gloo on CPUs), measures the workload on its
 own device with the same run loop as a single process (dohnuts.bench.runner.measure_workload,
 which shards or shares the calls and keeps the ranks' counts in step), and writes its records to
-`RANKS_DIR/rank<R>.jsonl`, each line flushed as it is measured. Rank 0 first measures the
-all-reduce bus bandwidth of this world (dohnuts.bench.interconnect: the interconnect's measured
+`RANKS_DIR/rank<R>.jsonl` (a RecordSink: each line flushed as it is measured). Rank 0 first measures
+the all-reduce bus bandwidth of this world (dohnuts.bench.interconnect: the interconnect's measured
 ceiling) into `RANKS_DIR/measured.json`; a rank whose target failed (out of memory) writes
 `RANKS_DIR/failures-rank<R>.json`. The launcher gathers all of it into the run's files.
 """
@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     from dohnuts.bench.interconnect import allreduce_busbw
     from dohnuts.bench.plugins import collect, plugin_manager
     from dohnuts.bench.runner import RunContext, measure_workload
+    from dohnuts.bench.sink import RecordSink
     from dohnuts.bench.telemetry import TelemetryThread
     from dohnuts.bench.workload import load_workload
     from dohnuts.runtime.collectives import barrier
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     telemetry = TelemetryThread([s for s in samplers if not s.unavailable], interval_s=args.telemetry_interval)
     telemetry.start()
     try:
-        with open(out_dir / f"rank{world.rank}.jsonl", "a", encoding="utf-8") as out:
+        with RecordSink.open(out_dir / f"rank{world.rank}.jsonl") as out:
             measure_workload(run, pm, spec, kinds, targets, telemetry, out, world=world)
     finally:
         telemetry.stop()
