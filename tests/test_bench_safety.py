@@ -240,16 +240,16 @@ def test_filler_is_linear_and_draws_exactly_what_the_quadratic_one_drew():
 
 
 def test_concurrent_run_directories_never_collide(tmp_path, monkeypatch):
-    from dohnuts.bench import runner
+    from dohnuts.bench import rundir
 
-    monkeypatch.setattr(runner.time, "strftime", lambda fmt: "20270101-000000")  # every creator collides
+    monkeypatch.setattr(rundir.time, "strftime", lambda fmt: "20270101-000000")  # every creator collides
     barrier = threading.Barrier(48)
     made, errors = [], []
 
     def create():
         try:
             barrier.wait()
-            made.append(runner.new_run_dir(tmp_path / "runs", "same")[1])
+            made.append(rundir.new_run_dir(tmp_path / "runs", "same")[1])
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -264,7 +264,7 @@ def test_concurrent_run_directories_never_collide(tmp_path, monkeypatch):
 
 
 def test_labels_and_workload_names_stay_inside_the_run_directory(tmp_path):
-    from dohnuts.bench.runner import new_run_dir, safe_name
+    from dohnuts.bench.rundir import new_run_dir, safe_name
 
     _, path = new_run_dir(tmp_path, "../../etc/x y")
     assert path.parent == tmp_path and "/" not in path.name and ".." not in path.name

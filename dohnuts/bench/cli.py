@@ -111,7 +111,8 @@ def cmd_run(args) -> int:
     from dohnuts.bench.analysis.records import write_json
     from dohnuts.bench.plugins import collect, plugin_manager
     from dohnuts.bench.provenance import device_info
-    from dohnuts.bench.runner import RunContext, measure_workload, new_run_dir, resolve_device
+    from dohnuts.bench.rundir import new_run_dir
+    from dohnuts.bench.runner import RunContext, measure_workload, resolve_device
     from dohnuts.bench.sink import RecordSink
     from dohnuts.bench.telemetry import TelemetryThread
     from dohnuts.bench.workload import load_workload
