@@ -454,12 +454,29 @@ def test_a_workloads_hwspec_error_names_the_workload_file(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+MISSING_ADAPTER = "targets: [{name: dohnuts, options: {adapter: /no/such/adapter.safetensors}}]"
+
+
+def test_a_bad_target_option_is_refused_before_anything_is_measured(tmp_path, capsys):
+    """Target options are validated with the workload file (the target's `Options`): one line
+    naming the file and the field, and no run directory, even after a valid workload."""
+    good = _workload(tmp_path, SMALL, "good.yaml")
+    for options, field, message in (("{bogus: 1}", "targets[0].options", "unknown dohnuts target option 'bogus'"),
+                                     ("{lora_rank: '8'}", "targets[0].options.lora_rank", "expected `int`, got `str`"),
+                                     ("{share_prefix: 0}", "targets[0].options.share_prefix", "expected `bool`")):
+        bad = _workload(tmp_path, SMALL.replace("targets: [dohnuts]", f"targets: [{{name: dohnuts, options: {options}}}]"),
+                        "bad.yaml")
+        assert main(["run", str(good), str(bad), "--out", str(tmp_path / "runs"), "--quiet"]) == 2
+        _one_line_error(capsys, f"{bad}: field '{field}'", message)
+        assert not (tmp_path / "runs").exists()
+
+
 def test_a_refusal_while_measuring_leaves_no_run_directory(tmp_path, capsys):
-    """A target option is checked by the target itself, when it is built: the run directory
-    created for the run is removed again when nothing was recorded."""
-    path = _workload(tmp_path, SMALL.replace("targets: [dohnuts]", "targets: [{name: dohnuts, options: {bogus: 1}}]"))
+    """An adapter that cannot be loaded is refused by the target when it is built: the run
+    directory created for the run is removed again when nothing was recorded."""
+    path = _workload(tmp_path, SMALL.replace("targets: [dohnuts]", MISSING_ADAPTER))
     assert main(["run", str(path), "--out", str(tmp_path / "runs"), "--quiet"]) == 2
-    _one_line_error(capsys, str(path), "unknown dohnuts target option 'bogus'")
+    _one_line_error(capsys, "/no/such/adapter.safetensors: does not exist")
     assert not (tmp_path / "runs").exists()
     existing = tmp_path / "kept"
     existing.mkdir()
@@ -469,10 +486,9 @@ def test_a_refusal_while_measuring_leaves_no_run_directory(tmp_path, capsys):
 
 def test_a_refusal_after_measurements_keeps_them_and_writes_the_report(tmp_path, capsys):
     good = _workload(tmp_path, SMALL, "good.yaml")
-    bad = _workload(tmp_path, SMALL.replace("targets: [dohnuts]", "targets: [{name: dohnuts, options: {x: 1}}]"),
-                    "bad.yaml")
+    bad = _workload(tmp_path, SMALL.replace("targets: [dohnuts]", MISSING_ADAPTER), "bad.yaml")
     assert main(["run", str(good), str(bad), "--out", str(tmp_path / "runs"), "--quiet"]) == 2
-    _one_line_error(capsys, "bad.yaml", "unknown dohnuts target option 'x'")
+    _one_line_error(capsys, "/no/such/adapter.safetensors: does not exist")
     (run_dir,) = list((tmp_path / "runs").iterdir())
     records = [_strict_json(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     assert records and {r["workload"]["name"] for r in records} == {"good"}

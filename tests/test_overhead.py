@@ -15,9 +15,9 @@ import torch
 
 from dohnuts.bench.analysis.records import check_record, overhead_summary
 from dohnuts.bench.calls import CallResult
+from dohnuts.bench.contracts import RunContext
 from dohnuts.bench.measure import harness_overhead, measure_call
 from dohnuts.bench.record import TargetContext
-from dohnuts.bench.runner import RunContext
 from dohnuts.bench.telemetry import TelemetryThread
 from dohnuts.runtime import timing
 from dohnuts.runtime.timing import StageTimer, empty_stage_cost

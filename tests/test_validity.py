@@ -25,9 +25,9 @@ from bench_plugins.telemetry import (
 )
 from dohnuts.bench.analysis.records import check_record, valid_records, validity_summary
 from dohnuts.bench.calls import CallResult
+from dohnuts.bench.contracts import RunContext
 from dohnuts.bench.measure import measure_call
 from dohnuts.bench.record import TargetContext
-from dohnuts.bench.runner import RunContext
 from dohnuts.bench.telemetry import TelemetryThread, call_validity
 from dohnuts.runtime.work import WorkCounts
 

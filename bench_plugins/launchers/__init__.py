@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from dohnuts.bench.contracts import RunContext
 from dohnuts.bench.hookspecs import hookimpl
 from dohnuts.bench.sink import RecordSink
 
@@ -37,7 +38,8 @@ class TorchrunLauncher:
                 return f"needs {processes} GPUs, this machine has {have}"
         return None
 
-    def launch(self, run, spec, processes: int, out: RecordSink, *, gpu: bool, telemetry_interval: float = 0.1) -> int:
+    def launch(self, run: RunContext, spec, processes: int, out: RecordSink, *, gpu: bool,
+               telemetry_interval: float = 0.1) -> int:
         from dohnuts.bench.rundir import safe_name
         from dohnuts.launch import torchrun_failure
 
@@ -71,7 +73,7 @@ class TorchrunLauncher:
         return written
 
     @staticmethod
-    def _gather(ranks_dir: Path, processes: int, out: RecordSink, run) -> int:
+    def _gather(ranks_dir: Path, processes: int, out: RecordSink, run: RunContext) -> int:
         written = 0
         for r in range(processes):
             path = ranks_dir / f"rank{r}.jsonl"

@@ -8,11 +8,12 @@ from what the hardware allows.
                                              (run directories or results.jsonl; --json OUT)
     dohnuts-bench list                       plugins, workload kinds, targets, telemetry
 
-Bad input (a malformed or invalid workload file, an unknown kind/target/preset, a size out of
-its bounds or a sequence over the model's context, a bad hwspec, an `--out` that is a file)
-ends with one line on stderr naming the file and field, exit status 2, before anything is
+Bad input (a malformed or invalid workload file, an unknown kind/target/preset or target option, a
+size out of its bounds or a sequence over the model's context, a bad hwspec, an `--out` that is a
+file) ends with one line on stderr naming the file and field, exit status 2, before anything is
 measured, and leaves no run directory behind. An error met while measuring (e.g. a target's
-option) stops the run: what was measured is reported, then the one line, exit 2. A target that
+adapter file that cannot be loaded) stops the run: what was measured is reported, then the one
+line, exit 2. A target that
 runs out of device memory fails alone (run.json `failures`), the run goes on, the report is
 written, and the exit status is 1. Ctrl-C leaves a valid results.jsonl holding every completed
 record (exit 130), a second Ctrl-C during the report too. `analyze` refuses a file holding no
@@ -109,10 +110,11 @@ def cmd_run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dohnuts.bench.analysis.records import write_json
-    from dohnuts.bench.plugins import collect, plugin_manager
+    from dohnuts.bench.contracts import RunContext
+    from dohnuts.bench.plugins import check_target_options, collect, plugin_manager, samplers
     from dohnuts.bench.provenance import device_info
     from dohnuts.bench.rundir import new_run_dir
-    from dohnuts.bench.runner import RunContext, measure_workload, resolve_device
+    from dohnuts.bench.runner import measure_workload, resolve_device
     from dohnuts.bench.sink import RecordSink
     from dohnuts.bench.telemetry import TelemetryThread
     from dohnuts.bench.workload import load_workload
@@ -125,6 +127,8 @@ def cmd_run(args) -> int:
     launchers = collect(pm, "dohnuts_bench_register_launchers")
     files = [Path(f) for f in args.workloads] or standard_files()
     specs = [load_workload(f, kinds, targets) for f in files]  # validate everything before measuring
+    for spec in specs:
+        check_target_options(spec, targets)
     runnable = []
     for spec in specs:
         if max(spec.processes) > 1 and spec.launcher not in launchers:
@@ -145,7 +149,7 @@ def cmd_run(args) -> int:
         spec = dataclasses.replace(spec, processes=tuple(counts))
         kept = []
         for t in spec.targets:  # a target that cannot run here (e.g. its library is missing) is skipped
-            reason = getattr(targets[t.name], "unavailable", lambda: None)()
+            reason = targets[t.name].unavailable()
             if reason:
                 console.print(f"[yellow]skipped[/] target {t.label} of {spec.file}: {reason}")
             else:
@@ -169,13 +173,13 @@ def cmd_run(args) -> int:
     run_id, run_dir = new_run_dir(out_root, label)  # created only now: every input has been validated
     run = RunContext(run_id=run_id, run_dir=run_dir, device=device, hwspec=hwspec, console=console)
 
-    samplers = [s for group in pm.hook.dohnuts_bench_register_telemetry() for s in group]
-    for s in samplers:
+    every_sampler = samplers(pm)
+    for s in every_sampler:
         if s.unavailable:
             console.print(f"[dim]telemetry: {s.name}: {s.unavailable}[/]")
-    telemetry = TelemetryThread([s for s in samplers if not s.unavailable], interval_s=args.telemetry_interval)
+    telemetry = TelemetryThread([s for s in every_sampler if not s.unavailable], interval_s=args.telemetry_interval)
     results = run_dir / "results.jsonl"
-    meta = _run_json(run, runnable, hwspec, samplers, device)  # holds run.measured and run.failures as they grow
+    meta = _run_json(run, runnable, hwspec, every_sampler, device)  # holds run.measured and run.failures as they grow
     interrupted, error = False, None
     try:
         pm.hook.dohnuts_bench_prepare_run(run=run)
@@ -200,7 +204,7 @@ def cmd_run(args) -> int:
     except KeyboardInterrupt:
         interrupted = True
         console.print("[yellow]interrupted[/]: results.jsonl holds every completed call")
-    except DohnutsError as exc:  # refused while measuring (e.g. a target's option): report what was measured
+    except DohnutsError as exc:  # refused while measuring (e.g. a target's adapter): report what was measured
         error = exc
     measured_any = results.exists() and results.stat().st_size > 0
     if error is not None and not measured_any and not run.failures:
@@ -376,7 +380,7 @@ def cmd_compare(args) -> int:
 def cmd_list(args) -> int:
     from rich.table import Table
 
-    from dohnuts.bench.plugins import collect, plugin_manager
+    from dohnuts.bench.plugins import collect, plugin_manager, samplers
 
     pm = plugin_manager()
     console = _console()
@@ -389,8 +393,7 @@ def cmd_list(args) -> int:
     for hook, title in (("dohnuts_bench_register_workload_kinds", "workload kinds"),
                         ("dohnuts_bench_register_targets", "targets")):
         console.print(f"{title}: {', '.join(sorted(collect(pm, hook)))}")
-    samplers = [s for g in pm.hook.dohnuts_bench_register_telemetry() for s in g]
-    console.print("telemetry: " + ", ".join(f"{s.name} ({s.unavailable or 'available'})" for s in samplers))
+    console.print("telemetry: " + ", ".join(f"{s.name} ({s.unavailable or 'available'})" for s in samplers(pm)))
     return 0
 
 

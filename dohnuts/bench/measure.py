@@ -12,12 +12,13 @@ import time
 import torch
 
 from dohnuts.bench.calls import CallResult
+from dohnuts.bench.contracts import Target, TargetCapabilities
 from dohnuts.bench.record import CallMeasurement, TargetContext, call_record, stages_dict
 from dohnuts.bench.sink import RecordSink
 from dohnuts.runtime.timing import StageTimer, empty_stage_cost
 
 
-def measure_call(ctx: TargetContext, target, call, iteration: int, phase: str = "steady") -> dict:
+def measure_call(ctx: TargetContext, target: Target, call, iteration: int, phase: str = "steady") -> dict:
     """One call of `target`, measured: its record (without the rank stamp)."""
     device = ctx.device
     calibration = harness_calibration(ctx.run, device)
@@ -42,15 +43,14 @@ def measure_call(ctx: TargetContext, target, call, iteration: int, phase: str = 
     return record
 
 
-def measure_stream(ctx: TargetContext, target, calls: list, out: RecordSink) -> int:
+def measure_stream(ctx: TargetContext, capabilities: TargetCapabilities, calls: list, out: RecordSink) -> int:
     """The calls as one pipelined stream (prefetch, transfer stream, overlapped serialization, as
     users run a request file): one record per request with `phase: stream`, whose `wall_ms` is the
     time since the previous result (the first: since the stream started), so the analysis sets the
     pipelined per-request time against the critical-path bound. `extra.stream` holds each
     request's latency (entered the pipeline → result) and queueing (entered → device work issued).
     Targets without `run_stream` (or workloads a stream cannot reproduce) write nothing."""
-    run_stream = getattr(target, "run_stream", None)
-    if run_stream is None:
+    if capabilities.run_stream is None:
         return 0
     device = ctx.device
     timers: dict[int, StageTimer] = {}
@@ -62,7 +62,7 @@ def measure_stream(ctx: TargetContext, target, calls: list, out: RecordSink) -> 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
-    rows = run_stream(calls, timer_for)
+    rows = capabilities.run_stream(calls, timer_for)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t1 = time.perf_counter()

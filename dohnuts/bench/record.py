@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from dohnuts.bench.runner import RunContext
+    from dohnuts.bench.contracts import RunContext
     from dohnuts.bench.telemetry import TelemetryThread
     from dohnuts.bench.workload import TargetSpec, WorkloadSpec
     from dohnuts.runtime.timing import StageTimer
@@ -36,7 +36,7 @@ class TargetContext:
     provenance: dict
     telemetry: TelemetryThread
     ranks: dict  # {"rank", "world_size", "shard"}: stamped on every record
-    variant: str | None = None  # the built target's `variant`
+    variant: str | None = None  # the built target's `variant` (TargetCapabilities)
     lora: dict | None = None  # the built target's `lora_info`
 
 

@@ -18,51 +18,26 @@ import dataclasses
 import gc
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from dohnuts.bench.analysis.compare import required_calls
+from dohnuts.bench.contracts import RunContext, WorkloadContext
 from dohnuts.bench.measure import measure_call, measure_stream
 from dohnuts.bench.provenance import provenance
 from dohnuts.bench.record import TargetContext
 from dohnuts.bench.rundir import safe_name
-from dohnuts.bench.workload import WorkloadSpec
 from dohnuts.runtime.collectives import any_rank, barrier, max_over_ranks
 from dohnuts.runtime.process_group import SINGLE, World
 from dohnuts.runtime.timing import StageTimer
 
 if TYPE_CHECKING:
+    from dohnuts.bench.plugins import RegisteredKind, RegisteredTarget
     from dohnuts.bench.sink import RecordSink
     from dohnuts.bench.telemetry import TelemetryThread
-
-
-@dataclass
-class RunContext:
-    run_id: str
-    run_dir: Path
-    device: torch.device
-    hwspec: object | None  # dohnuts.bench.analysis.HwSpec
-    console: object  # rich.console.Console
-    measured: dict = field(default_factory=dict)  # measured ceilings etc., written to run.json
-    notes: list = field(default_factory=list)
-    failures: list = field(default_factory=list)  # {"workload", "file", "target", "error"}: written to run.json
-    # Tests only: called as before_call(world, i) before measured call i (a fault injected into a rank).
-    before_call: Callable[[World, int], None] | None = None
-
-
-@dataclass(frozen=True)
-class WorkloadContext:
-    """What a workload kind needs to build its calls."""
-
-    spec: WorkloadSpec
-    tokenizer: object
-    model_cfg: object
-    workdir: Path  # a folder for generated inputs (e.g. images)
-    rng: random.Random
+    from dohnuts.bench.workload import WorkloadSpec
 
 
 def resolve_device(spec: WorkloadSpec) -> torch.device | None:
@@ -90,8 +65,9 @@ class Schedule:
     warmup: int
 
 
-def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict, targets: dict, telemetry: TelemetryThread,
-                     out: RecordSink, progress=None, world: World = SINGLE) -> int:
+def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict[str, RegisteredKind],
+                     targets: dict[str, RegisteredTarget], telemetry: TelemetryThread, out: RecordSink,
+                     progress=None, world: World = SINGLE) -> int:
     """Measure every target of one workload; returns the number of records written.
 
     With several processes (`world`, started by a launcher plugin) every rank runs this on its
@@ -112,15 +88,14 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict, targe
     workdir.mkdir(parents=True, exist_ok=True)
     kind = kinds[spec.kind]
     calls = kind.calls(WorkloadContext(spec, tokenizer_for(cfg, ckpt), cfg, workdir, random.Random(spec.seed)))
-    collective = bool(getattr(kind, "collective", False))
-    if world.distributed and not collective:  # this rank's share, in the same cyclic order
+    if world.distributed and not kind.collective:  # this rank's share, in the same cyclic order
         calls = [calls[(j * world.size + world.rank) % len(calls)] for j in range(len(calls))]
     warmup = spec.warmup
-    if getattr(kind, "warmup_every_call", lambda s: False)(spec):
+    if kind.warmup_every_call(spec):
         warmup = max(warmup, len(calls))  # e.g. a warm cache: every distinct call seen once
     schedule = Schedule(calls, warmup)
     prov = provenance(device)
-    ranks = {"rank": world.rank, "world_size": world.size, "shard": "collective" if collective else "data"}
+    ranks = {"rank": world.rank, "world_size": world.size, "shard": "collective" if kind.collective else "data"}
     written = 0
     for tspec in spec.targets:
         ctx = TargetContext(run, spec, tspec, device, dtype, cfg, prov, telemetry, ranks)
@@ -162,14 +137,14 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _measure_target(pm, ctx: TargetContext, factory, schedule: Schedule, out: RecordSink, progress,
+def _measure_target(pm, ctx: TargetContext, entry: RegisteredTarget, schedule: Schedule, out: RecordSink, progress,
                     world: World) -> int:
     """Every call of one target of a workload (warm-up, first call, measured calls, stream)."""
     spec, tspec = ctx.spec, ctx.target
     calls, warmup = schedule.calls, schedule.warmup
     written = 0
-    target = factory(spec, ctx.device, ctx.dtype, tspec.options)
-    ctx = dataclasses.replace(ctx, variant=getattr(target, "variant", None), lora=getattr(target, "lora_info", None))
+    target, capabilities = entry.build(spec, ctx.device, ctx.dtype, entry.options(tspec.options, source=spec.file))
+    ctx = dataclasses.replace(ctx, variant=capabilities.variant, lora=capabilities.lora_info)
     task = None
     if progress is not None:
         task = progress.add_task(f"{spec.name} · {tspec.label}", total=warmup + spec.repeat)
@@ -214,7 +189,8 @@ def _measure_target(pm, ctx: TargetContext, factory, schedule: Schedule, out: Re
             if progress is not None:
                 progress.update(task, completed=warmup + min(i, wanted))
         barrier(world)
-        written += measure_stream(ctx, target, [calls[(warmup + j) % len(calls)] for j in range(spec.repeat)], out)
+        written += measure_stream(ctx, capabilities, [calls[(warmup + j) % len(calls)] for j in range(spec.repeat)],
+                                  out)
     finally:
         target.close()
         del target

@@ -53,9 +53,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from rich.console import Console
 
+    from dohnuts.bench.contracts import RunContext
     from dohnuts.bench.interconnect import allreduce_busbw
-    from dohnuts.bench.plugins import collect, plugin_manager
-    from dohnuts.bench.runner import RunContext, measure_workload
+    from dohnuts.bench.plugins import check_target_options, collect, plugin_manager, samplers
+    from dohnuts.bench.runner import measure_workload
     from dohnuts.bench.sink import RecordSink
     from dohnuts.bench.telemetry import TelemetryThread
     from dohnuts.bench.workload import load_workload
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds = collect(pm, "dohnuts_bench_register_workload_kinds")
     targets = collect(pm, "dohnuts_bench_register_targets")
     spec = load_workload(args.workload, kinds, targets, gpu=args.gpu)
+    check_target_options(spec, targets)
     import torch
 
     run = RunContext(run_id=args.run_id, run_dir=out_dir / f"rank{world.rank}", device=torch.device(device),
@@ -76,8 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     busbw = allreduce_busbw(world)
     if busbw is not None:
         (out_dir / "measured.json").write_text(json.dumps({"allreduce_busbw": busbw}, indent=2))
-    samplers = [s for group in pm.hook.dohnuts_bench_register_telemetry() for s in group]
-    telemetry = TelemetryThread([s for s in samplers if not s.unavailable], interval_s=args.telemetry_interval)
+    telemetry = TelemetryThread([s for s in samplers(pm) if not s.unavailable], interval_s=args.telemetry_interval)
     telemetry.start()
     try:
         with RecordSink.open(out_dir / f"rank{world.rank}.jsonl") as out:
