@@ -39,9 +39,9 @@ def main(argv=None) -> int:
     from transformers import Qwen3_5TextConfig, Qwen3_5TextModel
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
 
-    from dohnuts.bench.cudatime import cuda_times_ms
     from dohnuts.config import preset, to_hf_text_config
     from dohnuts.model.build import build_text_backbone
+    from dohnuts.runtime.timing import device_times_ms
 
     cfg = preset(args.preset)
     dev = torch.device("cuda")
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
         for name, fn in (("dohnuts", lambda: ours(ids)),
                          ("transformers", lambda: hf(input_ids=ids, use_cache=False))):
-            ms = cuda_times_ms(fn, args.warmup, args.repeat)
+            ms = device_times_ms(fn, args.warmup, args.repeat)
             med = statistics.median(ms)
             result[name] = {"median_ms": med, "min_ms": min(ms), "max_ms": max(ms), "tokens_per_s": tokens / (med / 1e3)}
     result["speedup"] = result["transformers"]["median_ms"] / result["dohnuts"]["median_ms"]

@@ -33,18 +33,18 @@ import torch
 
 
 def measure(fn, repeat=5):
+    """Median device and host (issue) milliseconds of `fn`: one stage of the runtime's timer each."""
+    from dohnuts.runtime.timing import StageTimer
+
     dev, host = [], []
     for _ in range(repeat):
         torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        t0 = time.perf_counter()
-        fn()
-        t1 = time.perf_counter()
-        e.record()
-        e.synchronize()
-        dev.append(s.elapsed_time(e))
-        host.append((t1 - t0) * 1e3)
+        timer = StageTimer(torch.device("cuda", torch.cuda.current_device()))
+        with timer.stage("pass"):
+            fn()
+        t = timer.result()["pass"]
+        dev.append(t.device_ms)
+        host.append(t.host_ms)
     return statistics.median(dev), statistics.median(host)
 
 
@@ -115,7 +115,7 @@ def matmul_burst_vs_sustained(n: int = 8192, seconds: float = 3.0) -> dict:
     """The harness's ceiling microbenchmark (BF16 n³ matmul, median of 10 after 3 warm-ups: a burst
     of ~20 ms) against the same matmul back to back for `seconds` (median of the last half), with
     the clock and power sampled: what a long pass can sustain under the power cap."""
-    from dohnuts.bench.cudatime import cuda_times_ms
+    from dohnuts.runtime.timing import StageTimer, device_times_ms
 
     g = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -123,19 +123,16 @@ def matmul_burst_vs_sustained(n: int = 8192, seconds: float = 3.0) -> dict:
     flop = 2 * n ** 3
     torch.cuda.synchronize()
     time.sleep(1.0)  # let the clock recover from the passes before the burst
-    burst = statistics.median(cuda_times_ms(lambda: a @ b, warmup=3, repeat=10))
-    times = []
+    burst = statistics.median(device_times_ms(lambda: a @ b, warmup=3, repeat=10))
+    timer = StageTimer(torch.device("cuda", torch.cuda.current_device()))
 
     def one():
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        a @ b
-        e.record()
-        times.append((s, e))
+        with timer.stage("matmul"):
+            a @ b
 
     clocks = clocks_while(one, seconds)
-    torch.cuda.synchronize()
-    tail = [s.elapsed_time(e) for s, e in times[len(times) // 2:]]
+    times = timer.device_ms_each("matmul")
+    tail = times[len(times) // 2:]
     sustained = statistics.median(tail)
     return {"burst_tflops": flop / burst / 1e9, "sustained_tflops": flop / sustained / 1e9,
             "sustained_clocks": clocks}

@@ -115,7 +115,7 @@ def grid_requests(B: int, P: int, S: int, seed: int, n: int = 2):
 
 def workload_requests(path: str, tmp: Path, tokenizer, cfg):
     from dohnuts.bench.plugins import collect, plugin_manager
-    from dohnuts.bench.runner import WorkloadContext
+    from dohnuts.bench.contracts import WorkloadContext
     from dohnuts.bench.workload import load_workload
 
     pm = plugin_manager()

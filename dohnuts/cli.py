@@ -145,7 +145,7 @@ def _quiet_stdout() -> None:
 
 
 def cmd_predict(args) -> int:
-    from dohnuts.runtime.distributed import launched
+    from dohnuts.runtime.process_group import launched
 
     if args.nproc_per_node < 1:
         raise DohnutsError(f"must be ≥ 1, got {args.nproc_per_node}", source="--nproc-per-node")
@@ -208,7 +208,7 @@ def _predict_sharded(args) -> int:
 
     import dohnuts.api as api
     from dohnuts.launch import report_status
-    from dohnuts.runtime.distributed import join, leave
+    from dohnuts.runtime.process_group import join, leave
     from dohnuts.runtime.predict import Predictor, RequestFailure
     from dohnuts.runtime.requests import read_requests
 
@@ -306,7 +306,8 @@ def cmd_train(args) -> int:
     from dohnuts.train.objective import RLCDConfig
     from dohnuts.train.step import OptimConfig
     from dohnuts.train.task import synthetic_requests
-    from dohnuts.runtime.distributed import barrier, join, launched, leave
+    from dohnuts.runtime.collectives import barrier
+    from dohnuts.runtime.process_group import join, launched, leave
     from dohnuts.train.checkpoints import check_resumable, check_run_dir, data_fingerprint, read_checkpoint
     from dohnuts.train.trainer import Partitions, TrainConfig, Trainer
 

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from dohnuts.runtime.distributed import World
+from dohnuts.runtime.process_group import World
 
 _ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")

@@ -240,16 +240,16 @@ def test_filler_is_linear_and_draws_exactly_what_the_quadratic_one_drew():
 
 
 def test_concurrent_run_directories_never_collide(tmp_path, monkeypatch):
-    from dohnuts.bench import runner
+    from dohnuts.bench import rundir
 
-    monkeypatch.setattr(runner.time, "strftime", lambda fmt: "20270101-000000")  # every creator collides
+    monkeypatch.setattr(rundir.time, "strftime", lambda fmt: "20270101-000000")  # every creator collides
     barrier = threading.Barrier(48)
     made, errors = [], []
 
     def create():
         try:
             barrier.wait()
-            made.append(runner.new_run_dir(tmp_path / "runs", "same")[1])
+            made.append(rundir.new_run_dir(tmp_path / "runs", "same")[1])
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -264,7 +264,7 @@ def test_concurrent_run_directories_never_collide(tmp_path, monkeypatch):
 
 
 def test_labels_and_workload_names_stay_inside_the_run_directory(tmp_path):
-    from dohnuts.bench.runner import new_run_dir, safe_name
+    from dohnuts.bench.rundir import new_run_dir, safe_name
 
     _, path = new_run_dir(tmp_path, "../../etc/x y")
     assert path.parent == tmp_path and "/" not in path.name and ".." not in path.name
@@ -454,12 +454,29 @@ def test_a_workloads_hwspec_error_names_the_workload_file(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+MISSING_ADAPTER = "targets: [{name: dohnuts, options: {adapter: /no/such/adapter.safetensors}}]"
+
+
+def test_a_bad_target_option_is_refused_before_anything_is_measured(tmp_path, capsys):
+    """Target options are validated with the workload file (the target's `Options`): one line
+    naming the file and the field, and no run directory, even after a valid workload."""
+    good = _workload(tmp_path, SMALL, "good.yaml")
+    for options, field, message in (("{bogus: 1}", "targets[0].options", "unknown dohnuts target option 'bogus'"),
+                                     ("{lora_rank: '8'}", "targets[0].options.lora_rank", "expected `int`, got `str`"),
+                                     ("{share_prefix: 0}", "targets[0].options.share_prefix", "expected `bool`")):
+        bad = _workload(tmp_path, SMALL.replace("targets: [dohnuts]", f"targets: [{{name: dohnuts, options: {options}}}]"),
+                        "bad.yaml")
+        assert main(["run", str(good), str(bad), "--out", str(tmp_path / "runs"), "--quiet"]) == 2
+        _one_line_error(capsys, f"{bad}: field '{field}'", message)
+        assert not (tmp_path / "runs").exists()
+
+
 def test_a_refusal_while_measuring_leaves_no_run_directory(tmp_path, capsys):
-    """A target option is checked by the target itself, when it is built: the run directory
-    created for the run is removed again when nothing was recorded."""
-    path = _workload(tmp_path, SMALL.replace("targets: [dohnuts]", "targets: [{name: dohnuts, options: {bogus: 1}}]"))
+    """An adapter that cannot be loaded is refused by the target when it is built: the run
+    directory created for the run is removed again when nothing was recorded."""
+    path = _workload(tmp_path, SMALL.replace("targets: [dohnuts]", MISSING_ADAPTER))
     assert main(["run", str(path), "--out", str(tmp_path / "runs"), "--quiet"]) == 2
-    _one_line_error(capsys, str(path), "unknown dohnuts target option 'bogus'")
+    _one_line_error(capsys, "/no/such/adapter.safetensors: does not exist")
     assert not (tmp_path / "runs").exists()
     existing = tmp_path / "kept"
     existing.mkdir()
@@ -469,10 +486,9 @@ def test_a_refusal_while_measuring_leaves_no_run_directory(tmp_path, capsys):
 
 def test_a_refusal_after_measurements_keeps_them_and_writes_the_report(tmp_path, capsys):
     good = _workload(tmp_path, SMALL, "good.yaml")
-    bad = _workload(tmp_path, SMALL.replace("targets: [dohnuts]", "targets: [{name: dohnuts, options: {x: 1}}]"),
-                    "bad.yaml")
+    bad = _workload(tmp_path, SMALL.replace("targets: [dohnuts]", MISSING_ADAPTER), "bad.yaml")
     assert main(["run", str(good), str(bad), "--out", str(tmp_path / "runs"), "--quiet"]) == 2
-    _one_line_error(capsys, "bad.yaml", "unknown dohnuts target option 'x'")
+    _one_line_error(capsys, "/no/such/adapter.safetensors: does not exist")
     (run_dir,) = list((tmp_path / "runs").iterdir())
     records = [_strict_json(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     assert records and {r["workload"]["name"] for r in records} == {"good"}

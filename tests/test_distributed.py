@@ -33,7 +33,7 @@ def _requests():
 
 
 def _one_update(world=None):
-    from dohnuts.runtime.distributed import SINGLE
+    from dohnuts.runtime.process_group import SINGLE
     from dohnuts.train.objective import RLCDConfig
     from dohnuts.train.step import OptimConfig, Updater, make_optimizer
 
@@ -49,7 +49,7 @@ def _update_worker(rank: int, size: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    from dohnuts.runtime.distributed import join, leave
+    from dohnuts.runtime.process_group import join, leave
 
     world, _ = join("cpu")
     res, params = _one_update(world)

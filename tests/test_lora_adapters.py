@@ -92,7 +92,7 @@ def test_bench_target_serves_an_adapter_merged(tmp_path):
     class Spec:
         kind, model, seed, file = "text", "tiny", 0, "w.yaml"
 
-    target = DohnutsTarget(Spec(), torch.device("cpu"), torch.float32, {"adapter": str(path)})
+    target = DohnutsTarget(Spec(), torch.device("cpu"), torch.float32, DohnutsTarget.Options(adapter=str(path)))
     assert target.model.lora is None and target.model.temperature == 0.7 and target.lora_info is None
     assert not any(isinstance(m, LoRALinear) for m in target.model.model.modules())
     (req,) = synthetic_requests(1, seed=6)

@@ -13,9 +13,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dohnuts.bench import runner
 from dohnuts.bench.analysis.records import check_record, overhead_summary
 from dohnuts.bench.calls import CallResult
+from dohnuts.bench.contracts import RunContext
+from dohnuts.bench.measure import harness_overhead, measure_call
+from dohnuts.bench.record import TargetContext
 from dohnuts.bench.telemetry import TelemetryThread
 from dohnuts.runtime import timing
 from dohnuts.runtime.timing import StageTimer, empty_stage_cost
@@ -76,7 +78,7 @@ def test_empty_stage_calibration_on_this_machine():
 def test_harness_overhead_arithmetic():
     timer = SimpleNamespace(overhead_ms=0.25, entries=5)
     cal = {"host_ms": 0.004, "accounted_ms": 0.003, "unaccounted_ms": 0.001, "device_ms": None}
-    h = runner.harness_overhead(timer, cal, telemetry_s=0.0002, record_s=0.0003)
+    h = harness_overhead(timer, cal, telemetry_s=0.0002, record_s=0.0003)
     assert h["timer_ms"] == 0.25 and h["timer_unaccounted_ms"] == pytest.approx(0.005)
     assert h["in_call_ms"] == pytest.approx(0.255)
     assert h["telemetry_ms"] == pytest.approx(0.2) and h["record_ms"] == pytest.approx(0.3)
@@ -97,13 +99,13 @@ def test_every_record_carries_its_harness_overhead(tmp_path):
     from dohnuts.model.build import resolve_source
 
     cfg, _ = resolve_source("tiny")
-    run = runner.RunContext(run_id="r", run_dir=tmp_path, device=CPU, hwspec=None, console=None)
+    run = RunContext(run_id="r", run_dir=tmp_path, device=CPU, hwspec=None, console=None)
     spec = SimpleNamespace(name="w", kind="text", file="w.yaml", file_hash="0", model="tiny")
     tspec = SimpleNamespace(label="sleepy", name="sleepy", options={})
     telemetry = TelemetryThread([])
     call = [("prepare", 0.002), ("forward", 0.005), ("forward", 0.001), ("serialize", 0.001)]
-    records = [runner._measure_call(run, spec, tspec, SleepyTarget(), call, CPU, torch.float32, cfg,
-                                    {"device": {"name": "cpu"}}, telemetry, i) for i in range(5)]
+    ctx = TargetContext(run, spec, tspec, CPU, torch.float32, cfg, {"device": {"name": "cpu"}}, telemetry, ranks={})
+    records = [measure_call(ctx, SleepyTarget(), call, i) for i in range(5)]
     cal = run.measured["harness_calibration"]["cpu"]  # measured once, at the run's first call
     assert 0.0 < cal["host_ms"] < 1.0
     for rec in records:

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 POLICY_PACKAGES = ("model", "ops", "runtime", "train")
 # torchrun's own variables, read by the one process-group module
 TORCHRUN = {"RANK", "WORLD_SIZE", "LOCAL_RANK"}
-PROCESS_GROUP_MODULE = Path("dohnuts/runtime/distributed.py")
+PROCESS_GROUP_MODULE = Path("dohnuts/runtime/process_group.py")
 
 
 def _environment_reads(path: Path) -> list[tuple[int, str | None]]:

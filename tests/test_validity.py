@@ -23,9 +23,11 @@ from bench_plugins.telemetry import (
     NvmlSampler,
     decode_nvml_reasons,
 )
-from dohnuts.bench import runner
 from dohnuts.bench.analysis.records import check_record, valid_records, validity_summary
 from dohnuts.bench.calls import CallResult
+from dohnuts.bench.contracts import RunContext
+from dohnuts.bench.measure import measure_call
+from dohnuts.bench.record import TargetContext
 from dohnuts.bench.telemetry import TelemetryThread, call_validity
 from dohnuts.runtime.work import WorkCounts
 
@@ -274,12 +276,12 @@ def _measure(tmp_path, target, telemetry, call, iteration=0):
     from dohnuts.model.build import resolve_source
 
     cfg, _ = resolve_source("tiny")
-    run = runner.RunContext(run_id="r", run_dir=tmp_path, device=torch.device("cpu"), hwspec=None, console=None)
+    run = RunContext(run_id="r", run_dir=tmp_path, device=torch.device("cpu"), hwspec=None, console=None)
     spec = SimpleNamespace(name="w", kind="text", file="w.yaml", file_hash="0", model="tiny")
     tspec = SimpleNamespace(label="fake", name="fake", options={})
     prov = {"device": {"name": "fake GPU"}}
-    return runner._measure_call(run, spec, tspec, target, call, torch.device("cpu"), torch.float32, cfg, prov,
-                                telemetry, iteration)
+    ctx = TargetContext(run, spec, tspec, torch.device("cpu"), torch.float32, cfg, prov, telemetry, ranks={})
+    return measure_call(ctx, target, call, iteration)
 
 
 def test_nvml_flags_reach_the_record_and_valid_records(tmp_path, nvml):

@@ -2,7 +2,8 @@
 
 GPU: a large BF16 matmul (8192³, random data — never zeros), a large device-to-device copy
 (bytes read + written), pinned host↔device copies and an FP32 element-wise multiply-add, each
-timed with CUDA events after warm-up, median of several runs (a burst of tens of milliseconds).
+timed with CUDA events (dohnuts.runtime.timing) after warm-up, median of several runs (a burst of
+tens of milliseconds).
 The matmul is also run back to back for `sustain_s` seconds (`bf16_matmul_sustained`, the median
 of the second half): a GPU that holds a power limit lowers its clock under sustained dense work,
 which a burst never shows (the H200: 777 vs 672 TFLOP/s, 2026-11-30); it bounds the `sustained`
@@ -20,28 +21,27 @@ import time
 
 import torch
 
-from dohnuts.bench.cudatime import cuda_times_ms
+from dohnuts.runtime.timing import StageTimer, device_times_ms
 
 
 def _time_ms(fn) -> float:
-    return statistics.median(cuda_times_ms(fn, warmup=3, repeat=10))
+    return statistics.median(device_times_ms(fn, warmup=3, repeat=10))
 
 
 def sustained_ms(fn, seconds: float) -> float:
     """Median device time of `fn` over the second half of `seconds` of back-to-back calls."""
-    events = []
+    timer = StageTimer(torch.device("cuda", torch.cuda.current_device()))
     torch.cuda.synchronize()
     t0 = time.perf_counter()
+    calls = 0
     while time.perf_counter() - t0 < seconds:
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        events.append((s, e))
-        if len(events) % 32 == 0:
-            events[-1][1].synchronize()  # keep the host no more than 32 calls ahead of the device
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events[len(events) // 2:])
+        with timer.stage("call"):
+            fn()
+        calls += 1
+        if calls % 32 == 0:
+            torch.cuda.synchronize()  # keep the host no more than 32 calls ahead of the device
+    times = timer.device_ms_each("call")
+    return statistics.median(times[len(times) // 2:])
 
 
 def measure_ceilings(device: torch.device, n: int = 8192, copy_bytes: int = 2 << 30, sustain_s: float = 2.0) -> dict:

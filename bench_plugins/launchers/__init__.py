@@ -4,7 +4,7 @@ processes on a CPU), the way optimum-benchmark separates launchers from targets.
 A workload whose `processes` lists a count N > 1 is measured by N ranks started with
 `python -m torch.distributed.run --standalone --nproc-per-node N -m dohnuts.bench.worker`. Each
 rank runs the ordinary run loop on its own device and writes its own JSONL; when torchrun ends,
-the launcher appends every rank's records to the run's results.jsonl (rank 0's first, each
+the launcher writes every rank's records to the run's record sink (rank 0's first, each
 record stamped with `rank` and `world_size`), adds the all-reduce bandwidth rank 0 measured to
 the run's measured ceilings (`allreduce_busbw`: the interconnect), and keeps torchrun's log in
 `ranks/<workload>-p<N>/torchrun.log`. A failed rank (torchrun then stops the others) becomes one
@@ -21,7 +21,9 @@ import sys
 import time
 from pathlib import Path
 
+from dohnuts.bench.contracts import RunContext
 from dohnuts.bench.hookspecs import hookimpl
+from dohnuts.bench.sink import RecordSink
 
 
 class TorchrunLauncher:
@@ -36,8 +38,9 @@ class TorchrunLauncher:
                 return f"needs {processes} GPUs, this machine has {have}"
         return None
 
-    def launch(self, run, spec, processes: int, out, *, gpu: bool, telemetry_interval: float = 0.1) -> int:
-        from dohnuts.bench.runner import safe_name
+    def launch(self, run: RunContext, spec, processes: int, out: RecordSink, *, gpu: bool,
+               telemetry_interval: float = 0.1) -> int:
+        from dohnuts.bench.rundir import safe_name
         from dohnuts.launch import torchrun_failure
 
         ranks_dir = run.run_dir / "ranks" / f"{safe_name(spec.name)}-p{processes}"
@@ -70,9 +73,7 @@ class TorchrunLauncher:
         return written
 
     @staticmethod
-    def _gather(ranks_dir: Path, processes: int, out, run) -> int:
-        from dohnuts.bench.runner import _write
-
+    def _gather(ranks_dir: Path, processes: int, out: RecordSink, run: RunContext) -> int:
         written = 0
         for r in range(processes):
             path = ranks_dir / f"rank{r}.jsonl"
@@ -83,7 +84,7 @@ class TorchrunLauncher:
                     record = json.loads(line)
                 except ValueError:  # the last line of a rank killed mid-write
                     continue
-                _write(out, record)
+                out.write(record)
                 written += 1
             failures = ranks_dir / f"failures-rank{r}.json"
             if failures.exists():

@@ -1,7 +1,7 @@
 """The `dohnuts` target: complete prediction calls and training updates of the product.
 
 The workload's `model` is a preset or a checkpoint directory. Options (per target entry in a
-workload file):
+workload file; `DohnutsTarget.Options`, typed and checked before anything is measured):
     lora_rank: 16           fresh adapters for train-step workloads
     adapter: PATH           an adapter file saved by `dohnuts train`: prediction merges it into the
                             base (as `dohnuts predict --adapter` serves it); a train-step workload
@@ -17,36 +17,40 @@ microbatches), captures and eager passes.
 
 from __future__ import annotations
 
-from dohnuts.bench.calls import CallResult, PredictCall, TrainCall
-from dohnuts.errors import ConfigError
-from dohnuts.runtime.policy import ExecutionPolicy
+from dataclasses import dataclass
 
-OPTIONS = {"share_prefix", "lora_rank", "adapter", "cuda_graphs"}
+from dohnuts.bench.calls import CallResult, PredictCall, TrainCall
+from dohnuts.runtime.policy import ExecutionPolicy
 
 
 class DohnutsTarget:
-    def __init__(self, spec, device, dtype, options: dict):
+    @dataclass(frozen=True)
+    class Options:
+        """The dohnuts target's options (a workload target entry's `options:`), checked by the harness."""
+
+        lora_rank: int = 16  # fresh adapters of this rank (train-step workloads without `adapter`)
+        adapter: str | None = None  # an adapter file saved by `dohnuts train`
+        share_prefix: bool = True  # false: the measurement-only `unshared` variant
+        cuda_graphs: bool = True  # false: the measurement-only `eager` variant
+
+    def __init__(self, spec, device, dtype, options: Options):
         import dohnuts.api as api
         from dohnuts.model.lora import LoRAConfig
         from dohnuts.runtime.predict import Predictor
 
-        unknown = set(options) - OPTIONS
-        if unknown:
-            raise ConfigError(f"unknown dohnuts target option {sorted(unknown)[0]!r} (known: {sorted(OPTIONS)})",
-                              source=spec.file, field="targets")
         self.train = spec.kind == "train-step"
-        adapter = options.get("adapter")
-        policy = ExecutionPolicy(share_prefix=bool(options.get("share_prefix", True)),
-                                 cuda_graphs=bool(options.get("cuda_graphs", True)))
+        adapter = options.adapter
+        policy = ExecutionPolicy(share_prefix=options.share_prefix, cuda_graphs=options.cuda_graphs)
         self.variant = policy.variant  # None: the product
-        lora = LoRAConfig(rank=int(options.get("lora_rank", 16))) if self.train and adapter is None else None
+        lora = LoRAConfig(rank=options.lora_rank) if self.train and adapter is None else None
         # Prediction runs a deployed model (adapters merged: no adapter cost); training carries them.
         self.model = api.load(spec.model, device=device, dtype=dtype, seed=spec.seed, lora=lora, adapter=adapter,
                               merge=adapter is not None and not self.train, _policy=policy)
         cfg = self.model.lora
         self.lora_info = {"rank": cfg.rank, "targets": list(cfg.targets), "merged": False} if cfg else None
         if self.train:
-            from dohnuts.runtime.distributed import current_world, gradient_bytes
+            from dohnuts.runtime.collectives import gradient_bytes
+            from dohnuts.runtime.process_group import current_world
             from dohnuts.train.objective import RLCDConfig
             from dohnuts.train.step import OptimConfig, Updater, make_optimizer
 

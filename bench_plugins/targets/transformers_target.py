@@ -16,6 +16,7 @@ import sys
 import torch
 
 from dohnuts.bench.calls import CallResult, PredictCall
+from dohnuts.bench.contracts import NoOptions
 from dohnuts.errors import ConfigError
 from dohnuts.runtime.policy import ExecutionPolicy
 from dohnuts.runtime.predict import Predictor
@@ -36,6 +37,8 @@ def _import_transformers(device: torch.device):
 
 
 class TransformersTarget:
+    """Takes no options (no `Options`: the contract's NoOptions)."""
+
     kinds = TEXT_KINDS  # checked when the workload file is validated
 
     @staticmethod
@@ -47,12 +50,10 @@ class TransformersTarget:
             return "transformers is not installed (pip install 'dohnuts[peer]')"
         return None
 
-    def __init__(self, spec, device, dtype, options: dict):
+    def __init__(self, spec, device, dtype, options: NoOptions):
         if spec.kind not in TEXT_KINDS:
             raise ConfigError(f"the transformers target runs text workloads only ({', '.join(TEXT_KINDS)}), "
                               f"not {spec.kind!r}", source=spec.file, field="targets")
-        if options:
-            raise ConfigError("the transformers target takes no options", source=spec.file, field="targets")
         import dohnuts.api as api
         from dohnuts.config import to_hf_text_config
 

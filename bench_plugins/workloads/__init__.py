@@ -281,7 +281,7 @@ class TrainStepKind:
     """One optimizer update per call: 4 microbatches (one request each) of labelled questions."""
 
     name = "train-step"
-    collective = True  # under several processes the ranks share each update (runtime.distributed)
+    collective = True  # under several processes the ranks share each update (runtime.collectives)
     fields = TEXT_FIELDS | {"requests": Field(int, 8, min=4, max=1024, help="distinct requests, 4 per update")}
 
     def validate(self, shape: dict, source: str) -> None:

@@ -1,9 +1,9 @@
-"""What a workload hands a target: one measured call's input, and what the target reports back."""
+"""What a workload hands a target: one measured call's input, and what the target reports back
+(the target itself: dohnuts.bench.contracts.Target)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from dohnuts.runtime.requests import Request
 from dohnuts.runtime.work import WorkCounts
@@ -29,13 +29,3 @@ class CallResult:
     decisions: int  # questions answered (or trained on)
     work: WorkCounts  # what the call processed (for the cost model)
     extra: dict = field(default_factory=dict)  # target-specific facts (cache stats, losses, ...)
-
-
-class Target(Protocol):
-    """An implementation under test. Built per workload by a registered factory
-    `factory(spec, device, dtype, options)`; it must give every call the same treatment it
-    would get in production (no caching of results between calls)."""
-
-    def run_call(self, call, timer) -> CallResult: ...
-
-    def close(self) -> None: ...

@@ -1,8 +1,11 @@
 """The hooks of dohnuts-bench (pluggy, project name `dohnuts_bench`), grouped by lifecycle.
 
 A plugin is any module or object with functions named like these hooks and decorated with
-`dohnuts.bench.hookimpl`. Built-in plugins (bench_plugins/) and third-party packages register
-the same way: an entry point in the `dohnuts_bench` group (see docs/plugins.md).
+`dohnuts.bench.hookspecs.hookimpl`. Built-in plugins (bench_plugins/) and third-party packages
+register the same way: an entry point in the `dohnuts_bench` group (see docs/plugins.md). What
+the register hooks return, and what the other hooks are handed, is typed in
+dohnuts.bench.contracts: every object a register hook returns is checked against its contract
+when the plugin manager collects it (dohnuts.bench.plugins.collect).
 
 Lifecycle of `dohnuts-bench run`:
 
@@ -30,24 +33,31 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def dohnuts_bench_register_workload_kinds():
     """Return a dict {kind name: WorkloadKind} of workload kinds this plugin provides.
 
-    A `WorkloadKind` (dohnuts.bench.workload) validates the kind's YAML fields and turns a
-    validated spec into the calls the runner measures. Kind names must be unique across plugins.
+    A `dohnuts.bench.contracts.WorkloadKind` has the `fields` of its `shape:` (validated by the
+    harness), `validate(shape, source)` and `calls(ctx)`, which turns a validated spec into the
+    calls every target is measured on; its optional members are the fields of
+    `dohnuts.bench.contracts.WorkloadKindCapabilities`. Kind names must be unique across plugins.
     """
 
 
 @hookspec
 def dohnuts_bench_register_targets():
-    """Return a dict {target name: factory} of targets (implementations under test).
+    """Return a dict {target name: TargetFactory} of targets (implementations under test).
 
-    A factory takes (spec, device, dtype) and returns an object with `run_call(call, timer)`
-    → `CallResult` and `close()` (dohnuts.bench.target.Target). Every target of a workload is
+    A `dohnuts.bench.contracts.TargetFactory` (usually the target's class) is called as
+    `factory(spec, device, dtype, options)` — `options` an instance of its `Options` dataclass,
+    validated from the workload's `options:` — and returns a `dohnuts.bench.contracts.Target`:
+    `run_call(call, timer)` → `dohnuts.bench.calls.CallResult`, and `close()`. Optional members:
+    `dohnuts.bench.contracts.TargetFactoryCapabilities` (of the factory) and
+    `dohnuts.bench.contracts.TargetCapabilities` (of the target). Every target of a workload is
     measured in the same run, on the same calls.
     """
 
 
 @hookspec
 def dohnuts_bench_register_telemetry():
-    """Return a list of telemetry samplers (dohnuts.bench.telemetry.Sampler).
+    """Return a list of telemetry samplers (`dohnuts.bench.contracts.TelemetrySampler`; the base
+    class `dohnuts.bench.telemetry.Sampler` holds the defaults).
 
     A sampler whose library or device is absent says why once (its `unavailable` reason) and
     steps aside; it never fails the run.
@@ -57,11 +67,12 @@ def dohnuts_bench_register_telemetry():
 @hookspec
 def dohnuts_bench_register_launchers():
     """Return a dict {launcher name: Launcher} of ways to start several processes for a workload
-    whose `processes` lists a count above 1 (the built-in: `torchrun`). A launcher has
-    `unavailable(processes, device) -> str | None` (why it cannot start that many here) and
-    `launch(run, spec, processes, out, *, gpu, telemetry_interval) -> int` (records written into
-    `out`, each stamped with its `rank` and `world_size`). Launchers are separate from targets, as
-    in optimum-benchmark: any target runs under any launcher.
+    whose `processes` lists a count above 1 (the built-in: `torchrun`). A
+    `dohnuts.bench.contracts.Launcher` has `unavailable(processes, device) -> str | None` (why it
+    cannot start that many here) and `launch(run, spec, processes, out, *, gpu, telemetry_interval)
+    -> int`: the records it writes to `out` (a `dohnuts.bench.sink.RecordSink`), each stamped with
+    its `rank` and `world_size`, and how many. Launchers are separate from targets, as in
+    optimum-benchmark: any target runs under any launcher.
     """
 
 
@@ -70,7 +81,8 @@ def dohnuts_bench_register_launchers():
 
 @hookspec
 def dohnuts_bench_prepare_run(run):
-    """Called once before the first workload with the `RunContext` (device, hwspec, run dir).
+    """Called once before the first workload with the `dohnuts.bench.contracts.RunContext`
+    (device, hwspec, run dir).
 
     Plugins may measure the machine here (e.g. the measured-ceiling microbenchmarks) and store
     results in `run.measured` (a dict written to run.json)."""
@@ -81,7 +93,9 @@ def dohnuts_bench_prepare_run(run):
 
 @hookspec
 def dohnuts_bench_before_call(run, spec, target_name, iteration):
-    """Called before each measured call (not before warm-up calls)."""
+    """Called before each measured call (not before warm-up calls), with the
+    `dohnuts.bench.contracts.RunContext`, the `dohnuts.bench.workload.WorkloadSpec`, the target's
+    label and the call's index."""
 
 
 @hookspec
@@ -98,7 +112,8 @@ def dohnuts_bench_analyze(records, hwspec, measured, run_dir):
     """Turn raw records (list of dicts read back from JSONL) into analysis sections.
 
     Return a list of `dohnuts.bench.report.Section` (title + rich renderable + plain dict), or
-    None. Must depend only on its arguments: any run can be re-analysed later."""
+    None. Must depend only on its arguments: any run can be re-analysed later. A plugin that
+    implements it is a `dohnuts.bench.contracts.Analyzer`."""
 
 
 # -- 6. report ---------------------------------------------------------------------------------
@@ -106,4 +121,5 @@ def dohnuts_bench_analyze(records, hwspec, measured, run_dir):
 
 @hookspec
 def dohnuts_bench_report(console, records, sections, run_dir):
-    """Render results: print to the rich `console`, write files into `run_dir`."""
+    """Render results: print to the rich `console`, write files into `run_dir`. A plugin that
+    implements it is a `dohnuts.bench.contracts.Reporter`."""

@@ -6,9 +6,9 @@
 Every rank joins the process group (NCCL on GPUs, gloo on CPUs), measures the workload on its
 own device with the same run loop as a single process (dohnuts.bench.runner.measure_workload,
 which shards or shares the calls and keeps the ranks' counts in step), and writes its records to
-`RANKS_DIR/rank<R>.jsonl`, each line flushed as it is measured. Rank 0 first measures the
-all-reduce bus bandwidth of this world (the interconnect's measured ceiling) into
-`RANKS_DIR/measured.json`; a rank whose target failed (out of memory) writes
+`RANKS_DIR/rank<R>.jsonl` (a RecordSink: each line flushed as it is measured). Rank 0 first measures
+the all-reduce bus bandwidth of this world (dohnuts.bench.interconnect: the interconnect's measured
+ceiling) into `RANKS_DIR/measured.json`; a rank whose target failed (out of memory) writes
 `RANKS_DIR/failures-rank<R>.json`. The launcher gathers all of it into the run's files.
 """
 
@@ -53,11 +53,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from rich.console import Console
 
-    from dohnuts.bench.plugins import collect, plugin_manager
-    from dohnuts.bench.runner import RunContext, measure_workload
+    from dohnuts.bench.contracts import RunContext
+    from dohnuts.bench.interconnect import allreduce_busbw
+    from dohnuts.bench.plugins import check_target_options, collect, plugin_manager, samplers
+    from dohnuts.bench.runner import measure_workload
+    from dohnuts.bench.sink import RecordSink
     from dohnuts.bench.telemetry import TelemetryThread
     from dohnuts.bench.workload import load_workload
-    from dohnuts.runtime.distributed import allreduce_busbw, barrier, join, leave
+    from dohnuts.runtime.collectives import barrier
+    from dohnuts.runtime.process_group import join, leave
 
     world, device = join("cuda" if args.gpu else "cpu")
     out_dir = Path(args.dir)
@@ -65,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds = collect(pm, "dohnuts_bench_register_workload_kinds")
     targets = collect(pm, "dohnuts_bench_register_targets")
     spec = load_workload(args.workload, kinds, targets, gpu=args.gpu)
+    check_target_options(spec, targets)
     import torch
 
     run = RunContext(run_id=args.run_id, run_dir=out_dir / f"rank{world.rank}", device=torch.device(device),
@@ -73,11 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     busbw = allreduce_busbw(world)
     if busbw is not None:
         (out_dir / "measured.json").write_text(json.dumps({"allreduce_busbw": busbw}, indent=2))
-    samplers = [s for group in pm.hook.dohnuts_bench_register_telemetry() for s in group]
-    telemetry = TelemetryThread([s for s in samplers if not s.unavailable], interval_s=args.telemetry_interval)
+    telemetry = TelemetryThread([s for s in samplers(pm) if not s.unavailable], interval_s=args.telemetry_interval)
     telemetry.start()
     try:
-        with open(out_dir / f"rank{world.rank}.jsonl", "a", encoding="utf-8") as out:
+        with RecordSink.open(out_dir / f"rank{world.rank}.jsonl") as out:
             measure_workload(run, pm, spec, kinds, targets, telemetry, out, world=world)
     finally:
         telemetry.stop()

@@ -1,4 +1,5 @@
-"""Stage timing shared by the runtime and the harness.
+"""GPU and host timing: the one timer of the project, shared by the runtime, the harness and the
+microbenchmarks (every CUDA timing event the project records is recorded here).
 
 `StageTimer.stage(name)` brackets a piece of one call. On a CUDA device each stage records a
 pair of CUDA events on the current stream (device time, read after the call with one
@@ -11,6 +12,10 @@ The timer also measures its own cost: the host time each `stage()` spends outsid
 reports (creating and recording the CUDA events, the clock reads, its bookkeeping) is added to
 `overhead_ms`, and `entries` counts the stages entered. What it cannot see from inside — the
 context manager's own enter/exit machinery — is what `empty_stage_cost()` measures from outside.
+
+Microbenchmarks (the measured ceilings, benchmarks/*.py) time whole callables with the same timer:
+`device_times_ms(fn)` for a burst of calls, `StageTimer.device_ms_each(name)` for every entry of a
+stage run back to back.
 """
 
 from __future__ import annotations
@@ -108,6 +113,30 @@ class StageTimer:
             self._events.clear()
         return out
 
+    def device_ms_each(self, name: str) -> list[float]:
+        """The device time of every entry of stage `name`, in order (CUDA; synchronises the device),
+        where `result` gives their sum: for microbenchmarks that run one stage back to back. Read
+        it before `result`, which hands the events back to the pool."""
+        torch.cuda.synchronize(self.device)
+        return [s.elapsed_time(e) for s, e in self._events.get(name, ())]
+
+
+def device_times_ms(fn, warmup: int = 3, repeat: int = 10, device: torch.device | None = None) -> list[float]:
+    """Device milliseconds of `repeat` calls of `fn` after `warmup` calls, each call timed alone (a
+    stage of its own timer, read back before the next call starts) on `device` (default: the
+    current CUDA device)."""
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize(device)
+    times = []
+    for _ in range(repeat):
+        timer = StageTimer(device)
+        with timer.stage("call"):
+            fn()
+        times.append(timer.result()["call"].device_ms)
+    return times
+
 
 def empty_stage_cost(device: torch.device, n: int = 200, warmup: int = 20, batches: int = 5) -> dict:
     """What one stage entered and left with no work costs on `device` (calibration).
@@ -139,6 +168,5 @@ def empty_stage_cost(device: torch.device, n: int = 200, warmup: int = 20, batch
     out = {"host_ms": host, "accounted_ms": acc, "unaccounted_ms": max(0.0, host - acc), "device_ms": None,
            "stages": n * batches}
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        out["device_ms"] = statistics.median(s.elapsed_time(e) for s, e in timer._events["empty"])
+        out["device_ms"] = statistics.median(timer.device_ms_each("empty"))
     return out

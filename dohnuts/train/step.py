@@ -29,8 +29,9 @@ import torch
 
 from dohnuts.model.scorer import candidate_logits
 from dohnuts.runtime.batch import Batch
-from dohnuts.runtime.distributed import SINGLE, World, all_reduce_gradients, all_reduce_sum
+from dohnuts.runtime.collectives import all_reduce_gradients, all_reduce_sum
 from dohnuts.runtime.pipeline import Pipeline
+from dohnuts.runtime.process_group import SINGLE, World
 from dohnuts.runtime.requests import Request
 from dohnuts.runtime.timing import NULL_TIMER
 from dohnuts.runtime.work import WorkCounts
@@ -110,7 +111,7 @@ class Updater:
         self.per = requests_per_microbatch
         self.divisor = MICROBATCHES * requests_per_microbatch  # the update's loss is the mean over its requests
         self.session = session
-        self.world = world  # several processes: each runs its share of the microbatches (runtime.distributed)
+        self.world = world  # several processes: each runs its share of the microbatches (runtime.collectives)
         self.optimizer = optimizer
         self.objective = objective
         self.cfg = cfg

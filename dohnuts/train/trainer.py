@@ -38,7 +38,7 @@ import torch
 from dohnuts.adapters import fsync_dir, fsync_file, load_adapter, save_adapter
 from dohnuts.errors import CheckpointError, ConfigError, DohnutsError
 from dohnuts.model.lora import LoRAConfig
-from dohnuts.runtime.distributed import SINGLE, World
+from dohnuts.runtime.process_group import SINGLE, World
 from dohnuts.runtime.predict import RequestResult
 from dohnuts.train.checkpoints import (
     BEST, CHECKPOINT_FORMAT, CHECKPOINTS, LOG, POINTER, SUMMARY, check_resumable, check_run_dir, config_record,
@@ -124,7 +124,7 @@ def microbatch_order(n: int, seed: int, update: int, per: int = 1) -> list[int]:
 
 
 class Trainer:
-    """The lifecycle of one run. With several processes (`world`, dohnuts.runtime.distributed) every
+    """The lifecycle of one run. With several processes (`world`, dohnuts.runtime.process_group) every
     rank trains its share of each update and restores the same checkpoint; rank 0 alone evaluates,
     selects, writes checkpoints and logs, and finishes (calibration and test)."""
 

@@ -97,3 +97,20 @@ def test_a_prepared_batch_is_pinned_in_one_buffer_and_moves_in_one_copy():
     torch.cuda.synchronize()
     for n in layout:
         assert getattr(d, n).device.type == "cuda" and torch.equal(getattr(d, n).cpu(), getattr(t, n)), n
+
+
+def test_the_microbenchmark_timings_are_the_stage_timer_s():
+    """`device_times_ms` times each call alone; `device_ms_each` gives every entry of a stage run
+    back to back, whose sum is the stage's time (the ceilings and benchmarks/*.py time with them)."""
+    from dohnuts.runtime import timing
+
+    cycles = 4_000_000  # ≈ 2 ms at the H200's 1.98 GHz
+    times = timing.device_times_ms(lambda: torch.cuda._sleep(cycles), warmup=1, repeat=3)
+    assert len(times) == 3 and all(t > 1.0 for t in times)
+    timer = timing.StageTimer(torch.device(DEV))
+    for n in (1, 2):
+        with timer.stage("sleep"):
+            torch.cuda._sleep(n * cycles)
+    each = timer.device_ms_each("sleep")
+    assert len(each) == 2 and each[0] > 1.0 and each[1] > each[0] + 0.5
+    assert timer.result()["sleep"].device_ms == pytest.approx(sum(each))

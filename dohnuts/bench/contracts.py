@@ -1,0 +1,289 @@
+"""The contracts between dohnuts-bench and its plugins: what a workload kind, a target (and its
+factory), a launcher, a telemetry sampler, an analyzer and a reporter are, and what each is handed.
+
+Each contract is a `typing.Protocol` holding the *required* members: a plugin object need not
+inherit from anything, it only has them. The *optional* members of a contract are the fields of a
+frozen dataclass beside it (`WorkloadKindCapabilities`, ...), whose defaults say what an absent
+member means. `dohnuts.bench.plugins.collect` checks every registered object against its contract
+when the plugin manager collects it — a missing required member, or an optional one of the wrong
+type, is a `PluginError` naming the object and the member — and reads each optional member once,
+through `capabilities()`, the one place that looks for them.
+
+docs/plugins.md documents every member of every contract (tests/test_docs.py checks it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+
+from dohnuts.errors import DohnutsError
+
+if TYPE_CHECKING:
+    import torch
+
+    from dohnuts.bench.calls import CallResult, PredictCall, TrainCall
+    from dohnuts.bench.report import Section
+    from dohnuts.bench.sink import RecordSink
+    from dohnuts.bench.workload import Field, WorkloadSpec
+    from dohnuts.runtime.process_group import World
+    from dohnuts.runtime.timing import StageTimer
+    from dohnuts.runtime.work import WorkCounts
+
+
+class PluginError(DohnutsError):
+    """A registered plugin object that does not keep its contract (a required member missing, an
+    optional one of the wrong type)."""
+
+
+# -- what plugins are handed ---------------------------------------------------------------------
+
+
+@dataclass
+class RunContext:
+    """One `dohnuts-bench run`, as the prepare hook and the launchers see it."""
+
+    run_id: str
+    run_dir: Path
+    device: torch.device
+    hwspec: object | None  # dohnuts.bench.analysis.HwSpec
+    console: object  # rich.console.Console
+    measured: dict = field(default_factory=dict)  # measured ceilings etc., written to run.json
+    notes: list = field(default_factory=list)
+    failures: list = field(default_factory=list)  # {"workload", "file", "target", "error"}: written to run.json
+    # Tests only: called as before_call(world, i) before measured call i (a fault injected into a rank).
+    before_call: Callable[[World, int], None] | None = None
+
+
+@dataclass(frozen=True)
+class WorkloadContext:
+    """What a workload kind needs to build its calls."""
+
+    spec: WorkloadSpec
+    tokenizer: object
+    model_cfg: object
+    workdir: Path  # a folder for generated inputs (e.g. images)
+    rng: random.Random
+
+
+class StreamRow(TypedDict):
+    """One request of a target's pipelined stream (`run_stream`); times are host perf_counter seconds."""
+
+    decisions: int
+    work: WorkCounts | None  # None: the request failed (no record is written for it)
+    submitted: float  # entered the pipeline
+    started: float | None  # its device work was issued (None: unknown, taken as `done`)
+    done: float  # its result was ready
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a target that takes none (the default `Options`)."""
+
+
+# -- optional members: declared with their defaults, read in one place ---------------------------
+
+
+def _optional_member(default: Any, must_be: str, check: Callable[[Any], bool]):
+    """A dataclass field for an optional contract member: its default (what absence means), what a
+    value must be (said in the error) and the check of a value found on a plugin object."""
+    return field(default=default, metadata={"must_be": must_be, "check": check})
+
+
+def _never(spec) -> bool:
+    return False
+
+
+def _available() -> str | None:
+    return None
+
+
+def _callable_or_none(v) -> bool:
+    return v is None or callable(v)
+
+
+def _is_dataclass_type(v) -> bool:
+    return isinstance(v, type) and dataclasses.is_dataclass(v)
+
+
+def _kinds(v) -> bool:
+    return v is None or (isinstance(v, tuple) and all(isinstance(k, str) for k in v))
+
+
+def capabilities(obj: object, declared: type, what: str):
+    """The optional members of `obj` as the dataclass `declared` (e.g. `TargetCapabilities`): each
+    field read from `obj` when it has it, else the field's default; a value of the wrong type is a
+    PluginError naming `what` (e.g. "target 'dohnuts' (bench_plugins.targets...)")."""
+    values = {}
+    for f in dataclasses.fields(declared):
+        value = getattr(obj, f.name, f.default)  # the one read of an optional member
+        if not f.metadata["check"](value):
+            raise PluginError(f"`{f.name}` must be {f.metadata['must_be']}, got {_short(value)} "
+                              f"(dohnuts.bench.contracts.{declared.__name__})", source=what)
+        values[f.name] = value
+    return declared(**values)
+
+
+def protocol_members(protocol: type) -> tuple[str, ...]:
+    """The required members of a contract (its annotated attributes and methods, in order)."""
+    names = list(protocol.__dict__.get("__annotations__", {}))
+    names += [n for n, v in protocol.__dict__.items()
+              if callable(v) and (not n.startswith("_") or n == "__call__") and n not in names]
+    return tuple(names)
+
+
+def missing_members(obj: object, protocol: type) -> list[str]:
+    """The required members of `protocol` that `obj` lacks (a method must be callable)."""
+    methods = {n for n, v in protocol.__dict__.items() if callable(v)}
+    return [n for n in protocol_members(protocol)
+            if not hasattr(obj, n) or (n in methods and not callable(getattr(obj, n)))]
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+# -- the contracts ---------------------------------------------------------------------------------
+
+
+class WorkloadKind(Protocol):
+    """A kind of workload (`kind:` in a workload file): its `shape:` fields and the calls it builds.
+    Registered by `dohnuts_bench_register_workload_kinds` as {kind name: WorkloadKind}."""
+
+    fields: Mapping[str, Field]  # the `shape:` fields, validated by the harness (types, bounds, defaults)
+
+    def validate(self, shape: dict, source: str) -> None:
+        """Checks across fields; raise ConfigError(..., source=source, field="shape.<field>")."""
+
+    def calls(self, ctx: WorkloadContext) -> list[PredictCall | TrainCall]:
+        """The calls every target of the workload is measured on (the same for all)."""
+
+
+@dataclass(frozen=True)
+class WorkloadKindCapabilities:
+    """The optional members of a `WorkloadKind`, and what their absence means."""
+
+    # (shape, model_cfg, *, source) -> int: the longest sequence its calls hold, checked against the
+    # model's context when the file is validated. Absent: not checked.
+    sequence_tokens: Callable[..., int] | None = _optional_member(None, "a method or None", _callable_or_none)
+    # (spec) -> bool: warm every distinct call once (e.g. a warm cache). Absent: never.
+    warmup_every_call: Callable[[WorkloadSpec], bool] = _optional_member(_never, "a method", callable)
+    # Several processes share each call (the train step's update). Absent: False, the ranks shard the calls.
+    collective: bool = _optional_member(False, "a bool", lambda v: isinstance(v, bool))
+    # False: the kind runs in one process only (`processes` above 1 is refused). Absent: True.
+    distributed: bool = _optional_member(True, "a bool", lambda v: isinstance(v, bool))
+
+
+class Target(Protocol):
+    """An implementation under test, built per workload by its `TargetFactory`. It gives every call
+    the treatment it would get in production (no results cached between calls)."""
+
+    def run_call(self, call: PredictCall | TrainCall, timer: StageTimer) -> CallResult:
+        """Run one call, each part bracketed by `timer.stage(name)` (canonical, disjoint stages)."""
+
+    def close(self) -> None:
+        """Release the model and its memory (the next target is built in the same process)."""
+
+
+@dataclass(frozen=True)
+class TargetCapabilities:
+    """The optional members of a `Target`, read once after it is built."""
+
+    # A measurement-only variant of the product (dohnuts.runtime.policy), written to every record.
+    # Absent: None, the product.
+    variant: str | None = _optional_member(None, "a string or None", lambda v: v is None or isinstance(v, str))
+    # {"rank", "targets", "merged"} of the adapters it runs, written to every record. Absent: None.
+    lora_info: dict | None = _optional_member(None, "a dict or None", lambda v: v is None or isinstance(v, dict))
+    # (calls, timer_for) -> list[StreamRow] | None: the calls as one pipelined stream, as users run
+    # them; `timer_for(i)` times request i's stages; None: this workload cannot be streamed.
+    # Absent: no `phase: stream` records.
+    run_stream: Callable[..., list[StreamRow] | None] | None = _optional_member(
+        None, "a method or None", _callable_or_none)
+
+
+class TargetFactory(Protocol):
+    """Builds a `Target` for one workload (usually the target's class). Registered by
+    `dohnuts_bench_register_targets` as {target name: TargetFactory}."""
+
+    def __call__(self, spec: WorkloadSpec, device: torch.device, dtype: torch.dtype, options: Any) -> Target:
+        """`options`: an instance of the factory's `Options`, validated from the workload's `options:`."""
+
+
+@dataclass(frozen=True)
+class TargetFactoryCapabilities:
+    """The optional members of a `TargetFactory`, read when it registers."""
+
+    # A dataclass of the options the target takes (a workload target entry's `options:`), with types
+    # and defaults: unknown keys and wrong types are refused, naming the file and field, before
+    # anything is measured. Absent: NoOptions, the target takes none.
+    Options: type = _optional_member(NoOptions, "a dataclass", _is_dataclass_type)
+    # The workload kinds it can run; a workload pairing it with another kind is refused at
+    # validation. Absent: None, any kind.
+    kinds: tuple[str, ...] | None = _optional_member(None, "a tuple of kind names or None", _kinds)
+    # () -> str | None: why it cannot run on this machine (a missing library): `run` skips it and says
+    # why. Absent: it can always run.
+    unavailable: Callable[[], str | None] = _optional_member(_available, "a function", callable)
+
+
+class Launcher(Protocol):
+    """Starts several processes for a workload whose `processes` lists a count above 1. Registered
+    by `dohnuts_bench_register_launchers` as {launcher name: Launcher}. It has no optional members."""
+
+    def unavailable(self, processes: int, device: torch.device) -> str | None:
+        """Why `processes` processes cannot run here (the count is then skipped), or None."""
+
+    def launch(self, run: RunContext, spec: WorkloadSpec, processes: int, out: RecordSink, *, gpu: bool,
+               telemetry_interval: float) -> int:
+        """Start the processes, write their records to `out`, return how many it wrote; a failure
+        goes into `run.failures` (the run goes on)."""
+
+
+class TelemetrySampler(Protocol):
+    """A source of readings taken in the background while a run measures (base class with the
+    defaults: dohnuts.bench.telemetry.Sampler). Registered by `dohnuts_bench_register_telemetry`."""
+
+    name: str  # the key of its readings in each telemetry row
+
+    def sample(self) -> dict:
+        """One reading (a flat dict); it runs on the telemetry thread, and its errors are recorded."""
+
+
+@dataclass(frozen=True)
+class TelemetrySamplerCapabilities:
+    """The optional members of a `TelemetrySampler`."""
+
+    # Why it cannot sample here (library or device absent): said once, then it is left out.
+    # Absent: None, it samples.
+    unavailable: str | None = _optional_member(None, "a string or None", lambda v: v is None or isinstance(v, str))
+
+
+class Analyzer(Protocol):
+    """A plugin implementing the analyze hook (it may implement any other hook too, e.g. the
+    measured ceilings in `dohnuts_bench_prepare_run`)."""
+
+    def dohnuts_bench_analyze(self, records: list[dict], hwspec, measured: dict, run_dir: Path) -> list[Section] | None:
+        """Sections computed from the records alone (any run can be re-analysed later)."""
+
+
+class Reporter(Protocol):
+    """A plugin implementing the report hook."""
+
+    def dohnuts_bench_report(self, console, records: list[dict], sections: list[Section], run_dir: Path) -> None:
+        """Print to `console` and write files into `run_dir`."""
+
+
+# Every contract and the dataclass of its optional members (None: it has none).
+CONTRACTS: dict[type, type | None] = {
+    WorkloadKind: WorkloadKindCapabilities,
+    TargetFactory: TargetFactoryCapabilities,
+    Target: TargetCapabilities,
+    Launcher: None,
+    TelemetrySampler: TelemetrySamplerCapabilities,
+    Analyzer: None,
+    Reporter: None,
+}

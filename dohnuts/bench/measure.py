@@ -1,0 +1,116 @@
+"""Measuring one call, and a target's calls as one pipelined stream, into records.
+
+A call is timed per stage (CUDA events on the GPU, host clock always: dohnuts.runtime.timing) and
+as a whole (wall time, the device synchronised on both sides); the telemetry taken during it
+decides its validity; the harness's own time in it is measured and written beside it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from dohnuts.bench.calls import CallResult
+from dohnuts.bench.contracts import Target, TargetCapabilities
+from dohnuts.bench.record import CallMeasurement, TargetContext, call_record, stages_dict
+from dohnuts.bench.sink import RecordSink
+from dohnuts.runtime.timing import StageTimer, empty_stage_cost
+
+
+def measure_call(ctx: TargetContext, target: Target, call, iteration: int, phase: str = "steady") -> dict:
+    """One call of `target`, measured: its record (without the rank stamp)."""
+    device = ctx.device
+    calibration = harness_calibration(ctx.run, device)
+    timer = StageTimer(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
+    result: CallResult = target.run_call(call, timer)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t1 = time.perf_counter()
+    window, validity = ctx.telemetry.window_and_validity(t0, t1)
+    t2 = time.perf_counter()
+    record = call_record(ctx, CallMeasurement(
+        iteration=iteration, phase=phase, stages=stages_dict(timer), wall_ms=(t1 - t0) * 1e3,
+        decisions=result.decisions, work=result.work, window=window, validity=validity, extra=result.extra))
+    t3 = time.perf_counter()
+    overhead = harness_overhead(timer, calibration, telemetry_s=t2 - t1, record_s=t3 - t2)
+    record["harness_overhead_ms"] = overhead["total_ms"]
+    record["harness_overhead"] = overhead
+    return record
+
+
+def measure_stream(ctx: TargetContext, capabilities: TargetCapabilities, calls: list, out: RecordSink) -> int:
+    """The calls as one pipelined stream (prefetch, transfer stream, overlapped serialization, as
+    users run a request file): one record per request with `phase: stream`, whose `wall_ms` is the
+    time since the previous result (the first: since the stream started), so the analysis sets the
+    pipelined per-request time against the critical-path bound. `extra.stream` holds each
+    request's latency (entered the pipeline → result) and queueing (entered → device work issued).
+    Targets without `run_stream` (or workloads a stream cannot reproduce) write nothing."""
+    if capabilities.run_stream is None:
+        return 0
+    device = ctx.device
+    timers: dict[int, StageTimer] = {}
+
+    def timer_for(j: int) -> StageTimer:
+        timers[j] = StageTimer(device)
+        return timers[j]
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    rows = capabilities.run_stream(calls, timer_for)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t1 = time.perf_counter()
+    if rows is None:
+        return 0
+    window, validity = ctx.telemetry.window_and_validity(t0, t1)
+    previous = t0
+    for j, row in enumerate(rows):
+        if row["work"] is None:  # a request that failed: nothing to analyse
+            continue
+        timer = timers.get(j) or StageTimer(device)
+        stream = {"index": j, "requests": len(rows), "total_ms": (t1 - t0) * 1e3,
+                  "latency_ms": (row["done"] - row["submitted"]) * 1e3,
+                  "queue_ms": ((row["started"] or row["done"]) - row["submitted"]) * 1e3}
+        record = call_record(ctx, CallMeasurement(
+            iteration=j, phase="stream", stages=stages_dict(timer), wall_ms=(row["done"] - previous) * 1e3,
+            decisions=row["decisions"], work=row["work"], window=window, validity=validity,
+            extra={"stream": stream}))
+        previous = row["done"]
+        out.write(record | ctx.ranks)
+    return len(rows)
+
+
+def harness_calibration(run, device: torch.device) -> dict:
+    """The cost of one empty stage on `device` (`empty_stage_cost`), measured once per run and
+    device — before the first measured call on it — and kept in `run.measured["harness_calibration"]`."""
+    per_device = run.measured.setdefault("harness_calibration", {})
+    key = str(device)
+    if key not in per_device:
+        per_device[key] = empty_stage_cost(device)
+    return per_device[key]
+
+
+def harness_overhead(timer: StageTimer, calibration: dict, telemetry_s: float, record_s: float) -> dict:
+    """The harness's own time in one call, in ms.
+
+    Inside the measured wall time: what the timer measured of itself (`timer_ms`: events, clock
+    reads, bookkeeping) plus, per stage entered, the calibrated part of an empty stage it cannot see
+    from inside (`timer_unaccounted_ms`: the context manager's machinery). After it: the telemetry
+    window lookup (`telemetry_ms`, a synchronous sample when none fell in the call) and building
+    the record (`record_ms`, including reading the stage times back). `total_ms` is their sum;
+    serialising and writing the record (the run loop) is not in it.
+    """
+    timer_ms = timer.overhead_ms
+    unaccounted_ms = timer.entries * calibration["unaccounted_ms"]
+    in_call = timer_ms + unaccounted_ms
+    after = (telemetry_s + record_s) * 1e3
+    return {"total_ms": in_call + after, "in_call_ms": in_call, "timer_ms": timer_ms,
+            "timer_unaccounted_ms": unaccounted_ms, "stage_entries": timer.entries,
+            "telemetry_ms": telemetry_s * 1e3, "record_ms": record_s * 1e3,
+            "empty_stage_ms": calibration["host_ms"], "empty_stage_device_ms": calibration.get("device_ms")}

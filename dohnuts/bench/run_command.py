@@ -1,0 +1,203 @@
+"""`dohnuts-bench run`: validate every workload file, skip what cannot run here, measure the rest
+into a new run directory (results.jsonl, run.json), then analyse and report.
+
+Everything that can be checked before measuring is: the workload files against the registered
+kinds and targets, each target's options against its `Options`, the launchers, the hwspec, the
+`--out` folder. A refusal there leaves no run directory behind. The exit statuses are those of
+dohnuts.bench.cli (0; 1: a target failed, out of memory; 2: refused; 130: interrupted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from dohnuts.errors import ConfigError, DohnutsError
+
+TELEMETRY_INTERVAL_S = (0.001, 60.0)  # bounds of --telemetry-interval
+
+
+def hwspec_for(name: str | None, device_name: str):
+    """The spec named (a built-in name or a path), else the built-in matching the device."""
+    from dohnuts.bench.analysis import find_hwspec
+
+    if name:
+        return find_hwspec(name)
+    low = device_name.lower()
+    for key, spec in (("h200", "h200"), ("7900 xtx", "rx7900xtx"), ("7900xtx", "rx7900xtx")):
+        if key in low:
+            return find_hwspec(spec)
+    return None
+
+
+def hwspec_ref(spec) -> str | None:
+    """How run.json names a spec: a built-in's name (portable), else its file path."""
+    from dohnuts.bench.analysis.hwspec import BUILTIN_DIR
+
+    if spec is None or spec.source is None:
+        return None
+    path = Path(spec.source).resolve()
+    return path.stem if path.parent == BUILTIN_DIR.resolve() else str(path)
+
+
+def check_telemetry_interval(value: float) -> None:
+    lo, hi = TELEMETRY_INTERVAL_S
+    if not (math.isfinite(value) and lo <= value <= hi):
+        raise ConfigError(f"must be a number of seconds in [{lo:g}, {hi:g}], got {value!r}", source="command line",
+                          field="--telemetry-interval")
+
+
+def _run_json(run, runnable, hwspec, samplers, device) -> dict:
+    from dohnuts.bench.provenance import provenance
+
+    return {"run_id": run.run_id, "workloads": [s.to_dict() for s in runnable], "hwspec": hwspec_ref(hwspec),
+            "measured": run.measured, "provenance": provenance(device),
+            "telemetry": {s.name: s.unavailable or "available" for s in samplers},
+            "failures": run.failures}
+
+
+def runnable_here(specs: list, targets: dict, launchers: dict, console) -> list:
+    """The workloads (their process counts and targets) this machine can run; each one left out is
+    said with its reason. A workload naming a launcher no plugin registers is refused."""
+    from dohnuts.bench.runner import resolve_device
+
+    runnable = []
+    for spec in specs:
+        if max(spec.processes) > 1 and spec.launcher not in launchers:
+            raise ConfigError(f"names launcher {spec.launcher!r}, which no plugin registers (known: "
+                              f"{', '.join(sorted(launchers)) or 'none'})", source=spec.file, field="launcher")
+        if resolve_device(spec) is None:
+            console.print(f"[yellow]skipped[/] {spec.file}: needs a CUDA GPU (requires_gpu / device: cuda)")
+            continue
+        counts = []
+        for n in spec.processes:  # process counts this machine cannot hold are skipped, with the reason
+            reason = None if n == 1 else launchers[spec.launcher].unavailable(n, resolve_device(spec))
+            if reason:
+                console.print(f"[yellow]skipped[/] {spec.file} at {n} processes: {reason}")
+            else:
+                counts.append(n)
+        if not counts:
+            continue
+        spec = dataclasses.replace(spec, processes=tuple(counts))
+        kept = []
+        for t in spec.targets:  # a target that cannot run here (e.g. its library is missing) is skipped
+            reason = targets[t.name].unavailable()
+            if reason:
+                console.print(f"[yellow]skipped[/] target {t.label} of {spec.file}: {reason}")
+            else:
+                kept.append(t)
+        if kept:
+            runnable.append(dataclasses.replace(spec, targets=tuple(kept)))
+    return runnable
+
+
+def cmd_run(args) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from dohnuts.bench.analysis.records import write_json
+    from dohnuts.bench.analyze_command import analyze_and_report
+    from dohnuts.bench.cli import console_for_output, standard_files
+    from dohnuts.bench.contracts import RunContext
+    from dohnuts.bench.plugins import check_target_options, collect, plugin_manager, samplers
+    from dohnuts.bench.provenance import device_info
+    from dohnuts.bench.rundir import new_run_dir
+    from dohnuts.bench.runner import measure_workload, resolve_device
+    from dohnuts.bench.sink import RecordSink
+    from dohnuts.bench.telemetry import TelemetryThread
+    from dohnuts.bench.workload import load_workload
+
+    check_telemetry_interval(args.telemetry_interval)
+    console = console_for_output()
+    pm = plugin_manager()
+    kinds = collect(pm, "dohnuts_bench_register_workload_kinds")
+    targets = collect(pm, "dohnuts_bench_register_targets")
+    launchers = collect(pm, "dohnuts_bench_register_launchers")
+    files = [Path(f) for f in args.workloads] or standard_files()
+    specs = [load_workload(f, kinds, targets) for f in files]  # validate everything before measuring
+    for spec in specs:
+        check_target_options(spec, targets)
+    runnable = runnable_here(specs, targets, launchers, console)
+    if not runnable:
+        console.print("nothing to run on this machine")
+        return 0
+    device = resolve_device(runnable[0])
+    named_by = None if args.hwspec else next((s for s in runnable if s.hwspec), None)
+    try:
+        hwspec = hwspec_for(args.hwspec or (named_by.hwspec if named_by else None), device_info(device)["name"])
+    except ConfigError as exc:
+        if named_by is None:
+            raise
+        raise ConfigError(f"cannot be used: {exc}", source=named_by.file, field="hwspec") from None
+    label = args.label or (runnable[0].name if len(runnable) == 1 else "run")
+    out_root = Path(args.out)
+    created_root = not os.path.lexists(out_root)
+    run_id, run_dir = new_run_dir(out_root, label)  # created only now: every input has been validated
+    run = RunContext(run_id=run_id, run_dir=run_dir, device=device, hwspec=hwspec, console=console)
+
+    every_sampler = samplers(pm)
+    for s in every_sampler:
+        if s.unavailable:
+            console.print(f"[dim]telemetry: {s.name}: {s.unavailable}[/]")
+    telemetry = TelemetryThread([s for s in every_sampler if not s.unavailable], interval_s=args.telemetry_interval)
+    results = run_dir / "results.jsonl"
+    meta = _run_json(run, runnable, hwspec, every_sampler, device)  # holds run.measured and run.failures as they grow
+    interrupted, error = False, None
+    try:
+        pm.hook.dohnuts_bench_prepare_run(run=run)
+        write_json(run_dir / "run.json", meta, indent=2, default=str)
+        console.print(f"run [bold]{run_id}[/] → {results}")
+        telemetry.start()
+        try:
+            with RecordSink.open(results) as out, Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=console, disable=args.quiet,
+            ) as progress:
+                for spec in runnable:
+                    for n in spec.processes:
+                        if n == 1:
+                            measure_workload(run, pm, spec, kinds, targets, telemetry, out, progress)
+                        else:  # the launcher's processes measure on their own devices; the parent waits
+                            write_json(run_dir / "run.json", meta, indent=2, default=str)
+                            launchers[spec.launcher].launch(run, spec, n, out, gpu=run.device.type == "cuda",
+                                                            telemetry_interval=args.telemetry_interval)
+        finally:
+            telemetry.stop()
+    except KeyboardInterrupt:
+        interrupted = True
+        console.print("[yellow]interrupted[/]: results.jsonl holds every completed call")
+    except DohnutsError as exc:  # refused while measuring (e.g. a target's adapter): report what was measured
+        error = exc
+    measured_any = results.exists() and results.stat().st_size > 0
+    if error is not None and not measured_any and not run.failures:
+        # Refused before any call was recorded: leave nothing behind.
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if created_root:
+            try:
+                out_root.rmdir()
+            except OSError:
+                pass
+        raise error
+    try:
+        write_json(run_dir / "run.json", meta, indent=2, default=str)  # now with the failures and calibrations
+        if measured_any:
+            analyze_and_report(results, hwspec, run.measured, run_dir, console, pm)
+    except KeyboardInterrupt:
+        # A second Ctrl-C (or the first, during the report): results.jsonl is complete and closed.
+        print("dohnuts-bench: interrupted while writing the report; results.jsonl holds every completed call "
+              f"(`dohnuts-bench analyze {results}` writes the report)", file=sys.stderr)
+        return 130
+    if error is not None:
+        raise error
+    if interrupted:
+        return 130
+    if run.failures:
+        first = run.failures[0]
+        print(f"dohnuts-bench: error: {len(run.failures)} target(s) failed, the rest was measured and reported "
+              f"(run.json `failures`); first: {first['file']}: target {first['target']}: {first['error']}",
+              file=sys.stderr)
+        return 1
+    return 0

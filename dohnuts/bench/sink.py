@@ -1,0 +1,36 @@
+"""Where a run's records go: the public record sink the runner and the launcher plugins write to.
+
+A record is one JSON object (schema: dohnuts.bench.analysis.records) written as one strict-JSON
+line — a non-finite number becomes null, never a bare NaN — and flushed at once, so a run killed
+at any moment (Ctrl-C, a dead rank) leaves a file holding every completed record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TextIO
+
+from dohnuts.bench.analysis.records import dumps
+
+
+class RecordSink:
+    """Appends records to an open text file (a run's results.jsonl, or a rank's own JSONL)."""
+
+    def __init__(self, file: TextIO):
+        self.file = file
+        self.written = 0  # records written through this sink
+
+    @classmethod
+    @contextmanager
+    def open(cls, path: str | Path) -> Iterator[RecordSink]:
+        """A sink appending to `path` (created if need be), closed on exit."""
+        with open(path, "a", encoding="utf-8") as f:
+            yield cls(f)
+
+    def write(self, record: dict) -> None:
+        """Append one record as one strict-JSON line and flush it."""
+        self.file.write(dumps(record) + "\n")
+        self.file.flush()
+        self.written += 1
