@@ -142,7 +142,6 @@ def test_external_plugin_registered_by_entry_point(tmp_path, monkeypatch):
 
         class Echo:
             name = "echo"
-            fields = {}
             def validate(self, shape, source):
                 pass
             def calls(self, ctx):
@@ -181,8 +180,8 @@ def test_standard_suite_sizes_for_the_device():
         assert cpu.model == "tiny" and gpu.model == "qwen3.5-2b", path.name
         assert cpu.kind == gpu.kind and cpu.name == gpu.name
     text = load_workload(ROOT / "workloads" / "text.yaml", kinds, targets, gpu=True)
-    assert (text.shape["questions"], text.shape["seq_tokens"]) == (32, 512)
-    assert text.shape["candidates"] == 4  # not overridden: the CPU value stays
+    assert (text.shape.questions, text.shape.seq_tokens) == (32, 512)
+    assert text.shape.candidates == 4  # not overridden: the CPU value stays
 
 
 def test_on_gpu_errors_name_the_field(tmp_path):

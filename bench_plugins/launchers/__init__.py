@@ -37,7 +37,7 @@ class TorchrunLauncher:
         return None
 
     def launch(self, run, spec, processes: int, out, *, gpu: bool, telemetry_interval: float = 0.1) -> int:
-        from dohnuts.bench.runner import safe_name
+        from dohnuts.bench.rundir import safe_name
         from dohnuts.launch import torchrun_failure
 
         ranks_dir = run.run_dir / "ranks" / f"{safe_name(spec.name)}-p{processes}"

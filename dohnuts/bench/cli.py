@@ -27,20 +27,15 @@ import math
 import os
 import shutil
 import sys
-import warnings
 from importlib import resources
 from pathlib import Path
 
+from dohnuts.bench.offline import cmd_analyze, cmd_compare
+from dohnuts.bench.offline import make_console as _console
 from dohnuts.errors import ConfigError, DohnutsError
 
 DEFAULT_RESULTS = Path("results/runs")
 TELEMETRY_INTERVAL_S = (0.001, 60.0)  # bounds of --telemetry-interval
-
-
-def _console():
-    from rich.console import Console
-
-    return Console(stderr=False, highlight=False)
 
 
 def standard_files() -> list[Path]:
@@ -73,22 +68,6 @@ def _hwspec_ref(spec) -> str | None:
     return path.stem if path.parent == BUILTIN_DIR.resolve() else str(path)
 
 
-def _stored_hwspec(ref: str):
-    """A run.json's hwspec: its file path or built-in name, or (older runs) its display name."""
-    from dohnuts.bench.analysis import find_hwspec
-    from dohnuts.bench.analysis.hwspec import BUILTIN_DIR
-    from dohnuts.errors import ConfigError
-
-    try:
-        return find_hwspec(ref)
-    except ConfigError:
-        for path in sorted(BUILTIN_DIR.glob("*.yaml")):
-            spec = find_hwspec(path)
-            if spec.name == ref:
-                return spec
-        raise
-
-
 def _check_telemetry_interval(value: float) -> None:
     lo, hi = TELEMETRY_INTERVAL_S
     if not (math.isfinite(value) and lo <= value <= hi):
@@ -108,12 +87,13 @@ def _run_json(run, runnable, hwspec, samplers, device) -> dict:
 def cmd_run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from dohnuts.bench.analysis.records import write_json
     from dohnuts.bench.plugins import collect, plugin_manager
     from dohnuts.bench.provenance import device_info
-    from dohnuts.bench.runner import RunContext, measure_workload, new_run_dir, resolve_device
+    from dohnuts.bench.rundir import new_run_dir
+    from dohnuts.bench.runner import RunContext, measure_workload, resolve_device
     from dohnuts.bench.telemetry import TelemetryThread
     from dohnuts.bench.workload import load_workload
+    from dohnuts.schema import write_json
 
     _check_telemetry_interval(args.telemetry_interval)
     console = _console()
@@ -213,6 +193,8 @@ def cmd_run(args) -> int:
     try:
         write_json(run_dir / "run.json", meta, indent=2, default=str)  # now with the failures and calibrations
         if measured_any:
+            from dohnuts.bench.offline import analyze_and_report
+
             analyze_and_report(results, hwspec, run.measured, run_dir, console, pm)
     except KeyboardInterrupt:
         # A second Ctrl-C (or the first, during the report): results.jsonl is complete and closed.
@@ -229,145 +211,6 @@ def cmd_run(args) -> int:
               f"(run.json `failures`); first: {first['file']}: target {first['target']}: {first['error']}",
               file=sys.stderr)
         return 1
-    return 0
-
-
-def analyze_and_report(results: Path, hwspec, measured: dict, run_dir: Path, console, pm=None, *,
-                       revalidate: bool = False) -> None:
-    from dohnuts.bench.analysis import read_jsonl
-    from dohnuts.bench.analysis.records import RecordError, check_reportable
-    from dohnuts.bench.plugins import plugin_manager
-
-    pm = pm or plugin_manager()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        records = read_jsonl(results)
-    for w in caught:
-        console.print(f"[yellow]warning[/]: {w.message}")
-    if not records:
-        skipped = f" ({caught[0].message})" if caught else ""
-        raise RecordError(f"holds no schema-1 records of a dohnuts-bench run{skipped}", source=str(results))
-    for rec in records:
-        check_reportable(rec)
-    if revalidate:  # the validity gates of today, applied to the telemetry each record kept
-        from dohnuts.bench.telemetry import call_validity, default_min_clock_fraction
-
-        fraction = default_min_clock_fraction()
-        for rec in records:
-            if isinstance(rec.get("telemetry"), list):
-                rec["validity"] = call_validity(rec["telemetry"], fraction)
-    sections = [s for group in pm.hook.dohnuts_bench_analyze(records=records, hwspec=hwspec, measured=measured,
-                                                              run_dir=run_dir) if group for s in group]
-    pm.hook.dohnuts_bench_report(console=console, records=records, sections=sections, run_dir=run_dir)
-
-
-def _run_meta(run_json: Path) -> dict:
-    """The run.json beside a results.jsonl ({} when there is none); a corrupt one is refused."""
-    import json
-
-    if not run_json.exists():
-        return {}
-    try:
-        meta = json.loads(run_json.read_bytes().decode("utf-8"))
-    except OSError as exc:
-        raise DohnutsError(f"cannot be read ({exc.strerror or exc})", source=str(run_json)) from None
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        reason = " ".join(str(exc).split())[:120]
-        raise DohnutsError(f"is not a run's JSON ({reason}); repair it or move it away to analyse the results "
-                           "beside it", source=str(run_json)) from None
-    if not isinstance(meta, dict):
-        raise DohnutsError("must be a JSON object (a run's run.json)", source=str(run_json))
-    if meta.get("hwspec") is not None and not isinstance(meta["hwspec"], str):
-        raise DohnutsError("must be a hwspec name or path", source=str(run_json), field="hwspec")
-    measured = meta.get("measured")
-    if measured is not None and (not isinstance(measured, dict) or not isinstance(measured.get("ceilings", {}), dict)):
-        raise DohnutsError("must be an object whose ceilings are an object", source=str(run_json), field="measured")
-    return meta
-
-
-def _output_dir(path: Path) -> Path:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise ConfigError("is not a directory (a folder for the report files)", source=str(path),
-                          field="--out") from None
-    except (OSError, ValueError) as exc:  # e.g. a file on the way, no permission
-        raise ConfigError(f"cannot be created ({getattr(exc, 'strerror', None) or exc})", source=str(path),
-                          field="--out") from None
-    return path
-
-
-def cmd_analyze(args) -> int:
-    from dohnuts.bench.analysis import find_hwspec
-    from dohnuts.bench.analysis.records import RecordError
-
-    path = Path(args.results)
-    try:
-        if path.is_dir():  # a run directory, as `compare` takes (an archived run: results.jsonl.gz)
-            path = path / "results.jsonl" if (path / "results.jsonl").exists() or not (
-                path / "results.jsonl.gz").exists() else path / "results.jsonl.gz"
-        exists = path.exists()
-    except (OSError, ValueError) as exc:  # e.g. a name too long for a path
-        raise DohnutsError(f"cannot be read ({getattr(exc, 'strerror', None) or exc})", source=str(path)) from None
-    if not exists:
-        raise DohnutsError("does not exist", source=str(path))
-    meta = _run_meta(path.parent / "run.json")
-    hwspec = find_hwspec(args.hwspec) if args.hwspec else (
-        _stored_hwspec(meta["hwspec"]) if meta.get("hwspec") else None)
-    out_dir = _output_dir(Path(args.out) if args.out else path.parent)
-    try:
-        analyze_and_report(path, hwspec, meta.get("measured") or {}, out_dir, _console(), revalidate=args.revalidate)
-    except DohnutsError:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as exc:
-        # Records that pass the structural checks but that an analysis still cannot read (a
-        # foreign or hand-edited file): one line naming the file, not a traceback.
-        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
-        raise RecordError(f"cannot be analysed ({reason})", source=str(path)) from None
-    return 0
-
-
-def cmd_compare(args) -> int:
-    """`compare RUN_A RUN_B`: the table of dohnuts.bench.analysis.compare (its docstring has the rule)."""
-    import json
-
-    from dohnuts.bench.analysis.compare import compare_runs, comparison_dict, comparison_table
-    from dohnuts.bench.analysis.records import read_jsonl
-
-    console = _console()
-    paths = []
-    for arg in (args.run_a, args.run_b):
-        path = Path(arg)
-        if path.is_dir():
-            path = path / "results.jsonl" if (path / "results.jsonl").exists() or not (
-                path / "results.jsonl.gz").exists() else path / "results.jsonl.gz"
-        if not path.is_file():
-            raise DohnutsError("does not exist (expected a run directory or its results.jsonl)", source=str(path))
-        paths.append(path)
-    runs = []
-    for path in paths:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            records = read_jsonl(path)
-        for w in caught:
-            console.print(f"[yellow]warning[/]: {w.message}")
-        if not any(r.get("phase", "steady") == "steady" for r in records):
-            raise DohnutsError("holds no steady-state records", source=str(path))
-        runs.append(records)
-    comparison = compare_runs(runs[0], runs[1], confidence=args.confidence, min_effect=args.min_effect,
-                              label_a=str(paths[0]), label_b=str(paths[1]))
-    if not comparison.rows:
-        only = sorted({f"{w} / {t}" for w, t in (*comparison.only_in_a, *comparison.only_in_b)})
-        raise DohnutsError(f"no (workload, target) measured in both runs ({', '.join(only)})",
-                           source=f"{paths[0]} vs {paths[1]}")
-    console.print(comparison_table(comparison))
-    for note in comparison.warnings:
-        console.print(f"[yellow]warning[/]: {note}")
-    if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(comparison_dict(comparison), indent=2))
-        console.print(f"[dim]wrote {out}[/]")
     return 0
 
 

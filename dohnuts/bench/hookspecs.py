@@ -30,8 +30,8 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def dohnuts_bench_register_workload_kinds():
     """Return a dict {kind name: WorkloadKind} of workload kinds this plugin provides.
 
-    A `WorkloadKind` (dohnuts.bench.workload) validates the kind's YAML fields and turns a
-    validated spec into the calls the runner measures. Kind names must be unique across plugins.
+    A `WorkloadKind` (dohnuts.bench.workload) declares the kind's YAML `shape` fields as a msgspec
+    Struct (`Shape`) and turns a validated spec into the calls the runner measures. Kind names must be unique across plugins.
     """
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import gc
 import random
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,15 +25,15 @@ from pathlib import Path
 import torch
 
 from dohnuts.bench.analysis.compare import required_calls
-from dohnuts.bench.analysis.records import dumps
+from dohnuts.bench.analysis.records import SCHEMA
 from dohnuts.bench.calls import CallResult
 from dohnuts.bench.provenance import provenance
+from dohnuts.bench.rundir import safe_name
 from dohnuts.bench.telemetry import DEFAULT_MIN_CLOCK_FRACTION, TelemetryThread, call_validity
 from dohnuts.bench.workload import WorkloadSpec
 from dohnuts.runtime.distributed import SINGLE, World, any_rank, barrier, max_over_ranks
 from dohnuts.runtime.timing import StageTimer, empty_stage_cost
-
-SCHEMA = 1
+from dohnuts.schema import dumps, short
 
 
 @dataclass
@@ -123,7 +122,7 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict, targe
             if not is_out_of_memory(exc):
                 raise
             failure = {"workload": spec.name, "file": spec.file, "target": tspec.label,
-                       "error": f"out of memory: {_one_line(exc) if str(exc) else type(exc).__name__}"}
+                       "error": f"out of memory: {short(f'{type(exc).__name__}: {exc}', 300, str) if str(exc) else type(exc).__name__}"}
             run.failures.append(failure)
             run.console.print(f"[red]failed[/] {spec.name} · {tspec.label}: {failure['error']} "
                               "(recorded in run.json; the run goes on)")
@@ -147,11 +146,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
     if (oom is not None and isinstance(exc, oom)) or isinstance(exc, MemoryError):
         return True
     return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OOM_MESSAGES)
-
-
-def _one_line(exc: BaseException, limit: int = 300) -> str:
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _measure_target(run, pm, spec, tspec, factory, kind, calls, warmup, device, dtype, cfg, prov, telemetry, out,
@@ -376,40 +370,3 @@ def token_totals(work) -> dict:
     parts = work.passes()
     return {"useful": sum(w.useful_tokens for w in parts), "padded": sum(w.padded_tokens for w in parts),
             "computed": sum(w.computed_tokens for w in parts)}
-
-
-def safe_name(name: str) -> str:
-    """`name` as one path component: anything but letters, digits, '.', '_', '+' and '-' becomes
-    '-' (a workload name or label never reaches outside the run directory)."""
-    out = re.sub(r"[^A-Za-z0-9._+-]+", "-", str(name)).strip(".-")[:100]
-    return out or "run"
-
-
-def new_run_dir(root: Path, label: str) -> tuple[str, Path]:
-    """A new, empty run directory `<root>/<YYYYmmdd-HHMMSS>-<label>[-N]`, created atomically: two
-    runs started in the same second (or in parallel into the same `root`) never share one."""
-    from dohnuts.errors import ConfigError
-
-    root = Path(root)
-    try:
-        if root.exists() and not root.is_dir():
-            raise ConfigError("is not a directory (a folder for run directories)", source=str(root), field="--out")
-        root.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise ConfigError("is not a directory (a folder for run directories)", source=str(root),
-                          field="--out") from None
-    except (OSError, ValueError) as exc:  # e.g. a file on the way, no permission, an embedded NUL
-        raise ConfigError(f"cannot be created ({getattr(exc, 'strerror', None) or exc})", source=str(root),
-                          field="--out") from None
-    run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{safe_name(label)}"
-    for n in range(1, 10_000):
-        path = root / (run_id if n == 1 else f"{run_id}-{n}")
-        try:
-            path.mkdir()  # atomic: exactly one creator succeeds
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise ConfigError(f"cannot hold a new run directory ({exc.strerror or exc})", source=str(root),
-                              field="--out") from None
-        return path.name, path
-    raise ConfigError(f"already holds 9999 run directories named {run_id}[-N]", source=str(root), field="--out")

@@ -1,0 +1,181 @@
+"""`dohnuts-bench analyze` and `compare`: the commands that read finished runs (results.jsonl or its
+archive results.jsonl.gz, and the run.json beside it), and the analysis and report `run` ends with.
+
+A run.json is read as `RunMeta` (dohnuts.schema: one line naming the file and the field when it
+is not usable); the records as dohnuts.bench.analysis.records reads them.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from dohnuts.errors import ConfigError, DohnutsError
+from dohnuts.schema import convert, short, write_json
+
+
+def make_console():
+    """The console reports are printed on (stdout, no highlighting of numbers)."""
+    from rich.console import Console
+
+    return Console(stderr=False, highlight=False)
+
+
+def _stored_hwspec(ref: str):
+    """A run.json's hwspec: its file path or built-in name, or (older runs) its display name."""
+    from dohnuts.bench.analysis import find_hwspec
+    from dohnuts.bench.analysis.hwspec import BUILTIN_DIR
+
+    try:
+        return find_hwspec(ref)
+    except ConfigError:
+        for path in sorted(BUILTIN_DIR.glob("*.yaml")):
+            spec = find_hwspec(path)
+            if spec.name == ref:
+                return spec
+        raise
+
+
+def analyze_and_report(results: Path, hwspec, measured: dict, run_dir: Path, console, pm=None, *,
+                       revalidate: bool = False) -> None:
+    from dohnuts.bench.analysis import read_jsonl
+    from dohnuts.bench.analysis.records import RecordError, check_reportable
+    from dohnuts.bench.plugins import plugin_manager
+
+    pm = pm or plugin_manager()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records = read_jsonl(results)
+    for w in caught:
+        console.print(f"[yellow]warning[/]: {w.message}")
+    if not records:
+        skipped = f" ({caught[0].message})" if caught else ""
+        raise RecordError(f"holds no schema-1 records of a dohnuts-bench run{skipped}", source=str(results))
+    for rec in records:
+        check_reportable(rec)
+    if revalidate:  # the validity gates of today, applied to the telemetry each record kept
+        from dohnuts.bench.telemetry import call_validity, default_min_clock_fraction
+
+        fraction = default_min_clock_fraction()
+        for rec in records:
+            if isinstance(rec.get("telemetry"), list):
+                rec["validity"] = call_validity(rec["telemetry"], fraction)
+    sections = [s for group in pm.hook.dohnuts_bench_analyze(records=records, hwspec=hwspec, measured=measured,
+                                                              run_dir=run_dir) if group for s in group]
+    pm.hook.dohnuts_bench_report(console=console, records=records, sections=sections, run_dir=run_dir)
+
+
+class RunMeasured(msgspec.Struct):
+    ceilings: dict[str, Any] = {}
+
+
+class RunMeta(msgspec.Struct):
+    """What `analyze` reads of a run.json (dohnuts.bench.cli._run_json writes it)."""
+
+    hwspec: str | None = None  # a built-in name or a path (older runs: the spec's display name)
+    measured: RunMeasured | None = None  # the ceilings measured at the start of the run
+
+
+def _run_meta(run_json: Path) -> dict:
+    """The run.json beside a results.jsonl ({} when there is none); a corrupt one is refused."""
+    if not run_json.exists():
+        return {}
+    try:
+        raw = run_json.read_bytes()
+    except OSError as exc:
+        raise DohnutsError(f"cannot be read ({exc.strerror or exc})", source=str(run_json)) from None
+    try:
+        meta = msgspec.json.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise DohnutsError(f"is not a run's JSON ({short(exc, 120, str)}); repair it or move it away to analyse the "
+                           "results beside it", source=str(run_json)) from None
+    convert(meta, RunMeta, source=str(run_json), error=DohnutsError)
+    return meta
+
+
+def _output_dir(path: Path) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError("is not a directory (a folder for the report files)", source=str(path),
+                          field="--out") from None
+    except (OSError, ValueError) as exc:  # e.g. a file on the way, no permission
+        raise ConfigError(f"cannot be created ({getattr(exc, 'strerror', None) or exc})", source=str(path),
+                          field="--out") from None
+    return path
+
+
+def cmd_analyze(args) -> int:
+    from dohnuts.bench.analysis import find_hwspec
+    from dohnuts.bench.analysis.records import RecordError
+
+    path = Path(args.results)
+    try:
+        if path.is_dir():  # a run directory, as `compare` takes (an archived run: results.jsonl.gz)
+            path = path / "results.jsonl" if (path / "results.jsonl").exists() or not (
+                path / "results.jsonl.gz").exists() else path / "results.jsonl.gz"
+        exists = path.exists()
+    except (OSError, ValueError) as exc:  # e.g. a name too long for a path
+        raise DohnutsError(f"cannot be read ({getattr(exc, 'strerror', None) or exc})", source=str(path)) from None
+    if not exists:
+        raise DohnutsError("does not exist", source=str(path))
+    meta = _run_meta(path.parent / "run.json")
+    hwspec = find_hwspec(args.hwspec) if args.hwspec else (
+        _stored_hwspec(meta["hwspec"]) if meta.get("hwspec") else None)
+    out_dir = _output_dir(Path(args.out) if args.out else path.parent)
+    try:
+        analyze_and_report(path, hwspec, meta.get("measured") or {}, out_dir, make_console(),
+                           revalidate=args.revalidate)
+    except DohnutsError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as exc:
+        # Records that pass the structural checks but that an analysis still cannot read (a
+        # foreign or hand-edited file): one line naming the file, not a traceback.
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        raise RecordError(f"cannot be analysed ({reason})", source=str(path)) from None
+    return 0
+
+
+def cmd_compare(args) -> int:
+    """`compare RUN_A RUN_B`: the table of dohnuts.bench.analysis.compare (its docstring has the rule)."""
+    from dohnuts.bench.analysis.compare import compare_runs, comparison_dict, comparison_table
+    from dohnuts.bench.analysis.records import read_jsonl
+
+    console = make_console()
+    paths = []
+    for arg in (args.run_a, args.run_b):
+        path = Path(arg)
+        if path.is_dir():
+            path = path / "results.jsonl" if (path / "results.jsonl").exists() or not (
+                path / "results.jsonl.gz").exists() else path / "results.jsonl.gz"
+        if not path.is_file():
+            raise DohnutsError("does not exist (expected a run directory or its results.jsonl)", source=str(path))
+        paths.append(path)
+    runs = []
+    for path in paths:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            records = read_jsonl(path)
+        for w in caught:
+            console.print(f"[yellow]warning[/]: {w.message}")
+        if not any(r.get("phase", "steady") == "steady" for r in records):
+            raise DohnutsError("holds no steady-state records", source=str(path))
+        runs.append(records)
+    comparison = compare_runs(runs[0], runs[1], confidence=args.confidence, min_effect=args.min_effect,
+                              label_a=str(paths[0]), label_b=str(paths[1]))
+    if not comparison.rows:
+        only = sorted({f"{w} / {t}" for w, t in (*comparison.only_in_a, *comparison.only_in_b)})
+        raise DohnutsError(f"no (workload, target) measured in both runs ({', '.join(only)})",
+                           source=f"{paths[0]} vs {paths[1]}")
+    console.print(comparison_table(comparison))
+    for note in comparison.warnings:
+        console.print(f"[yellow]warning[/]: {note}")
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_json(out, comparison_dict(comparison), indent=2)
+        console.print(f"[dim]wrote {out}[/]")
+    return 0
