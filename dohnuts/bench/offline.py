@@ -89,7 +89,7 @@ def _run_meta(run_json: Path) -> dict:
         raise DohnutsError(f"cannot be read ({exc.strerror or exc})", source=str(run_json)) from None
     try:
         meta = msgspec.json.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
         raise DohnutsError(f"is not a run's JSON ({short(exc, 120, str)}); repair it or move it away to analyse the "
                            "results beside it", source=str(run_json)) from None
     convert(meta, RunMeta, source=str(run_json), error=DohnutsError)
@@ -141,7 +141,8 @@ def cmd_analyze(args) -> int:
 
 def cmd_compare(args) -> int:
     """`compare RUN_A RUN_B`: the table of dohnuts.bench.analysis.compare (its docstring has the rule)."""
-    from dohnuts.bench.analysis.compare import compare_runs, comparison_dict, comparison_table
+    from dohnuts.bench.analysis.compare import compare_runs
+    from dohnuts.bench.analysis.compare_table import comparison_dict, comparison_table
     from dohnuts.bench.analysis.records import read_jsonl
 
     console = make_console()

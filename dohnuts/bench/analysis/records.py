@@ -65,16 +65,22 @@ class WorkloadRef(msgspec.Struct):
     file_hash: Any = None
 
 
-class Record(msgspec.Struct, kw_only=True):
+class Timing(msgspec.Struct, kw_only=True):
+    """What `compare` reads of a record: whose times (workload, target) and the times themselves."""
+
+    workload: WorkloadRef
+    target: Any
+    wall_ms: NonNegative
+    stages: dict[str, StageTime] = {}
+
+
+class Record(Timing, kw_only=True):
     """What the analysis reads of a record (check_record); other fields are carried as written."""
 
     schema: Literal[1] = 1
     run_id: Any
-    workload: WorkloadRef
-    target: Any
     iteration: Any
     stages: dict[str, StageTime]
-    wall_ms: NonNegative
     work: Any  # WorkCounts.to_dict(), read by work_of
     model: Any  # ModelConfig.to_dict(), read by model_of
     precision: Literal["bf16", "fp32"]
@@ -184,7 +190,7 @@ def _parse_line(raw: bytes) -> Any:
     token, a number out of range, nesting), so the error says what and where, as it always has."""
     try:
         return msgspec.json.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return json.loads(raw.decode("utf-8"))
 
 
