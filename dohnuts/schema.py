@@ -219,6 +219,7 @@ def problem(exc: msgspec.ValidationError, type_: Any, data: Any, *, source: str 
     msg, path, at_key = m["msg"], m["path"] or "", bool(m["key"])
     parts = [prefix] if prefix else []
     value, t = data, type_
+    about = _description(t)  # what the innermost described field on the path holds
     for name, index in _STEP.findall(path):
         if name:
             parts.append(name)
@@ -228,11 +229,13 @@ def problem(exc: msgspec.ValidationError, type_: Any, data: Any, *, source: str 
             key = _failing_key(value, t, dec_hook)
             parts.append("[...]" if key is None else key if isinstance(key, str) else f"[{short(key)}]")
             value = value.get(key) if isinstance(value, dict) else None
+            about = _description(t) or about
             continue
         else:
             parts.append(f"[{index}]")
             value = value[int(index)] if isinstance(value, (list, tuple)) and int(index) < len(value) else None
         t = _child(t, name or int(index), value)
+        about = _description(t) or about
     cause = exc.__cause__
     if isinstance(cause, Invalid):
         if cause.field:
@@ -244,7 +247,7 @@ def problem(exc: msgspec.ValidationError, type_: Any, data: Any, *, source: str 
         bad = next((k for k in value if not isinstance(k, str)), None) if isinstance(value, dict) else None
         msg = f"has a key that is not a string ({short(bad)})" if bad is not None else _words(msg, None, t)
     else:
-        msg, extra = _words(msg, value, t), None
+        msg, extra = _words(msg, value, t) + (f" ({about})" if about else ""), None
         for pattern in (r"Object missing required field `([^`]*)`", r"Object contains unknown field `([^`]*)`"):
             found = re.fullmatch(pattern, str(exc).split(" - at ")[0])
             if found:
@@ -283,7 +286,7 @@ def _words(msg: str, value: Any, t: Any) -> str:
     if m:
         got = _describe(value) if value is not None or m[2] == "null" else m[2]
         if m[1].startswith("int") and isinstance(value, float) and math.isfinite(value):
-            got += " (not an integer)"
+            got += ", not an integer"
         return f"must be {_type_words(m[1])}, got {got}"
     m = re.fullmatch(r"Expected `([^`]*)` (>=|<=|>|<) (\S+)", msg)
     if m:
@@ -312,6 +315,16 @@ def _words(msg: str, value: Any, t: Any) -> str:
 
 
 # -- following a msgspec path through the declared types -------------------------------------------
+
+
+def _description(t: Any) -> str | None:
+    """The `Meta(description=...)` a declared type carries, if any."""
+    while typing.get_origin(t) is Annotated:
+        for meta in typing.get_args(t)[1:]:
+            if isinstance(meta, msgspec.Meta) and meta.description:
+                return meta.description
+        t = typing.get_args(t)[0]
+    return None
 
 
 def _strip(t: Any) -> Any:

@@ -15,7 +15,6 @@ all-reduce bus bandwidth of this world (the interconnect's measured ceiling) int
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -58,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     from dohnuts.bench.telemetry import TelemetryThread
     from dohnuts.bench.workload import load_workload
     from dohnuts.runtime.distributed import allreduce_busbw, barrier, join, leave
+    from dohnuts.schema import write_json
 
     world, device = join("cuda" if args.gpu else "cpu")
     out_dir = Path(args.dir)
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                      before_call=_fault_from_environment())
     busbw = allreduce_busbw(world)
     if busbw is not None:
-        (out_dir / "measured.json").write_text(json.dumps({"allreduce_busbw": busbw}, indent=2))
+        write_json(out_dir / "measured.json", {"allreduce_busbw": busbw}, indent=2)
     samplers = [s for group in pm.hook.dohnuts_bench_register_telemetry() for s in group]
     telemetry = TelemetryThread([s for s in samplers if not s.unavailable], interval_s=args.telemetry_interval)
     telemetry.start()
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         telemetry.stop()
     if run.failures:
-        (out_dir / f"failures-rank{world.rank}.json").write_text(json.dumps(run.failures))
+        write_json(out_dir / f"failures-rank{world.rank}.json", run.failures)
     barrier(world)  # every rank done before any tears its process group down
     leave()
     return 0

@@ -134,7 +134,8 @@ class WorkloadFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     hwspec: str = ""
     shape: dict[str, Any] = {}
     on_gpu: dict[str, Any] = {}
-    processes: ProcessCount | Annotated[list[ProcessCount], Meta(min_length=1)] = 1
+    processes: Annotated[ProcessCount | Annotated[list[ProcessCount], Meta(min_length=1)], Meta(
+        description=f"a process count in 1..{MAX_PROCESSES}, or a list of at least one")] = 1
     launcher: NonBlank = "torchrun"  # the launcher plugin that starts several processes
 
     def __post_init__(self) -> None:
