@@ -244,3 +244,14 @@ def test_a_run_against_itself_slowed_down_compares_as_slower_with_its_interval(t
     hw = find_hwspec("rx7900xtx")
     analysis = analyze_records(records, hw)
     assert any("1 call(s) left out" in w for w in analysis.warnings)
+
+
+def test_list_shows_each_kinds_shape_fields(capsys, monkeypatch):
+    """`dohnuts-bench list` shows every workload kind's shape fields (its `Shape` Struct): bounds,
+    default (or required) and what the field is."""
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "text shape: requests 1..1024 = 4: distinct requests, cycled; questions 1..4096 = 8" in out
+    assert "image-cache shape:" in out and "cache cold|warm (required): cache state per call" in out
+    assert "shared-prefix shape:" in out and "prefix_tokens 1.. (required)" in out

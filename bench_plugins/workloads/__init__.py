@@ -128,7 +128,7 @@ def text_sequence_tokens(shape: TextShape, model_cfg, *, source: str) -> int:
 
 
 class SharedPrefixShape(TextShape, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    prefix_tokens: Annotated[int, Meta(ge=1, description="shared context tokens (required)")]
+    prefix_tokens: Annotated[int, Meta(ge=1, description="shared context tokens before every question")]
 
 
 class ImageShape(TextShape, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
+import msgspec.inspect
 from msgspec import Meta
 
 from dohnuts.errors import ConfigError, DohnutsError
@@ -147,6 +148,25 @@ class WorkloadFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def process_counts(self) -> tuple[int, ...]:
         """`processes`: a count or a list of distinct counts, ascending."""
         return tuple(sorted(self.processes if isinstance(self.processes, list) else [self.processes]))
+
+
+def shape_fields(kind) -> list[str]:
+    """A kind's `shape` fields in words, as `dohnuts-bench list` shows them:
+    `questions 1..4096 = 8 (questions per request)`; a field without a default is required."""
+    out = []
+    for f in msgspec.inspect.type_info(getattr(kind, "Shape", NoShape)).fields:
+        t, about = f.type, None
+        if isinstance(t, msgspec.inspect.Metadata):
+            t, about = t.type, (t.extra_json_schema or {}).get("description")
+        lo = next((getattr(t, k) for k in ("ge", "gt") if getattr(t, k, None) is not None), None)
+        hi = next((getattr(t, k) for k in ("le", "lt") if getattr(t, k, None) is not None), None)
+        bounds = f" {lo}..{'' if hi is None else hi}" if lo is not None or hi is not None else ""
+        if isinstance(t, msgspec.inspect.LiteralType):
+            bounds = " " + "|".join(map(str, t.values))
+        default = f.default_factory() if f.default_factory is not msgspec.NODEFAULT else f.default
+        given = " (required)" if f.required else f" = {default}"
+        out.append(f"{f.encode_name}{bounds}{given}" + (f": {about}" if about else ""))
+    return out
 
 
 def _given(data: dict) -> dict:
