@@ -248,6 +248,10 @@ def _build_spec(path: Path, source: str, raw_bytes: bytes, data: dict, kinds: di
         raise ConfigError(f"unknown workload kind {short(common.kind)} (known: {', '.join(sorted(kinds))})",
                           source=source, field="kind")
     kind = kinds[common.kind]
+    if not hasattr(kind, "Shape") and getattr(kind, "fields", None):
+        raise ConfigError(f"workload kind {common.kind!r} declares its shape with `fields`, which this version no "
+                          "longer reads: its plugin must declare a msgspec Struct `Shape` (docs/plugins.md)",
+                          source=source, field="kind")
     shape = convert(_given(common.shape), getattr(kind, "Shape", NoShape), source=source, prefix="shape")
     if hasattr(kind, "validate"):  # a kind's own checks beyond its Shape (optional)
         kind.validate(shape, source=source)
