@@ -50,7 +50,10 @@ def decode_json(raw: bytes | str, type_: Any, *, source: str | None, error: type
     try:
         return msgspec.json.decode(raw, type=type_, dec_hook=dec_hook)
     except msgspec.ValidationError as exc:
-        data = msgspec.json.decode(raw)  # the document is valid JSON: for the value's description
+        try:
+            data = msgspec.json.decode(raw)  # valid JSON, of the wrong shape: the values, for the message
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            data = None
         raise problem(exc, type_, data, source=source, error=error, dec_hook=dec_hook) from None
     except (msgspec.DecodeError, RecursionError) as exc:
         raise error(f"is not valid JSON ({one_line(exc)})", source=source) from None
@@ -98,17 +101,14 @@ def problem(exc: msgspec.ValidationError, type_: Any, data: Any, *, source: str 
         bad = next((k for k in value if not isinstance(k, str)), None) if isinstance(value, dict) else None
         msg = f"has a key that is not a string ({short(bad)})" if bad is not None else _words(msg, None, t)
     else:
-        msg, extra = _words(msg, value, t) + (f" ({about})" if about else ""), None
-        for pattern in (r"Object missing required field `([^`]*)`", r"Object contains unknown field `([^`]*)`"):
-            found = re.fullmatch(pattern, str(exc).split(" - at ")[0])
-            if found:
-                parts.append(found[1])
-                extra = found[1]
-        if extra is not None and "unknown" in str(exc):
+        found = re.fullmatch(r"Object (missing required|contains unknown) field `([^`]*)`", msg)
+        if found is None:
+            msg = _words(msg, value, t) + (f" ({about})" if about else "")
+        else:
+            parts.append(found[2])
             known = _field_names(t)
-            msg = "unknown field" + (f" (known: {', '.join(known)})" if known else "")
-        elif extra is not None:
-            msg = "is missing"
+            msg = "is missing" if found[1] == "missing required" else \
+                "unknown field" + (f" (known: {', '.join(known)})" if known else "")
     field = ".".join(parts).replace(".[", "[") or None
     return one_line_error(error(msg, source=source, field=field))
 
