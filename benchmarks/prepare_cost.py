@@ -72,7 +72,7 @@ def _measure(session, req, spec, a) -> int:
         from dohnuts.runtime.images import ImageKeyMemo
 
         time.sleep(ImageKeyMemo.RACY_S)
-    if spec.shape.get("cache") == "warm":  # its image's features enter the cache (the vision tower only)
+    if getattr(spec.shape, "cache", None) == "warm":  # its image's features enter the cache (the vision tower only)
         session.image_features([(session.prepare(req), None)])
     times, gapped = _medians(lambda: session.prepare(req), a)
     print(f"{a.workload}: prepare {times:.3f} ms back to back, {gapped:.3f} ms after {a.gap_ms:g} ms away "

@@ -15,6 +15,7 @@ import torch
 
 from dohnuts.errors import CheckpointError
 from dohnuts.model.lora import LoRAConfig, lora_state_dict
+from dohnuts.schema import dumps
 
 FORMAT = "dohnuts-adapter-1"
 
@@ -58,11 +59,10 @@ def save_adapter(session, path: str | Path, extra: dict | None = None) -> None:
                               source=str(path))
     meta = {
         "format": FORMAT,
-        "base_identity": json.dumps(session.base_identity, sort_keys=True),
-        "lora": json.dumps({"rank": lora.rank, "alpha": lora.alpha, "dropout": lora.dropout,
-                            "targets": list(lora.targets)}),
+        "base_identity": dumps(session.base_identity, sort_keys=True),
+        "lora": dumps({"rank": lora.rank, "alpha": lora.alpha, "dropout": lora.dropout, "targets": list(lora.targets)}),
         "temperature": repr(float(session.temperature)),
-        "extra": json.dumps(extra or {}),
+        "extra": dumps(extra or {}),
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

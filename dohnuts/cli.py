@@ -12,7 +12,6 @@ status is 2 if any line was refused (0 otherwise).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -253,155 +252,11 @@ def _predict_sharded(args) -> int:
     return report_status(world, 2 if refused else 0)
 
 
-# `dohnuts train` options a resumed run takes from its checkpoint when they are not given again.
-_RESUMED = {"--model": ("model", "model"), "--updates": ("updates", "updates"),
-            "--eval-every": ("eval_every", "eval_every"), "--seed": ("seed", "seed"),
-            "--lora-rank": ("lora_rank", "lora.rank"), "--lora-alpha": ("lora_alpha", "lora.alpha"),
-            "--lr": ("lr", "optim.lr"), "--max-grad-norm": ("max_grad_norm", "optim.max_grad_norm"),
-            "--margin-weight": ("margin_weight", "objective.margin_weight"), "--margin": ("margin", "objective.margin"),
-            "--initialize-from": ("initialize_from", "initialize_from")}
-
-
-def _given(argv: list[str], flag: str) -> bool:
-    """Whether `flag` was written on the command line (argparse also takes unique abbreviations)."""
-    for tok in argv:
-        name = tok.split("=", 1)[0]
-        if name == flag or (name.startswith("--") and len(name) > 2 and flag.startswith(name)
-                            and not any(f != flag and f.startswith(name) for f in (*_RESUMED, "--data",
-                                                                                   "--synthetic-train"))):
-            return True
-    return False
-
-
-def _resume_defaults(args) -> None:
-    """`--resume`: every run argument not written on the command line takes the value the run
-    started with (its checkpoint's config), so `dohnuts train --out RUN --resume` continues RUN
-    as it was; arguments that are written are checked against it (check_resumable)."""
-    from dohnuts.train.checkpoints import check_run_dir, read_checkpoint
-
-    try:
-        ckpt = check_run_dir(args.out, resume=True)
-        saved = read_checkpoint(ckpt)["config"] if ckpt is not None else None
-    except DohnutsError:
-        return  # the checks below report it
-    if saved is None:
-        return
-    argv = getattr(args, "argv", [])
-    for flag, (dest, key) in _RESUMED.items():
-        if not _given(argv, flag) and key in saved:
-            setattr(args, dest, saved[key])
-    if not _given(argv, "--data") and not _given(argv, "--synthetic-train"):
-        data = str(saved.get("data") or "")
-        if data.startswith("synthetic:") and data[len("synthetic:"):].isdigit():
-            args.data, args.synthetic_train = None, int(data[len("synthetic:"):])
-        elif data:
-            args.data = data
-
-
 def cmd_train(args) -> int:
-    import math
+    """`dohnuts train` (dohnuts/train/command.py), with this module's launcher and progress bar."""
+    from dohnuts.train.command import train_command
 
-    from dohnuts.model.lora import LoRAConfig
-    from dohnuts.runtime.requests import read_requests
-    from dohnuts.train.objective import RLCDConfig
-    from dohnuts.train.step import OptimConfig
-    from dohnuts.train.task import synthetic_requests
-    from dohnuts.runtime.collectives import barrier
-    from dohnuts.runtime.process_group import join, launched, leave
-    from dohnuts.train.checkpoints import check_resumable, check_run_dir, data_fingerprint, read_checkpoint
-    from dohnuts.train.trainer import Partitions, TrainConfig, Trainer
-
-    if args.nproc_per_node < 1:
-        raise DohnutsError(f"must be ≥ 1, got {args.nproc_per_node}", source="--nproc-per-node")
-    if args.nproc_per_node > 1 and not launched():
-        return _launch(args, "train", out=args.out)
-    if args.resume:
-        _resume_defaults(args)
-
-    # Arguments first (one line naming the argument, exit status 2), before anything is read or written.
-    def need(ok: bool, arg: str, value, why: str) -> None:
-        if not ok:
-            raise DohnutsError(f"{why}, got {value!r}", source=arg)
-
-    need(args.updates >= 0, "--updates", args.updates, "must be ≥ 0")
-    need(args.eval_every >= 1, "--eval-every", args.eval_every, "must be ≥ 1")
-    need(args.synthetic_train >= 1, "--synthetic-train", args.synthetic_train, "must be ≥ 1")
-    need(math.isfinite(args.lr) and args.lr > 0, "--lr", args.lr, "must be a finite number > 0")
-    need(args.max_grad_norm > 0, "--max-grad-norm", args.max_grad_norm, "must be a number > 0 (inf: no clipping)")
-    need(args.lora_rank >= 1, "--lora-rank", args.lora_rank, "must be ≥ 1")
-    need(math.isfinite(args.lora_alpha) and args.lora_alpha > 0, "--lora-alpha", args.lora_alpha,
-         "must be a finite number > 0")
-    need(math.isfinite(args.margin_weight) and args.margin_weight >= 0, "--margin-weight", args.margin_weight,
-         "must be a finite number ≥ 0")
-    need(math.isfinite(args.margin), "--margin", args.margin, "must be a finite number")
-    splits = ("train", "dev", "calib", "test")
-    if args.data:
-        root = Path(args.data)
-        if not root.is_dir():
-            raise DohnutsError("is not a directory" if root.exists() else "does not exist", source=f"--data {root}")
-        for split in splits:
-            if not (root / f"{split}.jsonl").is_file():
-                raise DohnutsError(f"does not exist (--data needs {', '.join(x + '.jsonl' for x in splits)})",
-                                   source=str(root / f"{split}.jsonl"))
-    # A finished or started run is never overwritten; --resume needs something to resume.
-    ckpt = check_run_dir(args.out, resume=args.resume)
-
-    def load_split(path):
-        reqs = []
-        for n, item in read_requests(path):
-            if isinstance(item, DohnutsError):
-                raise item
-            if any(q.rewards is None for q in item.questions):
-                raise DohnutsError("training data needs 'answer' or 'rewards' on every question",
-                                   source=f"{path}:{n}", field="questions")
-            reqs.append(item)
-        if not reqs:
-            raise DohnutsError("holds no requests", source=str(path))
-        return reqs
-
-    if args.data:
-        data = Partitions(*(load_split(root / f"{split}.jsonl") for split in splits))
-    else:
-        s = args.seed
-        data = Partitions(
-            train=synthetic_requests(args.synthetic_train, seed=s * 10 + 1, id_prefix="train"),
-            dev=synthetic_requests(20, seed=s * 10 + 2, id_prefix="dev"),
-            calib=synthetic_requests(20, seed=s * 10 + 3, id_prefix="calib"),
-            test=synthetic_requests(40, seed=s * 10 + 4, id_prefix="test"),
-        )
-    cfg = TrainConfig(
-        model=args.model, out=args.out, updates=args.updates, eval_every=args.eval_every, seed=args.seed,
-        lora=LoRAConfig(rank=args.lora_rank, alpha=args.lora_alpha),
-        optim=OptimConfig(lr=args.lr, max_grad_norm=args.max_grad_norm),
-        objective=RLCDConfig(margin_weight=args.margin_weight, margin=args.margin),
-        initialize_from=args.initialize_from, device=args.device,
-        data=args.data or f"synthetic:{args.synthetic_train}",
-    )
-    if ckpt is not None:  # changed arguments are refused before the model is loaded
-        check_resumable(read_checkpoint(ckpt), cfg, data_fingerprint(data), str(args.out))
-    # Several processes (torchrun): every rank has checked the run directory before rank 0 writes.
-    world, device = join(args.device)
-    cfg = dataclasses.replace(cfg, device=device)
-    barrier(world)
-    log = (lambda msg: print(f"dohnuts: {msg}", file=sys.stderr)) if world.is_main else (lambda msg: None)
-    trainer = Trainer(cfg, data, log=log, world=world, after_update=args.after_update)
-    try:
-        if args.resume and trainer.resume():
-            log(f"resumed at update {trainer.update}" + (f" on {world.size} processes" if world.distributed else ""))
-        with _progress(enabled=world.is_main) as bar:
-            task = bar.add_task("training", total=cfg.updates, completed=trainer.update)
-            trainer.train(progress=lambda u, loss: bar.update(task, completed=u, description=f"loss {loss:.3f}"))
-        summary = trainer.finish() if world.is_main else None
-        barrier(world)  # every rank done before any tears its process group down
-    finally:
-        trainer.close()
-        leave()
-    if summary is None:
-        return 0
-    log(f"selected update {summary['best_update']} (dev accuracy {summary['dev_accuracy']:.3f}); "
-        f"temperature {summary['temperature']:.3f}; test accuracy {summary['test_accuracy']:.3f}, "
-        f"NLL {summary['test_nll']:.3f}, ECE {summary['test_ece']:.3f} → {Path(cfg.out) / 'summary.json'}")
-    return 0
+    return train_command(args, launch=_launch, progress=_progress)
 
 
 def build_parser() -> argparse.ArgumentParser:

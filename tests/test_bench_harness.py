@@ -142,7 +142,6 @@ def test_external_plugin_registered_by_entry_point(tmp_path, monkeypatch):
 
         class Echo:
             name = "echo"
-            fields = {}
             def validate(self, shape, source):
                 pass
             def calls(self, ctx):
@@ -181,8 +180,8 @@ def test_standard_suite_sizes_for_the_device():
         assert cpu.model == "tiny" and gpu.model == "qwen3.5-2b", path.name
         assert cpu.kind == gpu.kind and cpu.name == gpu.name
     text = load_workload(ROOT / "workloads" / "text.yaml", kinds, targets, gpu=True)
-    assert (text.shape["questions"], text.shape["seq_tokens"]) == (32, 512)
-    assert text.shape["candidates"] == 4  # not overridden: the CPU value stays
+    assert (text.shape.questions, text.shape.seq_tokens) == (32, 512)
+    assert text.shape.candidates == 4  # not overridden: the CPU value stays
 
 
 def test_on_gpu_errors_name_the_field(tmp_path):
@@ -245,3 +244,14 @@ def test_a_run_against_itself_slowed_down_compares_as_slower_with_its_interval(t
     hw = find_hwspec("rx7900xtx")
     analysis = analyze_records(records, hw)
     assert any("1 call(s) left out" in w for w in analysis.warnings)
+
+
+def test_list_shows_each_kinds_shape_fields(capsys, monkeypatch):
+    """`dohnuts-bench list` shows every workload kind's shape fields (its `Shape` Struct): bounds,
+    default (or required) and what the field is."""
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "text shape: requests 1..1024 = 4: distinct requests, cycled; questions 1..4096 = 8" in out
+    assert "image-cache shape:" in out and "cache cold|warm (required): cache state per call" in out
+    assert "shared-prefix shape:" in out and "prefix_tokens 1.. (required)" in out

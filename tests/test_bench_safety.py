@@ -147,7 +147,7 @@ def test_image_tokens_count_against_the_context(tmp_path):
 def test_the_longest_sequence_that_fits_is_accepted(tmp_path):
     kinds, targets = _registry()
     spec = load_workload(_workload(tmp_path, "kind: text\nshape: {seq_tokens: 8192}\n"), kinds, targets, gpu=False)
-    assert spec.shape["seq_tokens"] == 8192
+    assert spec.shape.seq_tokens == 8192
 
 
 def test_a_checkpoints_max_position_embeddings_bounds_the_sequence(tmp_path):
@@ -382,8 +382,8 @@ def test_analyze_of_a_file_without_schema_1_records_exits_2(tmp_path, capsys, co
 def test_analyze_with_a_corrupt_run_json_beside_the_results(measured_run, tmp_path, capsys):
     path = _copy_results(measured_run, tmp_path / "r")
     for content, message in ((b'{"run_id": "x", "hwspec": ', "is not a run's JSON"), (b"\xff\xfe\x00", "is not"),
-                             (b"[1, 2]", "must be a JSON object"), (b'{"hwspec": 5}', "field 'hwspec'"),
-                             (b'{"measured": {"ceilings": [1]}}', "field 'measured'")):
+                             (b"[1, 2]", "must be a mapping"), (b'{"hwspec": 5}', "field 'hwspec'"),
+                             (b'{"measured": {"ceilings": [1]}}', "field 'measured.ceilings'")):
         (path.parent / "run.json").write_bytes(content)
         assert main(["analyze", str(path)]) == 2
         _one_line_error(capsys, "run.json", message)
@@ -411,7 +411,7 @@ def test_analyze_of_a_run_writes_strict_json(measured_run, tmp_path):
 
 
 def test_bench_json_is_strict():
-    from dohnuts.bench.analysis.records import dumps, json_safe
+    from dohnuts.schema import dumps, json_safe
 
     value = {"a": float("nan"), "b": [float("inf"), 1.5, (float("-inf"),)], "c": "NaN"}
     assert json.loads(dumps(value)) == {"a": None, "b": [None, 1.5, [None]], "c": "NaN"}
@@ -517,8 +517,8 @@ def test_merge_keys_may_still_be_overridden(tmp_path):
     kinds, targets = _registry()
     path = _workload(tmp_path, "kind: text\nshape: &b {questions: 2, requests: 1}\n"
                                "on_gpu:\n  shape:\n    <<: *b\n    questions: 3\n")
-    assert load_workload(path, kinds, targets, gpu=True).shape["questions"] == 3
-    assert load_workload(path, kinds, targets, gpu=False).shape["questions"] == 2
+    assert load_workload(path, kinds, targets, gpu=True).shape.questions == 3
+    assert load_workload(path, kinds, targets, gpu=False).shape.questions == 2
 
 
 def test_duplicate_keys_in_a_hwspec_are_refused(tmp_path):

@@ -47,7 +47,7 @@ def test_rewards_only_when_every_question_has_them():
     assert collate(_plan(rewards=(None, None)), pad_id=PAD).tensors.rewards is None
     from dohnuts.errors import RequestError
 
-    with pytest.raises(RequestError, match="training needs"):
+    with pytest.raises(RequestError, match=r"request .r.: field .questions\[1\].: training data needs"):
         collate(_plan(rewards=((1.0, 0.0), None)), pad_id=PAD, train=True)
 
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from dohnuts.bench.analysis.compare import (
-    FASTER, NO_CHANGE, SLOWER, TOO_FEW, aa_noise, compare_runs, comparison_dict, comparison_table, required_calls,
-    spread_warning,
+    FASTER, NO_CHANGE, SLOWER, TOO_FEW, aa_noise, compare_runs, required_calls, spread_warning,
 )
+from dohnuts.bench.analysis.compare_table import comparison_dict, comparison_table
 from dohnuts.bench.analysis.records import RecordError
 from dohnuts.bench.cli import main
 from dohnuts.errors import DohnutsError

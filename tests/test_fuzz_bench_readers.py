@@ -164,7 +164,7 @@ def test_workload_reader_on_arbitrary_bytes(tmp_path_factory, data, gpu):
 def test_the_valid_seed_documents_are_valid(tmp_path):
     path = tmp_path / "w.yaml"
     _write_yaml(path, VALID_WORKLOAD)
-    assert load_workload(path, KINDS, TARGETS, gpu=True).shape["seq_tokens"] == 512
+    assert load_workload(path, KINDS, TARGETS, gpu=True).shape.seq_tokens == 512
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,3 +35,139 @@ def test_only_ops_imports_kernels():
             continue
         kernel = {n for n in _imports(path) if n.split(".")[0] in ("fla", "triton")}
         assert not kernel, f"{path.relative_to(PKG)} imports {sorted(kernel)}"
+
+
+# -- no import cycles among dohnuts modules ----------------------------------------------------------
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_level_imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """The dohnuts modules `path` imports when it is imported: statements at module level (inside
+    `if`/`try` too, but not in functions, classes or `if TYPE_CHECKING:`)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, ast.If):
+                test = ast.unparse(node.test)
+                if "TYPE_CHECKING" not in test:
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
+                    visit(block)
+            elif isinstance(node, ast.Import):
+                out.update(a.name for a in node.names if a.name in known)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    base = f"{anchor}.{base}" if base else anchor
+                for a in node.names:  # `from pkg import module` imports the module
+                    out.add(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base)
+    visit(ast.parse(path.read_text()).body)
+    return {m for m in out if m in known and m != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = {_module_name(p): p for p in PKG.rglob("*.py")}
+    known = set(paths)
+    return {name: _module_level_imports(path, name, known) for name, path in paths.items()}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return cycles
+
+
+def test_the_cycle_finder_finds_a_circle():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles_among_dohnuts_modules():
+    graph = import_graph()
+    assert graph["dohnuts.bench.workload"] and "dohnuts.schema" in graph["dohnuts.bench.workload"]  # it reads imports
+    cycles = import_cycles(graph)
+    assert not cycles, "module-level import cycles: " + "; ".join(" ↔ ".join(c) for c in cycles)
+
+
+# -- one validation and serialization library: the shared helpers are used, not copied -------------
+
+SHARED = PKG / "schema"
+# Helpers dohnuts/schema/ holds, which no other module may define again (the issue counted
+# `_median` ×3, `_short` ×2, `_finite` ×2, strict-JSON writers ×3 and a Field/check_field mini-library).
+SHARED_HELPERS = {"median", "_median", "short", "_short", "finite", "_finite", "_not_finite", "why_not_finite",
+                  "_nonfinite", "first_nonfinite", "json_safe", "dumps", "_dumps", "strict_json", "_strict",
+                  "write_json", "read_yaml", "yaml_error", "one_line_error", "check_field", "check_fields"}
+
+
+def _python_files():
+    root = PKG.parent
+    return sorted([*PKG.rglob("*.py"), *(root / "bench_plugins").rglob("*.py")])
+
+
+def test_shared_helpers_are_defined_once():
+    for path in _python_files():
+        if path.parent == SHARED:
+            continue
+        tree = ast.parse(path.read_text())
+        defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        again = defined & (SHARED_HELPERS | {"Field", "StrictLoader", "DuplicateKeyError"})
+        assert not again, f"{path.relative_to(PKG.parent)} defines {sorted(again)}: use dohnuts.schema's"
+
+
+def test_json_is_written_by_the_one_strict_writer():
+    """No module but dohnuts/schema/ chooses how JSON is written (allow_nan, orjson)."""
+    for path in _python_files():
+        if path.parent == SHARED:
+            continue
+        tree = ast.parse(path.read_text())
+        kwargs = {k.arg for n in ast.walk(tree) if isinstance(n, ast.Call) for k in n.keywords}
+        assert "allow_nan" not in kwargs, f"{path.relative_to(PKG.parent)} writes JSON itself (allow_nan)"
+        assert "orjson" not in _imports(path), f"{path.relative_to(PKG.parent)} imports orjson"
+
+
+def test_one_record_schema_version():
+    """`SCHEMA` (the benchmark records' version) is assigned in dohnuts/bench/analysis/records.py only."""
+    for path in _python_files():
+        tree = ast.parse(path.read_text())
+        names = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets
+                 if isinstance(t, ast.Name)}
+        if "SCHEMA" in names:
+            assert path == PKG / "bench" / "analysis" / "records.py", f"{path.relative_to(PKG.parent)} sets SCHEMA"

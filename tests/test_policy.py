@@ -92,7 +92,7 @@ def test_no_public_argument_switches_the_policy():
         public = [n for n in inspect.signature(fn).parameters if not n.startswith("_")]
         assert not [n for n in public if banned.search(n)], (fn.__qualname__, public)
     assert "_policy" in inspect.signature(api.load).parameters
-    assert not [f for f in OptimConfig.__dataclass_fields__ if banned.search(f)]
+    assert not [f for f in OptimConfig.__struct_fields__ if banned.search(f)]
 
 
 def test_the_cli_has_no_policy_flag():

@@ -197,5 +197,6 @@ def test_non_finite_rewards_and_bool_answers_are_refused(tmp_path, question, fie
     src.write_text('{"id": "r", "questions": [{"text": "t?", "candidates": ["a", "b"], ' + question + "}]}\n")
     ((_, err),) = list(read_requests(src))
     assert type(err).__name__ == "RequestError"
-    assert err.field == f"questions[0].{field}" and why in err.message and "\n" not in str(err)
-    assert str(err).startswith(f"{src}:1: field 'questions[0].{field}': ")
+    # a reward is named by its element (questions[0].rewards[1]), an answer by its field
+    assert err.field.startswith(f"questions[0].{field}") and why in err.message and "\n" not in str(err)
+    assert str(err).startswith(f"{src}:1: field 'questions[0].{field}")

@@ -177,7 +177,6 @@ def test_training_recomputes_the_complete_shared_request(monkeypatch):
     req = _request("c" * 300)
     hb = model.prepare(req, train=True)
     assert hb.plan.prefix_len > 0
-    x = hb.tensors.score_inputs()
     calls = {"layer": 0, "last": 0}
 
     def layer_shared(self, *args, real=DecoderLayer.forward_shared):

@@ -25,7 +25,8 @@ from dohnuts.model.lora import LoRAConfig
 from dohnuts.runtime.requests import Question, Request
 from dohnuts.train.step import Updater
 from dohnuts.train.task import synthetic_requests
-from dohnuts.train.checkpoints import CHECKPOINTS, POINTER, checkpoint_adapter, latest_checkpoint, strict_json
+from dohnuts.schema import dumps
+from dohnuts.train.checkpoints import CHECKPOINTS, POINTER, checkpoint_adapter, latest_checkpoint
 from dohnuts.train.trainer import Partitions, TrainConfig, Trainer
 
 
@@ -267,7 +268,7 @@ def test_nonfinite_rewards_never_reach_the_objective(tmp_path):
 
 
 def test_strict_json_names_nonfinite_values():
-    line = strict_json({"loss": float("nan"), "m": {"nll": float("inf")}, "ok": 1.5})
+    line = dumps({"loss": float("nan"), "m": {"nll": float("inf")}, "ok": 1.5}, list_nonfinite=True)
     assert json.loads(line) == {"loss": None, "m": {"nll": None}, "ok": 1.5, "nonfinite": ["loss", "m.nll"]}
 
 

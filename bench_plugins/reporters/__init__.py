@@ -17,9 +17,10 @@ from collections import defaultdict
 from rich.console import Console
 from rich.measure import Measurement
 
-from dohnuts.bench.analysis.records import group_key, write_json
+from dohnuts.bench.analysis.records import group_key
 from dohnuts.bench.analysis.render import UNBOUNDED, Col, FitTable
 from dohnuts.bench.hookspecs import hookimpl
+from dohnuts.schema import write_json
 
 
 def _quantile(xs: list[float], q: float) -> float:

@@ -22,26 +22,38 @@ text generation). Image kinds: distinct_images ≤ 1024, at most 1024 resolution
 from __future__ import annotations
 
 import string
+from typing import Annotated, Any, Literal
 
+import msgspec
 import numpy as np
+from msgspec import Meta
 
 from dohnuts.bench.calls import PredictCall, TrainCall
 from dohnuts.bench.hookspecs import hookimpl
-from dohnuts.bench.workload import Field
 from dohnuts.errors import ConfigError
 from dohnuts.runtime.requests import Question, Request
+from dohnuts.schema import Invalid
 
 MAX_SEQ_TOKENS = 2**18  # above any context the runtime accepts; the model's context is checked too
 MAX_GENERATED_TOKENS = 2**26  # requests × questions × seq_tokens: the text a workload generates
-TEXT_FIELDS = {
-    "requests": Field(int, 4, min=1, max=1024, help="distinct requests, cycled"),
-    "questions": Field(int, 8, min=1, max=4096, help="questions per request"),
-    "seq_tokens": Field(int, 256, min=16, max=MAX_SEQ_TOKENS,
-                        help="tokens per question sequence (at most the model's context)"),
-    "prefix_tokens": Field(int, 0, min=0, max=MAX_SEQ_TOKENS, help="shared context tokens before every question"),
-    "candidates": Field(int, 4, min=1, max=1024, help="candidates per question"),
-    "candidate_tokens": Field(int, 4, min=1, max=MAX_SEQ_TOKENS, help="tokens per candidate"),
-}
+
+
+class TextShape(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Text requests: sizes in model tokens (module docstring)."""
+
+    requests: Annotated[int, Meta(ge=1, le=1024, description="distinct requests, cycled")] = 4
+    questions: Annotated[int, Meta(ge=1, le=4096, description="questions per request")] = 8
+    seq_tokens: Annotated[int, Meta(ge=16, le=MAX_SEQ_TOKENS,
+                                    description="tokens per question sequence (at most the model's context)")] = 256
+    prefix_tokens: Annotated[int, Meta(ge=0, le=MAX_SEQ_TOKENS,
+                                       description="shared context tokens before every question")] = 0
+    candidates: Annotated[int, Meta(ge=1, le=1024, description="candidates per question")] = 4
+    candidate_tokens: Annotated[int, Meta(ge=1, le=MAX_SEQ_TOKENS, description="tokens per candidate")] = 4
+
+    def __post_init__(self) -> None:
+        validate_text(self)
+
+
 # Byte-tokenizer overhead of the sequence layout (dohnuts.runtime.plan): "\n" after the prefix,
 # "Question: " + "\n" around the question, "Answer: " + SCORE around each candidate.
 PREFIX_OVERHEAD, QUESTION_OVERHEAD, CANDIDATE_OVERHEAD = 1, 11, 9
@@ -89,43 +101,65 @@ def filler(tokenizer, n_tokens: int, rng) -> str:
     return text
 
 
-def question_text_tokens(shape: dict) -> int:
-    prefix = shape["prefix_tokens"] + PREFIX_OVERHEAD if shape["prefix_tokens"] else 0
-    per_cand = CANDIDATE_OVERHEAD + shape["candidate_tokens"]
-    return shape["seq_tokens"] - prefix - QUESTION_OVERHEAD - shape["candidates"] * per_cand
+def question_text_tokens(shape: TextShape) -> int:
+    prefix = shape.prefix_tokens + PREFIX_OVERHEAD if shape.prefix_tokens else 0
+    per_cand = CANDIDATE_OVERHEAD + shape.candidate_tokens
+    return shape.seq_tokens - prefix - QUESTION_OVERHEAD - shape.candidates * per_cand
 
 
-def validate_text(shape: dict, source: str) -> None:
+def validate_text(shape: TextShape) -> None:
+    """The sizes together: room for the question text, and a bounded amount of generated text."""
     if question_text_tokens(shape) < 1:
-        raise ConfigError(
-            f"is too small for {shape['prefix_tokens']} prefix tokens and {shape['candidates']} candidates of "
-            f"{shape['candidate_tokens']} tokens (needs at least {shape['seq_tokens'] - question_text_tokens(shape) + 1})",
-            source=source, field="shape.seq_tokens",
-        )
-    total = shape["requests"] * shape["questions"] * shape["seq_tokens"]
+        raise Invalid(
+            f"is too small for {shape.prefix_tokens} prefix tokens and {shape.candidates} candidates of "
+            f"{shape.candidate_tokens} tokens (needs at least {shape.seq_tokens - question_text_tokens(shape) + 1})",
+            field="seq_tokens")
+    total = shape.requests * shape.questions * shape.seq_tokens
     if total > MAX_GENERATED_TOKENS:
-        raise ConfigError(
-            f"asks for {shape['requests']} requests × {shape['questions']} questions × {shape['seq_tokens']} tokens "
-            f"= {total} tokens of generated text, more than {MAX_GENERATED_TOKENS} (2^26)",
-            source=source, field="shape.seq_tokens",
-        )
+        raise Invalid(
+            f"asks for {shape.requests} requests × {shape.questions} questions × {shape.seq_tokens} tokens "
+            f"= {total} tokens of generated text, more than {MAX_GENERATED_TOKENS} (2^26)", field="seq_tokens")
 
 
-def text_sequence_tokens(shape: dict, model_cfg, *, source: str) -> int:
+def text_sequence_tokens(shape: TextShape, model_cfg, *, source: str) -> int:
     """The longest sequence of a text workload's calls: `seq_tokens` (prefix, question and
     candidates; exact with the byte tokenizer)."""
-    return shape["seq_tokens"]
+    return shape.seq_tokens
+
+
+class SharedPrefixShape(TextShape, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    prefix_tokens: Annotated[int, Meta(ge=1, description="shared context tokens before every question")]
+
+
+class ImageShape(TextShape, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    resolution: Annotated[list[Any], Meta(description="[width, height] or a list of them, cycled over images")] = \
+        msgspec.field(default_factory=lambda: [448, 448])
+    distinct_images: Annotated[int, Meta(ge=1, le=1024, description="images in the pool")] = 4
+    duplicate_ratio: Annotated[float, Meta(ge=0.0, le=1.0, description="share of requests reusing an earlier "
+                                                                       "image")] = 0.0
+
+    def __post_init__(self) -> None:
+        validate_text(self)
+        _pool(self)
+
+
+class ImageCacheShape(ImageShape, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    cache: Annotated[Literal["cold", "warm"], Meta(description="cache state per call")]
+
+
+class TrainStepShape(TextShape, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    requests: Annotated[int, Meta(ge=4, le=1024, description="distinct requests, 4 per update")] = 8
 
 
 def text_requests(ctx, *, image_for=None, answers: bool = False) -> list[Request]:
     shape, rng, tok = ctx.spec.shape, ctx.rng, ctx.tokenizer
     q_tokens = question_text_tokens(shape)
     out = []
-    for r in range(shape["requests"]):
-        prefix = filler(tok, shape["prefix_tokens"], rng)
+    for r in range(shape.requests):
+        prefix = filler(tok, shape.prefix_tokens, rng)
         qs = []
-        for q in range(shape["questions"]):
-            cands = tuple(filler(tok, shape["candidate_tokens"], rng) for _ in range(shape["candidates"]))
+        for q in range(shape.questions):
+            cands = tuple(filler(tok, shape.candidate_tokens, rng) for _ in range(shape.candidates))
             rewards = None
             if answers:
                 right = rng.randrange(len(cands))
@@ -138,12 +172,9 @@ def text_requests(ctx, *, image_for=None, answers: bool = False) -> list[Request
 
 class TextKind:
     name = "text"
-    fields = TEXT_FIELDS
+    Shape = TextShape
 
-    def validate(self, shape: dict, source: str) -> None:
-        validate_text(shape, source)
-
-    def sequence_tokens(self, shape: dict, model_cfg, *, source: str) -> int:
+    def sequence_tokens(self, shape: TextShape, model_cfg, *, source: str) -> int:
         return text_sequence_tokens(shape, model_cfg, source=source)
 
     def calls(self, ctx) -> list:
@@ -154,45 +185,37 @@ class SharedPrefixKind(TextKind):
     """Text requests whose questions share a long context (prefix_tokens > 0 required)."""
 
     name = "shared-prefix"
-    fields = TEXT_FIELDS | {"prefix_tokens": Field(int, None, min=1, help="shared context tokens (required)")}
+    Shape = SharedPrefixShape
 
 
 MAX_IMAGE_POOL_PIXELS = 2**30
 MAX_RESOLUTIONS = 1024
-IMAGE_FIELDS = TEXT_FIELDS | {
-    "resolution": Field(list, [448, 448], help="[width, height] or a list of them, cycled over images"),
-    "distinct_images": Field(int, 4, min=1, max=1024, help="images in the pool"),
-    "duplicate_ratio": Field(float, 0.0, min=0.0, max=1.0, help="share of requests reusing an earlier image"),
-}
 
 
-def _resolutions(shape: dict, source: str) -> list[tuple[int, int]]:
-    res = shape["resolution"]
+def _resolutions(shape: ImageShape) -> list[tuple[int, int]]:
+    res = shape.resolution
     pairs = res if res and isinstance(res[0], list) else [res]
     if len(pairs) > MAX_RESOLUTIONS:
-        raise ConfigError(f"lists {len(pairs)} resolutions, more than {MAX_RESOLUTIONS}", source=source,
-                          field="shape.resolution")
+        raise Invalid(f"lists {len(pairs)} resolutions, more than {MAX_RESOLUTIONS}", field="resolution")
     out = []
     for i, p in enumerate(pairs):
         if (not isinstance(p, list) or len(p) != 2 or not all(isinstance(x, int) and not isinstance(x, bool)
                                                                for x in p) or min(p) <= 0):
-            raise ConfigError(f"entry {i} must be [width, height] in positive pixels, got {p!r}", source=source,
-                              field="shape.resolution")
+            raise Invalid(f"entry {i} must be [width, height] in positive pixels, got {p!r}", field="resolution")
         if p[0] * p[1] > 8192 * 8192:
-            raise ConfigError(f"entry {i} has {p[0] * p[1]} pixels, over the decoder limit of 8192²",
-                              source=source, field="shape.resolution")
+            raise Invalid(f"entry {i} has {p[0] * p[1]} pixels, over the decoder limit of 8192²", field="resolution")
         out.append((p[0], p[1]))
     return out
 
 
-def _pool(shape: dict, source: str) -> list[tuple[int, int]]:
+def _pool(shape: ImageShape) -> list[tuple[int, int]]:
     """(width, height) of every image of the pool (the resolutions cycled), within the pixel budget."""
-    res = _resolutions(shape, source)
-    pool = [res[i % len(res)] for i in range(shape["distinct_images"])]
+    res = _resolutions(shape)
+    pool = [res[i % len(res)] for i in range(shape.distinct_images)]
     pixels = sum(w * h for w, h in pool)
     if pixels > MAX_IMAGE_POOL_PIXELS:
-        raise ConfigError(f"makes an image pool of {pixels} pixels ({shape['distinct_images']} images), more than "
-                          f"{MAX_IMAGE_POOL_PIXELS} (2^30)", source=source, field="shape.distinct_images")
+        raise Invalid(f"makes an image pool of {pixels} pixels ({shape.distinct_images} images), more than "
+                      f"{MAX_IMAGE_POOL_PIXELS} (2^30)", field="distinct_images")
     return pool
 
 
@@ -207,34 +230,30 @@ def image_tokens(width: int, height: int, vision) -> int:
 
 class ImageKind:
     name = "image"
-    fields = IMAGE_FIELDS
+    Shape = ImageShape
 
-    def validate(self, shape: dict, source: str) -> None:
-        validate_text(shape, source)
-        _pool(shape, source)
-
-    def sequence_tokens(self, shape: dict, model_cfg, *, source: str) -> int:
+    def sequence_tokens(self, shape: ImageShape, model_cfg, *, source: str) -> int:
         """seq_tokens plus the largest image's tokens and its two vision markers."""
         if model_cfg.vision is None:
             raise ConfigError(f"model {model_cfg.name!r} has no vision tower, which {self.name} workloads need",
                               source=source, field="model")
         most = 0
-        for w, h in dict.fromkeys(_pool(shape, source)):
+        for w, h in dict.fromkeys(_pool(shape)):
             try:
                 most = max(most, image_tokens(w, h, model_cfg.vision))
             except ValueError as exc:  # e.g. an aspect ratio the preprocessing refuses
                 raise ConfigError(f"{w}x{h} cannot be preprocessed ({exc})", source=source,
                                   field="shape.resolution") from None
-        return shape["seq_tokens"] + most + 2
+        return shape.seq_tokens + most + 2
 
     def _images(self, ctx) -> list[str]:
         from PIL import Image
 
         shape = ctx.spec.shape
-        res = _resolutions(shape, ctx.spec.file)
+        res = _resolutions(shape)
         gen = np.random.default_rng(ctx.spec.seed)
         paths = []
-        for i in range(shape["distinct_images"]):
+        for i in range(shape.distinct_images):
             w, h = res[i % len(res)]
             path = ctx.workdir / f"image{i}.png"
             # Smooth random colour fields, not noise: they compress like photos, so decode time is realistic.
@@ -247,8 +266,8 @@ class ImageKind:
         """Image index per request: new images in order, or (duplicate_ratio) an earlier one."""
         shape, rng = ctx.spec.shape, ctx.rng
         out, nxt = [], 0
-        for r in range(shape["requests"]):
-            if out and (rng.random() < shape["duplicate_ratio"] or nxt >= n_images):
+        for r in range(shape.requests):
+            if out and (rng.random() < shape.duplicate_ratio or nxt >= n_images):
                 out.append(rng.choice(out))
             else:
                 out.append(nxt)
@@ -266,14 +285,14 @@ class ImageCacheKind(ImageKind):
     before every call (every image is encoded), `warm` keeps it (the warm-up calls fill it)."""
 
     name = "image-cache"
-    fields = IMAGE_FIELDS | {"cache": Field(str, None, choices=("cold", "warm"), help="cache state per call")}
+    Shape = ImageCacheShape
 
     def warmup_every_call(self, spec) -> bool:
         """Warm: every distinct call is warmed once, so measured calls only ever hit."""
-        return spec.shape["cache"] == "warm"
+        return spec.shape.cache == "warm"
 
     def calls(self, ctx) -> list:
-        cold = ctx.spec.shape["cache"] == "cold"
+        cold = ctx.spec.shape.cache == "cold"
         return [PredictCall(c.request, cold_cache=cold) for c in super().calls(ctx)]
 
 
@@ -282,12 +301,9 @@ class TrainStepKind:
 
     name = "train-step"
     collective = True  # under several processes the ranks share each update (runtime.collectives)
-    fields = TEXT_FIELDS | {"requests": Field(int, 8, min=4, max=1024, help="distinct requests, 4 per update")}
+    Shape = TrainStepShape
 
-    def validate(self, shape: dict, source: str) -> None:
-        validate_text(shape, source)
-
-    def sequence_tokens(self, shape: dict, model_cfg, *, source: str) -> int:
+    def sequence_tokens(self, shape: TextShape, model_cfg, *, source: str) -> int:
         return text_sequence_tokens(shape, model_cfg, source=source)
 
     def calls(self, ctx) -> list:

@@ -9,7 +9,7 @@ from what the hardware allows.
     dohnuts-bench list                       plugins, workload kinds, targets, telemetry
 
 The commands live beside this module: dohnuts.bench.run_command (`run`) and
-dohnuts.bench.analyze_command (`analyze`, `compare`).
+dohnuts.bench.offline (`analyze`, `compare`).
 
 Bad input (a malformed or invalid workload file, an unknown kind/target/preset or target option, a
 size out of its bounds or a sequence over the model's context, a bad hwspec, an `--out` that is a
@@ -30,7 +30,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from dohnuts.bench.analyze_command import cmd_analyze, cmd_compare
+from dohnuts.bench.offline import cmd_analyze, cmd_compare
 from dohnuts.bench.run_command import cmd_run
 from dohnuts.errors import DohnutsError
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from dohnuts.bench.calls import CallResult, PredictCall, TrainCall
     from dohnuts.bench.report import Section
     from dohnuts.bench.sink import RecordSink
-    from dohnuts.bench.workload import Field, WorkloadSpec
+    from dohnuts.bench.workload import WorkloadSpec
     from dohnuts.runtime.process_group import World
     from dohnuts.runtime.timing import StageTimer
     from dohnuts.runtime.work import WorkCounts
@@ -155,10 +155,9 @@ class WorkloadKind(Protocol):
     """A kind of workload (`kind:` in a workload file): its `shape:` fields and the calls it builds.
     Registered by `dohnuts_bench_register_workload_kinds` as {kind name: WorkloadKind}."""
 
-    fields: Mapping[str, Field]  # the `shape:` fields, validated by the harness (types, bounds, defaults)
-
-    def validate(self, shape: dict, source: str) -> None:
-        """Checks across fields; raise ConfigError(..., source=source, field="shape.<field>")."""
+    # The `shape:` fields as a frozen msgspec Struct class (types, `msgspec.Meta` bounds, defaults,
+    # checks across fields in `__post_init__`), converted by the harness (dohnuts.schema).
+    Shape: type
 
     def calls(self, ctx: WorkloadContext) -> list[PredictCall | TrainCall]:
         """The calls every target of the workload is measured on (the same for all)."""
@@ -168,6 +167,9 @@ class WorkloadKind(Protocol):
 class WorkloadKindCapabilities:
     """The optional members of a `WorkloadKind`, and what their absence means."""
 
+    # (shape, source) -> None: checks beyond the Shape's own (raise ConfigError(..., source=source,
+    # field="shape.<field>")). Absent: none.
+    validate: Callable[..., None] | None = _optional_member(None, "a method or None", _callable_or_none)
     # (shape, model_cfg, *, source) -> int: the longest sequence its calls hold, checked against the
     # model's context when the file is validated. Absent: not checked.
     sequence_tokens: Callable[..., int] | None = _optional_member(None, "a method or None", _callable_or_none)

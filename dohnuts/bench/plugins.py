@@ -18,7 +18,7 @@ import dataclasses
 import importlib.metadata
 import inspect
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,8 +81,7 @@ class RegisteredKind(WorkloadKindCapabilities):
 
     name: str
     plugin: WorkloadKind
-    fields: Mapping
-    validate: Callable[..., None]
+    Shape: type
     calls: Callable[..., list]
 
 
@@ -159,15 +158,17 @@ def _signatures(contract: type) -> str:
 
 
 def register_kind(name: str, obj: object) -> RegisteredKind:
-    from dohnuts.bench.workload import Field
+    import msgspec
 
     what = f"workload kind {name!r} ({origin(obj)})"
+    if not hasattr(obj, "Shape") and hasattr(obj, "fields"):
+        raise PluginError("declares its shape with `fields`, which this version no longer reads: declare a frozen "
+                          "msgspec Struct `Shape` (docs/plugins.md)", source=what)
     _require(obj, WorkloadKind, what)
-    if not isinstance(obj.fields, Mapping) or not all(isinstance(f, Field) for f in obj.fields.values()):
-        raise PluginError("`fields` must map field names to dohnuts.bench.workload.Field", source=what)
+    if not (isinstance(obj.Shape, type) and issubclass(obj.Shape, msgspec.Struct)):
+        raise PluginError("`Shape` must be a msgspec Struct class (the `shape:` fields)", source=what)
     caps = capabilities(obj, WorkloadKindCapabilities, what)
-    return RegisteredKind(name=name, plugin=obj, fields=obj.fields, validate=obj.validate, calls=obj.calls,
-                          **_values(caps))
+    return RegisteredKind(name=name, plugin=obj, Shape=obj.Shape, calls=obj.calls, **_values(caps))
 
 
 def register_target(name: str, factory: object) -> RegisteredTarget:

@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dohnuts.bench.analysis.records import SCHEMA
+
 if TYPE_CHECKING:
     from dohnuts.bench.contracts import RunContext
     from dohnuts.bench.telemetry import TelemetryThread
     from dohnuts.bench.workload import TargetSpec, WorkloadSpec
     from dohnuts.runtime.timing import StageTimer
 
-SCHEMA = 1
 
 
 @dataclass(frozen=True)

@@ -98,8 +98,8 @@ def runnable_here(specs: list, targets: dict, launchers: dict, console) -> list:
 def cmd_run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from dohnuts.bench.analysis.records import write_json
-    from dohnuts.bench.analyze_command import analyze_and_report
+    from dohnuts.schema import write_json
+    from dohnuts.bench.offline import analyze_and_report
     from dohnuts.bench.cli import console_for_output, standard_files
     from dohnuts.bench.contracts import RunContext
     from dohnuts.bench.plugins import check_target_options, collect, plugin_manager, samplers

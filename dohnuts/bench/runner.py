@@ -32,6 +32,7 @@ from dohnuts.bench.rundir import safe_name
 from dohnuts.runtime.collectives import any_rank, barrier, max_over_ranks
 from dohnuts.runtime.process_group import SINGLE, World
 from dohnuts.runtime.timing import StageTimer
+from dohnuts.schema import short
 
 if TYPE_CHECKING:
     from dohnuts.bench.plugins import RegisteredKind, RegisteredTarget
@@ -106,7 +107,7 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict[str, R
             if not is_out_of_memory(exc):
                 raise
             failure = {"workload": spec.name, "file": spec.file, "target": tspec.label,
-                       "error": f"out of memory: {_one_line(exc) if str(exc) else type(exc).__name__}"}
+                       "error": f"out of memory: {short(f'{type(exc).__name__}: {exc}', 300, str) if str(exc) else type(exc).__name__}"}
             run.failures.append(failure)
             run.console.print(f"[red]failed[/] {spec.name} · {tspec.label}: {failure['error']} "
                               "(recorded in run.json; the run goes on)")
@@ -130,11 +131,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
     if (oom is not None and isinstance(exc, oom)) or isinstance(exc, MemoryError):
         return True
     return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OOM_MESSAGES)
-
-
-def _one_line(exc: BaseException, limit: int = 300) -> str:
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _measure_target(pm, ctx: TargetContext, entry: RegisteredTarget, schedule: Schedule, out: RecordSink, progress,

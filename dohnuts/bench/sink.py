@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from dohnuts.bench.analysis.records import dumps
+from dohnuts.schema import dumps
 
 
 class RecordSink:

@@ -15,7 +15,6 @@ ceiling) into `RANKS_DIR/measured.json`; a rank whose target failed (out of memo
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -62,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from dohnuts.bench.workload import load_workload
     from dohnuts.runtime.collectives import barrier
     from dohnuts.runtime.process_group import join, leave
+    from dohnuts.schema import write_json
 
     world, device = join("cuda" if args.gpu else "cpu")
     out_dir = Path(args.dir)
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                      before_call=_fault_from_environment())
     busbw = allreduce_busbw(world)
     if busbw is not None:
-        (out_dir / "measured.json").write_text(json.dumps({"allreduce_busbw": busbw}, indent=2))
+        write_json(out_dir / "measured.json", {"allreduce_busbw": busbw}, indent=2)
     telemetry = TelemetryThread([s for s in samplers(pm) if not s.unavailable], interval_s=args.telemetry_interval)
     telemetry.start()
     try:
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         telemetry.stop()
     if run.failures:
-        (out_dir / f"failures-rank{world.rank}.json").write_text(json.dumps(run.failures))
+        write_json(out_dir / f"failures-rank{world.rank}.json", run.failures)
     barrier(world)  # every rank done before any tears its process group down
     leave()
     return 0

@@ -21,13 +21,13 @@
                                 #   per GPU (gloo processes on a CPU); counts over the machine's GPUs
                                 #   are skipped with a message. Every record carries its rank.
     launcher: torchrun          # the launcher plugin that starts several processes
-    shape: {...}                # the kind's own fields (see each kind's `fields`)
+    shape: {...}                # the kind's own fields (each kind's `Shape`, a msgspec Struct)
     on_gpu:                     # optional: what changes when the workload runs on a GPU, so one
       model: qwen3.5-2b         #   file measures a size that fits each device (the standard suite in
       shape: {questions: 32}    #   workloads/*.yaml: tiny on a CPU, 2b on a GPU); `shape` entries
                                 #   replace the CPU ones key by key; any field but `kind` and `on_gpu`
 
-Every size has an upper bound (above; each kind's `fields` list its own, e.g. questions ≤ 4096),
+Every size has an upper bound (above; each kind's `Shape` declares its own, e.g. questions ≤ 4096),
 so a typo cannot ask for a run that never ends. The longest sequence a workload's calls hold
 (its kind's `sequence_tokens(shape, model_config)`: `seq_tokens`, plus the image tokens of the
 largest image for the image kinds) must fit the model's context: the smaller of the config's
@@ -35,22 +35,27 @@ largest image for the image kinds) must fit the model's context: the smaller of 
 (`dohnuts.api.load`, 8192) — checked here, before anything is measured, for both the CPU and
 the `on_gpu` variant.
 
-The YAML is read strictly: a key written twice in one mapping is an error naming the key and
-both lines (plain YAML would silently keep the last). Every error names the file and the field
-(`ConfigError`); the CLI prints it on one line and exits with status 2.
+The YAML is read strictly (dohnuts.schema.read_yaml): a key written twice in one mapping is an
+error naming the key and both lines (plain YAML would silently keep the last). The fields are
+declared by `WorkloadFile` and the kind's `Shape` (msgspec Structs, dohnuts.schema.convert); a key
+left empty takes its default. Every error names the file and the field (`ConfigError`), e.g.
+`w.yaml: field 'shape.questions': must be <= 4096, got 100000000`; the CLI prints it on one line
+and exits with status 2.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-import yaml
+import msgspec
+import msgspec.inspect
+from msgspec import Meta
 
 from dohnuts.errors import ConfigError, DohnutsError
+from dohnuts.schema import Invalid, NonBlank, convert, one_line, one_line_error, read_yaml, short
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,7 @@ class WorkloadSpec:
     max_repeat: int
     seed: int
     hwspec: str | None
-    shape: dict[str, Any]
+    shape: msgspec.Struct  # the kind's `Shape`, validated
     processes: tuple[int, ...] = (1,)  # process counts to measure (scaling), ascending
     launcher: str = "torchrun"
 
@@ -87,251 +92,108 @@ class WorkloadSpec:
                 "targets": [t.label for t in self.targets], "model": self.model, "device": self.device,
                 "precision": self.precision, "warmup": self.warmup, "repeat": self.repeat,
                 "min_duration_s": self.min_duration_s, "halfwidth": self.halfwidth, "max_repeat": self.max_repeat,
-                "seed": self.seed, "shape": self.shape, "processes": list(self.processes), "launcher": self.launcher}
+                "seed": self.seed, "shape": msgspec.to_builtins(self.shape), "processes": list(self.processes),
+                "launcher": self.launcher}
 
 
-@dataclass(frozen=True)
-class Field:
-    """One YAML field of a workload kind's `shape`."""
-
-    type: type
-    default: Any = None  # None = required
-    min: float | None = None
-    max: float | None = None
-    choices: tuple | None = None
-    help: str = ""
+class NoShape(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The shape of a kind that declares none: no fields."""
 
 
-def check_field(value: Any, spec: Field, *, source: str, name: str) -> Any:
-    if spec.type is float and isinstance(value, int) and not isinstance(value, bool):
-        try:
-            value = float(value)
-        except OverflowError:
-            raise ConfigError("must be a finite number, got an integer too large for one", source=source,
-                              field=name) from None
-    if spec.type is object:  # checked by the field's own function
-        return value
-    if spec.type is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"must be a list, got {_short(value)}", source=source, field=name)
-        return value
-    if not isinstance(value, spec.type) or (spec.type is not bool and isinstance(value, bool)):
-        raise ConfigError(f"must be {spec.type.__name__}, got {_short(value)}", source=source, field=name)
-    if spec.type is float and not math.isfinite(value):
-        raise ConfigError(f"must be a finite number, got {value!r}", source=source, field=name)
-    if spec.min is not None and value < spec.min:
-        raise ConfigError(f"must be >= {spec.min}, got {value!r}", source=source, field=name)
-    if spec.max is not None and value > spec.max:
-        raise ConfigError(f"must be <= {spec.max}, got {value!r}", source=source, field=name)
-    if spec.choices is not None and value not in spec.choices:
-        raise ConfigError(f"must be one of {list(spec.choices)}, got {_short(value)}", source=source, field=name)
-    return value
+MAX_PROCESSES = 1024
+MAX_TARGETS = 64
+ProcessCount = Annotated[int, Meta(ge=1, le=MAX_PROCESSES)]
 
 
-def _short(value: Any, limit: int = 80, convert=repr) -> str:
-    """convert(value) (repr by default) on one line, cut to `limit` characters: an error message
-    stays one readable line."""
-    try:
-        text = " ".join(convert(value).split())
-    except ValueError:  # an integer too long to print
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+class TargetEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """`{name, label, options}`: a registered target, how its results are labelled (default: its
+    name; unique within the workload) and its options."""
+
+    name: str
+    label: NonBlank | None = None
+    options: dict[str, Any] = {}
 
 
-def check_fields(data: dict, fields: dict[str, Field], *, source: str, prefix: str = "") -> dict:
-    """Validate `data` against `fields` (unknown keys are errors); fill defaults."""
-    if not isinstance(data, dict):
-        raise ConfigError("must be a mapping", source=source, field=prefix.rstrip(".") or None)
-    for key in data:
-        if key not in fields:
-            raise ConfigError(f"unknown field (known: {', '.join(fields)})", source=source,
-                              field=f"{prefix}{_short(key) if not isinstance(key, str) else key}")
-    out = {}
-    for key, spec in fields.items():
-        if key not in data or data[key] is None:
-            if spec.default is None:
-                raise ConfigError("is missing", source=source, field=f"{prefix}{key}")
-            out[key] = spec.default
-        else:
-            out[key] = check_field(data[key], spec, source=source, name=f"{prefix}{key}")
+class WorkloadFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The fields of a workload file (the module docstring); `shape` is checked against its kind's
+    `Shape` and `targets` against the registered targets by `load_workload`."""
+
+    kind: str
+    name: str = ""
+    targets: Annotated[list[str | TargetEntry], Meta(min_length=1, max_length=MAX_TARGETS)] = \
+        msgspec.field(default_factory=lambda: ["dohnuts"])
+    model: str = "tiny"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    requires_gpu: bool = False
+    warmup: Annotated[int, Meta(ge=0, le=1000)] = 2
+    repeat: Annotated[int, Meta(ge=1, le=10_000)] = 5
+    min_duration_s: Annotated[float, Meta(ge=0.0, le=86_400.0)] = 0.0  # one day
+    halfwidth: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.05
+    max_repeat: Annotated[int, Meta(ge=0, le=100_000)] = 0
+    seed: Annotated[int, Meta(ge=0, le=2**32 - 1)] = 0  # numpy's and torch's generators take it as it is
+    hwspec: str = ""
+    shape: dict[str, Any] = {}
+    on_gpu: dict[str, Any] = {}
+    processes: Annotated[ProcessCount | Annotated[list[ProcessCount], Meta(min_length=1)], Meta(
+        description=f"a process count in 1..{MAX_PROCESSES}, or a list of at least one")] = 1
+    launcher: NonBlank = "torchrun"  # the launcher plugin that starts several processes
+
+    def __post_init__(self) -> None:
+        counts = self.processes if isinstance(self.processes, list) else [self.processes]
+        for i, v in enumerate(counts):
+            if v in counts[:i]:
+                raise Invalid(f"lists {v} twice", field="processes")
+
+    def process_counts(self) -> tuple[int, ...]:
+        """`processes`: a count or a list of distinct counts, ascending."""
+        return tuple(sorted(self.processes if isinstance(self.processes, list) else [self.processes]))
+
+
+def shape_fields(kind) -> list[str]:
+    """A kind's `shape` fields in words, as `dohnuts-bench list` shows them:
+    `questions 1..4096 = 8 (questions per request)`; a field without a default is required."""
+    out = []
+    for f in msgspec.inspect.type_info(kind.Shape).fields:
+        t, about = f.type, None
+        if isinstance(t, msgspec.inspect.Metadata):
+            t, about = t.type, (t.extra_json_schema or {}).get("description")
+        lo = next((getattr(t, k) for k in ("ge", "gt") if getattr(t, k, None) is not None), None)
+        hi = next((getattr(t, k) for k in ("le", "lt") if getattr(t, k, None) is not None), None)
+        bounds = f" {lo}..{'' if hi is None else hi}" if lo is not None or hi is not None else ""
+        if isinstance(t, msgspec.inspect.LiteralType):
+            bounds = " " + "|".join(map(str, t.values))
+        default = f.default_factory() if f.default_factory is not msgspec.NODEFAULT else f.default
+        given = " (required)" if f.required else f" = {default}"
+        out.append(f"{f.encode_name}{bounds}{given}" + (f": {about}" if about else ""))
     return out
 
 
-COMMON = {
-    "name": Field(str, ""),
-    "kind": Field(str),
-    "targets": Field(list, ["dohnuts"]),
-    "model": Field(str, "tiny"),
-    "device": Field(str, "auto", choices=("auto", "cpu", "cuda")),
-    "precision": Field(str, "auto", choices=("auto", "bf16", "fp32")),
-    "requires_gpu": Field(bool, False),
-    "warmup": Field(int, 2, min=0, max=1000),
-    "repeat": Field(int, 5, min=1, max=10_000),
-    "min_duration_s": Field(float, 0.0, min=0.0, max=86_400.0),  # one day
-    "halfwidth": Field(float, 0.05, min=0.0, max=1.0),
-    "max_repeat": Field(int, 0, min=0, max=100_000),
-    "seed": Field(int, 0, min=0, max=2**32 - 1),  # numpy's and torch's generators take it as it is
-    "hwspec": Field(str, ""),
-    "shape": Field(dict, {}),
-    "on_gpu": Field(dict, {}),
-    "processes": Field(object, 1),  # an int or a list of ints (check_processes)
-    "launcher": Field(str, "torchrun"),
-}
-MAX_PROCESSES = 1024
+def _given(data: dict) -> dict:
+    """The fields written with a value: a key left empty (`hwspec:`) takes its default."""
+    return {k: v for k, v in data.items() if v is not None}
 
 
-def check_processes(value: Any, source: str) -> tuple[int, ...]:
-    """`processes`: a count or a list of distinct counts in 1..MAX_PROCESSES, returned ascending."""
-    values = value if isinstance(value, list) else [value]
-    if not values:
-        raise ConfigError("must name at least one process count", source=source, field="processes")
-    out = []
-    for v in values:
-        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_PROCESSES:
-            raise ConfigError(f"must be a process count in 1..{MAX_PROCESSES} or a list of them, got {_short(v)}",
-                              source=source, field="processes")
-        if v in out:
-            raise ConfigError(f"lists {v} twice", source=source, field="processes")
-        out.append(v)
-    return tuple(sorted(out))
-
-
-MAX_TARGETS = 64
-
-
-def _targets(raw: list, known: dict, kind: str, source: str) -> tuple[TargetSpec, ...]:
-    if len(raw) > MAX_TARGETS:
-        raise ConfigError(f"names {len(raw)} targets, more than {MAX_TARGETS}", source=source, field="targets")
+def _targets(entries: list, known: dict, kind: str, source: str) -> tuple[TargetSpec, ...]:
+    """The workload's targets checked against the registered ones (names, kinds, unique labels)."""
     out, labels = [], set()
-    for i, t in enumerate(raw):
+    for i, t in enumerate(entries):
         where = f"targets[{i}]"
         if isinstance(t, str):
-            t = {"name": t}
-        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
-            raise ConfigError("must be a target name or {name, label, options}", source=source, field=where)
-        extra = set(t) - {"name", "label", "options"}
-        if extra:
-            raise ConfigError(f"unknown key {_short(min(extra, key=str))}", source=source, field=where)
-        if t["name"] not in known:
-            raise ConfigError(f"unknown target {_short(t['name'])} (known: {', '.join(sorted(known))})",
+            t = TargetEntry(t)
+        if t.name not in known:
+            raise ConfigError(f"unknown target {short(t.name)} (known: {', '.join(sorted(known))})",
                               source=source, field=f"{where}.name")
-        label = t.get("label", t["name"])
-        if not isinstance(label, str) or not label.strip():
-            raise ConfigError(f"must be a non-empty string, got {_short(label)}", source=source, field=f"{where}.label")
+        label = t.label if t.label is not None else t.name
         if label in labels:
-            raise ConfigError(f"label {_short(label)} is used twice", source=source, field=f"{where}.label")
+            raise ConfigError(f"label {short(label)} is used twice", source=source, field=f"{where}.label")
         labels.add(label)
-        kinds = getattr(known[t["name"]], "kinds", None)
+        kinds = known[t.name].kinds
         if kinds is not None and kind not in kinds:
-            raise ConfigError(f"target {t['name']!r} cannot run {kind!r} workloads (only {', '.join(kinds)})",
+            raise ConfigError(f"target {t.name!r} cannot run {kind!r} workloads (only {', '.join(kinds)})",
                               source=source, field=f"{where}.name")
-        opts = t.get("options", {})
-        if not isinstance(opts, dict):
-            raise ConfigError("must be a mapping", source=source, field=f"{where}.options")
-        out.append(TargetSpec(t["name"], label, dict(opts)))
-    if not out:
-        raise ConfigError("names no target", source=source, field="targets")
+        out.append(TargetSpec(t.name, label, dict(t.options)))
     return tuple(out)
-
-
-# --------------------------------------------------------------------------------------------
-# Reading YAML (workload files here, hardware specs in dohnuts.bench.analysis.hwspec)
-
-
-class DuplicateKeyError(yaml.constructor.ConstructorError):
-    """A mapping that holds the same key twice (plain YAML keeps the last one, silently)."""
-
-    def __init__(self, key: Any, first, again):
-        super().__init__("while constructing a mapping", first, f"found duplicate key {_short(key)}", again)
-        self.key = key
-
-
-class StrictLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader` that refuses duplicate keys. Merge keys (`<<: *base`) may still be
-    overridden: only the keys written in the mapping itself are compared."""
-
-    def flatten_mapping(self, node):
-        if not getattr(node, "_dohnuts_checked", False):  # before the merges are spliced in
-            node._dohnuts_checked = True
-            seen: dict = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    first = seen.get(key)
-                except TypeError:  # an unhashable key: the constructor refuses it itself
-                    continue
-                if first is not None:
-                    raise DuplicateKeyError(key, first, key_node.start_mark)
-                seen[key] = key_node.start_mark
-        super().flatten_mapping(node)
-
-
-def one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def _escape(text: str | None) -> str | None:
-    """`text` with every unprintable character (newline, NUL, ...) written as its escape."""
-    if text is None or text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
-
-
-def one_line_error(exc: DohnutsError) -> DohnutsError:
-    """`exc` as one line: a key, path or value holding a newline or another control character
-    (a YAML key may hold anything) is written with escapes. Same class, same fields."""
-    message, source, field = _escape(exc.message), _escape(exc.source), _escape(exc.field)
-    if (message, source, field) == (exc.message, exc.source, exc.field):
-        return exc
-    return type(exc)(message, source=source, field=field)
-
-
-def yaml_error(exc: BaseException, source: str) -> ConfigError:
-    """One ConfigError line for whatever parsing a YAML file raised."""
-    if isinstance(exc, DuplicateKeyError):
-        return ConfigError(f"has the key {_short(exc.key)} twice (line {exc.context_mark.line + 1} and line "
-                           f"{exc.problem_mark.line + 1}); a key may appear once per mapping", source=source,
-                           field=exc.key if isinstance(exc.key, str) else _short(exc.key))
-    if isinstance(exc, yaml.reader.ReaderError):
-        char = exc.character
-        code = char if isinstance(char, int) else (char[0] if isinstance(char, bytes) else ord(char[:1] or "\0"))
-        if exc.encoding == "unicode" or isinstance(char, str):  # decoded, but a character YAML refuses
-            what = f"is not YAML text: unacceptable character #x{code:04x} at position {exc.position} ({exc.reason})"
-        else:  # undecodable bytes (PyYAML gives the byte as an int)
-            what = f"is not {exc.encoding} text (byte #x{code:02x} at offset {exc.position}: {exc.reason})"
-        return ConfigError(one_line(what), source=source)
-    if isinstance(exc, yaml.MarkedYAMLError):
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = exc.problem or exc.context or "parse error"
-        return ConfigError(one_line(f"is not valid YAML{where} ({problem})"), source=source)
-    if isinstance(exc, RecursionError):
-        return ConfigError("is not usable YAML (nested too deeply)", source=source)
-    return ConfigError(one_line(f"is not valid YAML ({exc})"), source=source)
-
-
-def read_yaml(path: str | Path) -> tuple[bytes, Any]:
-    """(raw bytes, parsed document) of a YAML file; every failure is one ConfigError naming it:
-    missing, a directory, unreadable, not text, not valid YAML, a duplicate key."""
-    path = Path(path)
-    source = str(path)
-    try:
-        if not path.exists():
-            raise ConfigError("does not exist", source=source)
-        if path.is_dir():
-            raise ConfigError("is a directory, not a YAML file", source=source)
-        if not path.is_file():  # a device or a pipe could be endless
-            raise ConfigError("is not a regular file", source=source)
-        raw = path.read_bytes()
-    except (OSError, ValueError) as exc:  # ValueError: an embedded NUL
-        raise ConfigError(f"cannot be read ({getattr(exc, 'strerror', None) or exc})", source=source) from None
-    try:
-        # bytes: PyYAML decodes them (UTF-8, or UTF-16 with a byte-order mark) and says where it fails
-        return raw, yaml.load(raw, Loader=StrictLoader)  # StrictLoader is a SafeLoader
-    except (yaml.YAMLError, RecursionError, ValueError) as exc:  # ValueError: an integer too long to read
-        raise yaml_error(exc, source) from None
 
 
 def load_workload(path: str | Path, kinds: dict, targets: dict, *, gpu: bool | None = None) -> WorkloadSpec:
@@ -381,30 +243,30 @@ def _spec(path: Path, source: str, raw_bytes: bytes, data: dict, kinds: dict, ta
 
 
 def _build_spec(path: Path, source: str, raw_bytes: bytes, data: dict, kinds: dict, targets: dict) -> WorkloadSpec:
-    common = check_fields(data, COMMON, source=source)
-    kind = common["kind"]
-    if kind not in kinds:
-        raise ConfigError(f"unknown workload kind {_short(kind)} (known: {', '.join(sorted(kinds))})", source=source,
-                          field="kind")
-    shape = check_fields(common["shape"], kinds[kind].fields, source=source, prefix="shape.")
-    kinds[kind].validate(shape, source=source)
-    cfg = model_config(common["model"], source)
-    check_context(kinds[kind], shape, cfg, common["model"], source)
-    if common["hwspec"]:
-        _check_hwspec(common["hwspec"], source)
-    processes = check_processes(common["processes"], source)
-    if not common["launcher"].strip():
-        raise ConfigError("must name a launcher plugin (default: torchrun)", source=source, field="launcher")
-    if max(processes) > 1 and getattr(kinds[kind], "distributed", True) is False:
-        raise ConfigError(f"lists {max(processes)} processes, but {kind!r} workloads run in one process only",
+    common = convert(_given(data), WorkloadFile, source=source)
+    if common.kind not in kinds:
+        raise ConfigError(f"unknown workload kind {short(common.kind)} (known: {', '.join(sorted(kinds))})",
+                          source=source, field="kind")
+    kind = kinds[common.kind]  # a RegisteredKind (dohnuts.bench.plugins): its members checked and resolved
+    shape = convert(_given(common.shape), kind.Shape, source=source, prefix="shape")
+    if kind.validate is not None:  # a kind's own checks beyond its Shape
+        kind.validate(shape, source=source)
+    cfg = model_config(common.model, source)
+    check_context(kind, shape, cfg, common.model, source)
+    if common.hwspec:
+        _check_hwspec(common.hwspec, source)
+    processes = common.process_counts()
+    if max(processes) > 1 and not kind.distributed:
+        raise ConfigError(f"lists {max(processes)} processes, but {common.kind!r} workloads run in one process only",
                           source=source, field="processes")
     return WorkloadSpec(
-        name=common["name"] or path.stem, kind=kind, file=source, file_hash=hashlib.sha256(raw_bytes).hexdigest()[:16],
-        targets=_targets(common["targets"], targets, kind, source), model=common["model"], device=common["device"],
-        precision=common["precision"], requires_gpu=common["requires_gpu"], warmup=common["warmup"],
-        repeat=common["repeat"], min_duration_s=common["min_duration_s"], halfwidth=common["halfwidth"],
-        max_repeat=common["max_repeat"], seed=common["seed"],
-        hwspec=common["hwspec"] or None, shape=shape, processes=processes, launcher=common["launcher"],
+        name=common.name or path.stem, kind=common.kind, file=source,
+        file_hash=hashlib.sha256(raw_bytes).hexdigest()[:16], targets=_targets(common.targets, targets, common.kind,
+                                                                                source),
+        model=common.model, device=common.device, precision=common.precision, requires_gpu=common.requires_gpu,
+        warmup=common.warmup, repeat=common.repeat, min_duration_s=common.min_duration_s, halfwidth=common.halfwidth,
+        max_repeat=common.max_repeat, seed=common.seed, hwspec=common.hwspec or None, shape=shape,
+        processes=processes, launcher=common.launcher,
     )
 
 
@@ -448,16 +310,16 @@ def model_context(cfg) -> int:
     return min(int(cfg.text.max_position_embeddings), runtime_max_len())
 
 
-def check_context(kind, shape: dict, cfg, model: str, source: str) -> None:
+def check_context(kind, shape, cfg, model: str, source: str) -> None:
     """Refuse a workload whose longest sequence (the kind's `sequence_tokens`) is over the model's
     context. Kinds without `sequence_tokens` (plugins) are not checked here."""
-    measure = getattr(kind, "sequence_tokens", None)
+    measure = kind.sequence_tokens
     if measure is None:
         return
     tokens = measure(shape, cfg, source=source)
     context = model_context(cfg)
     if tokens > context:
-        seq = shape.get("seq_tokens")
+        seq = getattr(shape, "seq_tokens", None)
         what = f"is {seq}" if tokens == seq else (
             f"is {seq}, and with the largest image's {tokens - seq} tokens (markers included) a sequence holds "
             f"{tokens}" if isinstance(seq, int)

@@ -26,18 +26,22 @@ DEFAULT_TARGETS = (
 
 @dataclass(frozen=True)
 class LoRAConfig:
+    """The adapters' shape, checked on construction (also when a config is decoded: dohnuts.schema)."""
+
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
     targets: tuple[str, ...] = DEFAULT_TARGETS
 
     def __post_init__(self) -> None:
-        from dohnuts.errors import ConfigError
+        from dohnuts.schema import Invalid, is_finite
 
-        if self.rank <= 0:
-            raise ConfigError("must be a positive integer", field="lora.rank")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank <= 0:
+            raise Invalid(f"must be a positive integer, got {self.rank!r}", field="rank")
+        if not (is_finite(self.alpha) and self.alpha > 0):
+            raise Invalid(f"must be a finite number > 0, got {self.alpha!r}", field="alpha")
         if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError("must lie in [0, 1)", field="lora.dropout")
+            raise Invalid(f"must lie in [0, 1), got {self.dropout!r}", field="dropout")
         object.__setattr__(self, "targets", tuple(self.targets))
 
     @property

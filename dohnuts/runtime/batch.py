@@ -16,6 +16,7 @@ import torch
 
 from dohnuts.model.inputs import ScoreInputs
 from dohnuts.runtime.plan import RequestPlan
+from dohnuts.runtime.requests import require_rewards
 from dohnuts.runtime.work import WorkCounts
 
 
@@ -144,10 +145,8 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
         grid[:B] = local
     rewards = None
     if train or all(q.rewards is not None for q in plan.request.questions):
-        if any(q.rewards is None for q in plan.request.questions):
-            from dohnuts.errors import RequestError
-
-            raise RequestError("training needs 'answer' or 'rewards' on every question", source=plan.request.id)
+        if train:
+            require_rewards(plan.request)
         rewards = torch.tensor([list(q.rewards) + [0.0] * (kmax - len(q.rewards)) for q in plan.request.questions],
                                dtype=torch.float32).view(B, kmax)
 

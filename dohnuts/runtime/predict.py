@@ -12,8 +12,6 @@ On the CPU the same code runs without streams. Every request is one model invoca
 
 from __future__ import annotations
 
-import json
-import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -26,6 +24,7 @@ from dohnuts.runtime.pipeline import Pipeline
 from dohnuts.runtime.requests import Request
 from dohnuts.runtime.timing import NULL_TIMER
 from dohnuts.runtime.work import WorkCounts
+from dohnuts.schema import dumps
 
 
 @dataclass(frozen=True)
@@ -36,25 +35,6 @@ class QuestionResult:
     choice: int
 
 
-try:  # orjson formats floats several times faster than json: serializing is on a single call's critical path
-    import orjson
-
-    def _dumps(obj) -> str:
-        return orjson.dumps(obj).decode()
-except ImportError:  # pragma: no cover - orjson is a dependency; a bare environment still works
-    def _finite(obj):
-        if isinstance(obj, float):
-            return obj if math.isfinite(obj) else None
-        if isinstance(obj, dict):
-            return {k: _finite(v) for k, v in obj.items()}
-        if isinstance(obj, list):
-            return [_finite(v) for v in obj]
-        return obj
-
-    def _dumps(obj) -> str:  # as orjson: compact, a non-finite float as null (strict JSON)
-        return json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False)
-
-
 @dataclass(frozen=True)
 class RequestResult:
     id: str
@@ -63,7 +43,7 @@ class RequestResult:
     def to_json(self) -> str:
         """One compact JSON line (orjson: serialising is on a single call's critical path); a
         non-finite score or probability is written as null (strict JSON)."""
-        return _dumps({"id": self.id, "questions": [q.__dict__ for q in self.questions]})
+        return dumps({"id": self.id, "questions": [q.__dict__ for q in self.questions]}, compact=True)
 
 
 @dataclass(frozen=True)
@@ -76,7 +56,7 @@ class RequestFailure:
         d = {"id": self.id, "error": self.error}
         if self.line is not None:
             d["line"] = self.line
-        return json.dumps(d)
+        return dumps(d)
 
 
 class Predictor:

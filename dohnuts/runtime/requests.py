@@ -6,23 +6,32 @@
                     "candidates": ["red", "green", "blue"],
                     "answer": 1}]}                  # training only: index, or "rewards": [0, 1, 0]
 
-A request is one batched model invocation. Every problem raises `RequestError` naming the
-source (file:line) and the field, e.g. `requests.jsonl:7: field 'questions[0].candidates': is empty`.
-Nothing else escapes the reader: a line that is not UTF-8, JSON nested too deeply for the parser,
-a number with too many digits, a lone surrogate in a string, a non-finite or boolean reward or
-answer are all `RequestError`s of that line only.
+A request is one batched model invocation. The line format is declared once, by `RequestLine`
+and `QuestionLine` (msgspec Structs; other keys are ignored); a line becomes a `Request` of
+`Question`s. Every problem raises `RequestError` naming the source (file:line) and the field,
+e.g. `requests.jsonl:7: field 'questions[0].candidates': is empty`. Nothing else escapes the
+reader: a line that is not UTF-8, JSON nested too deeply for the parser, a number with too many
+digits, a lone surrogate in a string, a non-finite or boolean reward or answer are all
+`RequestError`s of that line only.
+
+Reading is msgspec's typed decoder straight into `RequestLine` (fast: no intermediate objects, no
+hand-written checks on the way); a line it refuses is parsed again by Python's json module, which
+reads NaN, Infinity and lone surrogates and so says exactly what is wrong with the line.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
 
 from dohnuts.errors import RequestError
+from dohnuts.schema import Invalid, convert, short, why_not_finite
 
 
 @dataclass(frozen=True)
@@ -45,114 +54,112 @@ class Request:
         return len(self.questions)
 
 
-def _unicode(value: str, source: str, field: str) -> str:
-    """`value` if it can be encoded as UTF-8 (JSON's \\ud800 escapes can make lone surrogates)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise RequestError(f"is not valid Unicode (lone surrogate U+{ord(value[exc.start]):04X} at character "
-                           f"{exc.start})", source=source, field=field) from None
-    return value
+TRAINING_LABELS = "training data needs 'answer' or 'rewards' on every question"
 
 
-def _str(obj: dict, key: str, source: str, where: str, *, required: bool = True, default: str = "") -> str:
-    value = obj.get(key, None)
-    if value is None:
-        if required:
-            raise RequestError("is missing", source=source, field=f"{where}{key}")
-        return default
-    if not isinstance(value, str):
-        raise RequestError(f"must be a string, got {type(value).__name__}", source=source, field=f"{where}{key}")
-    return _unicode(value, source, f"{where}{key}")
+def require_rewards(request: Request, source: str | None = None) -> None:
+    """Refuse a request with a question that has no rewards (neither `answer` nor `rewards`):
+    the one check that training data is labelled (training, its data loading and collation)."""
+    for i, q in enumerate(request.questions):
+        if q.rewards is None:
+            raise RequestError(TRAINING_LABELS, source=source or f"request {request.id!r}", field=f"questions[{i}]")
 
 
-def _id(obj: dict, source: str, field: str, default: str) -> str:
-    """An id: a string, or an integer (written as its decimal string); `default` when absent."""
-    value = obj.get("id")
-    if value is None:
-        return default
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    if not isinstance(value, str):
-        raise RequestError(f"must be a string or an integer, got {type(value).__name__}", source=source, field=field)
-    return _unicode(value, source, field)
+class QuestionLine(msgspec.Struct, frozen=True):
+    text: str
+    candidates: Annotated[list[str], Meta(min_length=1)]
+    id: str | int | None = None  # default: the question's path, questions[i]
+    rewards: list[float] | None = None  # graded rewards, one per candidate (wins over `answer`)
+    answer: int | None = None  # the index of the right candidate
+
+    def __post_init__(self) -> None:
+        if not self.text.strip():
+            raise Invalid("is empty", field="text")
+        n = len(self.candidates)
+        if self.rewards is not None:
+            if len(self.rewards) != n:
+                raise Invalid(f"must be a list of {n} numbers, got {len(self.rewards)}", field="rewards")
+            for i, x in enumerate(self.rewards):
+                if why_not_finite(x):
+                    raise Invalid(f"must be a finite number, got {why_not_finite(x)}", field=f"rewards[{i}]")
+        elif self.answer is not None and not 0 <= self.answer < n:
+            got = f"{self.answer!r}" if abs(self.answer) < 10**15 else "a very large number"
+            raise Invalid(f"must be a candidate index in [0, {n}), got {got}", field="answer")
+
+    def rewards_tuple(self) -> tuple[float, ...] | None:
+        if self.rewards is not None:
+            return tuple(float(x) for x in self.rewards)
+        if self.answer is not None:
+            return tuple(1.0 if i == self.answer else 0.0 for i in range(len(self.candidates)))
+        return None
 
 
-def _not_finite(x: Any) -> str | None:
-    """Why `x` is not a finite number (None when it is one). Booleans are not numbers here."""
-    if isinstance(x, bool):
-        return "a boolean"
-    if not isinstance(x, (int, float)):
-        return f"a {type(x).__name__}"
-    try:
-        f = float(x)
-    except OverflowError:
-        return "too large for a float"
-    if math.isnan(f):
-        return "NaN"
-    if math.isinf(f):
-        return "infinite"
-    return None
+class RequestLine(msgspec.Struct, frozen=True):
+    questions: Annotated[list[QuestionLine], Meta(min_length=1)]
+    id: str | int | None = None  # default: the line's source, file:line
+    prefix: str | None = None
+    image: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.image is not None and (not self.image or "\0" in self.image):
+            raise Invalid("must be a file path", field="image")
 
 
-def parse_question(obj: Any, source: str, where: str) -> Question:
-    if not isinstance(obj, dict):
-        raise RequestError("must be an object", source=source, field=where.rstrip("."))
-    qid = _id(obj, source, f"{where}id", where.rstrip("."))
-    text = _str(obj, "text", source, where)
-    if not text.strip():
-        raise RequestError("is empty", source=source, field=f"{where}text")
-    cands = obj.get("candidates")
-    if not isinstance(cands, list):
-        raise RequestError("must be a list of strings", source=source, field=f"{where}candidates")
-    if not cands:
-        raise RequestError("is empty: a question needs at least one candidate", source=source,
-                           field=f"{where}candidates")
-    for i, c in enumerate(cands):
-        if not isinstance(c, str):
-            raise RequestError("must be a string", source=source, field=f"{where}candidates[{i}]")
-        _unicode(c, source, f"{where}candidates[{i}]")
-    rewards = None
-    if "rewards" in obj and obj["rewards"] is not None:
-        r = obj["rewards"]
-        if not isinstance(r, list) or len(r) != len(cands):
-            raise RequestError(f"must be a list of {len(cands)} numbers", source=source, field=f"{where}rewards")
-        for i, x in enumerate(r):
-            why = _not_finite(x)
-            if why is not None:
-                raise RequestError(f"must be a list of {len(cands)} finite numbers; element {i} is {why}",
-                                   source=source, field=f"{where}rewards")
-        rewards = tuple(float(x) for x in r)
-    elif "answer" in obj and obj["answer"] is not None:
-        a = obj["answer"]
-        if not isinstance(a, int) or isinstance(a, bool) or not 0 <= a < len(cands):
-            got = _not_finite(a)
-            if got is None:
-                got = (f"{a!r}" if abs(a) < 10**15 else "a very large number") + \
-                    ("" if isinstance(a, int) else ", not an integer")
-            raise RequestError(f"must be a candidate index in [0, {len(cands)}), got {got}", source=source,
-                               field=f"{where}answer")
-        rewards = tuple(1.0 if i == a else 0.0 for i in range(len(cands)))
-    return Question(id=qid, text=text, candidates=tuple(cands), rewards=rewards)
+_DECODER = msgspec.json.Decoder(RequestLine)
+
+
+def _unicode(line: RequestLine, source: str) -> None:
+    """Refuse a lone surrogate in any string of the line (JSON's \\ud800 escapes can make them;
+    only Python's parser lets them through)."""
+    strings = [("id", line.id), ("prefix", line.prefix), ("image", line.image)]
+    for i, q in enumerate(line.questions):
+        strings += [(f"questions[{i}].id", q.id), (f"questions[{i}].text", q.text)]
+        strings += [(f"questions[{i}].candidates[{j}]", c) for j, c in enumerate(q.candidates)]
+    for field, value in strings:
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise RequestError(f"is not valid Unicode (lone surrogate U+{ord(value[exc.start]):04X} at character "
+                                   f"{exc.start})", source=source, field=field) from None
+
+
+def _request(line: RequestLine, source: str, base_dir: Path | None) -> Request:
+    image = line.image
+    if image is not None and base_dir is not None and not Path(image).is_absolute():
+        image = str(base_dir / image)
+    questions = tuple(Question(id=f"questions[{i}]" if q.id is None else str(q.id), text=q.text,
+                               candidates=tuple(q.candidates), rewards=q.rewards_tuple())
+                      for i, q in enumerate(line.questions))
+    return Request(id=source if line.id is None else str(line.id), questions=questions, prefix=line.prefix or "",
+                   image=image)
 
 
 def parse_request(obj: Any, *, source: str, base_dir: Path | None = None) -> Request:
+    """A parsed JSON value (`json.loads` of a line) as a Request; RequestError otherwise."""
     if not isinstance(obj, dict):
-        raise RequestError("a request must be a JSON object", source=source)
-    rid = _id(obj, source, "id", source)
-    qs = obj.get("questions")
-    if not isinstance(qs, list) or not qs:
-        raise RequestError("must be a non-empty list", source=source, field="questions")
-    questions = tuple(parse_question(q, source, f"questions[{i}].") for i, q in enumerate(qs))
-    prefix = _str(obj, "prefix", source, "", required=False)
-    image = obj.get("image")
-    if image is not None:
-        if not isinstance(image, str) or not image or "\0" in image:
-            raise RequestError("must be a file path", source=source, field="image")
-        _unicode(image, source, "image")
-        if base_dir is not None and not Path(image).is_absolute():
-            image = str(base_dir / image)
-    return Request(id=rid, questions=questions, prefix=prefix, image=image)
+        raise RequestError(f"a request must be a JSON object, got {short(type(obj).__name__)}", source=source)
+    line = convert(obj, RequestLine, source=source, error=RequestError)
+    _unicode(line, source)
+    return _request(line, source, base_dir)
+
+
+def parse_line(text: str, *, source: str, base_dir: Path | None = None) -> Request:
+    """One line of a request file as a Request; RequestError naming `source` otherwise."""
+    try:
+        return _request(_DECODER.decode(text), source, base_dir)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        pass  # the line again, by the parser that says what is wrong with it
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RequestError(f"malformed JSON ({exc.msg} at column {exc.colno})", source=source) from None
+    except RecursionError:
+        raise RequestError("malformed JSON (nested too deeply to parse)", source=source) from None
+    except ValueError as exc:  # an integer with more digits than int() converts (sys.set_int_max_str_digits)
+        why = "an integer has too many digits" if "digits" in str(exc) else (str(exc).splitlines() or ["?"])[0]
+        raise RequestError(f"malformed JSON ({why})", source=source) from None
+    return parse_request(obj, source=source, base_dir=base_dir)
 
 
 def _lines(f) -> Iterator[tuple[int, bytes]]:
@@ -209,20 +216,7 @@ def read_requests(path: str | Path) -> Iterator[tuple[int, Request | RequestErro
         if isinstance(line, RequestError):
             yield n, line
             continue
-        source = f"{path}:{n}"
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            yield n, RequestError(f"malformed JSON ({exc.msg} at column {exc.colno})", source=source)
-            continue
-        except RecursionError:
-            yield n, RequestError("malformed JSON (nested too deeply to parse)", source=source)
-            continue
-        except ValueError as exc:  # an integer with more digits than int() converts (sys.set_int_max_str_digits)
-            why = "an integer has too many digits" if "digits" in str(exc) else (str(exc).splitlines() or ["?"])[0]
-            yield n, RequestError(f"malformed JSON ({why})", source=source)
-            continue
-        try:
-            yield n, parse_request(obj, source=source, base_dir=path.parent)
+            yield n, parse_line(line, source=f"{path}:{n}", base_dir=path.parent)
         except RequestError as exc:
             yield n, exc

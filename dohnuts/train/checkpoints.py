@@ -33,21 +33,21 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Annotated, Any, Literal
 
+import msgspec
 import torch
+from msgspec import Meta
 
 from dohnuts.adapters import fsync_dir, read_adapter
 from dohnuts.errors import CheckpointError, ConfigError
-
-if TYPE_CHECKING:
-    from dohnuts.train.trainer import Partitions, TrainConfig
+from dohnuts.schema import decode_json
+from dohnuts.train.config import ARGUMENTS, SPLITS, Partitions, TrainConfig
 
 CHECKPOINT_FORMAT = "dohnuts-checkpoint-1"
 CHECKPOINTS = "checkpoints"
@@ -58,71 +58,43 @@ SUMMARY = "summary.json"
 _NAME = re.compile(r"update-\d{6,}")
 _OLD_LAYOUT = ("state.pt", "last.safetensors")
 
-# TrainConfig fields (flattened) → the `dohnuts train` argument that sets them.
-ARGUMENTS = {
-    "model": "--model", "data": "--data", "updates": "--updates", "eval_every": "--eval-every", "seed": "--seed",
-    "lora.rank": "--lora-rank", "lora.alpha": "--lora-alpha", "optim.lr": "--lr",
-    "optim.max_grad_norm": "--max-grad-norm", "objective.margin_weight": "--margin-weight",
-    "objective.margin": "--margin", "initialize_from": "--initialize-from", "device": "--device",
-}
 # What a resumed run may change (`updates` is checked on its own: not below the checkpoint; the
 # data is compared by content, so a moved --data folder is the same data; `optim.checkpoint_layers`
 # is a field of runs started before activation checkpointing became the fixed policy).
 RESUME_MAY_CHANGE = ("out", "device", "updates", "schedule_updates", "optim.checkpoint_layers", "data")
 
 
-# -- validation --------------------------------------------------------------------------------
+# -- the manifest ------------------------------------------------------------------------------
 
 
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+class FileEntry(msgspec.Struct, frozen=True):
+    bytes: Annotated[int, Meta(ge=0)]
+    sha256: str
 
 
-def validate_config(cfg: TrainConfig) -> None:
-    """Refuse values that would divide by zero, never evaluate, or put NaN into the objective."""
-    def integer(v, least):
-        return isinstance(v, int) and not isinstance(v, bool) and v >= least
+class Manifest(msgspec.Struct, frozen=True):
+    """A checkpoint's manifest.json (the module docstring): what `--resume` restores, and the size
+    and SHA-256 of every file of the checkpoint."""
 
-    o, lora, obj = cfg.optim, cfg.lora, cfg.objective
-    checks = [
-        ("updates", cfg.updates, integer(cfg.updates, 0), "must be an integer ≥ 0"),
-        ("eval_every", cfg.eval_every, integer(cfg.eval_every, 1), "must be an integer ≥ 1"),
-        ("warmup", cfg.warmup, integer(cfg.warmup, 0), "must be an integer ≥ 0"),
-        ("optim.lr", o.lr, _finite(o.lr) and o.lr > 0, "must be a finite number > 0"),
-        ("optim.max_grad_norm", o.max_grad_norm, isinstance(o.max_grad_norm, (int, float)) and o.max_grad_norm > 0,
-         "must be a number > 0 (inf: no clipping)"),
-        ("lora.rank", lora.rank, integer(lora.rank, 1), "must be an integer ≥ 1"),
-        ("lora.alpha", lora.alpha, _finite(lora.alpha) and lora.alpha > 0, "must be a finite number > 0"),
-        ("objective.margin_weight", obj.margin_weight, _finite(obj.margin_weight) and obj.margin_weight >= 0,
-         "must be a finite number ≥ 0"),
-        ("objective.margin", obj.margin, _finite(obj.margin), "must be a finite number"),
-    ]
-    for key, value, ok, why in checks:
-        if not ok:
-            raise ConfigError(f"{why}, got {value!r}", source=ARGUMENTS.get(key, key))
-
-
-def validate_data(data: Partitions) -> None:
-    """Every partition holds requests, and every question has finite rewards (no NaN reaches the
-    objective or the selection, whatever the reader let through)."""
-    for split in ("train", "dev", "calib", "test"):
-        reqs = getattr(data, split)
-        if not reqs:
-            raise ConfigError("holds no requests", source=f"the {split} partition")
-        for req in reqs:
-            for q in req.questions:
-                if q.rewards is None:
-                    raise ConfigError("training data needs 'answer' or 'rewards' on every question",
-                                      source=f"{split} request {req.id!r}", field=f"questions.{q.id}")
-                if not all(_finite(r) for r in q.rewards):
-                    raise ConfigError(f"has a non-finite reward {list(q.rewards)}", source=f"{split} request {req.id!r}",
-                                      field=f"questions.{q.id}.rewards")
+    format: Literal["dohnuts-checkpoint-1"]
+    update: Annotated[int, Meta(ge=0)]
+    best: dict[str, Any]  # {"update": int | None, "accuracy": float}: the selection so far
+    config: dict[str, Any]  # config_record: the flat config the run started with
+    data: dict[str, str]  # data_fingerprint
+    schedule_updates: Annotated[int, Meta(ge=0)]  # the span of the lr schedule
+    scheduler: dict[str, Any]  # LambdaLR.state_dict()
+    optimizer: dict[str, Any]  # optimizer_tensors' meta: param_groups, scalars
+    python_rng: tuple[int, list[int], float | None]  # random.getstate(), as JSON
+    log: FileEntry  # train_log.jsonl as of this checkpoint
+    files: dict[str, FileEntry]
+    time: float = 0.0
+    requests_per_microbatch: Annotated[int, Meta(ge=1)] = 1  # absent: written when it was always 1
 
 
 def data_fingerprint(data: Partitions) -> dict[str, str]:
     """SHA-256 of each partition's requests (ids, texts, candidates, rewards, images, prefixes)."""
     out = {}
-    for split in ("train", "dev", "calib", "test"):
+    for split in SPLITS:
         h = hashlib.sha256()
         for req in getattr(data, split):
             obj = asdict(req) if dataclasses.is_dataclass(req) else repr(req)
@@ -130,30 +102,6 @@ def data_fingerprint(data: Partitions) -> dict[str, str]:
             h.update(b"\n")
         out[split] = h.hexdigest()
     return out
-
-
-# -- strict JSON -------------------------------------------------------------------------------
-
-
-def _strict(obj, path: str = "", bad: list | None = None):
-    """obj with every non-finite float replaced by None (its dotted path appended to `bad`)."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        bad.append(path)
-        return None
-    if isinstance(obj, dict):
-        return {k: _strict(v, f"{path}.{k}" if path else str(k), bad) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_strict(v, f"{path}.{i}", bad) for i, v in enumerate(obj)]
-    return obj
-
-
-def strict_json(obj: dict, **kw) -> str:
-    """JSON without NaN/Infinity: non-finite numbers become null, listed under `nonfinite`."""
-    bad: list[str] = []
-    clean = _strict(obj, "", bad)
-    if bad:
-        clean["nonfinite"] = bad
-    return json.dumps(clean, allow_nan=False, **kw)
 
 
 # -- files -------------------------------------------------------------------------------------
@@ -238,9 +186,19 @@ def check_run_dir(out: str | Path, *, resume: bool) -> Path | None:
     return ckpt
 
 
+def _plain(obj):
+    """A config as nested dicts, field by field (msgspec.to_builtins leaves out the fields of a
+    dataclass that msgspec built and that kept their default)."""
+    if isinstance(obj, msgspec.Struct):
+        return {name: _plain(getattr(obj, name)) for name in obj.__struct_fields__}
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    return obj
+
+
 def config_record(cfg: TrainConfig) -> dict:
     """The config as flat JSON values ('lora.rank': 2, …), paths made absolute."""
-    raw = json.loads(json.dumps(asdict(cfg), default=str))
+    raw = json.loads(json.dumps(_plain(cfg), default=str))  # tuples as lists, as the manifest holds
     flat = {}
 
     def walk(obj, prefix):
@@ -258,33 +216,29 @@ def config_record(cfg: TrainConfig) -> dict:
     return flat
 
 
-def read_checkpoint(ckpt: Path) -> dict:
+def read_checkpoint(ckpt: Path) -> Manifest:
     """The manifest of a committed checkpoint, its files verified (size and SHA-256)."""
     mpath = ckpt / "manifest.json"
     try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-        if manifest.get("format") != CHECKPOINT_FORMAT:
-            raise CheckpointError(f"is {manifest.get('format')!r}, expected {CHECKPOINT_FORMAT!r}", source=str(mpath),
-                                  field="format")
-        for name, info in manifest["files"].items():
-            path = ckpt / name
-            if not path.is_file() or path.stat().st_size != info["bytes"] or sha256_of(path) != info["sha256"]:
-                raise CheckpointError("does not match the checkpoint's manifest (missing or damaged)",
-                                      source=str(path))
-        for key in ("update", "best", "config", "data", "scheduler", "optimizer", "python_rng", "log",
-                    "schedule_updates"):
-            manifest[key]  # present
-    except CheckpointError:
-        raise
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CheckpointError(f"cannot be read ({type(exc).__name__}: {exc})", source=str(mpath)) from None
+        raw = mpath.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"cannot be read ({exc.strerror or exc})", source=str(mpath)) from None
+    manifest = decode_json(raw, Manifest, source=str(mpath), error=CheckpointError)
+    for name, info in manifest.files.items():
+        path = ckpt / name
+        try:
+            intact = path.is_file() and path.stat().st_size == info.bytes and sha256_of(path) == info.sha256
+        except OSError:
+            intact = False
+        if not intact:
+            raise CheckpointError("does not match the checkpoint's manifest (missing or damaged)", source=str(path))
     return manifest
 
 
-def check_resumable(manifest: dict, cfg: TrainConfig, fingerprint: dict, source: str) -> None:
+def check_resumable(manifest: Manifest, cfg: TrainConfig, fingerprint: dict, source: str) -> None:
     """Refuse to continue a run with arguments that change what it computes (naming the argument,
     the saved value and the new one)."""
-    saved, new = manifest["config"], config_record(cfg)
+    saved, new = manifest.config, config_record(cfg)
     for key in sorted(set(saved) | set(new)):
         if key in RESUME_MAY_CHANGE or saved.get(key) == new.get(key):
             continue
@@ -292,13 +246,13 @@ def check_resumable(manifest: dict, cfg: TrainConfig, fingerprint: dict, source:
         raise ConfigError(f"{arg} is {new.get(key)!r} but the run was started with {arg} {saved.get(key)!r}; "
                           "--resume continues a run with its own arguments (only --updates and --device may "
                           "change) — resume with the saved value, or choose a new --out", source=source)
-    if cfg.updates < manifest["update"]:
-        raise ConfigError(f"--updates is {cfg.updates} but the checkpoint is already at update {manifest['update']}; "
+    if cfg.updates < manifest.update:
+        raise ConfigError(f"--updates is {cfg.updates} but the checkpoint is already at update {manifest.update}; "
                           "a run cannot be shortened below its checkpoint", source=source)
-    for split, digest in manifest["data"].items():
+    for split, digest in manifest.data.items():
         if fingerprint.get(split) != digest:
             raise ConfigError(f"--data: the {split} requests differ from those the run was started with "
-                              f"(--data {manifest['config'].get('data')}); resume with the original data, or choose "
+                              f"(--data {manifest.config.get('data')}); resume with the original data, or choose "
                               "a new --out", source=source)
 
 

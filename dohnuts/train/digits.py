@@ -38,13 +38,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from dohnuts.errors import DohnutsError
+from dohnuts.schema import dumps
 
 SPLITS = ("train", "dev", "calib", "test")
 HELD_OUT_FRACTION = 0.10  # each of dev, calib, test; train gets the rest
@@ -168,7 +168,7 @@ def write_digits(out_dir: str | Path, *, seed: int = 0, limit: int | None = None
                 req = {"id": f"digit-{i}", "image": rel,
                        "questions": [{"id": "q", "text": QUESTION, "candidates": CANDIDATES,
                                       "answer": int(labels[i])}]}
-                lines.append(json.dumps(req, separators=(",", ":")) + "\n")
+                lines.append(dumps(req, separators=(",", ":")) + "\n")
             (out / f"{name}.jsonl").write_text("".join(lines), encoding="utf-8")
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__

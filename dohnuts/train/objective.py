@@ -16,16 +16,16 @@ A batch's loss is the mean over its questions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import msgspec
 import torch
 import torch.nn.functional as F
 
+from dohnuts.schema import Finite, NonNegative
 
-@dataclass(frozen=True)
-class RLCDConfig:
-    margin_weight: float = 0.5  # λ
-    margin: float = 1.0  # m
+
+class RLCDConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    margin_weight: NonNegative = 0.5  # λ, finite
+    margin: Finite = 1.0  # m
 
 
 def rlcd_loss(logits: torch.Tensor, rewards: torch.Tensor, cfg: RLCDConfig = RLCDConfig()) -> torch.Tensor:

@@ -24,8 +24,11 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Annotated
 
+import msgspec
 import torch
+from msgspec import Meta
 
 from dohnuts.model.scorer import candidate_logits
 from dohnuts.runtime.batch import Batch
@@ -35,6 +38,7 @@ from dohnuts.runtime.process_group import SINGLE, World
 from dohnuts.runtime.requests import Request
 from dohnuts.runtime.timing import NULL_TIMER
 from dohnuts.runtime.work import WorkCounts
+from dohnuts.schema import Positive
 from dohnuts.train.graphs import MicrobatchGraphs
 from dohnuts.train.objective import RLCDConfig, rlcd_loss
 
@@ -57,12 +61,13 @@ def requests_per_microbatch(requests: Sequence[Request]) -> int:
     return max(1, math.ceil(QUESTIONS_PER_UPDATE / (MICROBATCHES * mean) - 1e-9))
 
 
-@dataclass(frozen=True)
-class OptimConfig:
-    lr: float = 2e-3
+class OptimConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """AdamW and the clip; the bounds are checked when a TrainConfig is (dohnuts.train.config)."""
+
+    lr: Positive = 2e-3  # finite, > 0
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: float = 1.0
+    max_grad_norm: Annotated[float, Meta(gt=0.0)] = 1.0  # inf: no clipping
 
 
 def make_optimizer(session, cfg: OptimConfig) -> torch.optim.AdamW:

@@ -23,59 +23,36 @@ The run directory, its checkpoints and what `--resume` may change: dohnuts/train
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import random
 import shutil
 import time
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import msgspec
 import psutil
 import torch
 
 from dohnuts.adapters import fsync_dir, fsync_file, load_adapter, save_adapter
 from dohnuts.errors import CheckpointError, ConfigError, DohnutsError
-from dohnuts.model.lora import LoRAConfig
 from dohnuts.runtime.process_group import SINGLE, World
 from dohnuts.runtime.predict import RequestResult
+from dohnuts.schema import dumps
+from dohnuts.train.calibration import expected_calibration_error, fit_temperature, nll
 from dohnuts.train.checkpoints import (
     BEST, CHECKPOINT_FORMAT, CHECKPOINTS, LOG, POINTER, SUMMARY, check_resumable, check_run_dir, config_record,
-    data_fingerprint, optimizer_state, optimizer_tensors, prune_checkpoints, read_checkpoint, sha256_of, strict_json,
-    validate_config, validate_data, write_atomic, write_durable,
+    data_fingerprint, optimizer_state, optimizer_tensors, prune_checkpoints, read_checkpoint, sha256_of, write_atomic,
+    write_durable,
 )
-from dohnuts.train.calibration import expected_calibration_error, fit_temperature, nll
-from dohnuts.train.objective import RLCDConfig
-from dohnuts.train.step import MICROBATCHES, OptimConfig, Updater, make_optimizer, requests_per_microbatch
+from dohnuts.train.config import Partitions, TrainConfig, validate_config, validate_data
+from dohnuts.train.step import MICROBATCHES, Updater, make_optimizer, requests_per_microbatch
+
+__all__ = ["Partitions", "TrainConfig", "Trainer", "TrainingError", "evaluate", "microbatch_order"]
+
 
 class TrainingError(DohnutsError):
     """Training cannot go on (a non-finite loss or gradient norm); what was saved stays intact."""
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    model: str = "tiny"
-    out: str = "runs/train"
-    updates: int = 200
-    eval_every: int = 25
-    warmup: int = 10
-    seed: int = 0
-    lora: LoRAConfig = field(default_factory=LoRAConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    objective: RLCDConfig = field(default_factory=RLCDConfig)
-    initialize_from: str | None = None
-    device: str | None = None
-    data: str | None = None  # what the partitions came from (a folder; None: given in code / synthetic)
-    schedule_updates: int | None = None  # the span of the lr schedule (None: `updates`; kept on resume)
-
-
-@dataclass
-class Partitions:
-    train: list
-    dev: list
-    calib: list
-    test: list
 
 
 def question_logits(results: list[RequestResult], requests) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,7 +190,7 @@ class Trainer:
             "log": {"bytes": len(log_data), "sha256": hashlib.sha256(log_data).hexdigest()},
             "files": {f: {"bytes": (tmp / f).stat().st_size, "sha256": sha256_of(tmp / f)} for f in files},
         }
-        write_durable(tmp / "manifest.json", json.dumps(manifest, allow_nan=False).encode())
+        write_durable(tmp / "manifest.json", dumps(manifest).encode())
         fsync_dir(tmp)
         if final.exists():  # an uncommitted leftover of an interrupted run (`latest` never named it)
             shutil.rmtree(final)
@@ -234,14 +211,14 @@ class Trainer:
 
         manifest = read_checkpoint(ckpt)
         check_resumable(manifest, self.cfg, self.fingerprint, str(self.out))
-        if manifest.get("requests_per_microbatch", 1) != self.per:  # a checkpoint of an older version
-            raise CheckpointError(f"was written when an update took {manifest.get('requests_per_microbatch', 1)} "
+        if manifest.requests_per_microbatch != self.per:  # a checkpoint of an older version
+            raise CheckpointError(f"was written when an update took {manifest.requests_per_microbatch} "
                                   f"request(s) per microbatch; this version takes {self.per} for this data, so the "
                                   "run cannot be resumed consistently — choose a new --out", source=str(ckpt))
         log = self.out / LOG
         log_data = log.read_bytes() if log.exists() else b""
-        keep = manifest["log"]["bytes"]
-        if len(log_data) < keep or hashlib.sha256(log_data[:keep]).hexdigest() != manifest["log"]["sha256"]:
+        keep = manifest.log.bytes
+        if len(log_data) < keep or hashlib.sha256(log_data[:keep]).hexdigest() != manifest.log.sha256:
             raise CheckpointError(f"does not begin with the {keep} bytes the checkpoint {ckpt.name} recorded (it was "
                                   "replaced or edited); the run cannot be resumed consistently", source=str(log))
         try:
@@ -249,32 +226,32 @@ class Trainer:
         except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
             raise CheckpointError(f"cannot be read ({exc})", source=str(ckpt / "state.safetensors")) from None
         # Everything is verified: restore the trainer, then the files of the run.
-        span = manifest["schedule_updates"]
+        span = manifest.schedule_updates
         if span != self.cfg.updates:
             self.log(f"the learning-rate schedule keeps the span of {span} updates the run started with"
                      + (f"; updates {span + 1}–{self.cfg.updates} run at its final rate" if self.cfg.updates > span
                         else ""))
-        self.cfg = replace(self.cfg, schedule_updates=span)
+        self.cfg = msgspec.structs.replace(self.cfg, schedule_updates=span)
         load_adapter(self.session, ckpt / "adapter.safetensors")
         try:
-            self.optimizer.load_state_dict(optimizer_state(state, manifest["optimizer"], self.optimizer.state_dict()))
+            self.optimizer.load_state_dict(optimizer_state(state, manifest.optimizer, self.optimizer.state_dict()))
             self.scheduler.lr_lambdas = [_schedule(self.cfg)]
-            self.scheduler.load_state_dict(dict(manifest["scheduler"]))
+            self.scheduler.load_state_dict(dict(manifest.scheduler))
         except (ValueError, KeyError, RuntimeError) as exc:
             raise CheckpointError(f"does not fit this model's optimizer ({exc})", source=str(ckpt)) from None
         torch.set_rng_state(state["rng.torch"])
         cuda = [state[k] for k in sorted((k for k in state if k.startswith("rng.cuda.")), key=lambda k: int(k[9:]))]
         if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda)
-        v, internal, gauss = manifest["python_rng"]
+        v, internal, gauss = manifest.python_rng
         random.setstate((v, tuple(internal), gauss))
-        self.update, self.best = manifest["update"], dict(manifest["best"])
+        self.update, self.best = manifest.update, dict(manifest.best)
         self.checkpoint = ckpt.name
         if not self.world.is_main:
             return True  # the run's files are rank 0's to restore
-        if BEST in manifest["files"]:
+        if BEST in manifest.files:
             cur = self.out / BEST
-            if not cur.exists() or sha256_of(cur) != manifest["files"][BEST]["sha256"]:
+            if not cur.exists() or sha256_of(cur) != manifest.files[BEST].sha256:
                 write_atomic(cur, (ckpt / BEST).read_bytes())  # the selection as of the checkpoint
         if len(log_data) > keep:
             dropped = log_data[keep:].count(b"\n")
@@ -293,7 +270,7 @@ class Trainer:
             rec["gpu_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
         rec.update(fields)
         with (self.out / LOG).open("a") as f:
-            f.write(strict_json(rec) + "\n")
+            f.write(dumps(rec, list_nonfinite=True) + "\n")
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -372,6 +349,6 @@ class Trainer:
         best = api.load(self.cfg.model, adapter=self.out / BEST, device=self.cfg.device, seed=self.cfg.seed)
         best.temperature = model.temperature
         save_adapter(best, self.out / BEST, extra={"update": self.best["update"]})
-        write_atomic(self.out / SUMMARY, strict_json(summary, indent=2).encode())
+        write_atomic(self.out / SUMMARY, dumps(summary, list_nonfinite=True, indent=2).encode())
         self._record("summary", **summary)
         return summary

@@ -51,13 +51,14 @@ import inspect
 import math
 import zlib
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from statistics import NormalDist
 
 import numpy as np
 
-from dohnuts.bench.analysis.records import RecordError, stage_ms, target_label, where, workload_label
+from dohnuts.bench.analysis.records import RecordError, Timing, stage_ms, target_label, where, workload_label
 from dohnuts.errors import DohnutsError
+from dohnuts.schema import convert
 
 FASTER = "faster"
 SLOWER = "slower"
@@ -148,11 +149,8 @@ def _steady(rec: dict) -> bool:
 
 
 def _key(rec: dict) -> tuple[str, str]:
-    wl = rec.get("workload")
-    if not isinstance(wl, dict) or "name" not in wl:
-        raise RecordError("must be an object with a name", source=where(rec), field="workload")
-    if "target" not in rec:
-        raise RecordError("is missing", source=where(rec), field="target")
+    """(workload, target) of a record whose times compare can read (`Timing`), else RecordError."""
+    convert(rec, Timing, source=where(rec), error=RecordError)
     return workload_label(rec), target_label(rec)
 
 
@@ -162,25 +160,10 @@ def _samples(records: list[dict]) -> dict[tuple[str, str], dict[str, list[float]
     for rec in records:
         if not _steady(rec):
             continue
-        key = _key(rec)
-        groups = out.setdefault(key, defaultdict(list))
-        wall = rec.get("wall_ms")
-        if not isinstance(wall, (int, float)) or isinstance(wall, bool) or not math.isfinite(wall) or wall < 0:
-            raise RecordError(f"must be a non-negative number, got {wall!r}", source=where(rec), field="wall_ms")
-        groups[WALL].append(float(wall))
-        stages = rec.get("stages", {})
-        if not isinstance(stages, dict):
-            raise RecordError("must be an object of stage times", source=where(rec), field="stages")
-        for name, entry in stages.items():
-            try:
-                value = stage_ms(entry)
-            except (TypeError, KeyError, ValueError, AttributeError):
-                raise RecordError("needs host_ms (and device_ms a number or null)", source=where(rec),
-                                  field=f"stages.{name}") from None
-            if not math.isfinite(value) or value < 0:
-                raise RecordError(f"is {value!r}; expected a non-negative time", source=where(rec),
-                                  field=f"stages.{name}")
-            groups[str(name)].append(value)
+        groups = out.setdefault(_key(rec), defaultdict(list))
+        groups[WALL].append(float(rec["wall_ms"]))
+        for name, entry in rec.get("stages", {}).items():
+            groups[str(name)].append(stage_ms(entry))
     return out
 
 
@@ -412,64 +395,3 @@ def aa_noise(records: list[dict], group: tuple[str, str], *, confidence: float =
         raise DohnutsError(f"half {empty} of workload {group[0]!r}, target {group[1]!r} has no records",
                            field="aa_half")
     return NoiseBudget(workload=str(group[0]), target=str(group[1]), rows=comp.rows)
-
-
-# ----------------------------------------------------------------------------------------------
-# rendering
-
-
-def _finite(x: float | None) -> float | None:
-    return x if x is not None and math.isfinite(x) else None
-
-
-def comparison_dict(comparison: Comparison) -> dict:
-    """A plain, strict-JSON dict (non-finite numbers as None)."""
-    rows = []
-    for r in comparison.rows:
-        d = asdict(r)
-        rows.append({k: (_finite(v) if isinstance(v, float) else v) for k, v in d.items()})
-    return {
-        "a": comparison.label_a, "b": comparison.label_b, "confidence": comparison.confidence,
-        "min_effect": comparison.min_effect, "resamples": comparison.resamples, "seed": comparison.seed,
-        "method": comparison.method, "rule": RULE, "rows": rows,
-        "only_in_a": [{"workload": w, "target": t} for w, t in comparison.only_in_a],
-        "only_in_b": [{"workload": w, "target": t} for w, t in comparison.only_in_b],
-        "warnings": list(comparison.warnings),
-    }
-
-
-def _ms(x: float | None) -> str:
-    if x is None:
-        return "—"
-    return f"{x:.3f}" if x < 100 else f"{x:.1f}"
-
-
-def _num(x: float | None, fmt: str = "{:.3f}") -> str:
-    if x is None:
-        return "—"
-    return "∞" if math.isinf(x) else fmt.format(x)
-
-
-def comparison_table(comparison: Comparison):
-    """A FitTable (fits any console width, never cuts a number): one row per (workload, target,
-    stage), then the groups measured in one run only."""
-    from rich.text import Text
-
-    from dohnuts.bench.analysis.render import Col, FitTable
-
-    colour = {SLOWER: "red", FASTER: "green"}
-    t = FitTable(f"B over A (A = {comparison.label_a}, B = {comparison.label_b}); median ms; "
-                 f"{100 * comparison.confidence:g}% bootstrap interval of the ratio; Mann-Whitney p; "
-                 f"changes under {100 * comparison.min_effect:g}% (or under 1% of the call) are not verdicts",
-                 [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("stage", "left"),
-                  Col("median A"), Col("median B"), Col("ratio"), Col("CI low–high"), Col("p-value"),
-                  Col("verdict", "left")],
-                 sections=2, groups=[(3, 4), (5, 6), (7, 8)])
-    for r in comparison.rows:
-        ci = "—" if r.ci_low is None else f"{_num(r.ci_low)}–{_num(r.ci_high)}"
-        p = "—" if r.p_value is None else f"{r.p_value:.2g}"
-        v = Text(r.verdict, style=colour[r.verdict]) if r.verdict in colour else r.verdict
-        t.add_row(r.workload, r.target, r.stage, _ms(r.median_a), _ms(r.median_b), _num(r.ratio, "{:.3f}×"), ci, p, v)
-    for (w, tg), where_ in [*((k, "A") for k in comparison.only_in_a), *((k, "B") for k in comparison.only_in_b)]:
-        t.add_row(w, tg, "—", "—", "—", "—", "—", "—", f"only in {where_}")
-    return t

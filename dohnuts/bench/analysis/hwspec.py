@@ -23,10 +23,11 @@ A spec is a YAML file (see hwspecs/README.md; built-in: hwspecs/rx7900xtx.yaml, 
 
 A ceiling's value is the product of its factors (numbers, or fractions written "128/130"); when
 both are given they must agree within 0.1%, so a typo in either is caught. `derived` ceilings
-must show their factors; `measured` ones must say when they were measured. Every problem is a
-ConfigError naming the file and the dotted field (e.g. `ceilings.bf16_matrix.factors.clock_hz`),
-on one line: a file that is missing, a directory, not UTF-8 text, not valid YAML, or that holds a
-key twice in one mapping (dohnuts.bench.workload.read_yaml) is refused the same way.
+must show their factors; `measured` ones must say when they were measured. The format is declared
+by `HwSpecFile` and `CeilingFile` (msgspec Structs). Every problem is a ConfigError naming the
+file and the dotted field (e.g. `gpu.yaml: field 'ceilings.bf16_matrix.factors.clock_hz': must be
+positive, got 0`), on one line: a file that is missing, a directory, not UTF-8 text, not valid
+YAML, or that holds a key twice in one mapping (dohnuts.schema.read_yaml) is refused the same way.
 
 `with_measured_ceilings(spec, measured)` adds the ceilings the harness measures at the start of
 a run (a large BF16 matmul, a device copy, pinned host copies) as measured roles.
@@ -53,19 +54,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from dohnuts.bench.analysis.hwspec_file import (  # noqa: F401 - the roles are this module's API too
+    BANDWIDTH_ROLES, COMPUTE_ROLES, PRODUCT_TOLERANCE, REQUIRED_ROLES, ROLES, HwSpecFile, parse_number,
+)
 from dohnuts.errors import ConfigError
+from dohnuts.schema import convert, read_yaml
 
-COMPUTE_ROLES = ("matrix", "attention", "scan", "vector")  # kinds of FLOPs (dohnuts.bench.analysis.flops)
-BANDWIDTH_ROLES = ("memory", "host_link", "interconnect")  # device memory, host<->device, device<->device
-REQUIRED_ROLES = COMPUTE_ROLES + ("memory", "host_link")  # `interconnect` is optional (one-device specs)
-ROLES = COMPUTE_ROLES + BANDWIDTH_ROLES
-KINDS = ("compute", "bandwidth")
-PROVENANCES = ("datasheet", "derived", "measured")
 BASES = ("datasheet", "measured", "sustained")  # `datasheet` = the `roles` table (datasheet or derived numbers)
-PRODUCT_TOLERANCE = 1e-3  # stated value vs product of factors
-_TOP_KEYS = {"schema", "name", "description", "device_names", "target_fraction", "overlap_compute_kinds",
-             "ceilings", "roles", "measured_roles", "memory_capacity_bytes"}
-_CEILING_KEYS = {"kind", "provenance", "factors", "value", "source", "date", "note", "unit"}
 # The repository's hwspecs/, reached through the dohnuts/bench/hwspecs link, which installs as package data.
 BUILTIN_DIR = Path(__file__).resolve().parents[1] / "hwspecs"
 
@@ -171,13 +166,7 @@ class HwSpec:
 
 def load_hwspec(path: str | Path) -> HwSpec:
     """Read and validate a hwspec YAML file."""
-    from dohnuts.bench.workload import one_line_error, read_yaml
-
-    path = Path(path)
-    try:
-        _, data = read_yaml(path)  # one-line ConfigError: missing, a directory, not text, bad YAML, duplicate key
-    except ConfigError as exc:
-        raise one_line_error(exc) from None
+    _, data = read_yaml(path)  # one-line ConfigError: missing, a directory, not text, bad YAML, duplicate key
     return parse_hwspec(data, source=str(path))
 
 
@@ -200,179 +189,21 @@ def find_hwspec(name_or_path: str | Path) -> HwSpec:
 
 
 def parse_hwspec(data: Any, *, source: str) -> HwSpec:
-    """Validate the parsed YAML of a spec; every error names `source` and the dotted field, on one
-    line (a key holding a newline is written with escapes)."""
-    from dohnuts.bench.workload import one_line_error
-
-    try:
-        return _parse_hwspec(data, source)
-    except ConfigError as exc:
-        raise one_line_error(exc) from None
-
-
-def _parse_hwspec(data: Any, source: str) -> HwSpec:
-    if not isinstance(data, dict):
-        raise ConfigError("must be a mapping at the top level", source=source)
-    unknown = sorted(set(data) - _TOP_KEYS, key=str)
-    if unknown:
-        raise ConfigError(f"is not a hwspec field (known: {', '.join(sorted(_TOP_KEYS))})",
-                          source=source, field=str(unknown[0]))
-    if data.get("schema", 1) != 1:
-        raise ConfigError(f"is {_short(data['schema'])}; this version reads schema 1", source=source, field="schema")
-    name = data.get("name")
-    if not isinstance(name, str) or not name.strip():
-        raise ConfigError("is missing (a non-empty string)", source=source, field="name")
-    fraction = _number(data.get("target_fraction", 0.8), source, "target_fraction")
-    if not 0.0 < fraction <= 1.0:
-        raise ConfigError(f"must lie in (0, 1], got {fraction}", source=source, field="target_fraction")
-    overlap = data.get("overlap_compute_kinds", False)
-    if not isinstance(overlap, bool):
-        raise ConfigError("must be true or false", source=source, field="overlap_compute_kinds")
-    names = data.get("device_names", [])
-    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
-        raise ConfigError("must be a list of non-empty strings", source=source, field="device_names")
-
-    raw = data.get("ceilings")
-    if not isinstance(raw, dict) or not raw:
-        raise ConfigError("is missing (a mapping of named ceilings)", source=source, field="ceilings")
-    ceilings = {str(k): _ceiling(str(k), v, source) for k, v in raw.items()}
-    roles = _roles(data.get("roles"), ceilings, source, "roles", required=True)
-    measured = _roles(data.get("measured_roles"), ceilings, source, "measured_roles", required=False)
-    for precision in measured:
-        if precision not in roles:
-            raise ConfigError(f"names precision {precision!r}, which `roles` does not", source=source,
-                              field=f"measured_roles.{precision}")
-    return HwSpec(name=name.strip(), ceilings=ceilings, roles=roles, measured_roles=measured,
-                  target_fraction=fraction, overlap_compute_kinds=overlap, device_names=tuple(names),
-                  description=str(data.get("description", "")), source=source)
-
-
-def _number(value: Any, source: str, where: str) -> float:
-    """A finite number. Strings are accepted because PyYAML reads `2.5e9` (no exponent sign) as a
-    string; `a/b` fractions let a factor be written exactly (PCIe's 128/130 line code)."""
-    if isinstance(value, bool):
-        raise ConfigError(f"must be a number, got {value!r}", source=source, field=where)
-    if isinstance(value, (int, float)):
-        try:
-            out = float(value)
-        except OverflowError:
-            raise ConfigError("must be finite, got an integer too large for a number", source=source,
-                              field=where) from None
-    elif isinstance(value, str):
-        try:
-            if "/" in value:
-                num, den = value.split("/")
-                out = float(num) / float(den)
-            else:
-                out = float(value)
-        except (ValueError, ZeroDivisionError, OverflowError):
-            raise ConfigError(f"must be a number or a fraction a/b, got {_short(value)}", source=source,
-                              field=where) from None
-    else:
-        raise ConfigError(f"must be a number, got {_short(value)}", source=source, field=where)
-    if not math.isfinite(out):
-        raise ConfigError(f"must be finite, got {_short(value)}", source=source, field=where)
-    return out
-
-
-def _short(value: Any) -> str:
-    from dohnuts.bench.workload import _short as short
-
-    return short(value)
-
-
-def _positive(value: Any, source: str, where: str) -> float:
-    out = _number(value, source, where)
-    if out <= 0:
-        raise ConfigError(f"must be positive, got {value!r}", source=source, field=where)
-    return out
-
-
-def _ceiling(name: str, d: Any, source: str) -> Ceiling:
-    where = f"ceilings.{name}"
-    if not isinstance(d, dict):
-        raise ConfigError("must be a mapping (kind, provenance, value and/or factors, source)", source=source,
-                          field=where)
-    unknown = sorted(set(d) - _CEILING_KEYS, key=str)
-    if unknown:
-        raise ConfigError(f"is not a ceiling field (known: {', '.join(sorted(_CEILING_KEYS))})", source=source,
-                          field=f"{where}.{unknown[0]}")
-    kind = d.get("kind")
-    if not isinstance(kind, str) or kind not in KINDS:
-        raise ConfigError(f"must be one of {KINDS}, got {_short(kind)}", source=source, field=f"{where}.kind")
-    provenance = d.get("provenance")
-    if not isinstance(provenance, str) or provenance not in PROVENANCES:
-        raise ConfigError(f"must be one of {PROVENANCES}, got {_short(provenance)}", source=source,
-                          field=f"{where}.provenance")
-    src = d.get("source")
-    if not isinstance(src, str) or not src.strip():
-        raise ConfigError("is missing: say where the number comes from", source=source, field=f"{where}.source")
-    raw_factors = d.get("factors") or {}
-    if not isinstance(raw_factors, dict):
-        raise ConfigError("must be a mapping of named factors", source=source, field=f"{where}.factors")
-    factors = tuple((str(k), _positive(v, source, f"{where}.factors.{k}")) for k, v in raw_factors.items())
-    stated = None if d.get("value") is None else _positive(d["value"], source, f"{where}.value")
-    if stated is None and not factors:
-        raise ConfigError("is missing (give the value, its factors, or both)", source=source, field=f"{where}.value")
-    if provenance == "derived" and not factors:
-        raise ConfigError("is required for a derived ceiling", source=source, field=f"{where}.factors")
-    date = d.get("date")
-    if provenance == "measured" and not date:
-        raise ConfigError("is required for a measured ceiling (when it was measured)", source=source,
-                          field=f"{where}.date")
-    value = stated
-    if factors:
-        value = math.prod(v for _, v in factors)
-        if not math.isfinite(value) or value <= 0:
-            raise ConfigError(f"multiply to {value!r}, not a positive finite rate", source=source,
-                              field=f"{where}.factors")
-        if stated is not None and abs(stated - value) > PRODUCT_TOLERANCE * value:
-            raise ConfigError(
-                f"is {stated:.6g} but its factors multiply to {value:.6g} "
-                f"({abs(stated - value) / value:.3%} apart, more than {PRODUCT_TOLERANCE:.1%})",
-                source=source, field=f"{where}.value")
-    unit = d.get("unit")
-    expected = "FLOP/s" if kind == "compute" else "B/s"
-    if unit is not None and unit != expected:
-        raise ConfigError(f"must be {expected!r} for a {kind} ceiling, got {_short(unit)}", source=source,
-                          field=f"{where}.unit")
-    return Ceiling(name=name, kind=kind, value=float(value), provenance=provenance, source=src.strip(),
-                   factors=factors, stated=stated, date=None if date is None else str(date),
-                   note=None if d.get("note") is None else str(d["note"]))
-
-
-def _roles(d: Any, ceilings: Mapping[str, Ceiling], source: str, key: str, *, required: bool
-           ) -> dict[str, dict[str, str]]:
-    if d is None and not required:
-        return {}
-    if not isinstance(d, dict) or not d:
-        raise ConfigError("is missing (precision → role → ceiling name)", source=source, field=key)
-    out: dict[str, dict[str, str]] = {}
-    for precision, table in d.items():
-        where = f"{key}.{precision}"
-        if not isinstance(table, dict):
-            raise ConfigError(f"must map roles {ROLES} to ceiling names", source=source, field=where)
-        for role in table:
-            if not isinstance(role, str) or role not in ROLES:
-                raise ConfigError(f"is not a role (expected one of {ROLES})", source=source, field=f"{where}.{role}")
-        if required:
-            for role in REQUIRED_ROLES:
-                if role not in table or table[role] is None:
-                    raise ConfigError("is missing: every role needs a ceiling", source=source,
-                                      field=f"{where}.{role}")
-        for role, name in table.items():
-            if not isinstance(name, str) or name not in ceilings:
-                raise ConfigError(f"names ceiling {_short(name)}, which is not defined under `ceilings`",
-                                  source=source, field=f"{where}.{role}")
-            want = "compute" if role in COMPUTE_ROLES else "bandwidth"
-            if ceilings[name].kind != want:
-                raise ConfigError(f"needs a {want} ceiling, but {name!r} is {ceilings[name].kind}",
-                                  source=source, field=f"{where}.{role}")
-            if key == "measured_roles" and ceilings[name].provenance != "measured":
-                raise ConfigError(f"may only name measured ceilings; {name!r} is {ceilings[name].provenance}",
-                                  source=source, field=f"{where}.{role}")
-        out[str(precision)] = {str(r): str(n) for r, n in table.items()}
-    return out
+    """Validate the parsed YAML of a spec (`HwSpecFile`); every error names `source` and the dotted
+    field, on one line (a key holding a newline is written with escapes)."""
+    f = convert(data, HwSpecFile, source=source, dec_hook=parse_number)
+    ceilings = {name: Ceiling(name=name, kind=c.kind, value=c.product() if c.factors else float(c.value),
+                              provenance=c.provenance, source=c.source.strip(),
+                              factors=tuple((k, float(v)) for k, v in (c.factors or {}).items()),
+                              stated=None if c.value is None else float(c.value),
+                              date=None if c.date is None else str(c.date),
+                              note=None if c.note is None else str(c.note))
+                for name, c in f.ceilings.items()}
+    roles = {p: {r: n for r, n in t.items()} for p, t in f.roles.items()}
+    measured = {p: {r: n for r, n in t.items()} for p, t in (f.measured_roles or {}).items()}
+    return HwSpec(name=f.name.strip(), ceilings=ceilings, roles=roles, measured_roles=measured,
+                  target_fraction=float(f.target_fraction), overlap_compute_kinds=f.overlap_compute_kinds,
+                  device_names=tuple(f.device_names), description=str(f.description), source=source)
 
 
 # --------------------------------------------------------------------------------------------

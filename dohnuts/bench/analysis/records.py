@@ -14,37 +14,117 @@ One record per measured call, schema 1 (the harness writes them, append-only):
      "harness_overhead_ms": float,   # optional: the harness's own time in this call (breakdown in
      "harness_overhead": {...}}      #   "harness_overhead", see dohnuts.bench.runner.harness_overhead)
 
+The schema is declared once, below, as msgspec Structs: `Record` (what the analysis reads) and
+`ReportedRecord` (also what the run report reads); `SCHEMA` is the one version constant, which the
+runner writes. A record carries more than the Structs name (telemetry, provenance, fields a plugin
+adds): the analysis keeps reading the dict, the Structs only check it.
+
 Reading never produces a wrong number: a truncated last line (a writer killed mid-append) is
 skipped with a warning, records of another schema version are skipped with a warning, and a
 corrupt line anywhere else is an error that names the file and the line — so is a line that is
 not UTF-8 text, and a number that is not finite (NaN, Infinity, 1e999: never written by the
-harness, which writes JSON with allow_nan=False) anywhere in a record. `check_record` checks
-what the analysis reads, `check_reportable` also what the run report reads.
+harness, whose JSON is strict) anywhere in a record. `check_record` checks what the analysis
+reads, `check_reportable` also what the run report reads; their errors name the record
+(`file:line`) and the field, e.g. `results.jsonl:7: field 'stages.prefix.host_ms': is missing`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+import msgspec
 
 from dohnuts.bench.analysis.flops import DEFAULT_LORA_TARGETS, LoraShape
 from dohnuts.config import ModelConfig, TextConfig, VisionConfig
 from dohnuts.errors import DohnutsError
 from dohnuts.runtime.work import WorkCounts
+from dohnuts.schema import NonNegative, Positive, convert, first_nonfinite, median, one_line_error, short
 
-SCHEMA = 1
-REQUIRED = ("run_id", "workload", "target", "iteration", "stages", "wall_ms", "work", "model", "precision", "device")
+SCHEMA = 1  # the record format's version: written by dohnuts.bench.runner, read here
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
-STREAM_TIMES = ("latency_ms", "queue_ms", "total_ms")  # a stream record's extra.stream
 LOCATION_KEY = "_source"  # read_jsonl adds "file:line" to each record it returns
 
 
 class RecordError(DohnutsError):
     """A raw result record that cannot be analysed as it is."""
+
+
+class StageTime(msgspec.Struct):
+    host_ms: NonNegative
+    device_ms: NonNegative | None = None  # CUDA events; null on the CPU
+
+
+class WorkloadRef(msgspec.Struct):
+    name: Any
+    kind: Any = None
+    file: Any = None
+    file_hash: Any = None
+
+
+class Timing(msgspec.Struct, kw_only=True):
+    """What `compare` reads of a record: whose times (workload, target) and the times themselves."""
+
+    workload: WorkloadRef
+    target: Any
+    wall_ms: NonNegative
+    stages: dict[str, StageTime] = {}
+
+
+class Record(Timing, kw_only=True):
+    """What the analysis reads of a record (check_record); other fields are carried as written."""
+
+    schema: Literal[1] = 1
+    run_id: Any
+    iteration: Any
+    stages: dict[str, StageTime]
+    work: Any  # WorkCounts.to_dict(), read by work_of
+    model: Any  # ModelConfig.to_dict(), read by model_of
+    precision: Literal["bf16", "fp32"]
+    device: dict[str, Any]
+
+
+class Tokens(msgspec.Struct):
+    useful: NonNegative
+    padded: NonNegative
+
+
+class Device(msgspec.Struct):
+    name: str
+    type: Any = None
+
+
+class Validity(msgspec.Struct):
+    reasons: list[Any] | None = None
+
+
+class StreamTimes(msgspec.Struct):
+    """A stream record's `extra.stream` (dohnuts.bench.runner._measure_stream)."""
+
+    latency_ms: NonNegative
+    queue_ms: NonNegative
+    total_ms: Positive
+
+
+class Extra(msgspec.Struct):
+    stream: StreamTimes | None = None
+
+
+class ReportedRecord(Record, kw_only=True):
+    """`Record` and what the run report (bench_plugins.reporters) reads (check_reportable)."""
+
+    wall_ms: Positive
+    decisions: NonNegative
+    tokens: Tokens
+    device: Device
+    peak_mem_bytes: NonNegative | None = None
+    validity: Validity | None = None
+    harness_overhead: dict[str, Any] | None = None
+    extra: Extra | None = None
+    aa_half: Literal[0, 1] | None = None
 
 
 class RecordWarning(UserWarning):
@@ -54,8 +134,6 @@ class RecordWarning(UserWarning):
 def read_jsonl(path: str | Path) -> list[dict]:
     """The schema-1 records of a JSONL file (or its gzip archive, `.jsonl.gz`), each with
     `_source` = "file:line"."""
-    from dohnuts.bench.workload import one_line_error
-
     try:
         return _read_jsonl(Path(path))
     except RecordError as exc:
@@ -91,7 +169,7 @@ def _read_jsonl(path: Path) -> list[dict]:
             raise RecordError(f"line {n} cannot be read ({exc})", source=str(path), field=f"line {n}") from None
         if not isinstance(rec, dict):
             raise RecordError(f"line {n} is not a JSON object", source=str(path), field=f"line {n}")
-        bad = _nonfinite(rec)
+        bad = first_nonfinite(rec)
         if bad is not None:
             raise RecordError(f"line {n} holds a number that is not finite (NaN or infinite) at {bad}",
                               source=str(path), field=f"line {n}")
@@ -108,7 +186,12 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def _parse_line(raw: bytes) -> Any:
-    return json.loads(raw.decode("utf-8"))
+    """One line as JSON: msgspec's strict decoder, and Python's where it refuses the line (a NaN
+    token, a number out of range, nesting), so the error says what and where, as it always has."""
+    try:
+        return msgspec.json.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return json.loads(raw.decode("utf-8"))
 
 
 def _reason(exc: Exception) -> str:
@@ -118,60 +201,7 @@ def _reason(exc: Exception) -> str:
 
 
 def _schema_name(value: Any) -> str:
-    """repr(value) on one line, cut to 40 characters."""
-    try:
-        text = " ".join(repr(value).split())
-    except ValueError:  # an integer too long to print
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _nonfinite(obj: Any) -> str | None:
-    """The dotted path of the first non-finite float in a parsed JSON value, or None."""
-    stack = [(obj, "")]
-    while stack:
-        x, at = stack.pop()
-        if isinstance(x, float) and not math.isfinite(x):
-            return at or "the record"
-        if isinstance(x, dict):
-            stack.extend((v, f"{at}.{k}" if at else str(k)) for k, v in reversed(list(x.items())))
-        elif isinstance(x, list):
-            stack.extend((v, f"{at}[{i}]") for i, v in reversed(list(enumerate(x))))
-    return None
-
-
-def json_safe(obj: Any) -> Any:
-    """`obj` with every non-finite float (NaN, ±inf) replaced by None, tuples as lists: what
-    `json.dumps(..., allow_nan=False)` accepts. Other values are kept as they are."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return obj
-
-
-def dumps(obj: Any, **kw) -> str:
-    """Strict JSON (never a bare NaN or Infinity): non-finite numbers are written as null."""
-    try:
-        return json.dumps(obj, allow_nan=False, **kw)
-    except ValueError:
-        return json.dumps(json_safe(obj), allow_nan=False, **kw)
-
-
-def write_json(path: str | Path, obj: Any, **kw) -> None:
-    """Write `obj` as strict JSON (`dumps`) atomically: a temporary file beside `path`, then a
-    rename, so an interrupted write leaves the previous file (or none), never half of one."""
-    path = Path(path)
-    text = dumps(obj, **kw)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    return short(value, 40)
 
 
 def where(rec: dict) -> str:
@@ -180,90 +210,27 @@ def where(rec: dict) -> str:
 
 def _text(x: Any, limit: int = 40) -> str:
     """str(x) on one line, cut to `limit` characters (an error message stays readable)."""
-    from dohnuts.bench.workload import _short
-
-    return _short(x, limit, convert=str)
+    return short(x, limit, convert=str)
 
 
 def check_record(rec: dict) -> None:
-    """Structural checks of one schema-1 record; RecordError names the record and the field (on
-    one line: a key holding a newline is written with escapes)."""
-    from dohnuts.bench.workload import one_line_error
-
-    try:
-        _check_record(rec)
-    except RecordError as exc:
-        raise one_line_error(exc) from None
-
-
-def _check_record(rec: dict) -> None:
+    """Structural checks of one schema-1 record (`Record`); RecordError names the record and the
+    field (on one line: a key holding a newline is written with escapes)."""
     if not isinstance(rec, dict):
         raise RecordError(f"must be a JSON object, got {type(rec).__name__}", source="record")
     if rec.get("schema", SCHEMA) != SCHEMA:
-        raise RecordError(f"has schema {_schema_name(rec.get('schema'))}; this version reads {SCHEMA}",
-                          source=where(rec), field="schema")
-    for key in REQUIRED:
-        if key not in rec:
-            raise RecordError("is missing", source=where(rec), field=key)
-    if not isinstance(rec["workload"], dict) or "name" not in rec["workload"]:
-        raise RecordError("must be an object with a name", source=where(rec), field="workload")
-    if not isinstance(rec["precision"], str) or rec["precision"] not in DTYPE_BYTES:
-        raise RecordError(f"is {_schema_name(rec['precision'])}; expected one of {list(DTYPE_BYTES)}",
-                          source=where(rec), field="precision")
-    if not isinstance(rec["device"], dict):
-        raise RecordError("must be an object (name, type)", source=where(rec), field="device")
-    if not isinstance(rec["stages"], dict):
-        raise RecordError("must be an object of stage times", source=where(rec), field="stages")
-    for name, st in rec["stages"].items():
-        if not isinstance(st, dict) or not _number(st.get("host_ms")) or (
-                st.get("device_ms") is not None and not _number(st["device_ms"])):
-            raise RecordError("needs host_ms (and device_ms a number or null)", source=where(rec),
-                              field=f"stages.{name}")
-    if not _number(rec["wall_ms"]):
-        raise RecordError(f"must be a non-negative number, got {_schema_name(rec['wall_ms'])}", source=where(rec),
-                          field="wall_ms")
+        raise one_line_error(RecordError(f"has schema {_schema_name(rec.get('schema'))}; this version reads {SCHEMA}",
+                                         source=where(rec), field="schema"))
+    convert(rec, Record, source=where(rec), error=RecordError)
 
 
 def check_reportable(rec: dict) -> None:
-    """`check_record`, and what the run report (bench_plugins.reporters) reads of a record: a
-    positive wall time, `decisions`, `tokens.useful` / `tokens.padded`, the device's name, and
-    when present `peak_mem_bytes`, `validity`, `harness_overhead`, `aa_half` and a stream's
-    `extra.stream` times. RecordError names the record and the field, on one line."""
-    from dohnuts.bench.workload import one_line_error
-
+    """`check_record`, and what the run report (bench_plugins.reporters) reads of a record
+    (`ReportedRecord`): a positive wall time, `decisions`, `tokens.useful` / `tokens.padded`, the
+    device's name, and when present `peak_mem_bytes`, `validity`, `harness_overhead`, `aa_half` and
+    a stream's `extra.stream` times. RecordError names the record and the field, on one line."""
     check_record(rec)
-    try:
-        _check_reportable(rec)
-    except RecordError as exc:
-        raise one_line_error(exc) from None
-
-
-def _check_reportable(rec: dict) -> None:
-    at = where(rec)
-    if not rec["wall_ms"] > 0:
-        raise RecordError(f"must be positive, got {rec['wall_ms']!r}", source=at, field="wall_ms")
-    if not _number(rec.get("decisions")):
-        raise RecordError("must be a non-negative number", source=at, field="decisions")
-    tokens = rec.get("tokens")
-    if not isinstance(tokens, dict) or not all(_number(tokens.get(k)) for k in ("useful", "padded")):
-        raise RecordError("must be an object with non-negative useful and padded counts", source=at, field="tokens")
-    if not isinstance(rec["device"].get("name"), str):
-        raise RecordError("must be a string", source=at, field="device.name")
-    if rec.get("peak_mem_bytes") is not None and not _number(rec["peak_mem_bytes"]):
-        raise RecordError("must be a non-negative number or null", source=at, field="peak_mem_bytes")
-    validity = rec.get("validity")
-    if validity is not None and (not isinstance(validity, dict) or not isinstance(validity.get("reasons") or [], list)):
-        raise RecordError("must be an object whose reasons are a list", source=at, field="validity")
-    for key in ("harness_overhead", "extra"):
-        if rec.get(key) is not None and not isinstance(rec[key], dict):
-            raise RecordError("must be an object or null", source=at, field=key)
-    if rec.get("aa_half") is not None and rec["aa_half"] not in (0, 1):
-        raise RecordError("must be 0 or 1", source=at, field="aa_half")
-    stream = (rec.get("extra") or {}).get("stream")
-    if stream is not None and not (isinstance(stream, dict) and all(_number(stream.get(k)) for k in STREAM_TIMES)
-                                   and stream["total_ms"] > 0):
-        raise RecordError("needs non-negative latency_ms and queue_ms and a positive total_ms", source=at,
-                          field="extra.stream")
+    convert(rec, ReportedRecord, source=where(rec), error=RecordError)
 
 
 def _number(x: Any) -> bool:
@@ -421,17 +388,11 @@ def overhead_summary(records: list[dict]) -> dict[tuple[str, str], dict]:
         fractions = [f for _, f, _ in rows]
         in_call = [c for _, _, c in rows if c is not None]
         in_call_fraction = [c * f / m for m, f, c in rows if c is not None and m > 0]
-        med = _median([m for m, _, _ in rows])
-        frac = _median(fractions)
-        in_frac = _median(in_call_fraction) if in_call_fraction else None
+        med = median([m for m, _, _ in rows])
+        frac = median(fractions)
+        in_frac = median(in_call_fraction) if in_call_fraction else None
         out[key] = {"n": len(rows), "median_ms": med, "median_fraction": frac, "max_fraction": max(fractions),
-                    "median_in_call_ms": _median(in_call) if in_call else None,
+                    "median_in_call_ms": median(in_call) if in_call else None,
                     "median_in_call_fraction": in_frac,
                     "within_target": (frac if in_frac is None else in_frac) <= OVERHEAD_TARGET_FRACTION}
     return out
-
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2

@@ -22,9 +22,7 @@ experiments); it may pool several runs of the same workload.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from dataclasses import dataclass
-from typing import Iterable
 
 from dohnuts.bench.analysis.bounds import CallBounds, combine, efficiency, meets_target, stage_bound
 from dohnuts.bench.analysis.cost import (
@@ -36,6 +34,7 @@ from dohnuts.bench.analysis.records import (
     DTYPE_BYTES, RecordError, check_record, group_key, lora_of, model_of, stage_ms, valid_records, where, work_of,
     world_size,
 )
+from dohnuts.schema import median
 
 # A target that times one `forward` and none of prefix / suffix / head (the training step, a
 # peer implementation) is compared with the bound of all of them together.
@@ -136,10 +135,6 @@ def _group_dict(g: GroupAnalysis) -> dict:
     }
 
 
-def _median(values: Iterable[float]) -> float:
-    return float(statistics.median(list(values)))
-
-
 def analyze_records(records: list[dict], hwspec: HwSpec, *, buffers: int = 2) -> Analysis:
     """Analyse schema-1 records (read_jsonl's output) against `hwspec`."""
     groups: dict[tuple[str, str], list[dict]] = {}
@@ -210,9 +205,9 @@ def _group(key: tuple[str, str], recs: list[dict], spec: HwSpec, buffers: int) -
     rows, measured_med, bound_med = [], {}, {b: {} for b in bases}
     for name in graph.names:
         times = [stage_ms(r["stages"][name]) for r in recs if name in r["stages"]]
-        measured = _median(times) if times else None
+        measured = median(times) if times else None
         have = [c[name] for c in costs if name in c]
-        bound = {b: _median(stage_bound(c, spec, precision, b).ms for c in have) if have else 0.0 for b in bases}
+        bound = {b: median(stage_bound(c, spec, precision, b).ms for c in have) if have else 0.0 for b in bases}
         # The representative call (median datasheet bound) names the limiter and the FLOP split.
         mid = sorted(have, key=lambda c: stage_bound(c, spec, precision, bases[0]).ms)[len(have) // 2] if have else None
         limiter = {b: stage_bound(mid, spec, precision, b).describe() if mid else "—" for b in bases}
@@ -222,10 +217,10 @@ def _group(key: tuple[str, str], recs: list[dict], spec: HwSpec, buffers: int) -
             limiter=limiter,
             meets_target={b: meets_target(measured, bound[b], spec.target_fraction) if have else None for b in bases},
             useful_flops=mid.useful.kinds() if mid else {},
-            padded_flops=_median(c.padded.total_flops for c in have) if have else 0.0,
-            repeated_flops=_median(c.repeated.total_flops for c in have) if have else 0.0,
-            useful_bytes=_median(c.useful.device_bytes for c in have) if have else 0.0,
-            link_bytes=_median(c.useful.link_bytes for c in have) if have else 0.0,
+            padded_flops=median(c.padded.total_flops for c in have) if have else 0.0,
+            repeated_flops=median(c.repeated.total_flops for c in have) if have else 0.0,
+            useful_bytes=median(c.useful.device_bytes for c in have) if have else 0.0,
+            link_bytes=median(c.useful.link_bytes for c in have) if have else 0.0,
             modelled=bool(have), notes=mid.notes if mid else ()))
         for b, eff in rows[-1].efficiency.items():
             if eff is not None and eff > 1.0 + 1e-9:  # a lower bound above a measurement is a wrong bound
@@ -241,8 +236,8 @@ def _group(key: tuple[str, str], recs: list[dict], spec: HwSpec, buffers: int) -
 
 
 def _call_row(recs, costs, graph, bases, measured_med, bound_med, spec) -> CallRow:
-    wall = _median(float(r["wall_ms"]) for r in recs)
-    decisions = _median(float(r.get("decisions") or 0) for r in recs)
+    wall = median(float(r["wall_ms"]) for r in recs)
+    decisions = median(float(r.get("decisions") or 0) for r in recs)
     bound = {b: combine(bound_med[b], graph) for b in bases}
     eff = {b: efficiency(bound[b].critical_ms, wall) for b in bases}
     works = [work_of(r) for r in recs]
@@ -254,7 +249,7 @@ def _call_row(recs, costs, graph, bases, measured_med, bound_med, spec) -> CallR
         decisions=decisions, decisions_per_s=decisions / wall * 1e3 if wall > 0 else None,
         ceiling_decisions_per_s={b: decisions / bound[b].critical_ms * 1e3 if bound[b].critical_ms > 0 else None
                                  for b in bases},
-        tokens={"useful": _median(t["useful"] for t in tokens), "padded": _median(t["padded"] for t in tokens),
-                "repeated": _median(t["repeated"] for t in tokens),
-                "recomputed": _median(w.recomputed_tokens for w in works)},
-        flops={k: _median(t[k].total_flops for t in totals) for k in ("useful", "padded", "repeated")})
+        tokens={"useful": median(t["useful"] for t in tokens), "padded": median(t["padded"] for t in tokens),
+                "repeated": median(t["repeated"] for t in tokens),
+                "recomputed": median(w.recomputed_tokens for w in works)},
+        flops={k: median(t[k].total_flops for t in totals) for k in ("useful", "padded", "repeated")})

@@ -22,12 +22,12 @@ perfect scaling). A count without a one-process measurement in the same records 
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dohnuts.bench.analysis.records import stage_ms, target_label, valid_records, world_size
+from dohnuts.schema import median
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,6 @@ class ScalingRow:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _median(values) -> float:
-    return float(statistics.median(list(values)))
 
 
 def scaling_rows(records: list[dict]) -> list[ScalingRow]:
@@ -103,18 +99,18 @@ def _row(key: tuple[str, str], n: int, recs: list[dict], streamed: list[dict]) -
         for r in recs:
             by_iter[r.get("iteration", 0)].append(r)
         complete = [v for v in by_iter.values() if len(v) == len(ranks)] or list(by_iter.values())
-        per_call = _median(max(float(r["wall_ms"]) for r in v) for v in complete)
+        per_call = median(max(float(r["wall_ms"]) for r in v) for v in complete)
         per_s = 1e3 / per_call if per_call > 0 else 0.0
-        decisions = _median(sum(float(r.get("decisions") or 0) for r in v) for v in complete)
+        decisions = median(sum(float(r.get("decisions") or 0) for r in v) for v in complete)
         decisions_per_s = decisions * per_s
-        allreduce = _median(_allreduce(r) for r in recs) if any("allreduce" in r["stages"] for r in recs) else None
-        imbalance = _median(max(float(r["wall_ms"]) - _allreduce(r) for r in v)
+        allreduce = median(_allreduce(r) for r in recs) if any("allreduce" in r["stages"] for r in recs) else None
+        imbalance = median(max(float(r["wall_ms"]) - _allreduce(r) for r in v)
                             - min(float(r["wall_ms"]) - _allreduce(r) for r in v) for v in complete) if n > 1 else None
         unit = "update"
     else:
-        medians = {k: _median(float(r["wall_ms"]) for r in v) for k, v in ranks.items()}
+        medians = {k: median(float(r["wall_ms"]) for r in v) for k, v in ranks.items()}
         per_s = sum(1e3 / m for m in medians.values() if m > 0)
-        decisions_per_s = sum(_median(float(r.get("decisions") or 0) for r in ranks[k]) * 1e3 / m
+        decisions_per_s = sum(median(float(r.get("decisions") or 0) for r in ranks[k]) * 1e3 / m
                               for k, m in medians.items() if m > 0)
         allreduce = None
         imbalance = (max(medians.values()) - min(medians.values())) if n > 1 else None

@@ -1,18 +1,30 @@
-"""`dohnuts-bench analyze` and `dohnuts-bench compare`: reports from the raw records alone.
+"""`dohnuts-bench analyze` and `compare`: the commands that read finished runs (results.jsonl or its
+archive results.jsonl.gz, and the run.json beside it), and the analysis and report `run` ends with.
 
-`analyze_and_report` is also the last step of `run`: the analyzers' sections from the records read
-back from results.jsonl, then the reporters.
+A run.json is read as `RunMeta` (dohnuts.schema: one line naming the file and the field when it
+is not usable); the records as dohnuts.bench.analysis.records reads them.
 """
 
 from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from dohnuts.errors import ConfigError, DohnutsError
+from dohnuts.schema import convert, short, write_json
 
 
-def stored_hwspec(ref: str):
+def make_console():
+    """The console reports are printed on (stdout, no highlighting of numbers)."""
+    from rich.console import Console
+
+    return Console(stderr=False, highlight=False)
+
+
+def _stored_hwspec(ref: str):
     """A run.json's hwspec: its file path or built-in name, or (older runs) its display name."""
     from dohnuts.bench.analysis import find_hwspec
     from dohnuts.bench.analysis.hwspec import BUILTIN_DIR
@@ -56,27 +68,31 @@ def analyze_and_report(results: Path, hwspec, measured: dict, run_dir: Path, con
     pm.hook.dohnuts_bench_report(console=console, records=records, sections=sections, run_dir=run_dir)
 
 
+class RunMeasured(msgspec.Struct):
+    ceilings: dict[str, Any] = {}
+
+
+class RunMeta(msgspec.Struct):
+    """What `analyze` reads of a run.json (dohnuts.bench.cli._run_json writes it)."""
+
+    hwspec: str | None = None  # a built-in name or a path (older runs: the spec's display name)
+    measured: RunMeasured | None = None  # the ceilings measured at the start of the run
+
+
 def _run_meta(run_json: Path) -> dict:
     """The run.json beside a results.jsonl ({} when there is none); a corrupt one is refused."""
-    import json
-
     if not run_json.exists():
         return {}
     try:
-        meta = json.loads(run_json.read_bytes().decode("utf-8"))
+        raw = run_json.read_bytes()
     except OSError as exc:
         raise DohnutsError(f"cannot be read ({exc.strerror or exc})", source=str(run_json)) from None
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        reason = " ".join(str(exc).split())[:120]
-        raise DohnutsError(f"is not a run's JSON ({reason}); repair it or move it away to analyse the results "
-                           "beside it", source=str(run_json)) from None
-    if not isinstance(meta, dict):
-        raise DohnutsError("must be a JSON object (a run's run.json)", source=str(run_json))
-    if meta.get("hwspec") is not None and not isinstance(meta["hwspec"], str):
-        raise DohnutsError("must be a hwspec name or path", source=str(run_json), field="hwspec")
-    measured = meta.get("measured")
-    if measured is not None and (not isinstance(measured, dict) or not isinstance(measured.get("ceilings", {}), dict)):
-        raise DohnutsError("must be an object whose ceilings are an object", source=str(run_json), field="measured")
+    try:
+        meta = msgspec.json.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+        raise DohnutsError(f"is not a run's JSON ({short(exc, 120, str)}); repair it or move it away to analyse the "
+                           "results beside it", source=str(run_json)) from None
+    convert(meta, RunMeta, source=str(run_json), error=DohnutsError)
     return meta
 
 
@@ -95,7 +111,6 @@ def _output_dir(path: Path) -> Path:
 def cmd_analyze(args) -> int:
     from dohnuts.bench.analysis import find_hwspec
     from dohnuts.bench.analysis.records import RecordError
-    from dohnuts.bench.cli import console_for_output
 
     path = Path(args.results)
     try:
@@ -109,10 +124,10 @@ def cmd_analyze(args) -> int:
         raise DohnutsError("does not exist", source=str(path))
     meta = _run_meta(path.parent / "run.json")
     hwspec = find_hwspec(args.hwspec) if args.hwspec else (
-        stored_hwspec(meta["hwspec"]) if meta.get("hwspec") else None)
+        _stored_hwspec(meta["hwspec"]) if meta.get("hwspec") else None)
     out_dir = _output_dir(Path(args.out) if args.out else path.parent)
     try:
-        analyze_and_report(path, hwspec, meta.get("measured") or {}, out_dir, console_for_output(),
+        analyze_and_report(path, hwspec, meta.get("measured") or {}, out_dir, make_console(),
                            revalidate=args.revalidate)
     except DohnutsError:
         raise
@@ -126,13 +141,11 @@ def cmd_analyze(args) -> int:
 
 def cmd_compare(args) -> int:
     """`compare RUN_A RUN_B`: the table of dohnuts.bench.analysis.compare (its docstring has the rule)."""
-    import json
-
-    from dohnuts.bench.analysis.compare import compare_runs, comparison_dict, comparison_table
+    from dohnuts.bench.analysis.compare import compare_runs
+    from dohnuts.bench.analysis.compare_table import comparison_dict, comparison_table
     from dohnuts.bench.analysis.records import read_jsonl
-    from dohnuts.bench.cli import console_for_output
 
-    console = console_for_output()
+    console = make_console()
     paths = []
     for arg in (args.run_a, args.run_b):
         path = Path(arg)
@@ -164,6 +177,6 @@ def cmd_compare(args) -> int:
     if args.json:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(comparison_dict(comparison), indent=2))
+        write_json(out, comparison_dict(comparison), indent=2)
         console.print(f"[dim]wrote {out}[/]")
     return 0

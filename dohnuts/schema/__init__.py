@@ -1,0 +1,40 @@
+"""Every file the project reads or writes: typed decoding with one-line errors, strict YAML, strict JSON.
+
+One import point (`from dohnuts.schema import ...`) over four small modules: `decode` (msgspec
+conversion and its errors), `strict_yaml`, `strict_json` and `values` (helpers for messages and
+numbers). Every reader of the project uses it: workloads (dohnuts.bench.workload and the kinds'
+`Shape`s), hwspecs (dohnuts.bench.analysis.hwspec_file), benchmark records
+(dohnuts.bench.analysis.records), run.json (dohnuts.bench.offline), requests
+(dohnuts.runtime.requests), the training config (dohnuts.train.config) and checkpoint manifests
+(dohnuts.train.checkpoints).
+
+Readers declare what a file holds as msgspec Structs (types, `msgspec.Meta` bounds, and
+`__post_init__` checks that raise `Invalid`); `convert` and `decode_json` turn whatever msgspec
+refuses into the project's one error line, `FILE: field 'PATH': problem` (`DohnutsError`, with
+`source` the file and `field` the path msgspec reports, e.g. `shape.seq_tokens`,
+`questions[0].candidates`, `ceilings.mm.factors.clock_hz`).
+
+    class Shape(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+        questions: Annotated[int, Meta(ge=1, le=4096)] = 8
+    shape = convert(data, Shape, source="w.yaml", prefix="shape")
+
+Also here, because every reader and writer shares them: `read_yaml` (refuses duplicate keys, one
+line for every YAML failure), `dumps` / `write_json` (the one strict-JSON writer: never a bare
+NaN or Infinity), and the small helpers their checks use (`short`, `one_line`, `why_not_finite`,
+`first_nonfinite`, `median`).
+"""
+
+from dohnuts.schema.decode import (
+    MAX_FLOAT, Finite, Invalid, NonBlank, NonNegative, Positive, convert, decode_json, problem,
+)
+from dohnuts.schema.strict_json import dumps, json_safe, write_json
+from dohnuts.schema.strict_yaml import DuplicateKeyError, StrictLoader, read_yaml, yaml_error
+from dohnuts.schema.values import (
+    first_nonfinite, is_finite, median, one_line, one_line_error, short, why_not_finite,
+)
+
+__all__ = [
+    "MAX_FLOAT", "DuplicateKeyError", "Finite", "Invalid", "NonBlank", "NonNegative", "Positive", "StrictLoader",
+    "convert", "decode_json", "dumps", "first_nonfinite", "is_finite", "json_safe", "median", "one_line",
+    "one_line_error", "problem", "read_yaml", "short", "why_not_finite", "write_json", "yaml_error",
+]

@@ -1,0 +1,78 @@
+"""Small helpers every reader's checks and messages share: one-line text, finite numbers, the median."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from dohnuts.errors import DohnutsError
+
+
+def one_line(text: Any) -> str:
+    return " ".join(str(text).split())
+
+
+def short(value: Any, limit: int = 80, convert=repr) -> str:
+    """convert(value) (repr by default) on one line, cut to `limit` characters: an error message
+    stays one readable line."""
+    try:
+        text = " ".join(convert(value).split())
+    except ValueError:  # an integer too long to print
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def why_not_finite(x: Any) -> str | None:
+    """Why `x` is not a finite number (None when it is one). Booleans are not numbers here."""
+    if isinstance(x, bool):
+        return "a boolean"
+    if not isinstance(x, (int, float)):
+        return f"a {type(x).__name__}"
+    try:
+        f = float(x)
+    except OverflowError:
+        return "too large for a float"
+    if math.isnan(f):
+        return "NaN"
+    return "infinite" if math.isinf(f) else None
+
+
+def is_finite(x: Any) -> bool:
+    return why_not_finite(x) is None
+
+
+def first_nonfinite(obj: Any) -> str | None:
+    """The dotted path of the first non-finite float in a parsed JSON value, or None."""
+    stack = [(obj, "")]
+    while stack:
+        x, at = stack.pop()
+        if isinstance(x, float) and not math.isfinite(x):
+            return at or "the value"
+        if isinstance(x, dict):
+            stack.extend((v, f"{at}.{k}" if at else str(k)) for k, v in reversed(list(x.items())))
+        elif isinstance(x, (list, tuple)):
+            stack.extend((v, f"{at}[{i}]") for i, v in reversed(list(enumerate(x))))
+    return None
+
+
+def median(values) -> float:
+    """The median of a non-empty iterable, as a float (statistics.median's arithmetic)."""
+    xs = sorted(values)
+    n = len(xs)
+    return float(xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2)
+
+
+def _escape(text: str | None) -> str | None:
+    """`text` with every unprintable character (newline, NUL, ...) written as its escape."""
+    if text is None or text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def one_line_error(exc: DohnutsError) -> DohnutsError:
+    """`exc` as one line: a key, path or value holding a newline or another control character
+    (a YAML key may hold anything) is written with escapes. Same class, same fields."""
+    message, source, field = _escape(exc.message), _escape(exc.source), _escape(exc.field)
+    if (message, source, field) == (exc.message, exc.source, exc.field):
+        return exc
+    return type(exc)(message, source=source, field=field)
