@@ -29,23 +29,32 @@ PROCESS_GROUP_MODULE = Path("dohnuts/runtime/process_group.py")
 
 def _environment_reads(path: Path) -> list[tuple[int, str | None]]:
     """(line, key or None) of every read of the process environment in a module: os.environ (any
-    use), os.getenv, os.environ.get/[]. The key when it is a string literal."""
+    use), os.getenv, `from os import environ`. The key when the read names it with a string
+    literal (os.environ["K"], os.environ.get("K"), os.getenv("K")), each read on its own."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
+    parent = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+    def literal(node) -> str | None:
+        return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "environb", "getenvb") and \
-                isinstance(node.value, ast.Name) and node.value.id == "os":
+        if isinstance(node, ast.ImportFrom) and node.module == "os" and \
+                any(a.name in ("environ", "getenv", "environb", "getenvb") for a in node.names):
             found.append((node.lineno, None))
-        elif isinstance(node, ast.ImportFrom) and node.module == "os" and \
-                any(a.name in ("environ", "getenv") for a in node.names):
-            found.append((node.lineno, None))
-    keys = {}
-    for node in ast.walk(tree):  # os.environ["K"], os.environ.get("K"), os.getenv("K")
-        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-            keys[node.lineno] = node.slice.value
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
-            keys.setdefault(node.lineno, node.args[0].value)
-    return [(line, keys.get(line)) for line, _ in sorted(found)]
+        if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os"
+                and node.attr in ("environ", "getenv", "environb", "getenvb")):
+            continue
+        up, key = parent.get(node), None
+        if node.attr.startswith("getenv") and isinstance(up, ast.Call) and up.args:
+            key = literal(up.args[0])  # os.getenv("K")
+        elif isinstance(up, ast.Subscript):
+            key = literal(up.slice)  # os.environ["K"]
+        elif isinstance(up, ast.Attribute) and up.attr == "get" and isinstance(parent.get(up), ast.Call) \
+                and parent[up].args:
+            key = literal(parent[up].args[0])  # os.environ.get("K")
+        found.append((node.lineno, key))
+    return sorted(found, key=lambda t: t[0])
 
 
 def test_no_environment_reads_in_the_runtime():
@@ -66,8 +75,8 @@ def test_the_environment_reader_finds_reads(tmp_path):
     """The check above can fail: it finds each form of read in a planted module."""
     f = tmp_path / "m.py"
     f.write_text("import os\nfrom os import environ\na = os.environ.get('X')\nb = os.getenv('Y')\n"
-                 "c = os.environ['RANK']\nd = dict(os.environ)\n")
-    assert [k for _, k in _environment_reads(f)] == [None, "X", "Y", "RANK", None]
+                 "c = os.environ['RANK']\nd = dict(os.environ)\ne = (os.environ['RANK'], os.environ.get('Z'))\n")
+    assert [k for _, k in _environment_reads(f)] == [None, "X", "Y", "RANK", None, "RANK", "Z"]
 
 
 # Spellings of switches the policy does not have (or no longer has): none may be documented.
