@@ -1,5 +1,5 @@
 """Backbone forward throughput: dohnuts' fused text backbone beside transformers' Qwen3_5TextModel
-on the same weights, hidden states only, in one process (DESIGN.md issue 2 measurement).
+on the same weights, hidden states only, in one process.
 
     python benchmarks/backbone_forward.py --preset qwen3.5-2b --batch 32 --seq 512 --out results.json
 
@@ -39,7 +39,8 @@ def main(argv=None) -> int:
     from transformers import Qwen3_5TextConfig, Qwen3_5TextModel
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
 
-    from dohnuts.config import preset, to_hf_text_config
+    from dohnuts.config import preset
+    from dohnuts.hf_config import to_hf_text_config
     from dohnuts.model.build import build_text_backbone
     from dohnuts.runtime.timing import device_times_ms
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from dohnuts.config import ModelConfig, to_hf_text_config, to_hf_vision_config
+from dohnuts.config import ModelConfig
+from dohnuts.hf_config import to_hf_text_config, to_hf_vision_config
 
 
 def hf_text_model(cfg: ModelConfig, seed: int = 0):

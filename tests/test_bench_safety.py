@@ -151,7 +151,8 @@ def test_the_longest_sequence_that_fits_is_accepted(tmp_path):
 
 
 def test_a_checkpoints_max_position_embeddings_bounds_the_sequence(tmp_path):
-    from dohnuts.config import preset, to_hf_text_config
+    from dohnuts.config import preset
+    from dohnuts.hf_config import to_hf_text_config
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

@@ -16,7 +16,8 @@ import shutil
 import pytest
 import torch
 
-from dohnuts.config import ModelConfig, default_layer_types, from_hf_config, preset, to_hf_text_config
+from dohnuts.config import ModelConfig, default_layer_types, preset
+from dohnuts.hf_config import from_hf_config, to_hf_text_config
 from dohnuts.errors import ConfigError
 from dohnuts.model.build import build_text_backbone, resolve_source
 from dohnuts.model.checkpoint import read_config

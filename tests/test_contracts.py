@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from dohnuts.bench.calls import CallResult
@@ -23,7 +24,6 @@ from dohnuts.bench.contracts import (
 from dohnuts.bench.hookspecs import hookimpl
 from dohnuts.bench.plugins import collect, plugin_manager, register_kind, register_target, samplers
 from dohnuts.bench.sink import RecordSink
-from dohnuts.bench.workload import Field
 from dohnuts.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,11 +73,12 @@ def test_a_source_checkout_finds_the_builtins_through_its_pyproject(monkeypatch)
 # -- contracts checked at collection -----------------------------------------------------------------
 
 
-class _Echo:
-    fields = {"n": Field(int, 1, min=1)}
+class _EchoShape(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    n: int = 1
 
-    def validate(self, shape, source):
-        pass
+
+class _Echo:
+    Shape = _EchoShape
 
     def calls(self, ctx):
         return []
@@ -137,10 +138,7 @@ def test_a_built_target_is_checked_too():
 
 def test_a_kind_missing_calls_or_with_a_wrong_optional_member_is_refused():
     class NoCalls:
-        fields = {}
-
-        def validate(self, shape, source):
-            pass
+        Shape = _EchoShape
 
     with pytest.raises(PluginError, match=r"workload kind 'x' \(.*NoCalls\): has no `calls`"):
         register_kind("x", NoCalls())
@@ -151,16 +149,26 @@ def test_a_kind_missing_calls_or_with_a_wrong_optional_member_is_refused():
     with pytest.raises(PluginError, match=r"`collective` must be a bool, got 'yes'"):
         register_kind("x", Wrong())
 
-    class BadFields(_Echo):
+    class NotAStruct(_Echo):
+        Shape = dict
+
+    with pytest.raises(PluginError, match=r"`Shape` must be a msgspec Struct class, got <class 'dict'>"):
+        register_kind("x", NotAStruct())
+
+    class OldFields:  # the declaration of earlier versions
         fields = {"n": int}
 
-    with pytest.raises(PluginError, match=r"`fields` must map field names to dohnuts.bench.workload.Field"):
-        register_kind("x", BadFields())
+        def calls(self, ctx):
+            return []
+
+    with pytest.raises(PluginError, match=r"declares its shape with `fields`.*msgspec Struct `Shape`"):
+        register_kind("x", OldFields())
 
 
 def test_optional_members_take_their_declared_defaults():
     entry = register_kind("echo", _Echo())
     assert entry.sequence_tokens is None and entry.collective is False and entry.distributed is True
+    assert entry.validate is None and entry.Shape is _EchoShape
     assert entry.warmup_every_call(None) is False
     assert {f: getattr(entry, f) for f in ("collective", "distributed")} == {
         f: getattr(WorkloadKindCapabilities(), f) for f in ("collective", "distributed")}

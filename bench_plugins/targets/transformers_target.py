@@ -55,7 +55,7 @@ class TransformersTarget:
             raise ConfigError(f"the transformers target runs text workloads only ({', '.join(TEXT_KINDS)}), "
                               f"not {spec.kind!r}", source=spec.file, field="targets")
         import dohnuts.api as api
-        from dohnuts.config import to_hf_text_config
+        from dohnuts.hf_config import to_hf_text_config
 
         Config, Model, Rotary = _import_transformers(device)
         self.device = device

@@ -67,6 +67,10 @@ def cmd_list(args) -> int:
     for hook, title in (("dohnuts_bench_register_workload_kinds", "workload kinds"),
                         ("dohnuts_bench_register_targets", "targets")):
         console.print(f"{title}: {', '.join(sorted(collect(pm, hook)))}")
+    from dohnuts.bench.workload import shape_fields
+
+    for name, kind in sorted(collect(pm, "dohnuts_bench_register_workload_kinds").items()):
+        console.print(f"  {name} shape: " + "; ".join(shape_fields(kind)))
     console.print("telemetry: " + ", ".join(f"{s.name} ({s.unavailable or 'available'})" for s in samplers(pm)))
     return 0
 

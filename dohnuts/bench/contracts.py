@@ -21,7 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
+import msgspec
+
 from dohnuts.errors import DohnutsError
+from dohnuts.schema import short
 
 if TYPE_CHECKING:
     import torch
@@ -122,7 +125,7 @@ def capabilities(obj: object, declared: type, what: str):
     for f in dataclasses.fields(declared):
         value = getattr(obj, f.name, f.default)  # the one read of an optional member
         if not f.metadata["check"](value):
-            raise PluginError(f"`{f.name}` must be {f.metadata['must_be']}, got {_short(value)} "
+            raise PluginError(f"`{f.name}` must be {f.metadata['must_be']}, got {short(value, 60)} "
                               f"(dohnuts.bench.contracts.{declared.__name__})", source=what)
         values[f.name] = value
     return declared(**values)
@@ -143,21 +146,20 @@ def missing_members(obj: object, protocol: type) -> list[str]:
             if not hasattr(obj, n) or (n in methods and not callable(getattr(obj, n)))]
 
 
-def _short(value: Any, limit: int = 60) -> str:
-    text = " ".join(repr(value).split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 # -- the contracts ---------------------------------------------------------------------------------
+
+
+class NoShape(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The shape of a kind that declares none: no fields."""
+
+
+def _struct_class(v) -> bool:
+    return isinstance(v, type) and issubclass(v, msgspec.Struct)
 
 
 class WorkloadKind(Protocol):
     """A kind of workload (`kind:` in a workload file): its `shape:` fields and the calls it builds.
     Registered by `dohnuts_bench_register_workload_kinds` as {kind name: WorkloadKind}."""
-
-    # The `shape:` fields as a frozen msgspec Struct class (types, `msgspec.Meta` bounds, defaults,
-    # checks across fields in `__post_init__`), converted by the harness (dohnuts.schema).
-    Shape: type
 
     def calls(self, ctx: WorkloadContext) -> list[PredictCall | TrainCall]:
         """The calls every target of the workload is measured on (the same for all)."""
@@ -167,6 +169,10 @@ class WorkloadKind(Protocol):
 class WorkloadKindCapabilities:
     """The optional members of a `WorkloadKind`, and what their absence means."""
 
+    # The `shape:` fields as a frozen msgspec Struct class (types, `msgspec.Meta` bounds, defaults,
+    # checks across fields in `__post_init__`), converted by the harness (dohnuts.schema). Absent:
+    # the kind takes no shape fields.
+    Shape: type = _optional_member(NoShape, "a msgspec Struct class", _struct_class)
     # (shape, source) -> None: checks beyond the Shape's own (raise ConfigError(..., source=source,
     # field="shape.<field>")). Absent: none.
     validate: Callable[..., None] | None = _optional_member(None, "a method or None", _callable_or_none)

@@ -33,9 +33,9 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def dohnuts_bench_register_workload_kinds():
     """Return a dict {kind name: WorkloadKind} of workload kinds this plugin provides.
 
-    A `dohnuts.bench.contracts.WorkloadKind` declares its `shape:` fields as a frozen msgspec Struct
-    (`Shape`, converted and checked by the harness) and `calls(ctx)`, which turns a validated spec
-    into the calls every target is measured on; its optional members are the fields of
+    A `dohnuts.bench.contracts.WorkloadKind` has `calls(ctx)`, which turns a validated spec into the
+    calls every target is measured on; its optional members — among them `Shape`, its `shape:`
+    fields as a frozen msgspec Struct, converted and checked by the harness — are the fields of
     `dohnuts.bench.contracts.WorkloadKindCapabilities`. Kind names must be unique across plugins.
     """
 

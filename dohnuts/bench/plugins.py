@@ -81,7 +81,6 @@ class RegisteredKind(WorkloadKindCapabilities):
 
     name: str
     plugin: WorkloadKind
-    Shape: type
     calls: Callable[..., list]
 
 
@@ -158,17 +157,13 @@ def _signatures(contract: type) -> str:
 
 
 def register_kind(name: str, obj: object) -> RegisteredKind:
-    import msgspec
-
     what = f"workload kind {name!r} ({origin(obj)})"
     if not hasattr(obj, "Shape") and hasattr(obj, "fields"):
         raise PluginError("declares its shape with `fields`, which this version no longer reads: declare a frozen "
                           "msgspec Struct `Shape` (docs/plugins.md)", source=what)
     _require(obj, WorkloadKind, what)
-    if not (isinstance(obj.Shape, type) and issubclass(obj.Shape, msgspec.Struct)):
-        raise PluginError("`Shape` must be a msgspec Struct class (the `shape:` fields)", source=what)
     caps = capabilities(obj, WorkloadKindCapabilities, what)
-    return RegisteredKind(name=name, plugin=obj, Shape=obj.Shape, calls=obj.calls, **_values(caps))
+    return RegisteredKind(name=name, plugin=obj, calls=obj.calls, **_values(caps))
 
 
 def register_target(name: str, factory: object) -> RegisteredTarget:

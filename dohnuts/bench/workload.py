@@ -96,10 +96,6 @@ class WorkloadSpec:
                 "launcher": self.launcher}
 
 
-class NoShape(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The shape of a kind that declares none: no fields."""
-
-
 MAX_PROCESSES = 1024
 MAX_TARGETS = 64
 ProcessCount = Annotated[int, Meta(ge=1, le=MAX_PROCESSES)]

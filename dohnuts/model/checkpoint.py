@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dohnuts.config import ModelConfig, from_hf_config
+from dohnuts.config import ModelConfig
+from dohnuts.hf_config import from_hf_config
 from dohnuts.errors import CheckpointError, ConfigError
 
 _TEXT_PREFIXES = ("model.language_model.", "language_model.", "model.")

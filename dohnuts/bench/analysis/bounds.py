@@ -10,7 +10,7 @@ for the run's precision and a basis (datasheet or measured):
               = max_k F_k / P_k    if it can (Hopper: tensor cores and FP32 pipes are separate).
     T_lower   = max(T_compute, Q / W, Q_link / W_link)
 
-Compute and memory always combine by max (DESIGN.md: different constraints, not two readings
+Compute and memory always combine by max (docs/measurement.md: different constraints, not two readings
 that must hold at once). Efficiency = T_lower / T_measured. The limiter is the term that sets
 T_lower, named with its ceiling. The target verdict is T_measured <= T_lower / fraction (0.8),
 compared with a relative tolerance of 1e-9 so a measurement written in decimals exactly at the
@@ -91,7 +91,7 @@ def meets_target(measured_ms: float | None, bound_ms: float | None, fraction: fl
 
 @dataclass(frozen=True)
 class CallBounds:
-    """Stage times combined over a call: the three ways DESIGN.md names, plus the latency."""
+    """Stage times combined over a call: the three ways docs/measurement.md names, plus the latency."""
 
     sum_ms: float  # no overlap at all
     max_ms: float  # ideal overlap

@@ -1,8 +1,8 @@
 """The analytic cost of one call: per stage, useful / padded / repeated FLOPs and bytes.
 
 `stage_costs(model, work)` reads only the config and the call's WorkCounts (what the runtime
-really processed), so any JSONL record can be re-analysed. Counting rules (DESIGN.md "Hardware
-bounds and analysis"; component formulas in flops.py):
+really processed), so any JSONL record can be re-analysed. Counting rules (component formulas
+in flops.py; the rules and their code stay in one module, which is why it is a little long):
 
 Stages (keys of the result, in call order; each on one resource of critical_path.CallGraph):
   h2d       host→device: token ids (int32, 4 B — the vocabulary fits) per computed token; one
@@ -49,9 +49,9 @@ its queries, output projection, MLP and final norm) is useful only at the scored
 later layer reads the others. Its useful work is the candidates' (and, for attention, the
 `score_keys` pairs of their queries); the prefix pass needs none of it (it only hands on state).
 A target that computes the last layer at every position (WorkCounts.scored_rows == 0: the
-transformers target, dohnuts before 2026-12-01's sixth session) has the rest counted as padded
-work ("outputs no head reads"); one that prunes (scored_rows > 0) computed it on its (B × Kmax)
-grid of scored positions, whose padding is padded work.
+transformers target, older dohnuts records) has the rest counted as padded work ("outputs no
+head reads"); one that prunes (scored_rows > 0) computed it on its (B × Kmax) grid of scored
+positions, whose padding is padded work.
 
 Necessary bytes (a lower bound, kept simple): every parameter a pass uses is read once per pass
 in the model dtype (embeddings: only the looked-up rows); the residual stream crosses each

@@ -162,7 +162,7 @@ def _simple_cycles(n: int, succ: Mapping[int, list[int]]) -> Iterable[list[int]]
 def default_call_graph(stage_names: Iterable[str], *, buffers: int = 2,
                        extra_resources: Mapping[str, str] | None = None,
                        capacity: Mapping[str, int] | None = None) -> CallGraph:
-    """The dohnuts pipeline over the stages present in a call (DESIGN.md "Transfer pipeline").
+    """The dohnuts pipeline over the stages present in a call (the transfer pipeline of dohnuts.runtime.pipeline).
 
     Canonical stages follow STAGE_RESOURCES' order in one chain. Other stages are host work
     (resource `cpu`, right after `prepare`) unless `extra_resources` places them. `buffers`
