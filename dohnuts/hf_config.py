@@ -130,24 +130,18 @@ def from_hf_config(d: dict[str, Any], *, source: str, name: str) -> ModelConfig:
     raise ConfigError(f"is {model_type!r}; expected 'qwen3_5' or 'qwen3_5_text'", source=source, field="model_type")
 
 
+_HF_TEXT_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",
+                 "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "rms_norm_eps",
+                 "max_position_embeddings")
+_HF_VISION_KEYS = ("depth", "hidden_size", "intermediate_size", "num_heads", "out_hidden_size", "patch_size",
+                   "temporal_patch_size", "spatial_merge_size", "in_channels", "num_position_embeddings", "hidden_act")
+
+
 def to_hf_text_config(cfg: TextConfig) -> dict[str, Any]:
     """The transformers `Qwen3_5TextConfig` keyword arguments for the same architecture."""
-    return {
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_hidden_layers,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
-        "linear_num_key_heads": cfg.linear_num_key_heads,
-        "linear_num_value_heads": cfg.linear_num_value_heads,
-        "linear_key_head_dim": cfg.linear_key_head_dim,
-        "linear_value_head_dim": cfg.linear_value_head_dim,
-        "linear_conv_kernel_dim": cfg.linear_conv_kernel_dim,
+    return {k: getattr(cfg, k) for k in _HF_TEXT_KEYS} | {
         "layer_types": list(cfg.layer_types),
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "max_position_embeddings": cfg.max_position_embeddings,
         "rope_parameters": {
             "rope_type": "default",
             "rope_theta": cfg.rope_theta,
@@ -160,16 +154,4 @@ def to_hf_text_config(cfg: TextConfig) -> dict[str, Any]:
 
 def to_hf_vision_config(cfg: VisionConfig) -> dict[str, Any]:
     """The transformers `Qwen3_5VisionConfig` keyword arguments for the same tower."""
-    return {
-        "depth": cfg.depth,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_heads": cfg.num_heads,
-        "out_hidden_size": cfg.out_hidden_size,
-        "patch_size": cfg.patch_size,
-        "temporal_patch_size": cfg.temporal_patch_size,
-        "spatial_merge_size": cfg.spatial_merge_size,
-        "in_channels": cfg.in_channels,
-        "num_position_embeddings": cfg.num_position_embeddings,
-        "hidden_act": cfg.hidden_act,
-    }
+    return {k: getattr(cfg, k) for k in _HF_VISION_KEYS}
