@@ -18,7 +18,7 @@ benchmarks/gpu_session.sh`).
 The workloads are the product's hot paths: one prediction call, a shared-prefix call, an image
 call with the feature cache warm, and one training update (4 microbatches) — on whatever device
 is present (the tiny preset on a CPU by default). DOHNUTS_BENCH_SLOWDOWN=2 doubles every
-measured call on purpose (tests/test_regression_gate.py proves the gate catches it);
+measured call on purpose (tests/bench/test_regression_gate.py proves the gate catches it);
 DOHNUTS_BENCH_ROUNDS (default 15) and DOHNUTS_BENCH_THREADS set the rounds and torch's threads.
 """
 

@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 from dohnuts.train.task import synthetic_requests
 from tests.reference import adapted_tiny, relative_error
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:

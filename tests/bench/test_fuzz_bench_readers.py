@@ -7,6 +7,8 @@ another exception."""
 
 from __future__ import annotations
 
+import pytest
+
 import copy
 import json
 import math
@@ -23,7 +25,7 @@ from dohnuts.bench.analysis.hwspec import HwSpec, load_hwspec, parse_hwspec
 from dohnuts.bench.analysis.records import RecordError, check_record, check_reportable, read_jsonl
 from dohnuts.bench.workload import WorkloadSpec, load_workload
 from dohnuts.errors import DohnutsError
-from tests.test_bench_harness import ROOT, _registry
+from tests.bench.test_bench_harness import ROOT, _registry
 
 # DOHNUTS_FUZZ_EXAMPLES=5000 for a longer search; the default keeps the file well under a minute in CI.
 FUZZ = settings(max_examples=int(os.environ.get("DOHNUTS_FUZZ_EXAMPLES", "150")), deadline=None, database=None,
@@ -253,6 +255,7 @@ def _check_jsonl(path: Path) -> None:
 
 @FUZZ
 @given(lines=st.lists(st.one_of(JSON_VALUES, mutated(RECORD), mutated(RECORD)), max_size=4), tail=st.binary(max_size=8))
+@pytest.mark.slow
 def test_jsonl_reader_on_arbitrary_json_lines(tmp_path_factory, lines, tail):
     path = tmp_path_factory.mktemp("j") / "results.jsonl"
     text = "\n".join(json.dumps(x) for x in lines)  # allow_nan: bare NaN / Infinity, as a foreign writer might

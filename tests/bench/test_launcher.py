@@ -19,7 +19,7 @@ import yaml
 from dohnuts.bench.analysis.cost import Work, allreduce_cost
 from dohnuts.bench.analysis.scaling import scaling_rows, scaling_table
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRAIN = {"kind": "train-step", "model": "tiny", "warmup": 1, "repeat": 3, "halfwidth": 0, "processes": [1, 2],
          "shape": {"requests": 8, "questions": 2, "seq_tokens": 64, "candidates": 2, "candidate_tokens": 2}}
 TEXT = {"kind": "text", "model": "tiny", "warmup": 1, "repeat": 3, "halfwidth": 0, "processes": [1, 2],
@@ -51,6 +51,7 @@ def two_process_run(tmp_path_factory):
     return run, _records(run)
 
 
+@pytest.mark.slow
 def test_every_rank_records_in_the_run(two_process_run):
     run, records = two_process_run
     seen = defaultdict(int)
@@ -114,6 +115,7 @@ def test_scaling_section_and_plot(two_process_run):
     assert "allreduce_busbw_this_run" in allreduce["limiter"]["measured"]
 
 
+@pytest.mark.slow
 def test_a_killed_rank_is_a_failure_and_every_record_stays(tmp_path):
     proc, run = _bench(tmp_path, TRAIN, env={"DOHNUTS_BENCH_FAULT_EXIT": "rank=1,call=1"})
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -131,6 +133,7 @@ def test_a_killed_rank_is_a_failure_and_every_record_stays(tmp_path):
 
 @pytest.mark.parametrize("value, message", [(0, "process count in 1..1024"), ([1, 1], "lists 1 twice"),
                                             ("two", "process count"), ([], "at least one"), (True, "process count")])
+@pytest.mark.slow
 def test_bad_process_counts_are_refused(tmp_path, value, message):
     proc, _ = _bench(tmp_path, TEXT | {"processes": value})
     assert proc.returncode == 2
@@ -138,6 +141,7 @@ def test_bad_process_counts_are_refused(tmp_path, value, message):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_an_unknown_launcher_is_refused(tmp_path):
     proc, _ = _bench(tmp_path, TEXT | {"launcher": "mpirun"})
     assert proc.returncode == 2 and "field 'launcher'" in proc.stderr and "torchrun" in proc.stderr

@@ -14,7 +14,7 @@ from dohnuts.bench.analysis import (
 from dohnuts.bench.analysis.records import stage_ms
 from dohnuts.config import preset
 from dohnuts.runtime.work import WorkCounts
-from tests.test_bounds import _record
+from tests.bench.test_bounds import _record
 
 WORK = WorkCounts(sequences=3, seq_lens=(200, 230, 250), padded_len=122, prefix_len=128, candidates=9,
                   image_tokens=64, encoded_image_patches=(256,))
@@ -141,6 +141,7 @@ def test_analysis_serialises_to_json():
     assert d["hwspec"]["ceilings"]["bf16_matmul_measured"]["provenance"] == "measured"
 
 
+@pytest.mark.slow
 def test_an_archived_run_reads_like_its_jsonl(tmp_path):
     """Committed runs are kept as results.jsonl.gz: read_jsonl, `analyze DIR` and `compare` read it;
     a damaged archive is one error naming the file."""
@@ -162,7 +163,7 @@ def test_an_archived_run_reads_like_its_jsonl(tmp_path):
     from pathlib import Path
 
     run = tmp_path / "archived"
-    shutil.copytree(Path(__file__).resolve().parents[1] / "results" / "cpu" / "2026-11-30-gloo-4", run)
+    shutil.copytree(Path(__file__).resolve().parents[2] / "results" / "cpu" / "2026-11-30-gloo-4", run)
     (run / "report.txt").unlink()
     assert main(["analyze", str(run)]) == 0
     assert "Scaling" in (run / "report.txt").read_text()

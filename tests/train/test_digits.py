@@ -249,6 +249,7 @@ def test_cli_without_sklearn(tmp_path, capsys, monkeypatch):
     assert err == ["dohnuts.train.digits: error: scikit-learn is needed for the digits task (pip install scikit-learn)"]
 
 
+@pytest.mark.slow
 def test_module_entry_point(tmp_path):
     r = subprocess.run([sys.executable, "-m", "dohnuts.train.digits", str(tmp_path / "m"), "--limit", "40",
                         "--constant-image"], capture_output=True, text=True, timeout=60)

@@ -407,7 +407,7 @@ def test_clock_summary_of_a_group_of_calls():
     assert clock_summary([{"telemetry": [{"host": {"cpu_percent": 1.0}}]}, {}]) is None
 
     # In the report's quality table: one column per group, "—" where nothing was sampled.
-    from tests.test_bounds import _record
+    from tests.bench.test_bounds import _record
 
     work = WorkCounts(sequences=2, seq_lens=(40, 30), padded_len=40, candidates=6)
     def full(r):  # the fields the summary reads beside the analysis record

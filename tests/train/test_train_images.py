@@ -78,6 +78,7 @@ def test_training_equals_prediction_path_for_an_image_request(tmp_path):
     assert abs(loss_b - loss_t) > 1e-4
 
 
+@pytest.mark.slow
 def test_an_update_serves_its_images_from_one_cache_call(tmp_path):
     session = _session()
     a, b = _png(tmp_path / "a.png", 2), _png(tmp_path / "b.png", 3)
@@ -112,6 +113,7 @@ def _image_data(root, n=12):
     return root
 
 
+@pytest.mark.slow
 def test_cli_trains_resumes_and_initializes_from_on_image_requests(tmp_path):
     data = _image_data(tmp_path / "data")
     run = tmp_path / "run"

@@ -135,6 +135,7 @@ def test_weight_updates_are_seen_and_module_changes_recapture():
     assert relative_error(merged, after) < 1e-5 and session.graphs.stats().captures == captures + 1  # the merged pass
 
 
+@pytest.mark.slow
 def test_training_microbatch_graphs_equal_eager_updates(tmp_path):
     """Three updates through captured (emulated) forward/backward graphs — bucket-padded rows, a
     shared prefix, an image, changing inputs of one shape — leave the same adapters and losses as

@@ -14,9 +14,11 @@ from dohnuts.train.checkpoints import checkpoint_adapter
 from dohnuts.train.trainer import Partitions, TrainConfig, Trainer, microbatch_order
 
 
-def _data():
-    return Partitions(train=synthetic_requests(12, questions=2, seed=1), dev=synthetic_requests(3, questions=2, seed=2),
-                      calib=synthetic_requests(3, questions=2, seed=3), test=synthetic_requests(3, questions=2, seed=4))
+def _data(questions=8):
+    """8-question training requests (one a microbatch: an update averages 32 questions)."""
+    return Partitions(train=synthetic_requests(12, questions=questions, seed=1),
+                      dev=synthetic_requests(3, questions=2, seed=2), calib=synthetic_requests(3, questions=2, seed=3),
+                      test=synthetic_requests(3, questions=2, seed=4))
 
 
 def _cfg(out, updates, **kw):
@@ -24,6 +26,7 @@ def _cfg(out, updates, **kw):
                        lora=LoRAConfig(rank=2), **kw)
 
 
+@pytest.mark.slow
 def test_resume_equals_uninterrupted(tmp_path):
     full = Trainer(_cfg(tmp_path / "full", 6), _data(), log=lambda m: None)
     full.train()
@@ -43,6 +46,7 @@ def test_resume_equals_uninterrupted(tmp_path):
     assert log[0]["kind"] == "dev" and log[0]["update"] == 0  # step 0 is evaluated (eligible)
 
 
+@pytest.mark.slow
 def test_initialize_from_verified(tmp_path):
     first = Trainer(_cfg(tmp_path / "a", 2), _data(), log=lambda m: None)
     first.train()
@@ -70,10 +74,11 @@ def test_microbatch_order_with_several_requests_per_microbatch():
         microbatch_order(n, seed=3, update=2)  # the same data order, drawn 12 at a time
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_checkpoint_with_another_microbatch_size(tmp_path):
-    """_data() holds 2-question requests: 4 to a microbatch. A checkpoint written when an update took
-    one request per microbatch (before KI-10's fix: no key) would continue another data order."""
-    first = Trainer(_cfg(tmp_path / "run", 4), _data(), log=lambda m: None)
+    """2-question requests: 4 to a microbatch. A checkpoint written when an update took one request
+    per microbatch (before KI-10's fix: no key) would continue another data order."""
+    first = Trainer(_cfg(tmp_path / "run", 4), _data(questions=2), log=lambda m: None)
     assert first.per == 4
     first.train(stop_at=2)
     first.close()
@@ -83,4 +88,4 @@ def test_resume_refuses_a_checkpoint_with_another_microbatch_size(tmp_path):
     del manifest["requests_per_microbatch"]
     (ckpt / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="1 request"):
-        Trainer(_cfg(tmp_path / "run", 4), _data(), log=lambda m: None).resume()
+        Trainer(_cfg(tmp_path / "run", 4), _data(questions=2), log=lambda m: None).resume()

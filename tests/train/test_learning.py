@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import torch
 
 import dohnuts.api as api
@@ -20,6 +22,7 @@ def _accuracy(model, reqs):
     return right / total
 
 
+@pytest.mark.slow
 def test_tiny_learns_synthetic_task():
     torch.manual_seed(0)
     model = api.load("tiny", lora=LoRAConfig(rank=8))

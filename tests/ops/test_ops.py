@@ -154,6 +154,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_swiglu_packed_triton_kernel_in_the_interpreter():
     """The Triton kernel's indexing (partial blocks, strided rows, empty input) on the CPU, run by
     Triton's interpreter in a fresh process (the variable must be set before the kernel is made)."""
@@ -424,6 +425,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_norm_triton_kernels_in_the_interpreter():
     """The RMSNorm, norm+rotary and output-gate Triton kernels against the torch references on the
     CPU, in Triton's interpreter: offsets, a residual, strided rows, heads that are not a power of

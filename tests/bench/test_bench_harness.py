@@ -16,7 +16,7 @@ from dohnuts.bench.plugins import collect, plugin_manager
 from dohnuts.bench.workload import load_workload
 from dohnuts.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ALL_WORKLOADS = sorted((ROOT / "workloads").rglob("*.yaml"))
 
 
@@ -40,6 +40,7 @@ def test_standard_suite_is_embedded_and_matches_the_repo_folder():
     assert {"text.yaml", "shared-prefix.yaml", "image.yaml", "train-step.yaml"} <= embedded
 
 
+@pytest.mark.slow
 def test_quickstart_runs_on_cpu_and_records_every_call(tmp_path, capsys):
     cpu = [p for p in ALL_WORKLOADS if not load_workload(p, *_registry()).requires_gpu]
     assert cpu, "no CPU workload to smoke-run"
@@ -119,6 +120,7 @@ class _Interrupt:
             raise KeyboardInterrupt
 
 
+@pytest.mark.slow
 def test_interrupt_leaves_valid_jsonl(tmp_path, monkeypatch):
     import dohnuts.bench.cli as cli
     import dohnuts.bench.plugins as plugins
@@ -196,6 +198,7 @@ def test_on_gpu_errors_name_the_field(tmp_path):
             load_workload(bad, kinds, targets, gpu=False)  # the GPU variant is checked on a CPU too
 
 
+@pytest.mark.slow
 def test_a_target_that_cannot_run_here_is_skipped_with_its_reason(tmp_path, capsys, monkeypatch):
     from bench_plugins.targets.transformers_target import TransformersTarget
 
@@ -207,6 +210,7 @@ def test_a_target_that_cannot_run_here_is_skipped_with_its_reason(tmp_path, caps
     assert records and {r["target"] for r in records} == {"dohnuts"}
 
 
+@pytest.mark.slow
 def test_a_run_against_itself_slowed_down_compares_as_slower_with_its_interval(tmp_path, capsys):
     """A real CPU run, compared with itself (no detectable change) and with a copy whose every time
     is doubled (an injected 2× slowdown: slower, the interval holding 2); the quality table and the

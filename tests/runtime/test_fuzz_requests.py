@@ -10,6 +10,8 @@ Bounded for CI: a few hundred examples in all, no deadline, no example database 
 
 from __future__ import annotations
 
+import pytest
+
 import io
 import json
 import math
@@ -177,6 +179,7 @@ def editor_lines(data: bytes) -> list[int]:
 
 @FUZZ
 @given(json_values)
+@pytest.mark.slow
 def test_parse_request_any_json_value(obj):
     check_parse(obj)
 
@@ -202,6 +205,7 @@ def test_read_requests_any_bytes(lines, end):
     request_like.map(lambda v: json.dumps(v, ensure_ascii=False, allow_nan=True)),
     token_lines(),
 ), min_size=1, max_size=5))
+@pytest.mark.slow
 def test_read_requests_json_lines(lines):
     data = "\n".join(lines).encode("utf-8", "surrogatepass")
     items, total, _ = read_file(data)
@@ -262,6 +266,7 @@ def valid_requests(draw) -> dict:
 
 @FUZZ
 @given(st.lists(st.tuples(valid_requests(), st.booleans(), st.integers(0, 2)), min_size=1, max_size=5))
+@pytest.mark.slow
 def test_valid_requests_round_trip(entries):
     text, expect_lines, n = "", [], 0
     for obj, ascii_only, blanks in entries:

@@ -17,7 +17,7 @@ from dohnuts.bench.cli import main
 from dohnuts.bench.hookspecs import hookimpl
 from dohnuts.bench.workload import load_workload
 from dohnuts.errors import ConfigError
-from tests.test_bench_harness import _registry
+from tests.bench.test_bench_harness import _registry
 
 SMALL = """\
 kind: text
@@ -539,6 +539,7 @@ def test_duplicate_keys_in_a_hwspec_are_refused(tmp_path):
     lambda: torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB"),
     lambda: RuntimeError("HIP error: out of memory"),
 ], ids=["OutOfMemoryError", "RuntimeError"])
+@pytest.mark.slow
 def test_an_out_of_memory_target_is_recorded_as_failed_and_the_run_goes_on(tmp_path, monkeypatch, capsys, error):
     from bench_plugins.targets.dohnuts_target import DohnutsTarget
 

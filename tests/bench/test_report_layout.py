@@ -25,7 +25,7 @@ from dohnuts.bench.analysis import analysis_tables, analyze_records, find_hwspec
 from dohnuts.bench.analysis.render import Col, FitTable
 from dohnuts.bench.report import Section
 
-RUN = Path(__file__).resolve().parents[1] / "results" / "h200" / "2026-11-30-graphs" / "results.jsonl"
+RUN = Path(__file__).resolve().parents[2] / "results" / "h200" / "2026-11-30-graphs" / "results.jsonl"
 # a number cell or a number inside a cell ("13.6–14.0", "16074 / 0"), not the digits of a name
 # ("text-2b", "qwen3.5-2b", "pcie5_x16", "p10–p90")
 NUMBER = re.compile(r"(?<![\w.\-/])\d+(?:\.\d+)?(?:e[+-]\d+)?%?(?![\w.])")
@@ -60,6 +60,7 @@ def _assert_fits(text: str, width: int) -> None:
 
 
 @pytest.mark.parametrize("width", [80, 60, 40])
+@pytest.mark.slow
 def test_analysis_tables_fit_the_width_and_keep_every_number(analysis, width):
     wide = _render(analysis_tables(analysis), 200)
     narrow = _render(analysis_tables(analysis), width)
@@ -97,6 +98,7 @@ def test_long_names_wrap_or_fold_but_numbers_stay_whole():
         assert "123456.789" in text and "99.9%" in text and "0.001" in text
 
 
+@pytest.mark.slow
 def test_report_txt_is_full_width_and_the_console_fits(records, analysis, tmp_path):
     sections = [Section("efficiency", Group(*analysis_tables(analysis)), data=analysis.to_dict())]
     outputs = {}

@@ -15,7 +15,7 @@ import torch
 from dohnuts.cli import main
 from dohnuts.runtime.requests import read_requests
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GOOD = {"id": "r1", "questions": [{"id": "q1", "text": "Which is red?", "candidates": ["red", "green"]}]}
 
 
@@ -57,6 +57,7 @@ def test_output_that_is_the_input_is_refused_and_input_untouched(tmp_path, capsy
     assert src.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_stdout_appended_to_the_input_is_refused(tmp_path):
     src = _jsonl(tmp_path / "same.jsonl", GOOD)
     before = src.read_bytes()
@@ -144,6 +145,7 @@ def test_cuda_device_without_cuda(tmp_path, capsys):
     assert "--device cuda" in line and "CUDA is not available" in line
 
 
+@pytest.mark.slow
 def test_broken_pipe_stops_quietly(tmp_path):
     src = _jsonl(tmp_path / "r.jsonl", *({**GOOD, "id": f"r{i}"} for i in range(200)))
     script = (f"{sys.executable} -m dohnuts.cli predict {src} 2>{tmp_path / 'err.txt'} | head -1; "

@@ -1,6 +1,6 @@
 """Every hand-written Triton kernel compiles for the H200 (sm_90), on the CPU.
 
-Triton's interpreter (tests/test_ops.py) checks what a kernel computes, but it does not type-check
+Triton's interpreter (tests/ops/test_ops.py) checks what a kernel computes, but it does not type-check
 the way the compiler does: a variable redefined with another shape inside an `if` runs in the
 interpreter and fails to compile (it cost a device call on 2026-11-30). Triton's wheel ships
 ptxas, so the whole pipeline — Python AST → TTIR → TTGIR → PTX → cubin — runs here without a GPU,

@@ -4,6 +4,8 @@ and what training selects is what prediction serves."""
 
 from __future__ import annotations
 
+import pytest
+
 import ast
 import inspect
 import json
@@ -20,7 +22,7 @@ from dohnuts.model.scorer import FULL, SHARED, choose_pass
 from dohnuts.runtime.policy import EAGER, PRODUCT, UNSHARED, ExecutionPolicy
 from dohnuts.train.task import synthetic_requests
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 POLICY_PACKAGES = ("model", "ops", "runtime", "train")
 # torchrun's own variables, read by the one process-group module
 TORCHRUN = {"RANK", "WORLD_SIZE", "LOCAL_RANK"}
@@ -153,10 +155,11 @@ def test_two_fresh_sessions_choose_the_same_path_without_reading_a_clock(monkeyp
     assert [p for _, p in paths[0]] == [SHARED, SHARED, FULL, FULL] and paths[0][0][0] == 256
 
 
+@pytest.mark.slow
 def test_another_process_chooses_the_same_paths():
     """The rule depends on the tokens alone: a new interpreter (another string-hash seed) plans the
     same splits."""
-    code = ("import json; import dohnuts.api as api; from tests.test_policy import REQUESTS; "
+    code = ("import json; import dohnuts.api as api; from tests.runtime.test_policy import REQUESTS; "
             "s = api.load('tiny'); print(json.dumps([s.prepare(r).plan.prefix_len for r in REQUESTS]))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={"PYTHONHASHSEED": "12345", "PATH": "/usr/bin:/bin"})
@@ -165,6 +168,7 @@ def test_another_process_chooses_the_same_paths():
     assert json.loads(out.stdout.strip().splitlines()[-1]) == here
 
 
+@pytest.mark.slow
 def test_the_policy_selected_in_training_is_the_policy_served(tmp_path):
     """The trainer's development accuracy and NLL of the selected checkpoint (scored in training's
     session, adapters unmerged) equal those of `dohnuts predict --adapter best.safetensors` (merged,
@@ -207,6 +211,7 @@ def test_the_policy_selected_in_training_is_the_policy_served(tmp_path):
     assert abs(nll(logits, correct, 1.0) - dev["nll"]) <= 1e-5 * max(1.0, abs(dev["nll"]))
 
 
+@pytest.mark.slow
 def test_python_dash_m_dohnuts_is_the_command(tmp_path):
     """`python -m dohnuts` runs the `dohnuts` command (torchrun starts its workers that way)."""
     src = tmp_path / "r.jsonl"

@@ -26,7 +26,7 @@ from dohnuts.bench.plugins import collect, plugin_manager, register_kind, regist
 from dohnuts.bench.sink import RecordSink
 from dohnuts.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 tomllib = pytest.importorskip("tomllib")  # Python 3.11
 
 
@@ -123,7 +123,7 @@ def test_a_target_missing_a_required_member_is_refused():
     with pytest.raises(PluginError) as info:
         collect(pm, "dohnuts_bench_register_targets")
     message = str(info.value)
-    assert message.startswith("target 'acme' (tests.test_contracts._NoClose): has no `close`")
+    assert message.startswith("target 'acme' (tests.bench.test_contracts._NoClose): has no `close`")
     assert "run_call(call, timer), close()" in message and "\n" not in message
 
 

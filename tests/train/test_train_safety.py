@@ -31,7 +31,7 @@ from dohnuts.train.trainer import Partitions, TrainConfig, Trainer
 
 
 def _data():
-    return Partitions(train=synthetic_requests(12, questions=2, seed=1), dev=synthetic_requests(3, questions=2, seed=2),
+    return Partitions(train=synthetic_requests(12, questions=8, seed=1), dev=synthetic_requests(3, questions=2, seed=2),
                       calib=synthetic_requests(3, questions=2, seed=3), test=synthetic_requests(3, questions=2, seed=4))
 
 
@@ -63,7 +63,8 @@ def _text_data(root, n_train=8):
     for split, n, seed in (("train", n_train, 1), ("dev", 2, 2), ("calib", 2, 3), ("test", 2, 4)):
         lines = [json.dumps({"id": r.id, "questions": [
             {"id": q.id, "text": q.text, "candidates": list(q.candidates), "rewards": list(q.rewards)}
-            for q in r.questions]}) for r in synthetic_requests(n, questions=2, seed=seed, id_prefix=split)]
+            for q in r.questions]})
+            for r in synthetic_requests(n, questions=8 if split == "train" else 2, seed=seed, id_prefix=split)]
         (root / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
     return root
 
@@ -99,6 +100,7 @@ def _copy(finished, tmp_path):
 # -- 1. a started or finished run is never overwritten ------------------------------------------
 
 
+@pytest.mark.slow
 def test_fresh_start_into_a_finished_run_is_refused(finished, tmp_path, capsys):
     data, run = _copy(finished, tmp_path)
     before = _snapshot(run)
@@ -108,6 +110,7 @@ def test_fresh_start_into_a_finished_run_is_refused(finished, tmp_path, capsys):
     assert _snapshot(run) == before  # best.safetensors, the log, the summary: untouched
 
 
+@pytest.mark.slow
 def test_fresh_start_into_a_started_run_is_refused(tmp_path, capsys):
     """A run interrupted mid-way (a checkpoint and a log, no summary) is not restarted either."""
     t = Trainer(_cfg(tmp_path / "run", 6), _data(), log=lambda m: None)
@@ -122,6 +125,7 @@ def test_fresh_start_into_a_started_run_is_refused(tmp_path, capsys):
     assert _snapshot(tmp_path / "run") == before
 
 
+@pytest.mark.slow
 def test_resume_with_nothing_to_resume(tmp_path, capsys):
     data = _text_data(tmp_path / "data")
     # A folder holding a log but no committed checkpoint: refused, untouched.
@@ -167,6 +171,7 @@ def test_resume_refuses_changed_arguments(finished, tmp_path, capsys, arg, value
     assert _snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_resume_takes_the_run_arguments_not_given_again(finished, tmp_path, capsys):
     """`dohnuts train --out RUN --resume` continues RUN with its own arguments (found on the GPU:
     after a killed rank, the printed advice `continue with --resume` was refused because the
@@ -180,6 +185,7 @@ def test_resume_takes_the_run_arguments_not_given_again(finished, tmp_path, caps
     assert "--eval-every is 3" in _error_line(capsys)
 
 
+@pytest.mark.slow
 def test_resume_of_a_synthetic_run_without_its_arguments(tmp_path):
     run = tmp_path / "run"
     base = ["train", "--model", "tiny", "--out", str(run), "--device", "cpu"]
@@ -201,6 +207,7 @@ def test_resume_refuses_other_data(finished, tmp_path, capsys):
     assert _snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_resume_may_raise_updates_and_keeps_the_schedule(finished, tmp_path, capsys):
     data, run = _copy(finished, tmp_path)
     assert main([*_common(data), "--out", str(run), "--updates", "4", "--resume"]) == 0
@@ -225,6 +232,7 @@ def test_resume_may_raise_updates_and_keeps_the_schedule(finished, tmp_path, cap
 
 
 @pytest.mark.parametrize("loss, norm", [(float("nan"), 1.0), (0.5, float("inf"))])
+@pytest.mark.slow
 def test_nonfinite_update_stops_training_and_keeps_the_checkpoint(finished, tmp_path, capsys, monkeypatch, loss,
                                                                    norm):
     data = finished / "data"
@@ -308,6 +316,7 @@ def test_missing_split_file_is_named(tmp_path, capsys):
 # -- 4, 5, 7. the checkpoint: one directory, no pickle, verified; the log cut back on resume -----
 
 
+@pytest.mark.slow
 def test_checkpoint_layout_without_pickle(tmp_path):
     t = Trainer(_cfg(tmp_path / "run", 4), _data(), log=lambda m: None)
     t.train()
@@ -334,6 +343,7 @@ def test_checkpoint_layout_without_pickle(tmp_path):
         Trainer(_cfg(tmp_path / "run", 4), _data(), log=lambda m: None).resume()
 
 
+@pytest.mark.slow
 def test_resume_cuts_the_log_back_to_the_checkpoint(tmp_path):
     t = Trainer(_cfg(tmp_path / "run", 6), _data(), log=lambda m: None)
     t.train(stop_at=3)  # update 3 is logged after the checkpoint of update 2
@@ -389,11 +399,12 @@ def _equal(a: dict, b: dict):
 
 
 def _small_data():
-    return Partitions(train=synthetic_requests(8, questions=1, candidates=3, seed=1),
+    return Partitions(train=synthetic_requests(8, questions=8, candidates=3, seed=1),
                       dev=synthetic_requests(2, questions=2, candidates=3, seed=2),
                       calib=synthetic_requests(2, questions=1, seed=3), test=synthetic_requests(2, questions=1, seed=4))
 
 
+@pytest.mark.slow
 def test_interrupting_a_checkpoint_at_every_step_resumes_consistently(tmp_path, monkeypatch):
     """Checkpoints at updates 0 (before anything else), 2 and 4 (the last). The write of the
     checkpoint of update 4 (and then of the very first one) is interrupted at its k-th file

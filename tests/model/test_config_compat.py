@@ -24,7 +24,7 @@ from dohnuts.model.checkpoint import read_config
 from dohnuts.model.rope import axis_of_frequency, rotary_cos_sin
 from dohnuts.model.vision import build_vision_tower, image_token_count, mrope_position_ids, splice_image_features
 from tests.reference import hf_full_config, relative_error, save_text_checkpoint
-from tests.test_vision import _image_span, _patches, _perturbed, _sequence
+from tests.model.test_vision import _image_span, _patches, _perturbed, _sequence
 
 TINY = preset("tiny")
 M = TINY.vision.spatial_merge_size
