@@ -6,7 +6,7 @@ timed with CUDA events (dohnuts.runtime.timing) after warm-up, median of several
 tens of milliseconds).
 The matmul is also run back to back for `sustain_s` seconds (`bf16_matmul_sustained`, the median
 of the second half): a GPU that holds a power limit lowers its clock under sustained dense work,
-which a burst never shows (the H200: 777 vs 672 TFLOP/s, 2026-11-30); it bounds the `sustained`
+which a burst never shows (docs/known-issues.md KI-15); it bounds the `sustained`
 basis (dohnuts.bench.analysis.hwspec). CPU: an FP32 and a BF16 matmul
 (1024³), an FP32 multiply-add over a cache-resident vector, and a large memory copy, timed with
 the host clock, median of several runs. These are recorded beside the datasheet ceilings — and

@@ -45,9 +45,8 @@ NVML_GPU_IDLE = 0x001
 # The reasons that mean the clock was pulled below the device's sustained regime: hardware
 # slowdown, thermal slowdown, the power brake. They invalidate a call.
 NVML_THROTTLING_BITS = 0x008 | 0x020 | 0x040 | 0x080
-# The software power cap is the regime dense work runs in on a datacentre GPU (measured on the
-# H200, 2026-11-30: active in 98 of 170 calls of the 2b suite, with SM clocks at 1.6–1.8 GHz of
-# 1.98): the clock is set to stay within the power limit. A call under it is recorded and counted
+# The software power cap is the regime dense work runs in on a datacentre GPU (the H200:
+# docs/known-issues.md KI-15): the clock is set to stay within the power limit. A call under it is recorded and counted
 # (`power_capped`), not excluded — excluding it would leave out every heavy call. Sync boost only
 # aligns clocks across GPUs.
 NVML_POWER_CAP_BITS = 0x004

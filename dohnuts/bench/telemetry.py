@@ -19,9 +19,9 @@ Validity gates. A GPU sampler reports, beside its readings, the keys `call_valid
 A call is invalid when any sample taken during it shows a throttling reason (thermal or hardware
 slowdown, the power brake), or a clock below `min_clock_fraction` (default 0.9;
 `DOHNUTS_BENCH_MIN_CLOCK_FRACTION` overrides it) of the maximum that no power cap in the same
-sample explains. A power-capped call stays valid and is counted (`power_capped` samples): on the
-H200 the 2b suite ran power-capped in 98 of 170 calls at 1.6–1.8 GHz (2026-11-30), and excluding
-them would have left out every heavy call. The runner writes `{"valid", "reasons", "detail",
+sample explains. A power-capped call stays valid and is counted (`power_capped` samples): a
+datacentre GPU runs dense work at its power cap, and excluding those calls would leave out every
+heavy call (measured on the H200: docs/known-issues.md KI-15). The runner writes `{"valid", "reasons", "detail",
 "gpu_samples", "power_capped"}` into the record.
 """
 

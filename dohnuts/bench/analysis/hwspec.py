@@ -39,10 +39,8 @@ microbenchmark is never mistaken for API throughput.
 A third basis, `sustained`, exists only in runs that measured it (never in a YAML file): the
 measured basis with its matrix, attention and scan roles met by the same matmul run back to back
 for seconds (`bf16_matmul_sustained`). A datacentre GPU holds its power limit under dense work by
-lowering its clock — the H200 ran the 8192³ matmul at 777 TFLOP/s in the ~20 ms burst the measured
-ceiling times, and at 672 TFLOP/s (1.53 GHz, 690 W, power-capped) after a second of it
-(2026-11-30, benchmarks/profile_passes.py) — so a pass longer than the burst cannot reach the
-measured ceiling. The sustained basis says how close it comes to what the GPU sustains; the
+lowering its clock, so a pass longer than the burst the measured ceiling times cannot reach that
+ceiling (the H200: docs/known-issues.md KI-15). The sustained basis says how close it comes to what the GPU sustains; the
 measured basis keeps meaning what it meant.
 """
 
