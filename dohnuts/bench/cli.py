@@ -7,6 +7,9 @@ from what the hardware allows.
                                              medians, bootstrap interval, rank test, verdict
                                              (run directories or results.jsonl; --json OUT)
     dohnuts-bench list                       plugins, workload kinds, targets, telemetry
+    dohnuts-bench history                    per workload, target and stage: runs over revisions,
+                                             changes flagged (the run store, results/store.sqlite)
+    dohnuts-bench store import RUN_DIR ...   finished runs into the store
 
 The commands live beside this module: dohnuts.bench.run_command (`run`) and
 dohnuts.bench.offline (`analyze`, `compare`).
@@ -86,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--telemetry-interval", type=float, default=0.1,
                    help="seconds between telemetry samples (0.001 to 60; default: 0.1)")
     r.add_argument("--quiet", action="store_true", help="no progress display")
+    r.add_argument("--store", help="the run store every record also goes to (default: store.sqlite beside the "
+                                   "--out folder: results/store.sqlite)")
     r.set_defaults(func=cmd_run)
     a = sub.add_parser("analyze", help="re-analyse a results.jsonl")
     a.add_argument("results", help="a results.jsonl (or the run directory holding it)")
@@ -105,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_compare)
     ls = sub.add_parser("list", help="list plugins, workload kinds, targets and telemetry")
     ls.set_defaults(func=cmd_list)
+    from dohnuts.bench.store_command import add_parsers
+
+    add_parsers(sub)
     return p
 
 

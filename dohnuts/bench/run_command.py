@@ -107,6 +107,7 @@ def cmd_run(args) -> int:
     from dohnuts.bench.rundir import new_run_dir
     from dohnuts.bench.runner import measure_workload, resolve_device
     from dohnuts.bench.sink import RecordSink
+    from dohnuts.bench.store import RunStore, StoreMirror
     from dohnuts.bench.telemetry import TelemetryThread
     from dohnuts.bench.workload import load_workload
 
@@ -132,6 +133,8 @@ def cmd_run(args) -> int:
         if named_by is None:
             raise
         raise ConfigError(f"cannot be used: {exc}", source=named_by.file, field="hwspec") from None
+    # a corrupt or foreign store is refused here, before anything is measured
+    store = RunStore(args.store or Path(args.out).parent / "store.sqlite")
     label = args.label or (runnable[0].name if len(runnable) == 1 else "run")
     out_root = Path(args.out)
     created_root = not os.path.lexists(out_root)
@@ -146,13 +149,15 @@ def cmd_run(args) -> int:
     results = run_dir / "results.jsonl"
     meta = _run_json(run, runnable, hwspec, every_sampler, device)  # holds run.measured and run.failures as they grow
     interrupted, error = False, None
+    mirror = StoreMirror(store, run_id, warn=lambda m: console.print(f"[yellow]warning[/]: {m}"))
     try:
         pm.hook.dohnuts_bench_prepare_run(run=run)
         write_json(run_dir / "run.json", meta, indent=2, default=str)
-        console.print(f"run [bold]{run_id}[/] → {results}")
+        store.add_run(run_id, meta)
+        console.print(f"run [bold]{run_id}[/] → {results} (and {store.path})")
         telemetry.start()
         try:
-            with RecordSink.open(results) as out, Progress(
+            with RecordSink.open(results, mirrors=(mirror,)) as out, Progress(
                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                 console=console, disable=args.quiet,
             ) as progress:
@@ -174,6 +179,8 @@ def cmd_run(args) -> int:
     measured_any = results.exists() and results.stat().st_size > 0
     if error is not None and not measured_any and not run.failures:
         # Refused before any call was recorded: leave nothing behind.
+        store.delete_run(run_id)
+        store.close()
         shutil.rmtree(run_dir, ignore_errors=True)
         if created_root:
             try:
@@ -183,8 +190,10 @@ def cmd_run(args) -> int:
         raise error
     try:
         write_json(run_dir / "run.json", meta, indent=2, default=str)  # now with the failures and calibrations
+        _store_run(store, run_id, meta, console)
         if measured_any:
             analyze_and_report(results, hwspec, run.measured, run_dir, console, pm)
+            _store_summary(store, run_id, run_dir, console)
     except KeyboardInterrupt:
         # A second Ctrl-C (or the first, during the report): results.jsonl is complete and closed.
         print("dohnuts-bench: interrupted while writing the report; results.jsonl holds every completed call "
@@ -201,3 +210,27 @@ def cmd_run(args) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _store_run(store, run_id: str, meta: dict, console) -> None:
+    import sqlite3
+
+    try:
+        store.add_run(run_id, meta)
+    except (sqlite3.Error, OSError) as exc:
+        console.print(f"[yellow]warning[/]: the run store {store.path} did not take run.json ({exc})")
+
+
+def _store_summary(store, run_id: str, run_dir: Path, console) -> None:
+    import json
+    import sqlite3
+
+    summary = run_dir / "summary.json"
+    try:
+        if summary.is_file():
+            store.add_summary(run_id, json.loads(summary.read_text(encoding="utf-8")))
+    except (sqlite3.Error, OSError, ValueError) as exc:
+        console.print(f"[yellow]warning[/]: the run store {store.path} did not take summary.json ({exc})")
+    finally:
+        store.close()
+

@@ -16,21 +16,25 @@ from dohnuts.schema import dumps
 
 
 class RecordSink:
-    """Appends records to an open text file (a run's results.jsonl, or a rank's own JSONL)."""
+    """Appends records to an open text file (a run's results.jsonl, or a rank's own JSONL), and
+    hands each record, once written, to its mirrors (the run store: dohnuts.bench.store)."""
 
-    def __init__(self, file: TextIO):
+    def __init__(self, file: TextIO, mirrors: tuple = ()):
         self.file = file
+        self.mirrors = mirrors  # objects with write(record): told of every record after the file
         self.written = 0  # records written through this sink
 
     @classmethod
     @contextmanager
-    def open(cls, path: str | Path) -> Iterator[RecordSink]:
+    def open(cls, path: str | Path, mirrors: tuple = ()) -> Iterator[RecordSink]:
         """A sink appending to `path` (created if need be), closed on exit."""
         with open(path, "a", encoding="utf-8") as f:
-            yield cls(f)
+            yield cls(f, mirrors)
 
     def write(self, record: dict) -> None:
         """Append one record as one strict-JSON line and flush it."""
         self.file.write(dumps(record) + "\n")
         self.file.flush()
         self.written += 1
+        for m in self.mirrors:
+            m.write(record)

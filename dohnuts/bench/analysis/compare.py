@@ -154,7 +154,7 @@ def _key(rec: dict) -> tuple[str, str]:
     return workload_label(rec), target_label(rec)
 
 
-def _samples(records: list[dict]) -> dict[tuple[str, str], dict[str, list[float]]]:
+def steady_samples(records: list[dict]) -> dict[tuple[str, str], dict[str, list[float]]]:
     """{(workload, target): {"wall": [...], stage: [...]}} over the steady-state records."""
     out: dict[tuple[str, str], dict[str, list[float]]] = {}
     for rec in records:
@@ -273,7 +273,7 @@ def compare_runs(records_a: list[dict], records_b: list[dict], *, confidence: fl
     module docstring). Deterministic for a given seed. Warnings (one line each) name groups whose
     spread is too large to resolve a change of `min_effect` with the calls measured."""
     _check_options(confidence, resamples, min_effect, method)
-    sa, sb = _samples(records_a), _samples(records_b)
+    sa, sb = steady_samples(records_a), steady_samples(records_b)
     common = [k for k in sa if k in sb]
     rows, notes = [], []
     for workload, target in common:

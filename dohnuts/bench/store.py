@@ -1,0 +1,268 @@
+"""The run store: every run's records, provenance and summary in one embedded database file.
+
+A run writes its raw records to `results.jsonl` (the source of truth, re-analysable alone) and,
+as it goes, to the store, so that questions across runs — how did text-2b's `shared` stage move
+over the last 20 commits? — are one query (`dohnuts-bench history`). The store can always be
+rebuilt from the JSONL files (`dohnuts-bench store import RUN_DIR ...`).
+
+SQLite (Python's standard library), not DuckDB: it needs no package, so the store works on every
+machine the harness runs on — the lent GPU machine has no network and carries every extra package
+as a wheel —, several processes may write one file at once (WAL journal, a busy timeout: one
+waits while another commits), and a store holds thousands of records, far below where a columnar
+engine pays. The file says what it is (`PRAGMA application_id`, a `meta` table with the schema
+version); anything else — another SQLite database, a corrupt or foreign file — is refused in one
+line naming it.
+
+Tables:
+    runs      one row a run: id, start, git revision and dirty flag, device, driver, power limit,
+              hwspec, versions and workload hashes (JSON), the whole run.json
+    records   one row a record: run, order, workload, target (as reports name it), phase, wall
+              time, the whole record (JSON)
+    summaries one row a run: its summary.json
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from dohnuts.errors import DohnutsError
+from dohnuts.schema import dumps
+
+APPLICATION_ID = 0x646F686E  # "dohn"
+SCHEMA_VERSION = 1
+DEFAULT_STORE = Path("results/store.sqlite")
+BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another to commit
+
+_TABLES = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, started TEXT, git_revision TEXT, git_dirty INTEGER, device TEXT,
+    driver TEXT, power_limit_w REAL, hwspec TEXT, versions TEXT, workloads TEXT, run_json TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS records (
+    run_id TEXT NOT NULL, seq INTEGER NOT NULL, workload TEXT NOT NULL, target TEXT NOT NULL,
+    phase TEXT NOT NULL, wall_ms REAL, record TEXT NOT NULL, PRIMARY KEY (run_id, seq)
+);
+CREATE INDEX IF NOT EXISTS records_by_group ON records (workload, target, phase);
+CREATE TABLE IF NOT EXISTS summaries (run_id TEXT PRIMARY KEY, summary TEXT NOT NULL);
+"""
+
+
+class StoreError(DohnutsError):
+    """The store file cannot be used (corrupt, foreign, newer, unwritable)."""
+
+
+class RunStore:
+    """One store file. Every method commits what it writes; several processes may share a file."""
+
+    def __init__(self, path: str | Path = DEFAULT_STORE):
+        self.path = Path(path)
+        where = str(self.path)
+        try:
+            if self.path.exists() and not self.path.is_file():
+                raise StoreError("is not a file (a run store)", source=where)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"cannot be opened ({exc})", source=where) from None
+        try:
+            self._prepare()
+        except sqlite3.DatabaseError as exc:
+            self.db.close()
+            raise StoreError(f"is not a dohnuts run store ({exc})", source=where) from None
+
+    def _prepare(self) -> None:
+        app = self.db.execute("PRAGMA application_id").fetchone()[0]
+        tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if app not in (0, APPLICATION_ID) or (app == 0 and tables):
+            raise StoreError("is an SQLite database of something else, not a dohnuts run store",
+                             source=str(self.path))
+        self.db.execute("PRAGMA journal_mode = WAL")
+        self.db.execute("PRAGMA synchronous = NORMAL")
+        with self._transaction():
+            for statement in filter(str.strip, _TABLES.split(";")):
+                self.db.execute(statement)
+            self.db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        version = int(self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"has schema version {version}, newer than this dohnuts reads ({SCHEMA_VERSION})",
+                             source=str(self.path))
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self.db.execute("BEGIN IMMEDIATE")  # the write lock now: a concurrent writer waits here
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> RunStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def add_run(self, run_id: str, meta: dict) -> None:
+        """Insert or update a run from its run.json content (provenance, hwspec, workloads)."""
+        prov = meta.get("provenance") or {}
+        revision, dirty = _git(prov.get("git"))
+        device = prov.get("device") or {}
+        row = (run_id, prov.get("time") or _started(run_id), revision, dirty,
+               device.get("name"), device.get("driver"), _number(device.get("power_limit_w")), meta.get("hwspec"),
+               dumps(prov.get("packages") or prov.get("versions") or {}),
+               dumps([{"name": w.get("name"), "file_hash": w.get("file_hash")} for w in meta.get("workloads") or []
+                      if isinstance(w, dict)]),
+               dumps(meta))
+        with self._transaction():
+            self.db.execute("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+
+    def add_records(self, run_id: str, records: Iterable[dict], *, start: int | None = None) -> int:
+        """Append records of a run (numbered after those it holds); returns how many."""
+        from dohnuts.bench.analysis.records import target_label, workload_label
+
+        with self._transaction():
+            seq = start if start is not None else self.db.execute(
+                "SELECT COALESCE(MAX(seq) + 1, 0) FROM records WHERE run_id = ?", (run_id,)).fetchone()[0]
+            n = 0
+            for rec in records:
+                wall = rec.get("wall_ms")
+                self.db.execute("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                (run_id, seq + n, workload_label(rec), target_label(rec), str(rec.get("phase", "steady")),
+                                 _number(wall), dumps(rec)))
+                n += 1
+        return n
+
+    def add_summary(self, run_id: str, summary: dict) -> None:
+        with self._transaction():
+            self.db.execute("INSERT OR REPLACE INTO summaries VALUES (?, ?)", (run_id, dumps(summary)))
+
+    def delete_run(self, run_id: str) -> None:
+        """Forget a run (one refused before it recorded anything)."""
+        with self._transaction():
+            for table in ("records", "summaries", "runs"):
+                self.db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+
+    def import_run(self, run_dir: str | Path) -> tuple[str, int]:
+        """A finished run directory (results.jsonl or results.jsonl.gz, run.json, summary.json when
+        there is one) into the store, replacing what the store held of that run. Returns (run id,
+        records)."""
+        from dohnuts.bench.analysis.records import read_jsonl
+
+        run_dir = Path(run_dir)
+        results = next((run_dir / n for n in ("results.jsonl", "results.jsonl.gz") if (run_dir / n).is_file()), None)
+        if results is None:
+            raise DohnutsError("holds no results.jsonl or results.jsonl.gz", source=str(run_dir))
+        records = [{k: v for k, v in r.items() if k != "_source"} for r in read_jsonl(results)]  # (where each came from)
+        meta = _read_json(run_dir / "run.json") or {}
+        run_id = str(meta.get("run_id") or (records[0].get("run_id") if records else None) or run_dir.name)
+        meta.setdefault("run_id", run_id)
+        if not meta.get("provenance") and records:
+            meta["provenance"] = records[0].get("provenance") or {}
+        self.add_run(run_id, meta)
+        with self._transaction():
+            self.db.execute("DELETE FROM records WHERE run_id = ?", (run_id,))
+        n = self.add_records(run_id, records, start=0)
+        summary = _read_json(run_dir / "summary.json")
+        if summary is not None:
+            self.add_summary(run_id, summary)
+        return run_id, n
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Every run, oldest first: id, start, revision, dirty flag, device, hwspec."""
+        rows = self.db.execute("SELECT run_id, started, git_revision, git_dirty, device, hwspec FROM runs "
+                               "ORDER BY started, run_id").fetchall()
+        return [dict(zip(("run_id", "started", "revision", "dirty", "device", "hwspec"), r)) for r in rows]
+
+    def records(self, run_id: str | None = None, *, workload: str | None = None, target: str | None = None,
+                phase: str | None = None) -> list[dict]:
+        """The records, in their run's order, filtered by run, workload, target and phase."""
+        sql, args = "SELECT record FROM records JOIN runs USING (run_id) WHERE 1", []
+        for column, value in (("run_id", run_id), ("workload", workload), ("target", target), ("phase", phase)):
+            if value is not None:
+                sql += f" AND records.{column} = ?"
+                args.append(value)
+        sql += " ORDER BY runs.started, runs.run_id, records.seq"
+        return [json.loads(r[0]) for r in self.db.execute(sql, args)]
+
+    def summary(self, run_id: str) -> dict | None:
+        row = self.db.execute("SELECT summary FROM summaries WHERE run_id = ?", (run_id,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def groups(self) -> list[tuple[str, str]]:
+        """Every (workload, target) with steady-state records."""
+        return [tuple(r) for r in self.db.execute(
+            "SELECT DISTINCT workload, target FROM records WHERE phase = 'steady' ORDER BY workload, target")]
+
+    def integrity(self) -> str:
+        return self.db.execute("PRAGMA integrity_check").fetchone()[0]
+
+
+def _started(run_id: str) -> str | None:
+    """A run id's start time (`YYYYmmdd-HHMMSS-label`) as ISO text, when it has one."""
+    head = run_id[:15]
+    if len(head) == 15 and head[8] == "-" and (head[:8] + head[9:]).isdigit():
+        return f"{head[:4]}-{head[4:6]}-{head[6:8]}T{head[9:11]}:{head[11:13]}:{head[13:15]}"
+    return None
+
+
+def _git(value) -> tuple[str | None, int | None]:
+    """(revision, dirty flag) of a provenance's `git`: "abc123+dirty", or a mapping."""
+    if isinstance(value, dict):
+        dirty = value.get("dirty")
+        return value.get("revision"), None if dirty is None else int(bool(dirty))
+    if isinstance(value, str) and value and value != "unknown":
+        return value.removesuffix("+dirty"), int(value.endswith("+dirty"))
+    return None, None
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _read_json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise DohnutsError(f"cannot be read as JSON ({exc})", source=str(path)) from None
+    return data if isinstance(data, dict) else None
+
+
+class StoreMirror:
+    """A run's records into the store as they are written (a `RecordSink` mirror). The JSONL stays
+    the source of truth: if the store cannot take a record (held too long by another writer, the
+    disk), the run goes on, one line says so, and `dohnuts-bench store import RUN_DIR` repairs it."""
+
+    def __init__(self, store: RunStore, run_id: str, warn=print):
+        self.store, self.run_id, self.warn = store, run_id, warn
+        self.failed = False
+
+    def write(self, record: dict) -> None:
+        if self.failed:
+            return
+        try:
+            self.store.add_records(self.run_id, [record])
+        except (sqlite3.Error, OSError) as exc:
+            self.failed = True
+            self.warn(f"the run store {self.store.path} took no more records ({exc}); results.jsonl holds them "
+                      f"all (dohnuts-bench store import puts them in later)")
+

@@ -1,0 +1,101 @@
+"""`dohnuts-bench history` and `dohnuts-bench store import`: the run store's commands.
+
+    dohnuts-bench store import RUN_DIR ...   put finished run directories into the store
+    dohnuts-bench history [--workload W] [--target T] [--stage S] [--json OUT]
+
+Without a store file, `history` first builds one from the run archives committed under `results/`
+(every folder holding a results.jsonl or results.jsonl.gz), so the project's own GPU history can
+be queried from a fresh clone.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from dohnuts.bench.store import DEFAULT_STORE, RunStore
+from dohnuts.errors import DohnutsError
+
+ARCHIVE_ROOT = Path("results")
+
+
+def run_dirs(root: Path) -> list[Path]:
+    """Every run directory below `root` (a folder holding results.jsonl or results.jsonl.gz)."""
+    found = {p.parent for name in ("results.jsonl", "results.jsonl.gz") for p in root.rglob(name)}
+    return sorted(found)
+
+
+def import_dirs(store: RunStore, dirs: list[Path], log=lambda msg: None) -> int:
+    n = 0
+    for d in dirs:
+        try:
+            run_id, records = store.import_run(d)
+        except DohnutsError as exc:
+            log(f"skipped {d}: {exc}")
+            continue
+        log(f"imported {d} as {run_id} ({records} records)")
+        n += 1
+    return n
+
+
+def cmd_store_import(args) -> int:
+    dirs = [Path(d) for d in args.run_dirs]
+    for d in dirs:
+        if not d.is_dir():
+            raise DohnutsError("is not a run directory", source=str(d))
+    with RunStore(args.store) as store:
+        n = import_dirs(store, dirs, log=lambda m: print(f"dohnuts-bench: {m}", file=sys.stderr))
+    print(f"dohnuts-bench: {n} of {len(dirs)} runs in {args.store}", file=sys.stderr)
+    return 0 if n == len(dirs) else 2
+
+
+def cmd_history(args) -> int:
+    from dohnuts.bench.cli import console_for_output
+    from dohnuts.bench.history import history, history_tables
+    from dohnuts.schema import write_json
+
+    path = Path(args.store)
+    if not path.exists() and Path(args.store) == DEFAULT_STORE and ARCHIVE_ROOT.is_dir():
+        dirs = run_dirs(ARCHIVE_ROOT)
+        print(f"dohnuts-bench: no store at {path}: building it from the {len(dirs)} runs committed under "
+              f"{ARCHIVE_ROOT}/", file=sys.stderr)
+        with RunStore(path) as store:
+            import_dirs(store, dirs)
+    if not path.exists():
+        raise DohnutsError("does not exist (a run store: `dohnuts-bench run` writes one, `dohnuts-bench store "
+                           "import` fills one)", source=str(path))
+    with RunStore(path) as store:
+        series = history(store, workload=args.workload, target=args.target, stage=args.stage,
+                         min_effect=args.min_effect)
+    if not series:
+        raise DohnutsError("holds no steady-state records" + (" of that workload / target" if args.workload or
+                                                              args.target else ""), source=str(path))
+    console = console_for_output()
+    for table in history_tables(series):
+        console.print(table)
+    changes = sum(len(s.changes) for s in series)
+    print(f"dohnuts-bench: {len(series)} series, {changes} flagged change(s)", file=sys.stderr)
+    if args.json:
+        write_json(args.json, {"stage": args.stage, "series": [
+            {"workload": s.workload, "target": s.target, "stage": s.stage,
+             "points": [p.__dict__ | {"flagged": p.flagged} for p in s.points]} for s in series]}, indent=2)
+    return 0
+
+
+def add_parsers(sub) -> None:
+    h = sub.add_parser("history", help="per workload, target and stage: the runs in the store over revisions, "
+                                       "changes between consecutive runs flagged")
+    h.add_argument("--store", default=str(DEFAULT_STORE), help=f"the run store (default: {DEFAULT_STORE})")
+    h.add_argument("--workload", help="only this workload (as reports name it)")
+    h.add_argument("--target", help="only this target (as reports name it)")
+    h.add_argument("--stage", default="wall", help="a stage, or wall for the whole call (default: wall)")
+    h.add_argument("--min-effect", type=float, default=0.02,
+                   help="smallest relative change flagged, raised to each run's own measured noise (default: 0.02)")
+    h.add_argument("--json", metavar="OUT", help="also write the series as JSON to OUT")
+    h.set_defaults(func=cmd_history)
+    s = sub.add_parser("store", help="the run store: import finished run directories")
+    ssub = s.add_subparsers(dest="store_command", required=True)
+    i = ssub.add_parser("import", help="put finished run directories (results.jsonl[.gz], run.json) into the store")
+    i.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    i.add_argument("--store", default=str(DEFAULT_STORE), help=f"the run store (default: {DEFAULT_STORE})")
+    i.set_defaults(func=cmd_store_import)
