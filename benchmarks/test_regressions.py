@@ -4,10 +4,10 @@ Measure this build and gate it against the baseline of this machine kind:
 
     pytest benchmarks/test_regressions.py --benchmark-enable --benchmark-save-data \\
         --benchmark-json=/tmp/current.json
-    python benchmarks/gate.py results/baselines/cpu-tiny-*.json --current /tmp/current.json
+    dohnuts-bench gate /tmp/current.json --baseline results/baselines/cpu-tiny-*.json
 
-`gate.py` compares every benchmark's raw timings with the pooled baseline runs': a bootstrap
-confidence interval of the ratio of medians and a rank test (dohnuts.bench.analysis.compare),
+`dohnuts-bench gate` (dohnuts/bench/gate.py) compares every benchmark's raw timings with the
+pooled baseline runs': a bootstrap confidence interval of the ratio of medians and a rank test (dohnuts.bench.analysis.compare),
 with a tolerance taken from the spread measured (within runs, and between the baseline's runs)
 instead of a fixed percentage (a fixed 25 % failed twice on unchanged code on the 2-core CI
 machine). It exits 1 when a benchmark is slower beyond that, 0 otherwise. After an intended

@@ -10,6 +10,7 @@ from what the hardware allows.
     dohnuts-bench history                    per workload, target and stage: runs over revisions,
                                              changes flagged (the run store, results/store.sqlite)
     dohnuts-bench store import RUN_DIR ...   finished runs into the store
+    dohnuts-bench gate CURRENT --baseline B  this build against saved baselines (exit 0 / 1 / 2)
 
 The commands live beside this module: dohnuts.bench.run_command (`run`) and
 dohnuts.bench.offline (`analyze`, `compare`).
@@ -110,9 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_compare)
     ls = sub.add_parser("list", help="list plugins, workload kinds, targets and telemetry")
     ls.set_defaults(func=cmd_list)
+    from dohnuts.bench.gate import add_parser as add_gate
     from dohnuts.bench.store_command import add_parsers
 
     add_parsers(sub)
+    add_gate(sub)
     return p
 
 

@@ -1,9 +1,9 @@
-"""The regression gate catches a 2× slowdown injected on purpose and passes an unchanged re-run:
-real pytest-benchmark runs of benchmarks/test_regressions.py (the predict-call gate, tiny preset)."""
+"""The regression gate (`dohnuts-bench gate`, dohnuts.bench.gate) catches a 2× slowdown injected on
+purpose and passes an unchanged re-run: real pytest-benchmark runs of benchmarks/test_regressions.py
+(the predict-call gate, tiny preset); its exit codes are 0 passed, 1 regression, 2 bad input."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -15,10 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _gate_module():
-    spec = importlib.util.spec_from_file_location("gate", ROOT / "benchmarks" / "gate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    import dohnuts.bench.gate as gate
+
+    return gate
 
 
 def _bench(out: Path, slowdown: float = 1.0) -> Path:
@@ -42,21 +41,29 @@ def test_gate_catches_an_injected_2x_slowdown_and_passes_an_unchanged_rerun(tmp_
     again = gate.timings(_bench(tmp_path / "again.json"))
     slowed = gate.timings(_bench(tmp_path / "slow.json", slowdown=2.0))
     # min_effect 0.3: on the shared 2-core CI machine unchanged code drifts by up to ≈ 25 % between
-    # processes (benchmarks/gate.py); a 2× slowdown must still be caught well clear of it.
+    # processes (dohnuts.bench.gate); a 2× slowdown must still be caught well clear of it.
     ok, lines = gate.gate(base, again, min_effect=0.3)
     assert ok, lines
     ok, lines = gate.gate(base, slowed, min_effect=0.3)
     assert not ok and "slower" in lines[0] and "test_predict_call" in lines[0]
     ratio = float(lines[0].split("ratio ")[1].split(",")[0])
     assert ratio > 1.6  # the injected factor (about 2; more when other processes load the machine)
+    from dohnuts.bench.cli import main
+
+    files = [str(tmp_path / f"base{i}.json") for i in range(2)]
+    assert main(["gate", str(tmp_path / "again.json"), "--baseline", *files, "--min-effect", "0.3"]) == 0
+    assert main(["gate", str(tmp_path / "slow.json"), "--baseline", *files, "--min-effect", "0.3"]) == 1
 
 
 def test_gate_reads_and_refuses(tmp_path, capsys):
     gate = _gate_module()
     bad = tmp_path / "bad.json"
     bad.write_text('{"benchmarks": [{"name": "x", "stats": {}}]}')
-    assert gate.main([str(bad), "--current", str(bad)]) == 2
-    assert "bad.json" in capsys.readouterr().err
+    from dohnuts.bench.cli import main
+
+    assert main(["gate", str(bad), "--baseline", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bad.json" in err[0] and "stats.data" in err[0]
     a = {"x": [1.0 + 0.01 * i for i in range(12)]}
     assert gate.gate([a], {"y": a["x"]})[1] == ["x: only in the baseline", "y: only in this build"]
     # the drift between baseline runs widens the tolerance: 30 % between them, 25 % is no regression
