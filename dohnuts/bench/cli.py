@@ -11,6 +11,7 @@ from what the hardware allows.
                                              changes flagged (the run store, results/store.sqlite)
     dohnuts-bench store import RUN_DIR ...   finished runs into the store
     dohnuts-bench gate CURRENT --baseline B  this build against saved baselines (exit 0 / 1 / 2)
+    dohnuts-bench report RUN --html          one self-contained HTML page (every run writes one)
 
 The commands live beside this module: dohnuts.bench.run_command (`run`) and
 dohnuts.bench.offline (`analyze`, `compare`).
@@ -112,10 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="list plugins, workload kinds, targets and telemetry")
     ls.set_defaults(func=cmd_list)
     from dohnuts.bench.gate import add_parser as add_gate
+    from dohnuts.bench.report_command import add_parser as add_report
     from dohnuts.bench.store_command import add_parsers
 
     add_parsers(sub)
     add_gate(sub)
+    add_report(sub)
     return p
 
 

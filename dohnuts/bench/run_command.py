@@ -194,6 +194,7 @@ def cmd_run(args) -> int:
         if measured_any:
             analyze_and_report(results, hwspec, run.measured, run_dir, console, pm)
             _store_summary(store, run_id, run_dir, console)
+            _html(run_dir, store.path, console)
     except KeyboardInterrupt:
         # A second Ctrl-C (or the first, during the report): results.jsonl is complete and closed.
         print("dohnuts-bench: interrupted while writing the report; results.jsonl holds every completed call "
@@ -233,4 +234,13 @@ def _store_summary(store, run_id: str, run_dir: Path, console) -> None:
         console.print(f"[yellow]warning[/]: the run store {store.path} did not take summary.json ({exc})")
     finally:
         store.close()
+
+
+def _html(run_dir: Path, store_path: Path, console) -> None:
+    from dohnuts.bench.report_command import write_html
+
+    try:
+        console.print(f"[dim]html: {write_html(run_dir, store=store_path)}[/]")
+    except (DohnutsError, OSError, ValueError) as exc:  # the text report and the JSONL are written already
+        console.print(f"[yellow]warning[/]: no report.html ({exc})")
 

@@ -1,0 +1,205 @@
+"""The HTML report of a run: one self-contained file that works offline (no external script, font
+or style; the charts are inline SVG, dohnuts.bench.svg).
+
+It shows what the text report shows — the summary, each stage's bound and efficiency, the critical
+path, stream against single calls — plus a roofline a workload (steady calls apart from first
+calls, each point numbered and named in a legend), the comparison with a second run when given,
+and trend charts from the run store. Every number a test checks carries `data-key`: the page is
+checked in a real headless browser (tests/bench/test_html_report.py). A few lines of script only
+hide or show the first-call rows and mark the page ready; the page reads fully without them.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from dohnuts.bench.svg import roofline, trend
+
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:1200px}
+h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ccc}h3{font-size:1em}
+table{border-collapse:collapse;margin:.5em 0;font-size:.85em}td,th{border:1px solid #ddd;padding:2px 6px}
+td.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f3f3f3}
+tr.first-call{color:#777}tr.mo td:first-child::after{content:" (measurement-only)";color:#a60}
+.panels{display:flex;flex-wrap:wrap;gap:1.2em}.panel{flex:0 0 auto}
+svg.chart text.tick{font-size:9px;fill:#555}svg.chart text.axis{font-size:10px;fill:#333}
+svg.chart text.num{font-size:10px;font-weight:bold}ol.legend{font-size:.8em;margin:.2em 0 0 1.2em;max-width:520px}
+.meets{color:#070}.misses{color:#a00}.note{color:#666;font-size:.85em}
+"""
+
+SCRIPT = """
+(function(){
+  var box=document.getElementById('show-first');
+  function apply(){document.querySelectorAll('tr.first-call').forEach(function(r){r.style.display=box.checked?'':'none';});}
+  box.addEventListener('change',apply);apply();
+  document.body.setAttribute('data-ready','1');
+})();
+"""
+
+
+def _ms(x) -> str:
+    return "—" if x is None else f"{x:.3f}" if x < 100 else f"{x:.1f}"
+
+
+def _pct(x) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def _cell(value: str, key: str | None = None, group: str | None = None, cls: str = "n") -> str:
+    attrs = f' class="{cls}"' if cls else ""
+    if key:
+        attrs += f' data-key="{escape(key)}"'
+    if group:
+        attrs += f' data-group="{escape(group)}"'
+    return f"<td{attrs}>{escape(value)}</td>"
+
+
+def _row_class(target: str) -> str:
+    classes = []
+    if "first-call" in target:
+        classes.append("first-call")
+    return f' class="{" ".join(classes)}"' if classes else ""
+
+
+def _summary_table(rows: list[dict]) -> str:
+    head = ("workload", "target", "calls", "wall ms", "p10–p90 ms", "decisions / s", "tokens / s", "energy / call")
+    out = ["<table id='summary'><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
+    for r in rows:
+        group = f"{r['workload']}|{r['target']}"
+        energy = r.get("energy_j_per_call")
+        out.append(f"<tr{_row_class(r['target'])}>" + "".join([
+            _cell(r["workload"], cls=""), _cell(r["target"], cls=""), _cell(str(r["calls"])),
+            _cell(_ms(r["wall_median_ms"]), "wall_median_ms", group),
+            _cell(f"{_ms(r['wall_p10_ms'])}–{_ms(r['wall_p90_ms'])}"),
+            _cell(f"{r['decisions_per_s']:.1f}", "decisions_per_s", group),
+            _cell(f"{r.get('useful_tokens_per_s', 0):.0f}"),
+            _cell("not measured" if energy is None else f"{energy:.3g} J", "energy", group)]) + "</tr>")
+    return "".join(out) + "</table>"
+
+
+def _efficiency(groups: list[dict], target_fraction: float) -> str:
+    out = []
+    for g in groups:
+        group = f"{g['workload']}|{g['target']}"
+        cls = "first-call" if "first-call" in g["target"] else ""
+        bases = g.get("bases") or []
+        call = g["call"]
+        effs = " · ".join(f"{b}: <b data-key='efficiency.{b}' data-group='{escape(group)}'>{_pct(call['efficiency'].get(b))}"
+                          f"</b>" for b in bases)
+        crit = call["bound"].get(bases[0], {}) if bases else {}
+        out.append(f"<div class='eff {cls}'><h3>{escape(g['workload'])} · {escape(g['target'])} "
+                   f"({g['calls']} calls)</h3><p>wall {_ms(call['wall_ms'])} ms; critical-path bound "
+                   f"{_ms(crit.get('critical_ms'))} ms over {' → '.join(crit.get('critical_stages') or [])}; "
+                   f"efficiency {effs} (target {target_fraction:.0%})</p>")
+        head = ["stage", "measured ms"] + [f"bound ms ({b})" for b in bases] + [f"efficiency ({b})" for b in bases] + \
+            ["limiter"]
+        rows = ["<table class='stages'><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"]
+        for s in g["stages"]:
+            cells = [_cell(s["stage"], cls=""), _cell(_ms(s["measured_ms"]))]
+            cells += [_cell(_ms(s["bound_ms"].get(b)) if s.get("modelled") else "no model") for b in bases]
+            cells += [_cell(_pct(s["efficiency"].get(b))) for b in bases]
+            cells.append(_cell(str((s.get("limiter") or {}).get(bases[0], "")) if bases else "", cls=""))
+            rows.append("<tr>" + "".join(cells) + "</tr>")
+        out.append("".join(rows) + "</table></div>")
+    return "".join(out)
+
+
+def _streams(rows: list[dict]) -> str:
+    single = {(r["workload"], r["target"]): r for r in rows if "·" not in r["target"].replace(" (measurement-only)", "")}
+    out = []
+    for r in rows:
+        if not r["target"].endswith("· stream"):
+            continue
+        base = single.get((r["workload"], r["target"].removesuffix(" · stream")))
+        if base is None:
+            continue
+        gain = base["wall_median_ms"] / r["wall_median_ms"] if r["wall_median_ms"] else None
+        out.append("<tr>" + "".join([_cell(r["workload"], cls=""), _cell(base["target"], cls=""),
+                                     _cell(_ms(base["wall_median_ms"])), _cell(_ms(r["wall_median_ms"])),
+                                     _cell("—" if gain is None else f"{gain:.2f}×")]) + "</tr>")
+    if not out:
+        return "<p class='note'>No pipelined stream in this run.</p>"
+    return ("<table id='streams'><tr><th>workload</th><th>target</th><th>single call ms</th>"
+            "<th>stream ms a request</th><th>stream gain</th></tr>" + "".join(out) + "</table>")
+
+
+def _rooflines(groups: list[dict], hwspec: dict) -> str:
+    ceilings = (hwspec or {}).get("ceilings") or {}
+    compute = {k: c["value"] for k, c in ceilings.items() if c.get("kind") == "compute" and c.get("value")}
+    bandwidths = [c["value"] for c in ceilings.values() if c.get("kind") == "bandwidth" and c.get("value")]
+    bandwidth = max(bandwidths) if bandwidths else None
+    panels = []
+    for workload in dict.fromkeys(g["workload"] for g in groups):
+        for phase, keep in (("steady calls", lambda t: "first-call" not in t), ("first calls", lambda t: "first-call" in t)):
+            points = []
+            for g in groups:
+                if g["workload"] != workload or not keep(g["target"]):
+                    continue
+                for s in g["stages"]:
+                    flops = sum((s.get("useful_flops") or {}).values())
+                    if s.get("modelled") and s.get("intensity") and s.get("measured_ms") and flops:
+                        points.append({"label": f"{g['target']} · {s['stage']}", "intensity": s["intensity"],
+                                       "flops": flops / (s["measured_ms"] / 1e3)})
+            if points:
+                cls = " first-call" if phase == "first calls" else ""
+                panels.append(f"<div class='panel{cls}'><h3>{escape(workload)}: {phase}</h3>"
+                              + roofline(points, compute, bandwidth, title=f"{workload}: {phase}") + "</div>")
+    return "<div class='panels'>" + "".join(panels) + "</div>" if panels else "<p class='note'>No roofline.</p>"
+
+
+def _comparison(comparison: dict | None) -> str:
+    if not comparison:
+        return "<p class='note'>No second run given (dohnuts-bench report --html RUN --against OTHER).</p>"
+    head = ("workload", "target", "stage", "median A ms", "median B ms", "ratio", "interval", "verdict")
+    out = [f"<p>B = {escape(str(comparison.get('label_b', 'B')))} against A = "
+           f"{escape(str(comparison.get('label_a', 'A')))}; {escape(str(comparison.get('rule', '')))}</p>",
+           "<table id='comparison'><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
+    for r in comparison.get("rows", []):
+        interval = "" if r.get("ci_low") is None else f"{r['ci_low']:.3f}–{r['ci_high']:.3f}"
+        out.append("<tr>" + "".join([_cell(r["workload"], cls=""), _cell(r["target"], cls=""), _cell(r["stage"], cls=""),
+                                     _cell(_ms(r.get("median_a"))), _cell(_ms(r.get("median_b"))),
+                                     _cell("—" if r.get("ratio") is None else f"{r['ratio']:.3f}×"),
+                                     _cell(interval), _cell(r["verdict"], cls="")]) + "</tr>")
+    return "".join(out) + "</table>"
+
+
+def _trends(series: list[Any] | None) -> str:
+    if not series:
+        return "<p class='note'>No history in the run store for these workloads.</p>"
+    panels = []
+    for s in series:
+        labels = [f"{p.run_id} ({(p.revision or '?')[:10]}{'+dirty' if p.dirty else ''})" for p in s.points]
+        panels.append(f"<div class='panel'><h3>{escape(s.workload)} · {escape(s.target)} · {escape(s.stage)}</h3>"
+                      + trend([p.median_ms for p in s.points], labels, [p.verdict if p.flagged else None
+                                                                        for p in s.points],
+                              title=f"{s.workload} · {s.target}") + "</div>")
+    return "<div class='panels'>" + "".join(panels) + "</div>"
+
+
+def render(summary: dict, *, title: str, meta: dict | None = None, comparison: dict | None = None,
+           trends: list | None = None) -> str:
+    """The page of a run's `summary` (summary.json's content), with its run.json `meta`."""
+    meta = meta or {}
+    rows = summary.get("summary", [])
+    eff = (summary.get("sections") or {}).get("efficiency") or {}
+    groups = eff.get("groups", [])
+    hwspec = eff.get("hwspec") or {}
+    prov = meta.get("provenance") or {}
+    device = (prov.get("device") or {}).get("name", "?")
+    head = (f"<p>run <b data-key='run_id'>{escape(str(meta.get('run_id', title)))}</b> · device {escape(str(device))} · "
+            f"hwspec {escape(str(hwspec.get('name', meta.get('hwspec') or 'none')))} · revision "
+            f"{escape(str(prov.get('git', '?')))}</p>")
+    body = [f"<h1>dohnuts-bench: {escape(title)}</h1>", head,
+            "<label><input type='checkbox' id='show-first' checked> show first calls (compilation, tuning, "
+            "capture: reported apart)</label>",
+            "<h2>Summary</h2>", _summary_table(rows),
+            "<h2>Bounds, efficiency and the critical path</h2>", _efficiency(groups, eff.get("hwspec", {}).get(
+                "target_fraction", 0.8) if isinstance(eff.get("hwspec"), dict) else 0.8),
+            "<h2>Stream against single calls</h2>", _streams(rows),
+            "<h2>Roofline, a workload a panel</h2>", _rooflines(groups, hwspec),
+            "<h2>Comparison</h2>", _comparison(comparison),
+            "<h2>Trends (the run store)</h2>", _trends(trends)]
+    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>" + escape(title)
+            + "</title><style>" + STYLE + "</style></head><body>" + "".join(body)
+            + "<script>" + SCRIPT + "</script></body></html>")

@@ -1,0 +1,88 @@
+"""`dohnuts-bench report RUN --html`: a run's HTML report (dohnuts.bench.html_report), written as
+RUN/report.html unless `--out` says where; `--against OTHER` adds the comparison with another run,
+and the run store (`--store`; by default the one `run` wrote beside the runs' folder) adds trend
+charts.
+`dohnuts-bench run` writes the same page into every run directory."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from dohnuts.errors import DohnutsError
+
+
+def _read(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DohnutsError(f"cannot be read as JSON ({exc})", source=str(path)) from None
+    return data if isinstance(data, dict) else None
+
+
+def trends_for(store_path: str | Path | None, summary: dict) -> list:
+    """The store's history of the workloads and targets of `summary` (steady calls, wall time)."""
+    if store_path is None or not Path(store_path).is_file():
+        return []
+    from dohnuts.bench.history import history
+    from dohnuts.bench.store import RunStore
+
+    wanted = {(r["workload"], r["target"]) for r in summary.get("summary", []) if "·" not in r["target"]}
+    with RunStore(store_path) as store:
+        return [s for s in history(store) if (s.workload, s.target) in wanted]
+
+
+def write_html(run_dir: Path, *, store: str | Path | None = None, against: Path | None = None,
+               out: Path | None = None) -> Path:
+    from dohnuts.bench.html_report import render
+
+    summary = _read(run_dir / "summary.json")
+    if summary is None:
+        raise DohnutsError("holds no summary.json (`dohnuts-bench analyze` writes it)", source=str(run_dir))
+    meta = _read(run_dir / "run.json") or {}
+    comparison = None
+    if against is not None:
+        from dohnuts.bench.analysis.compare import RULE, compare_runs
+        from dohnuts.bench.analysis.compare_table import comparison_dict
+        from dohnuts.bench.analysis.records import read_jsonl
+
+        def results(d: Path) -> Path:
+            return next((d / n for n in ("results.jsonl", "results.jsonl.gz") if (d / n).is_file()), d)
+
+        comp = compare_runs(read_jsonl(results(against)), read_jsonl(results(run_dir)), label_a=str(against),
+                            label_b=str(run_dir))
+        comparison = comparison_dict(comp) | {"rule": RULE, "label_a": against.name, "label_b": run_dir.name}
+    page = render(summary, title=str(meta.get("run_id") or run_dir.name), meta=meta, comparison=comparison,
+                  trends=trends_for(store, summary))
+    out = out or run_dir / "report.html"
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(out)
+    return out
+
+
+def cmd_report(args) -> int:
+    run_dir = Path(args.run)
+    if not run_dir.is_dir():
+        raise DohnutsError("is not a run directory", source=str(run_dir))
+    if not args.html:
+        raise DohnutsError("says nothing to write: add --html", source="dohnuts-bench report")
+    store = args.store or run_dir.resolve().parent.parent / "store.sqlite"  # beside the runs' folder, as `run` puts it
+    out = write_html(run_dir, store=store, against=Path(args.against) if args.against else None,
+                     out=Path(args.out) if args.out else None)
+    print(f"dohnuts-bench: wrote {out}", file=sys.stderr)
+    return 0
+
+
+def add_parser(sub) -> None:
+    r = sub.add_parser("report", help="a run's report: --html writes one self-contained page")
+    r.add_argument("run", metavar="RUN", help="a run directory (with its summary.json)")
+    r.add_argument("--html", action="store_true", help="write the HTML report")
+    r.add_argument("--against", metavar="OTHER", help="another run directory: adds the comparison of RUN against it")
+    r.add_argument("--store", help="the run store for trend charts (default: store.sqlite beside the folder of RUN, "
+                                   "where `run` writes it: results/store.sqlite)")
+    r.add_argument("--out", help="the HTML file (default: RUN/report.html)")
+    r.set_defaults(func=cmd_report)
