@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--telemetry-interval", type=float, default=0.1,
                    help="seconds between telemetry samples (0.001 to 60; default: 0.1)")
     r.add_argument("--quiet", action="store_true", help="no progress display")
+    r.add_argument("--profile", action="store_true",
+                   help="also write a torch.profiler trace a workload and target (RUN/traces/*.json.gz, opened by "
+                        "Perfetto) of 3 more steady calls, each harness stage a named range; those calls are not "
+                        "measured (default: no profiling)")
     r.add_argument("--store", help="the run store every record also goes to (default: store.sqlite beside the "
                                    "--out folder: results/store.sqlite)")
     r.set_defaults(func=cmd_run)

@@ -58,6 +58,8 @@ class RunContext:
     measured: dict = field(default_factory=dict)  # measured ceilings etc., written to run.json
     notes: list = field(default_factory=list)
     failures: list = field(default_factory=list)  # {"workload", "file", "target", "error"}: written to run.json
+    profile: bool = False  # `run --profile`: a torch.profiler trace a workload and target (dohnuts.bench.trace)
+    traces: list = field(default_factory=list)  # {"workload", "target", "path", "calls"}: written to run.json
     # Tests only: called as before_call(world, i) before measured call i (a fault injected into a rank).
     before_call: Callable[[World, int], None] | None = None
 

@@ -177,6 +177,15 @@ def _trends(series: list[Any] | None) -> str:
     return "<div class='panels'>" + "".join(panels) + "</div>"
 
 
+def _traces(traces: list | None) -> str:
+    if not traces:
+        return "<p class='note'>Not profiled (dohnuts-bench run --profile writes a trace a workload and target).</p>"
+    items = "".join(f"<li><a data-key='trace' href='{escape(t['path'])}'>{escape(t['workload'])} · "
+                    f"{escape(t['target'])}</a> ({t['calls']} steady calls, not measured)</li>" for t in traces)
+    return ("<p>torch.profiler traces (gzipped Chrome JSON): open them in Perfetto (ui.perfetto.dev) or "
+            "chrome://tracing. Every harness stage is a range named dohnuts:&lt;stage&gt;.</p><ul>" + items + "</ul>")
+
+
 def render(summary: dict, *, title: str, meta: dict | None = None, comparison: dict | None = None,
            trends: list | None = None) -> str:
     """The page of a run's `summary` (summary.json's content), with its run.json `meta`."""
@@ -199,7 +208,8 @@ def render(summary: dict, *, title: str, meta: dict | None = None, comparison: d
             "<h2>Stream against single calls</h2>", _streams(rows),
             "<h2>Roofline, a workload a panel</h2>", _rooflines(groups, hwspec),
             "<h2>Comparison</h2>", _comparison(comparison),
-            "<h2>Trends (the run store)</h2>", _trends(trends)]
+            "<h2>Trends (the run store)</h2>", _trends(trends),
+            "<h2>Profiler traces</h2>", _traces(meta.get("traces"))]
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>" + escape(title)
             + "</title><style>" + STYLE + "</style></head><body>" + "".join(body)
             + "<script>" + SCRIPT + "</script></body></html>")

@@ -57,7 +57,7 @@ def _run_json(run, runnable, hwspec, samplers, device) -> dict:
     return {"run_id": run.run_id, "workloads": [s.to_dict() for s in runnable], "hwspec": hwspec_ref(hwspec),
             "measured": run.measured, "provenance": provenance(device),
             "telemetry": {s.name: s.unavailable or "available" for s in samplers},
-            "failures": run.failures}
+            "failures": run.failures, "traces": run.traces}
 
 
 def runnable_here(specs: list, targets: dict, launchers: dict, console) -> list:
@@ -139,7 +139,8 @@ def cmd_run(args) -> int:
     out_root = Path(args.out)
     created_root = not os.path.lexists(out_root)
     run_id, run_dir = new_run_dir(out_root, label)  # created only now: every input has been validated
-    run = RunContext(run_id=run_id, run_dir=run_dir, device=device, hwspec=hwspec, console=console)
+    run = RunContext(run_id=run_id, run_dir=run_dir, device=device, hwspec=hwspec, console=console,
+                     profile=args.profile)
 
     every_sampler = samplers(pm)
     for s in every_sampler:
@@ -195,6 +196,8 @@ def cmd_run(args) -> int:
             analyze_and_report(results, hwspec, run.measured, run_dir, console, pm)
             _store_summary(store, run_id, run_dir, console)
             _html(run_dir, store.path, console)
+        for t in run.traces:
+            console.print(f"[dim]trace: {run_dir / t['path']} (open in Perfetto: ui.perfetto.dev)[/]")
     except KeyboardInterrupt:
         # A second Ctrl-C (or the first, during the report): results.jsonl is complete and closed.
         print("dohnuts-bench: interrupted while writing the report; results.jsonl holds every completed call "

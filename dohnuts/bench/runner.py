@@ -29,6 +29,7 @@ from dohnuts.bench.measure import measure_call, measure_stream
 from dohnuts.bench.provenance import provenance
 from dohnuts.bench.record import TargetContext
 from dohnuts.bench.rundir import safe_name
+from dohnuts.bench.trace import PROFILED_CALLS, profile_calls, trace_path
 from dohnuts.runtime.collectives import any_rank, barrier, max_over_ranks
 from dohnuts.runtime.process_group import SINGLE, World
 from dohnuts.runtime.timing import StageTimer
@@ -185,6 +186,8 @@ def _measure_target(pm, ctx: TargetContext, entry: RegisteredTarget, schedule: S
             if progress is not None:
                 progress.update(task, completed=warmup + min(i, wanted))
         barrier(world)
+        if ctx.run.profile and not world.distributed:
+            _profile_target(ctx, target, [calls[(warmup + j) % len(calls)] for j in range(PROFILED_CALLS)])
         written += measure_stream(ctx, capabilities, [calls[(warmup + j) % len(calls)] for j in range(spec.repeat)],
                                   out)
     finally:
@@ -194,3 +197,12 @@ def _measure_target(pm, ctx: TargetContext, entry: RegisteredTarget, schedule: S
         if ctx.device.type == "cuda":
             torch.cuda.empty_cache()
     return written
+
+
+def _profile_target(ctx: TargetContext, target, calls: list) -> None:
+    """A trace of a few more steady calls (not measurements: no record), named in run.json."""
+    run, label = ctx.run, ctx.target.label
+    path = trace_path(run.run_dir, ctx.spec.name, label)
+    n = profile_calls(target, calls, ctx.device, path)
+    run.traces.append({"workload": ctx.spec.name, "target": label, "path": str(path.relative_to(run.run_dir)),
+                       "calls": n})

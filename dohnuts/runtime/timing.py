@@ -13,6 +13,10 @@ reports (creating and recording the CUDA events, the clock reads, its bookkeepin
 `overhead_ms`, and `entries` counts the stages entered. What it cannot see from inside — the
 context manager's own enter/exit machinery — is what `empty_stage_cost()` measures from outside.
 
+With `ranges=True` (`dohnuts-bench run --profile`) each stage is also a named range in a profiler
+trace: a torch.profiler `record_function` ("dohnuts:<stage>") and, on a CUDA device, an NVTX range
+of the same name (what Nsight Systems shows). Measured calls never carry ranges.
+
 Microbenchmarks (the measured ceilings, benchmarks/*.py) time whole callables with the same timer:
 `device_times_ms(fn)` for a burst of calls, `StageTimer.device_ms_each(name)` for every entry of a
 stage run back to back.
@@ -57,9 +61,26 @@ def _event_pair() -> tuple:
         return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
 
+class _NamedRange:
+    """A profiler range (record_function, and NVTX on CUDA) open until `close()`."""
+
+    def __init__(self, name: str, nvtx: bool):
+        self._fn = torch.profiler.record_function(name)
+        self._fn.__enter__()
+        self._nvtx = nvtx
+        if nvtx:
+            torch.cuda.nvtx.range_push(name)
+
+    def close(self) -> None:
+        if self._nvtx:
+            torch.cuda.nvtx.range_pop()
+        self._fn.__exit__(None, None, None)
+
+
 @dataclass
 class StageTimer:
     device: torch.device
+    ranges: bool = False  # also a named profiler range a stage (profiled calls only)
     _events: dict[str, list[tuple]] = field(default_factory=dict)
     _host: dict[str, StageTime] = field(default_factory=dict)
     _device_ms: dict[str, float] = field(default_factory=dict)  # stage device times already read back
@@ -70,6 +91,7 @@ class StageTimer:
     def stage(self, name: str):
         o0 = time.perf_counter()
         use_cuda = self.device.type == "cuda"
+        named = _NamedRange(f"dohnuts:{name}", use_cuda) if self.ranges else None
         if use_cuda:
             start, end = _event_pair()
             start.record()
@@ -81,6 +103,8 @@ class StageTimer:
             if use_cuda:
                 end.record()
                 self._events.setdefault(name, []).append((start, end))
+            if named is not None:
+                named.close()
             st = self._host.setdefault(name, StageTime())
             st.host_ms += (t1 - t0) * 1e3
             st.count += 1
