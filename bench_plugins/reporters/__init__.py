@@ -17,7 +17,7 @@ from collections import defaultdict
 from rich.console import Console
 from rich.measure import Measurement
 
-from dohnuts.bench.analysis.records import group_key
+from dohnuts.bench.analysis.records import group_key, overhead_text
 from dohnuts.bench.analysis.render import UNBOUNDED, Col, FitTable
 from dohnuts.bench.hookspecs import hookimpl
 from dohnuts.schema import write_json
@@ -115,20 +115,16 @@ def quality_table(rows: list[dict]) -> FitTable:
                   Col("note", "left", wrap=True)],
                  sections=1, groups=[(2,), (3,), (4,), (5,), (6,)], title_justify="center")
     for r in rows:
-        o = r["harness_overhead"]
-        over = "—"
-        if o and o.get("median_in_call_fraction") is not None:
-            over = (f"{o['median_in_call_ms']:.3f} ms in call ({100 * o['median_in_call_fraction']:.2f}%), "
-                    f"{o['median_ms']:.2f} ms in all")
-        elif o:
-            over = f"{o['median_ms']:.2f} ms ({100 * o['median_fraction']:.2f}%)"
+        over = overhead_text(r["harness_overhead"])  # dohnuts.bench.analysis.records
         aa = "—" if r["aa_noise_halfwidth"] is None else f"{100 * r['aa_noise_halfwidth']:.1f}%"
         excluded = str(r["excluded_calls"])
         if r["excluded_calls"]:
             excluded += " (" + ", ".join(f"{k}: {v}" for k, v in r["excluded_reasons"].items()) + ")"
         if r.get("power_capped_calls"):
             excluded += f"; {r['power_capped_calls']} power-capped, kept"
-        note = r["spread_warning"] or ("harness overhead in the call above 1 %" if o and not o["within_target"] else "")
+        o = r["harness_overhead"]
+        note = r["spread_warning"] or (f"harness overhead above 1 % ({o['basis']})" if o and not o["within_target"]
+                                       else "")
         c = r.get("gpu_clock")
         clock = "—" if not c else (f"{c['median_mhz']:.0f} ({c['min_mhz']:.0f})"
                                    + (f" / {c['max_mhz']:.0f}" if c["max_mhz"] else ""))

@@ -14,6 +14,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from dohnuts.bench.analysis.records import overhead_text
 from dohnuts.bench.svg import roofline, trend
 
 STYLE = """
@@ -63,7 +64,8 @@ def _row_class(target: str) -> str:
 
 
 def _summary_table(rows: list[dict]) -> str:
-    head = ("workload", "target", "calls", "wall ms", "p10–p90 ms", "decisions / s", "tokens / s", "energy / call")
+    head = ("workload", "target", "calls", "wall ms", "p10–p90 ms", "decisions / s", "tokens / s", "energy / call",
+            "harness overhead")
     out = ["<table id='summary'><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
     for r in rows:
         group = f"{r['workload']}|{r['target']}"
@@ -74,7 +76,8 @@ def _summary_table(rows: list[dict]) -> str:
             _cell(f"{_ms(r['wall_p10_ms'])}–{_ms(r['wall_p90_ms'])}"),
             _cell(f"{r['decisions_per_s']:.1f}", "decisions_per_s", group),
             _cell(f"{r.get('useful_tokens_per_s', 0):.0f}"),
-            _cell("not measured" if energy is None else f"{energy:.3g} J", "energy", group)]) + "</tr>")
+            _cell("not measured" if energy is None else f"{energy:.3g} J", "energy", group),
+            _cell(overhead_text(r.get("harness_overhead")), "harness_overhead", group, cls="")]) + "</tr>")
     return "".join(out) + "</table>"
 
 

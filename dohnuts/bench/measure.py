@@ -15,11 +15,31 @@ from dohnuts.bench.calls import CallResult
 from dohnuts.bench.contracts import Target, TargetCapabilities
 from dohnuts.bench.record import CallMeasurement, TargetContext, call_record, stages_dict
 from dohnuts.bench.sink import RecordSink
-from dohnuts.runtime.timing import StageTimer, empty_stage_cost
+from dohnuts.runtime.timing import NULL_TIMER, StageTimer, empty_stage_cost
+
+# The first measured calls of a target each follow an untimed twin: the same call with the
+# runtime's NULL_TIMER, its wall time kept in the record (`harness_overhead.untimed_twin_ms`). The
+# paired difference is the harness's cost measured from outside (dohnuts.bench.analysis.records
+# .overhead_summary), what the timer's self-measured host time only bounds from above on a GPU.
+HARNESS_AB_PAIRS = 8
 
 
-def measure_call(ctx: TargetContext, target: Target, call, iteration: int, phase: str = "steady") -> dict:
-    """One call of `target`, measured: its record (without the rank stamp)."""
+def untimed_call_ms(ctx: TargetContext, target: Target, call) -> float:
+    """Wall milliseconds of one call with no stage timer (the device synchronised on both sides)."""
+    device = ctx.device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    target.run_call(call, NULL_TIMER)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - t0) * 1e3
+
+
+def measure_call(ctx: TargetContext, target: Target, call, iteration: int, phase: str = "steady",
+                 twin_ms: float | None = None) -> dict:
+    """One call of `target`, measured: its record (without the rank stamp). `twin_ms`: the wall
+    time of its untimed twin, run just before (`untimed_call_ms`)."""
     device = ctx.device
     calibration = harness_calibration(ctx.run, device)
     timer = StageTimer(device)
@@ -39,6 +59,8 @@ def measure_call(ctx: TargetContext, target: Target, call, iteration: int, phase
     t3 = time.perf_counter()
     overhead = harness_overhead(timer, calibration, telemetry_s=t2 - t1, record_s=t3 - t2)
     record["harness_overhead_ms"] = overhead["total_ms"]
+    if twin_ms is not None:
+        overhead["untimed_twin_ms"] = twin_ms
     record["harness_overhead"] = overhead
     return record
 

@@ -25,7 +25,7 @@ import torch
 
 from dohnuts.bench.analysis.compare import required_calls
 from dohnuts.bench.contracts import RunContext, WorkloadContext
-from dohnuts.bench.measure import measure_call, measure_stream
+from dohnuts.bench.measure import HARNESS_AB_PAIRS, measure_call, measure_stream, untimed_call_ms
 from dohnuts.bench.provenance import provenance
 from dohnuts.bench.record import TargetContext
 from dohnuts.bench.rundir import safe_name
@@ -166,7 +166,8 @@ def _measure_target(pm, ctx: TargetContext, entry: RegisteredTarget, schedule: S
             pm.hook.dohnuts_bench_before_call(run=ctx.run, spec=spec, target_name=tspec.label, iteration=i)
             if ctx.run.before_call is not None:
                 ctx.run.before_call(world, i)
-            record = measure_call(ctx, target, call, i)
+            twin = untimed_call_ms(ctx, target, call) if i < HARNESS_AB_PAIRS else None
+            record = measure_call(ctx, target, call, i, twin_ms=twin)
             # Even and odd calls are two interleaved halves of one measurement: their difference
             # is the run's own noise budget (A/A, dohnuts.bench.analysis.compare.aa_noise).
             record["aa_half"] = i % 2

@@ -50,6 +50,9 @@ def test_a_profiled_run_writes_a_trace_with_the_stage_names(tmp_path):
     assert sum(r["phase"] == "first-call" for r in records) == 1
     assert sum(r["phase"] == "stream" for r in records) == 2
     assert len(records) == 1 + len(steady) + 2
+    # the first measured calls each followed an untimed twin (the harness's A/B from outside)
+    twins = [r["iteration"] for r in records if "untimed_twin_ms" in (r.get("harness_overhead") or {})]
+    assert twins == steady[:8]
     assert "traces/" in (run_dir / "report.html").read_text()
 
 
