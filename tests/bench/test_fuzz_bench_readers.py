@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 import copy
+import gzip
 import json
 import math
 import os
@@ -228,8 +229,8 @@ def test_the_valid_hwspec_is_valid():
 
 def _real_record() -> dict:
     """A real record of a committed run (the schema the harness writes)."""
-    path = ROOT / "results" / "h200" / "2026-11-30" / "text-shared" / "results.jsonl"
-    with path.open() as f:
+    path = ROOT / "results" / "h200" / "2026-11-30" / "text-shared" / "results.jsonl.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as f:
         return json.loads(f.readline())
 
 

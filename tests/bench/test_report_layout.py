@@ -25,7 +25,7 @@ from dohnuts.bench.analysis import analysis_tables, analyze_records, find_hwspec
 from dohnuts.bench.analysis.render import Col, FitTable
 from dohnuts.bench.report import Section
 
-RUN = Path(__file__).resolve().parents[2] / "results" / "h200" / "2026-11-30-graphs" / "results.jsonl"
+RUN = Path(__file__).resolve().parents[2] / "results" / "h200" / "2026-11-30-graphs" / "results.jsonl.gz"
 # a number cell or a number inside a cell ("13.6–14.0", "16074 / 0"), not the digits of a name
 # ("text-2b", "qwen3.5-2b", "pcie5_x16", "p10–p90")
 NUMBER = re.compile(r"(?<![\w.\-/])\d+(?:\.\d+)?(?:e[+-]\d+)?%?(?![\w.])")
