@@ -442,6 +442,24 @@ def test_norm_triton_kernels_in_the_interpreter():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
 
+@pytest.mark.slow
+def test_differentiable_kernels_in_the_interpreter():
+    """The norm, norm + rotary, output-gate and packed-SwiGLU kernels are autograd ops whose Triton
+    backward kernels give torch autograd's gradients through the references (tests/ops/interpreted_grads.py,
+    run in Triton's interpreter)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    script = Path(__file__).with_name("interpreted_grads.py")
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600,
+                         check=False, cwd=Path(__file__).parents[2])
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
 def test_delta_rule_output_is_fused_when_the_batch_fills_the_gpu(monkeypatch):
     """The fused state + output kernel runs when its programs (sequences × value heads × 64-value
     blocks) reach half the multiprocessor count, fla's two kernels otherwise; K > 128 (beyond the
