@@ -1,7 +1,8 @@
 """How an op chooses its path: the device decides; tests may ask for the reference explicitly.
 
 CUDA tensors take the fused path (fla / Triton / SDPA-flash); everything else takes the
-plain-torch reference path with the same signature. On a CUDA device without fla installed the
+plain-torch reference path with the same signature. The first fused call of a process seeds
+Triton's cache from the tuned-configuration table (dohnuts.ops._tuned). On a CUDA device without fla installed the
 fused path fails loudly rather than falling back silently to a slow reference.
 
 `reference()` is the one explicit switch: inside the block every op runs its plain-torch
@@ -18,6 +19,8 @@ from contextvars import ContextVar
 
 import torch
 
+from dohnuts.ops._tuned import seed
+
 _REFERENCE: ContextVar[bool] = ContextVar("dohnuts_ops_reference", default=False)
 
 
@@ -32,7 +35,10 @@ def reference() -> Iterator[None]:
 
 
 def use_fused(x: torch.Tensor) -> bool:
-    return x.is_cuda and not _REFERENCE.get()
+    if x.is_cuda and not _REFERENCE.get():
+        seed()  # once a process, before the first kernel: the tuned-configuration table (dohnuts.ops._tuned)
+        return True
+    return False
 
 
 def recording(*tensors: torch.Tensor | None) -> bool:
