@@ -12,6 +12,9 @@
 #   BASELINES=N                                              N runs of benchmarks/test_regressions.py on 2b
 #                                                            (results/baselines/h200-2b-K.json)
 #   LAB='delta_ho,conv_parts'                               benchmarks/kernel_lab.py experiments (kernel_lab.json)
+#   PROFILE_RUN=1                                            the WORKLOADS run with --profile (traces in bench.tar.gz)
+#   TUNE_TABLE=1                                             benchmarks/tuned_table.py on the cache → $OUT/tuned_h200.json
+#                                                            (start from an empty cache: carry no .triton_cache.tgz)
 #   PACK_CACHE=1                                             pack .triton_cache, trimmed, into $OUT (15 MB parts)
 #                                                            (past 8 files in all, the loose ones go into logs.tar.gz)
 #   BUDGET=seconds (default 540)                             stop starting new steps after this
@@ -41,10 +44,13 @@ fi
 if [ -n "${WORKLOADS:-}" ] && [ "$(left)" -gt 60 ]; then
   echo "== dohnuts-bench run $WORKLOADS ($(left) s left)"
   # shellcheck disable=SC2086
-  timeout $(($(left) - 30)) python3 -m dohnuts.bench.cli run $WORKLOADS --out /tmp/runs --label h200 --quiet 2>&1 \
-    | tee /tmp/bench_log.txt | grep -v '^\s*$' | tail -60
+  prof=(); [ -n "${PROFILE_RUN:-}" ] && prof=(--profile)
+  timeout $(($(left) - 30)) python3 -m dohnuts.bench.cli run $WORKLOADS "${prof[@]}" --out /tmp/runs --label h200 --quiet \
+    2>&1 | tee /tmp/bench_log.txt | grep -v '^\s*$' | tail -60
   d=$(ls -d /tmp/runs/*/ | tail -1)
-  mkdir -p /tmp/bench_out && cp "$d/results.jsonl" "$d/run.json" "$d/summary.json" "$d/report.txt" /tmp/bench_out/ 2>/dev/null
+  mkdir -p /tmp/bench_out && cp "$d/results.jsonl" "$d/run.json" "$d/summary.json" "$d/report.txt" \
+    "$d/report.html" /tmp/bench_log.txt /tmp/bench_out/ 2>/dev/null
+  [ -d "$d/traces" ] && cp -r "$d/traces" /tmp/bench_out/
   tar czf "$OUT/bench.tar.gz" -C /tmp bench_out  # one file: a call returns at most 8
 fi
 if [ -n "${SCALING:-}" ] && [ "$(left)" -gt 90 ]; then
@@ -106,6 +112,10 @@ if [ -n "${COLD:-}" ] && [ "$(left)" -gt 60 ]; then
   echo "== time to first result of new processes ($(left) s left)"
   timeout $(($(left) - 10)) python3 benchmarks/cold_start.py --model qwen3.5-2b --questions 32 --seq 512 --runs 2 \
     --out "$OUT/cold_start.json" 2>&1 | tail -4
+fi
+if [ -n "${TUNE_TABLE:-}" ]; then
+  echo "== tuned-configuration table from the cache"
+  python3 benchmarks/tuned_table.py .triton_cache "$OUT/tuned_h200.json" 2>&1 | tail -3
 fi
 echo "triton cache at end: $(du -sh .triton_cache | cut -f1), $(find .triton_cache -name '*.autotune.json' | wc -l) autotune entries" | tee -a "$OUT/gpu.txt"
 # Only binaries and metadata are needed for cache hits (docs/gpu.md): the trimmed archive is what
