@@ -68,6 +68,10 @@ def summarize(records: list[dict]) -> list[dict]:
             stages[name] = {"median_ms": statistics.median(xs), "p10_ms": _quantile(xs, 0.1),
                             "p90_ms": _quantile(xs, 0.9)}
         peak = [r["peak_mem_bytes"] for r in recs if r.get("peak_mem_bytes")]
+        # Energy per decision: the energy counter's joules over every call that has them, divided by
+        # their decisions (a short call's counter is coarse; the sum over calls is not).
+        metered = [r for r in recs if isinstance((r.get("energy") or {}).get("joules"), (int, float))]
+        decided = sum(r["decisions"] for r in metered)
         row = {
             "workload": workload, "target": target, "calls": len(recs), "wall_median_ms": med,
             "wall_p10_ms": _quantile(walls, 0.1), "wall_p90_ms": _quantile(walls, 0.9),
@@ -75,6 +79,7 @@ def summarize(records: list[dict]) -> list[dict]:
             "decisions_per_s": decisions / (med / 1e3), "useful_tokens_per_s": useful / (med / 1e3),
             "padded_tokens": statistics.median(r["tokens"]["padded"] for r in recs),
             "peak_mem_bytes": max(peak) if peak else None, "stages": stages,
+            "joules_per_decision": sum(r["energy"]["joules"] for r in metered) / decided if decided else None,
             "device": recs[0]["device"]["name"], "precision": recs[0]["precision"],
             "excluded_calls": validity.get((workload, target), {}).get("invalid", 0),
             "excluded_reasons": validity.get((workload, target), {}).get("reasons", {}),
@@ -153,16 +158,20 @@ def stream_table(rows: list[dict]) -> FitTable | None:
 
 
 def summary_table(rows: list[dict]) -> FitTable:
-    """One row per (workload, target); narrow: a table per workload, split in two if need be."""
+    """One row per (workload, target); narrow: a table per workload, split in two if need be.
+    J/decision: the device's energy per decision over the calls (— where no counter was read)."""
     t = FitTable("Measured calls (median over calls; p10–p90; spread = (p90 − p10) / median)",
                  [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("calls"), Col("wall ms"),
-                  Col("p10–p90"), Col("spread"), Col("decisions/s"), Col("tokens/s"), Col("peak mem")],
-                 sections=1, groups=[(2,), (3, 4), (5,), (6,), (7,), (8,)], title_justify="center")
+                  Col("p10–p90"), Col("spread"), Col("decisions/s"), Col("tokens/s"), Col("peak mem"),
+                  Col("J/decision")],
+                 sections=1, groups=[(2,), (3, 4), (5,), (6,), (7,), (8,), (9,)], title_justify="center")
     for r in rows:
         mem = f"{r['peak_mem_bytes'] / 2**30:.2f} GiB" if r["peak_mem_bytes"] else "—"
+        joules = r.get("joules_per_decision")
         t.add_row(r["workload"], r["target"], str(r["calls"]), f"{r['wall_median_ms']:.2f}",
                   f"{r['wall_p10_ms']:.2f}–{r['wall_p90_ms']:.2f}", f"{100 * r['spread']:.1f}%",
-                  f"{r['decisions_per_s']:.1f}", f"{r['useful_tokens_per_s']:.0f}", mem)
+                  f"{r['decisions_per_s']:.1f}", f"{r['useful_tokens_per_s']:.0f}", mem,
+                  "—" if joules is None else f"{joules:.3g}")
     return t
 
 
