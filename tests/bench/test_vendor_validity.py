@@ -11,6 +11,7 @@ the process's own GPU (by PCI address) and describes it for provenance.
 from __future__ import annotations
 
 import copy
+import io
 import sys
 from types import SimpleNamespace
 
@@ -198,3 +199,37 @@ def test_the_hook_samples_torch_current_device(monkeypatch, vendor):
     mine = samplers[vendor]
     assert mine.unavailable is None and mine.device_match == f"PCI {VENDORS[vendor][5]}"
     assert mine.sample()["throttling"]
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_energy_per_call_and_per_decision_in_the_summary_and_the_report(tmp_path, monkeypatch, vendor):
+    """The summary row of a group of calls carries the vendor counter's joules per call (their mean)
+    and per decision (their sum over the decisions); the text report shows them. A CPU run's row
+    has None for both, and the report says "no energy counter"."""
+    from rich.console import Console
+
+    from bench_plugins.reporters import summarize, summary_table
+
+    records = _call_records(tmp_path, monkeypatch, vendor, ["power-capped", "clean", "idle"])
+    recs = [rec for rec, _ in records.values()]
+    joules = [replay.energy_j(1, 2) - replay.energy_j(1, 0) for _, replay in records.values()]
+    [row] = summarize(recs)
+    assert row["energy_j_per_call"] == pytest.approx(sum(joules) / 3, rel=1e-9)
+    assert row["energy_j_per_decision"] == pytest.approx(sum(joules) / sum(r["decisions"] for r in recs), rel=1e-9)
+    assert (row["energy_source"], row["energy_calls"]) == (vendor, 3)
+    assert row["energy_j_per_call"] > 20  # two 100 ms intervals near the board power, and one idle
+
+    telemetry = TelemetryThread([])
+    cpu = [_measure(tmp_path, GpuStateTarget(telemetry, lambda state: None), telemetry, [0], iteration=i)
+           for i in range(2)]
+    [cpu_row] = summarize(cpu)
+    assert cpu_row["energy_j_per_call"] is None and cpu_row["energy_j_per_decision"] is None
+    assert (cpu_row["energy_source"], cpu_row["energy_calls"]) == (None, 0)
+
+    console = Console(width=250, record=True, file=io.StringIO())
+    console.print(summary_table([row]))
+    text = console.export_text()
+    assert f"{row['energy_j_per_call']:.3g} J" in text and f"{row['energy_j_per_decision']:.3g}" in text
+    console = Console(width=250, record=True, file=io.StringIO())
+    console.print(summary_table([cpu_row]))
+    assert "no energy counter" in console.export_text()
