@@ -133,3 +133,37 @@ def test_a_whole_pass_on_that_gpu_equals_the_reference(no_kernels, capsys):
     for u, v in zip(flat_got, flat_want):
         assert isinstance(u, PretendGpu) and torch.equal(u.as_subclass(torch.Tensor), v)
     assert capsys.readouterr().err.count("\n") == 1
+
+
+_WITHOUT_TRITON = """
+import importlib.abc, sys
+
+class NoTriton(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NoTriton())
+import fla  # fla-core imports without Triton (its kernels would need it)
+import dohnuts
+from dohnuts.bench.cli import main
+from dohnuts.runtime.requests import Question, Request
+
+model = dohnuts.load("tiny")
+[r] = model.predict([Request(id="r", prefix="colours", questions=(Question("q", "Which is red?", ("red", "green")),))])
+assert len(r.questions[0].probabilities) == 2
+assert main(["list"]) == 0
+assert "triton" not in sys.modules
+print("ok")
+"""
+
+
+def test_the_runtime_needs_no_triton_on_a_cpu():
+    """pyproject.toml lists no `triton` (the ROCm wheel of torch brings its own): on a CPU machine
+    without one, the runtime predicts and dohnuts-bench starts, and nothing imports Triton."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _WITHOUT_TRITON], capture_output=True, text=True, timeout=300,
+                         check=False)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
