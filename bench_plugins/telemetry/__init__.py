@@ -46,6 +46,23 @@ def _absent(cls, reason: str):
     return s
 
 
+def own_gpu_sampler():
+    """The GPU sampler of this process's device (torch's current device: NVML on NVIDIA, amdsmi on
+    AMD), for tools beside the harness (benchmarks/); `unavailable` says why when it cannot read."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return _absent(NvmlSampler, "no GPU")
+    index = torch.cuda.current_device()
+    cls = AmdSmiSampler if torch.version.hip is not None else NvmlSampler
+    return cls(index, torch_pci_address(index))
+
+
+def clock_mhz(reading: dict) -> float | None:
+    """The GPU clock of a GPU sampler's reading: NVML's SM clock or amdsmi's GFX clock."""
+    return reading.get("sm_clock_mhz", reading.get("gfx_clock_mhz"))
+
+
 @hookimpl
 def dohnuts_bench_register_telemetry():
     import torch
