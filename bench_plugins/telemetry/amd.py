@@ -210,7 +210,8 @@ class AmdSmiSampler(Sampler):
         queries = {
             "name": lambda: smi.amdsmi_get_gpu_asic_info(h).get("market_name"),
             "gfx_target": lambda: smi.amdsmi_get_gpu_asic_info(h).get("target_graphics_version"),
-            "compute_units": lambda: smi.amdsmi_get_gpu_asic_info(h).get("num_of_compute_units"),
+            "compute_units": lambda: (lambda a: a.get("num_compute_units", a.get("num_of_compute_units")))(
+                smi.amdsmi_get_gpu_asic_info(h)),
             "driver_version": lambda: smi.amdsmi_get_gpu_driver_info(h).get("driver_version"),
             "amdsmi_version": lib_version,
             "pci_bus_id": lambda: smi.amdsmi_get_gpu_device_bdf(h),

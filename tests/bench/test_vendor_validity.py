@@ -160,7 +160,8 @@ def test_device_facts_for_provenance(monkeypatch, vendor):
         assert facts["driver_version"] == "570.124.06" and facts["max_sm_clock_mhz"] == 1980
         assert facts["max_mem_clock_mhz"] == 3201 and facts["pci_bus_id"] == "00000000:2A:00.0"
     else:
-        assert facts["driver_version"] == "6.10.5" and facts["amdsmi_version"] == "24.7.1"
+        assert facts["driver_version"] == "6.10.5" and facts["amdsmi_version"] == "26.0.2"
+        assert facts["compute_units"] == 96
         assert facts["max_gfx_clock_mhz"] == 2500 and facts["max_mem_clock_mhz"] == 1249
         assert facts["gfx_target"] == "gfx1100" and facts["name"] == "AMD Radeon RX 7900 XTX"
         # amdsmi_get_temp_metric documents millidegrees: read as °C
@@ -233,3 +234,87 @@ def test_energy_per_call_and_per_decision_in_the_summary_and_the_report(tmp_path
     console = Console(width=250, record=True, file=io.StringIO())
     console.print(summary_table([cpu_row]))
     assert "no energy counter" in console.export_text()
+
+
+# -- the recorded amdsmi responses against the real binding ------------------------------------------
+
+def _amdsmi_source():
+    """The installed amdsmi binding's amdsmi_interface.py, read without importing it (importing
+    needs ROCm's libamd_smi.so), and its version; skipped where amdsmi is not installed (the
+    `test` extra installs the version the fixture records)."""
+    import ast
+    import importlib.metadata
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("amdsmi")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("the amdsmi binding is not installed (pip install -e '.[test]')")
+    path = Path(next(iter(spec.submodule_search_locations))) / "amdsmi_interface.py"
+    return ast.parse(path.read_text(encoding="utf-8")), importlib.metadata.version("amdsmi")
+
+
+def _returned_keys(fn) -> list[str] | None:
+    """The keys of the dict literal a binding function returns (directly, or through a name)."""
+    import ast
+
+    named = {n.targets[0].id: n.value for n in ast.walk(fn) if isinstance(n, ast.Assign) and len(n.targets) == 1
+             and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Dict)}
+    found = None
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Return) and node.value is not None:
+            value = named.get(node.value.id) if isinstance(node.value, ast.Name) else node.value
+            if isinstance(value, ast.Dict):
+                found = [k.value for k in value.keys]
+    return found
+
+
+def test_the_amdsmi_fixture_has_the_shapes_of_the_real_binding():
+    """Every function the replay serves exists in the binding with the same parameters, each
+    recorded response has exactly the keys that function returns, and the enum members the
+    sampler names exist: the fixture is the real API's shapes, not a hand-made fake."""
+    import ast
+    import inspect
+
+    tree, version = _amdsmi_source()
+    data = AmdSmiReplay(["clean", "clean"]).data
+    assert version == data["amdsmi"], f"the fixture records amdsmi {data['amdsmi']}, {version} is installed"
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    served = [name for name in vars(AmdSmiReplay) if name.startswith("amdsmi_")]
+    assert len(served) >= 13
+    for name in served:
+        assert name in functions, f"{name} is not in the binding"
+        real = [a.arg for a in functions[name].args.args]
+        replay = list(inspect.signature(getattr(AmdSmiReplay, name)).parameters)[1:]  # without self
+        if not functions[name].args.vararg:
+            assert len(replay) == len(real), (name, replay, real)
+    responses = {"amdsmi_get_lib_version": [data["amdsmi_get_lib_version"]]}
+    for device in data["devices"]:
+        for key, value in device.items():
+            responses.setdefault(key.split()[0], []).append(value)
+    for samples in data["scenarios"].values():
+        for sample in samples:
+            for key, value in sample.items():
+                responses.setdefault(key.split()[0], []).append(value)
+    checked = 0
+    for name, values in responses.items():
+        keys = _returned_keys(functions[name])
+        for value in values:
+            if isinstance(value, dict) and "raises" not in value:
+                assert keys is not None and list(value) == keys, (name, sorted(set(value) ^ set(keys or ())))
+                checked += 1
+            elif not isinstance(value, dict):
+                assert keys is None, (name, value)  # a scalar where the binding returns one (bdf, uuid, temperature)
+    assert checked > 50
+    enums = {n.name: {t.id for s in n.body if isinstance(s, ast.Assign) for t in s.targets if isinstance(t, ast.Name)}
+             for n in tree.body if isinstance(n, ast.ClassDef)}
+    for enum in ("AmdSmiClkType", "AmdSmiTemperatureType", "AmdSmiTemperatureMetric"):
+        assert {m.name for m in getattr(AmdSmiReplay, enum)} <= enums[enum], enum
+
+
+def test_amdsmi_temperature_limits_in_degrees_or_millidegrees():
+    """The binding returns °C (the library divides by 1000); its header documents millidegrees:
+    both read as °C."""
+    from bench_plugins.telemetry.amd import _celsius
+
+    assert _celsius(110) == 110 and _celsius(110000) == 110 and _celsius("N/A") is None and _celsius(0) is None

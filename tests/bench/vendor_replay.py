@@ -62,10 +62,12 @@ class AmdHandle(SimpleNamespace):
 
 
 class AmdSmiReplay(_Replay):
-    """The amdsmi functions the sampler calls (ROCm 6.3 binding shapes)."""
+    """The amdsmi functions the sampler calls, with the binding's signatures (amdsmi 7.0.2, ROCm 7.0.2;
+    tests/bench/test_vendor_validity.py checks the names, the arities and the responses' keys
+    against the installed binding's source)."""
 
     FIXTURE = "amdsmi_rx7900xtx.json"
-    # the enums as the ROCm 6.3 binding defines them (values do not matter, names do)
+    # the enums' members as the binding defines them (values do not matter, names do)
     AmdSmiClkType = IntEnum("AmdSmiClkType", "SYS GFX DF DCEF SOC MEM PCIE VCLK0 VCLK1 DCLK0 DCLK1")
     AmdSmiTemperatureType = IntEnum("AmdSmiTemperatureType", "EDGE HOTSPOT JUNCTION VRAM HBM_0 HBM_1 HBM_2 HBM_3 PLX")
     AmdSmiTemperatureMetric = IntEnum("AmdSmiTemperatureMetric", "CURRENT MAX MIN MAX_HYST MIN_HYST CRITICAL "
@@ -96,7 +98,7 @@ class AmdSmiReplay(_Replay):
     def amdsmi_get_gpu_asic_info(self, h):
         return self._static(h.device, "amdsmi_get_gpu_asic_info")
 
-    def amdsmi_get_power_cap_info(self, h):  # ROCm 6.3: no sensor index
+    def amdsmi_get_power_cap_info(self, h):  # the binding passes sensor 0 itself
         return self._static(h.device, "amdsmi_get_power_cap_info")
 
     def amdsmi_get_temp_metric(self, h, sensor, metric):
