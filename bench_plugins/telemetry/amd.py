@@ -15,7 +15,7 @@ Where the throttle state comes from, as AMD documents it per generation:
   `ppt_pwr` (PVIOL) is the power cap; the thermal kinds (TVIOL, PROCHOT, VR, HBM) are throttling.
 - Navi and MI100/MI200: `indep_throttle_status` of `amdsmi_get_gpu_metrics_info()`, the
   ASIC-independent throttler bits of the Linux driver (amdgpu_smu.h, `SMU_THROTTLER_*_BIT`,
-  below). The Python binding of ROCm 6.x returns it — and `throttle_status` — as a bool
+  below). The Python binding of ROCm 6.3 and later returns it — and `throttle_status` — as a bool
   (`_validate_if_max_uint(..., isBool=True)`): then the cause is inferred from the readings of
   the same sample. Power at its limit (≥ 95 % of the power cap) is the power cap; a temperature
   at its critical limit is thermal throttling; throttling that neither explains is excluded as
@@ -78,8 +78,8 @@ def decode_amd_throttlers(mask: int) -> tuple[list[str], list[str], list[str]]:
 
 
 def _celsius(x) -> float | None:
-    """A temperature limit from amdsmi_get_temp_metric: °C, or millidegrees (ROCm 6.x documents
-    millidegrees; no GPU limit reaches 1000 °C)."""
+    """A temperature limit from amdsmi_get_temp_metric: °C (what the library returns), or
+    millidegrees (what its header documents; no GPU limit reaches 1000 °C)."""
     v = amd_num(x)
     if v is None or v <= 0:
         return None
@@ -263,7 +263,8 @@ class AmdSmiSampler(Sampler):
                 active, throttling, capped = decode_amd_throttlers(int(value))
                 return {"throttle_source": key, "throttle_status": int(value), "throttlers": active,
                         "throttling": throttling, "power_capped": capped}
-            # A bool (ROCm 6.x's binding) or the ASIC-specific throttle_status: the cause is inferred.
+            # A bool (the binding of ROCm 6.3 and later) or the ASIC-specific throttle_status: the cause
+            # is inferred.
             return {"throttle_source": key, "throttle_status": bool(value),
                     **self._inferred(bool(value), key, power_w, temperatures)}
         return {"throttle_source": None}
