@@ -14,6 +14,7 @@ validated before it is written, atomically. `--write` may name the spec itself.
 
 from __future__ import annotations
 
+import json
 import re
 import tempfile
 import time
@@ -42,7 +43,8 @@ def with_measured_section(text: str, section: dict) -> str:
     """The YAML text of a spec with its top-level `measured:` section replaced by `section` (or
     appended): every other line, comment and number stays as it was."""
     body = _SECTION.sub("", text).replace(_NOTE, "").rstrip("\n")
-    dumped = yaml.safe_dump({"measured": section}, sort_keys=False, width=110, allow_unicode=True)
+    plain = json.loads(json.dumps(section, default=str))  # YAML-safe: tuples as lists, anything odd as text
+    dumped = yaml.safe_dump({"measured": plain}, sort_keys=False, width=110, allow_unicode=True)
     return f"{body}\n\n{_NOTE}{dumped}"
 
 
