@@ -109,10 +109,13 @@ def cmd_calibrate(args) -> int:
     section = section_for(device, ceilings, telemetry.device_facts())
     new = with_measured_section(text, section)
     checked = parse_hwspec(parse_text(new, str(out)), source=str(out))  # a valid spec, or nothing is written
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(new, encoding="utf-8")
-    tmp.replace(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(new, encoding="utf-8")
+        tmp.replace(out)
+    except OSError as exc:
+        raise ConfigError(f"cannot be written ({exc.strerror or exc})", source=str(out)) from None
     read_yaml(out)  # what was written reads back
     _print(console, checked, section, out)
     return 0
