@@ -96,7 +96,7 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict[str, R
     if kind.warmup_every_call(spec):
         warmup = max(warmup, len(calls))  # e.g. a warm cache: every distinct call seen once
     schedule = Schedule(calls, warmup)
-    prov = provenance(device)
+    prov = provenance(device, telemetry)
     ranks = {"rank": world.rank, "world_size": world.size, "shard": "collective" if kind.collective else "data"}
     written = 0
     for tspec in spec.targets:

@@ -515,3 +515,43 @@ def test_conv_parts_equal_one_conv_per_part_with_state():
         assert y.shape == (B, T, n) and torch.allclose(y, want, atol=1e-6)
         assert torch.equal(state[:, ch], want_state)
         start += n
+
+
+_INTERPRETED_FMA = """
+import torch
+from dohnuts.ops._fma_kernel import fma_chain_triton
+from dohnuts.ops.fma import fma_chain_flops, fma_chain_reference
+
+x = torch.randn(3000, generator=torch.Generator().manual_seed(0))  # 3 blocks of 1024, the last partial
+for iters in (1, 7, 256):
+    y, ref = fma_chain_triton(x, iters), fma_chain_reference(x, iters)
+    assert y.shape == x.shape and y.dtype == torch.float32
+    assert ((y - ref).abs() / ref.abs().clamp_min(1.0)).max() < 2e-5, (iters, (y - ref).abs().max())
+assert fma_chain_triton(torch.zeros(0), 4).shape == (0,)
+assert fma_chain_flops(3000, 256) == 2 * 4 * 256 * 3000
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_fma_chain_kernel_in_the_interpreter():
+    """The FP32 vector microbenchmark's kernel (dohnuts.ops.fma) against its torch reference, in
+    Triton's interpreter: the chains' values, a partial last block, an empty input."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", _INTERPRETED_FMA], env=env, capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_fma_chain_is_the_reference_on_the_cpu():
+    from dohnuts.ops.fma import fma_chain, fma_chain_reference
+
+    x = torch.linspace(-2, 2, 50)
+    assert torch.equal(fma_chain(x, 5), fma_chain_reference(x, 5))
+    # one step by hand: (x·k + c) + ((x+1)·k + c) + ((x+2)·k + c) + ((x+3)·k + c)
+    assert torch.allclose(fma_chain_reference(x, 1), (4 * x + 6) * 0.9999 + 4 * 0.0001, rtol=1e-6, atol=1e-6)
