@@ -116,6 +116,30 @@ def test_small_kernels_compile(target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+def test_backward_kernels_compile(target):
+    """The backward kernels of the differentiable norms, norm + rotary, output gate and packed
+    SwiGLU (training runs them), with every flag, at the 2b sizes and warps they launch with."""
+    from dohnuts.ops._gate_kernel import _gate_bwd_kernel
+    from dohnuts.ops._norm_kernels import _norm_rope_bwd_kernel, _rms_norm_bwd_kernel
+    from dohnuts.ops._swiglu_kernel import BLOCK, swiglu_packed_bwd_kernel
+
+    t = TARGETS[target]
+    for flag in flags(HAS_DR=(False, True), HAS_RES=(False, True), STORE_DWP=(False, True)):
+        compile_kernel(_rms_norm_bwd_kernel, t, dict(**flag, BLOCK=2048),
+                       _types(_rms_norm_bwd_kernel, _bf16("DY", "S", "W", "DX", "DR", "DRES") | {"DWP": FP32}),
+                       num_warps=8)
+    for dwp in (False, True):
+        compile_kernel(_norm_rope_bwd_kernel, t, dict(STORE_DWP=dwp, BLOCK_H=8, BLOCK_D=256),
+                       _types(_norm_rope_bwd_kernel, _bf16("DY", "X", "W", "COS", "SIN", "DX") | {"DWP": FP32}),
+                       num_warps=4)
+    compile_kernel(_gate_bwd_kernel, t, dict(BLOCK_H=8, BLOCK_D=256),
+                   _types(_gate_bwd_kernel, _bf16("DY", "O", "G", "DO", "DG")))
+    kernel = compile_kernel(swiglu_packed_bwd_kernel, t, dict(BLOCK=BLOCK),
+                            _types(swiglu_packed_bwd_kernel, _bf16("gu", "dy", "dgu")))
+    assert kernel.metadata.name == "swiglu_packed_bwd_kernel"
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_conv_and_delta_h_kernels_compile_at_their_main_config(target):
     """The conv kernel as a stateless pass launches it (q/k normalised, final state kept) and the
     fused delta-rule output kernel from a forked state (every autotuned kernel's first config)."""
