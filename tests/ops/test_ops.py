@@ -91,17 +91,20 @@ def test_norms_by_hand():
 
 
 class _FakeCuda:
-    """Stands in for a CUDA tensor: the dispatch only asks `is_cuda`."""
+    """Stands in for a CUDA tensor: the dispatch only asks `is_cuda` and the device."""
 
     is_cuda = True
+    device = torch.device("cuda", 0)
 
 
-def test_reference_switch_is_explicit_scoped_and_per_thread():
+def test_reference_switch_is_explicit_scoped_and_per_thread(monkeypatch):
     import threading
 
     from dohnuts import ops
-    from dohnuts.ops._dispatch import use_fused
+    from dohnuts.ops import _dispatch
+    from dohnuts.ops._dispatch import DeviceKernels, use_fused
 
+    monkeypatch.setattr(_dispatch, "_KERNELS", DeviceKernels(lambda device: None))  # a GPU whose probe passes
     x = _FakeCuda()
     assert use_fused(x)  # a CUDA tensor takes the fused path by default
     seen_in_thread = []
