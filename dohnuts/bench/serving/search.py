@@ -5,7 +5,8 @@ Search (run while measuring; each probe is one load point):
    time would meet the SLO — dohnuts.bench.serving.queueing.md1_max_rate — within [low, high]);
 2. while every probe passed, go up by `step`; while every probe failed, go down by `step`;
 3. then bisect (geometrically) between the highest passing and the lowest failing rate until
-   they are within `resolution` of each other, or `points` probes, or the time budget, are spent.
+   they are within `resolution` of each other, or `points` probes are spent, or the next probe
+   would not end within the time budget (its arrivals are known before it starts).
 A probe passes when its percentile's estimate is within the SLO (requests never served count as
 infinite latencies: stats.summarize_point). Every probe uses the same seed, so its arrival
 pattern is the others' stretched in time (arrivals.py): the percentile moves with the rate, not
@@ -37,12 +38,14 @@ class SearchPlan:
 
 
 def slo_search(measure: Callable[[float], PointSummary], first: float, plan: SearchPlan,
-               out_of_time: Callable[[], bool] = lambda: False) -> list[PointSummary]:
-    """Probe rates (module docstring) with `measure(rate)`; returns the probes in order."""
+               fits: Callable[[float], bool] = lambda rate: True) -> list[PointSummary]:
+    """Probe rates (module docstring) with `measure(rate)`; returns the probes in order. A probe
+    that `fits(rate)` refuses (it would run past the search's time budget) is not started, and the
+    search ends there."""
     tried: list[PointSummary] = []
     passing = failing = None
     rate = min(plan.high_rps, max(plan.low_rps, first))
-    while len(tried) < plan.points and not out_of_time():
+    while len(tried) < plan.points and fits(rate):
         point = measure(rate)
         tried.append(point)
         if point.meets_slo:
