@@ -34,6 +34,7 @@ from dohnuts.bench.record import TargetContext
 from dohnuts.bench.rundir import safe_name
 from dohnuts.bench.serving.scenario import measure_scenario
 from dohnuts.bench.trace import PROFILED_CALLS, profile_calls, trace_path
+from dohnuts.errors import DohnutsError
 from dohnuts.runtime.collectives import any_rank, barrier, max_over_ranks
 from dohnuts.runtime.process_group import SINGLE, World
 from dohnuts.runtime.timing import StageTimer
@@ -142,10 +143,23 @@ def _quality_inputs(run: RunContext, spec: WorkloadSpec, targets: dict[str, Regi
         if entry.reference_options is None:
             continue
         key = reference_key(entry, tspec, spec)
-        if key not in references:
-            run.console.print(f"[dim]{spec.name}: the FP32 reference path on {len(sample)} request(s) "
-                              f"({tspec.label}'s weights)[/]")
+        if key in references:
+            continue
+        run.console.print(f"[dim]{spec.name}: the FP32 reference path on {len(sample)} request(s) "
+                          f"({tspec.label}'s weights)[/]")
+        try:
             references[key] = reference_outputs(spec, entry, tspec, device, sample)
+        except (RuntimeError, MemoryError, DohnutsError) as exc:
+            # The check cannot run here (no memory for an FP32 copy, a reference op missing on this
+            # device): the performance is still measured; the failure is said and kept in run.json,
+            # and the targets' records say `agreement: null` (not checked).
+            error = f"reference check: {short(f'{type(exc).__name__}: {exc}', 300, str)}"
+            run.failures.append({"workload": spec.name, "file": spec.file, "target": tspec.label, "error": error})
+            run.console.print(f"[red]failed[/] {spec.name} · {tspec.label}: {error} (recorded in run.json; the run "
+                              "goes on)")
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     labelled = labelled_set(spec, workdir) if spec.accuracy is not None else None
     return dataclasses.replace(schedule, sample=sample, references=references, labelled=labelled)
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sqlite3
+import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -136,6 +138,21 @@ def test_the_report_shows_the_curve_the_search_and_the_bound(server_run):
             assert float(keys[("throughput_rps", f"{group}|{p['rate_rps']}")]) == pytest.approx(p["throughput_rps"],
                                                                                                  rel=1e-3)
     assert page.count("class=\"chart load\"") == 2 * len(curves)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="no chromium on this machine (.ci/run installs it)")
+def test_the_serving_panels_render_in_a_browser(server_run, tmp_path):
+    """The page with its serving panels loads offline in headless chromium without a console
+    message, its script runs, and every load panel is an SVG with its series drawn."""
+    args = [shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
+            "--virtual-time-budget=3000", "--dump-dom", (server_run / "report.html").as_uri()]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [line for line in done.stderr.splitlines() if "CONSOLE" in line] == []
+    assert 'data-ready="1"' in done.stdout
+    assert done.stdout.count('class="chart load"') == 4 and done.stdout.count('class="point"') >= 8
 
 
 @pytest.mark.slow

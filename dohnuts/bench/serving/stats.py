@@ -8,9 +8,10 @@ Interval: the distribution-free 95 % interval of a quantile from order statistic
 samples at or below the true p-quantile is Binomial(n, p), so [x₍l₎, x₍u₎] with l, u from its
 2.5 % and 97.5 % points covers it with at least 95 %. When u would exceed n the interval has no
 upper end (`None`): too few requests to bound that percentile. The fewest requests for which the
-upper end exists is `min_requests_for(p)` (368 at p99, 45 at p90, 6 at p50) — the default
-minimum of a server point, scaled down from LoadGen's 270,336 queries, which it derives the same
-way for its early-stopping estimate. The interval treats latencies as independent; queueing
+upper end exists is `min_requests_for(p)` (368 at p99, 36 at p90, 6 at p50) — the default
+minimum of a server point: far below LoadGen's Server minimum (270,336 queries in mlperf.conf,
+which pins the p99 much more tightly), but the fewest that bound the percentile at all.
+The interval treats latencies as independent; queueing
 correlates neighbours, so near saturation it is narrower than the truth: read it as a lower bound
 on the uncertainty.
 """
