@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One batched GPU session on the lent H200 (docs/gpu.md): install the carried fla wheels, then
-# run what the environment asks for, everything written under $OUT.
+# One batched GPU session (the lent H200, docs/gpu.md; any CUDA or ROCm GPU): install the carried
+# fla wheels, then run what the environment asks for, everything written under $OUT. Vendor-neutral:
+# the GPU is described by torch and by nvidia-smi / amd-smi / rocm-smi where one is installed.
 #   WORKLOADS='workloads/gpu/a.yaml ...'                     one dohnuts-bench run over them (first)
 #   TESTS='pytest -k expression' (or 'all', default none)   GPU tests of tests/gpu/
 #   BACKBONE=1                                               benchmarks/backbone_forward.py on 2b
@@ -10,11 +11,15 @@
 #   SCALING='workloads/scaling/a.yaml ...'                    one dohnuts-bench run of multi-process workloads
 #   DISTKILL=1                                               NCCL: rank 1 of 2 killed in training, then --resume
 #   BASELINES=N                                              N runs of benchmarks/test_regressions.py on 2b
-#                                                            (results/baselines/h200-2b-K.json)
+#                                                            (results/baselines/$LABEL-2b-K.json)
 #   LAB='delta_ho,conv_parts'                               benchmarks/kernel_lab.py experiments (kernel_lab.json)
+#   PROFILE_RUN=1                                            the WORKLOADS run with --profile (traces in bench.tar.gz)
+#   TUNE_TABLE=1                                             benchmarks/tuned_table.py on the cache → $OUT/tuned_h200.json
+#                                                            (start from an empty cache: carry no .triton_cache.tgz)
 #   PACK_CACHE=1                                             pack .triton_cache, trimmed, into $OUT (15 MB parts)
 #                                                            (past 8 files in all, the loose ones go into logs.tar.gz)
 #   BUDGET=seconds (default 540)                             stop starting new steps after this
+#   LABEL=name (default: the GPU, e.g. h200, rx7900xtx)      run directory label of the benchmark runs
 # Compiled Triton kernels and fla's autotuning choices persist in .triton_cache (TRITON_CACHE_DIR).
 # The device returns at most 8 files: PACK_CACHE=1 packs the cache's binaries and metadata (all a
 #   cache hit needs, docs/gpu.md) as 15 MB parts; cat triton_cache.tgz.* > .triton_cache.tgz here,
@@ -25,10 +30,30 @@ BUDGET=${BUDGET:-540}
 START=$(date +%s)
 mkdir -p "$OUT" .triton_cache
 [ -f .triton_cache.tgz ] && tar xzf .triton_cache.tgz
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
+if ls .whl/*.whl >/dev/null 2>&1; then  # the carried wheels (docs/gpu.md); elsewhere: installed already
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
+fi
+# NCCL_NVLS_ENABLE: NVLink multicast off on NVIDIA (docs/gpu.md); RCCL ignores it.
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$PWD/.triton_cache NCCL_NVLS_ENABLE=0
 left() { echo $((BUDGET - ($(date +%s) - START))); }
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+# The GPU, as torch sees it (any vendor), then the vendor's own tool where one is installed.
+python3 -c "
+import torch
+p = torch.cuda.get_device_properties(0)
+print('gpu', p.name, '| arch', getattr(p, 'gcnArchName', None) or f'sm_{p.major}{p.minor}',
+      '| memory', round(p.total_memory / 2**30, 1), 'GiB | units', p.multi_processor_count,
+      '| cuda', torch.version.cuda, '| hip', torch.version.hip)" | tee "$OUT/gpu.txt"
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv | tee -a "$OUT/gpu.txt"
+elif command -v amd-smi >/dev/null; then
+  amd-smi static --asic --driver --limit 2>/dev/null | tee -a "$OUT/gpu.txt"
+elif command -v rocm-smi >/dev/null; then
+  rocm-smi --showproductname --showdriverversion --showmaxpower 2>/dev/null | tee -a "$OUT/gpu.txt"
+fi
+LABEL=${LABEL:-$(python3 -c "
+import re, torch
+n = torch.cuda.get_device_name(0).lower()
+print(next((k for k in ('h200', 'h100', 'a100', 'mi300', '7900') if k in n), re.sub('[^a-z0-9]+', '-', n).strip('-')).replace('7900', 'rx7900xtx'))")}
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 echo "triton cache at start: $(du -sh .triton_cache | cut -f1), $(find .triton_cache -name '*.autotune.json' | wc -l) autotune entries" | tee -a "$OUT/gpu.txt"
 
@@ -41,16 +66,19 @@ fi
 if [ -n "${WORKLOADS:-}" ] && [ "$(left)" -gt 60 ]; then
   echo "== dohnuts-bench run $WORKLOADS ($(left) s left)"
   # shellcheck disable=SC2086
-  timeout $(($(left) - 30)) python3 -m dohnuts.bench.cli run $WORKLOADS --out /tmp/runs --label h200 --quiet 2>&1 \
-    | tee /tmp/bench_log.txt | grep -v '^\s*$' | tail -60
+  prof=(); [ -n "${PROFILE_RUN:-}" ] && prof=(--profile)
+  timeout $(($(left) - 30)) python3 -m dohnuts.bench.cli run $WORKLOADS "${prof[@]}" --out /tmp/runs --label "$LABEL" --quiet \
+    2>&1 | tee /tmp/bench_log.txt | grep -v '^\s*$' | tail -60
   d=$(ls -d /tmp/runs/*/ | tail -1)
-  mkdir -p /tmp/bench_out && cp "$d/results.jsonl" "$d/run.json" "$d/summary.json" "$d/report.txt" /tmp/bench_out/ 2>/dev/null
+  mkdir -p /tmp/bench_out && cp "$d/results.jsonl" "$d/run.json" "$d/summary.json" "$d/report.txt" \
+    "$d/report.html" /tmp/bench_log.txt /tmp/bench_out/ 2>/dev/null
+  [ -d "$d/traces" ] && cp -r "$d/traces" /tmp/bench_out/
   tar czf "$OUT/bench.tar.gz" -C /tmp bench_out  # one file: a call returns at most 8
 fi
 if [ -n "${SCALING:-}" ] && [ "$(left)" -gt 90 ]; then
   echo "== scaling: dohnuts-bench run $SCALING ($(left) s left)"
   # shellcheck disable=SC2086
-  timeout $(($(left) - 30)) python3 -m dohnuts.bench.cli run $SCALING --out /tmp/scaling --label h200-scaling --quiet 2>&1 \
+  timeout $(($(left) - 30)) python3 -m dohnuts.bench.cli run $SCALING --out /tmp/scaling --label "$LABEL-scaling" --quiet 2>&1 \
     | tee /tmp/scaling_log.txt | grep -v '^\s*$' | tail -45
   d=$(ls -d /tmp/scaling/*/ | tail -1)
   mkdir -p /tmp/scaling_out && cp "$d/results.jsonl" "$d/run.json" "$d/summary.json" "$d/report.txt" \
@@ -73,7 +101,7 @@ if [ -n "${BASELINES:-}" ] && [ "$(left)" -gt 90 ]; then
   for k in $(seq 1 "$BASELINES"); do
     [ "$(left)" -gt 60 ] || break
     DOHNUTS_BENCH_PRESET=qwen3.5-2b timeout $(($(left) - 20)) python3 -m pytest -q benchmarks/test_regressions.py \
-      -p no:cacheprovider --benchmark-enable --benchmark-json="/tmp/baselines/h200-2b-$k.json" 2>&1 | tail -3
+      -p no:cacheprovider --benchmark-enable --benchmark-json="/tmp/baselines/$LABEL-2b-$k.json" 2>&1 | tail -3
   done
   tar czf "$OUT/baselines.tar.gz" -C /tmp baselines
 fi
@@ -106,6 +134,10 @@ if [ -n "${COLD:-}" ] && [ "$(left)" -gt 60 ]; then
   echo "== time to first result of new processes ($(left) s left)"
   timeout $(($(left) - 10)) python3 benchmarks/cold_start.py --model qwen3.5-2b --questions 32 --seq 512 --runs 2 \
     --out "$OUT/cold_start.json" 2>&1 | tail -4
+fi
+if [ -n "${TUNE_TABLE:-}" ]; then
+  echo "== tuned-configuration table from the cache"
+  python3 benchmarks/tuned_table.py .triton_cache "$OUT/tuned_h200.json" 2>&1 | tail -3
 fi
 echo "triton cache at end: $(du -sh .triton_cache | cut -f1), $(find .triton_cache -name '*.autotune.json' | wc -l) autotune entries" | tee -a "$OUT/gpu.txt"
 # Only binaries and metadata are needed for cache hits (docs/gpu.md): the trimmed archive is what

@@ -28,9 +28,15 @@ import subprocess
 
 
 def _clock() -> str:
+    """The GPU clock and power now, from the harness's sampler of this GPU (NVML or amdsmi)."""
     try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader"],
-                              check=False, capture_output=True, text=True, timeout=10).stdout.strip()
+        from bench_plugins.telemetry import clock_mhz, own_gpu_sampler
+
+        sampler = own_gpu_sampler()
+        if sampler.unavailable:
+            return "?"
+        reading = sampler.sample()
+        return f"{clock_mhz(reading)} MHz, {reading.get('power_w')} W"
     except Exception:  # noqa: BLE001 - telemetry is optional here
         return "?"
 

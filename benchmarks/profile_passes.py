@@ -77,10 +77,11 @@ def graph_busy_ms(g, out: Path, name: str) -> float:
 
 
 def clocks_while(fn, seconds: float = 1.0) -> dict:
-    """NVML SM clock and power sampled every 20 ms while `fn` runs back to back for `seconds`."""
-    from bench_plugins.telemetry import NvmlSampler  # the harness's own NVML reader
+    """The GPU clock (NVML's SM or amdsmi's GFX clock) and power sampled every 20 ms while `fn`
+    runs back to back for `seconds`."""
+    from bench_plugins.telemetry import clock_mhz, own_gpu_sampler  # the harness's own readers
 
-    nvml = NvmlSampler(torch.cuda.current_device())
+    nvml = own_gpu_sampler()
     if nvml.unavailable:
         return {"unavailable": nvml.unavailable}
     import threading
@@ -104,7 +105,7 @@ def clocks_while(fn, seconds: float = 1.0) -> dict:
     stop.set()
     t.join()
     busy = samples[len(samples) // 5:] or samples  # skip the ramp
-    clk = sorted(x["sm_clock_mhz"] for x in busy)
+    clk = sorted(clock_mhz(x) for x in busy)
     pw = sorted(x["power_w"] for x in busy)
     capped = sum(1 for x in busy if x.get("power_capped"))
     return {"sm_clock_mhz": clk[len(clk) // 2], "sm_clock_min_mhz": clk[0], "power_w": pw[len(pw) // 2],

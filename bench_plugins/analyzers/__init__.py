@@ -20,7 +20,8 @@ def dohnuts_bench_prepare_run(run):
         run.console.print("[dim]measuring ceilings: fp32/bf16 matmul, fp32 vector, memory copy[/]")
         run.measured["ceilings"] = measure_cpu_ceilings()
         return
-    run.console.print("[dim]measuring ceilings: bf16 matmul (a burst, then 2 s sustained), device copy, host link, fp32 vector[/]")
+    run.console.print("[dim]measuring ceilings: bf16 matmul (a burst, then 2 s sustained), device copy, host link, "
+                      "fp32 vector (FMA chains)[/]")
     run.measured["ceilings"] = measure_ceilings(run.device)
 
 

@@ -1,7 +1,9 @@
 """Measured ceilings: what this device really sustains on the simplest possible work.
 
 GPU: a large BF16 matmul (8192³, random data — never zeros), a large device-to-device copy
-(bytes read + written), pinned host↔device copies and an FP32 element-wise multiply-add, each
+(bytes read + written), pinned host↔device copies, an FP32 element-wise multiply-add over 256 MiB
+(memory-bound: recorded, bounds nothing) and FP32 multiply-add chains in registers (`fp32_fma`,
+the vector ceiling; where the fused kernels run), each
 timed with CUDA events (dohnuts.runtime.timing) after warm-up, median of several runs (a burst of
 tens of milliseconds).
 The matmul is also run back to back for `sustain_s` seconds (`bf16_matmul_sustained`, the median
@@ -82,9 +84,28 @@ def measure_ceilings(device: torch.device, n: int = 8192, copy_bytes: int = 2 <<
     out["fp32_vector"] = {"value": 2 * x.numel() / (ms / 1e3), "unit": "FLOP/s", "kind": "compute",
                           "method": "fp32 addcmul over 2^26 elements (2 FLOP each; memory-bound on most GPUs)",
                           "date": date}
-    del x, y, z
+    del y, z
+    fma = fp32_fma(x[: 1 << 24])
+    if fma is not None:
+        out["fp32_fma"] = dict(fma, date=date)
+    del x
     torch.cuda.empty_cache()
     return out
+
+
+def fp32_fma(x: torch.Tensor, iters: int = 256) -> dict | None:
+    """The FP32 vector ceiling: `iters` × 4 independent multiply-add chains per element of `x`, in
+    registers (dohnuts.ops.fma: 8 · iters FLOPs per 8 bytes, compute-bound). None where the device
+    does not run the fused kernels (its reference would time torch's memory-bound steps instead)."""
+    from dohnuts.ops import kernel_status
+    from dohnuts.ops.fma import fma_chain_flops, fma_chain_fused
+
+    if kernel_status(x.device) != "fused":
+        return None
+    ms = _time_ms(lambda: fma_chain_fused(x, iters))
+    return {"value": fma_chain_flops(x.numel(), iters) / (ms / 1e3), "unit": "FLOP/s", "kind": "compute",
+            "method": f"Triton kernel: 4 independent fp32 FMA chains × {iters} steps per element, {x.numel()} "
+                      "elements, in registers (dohnuts.ops.fma), median of 10 CUDA-event timings"}
 
 
 def _host_ms(fn, warmup: int = 2, repeat: int = 7) -> float:

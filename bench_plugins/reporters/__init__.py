@@ -38,6 +38,7 @@ def stage_ms(entry: dict) -> float:
     return entry["device_ms"] if entry.get("device_ms") is not None else entry["host_ms"]
 
 
+NO_ENERGY = "no energy counter"  # what the reports say where no call read the device's energy counter
 CLAIMED_PRECISION = 0.05  # the report's claim: medians within ±5 % (95 % interval)
 
 
@@ -77,6 +78,7 @@ def summarize(records: list[dict]) -> list[dict]:
             "decisions_per_s": decisions / (med / 1e3), "useful_tokens_per_s": useful / (med / 1e3),
             "padded_tokens": statistics.median(r["tokens"]["padded"] for r in recs),
             "peak_mem_bytes": max(peak) if peak else None, "stages": stages,
+            **energy_summary(recs),
             "device": recs[0]["device"]["name"], "precision": recs[0]["precision"],
             "excluded_calls": validity.get((workload, target), {}).get("invalid", 0),
             "excluded_reasons": validity.get((workload, target), {}).get("reasons", {}),
@@ -108,6 +110,22 @@ def summarize(records: list[dict]) -> list[dict]:
             r["stream"]["single_call_ms"] = base
             r["stream"]["overlap"] = 1.0 - r["wall_median_ms"] / base
     return out
+
+
+def energy_summary(records: list[dict]) -> dict:
+    """The device energy of a group of calls, from the records' `energy` (the vendor's counter read
+    around each call): `energy_j_per_call`, the mean over the calls that have joules, and
+    `energy_j_per_decision`, their joules over their decisions (candidates scored) — sums, not
+    medians: a counter advances in steps, so one short call reads 0 or a step, and only the sum over
+    calls is right. Both None where no call has joules (a CPU run, a GPU without a counter);
+    `energy_source` names the counter (nvml, amdsmi) and `energy_calls` counts the calls metered."""
+    metered = [r for r in records if isinstance((r.get("energy") or {}).get("joules"), (int, float))]
+    joules = sum(r["energy"]["joules"] for r in metered)
+    decisions = sum(r["decisions"] for r in metered)
+    sources = sorted({str(r["energy"].get("source")) for r in metered})
+    return {"energy_j_per_call": joules / len(metered) if metered else None,
+            "energy_j_per_decision": joules / decisions if decisions else None,
+            "energy_source": ", ".join(sources) or None, "energy_calls": len(metered)}
 
 
 def quality_table(rows: list[dict]) -> FitTable:
@@ -157,16 +175,22 @@ def stream_table(rows: list[dict]) -> FitTable | None:
 
 
 def summary_table(rows: list[dict]) -> FitTable:
-    """One row per (workload, target); narrow: a table per workload, split in two if need be."""
+    """One row per (workload, target); narrow: a table per workload, split in two if need be.
+    Energy: the device's joules per call and per decision (`energy_summary`), or "no energy
+    counter" where no call read one."""
     t = FitTable("Measured calls (median over calls; p10–p90; spread = (p90 − p10) / median)",
                  [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("calls"), Col("wall ms"),
-                  Col("p10–p90"), Col("spread"), Col("decisions/s"), Col("tokens/s"), Col("peak mem")],
-                 sections=1, groups=[(2,), (3, 4), (5,), (6,), (7,), (8,)], title_justify="center")
+                  Col("p10–p90"), Col("spread"), Col("decisions/s"), Col("tokens/s"), Col("peak mem"),
+                  Col("energy / call"), Col("J/decision")],
+                 sections=1, groups=[(2,), (3, 4), (5,), (6,), (7,), (8,), (9, 10)], title_justify="center")
     for r in rows:
         mem = f"{r['peak_mem_bytes'] / 2**30:.2f} GiB" if r["peak_mem_bytes"] else "—"
+        per_call, per_decision = r.get("energy_j_per_call"), r.get("energy_j_per_decision")
         t.add_row(r["workload"], flagged_target(r), str(r["calls"]), f"{r['wall_median_ms']:.2f}",
                   f"{r['wall_p10_ms']:.2f}–{r['wall_p90_ms']:.2f}", f"{100 * r['spread']:.1f}%",
-                  f"{r['decisions_per_s']:.1f}", f"{r['useful_tokens_per_s']:.0f}", mem)
+                  f"{r['decisions_per_s']:.1f}", f"{r['useful_tokens_per_s']:.0f}", mem,
+                  NO_ENERGY if per_call is None else f"{per_call:.3g} J",
+                  "—" if per_decision is None else f"{per_decision:.3g}")
     return t
 
 

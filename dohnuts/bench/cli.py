@@ -12,6 +12,8 @@ from what the hardware allows.
     dohnuts-bench store import RUN_DIR ...   finished runs into the store
     dohnuts-bench gate CURRENT --baseline B  this build against saved baselines (exit 0 / 1 / 2)
     dohnuts-bench report RUN --html          one self-contained HTML page (every run writes one)
+    dohnuts-bench calibrate --write OUT.yaml this device's ceilings into the measured: section of a
+                                             copy of its hwspec (--hwspec NAME; the run kit's first step)
 
 The commands live beside this module: dohnuts.bench.run_command (`run`) and
 dohnuts.bench.offline (`analyze`, `compare`).
@@ -116,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_compare)
     ls = sub.add_parser("list", help="list plugins, workload kinds, targets and telemetry")
     ls.set_defaults(func=cmd_list)
+    from dohnuts.bench.calibrate import add_parser as add_calibrate
     from dohnuts.bench.gate import add_parser as add_gate
     from dohnuts.bench.report_command import add_parser as add_report
     from dohnuts.bench.store_command import add_parsers
@@ -123,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_parsers(sub)
     add_gate(sub)
     add_report(sub)
+    add_calibrate(sub)
     return p
 
 

@@ -279,6 +279,13 @@ class TelemetrySamplerCapabilities:
     # Why it cannot sample here (library or device absent): said once, then it is left out.
     # Absent: None, it samples.
     unavailable: str | None = _optional_member(None, "a string or None", lambda v: v is None or isinstance(v, str))
+    # () -> float: the device's cumulative energy counter in joules, read right before and right
+    # after each call for the record's `energy` (raises, saying why, when it cannot be read).
+    # Absent: None, the sampler has no energy counter.
+    energy_counter: Callable[[], float] | None = _optional_member(None, "a method or None", _callable_or_none)
+    # () -> dict: facts of the device for provenance (driver, power limit, maximum clocks), read once.
+    # Absent: None, nothing to add.
+    device_facts: Callable[[], dict] | None = _optional_member(None, "a method or None", _callable_or_none)
 
 
 class Analyzer(Protocol):

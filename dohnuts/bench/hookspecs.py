@@ -85,7 +85,9 @@ def dohnuts_bench_prepare_run(run):
     (device, hwspec, run dir).
 
     Plugins may measure the machine here (e.g. the measured-ceiling microbenchmarks) and store
-    results in `run.measured` (a dict written to run.json)."""
+    results in `run.measured` (a dict written to run.json). `dohnuts-bench calibrate` calls it too,
+    with a context of its own (run_id `calibrate`, no hwspec), and writes `run.measured["ceilings"]`
+    into the `measured:` section of a hwspec copy (dohnuts.bench.calibrate)."""
 
 
 # -- 3. iterate --------------------------------------------------------------------------------

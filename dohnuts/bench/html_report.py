@@ -83,7 +83,7 @@ def _summary_table(rows: list[dict]) -> str:
             _cell(f"{_ms(r['wall_p10_ms'])}–{_ms(r['wall_p90_ms'])}"),
             _cell(f"{r['decisions_per_s']:.1f}", "decisions_per_s", group),
             _cell(f"{r.get('useful_tokens_per_s', 0):.0f}"),
-            _cell("not measured" if energy is None else f"{energy:.3g} J", "energy", group),
+            _cell("no energy counter" if energy is None else f"{energy:.3g} J", "energy_j_per_call", group),
             _cell(overhead_text(r.get("harness_overhead")), "harness_overhead", group, cls="")]) + "</tr>")
     return "".join(out) + "</table>"
 

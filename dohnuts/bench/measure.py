@@ -2,7 +2,9 @@
 
 A call is timed per stage (CUDA events on the GPU, host clock always: dohnuts.runtime.timing) and
 as a whole (wall time, the device synchronised on both sides); the telemetry taken during it
-decides its validity; the harness's own time in it is measured and written beside it.
+decides its validity; the device's energy counter, read right before and right after it, gives its
+energy (`energy`: joules, the sampler, or why none); the harness's own time in it is measured and
+written beside it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dohnuts.bench.calls import CallResult
 from dohnuts.bench.contracts import Target, TargetCapabilities
 from dohnuts.bench.record import CallMeasurement, TargetContext, call_record, stages_dict
 from dohnuts.bench.sink import RecordSink
+from dohnuts.bench.telemetry import call_energy
 from dohnuts.runtime.timing import NULL_TIMER, StageTimer, empty_stage_cost
 
 # The first measured calls of a target each follow an untimed twin: the same call with the
@@ -46,16 +49,19 @@ def measure_call(ctx: TargetContext, target: Target, call, iteration: int, phase
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
+    e0 = ctx.telemetry.energy()  # outside the timed window: the counter's read costs no call time
     t0 = time.perf_counter()
     result: CallResult = target.run_call(call, timer)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t1 = time.perf_counter()
+    e1 = ctx.telemetry.energy()
     window, validity = ctx.telemetry.window_and_validity(t0, t1)
     t2 = time.perf_counter()
     record = call_record(ctx, CallMeasurement(
         iteration=iteration, phase=phase, stages=stages_dict(timer), wall_ms=(t1 - t0) * 1e3,
-        decisions=result.decisions, work=result.work, window=window, validity=validity, extra=result.extra))
+        decisions=result.decisions, work=result.work, window=window, validity=validity,
+        energy=call_energy(e0, e1), extra=result.extra))
     t3 = time.perf_counter()
     overhead = harness_overhead(timer, calibration, telemetry_s=t2 - t1, record_s=t3 - t2)
     record["harness_overhead_ms"] = overhead["total_ms"]
@@ -83,25 +89,32 @@ def measure_stream(ctx: TargetContext, capabilities: TargetCapabilities, calls: 
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    e0 = ctx.telemetry.energy()
     t0 = time.perf_counter()
     rows = capabilities.run_stream(calls, timer_for)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t1 = time.perf_counter()
+    e1 = ctx.telemetry.energy()
     if rows is None:
         return 0
     window, validity = ctx.telemetry.window_and_validity(t0, t1)
+    # Streamed requests overlap one another: the counter measures the whole stream, not a request.
+    stream_energy = call_energy(e0, e1)
+    energy = {"joules": None, "source": stream_energy["source"],
+              "reason": "a streamed request overlaps its neighbours: the stream's total is extra.stream.energy_j"}
     previous = t0
     for j, row in enumerate(rows):
         if row["work"] is None:  # a request that failed: nothing to analyse
             continue
         timer = timers.get(j) or StageTimer(device)
         stream = {"index": j, "requests": len(rows), "total_ms": (t1 - t0) * 1e3,
+                  "energy_j": stream_energy["joules"],
                   "latency_ms": (row["done"] - row["submitted"]) * 1e3,
                   "queue_ms": ((row["started"] or row["done"]) - row["submitted"]) * 1e3}
         record = call_record(ctx, CallMeasurement(
             iteration=j, phase="stream", stages=stages_dict(timer), wall_ms=(row["done"] - previous) * 1e3,
-            decisions=row["decisions"], work=row["work"], window=window, validity=validity,
+            decisions=row["decisions"], work=row["work"], window=window, validity=validity, energy=energy,
             extra={"stream": stream}))
         previous = row["done"]
         out.write(record | ctx.ranks)

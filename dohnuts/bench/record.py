@@ -56,6 +56,7 @@ class CallMeasurement:
     work: Any  # dohnuts.runtime.work.WorkCounts
     window: list  # the telemetry samples taken during the call
     validity: dict  # dohnuts.bench.telemetry.call_validity of those samples
+    energy: dict  # dohnuts.bench.telemetry.call_energy: {"joules", "source", "reason"}
     extra: dict
 
 
@@ -101,6 +102,7 @@ def call_record(ctx: TargetContext, m: CallMeasurement) -> dict:
         "peak_mem_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         "telemetry": m.window,
         "validity": m.validity,
+        "energy": m.energy,
         "extra": m.extra,
         "agreement": ctx.agreement,
         "provenance": ctx.provenance,

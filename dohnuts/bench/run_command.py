@@ -51,11 +51,11 @@ def check_telemetry_interval(value: float) -> None:
                           field="--telemetry-interval")
 
 
-def _run_json(run, runnable, hwspec, samplers, device) -> dict:
+def _run_json(run, runnable, hwspec, samplers, device, telemetry=None) -> dict:
     from dohnuts.bench.provenance import provenance
 
     return {"run_id": run.run_id, "workloads": [s.to_dict() for s in runnable], "hwspec": hwspec_ref(hwspec),
-            "measured": run.measured, "provenance": provenance(device),
+            "measured": run.measured, "provenance": provenance(device, telemetry),
             "telemetry": {s.name: s.unavailable or "available" for s in samplers},
             "failures": run.failures, "traces": run.traces}
 
@@ -148,7 +148,7 @@ def cmd_run(args) -> int:
             console.print(f"[dim]telemetry: {s.name}: {s.unavailable}[/]")
     telemetry = TelemetryThread([s for s in every_sampler if not s.unavailable], interval_s=args.telemetry_interval)
     results = run_dir / "results.jsonl"
-    meta = _run_json(run, runnable, hwspec, every_sampler, device)  # holds run.measured and run.failures as they grow
+    meta = _run_json(run, runnable, hwspec, every_sampler, device, telemetry)  # holds run.measured and run.failures as they grow
     interrupted, error = False, None
     mirror = StoreMirror(store, run_id, warn=lambda m: console.print(f"[yellow]warning[/]: {m}"))
     try:

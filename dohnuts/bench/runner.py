@@ -108,7 +108,7 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict[str, R
     schedule = Schedule(calls, warmup)
     if not world.distributed:  # quality checks: one process (a launcher's ranks shard the calls)
         schedule = _quality_inputs(run, spec, targets, schedule, device, workdir)
-    prov = provenance(device)
+    prov = provenance(device, telemetry)
     ranks = {"rank": world.rank, "world_size": world.size, "shard": "collective" if kind.collective else "data"}
     written = 0
     for tspec in spec.targets:

@@ -1,6 +1,7 @@
 """`dohnuts-bench history` and `dohnuts-bench store import`: the run store's commands.
 
     dohnuts-bench store import RUN_DIR ...   put finished run directories into the store
+    dohnuts-bench store archive RUN_DIR DEST  the compact copy of a run to commit under results/
     dohnuts-bench history [--workload W] [--target T] [--stage S] [--json OUT]
 
 Without a store file, `history` first builds one from the run archives committed under `results/`
@@ -47,6 +48,41 @@ def cmd_store_import(args) -> int:
         n = import_dirs(store, dirs, log=lambda m: print(f"dohnuts-bench: {m}", file=sys.stderr))
     print(f"dohnuts-bench: {n} of {len(dirs)} runs in {args.store}", file=sys.stderr)
     return 0 if n == len(dirs) else 2
+
+
+ARCHIVED = ("run.json", "results.jsonl.gz")  # what a committed run holds; analyze regenerates the rest
+
+
+def archive_run(run_dir: Path, dest: Path) -> Path:
+    """Copy a finished run's source of truth to `dest`: run.json and the records gzipped
+    reproducibly (no name or time in the gzip header, level 9) — the form the store imports and
+    `analyze` reads; summary, reports and plots are derived and left out."""
+    import gzip
+    import shutil
+
+    src = run_dir / "results.jsonl"
+    gz = run_dir / "results.jsonl.gz"
+    if not (run_dir / "run.json").is_file() or not (src.is_file() or gz.is_file()):
+        raise DohnutsError("is not a finished run directory (needs run.json and results.jsonl)", source=str(run_dir))
+    if dest.exists() and any(dest.iterdir()):
+        raise DohnutsError("exists and is not empty: an archive is never overwritten", source=str(dest))
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(run_dir / "run.json", dest / "run.json")
+    if gz.is_file():
+        shutil.copyfile(gz, dest / "results.jsonl.gz")
+    else:
+        with src.open("rb") as fin, (dest / "results.jsonl.gz").open("wb") as raw, \
+                gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0) as fout:
+            shutil.copyfileobj(fin, fout)
+    return dest
+
+
+def cmd_store_archive(args) -> int:
+    dest = archive_run(Path(args.run_dir), Path(args.dest))
+    size = sum(p.stat().st_size for p in dest.iterdir())
+    print(f"dohnuts-bench: archived {args.run_dir} as {dest} ({', '.join(ARCHIVED)}: {size / 1e3:.0f} kB); "
+          f"`dohnuts-bench analyze {dest / 'results.jsonl.gz'} --out DIR` regenerates its reports", file=sys.stderr)
+    return 0
 
 
 def cmd_history(args) -> int:
@@ -99,3 +135,8 @@ def add_parsers(sub) -> None:
     i.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     i.add_argument("--store", default=str(DEFAULT_STORE), help=f"the run store (default: {DEFAULT_STORE})")
     i.set_defaults(func=cmd_store_import)
+    a = ssub.add_parser("archive", help="copy a finished run's run.json and gzipped records to DEST (the compact "
+                                        "form committed under results/<machine>/<run>/)")
+    a.add_argument("run_dir", metavar="RUN_DIR")
+    a.add_argument("dest", metavar="DEST")
+    a.set_defaults(func=cmd_store_archive)

@@ -1,28 +1,37 @@
 """Background telemetry: samplers polled by one thread while a run measures.
 
-A `Sampler` has a `name`, an `unavailable` reason (None when it works) and `sample()` → dict.
-The runner calls every available sampler every `interval_s` and attaches to each call record the
-samples taken during that call (at least the one nearest its end), so short calls still carry
-clocks, power and temperature.
+A `Sampler` has a `name`, an `unavailable` reason (None when it works) and `sample()` → dict;
+optionally `energy_counter()` → the device's cumulative energy in joules, and `device_facts()` →
+what provenance records of the device (driver, power limit, clocks). The runner calls every
+available sampler every `interval_s` and attaches to each call record the samples taken during that
+call (at least the one nearest its end), so short calls still carry clocks, power and temperature.
 
-Validity gates. A GPU sampler reports, beside its readings, the keys `call_validity` reads:
+The validity rule — one rule for every vendor. A GPU sampler reports, beside its readings, the keys
+`call_validity` reads, in the same meaning for NVML and amdsmi:
 
-- `throttling`: the active reasons that mean the clock was reduced (power cap, thermal or
-  hardware slowdown, ...), by name; an empty list when none;
+- `throttling`: the active reasons that pull the clock below the device's sustained regime —
+  thermal limits, hardware slowdown, the power brake or fast current protection — by name; an
+  empty list when none;
+- `power_capped`: the active reasons that mean the device holds its power (or sustained current)
+  limit: NVML's software power cap, amdsmi's package power tracking (PPT, PVIOL) or a power reading
+  at the cap. The sustained regime of dense work, not a fault;
 - `sm_clock_mhz` / `max_sm_clock_mhz` (NVML) or `gfx_clock_mhz` / `max_gfx_clock_mhz` (amdsmi):
   the current clock and the device's maximum;
 - `idle`: true when the device reports itself idle (no work, the clock parked low): its clock
-  then says nothing about throttling and is not checked;
-- `power_capped`: the active reasons that mean the device holds its power limit (NVML's software
-  power cap): the sustained regime of dense work on a datacentre GPU, not a fault.
+  then says nothing about throttling and is not checked.
 
-A call is invalid when any sample taken during it shows a throttling reason (thermal or hardware
-slowdown, the power brake), or a clock below `min_clock_fraction` (default 0.9;
-`DOHNUTS_BENCH_MIN_CLOCK_FRACTION` overrides it) of the maximum that no power cap in the same
-sample explains. A power-capped call stays valid and is counted (`power_capped` samples): a
-datacentre GPU runs dense work at its power cap, and excluding those calls would leave out every
-heavy call (measured on the H200: docs/known-issues.md KI-15). The runner writes `{"valid", "reasons", "detail",
+A call is invalid when any sample taken during it shows a throttling reason, or a clock below
+`min_clock_fraction` (default 0.9; `DOHNUTS_BENCH_MIN_CLOCK_FRACTION` overrides it) of the maximum
+that no power cap in the same sample explains. A power-capped call stays valid and is counted
+(`power_capped` samples): a datacentre GPU, and a consumer card at its board power, runs dense work
+at its power limit, and excluding those calls would leave out every heavy call (measured on the
+H200: docs/known-issues.md KI-15). The runner writes `{"valid", "reasons", "detail",
 "gpu_samples", "power_capped"}` into the record.
+
+Energy. `TelemetryThread.energy()` reads the first available sampler's energy counter (NVML's
+`nvmlDeviceGetTotalEnergyConsumption`, amdsmi's `amdsmi_get_energy_count`) right before and right
+after a call; `call_energy` turns the two readings into the record's `energy` field,
+`{"joules", "source", "reason"}` (docs/measurement.md).
 """
 
 from __future__ import annotations
@@ -35,6 +44,10 @@ from dataclasses import dataclass, field
 DEFAULT_MIN_CLOCK_FRACTION = 0.9
 _LOOKBACK_S = 5.0
 CLOCK_KEYS = (("sm_clock_mhz", "max_sm_clock_mhz", "SM"), ("gfx_clock_mhz", "max_gfx_clock_mhz", "GFX"))
+# Reasons earlier versions listed under `throttling` that today's rule calls the power cap (NVML's
+# software power cap; amdsmi's PVIOL residency): read as such in samples without `power_capped`.
+LEGACY_POWER_CAP = ("sw_power_cap", "ppt_pwr")
+NO_ENERGY_COUNTER = "no telemetry sampler reads an energy counter here (no GPU sampler is available)"
 
 
 def default_min_clock_fraction() -> float:
@@ -75,9 +88,11 @@ def call_validity(samples: list[dict], min_clock_fraction: float = DEFAULT_MIN_C
             seen = False
             active = reading.get("throttling")
             power = reading.get("power_capped")
-            if isinstance(active, (list, tuple)) and "power_capped" not in reading and "sw_power_cap" in active:
+            if (isinstance(active, (list, tuple)) and "power_capped" not in reading
+                    and any(r in LEGACY_POWER_CAP for r in active)):
                 # a sample of an earlier version, which counted the power cap as throttling
-                active, power = [r for r in active if r != "sw_power_cap"], ["sw_power_cap"]
+                power = [r for r in active if r in LEGACY_POWER_CAP]
+                active = [r for r in active if r not in LEGACY_POWER_CAP]
             is_capped = isinstance(power, (list, tuple)) and bool(power)
             capped += is_capped
             if isinstance(active, (list, tuple)):
@@ -144,9 +159,39 @@ def clock_summary(records: list[dict]) -> dict | None:
 class Sampler:
     name = "sampler"
     unavailable: str | None = None
+    # () -> float: the device's cumulative energy in joules (raises when it cannot be read, saying
+    # why); None: this sampler has no energy counter.
+    energy_counter = None
+    # () -> dict: facts of the device for provenance (driver, power limit, maximum clocks); None: none.
+    device_facts = None
 
     def sample(self) -> dict:  # pragma: no cover - interface
         raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class EnergyReading:
+    """One reading of a device's cumulative energy counter: the sampler it came from, the joules
+    (None when it could not be read) and why not."""
+
+    source: str | None
+    joules: float | None
+    reason: str | None = None
+
+
+def call_energy(before: EnergyReading, after: EnergyReading) -> dict:
+    """A record's `energy`: `{"joules": float | None, "source": sampler name | None, "reason": str |
+    None}` — the counter's difference over the call (`reason` None), or None joules and why (no
+    counter, a failed read, a counter that went backwards)."""
+    source = before.source or after.source
+    if before.joules is None or after.joules is None:
+        return {"joules": None, "source": source,
+                "reason": before.reason or after.reason or NO_ENERGY_COUNTER}
+    delta = after.joules - before.joules
+    if delta < 0:
+        return {"joules": None, "source": source,
+                "reason": "the energy counter went backwards during the call (a reset or a wrap)"}
+    return {"joules": delta, "source": source, "reason": None}
 
 
 @dataclass
@@ -158,6 +203,7 @@ class TelemetryThread:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _facts: dict | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 < self.min_clock_fraction <= 1.0:
@@ -175,6 +221,36 @@ class TelemetryThread:
             self._samples.append(row)
             if len(self._samples) > 100_000:
                 del self._samples[: len(self._samples) // 2]
+
+    def energy(self) -> EnergyReading:
+        """The device's cumulative energy now, read synchronously from the first sampler that has
+        an energy counter (a GPU run has one GPU sampler). `samplers` are registered samplers
+        (dohnuts.bench.plugins.RegisteredSampler) or `Sampler`s: both carry the optional members."""
+        for s in self.samplers:
+            counter = s.energy_counter
+            if counter is None:
+                continue
+            try:
+                return EnergyReading(s.name, float(counter()))
+            except Exception as exc:  # a counter that cannot be read: the record says why
+                return EnergyReading(s.name, None, f"{s.name}: energy counter unavailable ({exc})")
+        return EnergyReading(None, None, NO_ENERGY_COUNTER)
+
+    def device_facts(self) -> dict:
+        """{sampler name: its `device_facts()`} of the samplers that describe their device, read
+        once (a failure is recorded as the facts' `error`)."""
+        if self._facts is None:
+            facts = {}
+            for s in self.samplers:
+                describe = s.device_facts
+                if describe is None:
+                    continue
+                try:
+                    facts[s.name] = dict(describe())
+                except Exception as exc:
+                    facts[s.name] = {"error": f"{type(exc).__name__}: {exc}"}
+            self._facts = facts
+        return self._facts
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):

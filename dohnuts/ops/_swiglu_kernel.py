@@ -1,7 +1,8 @@
 """Triton kernel for SwiGLU on a packed (..., 2I) gate/up GEMM output (dohnuts.ops.activation).
 
-Imported only on the first fused call on a CUDA device (like dohnuts.ops._fla): importing
-dohnuts never imports Triton.
+`swiglu_packed_fn` is the differentiable op: this forward kernel and a backward kernel writing
+both halves of the packed gradient in one pass. Imported only on the first fused call on a CUDA
+device (like dohnuts.ops._fla): importing dohnuts never imports Triton.
 """
 
 from __future__ import annotations
@@ -28,13 +29,32 @@ def swiglu_packed_kernel(gu, y, I, stride_gu, stride_y, BLOCK: tl.constexpr):
     tl.store(y + row * stride_y + cols, out.to(y.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def swiglu_packed_bwd_kernel(gu, dy, dgu, I, stride_gu, stride_dy, BLOCK: tl.constexpr):
+    """d gate = dy·u·σ(g)(1 + g(1 − σ(g))), d up = dy·silu(g), into the packed (rows, 2I) gradient."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < I
+    p = gu + row * stride_gu
+    g = tl.load(p + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(p + I + cols, mask=mask, other=0.0).to(tl.float32)
+    d = tl.load(dy + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+    sg = tl.sigmoid(g)
+    q = dgu + row * 2 * I
+    tl.store(q + cols, (d * u * sg * (1.0 + g * (1.0 - sg))).to(dgu.dtype.element_ty), mask=mask)
+    tl.store(q + I + cols, (d * g * sg).to(dgu.dtype.element_ty), mask=mask)
+
+
+def _packed_rows(gu: torch.Tensor) -> torch.Tensor:
+    x = gu.reshape(-1, gu.shape[-1])  # a view for a GEMM output (or any evenly strided rows)
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 def swiglu_packed_triton(gu: torch.Tensor) -> torch.Tensor:
     """gu (..., 2I) → (..., I) contiguous; reads each half in place (no split copies). No autograd."""
     two_i = gu.shape[-1]
     I = two_i // 2
-    x = gu.reshape(-1, two_i)  # a view for a GEMM output (or any evenly strided rows)
-    if x.stride(-1) != 1:
-        x = x.contiguous()
+    x = _packed_rows(gu)
     y = torch.empty(*gu.shape[:-1], I, dtype=gu.dtype, device=gu.device)
     rows = x.shape[0]
     if rows == 0 or I == 0:
@@ -44,3 +64,33 @@ def swiglu_packed_triton(gu: torch.Tensor) -> torch.Tensor:
     with torch.cuda.device(gu.device) if gu.is_cuda else contextlib.nullcontext():
         swiglu_packed_kernel[(rows, triton.cdiv(I, block))](x, y, I, x.stride(0), I, BLOCK=block, num_warps=4)
     return y
+
+
+class _SwigluPacked(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gu):
+        ctx.save_for_backward(gu)
+        return swiglu_packed_triton(gu)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (gu,) = ctx.saved_tensors
+        x = _packed_rows(gu)
+        two_i = gu.shape[-1]
+        I = two_i // 2
+        d = dy.reshape(-1, I)
+        if d.stride(-1) != 1:
+            d = d.contiguous()
+        dgu = torch.empty(gu.shape, dtype=gu.dtype, device=gu.device)
+        rows = x.shape[0]
+        if rows and I:
+            block = min(BLOCK, triton.next_power_of_2(I))
+            with torch.cuda.device(gu.device) if gu.is_cuda else contextlib.nullcontext():
+                swiglu_packed_bwd_kernel[(rows, triton.cdiv(I, block))](x, d, dgu, I, x.stride(0), d.stride(0),
+                                                                       BLOCK=block, num_warps=4)
+        return dgu
+
+
+def swiglu_packed_fn(gu: torch.Tensor) -> torch.Tensor:
+    """`swiglu_packed_triton` as a differentiable op (same forward kernel, Triton backward)."""
+    return _SwigluPacked.apply(gu)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dohnuts.ops._dispatch import recording, use_fused
+from dohnuts.ops._dispatch import use_fused
 
 
 def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -34,14 +34,10 @@ def swiglu_packed_reference(gu: torch.Tensor) -> torch.Tensor:
 
 
 def swiglu_packed_fused(gu: torch.Tensor) -> torch.Tensor:
-    gate, up = _halves(gu)
-    if recording(gu):
-        # Training through a packed MLP (frozen gate/up, adapters elsewhere): fla's autograd op,
-        # which also reads the two strided halves in place.
-        return swiglu_fused(gate, up)
-    from dohnuts.ops._swiglu_kernel import swiglu_packed_triton
+    _halves(gu)  # the shape check
+    from dohnuts.ops._swiglu_kernel import swiglu_packed_fn
 
-    return swiglu_packed_triton(gu)
+    return swiglu_packed_fn(gu)
 
 
 def swiglu_packed(gu: torch.Tensor) -> torch.Tensor:

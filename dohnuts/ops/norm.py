@@ -4,9 +4,9 @@ Both compute the normalisation in FP32. The scale is `weight_offset + weight`, t
 Qwen3.5's zero-centred RMSNorm multiplies by (1 + w), so the model passes its stored w with
 `weight_offset=1.0` (exact when w is stored in BF16).
 
-Fused paths: without autograd (inference, and CUDA-graph capture) one Triton kernel per call that
-also applies the offset (dohnuts.ops._norm_kernels); with autograd fla's norm, whose backward
-training needs, on `weight_offset + weight.float()`.
+Fused paths: one Triton kernel per call that also applies the offset, the forward of an autograd
+function with a Triton backward (dohnuts.ops._norm_kernels): training and prediction run the same
+kernel. The gated norm is fla's (its forward and backward kernels) in both.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dohnuts.ops._dispatch import recording, use_fused
+from dohnuts.ops._dispatch import use_fused
 
 
 def _scale(weight: torch.Tensor, offset: float) -> torch.Tensor:
@@ -29,13 +29,9 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, weight
 
 
 def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
-    if not recording(x, weight):
-        from dohnuts.ops._norm_kernels import rms_norm_triton
+    from dohnuts.ops._norm_kernels import rms_norm_fn
 
-        return rms_norm_triton(x, weight, eps, weight_offset)
-    from dohnuts.ops._fla import fla
-
-    return fla().rms_norm(x, _scale(weight, weight_offset), None, eps=eps)
+    return rms_norm_fn(x, weight, eps, weight_offset)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
@@ -54,14 +50,9 @@ def add_rms_norm_fused(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
                        eps: float, weight_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     # One kernel reads x and the residual once, writes the sum (in the residual's dtype) and the
     # normalised sum; the norm is taken of the unrounded FP32 sum (≤ 1 BF16 ulp from the reference).
-    if not recording(x, residual, weight):
-        from dohnuts.ops._norm_kernels import rms_norm_triton
+    from dohnuts.ops._norm_kernels import rms_norm_fn
 
-        return rms_norm_triton(x, weight, eps, weight_offset, residual=residual)
-    from dohnuts.ops._fla import fla
-
-    y, r = fla().rms_norm(x, _scale(weight, weight_offset), None, residual=residual, eps=eps, prenorm=True)
-    return y, r
+    return rms_norm_fn(x, weight, eps, weight_offset, residual=residual)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,

@@ -3,15 +3,15 @@ gated attention normalises q and k per head, then rotates the first R channels).
 
 `apply_rotary` is the plain-torch rotation (rotate_half convention, cos/sin tables (B, T, R) from
 dohnuts.model.rope). `norm_rope` is the whole step for one projection: (B, T, H, D) in, as a GEMM
-output's view, → (B, H, T, D) normalised and rotated. Its fused path is one Triton kernel when
-nothing needs a gradient; with autograd it is the fla norm and the torch rotation.
+output's view, → (B, H, T, D) normalised and rotated. Its fused path is one Triton kernel, the
+forward of an autograd function with a one-kernel Triton backward (dohnuts.ops._norm_kernels).
 """
 
 from __future__ import annotations
 
 import torch
 
-from dohnuts.ops._dispatch import recording, use_fused
+from dohnuts.ops._dispatch import use_fused
 from dohnuts.ops.norm import rms_norm
 
 
@@ -35,11 +35,9 @@ def norm_rope_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, weigh
 
 def norm_rope_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float,
                     cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    if recording(x, weight, cos, sin):
-        return norm_rope_reference(x, weight, eps, weight_offset, cos, sin)  # fla norm + torch rotation
-    from dohnuts.ops._norm_kernels import norm_rope_triton
+    from dohnuts.ops._norm_kernels import norm_rope_fn
 
-    return norm_rope_triton(x, weight, eps, weight_offset, cos, sin)
+    return norm_rope_fn(x, weight, eps, weight_offset, cos, sin)
 
 
 def norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float,

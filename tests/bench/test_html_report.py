@@ -113,6 +113,8 @@ def test_the_page_loads_renders_and_shows_the_summary_numbers(report):
         wall = float(shown[("wall_median_ms", group)])
         assert wall == pytest.approx(r["wall_median_ms"], rel=1e-3, abs=1e-3)
         assert float(shown[("decisions_per_s", group)]) == pytest.approx(r["decisions_per_s"], abs=0.051)
+        energy = r.get("energy_j_per_call")
+        assert shown[("energy_j_per_call", group)] == ("no energy counter" if energy is None else f"{energy:.3g} J")
         checked += 1
     assert checked == len(summary["summary"]) > 0
     for g in summary["sections"]["efficiency"]["groups"]:

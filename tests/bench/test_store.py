@@ -144,3 +144,27 @@ def test_history_command_on_a_store(tmp_path, capsys):
                  "--json", str(tmp_path / "h.json")]) == 0
     out = json.loads((tmp_path / "h.json").read_text())
     assert {s["target"] for s in out["series"]} == {"dohnuts"} and out["series"][0]["points"][0]["calls"] >= 10
+
+
+def test_an_archived_run_is_what_the_store_imports(tmp_path, capsys):
+    """`store archive` copies run.json and the records gzipped reproducibly (two archives of one run
+    are byte-identical); the store imports the archive to the same records; an existing archive is
+    never overwritten, a folder that is no run is one line."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_bytes((COMMITTED / "run.json").read_bytes())
+    with gzip.open(COMMITTED / "results.jsonl.gz", "rb") as f:
+        (run / "results.jsonl").write_bytes(f.read())
+    (run / "report.txt").write_text("derived")
+    assert main(["store", "archive", str(run), str(tmp_path / "a")]) == 0
+    assert main(["store", "archive", str(run), str(tmp_path / "b")]) == 0
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["results.jsonl.gz", "run.json"]
+    assert (tmp_path / "a" / "results.jsonl.gz").read_bytes() == (tmp_path / "b" / "results.jsonl.gz").read_bytes()
+    with RunStore(tmp_path / "s.sqlite") as store:
+        run_id, n = store.import_run(tmp_path / "a")
+        assert store.records(run_id) == _lines(COMMITTED / "results.jsonl.gz")
+    capsys.readouterr()
+    assert main(["store", "archive", str(run), str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "never overwritten" in err[0]
+    assert main(["store", "archive", str(tmp_path / "nothing"), str(tmp_path / "c")]) == 2

@@ -353,12 +353,13 @@ def test_amd_violation_residency_flags_reach_the_record(tmp_path, amd):
     assert reading["throttle_source"] == "violation_residency"
     assert reading["violation_percent"] == {"prochot_thrm": 0, "ppt_pwr": 30, "socket_thrm": 0, "vr_thrm": 0,
                                             "hbm_thrm": 0}
-    assert reading["throttling"] == ["ppt_pwr"] and reading["power_w"] == 640
-    assert capped["validity"]["reasons"] == ["amdsmi: throttled (ppt_pwr)"]
-    assert capped["validity"]["detail"] == ["in 1/3 samples"]
+    # PVIOL is the power cap: kept and counted, as NVML's software power cap is
+    assert reading["throttling"] == [] and reading["power_capped"] == ["ppt_pwr"] and reading["power_w"] == 640
+    assert capped["validity"] == {"valid": True, "reasons": [], "detail": [], "gpu_samples": 3, "power_capped": 1}
+    # HBM thermal is throttling, and no power cap explains the low clock (ppt did not rise)
     assert hot["validity"]["reasons"] == ["amdsmi: throttled (hbm_thrm)", "amdsmi: GFX clock below 0.9 × max 2100 MHz"]
     kept, dropped = valid_records([clean, capped, hot])
-    assert (len(kept), dropped) == (1, 2) and kept[0] is clean
+    assert (len(kept), dropped) == (2, 1) and kept == [clean, capped]
 
 
 def test_amd_throttle_status_on_older_asics(tmp_path, amd):

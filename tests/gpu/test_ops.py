@@ -141,7 +141,7 @@ def test_attention_at_the_scored_queries(past):
 
 
 def test_add_rms_norm():
-    """The fused residual add + RMSNorm (fla, prenorm) against add-then-norm in FP32: output, new
+    """The fused residual add + RMSNorm (Triton, forward and backward) against add-then-norm in FP32: output, new
     residual and the gradients of both inputs and of the weight."""
     from dohnuts.ops.norm import add_rms_norm_fused, add_rms_norm_reference
 
@@ -180,7 +180,7 @@ def test_swiglu_packed_kernel(shape):
         assert torch.equal(swiglu_packed(gu), y)  # the dispatcher takes the kernel on CUDA
         with ops.reference():
             assert torch.equal(swiglu_packed(gu), swiglu_packed_reference(gu))
-    # With autograd recording (training through a packed MLP) the fused path keeps gradients.
+    # Under autograd (training through a packed MLP) the same kernel, and its backward kernel.
     gb, gf = gu.clone().requires_grad_(), gu.float().requires_grad_()
     yb, yf = swiglu_packed_fused(gb), swiglu_packed_reference(gf)
     go = torch.randn_like(yf)
@@ -214,11 +214,12 @@ def test_causal_conv1d_parts(with_state):
     assert relative_error(state.float(), ref_state) < BF16_TOL
 
 
-def test_norm_kernels_without_autograd():
-    """The inference Triton kernels at Qwen3.5-2b sizes (BF16) against FP32 references: RMSNorm with
-    the (1 + w) offset, with and without the residual add; per-head norm + rotary on q read in place
+def test_norm_kernels_forward_and_backward():
+    """The Triton kernels at Qwen3.5-2b sizes (BF16) against FP32 references: RMSNorm with the
+    (1 + w) offset, with and without the residual add; per-head norm + rotary on q read in place
     from the packed projection (query and gate interleaved) and on k; the attention output gate.
-    The dispatcher takes them only without autograd."""
+    Under autograd the same forward kernels run (equal bits) and their backward kernels' gradients
+    match FP32's."""
     from dohnuts.model.rope import rotary_cos_sin, text_positions
     from dohnuts.config import preset
     from dohnuts.ops.norm import add_rms_norm_reference, rms_norm_reference
@@ -250,9 +251,14 @@ def test_norm_kernels_without_autograd():
         want = norm_rope_reference(t.float(), wq, 1e-6, 1.0, cos.float(), sin.float())
         assert got.shape == want.shape and got.is_contiguous()
         assert relative_error(got.float(), want) < 1e-2
-        # With autograd recording, the fla norm + torch rotation (training) gives the same values.
-        tg = t.clone().requires_grad_()
-        assert relative_error(ops.norm_rope(tg, wq, 1e-6, 1.0, cos, sin).float(), want) < BF16_TOL
+        # Under autograd the same kernel runs: the same bits, and its backward against FP32's.
+        tg, tf = t.detach().clone().requires_grad_(), t.detach().float().requires_grad_()
+        yg = ops.norm_rope(tg, wq, 1e-6, 1.0, cos, sin)
+        assert torch.equal(yg, got)
+        go = torch.randn_like(want)
+        yg.backward(go.bfloat16())
+        norm_rope_reference(tf, wq, 1e-6, 1.0, cos.float(), sin.float()).backward(go)
+        assert relative_error(tg.grad.float(), tf.grad) < BF16_TOL
     # The output gate: attention's o (B, Hq, T, D) times sigmoid of the strided gate view.
     from dohnuts.ops.attention import gated_output_reference
 
@@ -262,6 +268,15 @@ def test_norm_kernels_without_autograd():
         got = ops.gated_output(o, gate)
     assert got.shape == (B, T, hq * d)
     assert relative_error(got.float(), gated_output_reference(o.float(), gate.float())) < 1e-2
+    ob, of = o.clone().requires_grad_(), o.float().requires_grad_()
+    gb, gf = gate.detach().clone().requires_grad_(), gate.detach().float().requires_grad_()
+    yb = ops.gated_output(ob, gb)
+    assert torch.equal(yb, got)
+    go = torch.randn(B, T, hq * d, device=DEV, generator=g)
+    yb.backward(go.bfloat16())
+    gated_output_reference(of, gf).backward(go)
+    assert relative_error(ob.grad.float(), of.grad) < BF16_TOL
+    assert relative_error(gb.grad.float(), gf.grad) < BF16_TOL
 
 
 def test_conv_qkv_normalises_q_and_k_in_every_inference_pass():

@@ -91,16 +91,21 @@ def test_norms_by_hand():
 
 
 class _FakeCuda:
-    """Stands in for a CUDA tensor: the dispatch only asks `is_cuda`."""
+    """Stands in for a CUDA tensor: the dispatch asks `is_cuda` and its device's kernel verdict."""
 
     is_cuda = True
+    device = torch.device("cuda", 0)
 
 
-def test_reference_switch_is_explicit_scoped_and_per_thread():
+def test_reference_switch_is_explicit_scoped_and_per_thread(monkeypatch):
     import threading
 
     from dohnuts import ops
+    from dohnuts.ops import _dispatch
     from dohnuts.ops._dispatch import use_fused
+
+    monkeypatch.setattr(_dispatch, "_KERNELS", _dispatch.DeviceKernels(probe=lambda device: None))  # a GPU with kernels
+    monkeypatch.setattr(_dispatch, "seed", lambda: 0)
 
     x = _FakeCuda()
     assert use_fused(x)  # a CUDA tensor takes the fused path by default
@@ -442,6 +447,24 @@ def test_norm_triton_kernels_in_the_interpreter():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
 
+@pytest.mark.slow
+def test_differentiable_kernels_in_the_interpreter():
+    """The norm, norm + rotary, output-gate and packed-SwiGLU kernels are autograd ops whose Triton
+    backward kernels give torch autograd's gradients through the references (tests/ops/interpreted_grads.py,
+    run in Triton's interpreter)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    script = Path(__file__).with_name("interpreted_grads.py")
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600,
+                         check=False, cwd=Path(__file__).parents[2])
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
 def test_delta_rule_output_is_fused_when_the_batch_fills_the_gpu(monkeypatch):
     """The fused state + output kernel runs when its programs (sequences × value heads × 64-value
     blocks) reach half the multiprocessor count, fla's two kernels otherwise; K > 128 (beyond the
@@ -497,3 +520,43 @@ def test_conv_parts_equal_one_conv_per_part_with_state():
         assert y.shape == (B, T, n) and torch.allclose(y, want, atol=1e-6)
         assert torch.equal(state[:, ch], want_state)
         start += n
+
+
+_INTERPRETED_FMA = """
+import torch
+from dohnuts.ops._fma_kernel import fma_chain_triton
+from dohnuts.ops.fma import fma_chain_flops, fma_chain_reference
+
+x = torch.randn(3000, generator=torch.Generator().manual_seed(0))  # 3 blocks of 1024, the last partial
+for iters in (1, 7, 256):
+    y, ref = fma_chain_triton(x, iters), fma_chain_reference(x, iters)
+    assert y.shape == x.shape and y.dtype == torch.float32
+    assert ((y - ref).abs() / ref.abs().clamp_min(1.0)).max() < 2e-5, (iters, (y - ref).abs().max())
+assert fma_chain_triton(torch.zeros(0), 4).shape == (0,)
+assert fma_chain_flops(3000, 256) == 2 * 4 * 256 * 3000
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_fma_chain_kernel_in_the_interpreter():
+    """The FP32 vector microbenchmark's kernel (dohnuts.ops.fma) against its torch reference, in
+    Triton's interpreter: the chains' values, a partial last block, an empty input."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", _INTERPRETED_FMA], env=env, capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_fma_chain_is_the_reference_on_the_cpu():
+    from dohnuts.ops.fma import fma_chain, fma_chain_reference
+
+    x = torch.linspace(-2, 2, 50)
+    assert torch.equal(fma_chain(x, 5), fma_chain_reference(x, 5))
+    # one step by hand: (x·k + c) + ((x+1)·k + c) + ((x+2)·k + c) + ((x+3)·k + c)
+    assert torch.allclose(fma_chain_reference(x, 1), (4 * x + 6) * 0.9999 + 4 * 0.0001, rtol=1e-6, atol=1e-6)

@@ -20,6 +20,12 @@ A spec is a YAML file (see hwspecs/README.md; built-in: hwspecs/rx7900xtx.yaml, 
              memory: gddr6, host_link: pcie4_x16}
     measured_roles:                       # optional: the same roles met by *measured* ceilings;
       bf16: {matrix: bf16_matmul_8192}    # roles left out fall back to `roles`
+    measured:                             # optional: written by `dohnuts-bench calibrate` on the device
+      date: 2026-12-02
+      device: AMD Radeon RX 7900 XTX      # as torch names it
+      method: dohnuts-bench calibrate (bench_plugins/analyzers/microbench.py)
+      ceilings:                           # microbenchmark → its result, as a run records it
+        bf16_matmul: {value: 1.0e14, kind: compute, method: "torch.matmul bf16 8192³ ...", date: 2026-12-02}
 
 A ceiling's value is the product of its factors (numbers, or fractions written "128/130"); when
 both are given they must agree within 0.1%, so a typo in either is caught. `derived` ceilings
@@ -30,13 +36,18 @@ positive, got 0`), on one line: a file that is missing, a directory, not UTF-8 t
 YAML, or that holds a key twice in one mapping (dohnuts.schema.read_yaml) is refused the same way.
 
 `with_measured_ceilings(spec, measured)` adds the ceilings the harness measures at the start of
-a run (a large BF16 matmul, a device copy, pinned host copies) as measured roles.
+a run (a large BF16 matmul, a device copy, pinned host copies, FP32 multiply-adds) as measured
+roles. A file's `measured:` section holds the same microbenchmarks, measured once on the device
+by `dohnuts-bench calibrate` (dohnuts.bench.calibrate) and written beside the datasheet numbers;
+the loader gives them the same roles (`with_measured_section`), and a run's own measurements
+replace them for that run.
 
 Why two role tables: a datasheet number is what the silicon allows, a measured microbenchmark
 is what this software stack reaches on it; efficiency is reported against both, and a
 microbenchmark is never mistaken for API throughput.
 
-A third basis, `sustained`, exists only in runs that measured it (never in a YAML file): the
+A third basis, `sustained`, exists only where the sustained matmul was measured — by the run, or
+in the file's `measured:` section (never in its role tables): the
 measured basis with its matrix, attention and scan roles met by the same matmul run back to back
 for seconds (`bf16_matmul_sustained`). A datacentre GPU holds its power limit under dense work by
 lowering its clock, so a pass longer than the burst the measured ceiling times cannot reach that
@@ -53,7 +64,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dohnuts.bench.analysis.hwspec_file import (  # noqa: F401 - the roles are this module's API too
-    BANDWIDTH_ROLES, COMPUTE_ROLES, PRODUCT_TOLERANCE, REQUIRED_ROLES, ROLES, HwSpecFile, parse_number,
+    BANDWIDTH_ROLES, COMPUTE_ROLES, PRODUCT_TOLERANCE, REQUIRED_ROLES, ROLES, HwSpecFile, MeasuredSection, parse_number,
 )
 from dohnuts.errors import ConfigError
 from dohnuts.schema import convert, read_yaml
@@ -101,7 +112,7 @@ class HwSpec:
     ceilings: Mapping[str, Ceiling]
     roles: Mapping[str, Mapping[str, str]]  # precision → role → ceiling name
     measured_roles: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    # precision → role → ceiling measured under sustained load (set by with_measured_ceilings only);
+    # precision → role → ceiling measured under sustained load (set from measurements only);
     # roles left out fall back to the measured basis, then to the datasheet
     sustained_roles: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     target_fraction: float = 0.8
@@ -109,6 +120,8 @@ class HwSpec:
     device_names: tuple[str, ...] = ()
     description: str = ""
     source: str | None = None  # the file it was read from
+    # the file's `measured:` section, when it has one: {"date", "device", "method"} of the calibration
+    calibration: Mapping[str, str] | None = None
 
     def precisions(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys((*self.roles, *self.measured_roles)))
@@ -199,9 +212,10 @@ def parse_hwspec(data: Any, *, source: str) -> HwSpec:
                 for name, c in f.ceilings.items()}
     roles = {p: {r: n for r, n in t.items()} for p, t in f.roles.items()}
     measured = {p: {r: n for r, n in t.items()} for p, t in (f.measured_roles or {}).items()}
-    return HwSpec(name=f.name.strip(), ceilings=ceilings, roles=roles, measured_roles=measured,
+    spec = HwSpec(name=f.name.strip(), ceilings=ceilings, roles=roles, measured_roles=measured,
                   target_fraction=float(f.target_fraction), overlap_compute_kinds=f.overlap_compute_kinds,
                   device_names=tuple(f.device_names), description=str(f.description), source=source)
+    return spec if f.measured is None else with_measured_section(spec, f.measured)
 
 
 # --------------------------------------------------------------------------------------------
@@ -214,6 +228,7 @@ RUN_MEASUREMENTS = {
     "h2d_pinned": (("host_link",), None),
     "d2h_pinned": (("host_link",), None),
     "allreduce_busbw": (("interconnect",), None),  # measured by the launcher's rank 0 (several processes)
+    "fp32_fma": (("vector",), None),  # FP32 multiply-adds in registers (compute-bound; GPU)
 }
 # microbenchmark key → roles it meets on the sustained basis, and its precisions
 SUSTAINED_MEASUREMENTS = {
@@ -225,14 +240,21 @@ def with_measured_ceilings(spec: HwSpec, measured: Mapping[str, Mapping[str, Any
     """`spec` plus the ceilings the harness measured on this machine at the start of the run.
 
     `measured` maps a microbenchmark (bench_plugins.analyzers.microbench: bf16_matmul,
-    device_copy, h2d_pinned, d2h_pinned) to {"value", "kind", "method", "date"}. Each becomes a
-    measured ceiling `<key>_this_run` that takes its roles in `measured_roles`, replacing the
-    file's measured numbers (this machine, now). The two pinned copies share the host-link
+    device_copy, h2d_pinned, d2h_pinned, fp32_fma) to {"value", "kind", "method", "date"}. Each
+    becomes a measured ceiling `<key>_this_run` that takes its roles in `measured_roles`, replacing
+    the file's measured numbers (this machine, now). The two pinned copies share the host-link
     role; the faster one is kept, since a bound must stay optimistic. Entries that are unknown,
     of the wrong kind or not a positive finite number are ignored: the basis then falls back to
     the file's measured ceilings, or to the datasheet. `bf16_matmul_sustained` (the matmul run back
     to back for seconds) becomes `bf16_matmul_sustained_this_run` in `sustained_roles`: the
     `sustained` basis (module docstring)."""
+    return _with_measurements(spec, measured, suffix="_this_run", origin="measured at the start of this run")
+
+
+def _with_measurements(spec: HwSpec, measured: Mapping[str, Mapping[str, Any]], *, suffix: str, origin: str) -> HwSpec:
+    """`spec` with each known microbenchmark of `measured` as a measured ceiling `<key><suffix>` in
+    its roles (RUN_MEASUREMENTS, SUSTAINED_MEASUREMENTS): it replaces a role's ceiling of another
+    origin, and among its own kept the faster. Unknown or unusable entries are left out."""
     ceilings = dict(spec.ceilings)
     roles = {p: dict(t) for p, t in spec.measured_roles.items()}
     sustained = {p: dict(t) for p, t in spec.sustained_roles.items()}
@@ -245,17 +267,39 @@ def with_measured_ceilings(spec: HwSpec, measured: Mapping[str, Mapping[str, Any
         if (entry.get("kind", kind) != kind or isinstance(value, bool) or not isinstance(value, (int, float))
                 or not math.isfinite(value) or value <= 0):
             continue
-        name = f"{key}_this_run"
+        name = f"{key}{suffix}"
         ceilings[name] = Ceiling(name=name, kind=kind, value=float(value), provenance="measured",
-                                 source=str(entry.get("method") or key) + " (measured at the start of this run)",
+                                 source=f"{entry.get('method') or key} ({origin})",
                                  date=None if entry.get("date") is None else str(entry["date"]))
         for precision in [p for p in precisions or tuple(spec.roles) if p in spec.roles]:
             table = (sustained if key in SUSTAINED_MEASUREMENTS else roles).setdefault(precision, {})
             for role in role_names:
                 current = ceilings.get(table.get(role, ""))
-                if current is None or not current.name.endswith("_this_run") or current.value < value:
+                if current is None or not current.name.endswith(suffix) or current.value < value:
                     table[role] = name
     return dataclasses.replace(spec, ceilings=ceilings, measured_roles=roles, sustained_roles=sustained)
+
+
+def with_measured_section(spec: HwSpec, section: MeasuredSection) -> HwSpec:
+    """`spec` with its file's `measured:` section (what `dohnuts-bench calibrate` measured on the
+    device) as measured ceilings `<key>_calibrated`, in the roles a run's own measurement of the
+    same microbenchmark takes (`with_measured_ceilings`): they replace the file's hand-written
+    `measured_roles` entries, and a run's own measurements replace them in turn. Microbenchmarks
+    that bound no role of a datasheet spec (the CPU's fp32_matmul, fp32_vector, host_copy) are
+    kept as ceilings, in no role."""
+    origin = f"dohnuts-bench calibrate on {section.device.strip()}, {section.date}"
+    entries = {k: {"value": float(e.value), "kind": e.kind, "method": e.method.strip(), "date": e.date}
+               for k, e in section.ceilings.items()}
+    out = _with_measurements(spec, entries, suffix="_calibrated", origin=origin)
+    ceilings = dict(out.ceilings)
+    for key, e in entries.items():
+        name = f"{key}_calibrated"
+        if name not in ceilings:
+            ceilings[name] = Ceiling(name=name, kind=e["kind"], value=e["value"], provenance="measured",
+                                     source=f"{e['method']} ({origin})", date=str(e["date"]))
+    return dataclasses.replace(out, ceilings=ceilings,
+                               calibration={"date": str(section.date), "device": section.device.strip(),
+                                            "method": section.method.strip()})
 
 
 # --------------------------------------------------------------------------------------------
@@ -270,6 +314,7 @@ SYNTHESIS = {
     "h2d_pinned": {"fp32": ("host_link",), "bf16": ("host_link",)},
     "host_copy": {"fp32": ("host_link",), "bf16": ("host_link",)},
     "allreduce_busbw": {"fp32": ("interconnect",), "bf16": ("interconnect",)},
+    "fp32_fma": {"fp32": ("vector",), "bf16": ("vector",)},
 }
 
 

@@ -1,7 +1,8 @@
 """The YAML format of a hardware spec, as msgspec Structs: `HwSpecFile` and its `CeilingFile`s.
 
 The format is documented in hwspecs/README.md and dohnuts/bench/analysis/hwspec.py (which turns a
-validated file into a `HwSpec`). Types and bounds are declared here; what needs several fields
+validated file into a `HwSpec`); `MeasuredSection` is the `measured:` section `dohnuts-bench
+calibrate` writes. Types and bounds are declared here; what needs several fields
 (a ceiling's value against the product of its factors, a role naming a defined ceiling of the
 right kind) is checked in `__post_init__`, so every problem is one `ConfigError` naming the file
 and the dotted field, e.g. `ceilings.bf16_matrix.factors.clock_hz`.
@@ -91,6 +92,53 @@ class CeilingFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 RoleTable = dict[str, dict[str, str | None]]  # precision → role → ceiling name
 
+# The microbenchmarks dohnuts-bench measures (bench_plugins/analyzers/microbench.py) and the kind of
+# each: the keys a `measured:` section may hold (dohnuts.bench.analysis.hwspec maps them to roles).
+MICROBENCHMARKS = {
+    "bf16_matmul": "compute", "bf16_matmul_sustained": "compute", "fp32_matmul": "compute", "fp32_fma": "compute",
+    "fp32_vector": "compute", "device_copy": "bandwidth", "h2d_pinned": "bandwidth", "d2h_pinned": "bandwidth",
+    "host_copy": "bandwidth", "allreduce_busbw": "bandwidth",
+}
+
+
+class MeasuredCeilingFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One entry of `measured.ceilings`: a microbenchmark's result, as the harness records it."""
+
+    value: Rate
+    kind: Literal["compute", "bandwidth"]
+    method: NonBlank  # what was timed, and how
+    date: Any  # when
+    unit: Any = None
+
+    def __post_init__(self) -> None:
+        if not self.date:
+            raise Invalid("is required (when it was measured)", field="date")
+        expected = "FLOP/s" if self.kind == "compute" else "B/s"
+        if self.unit is not None and self.unit != expected:
+            raise Invalid(f"must be {expected!r} for a {self.kind} measurement, got {short(self.unit)}", field="unit")
+
+
+class MeasuredSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """`measured:` — the device's own ceilings, measured by `dohnuts-bench calibrate` on the card
+    (the datasheet `ceilings` beside it stay as they are)."""
+
+    date: Any  # when
+    device: NonBlank  # the device measured, as torch names it
+    method: NonBlank  # the command and code that measured
+    ceilings: Annotated[dict[str, MeasuredCeilingFile], Meta(min_length=1)]
+    provenance: dict[str, Any] | None = None  # the software stack and device facts at the time
+
+    def __post_init__(self) -> None:
+        if not self.date:
+            raise Invalid("is required (when the section was measured)", field="date")
+        for key, entry in self.ceilings.items():
+            if key not in MICROBENCHMARKS:
+                raise Invalid(f"is not a microbenchmark dohnuts-bench measures (known: {', '.join(MICROBENCHMARKS)})",
+                              field=f"ceilings.{key}")
+            if entry.kind != MICROBENCHMARKS[key]:
+                raise Invalid(f"must be {MICROBENCHMARKS[key]!r} for {key}, got {entry.kind!r}",
+                              field=f"ceilings.{key}.kind")
+
 
 class HwSpecFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A hardware-spec YAML file (module docstring, hwspecs/README.md)."""
@@ -104,6 +152,7 @@ class HwSpecFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     target_fraction: Number = Number(0.8)
     overlap_compute_kinds: bool = False  # may matrix and vector work run at the same time?
     measured_roles: RoleTable | None = None
+    measured: MeasuredSection | None = None
     memory_capacity_bytes: Any = None
 
     def __post_init__(self) -> None:

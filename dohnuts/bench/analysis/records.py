@@ -16,6 +16,8 @@ One record per measured call, schema 1 (the harness writes them, append-only):
      "peak_mem_bytes": int | null,
      "lora": {"rank": int, "targets": [str], "merged": bool},    # optional: the adapters' shape
      "validity": {"valid": bool, "reasons": [str], "detail": [str], "gpu_samples": int},  # optional: the gate
+     "energy": {"joules": float | null, "source": "nvml" | "amdsmi" | null,   # optional: the device's
+                "reason": str | null},                                          #   energy counter over the call
      "harness_overhead_ms": float,   # optional: the harness's own time in this call (breakdown in
      "harness_overhead": {...},      #   "harness_overhead", see dohnuts.bench.runner.harness_overhead)
      "agreement": {"max_abs_gap", "choice_agreement", "tolerance", "within", ...} | null,  # optional:
@@ -110,11 +112,21 @@ class Validity(msgspec.Struct):
 
 
 class StreamTimes(msgspec.Struct):
-    """A stream record's `extra.stream` (dohnuts.bench.runner._measure_stream)."""
+    """A stream record's `extra.stream` (dohnuts.bench.measure.measure_stream)."""
 
     latency_ms: NonNegative
     queue_ms: NonNegative
     total_ms: Positive
+    energy_j: NonNegative | None = None  # the whole stream's energy (a request's alone is not measurable)
+
+
+class Energy(msgspec.Struct):
+    """A record's `energy` (dohnuts.bench.telemetry.call_energy): the joules the device's energy
+    counter advanced over the call, the sampler it came from, or why there are none."""
+
+    joules: NonNegative | None = None
+    source: str | None = None
+    reason: str | None = None
 
 
 class ServingTimes(msgspec.Struct):
@@ -157,6 +169,7 @@ class ReportedRecord(Record, kw_only=True):
     device: Device
     peak_mem_bytes: NonNegative | None = None
     validity: Validity | None = None
+    energy: Energy | None = None
     harness_overhead: dict[str, Any] | None = None
     extra: Extra | None = None
     aa_half: Literal[0, 1] | None = None
@@ -263,8 +276,8 @@ def check_record(rec: dict) -> None:
 def check_reportable(rec: dict) -> None:
     """`check_record`, and what the run report (bench_plugins.reporters) reads of a record
     (`ReportedRecord`): a positive wall time, `decisions`, `tokens.useful` / `tokens.padded`, the
-    device's name, and when present `peak_mem_bytes`, `validity`, `harness_overhead`, `aa_half` and
-    a stream's `extra.stream` times. RecordError names the record and the field, on one line."""
+    device's name, and when present `peak_mem_bytes`, `validity`, `energy`, `harness_overhead`,
+    `aa_half` and a stream's `extra.stream` times. RecordError names the record and the field, on one line."""
     check_record(rec)
     convert(rec, ReportedRecord, source=where(rec), error=RecordError)
 

@@ -285,48 +285,78 @@ def print_analysis(analysis: Analysis, console: Console | None = None) -> None:
 
 
 def roofline_png(analysis: Analysis, path: str | Path, precision: str | None = None) -> Path:
-    """Write the roofline plot (PNG) of every stage with FLOPs, bytes and a measurement."""
+    """Write the roofline plot (PNG): one panel per workload (steady calls only: first calls are
+    never in an analysis group), each target a marker, each stage a labelled point; the roofs are
+    drawn in every panel and named once, in a legend below the panels, so no legend covers data."""
+    import math
+
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     spec = analysis.hwspec
     precision = precision or (analysis.groups[0].precision if analysis.groups else spec.precisions()[0])
-    fig = Figure(figsize=(9, 6), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    points = []
-    for gi, g in enumerate(analysis.groups):
+    points: dict[str, list] = {}  # workload → [(target, stage, intensity, FLOP/s)]
+    targets: list[str] = []
+    for g in analysis.groups:
+        if "first-call" in g.target:  # first calls (compilation, tuning, capture) are not steady work
+            continue
         for r in g.stages:
-            flops = sum(r.useful_flops.values())
             if r.intensity is None or not r.measured_ms:
                 continue
-            points.append((gi, g, r, r.intensity, flops / (r.measured_ms / 1e3)))
-    xs = [p[3] for p in points] or [1.0]
+            points.setdefault(g.workload, []).append(
+                (g.target, r.stage, r.intensity, sum(r.useful_flops.values()) / (r.measured_ms / 1e3)))
+            if g.target not in targets:
+                targets.append(g.target)
+    workloads = list(points) or ["(no measured stage)"]
+    xs = [p[2] for ps in points.values() for p in ps] or [1.0]
     lo, hi = min(xs + [1.0]) / 4, max(xs + [1e4]) * 4
     grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    cols = min(3, len(workloads))
+    rows = math.ceil(len(workloads) / cols)
+    fig = Figure(figsize=(4.6 * cols, 3.6 * rows + 1.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
     bases = spec.bases(precision)  # a spec measured on this machine has no datasheet roofs
     styles = {"datasheet": "-", "measured": "--", "sustained": ":"}  # a measured-only spec draws dashed
-    for basis in bases:
-        style = styles[basis]
-        mem = spec.ceiling("memory", precision, basis)
-        for role, colour in (("matrix", "black"), ("vector", "grey")):
-            peak = spec.ceiling(role, precision, basis)
-            ax.plot(grid, [min(peak.value, x * mem.value) for x in grid], style, color=colour, linewidth=1,
-                    label=f"{role} roof: {peak.name} {peak.value / 1e12:.4g} TFLOP/s, "
-                          f"{mem.name} {mem.value / 1e9:.4g} GB/s ({basis})")
     markers = "osD^v<>p*h"
-    for gi, g, r, x, y in points:
-        ax.scatter([x], [y], marker=markers[gi % len(markers)], color=f"C{gi % 10}", zorder=3,
-                   label=f"{g.workload} · {g.target}" if r is next(p[2] for p in points if p[0] == gi) else None)
-        ax.annotate(r.stage, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (useful FLOP / necessary byte)")
-    ax.set_ylabel("achieved useful FLOP/s")
-    ax.set_title(f"Roofline · {spec.name} · {precision}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    offsets = ((4, 4), (4, -10), (-8, 8), (-8, -12))  # stage labels alternate around their points
+    for i, ax in enumerate(axes.flat):
+        if i >= len(workloads):
+            ax.set_visible(False)
+            continue
+        first_panel = i == 0
+        for basis in bases:
+            mem = spec.ceiling("memory", precision, basis)
+            for role, colour in (("matrix", "black"), ("vector", "grey")):
+                peak = spec.ceiling(role, precision, basis)
+                ax.plot(grid, [min(peak.value, x * mem.value) for x in grid], styles[basis], color=colour,
+                        linewidth=1,
+                        label=(f"{role} roof: {peak.name} {peak.value / 1e12:.4g} TFLOP/s, {mem.name} "
+                               f"{mem.value / 1e9:.4g} GB/s ({basis})") if first_panel else None)
+        labelled: list[tuple[str, float, float]] = []
+        for target, stage, x, y in points.get(workloads[i], []):
+            k = targets.index(target)
+            ax.scatter([x], [y], marker=markers[k % len(markers)], color=f"C{k % 10}", zorder=3, s=22)
+            # a stage is named once where its points of several targets sit together (within 2×)
+            if any(st == stage and 0.5 < x / lx < 2 and 0.5 < y / ly < 2 for st, lx, ly in labelled):
+                continue
+            ax.annotate(stage, (x, y), textcoords="offset points", xytext=offsets[len(labelled) % len(offsets)],
+                        fontsize=7)
+            labelled.append((stage, x, y))
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(workloads[i], fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        if i % cols == 0:
+            ax.set_ylabel("achieved useful FLOP/s")
+        if i >= len(workloads) - cols:
+            ax.set_xlabel("useful FLOP / necessary byte")
+    for k, target in enumerate(targets):  # one legend entry a target, drawn off the axes
+        axes.flat[0].scatter([], [], marker=markers[k % len(markers)], color=f"C{k % 10}", label=target)
+    fig.suptitle(f"Roofline · {spec.name} · {precision} · steady calls", fontsize=10)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     return path

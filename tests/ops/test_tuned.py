@@ -1,0 +1,86 @@
+"""The tuned-configuration table (dohnuts.ops._tuned): seeding writes exactly where Triton's
+autotuner reads, only on the machine the table was made for, and every committed entry belongs
+to a kernel source that still exists unchanged."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+
+pytest.importorskip("triton")
+
+from dohnuts.ops import _tuned
+
+
+def _table(tmp_path, fingerprint: str) -> list[dict]:
+    key = "ab" * 32  # a sha256 hex digest, as the autotuner's
+    content = json.dumps({"key": [128, "torch.bfloat16"], "configs_timings": [[{"kwargs": {"BV": 64}}, [0.1]]]})
+    return [{"fingerprint": fingerprint, "entries": [
+        {"key": key, "file": "k.autotune.json", "module": "m", "kernel": "k", "source_sha256": "0", "content": content}]}]
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    import triton
+
+    d = tmp_path / "cache"
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(d))
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda *a: "Test GPU")
+    _tuned.seed.cache_clear()
+    yield d
+    _tuned.seed.cache_clear()
+
+
+def test_seed_writes_where_the_autotuner_reads(cache_dir, monkeypatch, tmp_path):
+    from triton.runtime.cache import get_cache_manager
+
+    tables = _table(tmp_path, "mine")
+    monkeypatch.setattr(_tuned, "fingerprint", lambda: "mine")
+    monkeypatch.setattr(_tuned, "load_tables", lambda: tables)
+    assert _tuned.seed() == 1
+    entry = tables[0]["entries"][0]
+    path = get_cache_manager(entry["key"]).get_file(entry["file"])  # the autotuner's own lookup
+    assert path is not None and open(path).read() == entry["content"]
+    assert _tuned.seed() == 1  # once a process (cached)
+    _tuned.seed.cache_clear()
+    assert _tuned.seed() == 0  # a present entry is never overwritten
+
+
+def test_another_machine_tunes_and_says_so_once(cache_dir, monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(_tuned, "fingerprint", lambda: "other")
+    monkeypatch.setattr(_tuned, "load_tables", lambda: _table(tmp_path, "mine"))
+    assert _tuned.seed() == 0 and _tuned.seed() == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no tuned-kernel table" in err[0] and "Test GPU" in err[0]
+    assert not cache_dir.exists() or not any(cache_dir.rglob("*.json"))
+
+
+def test_the_table_builder_recovers_the_autotuner_s_key():
+    import base64
+
+    from benchmarks.tuned_table import _hex_key
+
+    key = "0123456789abcdef" * 4
+    directory = base64.b32encode(bytes.fromhex(key)).decode().rstrip("=")  # triton.runtime.cache._base32
+    assert _hex_key(directory) == key
+
+
+def test_committed_entries_match_today_s_kernel_sources():
+    """A kernel edited after its table was made has a stale entry (never read: its cache directory
+    hashes the old source, so that kernel tunes on first use again). Remake the table on the GPU
+    (benchmarks/tuned_table.py) in the session that changed the kernel."""
+    tables = _tuned.load_tables()
+    if not tables:
+        pytest.skip("no tuned table committed")
+    stale = []
+    for table in tables:
+        assert table["entries"], "a table without entries"
+        for entry in table["entries"]:
+            json.loads(entry["content"])["configs_timings"]
+            kernel = getattr(importlib.import_module(entry["module"]), entry["kernel"])
+            if _tuned.source_digest(kernel) != entry["source_sha256"]:
+                stale.append(f"{entry['module']}.{entry['kernel']}")
+    assert not stale, f"stale tuned entries (kernel source changed): {sorted(set(stale))}"
