@@ -31,6 +31,7 @@ import torch
 
 from dohnuts.bench.calls import PredictCall
 from dohnuts.bench.record import CallMeasurement, TargetContext, call_record, stages_dict
+from dohnuts.bench.telemetry import call_energy
 from dohnuts.errors import ConfigError, DohnutsError
 from dohnuts.runtime.requests import Request, read_requests, require_rewards
 from dohnuts.runtime.timing import NULL_TIMER, StageTimer
@@ -158,11 +159,13 @@ def measure_accuracy(ctx: TargetContext, target, name: str, requests: list[Reque
         timer = StageTimer(device)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        e0 = ctx.telemetry.energy()
         t0 = time.perf_counter()
         result = target.run_call(PredictCall(req), timer)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t1 = time.perf_counter()
+        energy = call_energy(e0, ctx.telemetry.energy())
         if result.output is None:
             ctx.run.console.print(f"[yellow]skipped[/] accuracy of {ctx.spec.name} · {ctx.target.label}: the target "
                                   "reports no output")
@@ -170,14 +173,15 @@ def measure_accuracy(ctx: TargetContext, target, name: str, requests: list[Reque
         choices = [q.choice for q in result.output.questions]
         answers = [best_answer(q) for q in req.questions]
         correct = sum(int(c == a) for c, a in zip(choices, answers))
-        records.append((j, stages_dict(timer), (t1 - t0) * 1e3, result,
+        records.append((j, stages_dict(timer), (t1 - t0) * 1e3, result, energy,
                         {"accuracy": {"set": name, "request": req.id, "questions": len(answers), "correct": correct,
                                       "choices": choices, "answers": answers}}))
     window, validity = ctx.telemetry.window_and_validity(t_start, time.perf_counter())
-    for j, stages, wall, result, extra in records:
+    for j, stages, wall, result, energy, extra in records:
         out.write(call_record(ctx, CallMeasurement(
             iteration=j, phase="accuracy", stages=stages, wall_ms=max(wall, 1e-6), decisions=result.decisions,
-            work=result.work, window=window if j == 0 else [], validity=validity, extra=extra)) | ctx.ranks)
+            work=result.work, window=window if j == 0 else [], validity=validity, energy=energy,
+            extra=extra)) | ctx.ranks)
     right = sum(e["accuracy"]["correct"] for *_, e in records)
     total = sum(e["accuracy"]["questions"] for *_, e in records)
     ctx.run.console.print(f"[dim]{ctx.spec.name} · {ctx.target.label}: accuracy on {name} {right}/{total} = "

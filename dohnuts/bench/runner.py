@@ -34,7 +34,6 @@ from dohnuts.bench.record import TargetContext
 from dohnuts.bench.rundir import safe_name
 from dohnuts.bench.serving.scenario import measure_scenario
 from dohnuts.bench.trace import PROFILED_CALLS, profile_calls, trace_path
-from dohnuts.errors import DohnutsError
 from dohnuts.runtime.collectives import any_rank, barrier, max_over_ranks
 from dohnuts.runtime.process_group import SINGLE, World
 from dohnuts.runtime.timing import StageTimer
@@ -149,10 +148,11 @@ def _quality_inputs(run: RunContext, spec: WorkloadSpec, targets: dict[str, Regi
                           f"({tspec.label}'s weights)[/]")
         try:
             references[key] = reference_outputs(spec, entry, tspec, device, sample)
-        except (RuntimeError, MemoryError, DohnutsError) as exc:
-            # The check cannot run here (no memory for an FP32 copy, a reference op missing on this
-            # device): the performance is still measured; the failure is said and kept in run.json,
-            # and the targets' records say `agreement: null` (not checked).
+        except (RuntimeError, MemoryError) as exc:
+            # The check cannot run on this device (no memory for an FP32 copy, a reference op that
+            # fails there): the performance is still measured; the failure is said and kept in
+            # run.json, and the targets' records say `agreement: null` (not checked). Bad input (an
+            # adapter that cannot be loaded: a DohnutsError) is refused as the target would refuse it.
             error = f"reference check: {short(f'{type(exc).__name__}: {exc}', 300, str)}"
             run.failures.append({"workload": spec.name, "file": spec.file, "target": tspec.label, "error": error})
             run.console.print(f"[red]failed[/] {spec.name} · {tspec.label}: {error} (recorded in run.json; the run "

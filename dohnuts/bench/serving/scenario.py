@@ -39,6 +39,7 @@ from dohnuts.bench.serving.queueing import md1_max_rate
 from dohnuts.bench.serving.search import SearchPlan, search_result, slo_search
 from dohnuts.bench.serving.server import ServedRequest, serve_serial
 from dohnuts.bench.serving.stats import PointSummary, Rules, summarize_point
+from dohnuts.bench.telemetry import call_energy
 from dohnuts.runtime.timing import StageTimer
 from dohnuts.schema import median
 
@@ -146,6 +147,7 @@ class PointRunner:
 
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        e0 = ctx.telemetry.energy()
         t0 = time.perf_counter()
         served = None
         if self.capabilities.serve is not None:
@@ -157,12 +159,15 @@ class PointRunner:
             served = serve_serial(self._run_one(timer_for), arrivals.times_s, capacity=capacity,
                                   clock=MonotonicClock(), deadline=serving.max_duration_s)
         t1 = time.perf_counter()
+        e1 = ctx.telemetry.energy()
         window, validity = ctx.telemetry.window_and_validity(t0, t1)
         summary, facts = self._summary(arrivals, served, role, server, capacity)
+        point_energy = call_energy(e0, e1)
+        facts["energy_j"] = point_energy["joules"]  # the whole point's, from the device's counter
         if not validity.get("valid", True):
             facts["valid"] = False
             facts["reasons"] = list(facts["reasons"]) + [str(r) for r in validity.get("reasons") or []]
-        self._write(served, timers, facts, window, validity)
+        self._write(served, timers, facts, window, validity, point_energy)
         self.points += 1
         lat = "∞" if summary.latency_ms is None else f"{summary.latency_ms:.3g} ms"
         self.say(f"{role} {_rate(arrivals.rate_rps)}: {summary.served}/{summary.offered} served, "
@@ -205,8 +210,12 @@ class PointRunner:
                  "percentile": serving.percentile, "valid": summary.valid, "reasons": list(summary.reasons)}
         return summary, facts
 
-    def _write(self, served: list[ServedRequest], timers: dict, facts: dict, window: list, validity: dict) -> None:
+    def _write(self, served: list[ServedRequest], timers: dict, facts: dict, window: list, validity: dict,
+               point_energy: dict) -> None:
         ctx, first = self.ctx, True
+        # Served requests overlap one another: the counter measures the point, not a request.
+        energy = {"joules": None, "source": point_energy["source"],
+                  "reason": "a served request overlaps its neighbours: the point's total is extra.serving.point.energy_j"}
         phase = "offline" if facts["role"] == "offline" else "server"
         for r in served:
             if r.outcome != "served" or r.completion is None:
@@ -224,7 +233,8 @@ class PointRunner:
             record = call_record(ctx, CallMeasurement(
                 iteration=r.index, phase=phase, stages=stages,
                 wall_ms=max((r.completion - r.start) * 1e3, 1e-6), decisions=decisions, work=work,
-                window=window if first else [], validity=validity, extra={"serving": times | {"point": facts}}))
+                window=window if first else [], validity=validity, energy=energy,
+                extra={"serving": times | {"point": facts}}))
             self.out.write(record | ctx.ranks)
             self.written += 1
             first = False
