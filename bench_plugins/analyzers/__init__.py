@@ -1,5 +1,7 @@
-"""Built-in analyzers: measured ceilings at the start of a run (GPU), and the efficiency
-analysis — per stage and whole call, against the hwspec's datasheet and measured ceilings."""
+"""Built-in analyzers: measured ceilings at the start of a run (GPU), the efficiency analysis —
+per stage and whole call, against the hwspec's datasheet and measured ceilings — and the serving
+section (load points, the SLO search, the bound at load, accuracy and the reference check:
+dohnuts.bench.analysis.serving)."""
 
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ def dohnuts_bench_analyze(records, hwspec, measured, run_dir):
         spec = measured_hwspec(device, ceilings)
         if spec is None:
             return [Section("efficiency", Text(f"efficiency: no hardware spec for device {device!r} and no measured "
-                                               "ceilings in this run; pass --hwspec NAME or a path"))]
+                                               "ceilings in this run; pass --hwspec NAME or a path"))] + \
+                _serving(records, None)
     else:
         spec = with_measured_ceilings(hwspec, ceilings)
     analysis = analyze_records(records, spec)
@@ -45,7 +48,20 @@ def dohnuts_bench_analyze(records, hwspec, measured, run_dir):
     parts = [Text(f"{spec.name}: bounds and efficiency ({origin})", style="bold")]
     parts += analysis_tables(analysis)
     parts += [Text(f"warning: {w}", style="yellow") for w in analysis.warnings]
-    return [Section("efficiency", Group(*parts), data=analysis.to_dict(), files=[str(png)])] + _scaling(records, run_dir)
+    return ([Section("efficiency", Group(*parts), data=analysis.to_dict(), files=[str(png)])]
+            + _scaling(records, run_dir) + _serving(records, analysis))
+
+
+def _serving(records, analysis) -> list:
+    """The serving section, when the run has load points, a stream scenario, accuracy or a
+    reference check; the efficiency analysis (None: no bounds) gives the bound at load."""
+    from dohnuts.bench.analysis.serving import attach_bounds, load_curves, quality_rows, stream_scenarios
+    from dohnuts.bench.analysis.serving_render import serving_section
+
+    curves = load_curves(records)
+    attach_bounds(curves, analysis, records)
+    section = serving_section(curves, stream_scenarios(records), quality_rows(records))
+    return [section] if section is not None else []
 
 
 def _scaling(records, run_dir) -> list:

@@ -16,6 +16,7 @@ from collections import defaultdict
 
 from rich.console import Console
 from rich.measure import Measurement
+from rich.text import Text
 
 from dohnuts.bench.analysis.records import group_key, overhead_text
 from dohnuts.bench.analysis.render import UNBOUNDED, Col, FitTable
@@ -48,9 +49,10 @@ def summarize(records: list[dict]) -> list[dict]:
     spread is too large for the claimed precision, and for a pipelined stream its latency,
     queueing and throughput."""
     from dohnuts.bench.analysis.compare import aa_noise, spread_warning
-    from dohnuts.bench.analysis.records import overhead_summary, valid_records, validity_summary
+    from dohnuts.bench.analysis.records import overhead_summary, per_call_records, valid_records, validity_summary
     from dohnuts.bench.telemetry import clock_summary
 
+    records = per_call_records(records)  # load points and accuracy: their own section (analysis.serving)
     validity = validity_summary(records)
     overhead = overhead_summary(records)
     records, _ = valid_records(records)
@@ -85,6 +87,8 @@ def summarize(records: list[dict]) -> list[dict]:
             "harness_overhead": overhead.get((workload, target)),
             "aa_noise_halfwidth": None,
             "spread_warning": spread_warning(walls, CLAIMED_PRECISION) if len(walls) >= 2 else None,
+            # the target against the FP32 reference path (dohnuts.bench.quality); None: not checked
+            "agreement": next((r["agreement"] for r in recs if isinstance(r.get("agreement"), dict)), None),
         }
         halves = [r.get("aa_half") for r in recs]
         if halves.count(0) >= 3 and halves.count(1) >= 3:
@@ -182,12 +186,27 @@ def summary_table(rows: list[dict]) -> FitTable:
     for r in rows:
         mem = f"{r['peak_mem_bytes'] / 2**30:.2f} GiB" if r["peak_mem_bytes"] else "—"
         per_call, per_decision = r.get("energy_j_per_call"), r.get("energy_j_per_decision")
-        t.add_row(r["workload"], r["target"], str(r["calls"]), f"{r['wall_median_ms']:.2f}",
+        t.add_row(r["workload"], flagged_target(r), str(r["calls"]), f"{r['wall_median_ms']:.2f}",
                   f"{r['wall_p10_ms']:.2f}–{r['wall_p90_ms']:.2f}", f"{100 * r['spread']:.1f}%",
                   f"{r['decisions_per_s']:.1f}", f"{r['useful_tokens_per_s']:.0f}", mem,
                   NO_ENERGY if per_call is None else f"{per_call:.3g} J",
                   "—" if per_decision is None else f"{per_decision:.3g}")
     return t
+
+
+def disagreement(agreement: dict | None) -> str | None:
+    """A flag for a target whose probabilities are further from the FP32 reference than the
+    tolerance (dohnuts.bench.quality), else None."""
+    if not isinstance(agreement, dict) or agreement.get("within") is not False:
+        return None
+    return (f"DISAGREES with the FP32 reference: probabilities {agreement['max_abs_gap']:.3g} apart "
+            f"(tolerance {agreement['tolerance']:g})")
+
+
+def flagged_target(row: dict) -> str | Text:
+    """The target's name, with the disagreement flag where its speed is reported."""
+    flag = disagreement(row.get("agreement"))
+    return row["target"] if flag is None else Text(f"{row['target']} — {flag}", style="bold red")
 
 
 def stage_table(rows: list[dict]) -> FitTable:

@@ -13,6 +13,10 @@ record — `variant` — and report):
 
 Each record's `extra.graphs` counts the call's graph replays (inference passes, or training
 microbatches), captures and eager passes.
+
+Serving scenarios run through the pipelined predictor (`serve`: dohnuts.bench.serving.pipelined);
+the reference check builds the FP32 reference path from `reference_options` (no sharing, eager,
+the plain-torch ops) over the same weights and adapter.
 """
 
 from __future__ import annotations
@@ -32,6 +36,15 @@ class DohnutsTarget:
         adapter: str | None = None  # an adapter file saved by `dohnuts train`
         share_prefix: bool = True  # false: the measurement-only `unshared` variant
         cuda_graphs: bool = True  # false: the measurement-only `eager` variant
+
+    @staticmethod
+    def reference_options(options: Options) -> Options:
+        """The FP32 reference path of a target built with `options`: the same weights and adapter,
+        one batched pass a request (no sharing), eager passes; the harness builds it at FP32 inside
+        dohnuts.ops.reference() (the plain-torch ops)."""
+        import dataclasses
+
+        return dataclasses.replace(options, share_prefix=False, cuda_graphs=False)
 
     def __init__(self, spec, device, dtype, options: Options):
         import dohnuts.api as api
@@ -71,7 +84,7 @@ class DohnutsTarget:
             before = self._graph_stats()
             result, work = self.predictor.call(call.request, timer, source=call.request.id)
             extra = self._cache_stats(work) | self._graph_delta(before)
-            return CallResult(decisions=len(result.questions), work=work, extra=extra)
+            return CallResult(decisions=len(result.questions), work=work, extra=extra, output=result)
         if isinstance(call, TrainCall) and self.train:
             before = self._graph_stats()
             res = self.updater.update(call.requests, timer)
@@ -97,6 +110,17 @@ class DohnutsTarget:
         return [{"decisions": len(getattr(r, "questions", ())), "work": trace[i].get("work"),
                  "submitted": trace[i]["submitted"], "started": trace[i].get("started"), "done": trace[i]["done"]}
                 for i, r in enumerate(results)]
+
+    def serve(self, calls, arrivals, *, capacity, timer_for, deadline=None) -> list | None:
+        """Requests arriving at `arrivals` (request i is `calls[i % len(calls)]`) served by the
+        pipelined predictor from a bounded queue (dohnuts.bench.serving.pipelined). None where the
+        workload cannot be served so (training; a cache cleared per call)."""
+        if self.train or any(not isinstance(c, PredictCall) or c.cold_cache for c in calls):
+            return None
+        from dohnuts.bench.serving.pipelined import serve_pipelined
+
+        return serve_pipelined(self.predictor, [c.request for c in calls], arrivals, capacity=capacity,
+                               timer_for=timer_for, deadline=deadline)
 
     def _graph_stats(self):
         graphs = self.updater.graphs if self.train else self.model.graphs

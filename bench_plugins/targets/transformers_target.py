@@ -93,7 +93,8 @@ class TransformersTarget:
             result = Predictor.serialize(hb, host, None)
             result.to_json()
         # transformers computes every position of its last layer: no pruned rows (WorkCounts).
-        return CallResult(decisions=len(result.questions), work=dataclasses.replace(hb.work, scored_rows=0))
+        return CallResult(decisions=len(result.questions), work=dataclasses.replace(hb.work, scored_rows=0),
+                          output=result)
 
     def close(self) -> None:
         del self.model, self.ours

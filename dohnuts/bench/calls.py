@@ -29,3 +29,7 @@ class CallResult:
     decisions: int  # questions answered (or trained on)
     work: WorkCounts  # what the call processed (for the cost model)
     extra: dict = field(default_factory=dict)  # target-specific facts (cache stats, losses, ...)
+    # What the call answered (a prediction's RequestResult: per question scores, probabilities,
+    # choice), never written into a record: the accuracy mode and the reference check read it.
+    # None: the target does not report it (neither check can run on it).
+    output: object = None

@@ -214,6 +214,11 @@ class TargetCapabilities:
     # Absent: no `phase: stream` records.
     run_stream: Callable[..., list[StreamRow] | None] | None = _optional_member(
         None, "a method or None", _callable_or_none)
+    # (calls, arrivals, *, capacity, timer_for, deadline) -> [ServedRequest]: serve requests arriving
+    # at `arrivals` (seconds from now) through a bounded queue of `capacity`, as the target serves
+    # users (dohnuts.bench.serving.pipelined). Absent: the harness serves them one at a time through
+    # `run_call` (dohnuts.bench.serving.server.serve_serial).
+    serve: Callable[..., list] | None = _optional_member(None, "a method or None", _callable_or_none)
 
 
 class TargetFactory(Protocol):
@@ -238,6 +243,10 @@ class TargetFactoryCapabilities:
     # () -> str | None: why it cannot run on this machine (a missing library): `run` skips it and says
     # why. Absent: it can always run.
     unavailable: Callable[[], str | None] = _optional_member(_available, "a function", callable)
+    # (options) -> options: the options of this factory's FP32 reference path for a target built with
+    # `options` (built at FP32 and run inside dohnuts.ops.reference()); the harness scores the
+    # workload's first requests on both and records the probability gap. Absent: None, no check.
+    reference_options: Callable[[Any], Any] | None = _optional_member(None, "a function or None", _callable_or_none)
 
 
 class Launcher(Protocol):

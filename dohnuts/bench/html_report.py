@@ -2,7 +2,9 @@
 or style; the charts are inline SVG, dohnuts.bench.svg).
 
 It shows what the text report shows — the summary, each stage's bound and efficiency, the critical
-path, stream against single calls — plus a roofline a workload (steady calls apart from first
+path, stream against single calls, the serving scenarios (latency and throughput against offered
+load with the bound's floor and ceiling, the SLO search's answer) and quality (accuracy, the
+reference check; a target that disagrees with the FP32 reference is flagged beside its speed) — plus a roofline a workload (steady calls apart from first
 calls, each point numbered and named in a legend), the comparison with a second run when given,
 and trend charts from the run store. Every number a test checks carries `data-key`: the page is
 checked in a real headless browser (tests/bench/test_html_report.py). A few lines of script only
@@ -15,7 +17,7 @@ from html import escape
 from typing import Any
 
 from dohnuts.bench.analysis.records import overhead_text
-from dohnuts.bench.svg import roofline, trend
+from dohnuts.bench.svg import latency_curve, roofline, throughput_curve, trend
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:1200px}
@@ -27,6 +29,7 @@ tr.first-call{color:#777}tr.mo td:first-child::after{content:" (measurement-only
 svg.chart text.tick{font-size:9px;fill:#555}svg.chart text.axis{font-size:10px;fill:#333}
 svg.chart text.num{font-size:10px;font-weight:bold}ol.legend{font-size:.8em;margin:.2em 0 0 1.2em;max-width:520px}
 .meets{color:#070}.misses{color:#a00}.note{color:#666;font-size:.85em}
+.flag{color:#a00;font-weight:bold}ul.legend{font-size:.8em;margin:.2em 0 0 1.2em}
 """
 
 SCRIPT = """
@@ -70,8 +73,12 @@ def _summary_table(rows: list[dict]) -> str:
     for r in rows:
         group = f"{r['workload']}|{r['target']}"
         energy = r.get("energy_j_per_call")
+        flag = _disagreement(r.get("agreement"))
+        target = _cell(r["target"], cls="") if not flag else (
+            f"<td>{escape(r['target'])} <span class='flag' data-key='disagrees' data-group='{escape(group)}'>"
+            f"{escape(flag)}</span></td>")
         out.append(f"<tr{_row_class(r['target'])}>" + "".join([
-            _cell(r["workload"], cls=""), _cell(r["target"], cls=""), _cell(str(r["calls"])),
+            _cell(r["workload"], cls=""), target, _cell(str(r["calls"])),
             _cell(_ms(r["wall_median_ms"]), "wall_median_ms", group),
             _cell(f"{_ms(r['wall_p10_ms'])}–{_ms(r['wall_p90_ms'])}"),
             _cell(f"{r['decisions_per_s']:.1f}", "decisions_per_s", group),
@@ -79,6 +86,92 @@ def _summary_table(rows: list[dict]) -> str:
             _cell("no energy counter" if energy is None else f"{energy:.3g} J", "energy_j_per_call", group),
             _cell(overhead_text(r.get("harness_overhead")), "harness_overhead", group, cls="")]) + "</tr>")
     return "".join(out) + "</table>"
+
+
+def _disagreement(agreement) -> str | None:
+    if not isinstance(agreement, dict) or agreement.get("within") is not False:
+        return None
+    return (f"DISAGREES with the FP32 reference: probabilities {agreement['max_abs_gap']:.3g} apart "
+            f"(tolerance {agreement['tolerance']:g})")
+
+
+def _serving(section: dict | None) -> str:
+    """Load curves (two panels each: latency, throughput), their points and the search's answer;
+    the stream scenario; quality beside speed."""
+    if not section:
+        return "<p class='note'>No serving scenario, accuracy mode or reference check in this run.</p>"
+    out = []
+    for c in section.get("curves", []):
+        group = f"{c['workload']}|{c['target']}|{c['scenario']}"
+        pct = f"p{100 * c['percentile']:g}"
+        out.append(f"<h3>{escape(c['workload'])} · {escape(c['target'])}: {escape(c['scenario'])} scenario</h3>")
+        search = c.get("search")
+        if search:
+            rate = search.get("max_rate_rps")
+            out.append(f"<p>max rate at {pct} ≤ {c['slo_ms']:g} ms: <b data-key='max_rate_rps' "
+                       f"data-group='{escape(group)}'>{'none' if rate is None else f'{rate:.4g}'}</b> req/s — "
+                       f"{escape(search['words'])}</p>")
+        bound = c.get("bound")
+        if bound:
+            ceiling = bound.get("throughput_ceiling_rps")
+            out.append(f"<p>bound at load ({escape(str(bound['basis']))} basis): latency floor "
+                       f"<b data-key='latency_floor_ms' data-group='{escape(group)}'>{bound['latency_floor_ms']:.3g}</b> "
+                       f"ms, throughput ceiling <b data-key='throughput_ceiling_rps' data-group='{escape(group)}'>"
+                       f"{'—' if ceiling is None else f'{ceiling:.4g}'}</b> req/s</p>")
+        if c.get("agreement") and c["agreement"].get("within") is False:
+            out.append(f"<p class='flag'>{escape(_disagreement(c['agreement']))}: its speed is not the product's</p>")
+        out.append("<div class='panels'><div class='panel'>" + latency_curve(c) + "</div><div class='panel'>"
+                   + throughput_curve(c) + "</div></div>")
+        head = ("offered req/s", "served / offered", "refused / abandoned", "throughput req/s", "goodput req/s",
+                "p50 ms", "p99 ms", f"{pct} ms (95 % interval)", "verdict", "valid", "probe")
+        rows = [f"<table class='points'><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"]
+        for p in sorted(c["points"], key=lambda p: p["rate_rps"] if p["rate_rps"] is not None else float("inf")):
+            key = f"{group}|{p['rate_rps']}"
+            rate = "all" if p["rate_rps"] is None else f"{p['rate_rps']:.4g}"
+            interval = f"{_ms(p['latency_ms'])} ({_ms(p['latency_low_ms'])}–{_ms(p['latency_high_ms'])})"
+            valid = "yes" if p["valid"] else "INVALID: " + "; ".join(p["reasons"])
+            rows.append("<tr>" + "".join([
+                _cell(rate), _cell(f"{p['served']}/{p['offered']}"), _cell(f"{p['dropped']}/{p['abandoned']}"),
+                _cell(f"{p['throughput_rps']:.4g}", "throughput_rps", key),
+                _cell("—" if p["goodput_rps"] is None else f"{p['goodput_rps']:.4g}", "goodput_rps", key),
+                _cell(_ms(p["p50_ms"])), _cell(_ms(p["p99_ms"])), _cell(interval),
+                _cell(p["verdict"], cls={"meets": "meets", "misses": "misses"}.get(p["verdict"], "")),
+                _cell(valid, cls="" if p["valid"] else "flag"), _cell(p["role"], cls="")]) + "</tr>")
+        out.append("".join(rows) + "</table>")
+    streams = section.get("streams") or []
+    if streams:
+        out.append("<h3>Stream scenario</h3><table id='stream-scenario'><tr><th>workload</th><th>target</th>"
+                   "<th>requests</th><th>seconds</th><th>req/s</th><th>valid</th></tr>")
+        for r in streams:
+            valid = "yes" if r["valid"] else "INVALID: " + "; ".join(r["reasons"])
+            out.append("<tr>" + "".join([_cell(r["workload"], cls=""), _cell(r["target"], cls=""),
+                                         _cell(str(r["requests"])), _cell(f"{r['total_ms'] / 1e3:.3g}"),
+                                         _cell(f"{r['throughput_rps']:.4g}"),
+                                         _cell(valid, cls="" if r["valid"] else "flag")]) + "</tr>")
+        out.append("</table>")
+    quality = section.get("quality") or []
+    if quality:
+        out.append("<h3>Quality beside speed</h3><table id='quality'><tr><th>workload</th><th>target</th>"
+                   "<th>adapter</th><th>single call ms</th><th>accuracy (95 % interval)</th><th>set</th>"
+                   "<th>max |Δp| to the FP32 reference</th><th>same choice</th><th>reference check</th></tr>")
+        for q in quality:
+            group = f"{q['workload']}|{q['target']}"
+            a, g = q.get("accuracy"), q.get("agreement")
+            acc = "—" if a is None else f"{a['value']:.3f} ({a['low']:.3f}–{a['high']:.3f}, n={a['questions']})"
+            if g is None:
+                gap, same, verdict, cls = "—", "—", "not checked", ""
+            else:
+                gap = f"{g['max_abs_gap']:.3g}"
+                same = "—" if g.get("choice_agreement") is None else f"{100 * g['choice_agreement']:.1f}%"
+                verdict = f"agrees (≤ {g['tolerance']:g})" if g["within"] else f"DISAGREES (> {g['tolerance']:g})"
+                cls = "meets" if g["within"] else "flag"
+            out.append("<tr>" + "".join([
+                _cell(q["workload"], cls=""), _cell(q["target"], cls=""), _cell(q.get("adapter") or "—", cls=""),
+                _cell(_ms(q.get("single_call_ms"))), _cell(acc, "accuracy", group),
+                _cell((a or {}).get("set") or "—", cls=""), _cell(gap, "agreement_gap", group), _cell(same),
+                _cell(verdict, cls=cls)]) + "</tr>")
+        out.append("</table>")
+    return "".join(out)
 
 
 def _efficiency(groups: list[dict], target_fraction: float) -> str:
@@ -209,6 +302,8 @@ def render(summary: dict, *, title: str, meta: dict | None = None, comparison: d
             "<h2>Bounds, efficiency and the critical path</h2>", _efficiency(groups, eff.get("hwspec", {}).get(
                 "target_fraction", 0.8) if isinstance(eff.get("hwspec"), dict) else 0.8),
             "<h2>Stream against single calls</h2>", _streams(rows),
+            "<h2>Serving: latency and throughput against load; quality</h2>",
+            _serving((summary.get("sections") or {}).get("serving")),
             "<h2>Roofline, a workload a panel</h2>", _rooflines(groups, hwspec),
             "<h2>Comparison</h2>", _comparison(comparison),
             "<h2>Trends (the run store)</h2>", _trends(trends),

@@ -39,6 +39,9 @@ class TargetContext:
     ranks: dict  # {"rank", "world_size", "shard"}: stamped on every record
     variant: str | None = None  # the built target's `variant` (TargetCapabilities)
     lora: dict | None = None  # the built target's `lora_info`
+    # the target's probabilities against the FP32 reference path (dohnuts.bench.quality), written to
+    # every record measured after the check; None: not checked
+    agreement: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class CallMeasurement:
     """What one call (or one request of a stream) measured."""
 
     iteration: int
-    phase: str  # "steady", "first-call" or "stream"
+    phase: str  # "steady", "first-call", "stream", "server", "offline" or "accuracy"
     stages: dict  # stage name → {"host_ms", "device_ms", "count"}
     wall_ms: float
     decisions: int
@@ -83,6 +86,7 @@ def call_record(ctx: TargetContext, m: CallMeasurement) -> dict:
         "variant": ctx.variant,
         "iteration": m.iteration,
         "phase": m.phase,
+        "scenario": getattr(spec, "scenario", "single"),  # how the workload issued its calls (dohnuts.bench.serving)
         "stages": m.stages,
         "wall_ms": m.wall_ms,
         "decisions": m.decisions,
@@ -100,6 +104,7 @@ def call_record(ctx: TargetContext, m: CallMeasurement) -> dict:
         "validity": m.validity,
         "energy": m.energy,
         "extra": m.extra,
+        "agreement": ctx.agreement,
         "provenance": ctx.provenance,
     }
 

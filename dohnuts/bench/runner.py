@@ -25,10 +25,14 @@ import torch
 
 from dohnuts.bench.analysis.compare import required_calls
 from dohnuts.bench.contracts import RunContext, WorkloadContext
-from dohnuts.bench.measure import HARNESS_AB_PAIRS, measure_call, measure_stream, untimed_call_ms
+from dohnuts.bench.measure import HARNESS_AB_PAIRS, measure_call, untimed_call_ms
 from dohnuts.bench.provenance import provenance
+from dohnuts.bench.quality import (
+    can_score, check_agreement, labelled_set, measure_accuracy, reference_key, reference_outputs, sample_calls,
+)
 from dohnuts.bench.record import TargetContext
 from dohnuts.bench.rundir import safe_name
+from dohnuts.bench.serving.scenario import measure_scenario
 from dohnuts.bench.trace import PROFILED_CALLS, profile_calls, trace_path
 from dohnuts.runtime.collectives import any_rank, barrier, max_over_ranks
 from dohnuts.runtime.process_group import SINGLE, World
@@ -61,10 +65,15 @@ def resolve_dtype(spec: WorkloadSpec, device: torch.device) -> torch.dtype:
 
 @dataclass(frozen=True)
 class Schedule:
-    """The calls every target of one workload runs, in order, and how many warm it up first."""
+    """The calls every target of one workload runs, in order, and how many warm it up first; the
+    reference check's sample and the FP32 reference's outputs on it (by `reference_key`); the
+    accuracy mode's labelled set (name, requests)."""
 
     calls: list
     warmup: int
+    sample: list = dataclasses.field(default_factory=list)
+    references: dict = dataclasses.field(default_factory=dict)
+    labelled: tuple | None = None
 
 
 def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict[str, RegisteredKind],
@@ -96,6 +105,8 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict[str, R
     if kind.warmup_every_call(spec):
         warmup = max(warmup, len(calls))  # e.g. a warm cache: every distinct call seen once
     schedule = Schedule(calls, warmup)
+    if not world.distributed:  # quality checks: one process (a launcher's ranks shard the calls)
+        schedule = _quality_inputs(run, spec, targets, schedule, device, workdir)
     prov = provenance(device, telemetry)
     ranks = {"rank": world.rank, "world_size": world.size, "shard": "collective" if kind.collective else "data"}
     written = 0
@@ -118,6 +129,39 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict[str, R
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return written
+
+
+def _quality_inputs(run: RunContext, spec: WorkloadSpec, targets: dict[str, RegisteredTarget], schedule: Schedule,
+                    device: torch.device, workdir) -> Schedule:
+    """The reference check's sample and its FP32 reference outputs (computed before any target
+    is built: one reference model at a time), and the accuracy mode's labelled set."""
+    sample = sample_calls(schedule.calls, spec.agreement.sample)
+    references = {}
+    for tspec in spec.targets if sample else ():
+        entry = targets[tspec.name]
+        if entry.reference_options is None:
+            continue
+        key = reference_key(entry, tspec, spec)
+        if key in references:
+            continue
+        run.console.print(f"[dim]{spec.name}: the FP32 reference path on {len(sample)} request(s) "
+                          f"({tspec.label}'s weights)[/]")
+        try:
+            references[key] = reference_outputs(spec, entry, tspec, device, sample)
+        except (RuntimeError, MemoryError) as exc:
+            # The check cannot run on this device (no memory for an FP32 copy, a reference op that
+            # fails there): the performance is still measured; the failure is said and kept in
+            # run.json, and the targets' records say `agreement: null` (not checked). Bad input (an
+            # adapter that cannot be loaded: a DohnutsError) is refused as the target would refuse it.
+            error = f"reference check: {short(f'{type(exc).__name__}: {exc}', 300, str)}"
+            run.failures.append({"workload": spec.name, "file": spec.file, "target": tspec.label, "error": error})
+            run.console.print(f"[red]failed[/] {spec.name} · {tspec.label}: {error} (recorded in run.json; the run "
+                              "goes on)")
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    labelled = labelled_set(spec, workdir) if spec.accuracy is not None else None
+    return dataclasses.replace(schedule, sample=sample, references=references, labelled=labelled)
 
 
 OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
@@ -157,6 +201,10 @@ def _measure_target(pm, ctx: TargetContext, entry: RegisteredTarget, schedule: S
                 target.run_call(calls[i % len(calls)], StageTimer(ctx.device))
             if progress is not None:
                 progress.advance(task)
+        key = reference_key(entry, tspec, spec) if entry.reference_options is not None else None
+        if key in schedule.references:  # after warm-up, before the measured calls: every record carries it
+            ctx = dataclasses.replace(ctx, agreement=check_agreement(ctx, target, schedule.sample,
+                                                                     schedule.references[key]))
         barrier(world)  # the ranks start measuring together
         start = time.perf_counter()
         i, wanted, walls = 0, spec.repeat, []
@@ -189,8 +237,15 @@ def _measure_target(pm, ctx: TargetContext, entry: RegisteredTarget, schedule: S
         barrier(world)
         if ctx.run.profile and not world.distributed:
             _profile_target(ctx, target, [calls[(warmup + j) % len(calls)] for j in range(PROFILED_CALLS)])
-        written += measure_stream(ctx, capabilities, [calls[(warmup + j) % len(calls)] for j in range(spec.repeat)],
-                                  out)
+        scenario_calls = [calls[(warmup + j) % len(calls)] for j in range(max(spec.repeat, len(calls)))]
+        written += measure_scenario(ctx, target, capabilities, scenario_calls, walls, out)
+        if schedule.labelled is not None and not world.distributed:
+            name, requests = schedule.labelled
+            reason = can_score(entry, requests)
+            if reason:
+                ctx.run.console.print(f"[yellow]skipped[/] accuracy of {spec.name} · {tspec.label}: {reason}")
+            else:
+                written += measure_accuracy(ctx, target, name, requests, out)
     finally:
         target.close()
         del target

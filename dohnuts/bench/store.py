@@ -17,8 +17,15 @@ Tables:
     runs      one row a run: id, start, git revision and dirty flag, device, driver, power limit,
               hwspec, versions and workload hashes (JSON), the whole run.json
     records   one row a record: run, order, workload, target (as reports name it), phase, wall
-              time, the whole record (JSON)
+              time, the whole record (JSON); and, to query serving and quality across runs without
+              reading the JSON: the scenario (single | stream | server | offline; NULL before
+              schema 2), a load point's offered rate and a served request's latency (arrival →
+              completion), an accuracy record's correct and asked questions, and the target's
+              probability gap to the FP32 reference path (NULL where a record has none)
     summaries one row a run: its summary.json
+
+Schema 2 added the serving and quality columns; a schema-1 file is migrated when opened (the
+columns added, filled from the records' JSON).
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from dohnuts.errors import DohnutsError
 from dohnuts.schema import dumps
 
 APPLICATION_ID = 0x646F686E  # "dohn"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_STORE = Path("results/store.sqlite")
 BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another to commit
 
@@ -47,7 +54,8 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE TABLE IF NOT EXISTS records (
     run_id TEXT NOT NULL, seq INTEGER NOT NULL, workload TEXT NOT NULL, target TEXT NOT NULL,
-    phase TEXT NOT NULL, wall_ms REAL, record TEXT NOT NULL, PRIMARY KEY (run_id, seq)
+    phase TEXT NOT NULL, wall_ms REAL, record TEXT NOT NULL, scenario TEXT, rate_rps REAL, latency_ms REAL,
+    correct INTEGER, questions INTEGER, agreement_gap REAL, PRIMARY KEY (run_id, seq)
 );
 CREATE INDEX IF NOT EXISTS records_by_group ON records (workload, target, phase);
 CREATE TABLE IF NOT EXISTS summaries (run_id TEXT PRIMARY KEY, summary TEXT NOT NULL);
@@ -94,6 +102,22 @@ class RunStore:
         if version > SCHEMA_VERSION:
             raise StoreError(f"has schema version {version}, newer than this dohnuts reads ({SCHEMA_VERSION})",
                              source=str(self.path))
+        if version < 2:
+            self._migrate_to_2()
+
+    def _migrate_to_2(self) -> None:
+        """Schema 1 → 2: the serving and quality columns, filled from each record's JSON."""
+        with self._transaction():
+            have = {r[1] for r in self.db.execute("PRAGMA table_info(records)")}
+            for column, kind in SERVING_COLUMNS:
+                if column not in have:
+                    self.db.execute(f"ALTER TABLE records ADD COLUMN {column} {kind}")
+            rows = self.db.execute("SELECT run_id, seq, record FROM records").fetchall()
+            for run_id, seq, text in rows:
+                values = serving_columns(json.loads(text))
+                self.db.execute(f"UPDATE records SET {', '.join(f'{c} = ?' for c, _ in SERVING_COLUMNS)} "
+                                "WHERE run_id = ? AND seq = ?", (*values, run_id, seq))
+            self.db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -140,9 +164,9 @@ class RunStore:
             n = 0
             for rec in records:
                 wall = rec.get("wall_ms")
-                self.db.execute("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?, ?, ?)",
+                self.db.execute("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                 (run_id, seq + n, workload_label(rec), target_label(rec), str(rec.get("phase", "steady")),
-                                 _number(wall), dumps(rec)))
+                                 _number(wall), dumps(rec), *serving_columns(rec)))
                 n += 1
         return n
 
@@ -211,6 +235,28 @@ class RunStore:
 
     def integrity(self) -> str:
         return self.db.execute("PRAGMA integrity_check").fetchone()[0]
+
+
+SERVING_COLUMNS = (("scenario", "TEXT"), ("rate_rps", "REAL"), ("latency_ms", "REAL"), ("correct", "INTEGER"),
+                   ("questions", "INTEGER"), ("agreement_gap", "REAL"))
+
+
+def serving_columns(rec: dict) -> tuple:
+    """A record's values of `SERVING_COLUMNS`: scenario, offered rate, latency, accuracy counts and
+    the reference gap (None where the record has none)."""
+    extra = rec.get("extra") if isinstance(rec.get("extra"), dict) else {}
+    serving = extra.get("serving") if isinstance(extra.get("serving"), dict) else {}
+    point = serving.get("point") if isinstance(serving.get("point"), dict) else {}
+    accuracy = extra.get("accuracy") if isinstance(extra.get("accuracy"), dict) else {}
+    agreement = rec.get("agreement") if isinstance(rec.get("agreement"), dict) else {}
+    scenario = rec.get("scenario") if isinstance(rec.get("scenario"), str) else None
+    return (scenario, _number(point.get("rate_rps")), _number(serving.get("latency_ms")),
+            _integer(accuracy.get("correct")), _integer(accuracy.get("questions")),
+            _number(agreement.get("max_abs_gap")))
+
+
+def _integer(value) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _started(run_id: str) -> str | None:

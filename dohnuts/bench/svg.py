@@ -1,4 +1,6 @@
-"""Small self-contained SVG charts for the HTML report: a roofline panel and a trend line.
+"""Small self-contained SVG charts for the HTML report: a roofline panel, a trend line, and a
+serving curve's latency and throughput against offered load with the critical-path bound's floor
+and ceiling.
 
 No library and no script draws them: the SVG is written here, so the report works offline and
 renders the same everywhere. Labels never overlap: points are numbered and named in a legend
@@ -139,3 +141,120 @@ def trend(values: list[float], labels: list[str], flags: list[str | None], *, ti
     legend = "".join(f'<li>{escape(label)}{" — <b>" + escape(flag) + "</b>" if flag else ""}</li>'
                      for label, flag in zip(labels, flags))
     return "".join(out) + f'<ol class="legend">{legend}</ol>'
+
+
+class _Axes:
+    """A plot box with a linear x axis and a linear or logarithmic y axis."""
+
+    def __init__(self, xhi: float, ylo: float, yhi: float, *, log_y: bool):
+        self.xhi, self.log_y = xhi, log_y
+        self.ylo, self.yhi = (math.log10(ylo), math.log10(yhi)) if log_y else (ylo, yhi)
+
+    def x(self, v: float) -> float:
+        return PAD_L + min(max(v, 0.0), self.xhi) / self.xhi * (W - PAD_L - PAD_R)
+
+    def y(self, v: float) -> float:
+        t = math.log10(v) if self.log_y else v
+        t = min(max(t, self.ylo), self.yhi)
+        return H - PAD_B - (t - self.ylo) / (self.yhi - self.ylo) * (H - PAD_T - PAD_B)
+
+    def frame(self, title: str, xlabel: str, ylabel: str) -> list[str]:
+        out = [f'<svg class="chart load" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" '
+               f'aria-label="{escape(title)}"><title>{escape(title)}</title>',
+               f'<rect x="{PAD_L}" y="{PAD_T}" width="{W - PAD_L - PAD_R}" height="{H - PAD_T - PAD_B}" fill="none" '
+               'stroke="#999"/>']
+        for k in range(6):
+            v = self.xhi * k / 5
+            out.append(f'<text x="{self.x(v):.1f}" y="{H - PAD_B + 14}" text-anchor="middle" class="tick">{_si(v)}</text>')
+        if self.log_y:
+            ticks = [t for t in _log_ticks(10 ** self.ylo, 10 ** self.yhi) if 10 ** self.ylo <= t <= 10 ** self.yhi]
+        else:
+            ticks = [self.ylo + (self.yhi - self.ylo) * k / 4 for k in range(5)]
+        for t in ticks:
+            out.append(f'<text x="{PAD_L - 4}" y="{self.y(t) + 3:.1f}" text-anchor="end" class="tick">{_si(t)}</text>')
+        out.append(f'<text x="{(W + PAD_L) / 2}" y="{H - 6}" text-anchor="middle" class="axis">{escape(xlabel)}</text>')
+        out.append(f'<text x="12" y="{H / 2}" text-anchor="middle" class="axis" transform="rotate(-90 12 {H / 2})">'
+                   f'{escape(ylabel)}</text>')
+        return out
+
+    def hline(self, v: float, colour: str, dash: str, label: str) -> str:
+        return (f'<line x1="{PAD_L}" y1="{self.y(v):.1f}" x2="{W - PAD_R}" y2="{self.y(v):.1f}" stroke="{colour}" '
+                f'stroke-dasharray="{dash}"><title>{escape(label)}</title></line>')
+
+    def vline(self, v: float, colour: str, dash: str, label: str) -> str:
+        return (f'<line x1="{self.x(v):.1f}" y1="{PAD_T}" x2="{self.x(v):.1f}" y2="{H - PAD_B}" stroke="{colour}" '
+                f'stroke-dasharray="{dash}"><title>{escape(label)}</title></line>')
+
+    def series(self, pts: list[tuple[float, float]], colour: str, label: str) -> list[str]:
+        out = [f'<polyline fill="none" stroke="{colour}" points="'
+               + " ".join(f"{self.x(a):.1f},{self.y(b):.1f}" for a, b in pts) + '"/>'] if len(pts) > 1 else []
+        for a, b in pts:
+            out.append(f'<circle cx="{self.x(a):.1f}" cy="{self.y(b):.1f}" r="3.5" fill="{colour}" class="point">'
+                       f'<title>{escape(label)}: {a:.4g} req/s → {b:.4g}</title></circle>')
+        return out
+
+
+def _x_range(rates: list[float], extra: list[float]) -> float:
+    """The x axis reaches past the tried rates, and to a bound line when it is not far beyond them."""
+    top = max(rates) if rates else 1.0
+    near = [v for v in extra if v and v <= 2.5 * top]
+    return max([top] + near) * 1.1
+
+
+def latency_curve(curve: dict) -> str:
+    """Latency against offered load (a serving curve of summary.json): p50 and the SLO's
+    percentile a point (unserved requests make it unbounded: drawn at the top), the SLO, and the
+    critical-path bound's latency floor (horizontal) and throughput ceiling (vertical)."""
+    pts = sorted((p for p in curve["points"] if p.get("rate_rps") is not None), key=lambda p: p["rate_rps"])
+    if not pts:
+        return '<p class="empty">no load point at an offered rate</p>'
+    bound = curve.get("bound") or {}
+    floor, ceiling, slo = bound.get("latency_floor_ms"), bound.get("throughput_ceiling_rps"), curve.get("slo_ms")
+    values = [v for p in pts for v in (p.get("p50_ms"), p.get("latency_ms")) if v]
+    marks = [v for v in (floor, slo) if v]
+    lo, hi = min(values + marks) / 2, max(values + marks) * 2
+    ax = _Axes(_x_range([p["rate_rps"] for p in pts], [ceiling]), lo, hi, log_y=True)
+    pct = f"p{100 * curve['percentile']:g}"
+    title = f"{curve['workload']} · {curve['target']}: latency against load"
+    out = ax.frame(title, "offered rate (requests / s)", "latency (ms)")
+    if slo:
+        out.append(ax.hline(slo, "#d62728", "6 3", f"SLO: {pct} ≤ {slo:g} ms"))
+    if floor:
+        out.append(ax.hline(floor, "#2ca02c", "2 2", f"latency floor (critical-path bound): {floor:.3g} ms"))
+    if ceiling and ceiling <= ax.xhi:
+        out.append(ax.vline(ceiling, "#2ca02c", "6 3", f"throughput ceiling (critical-path bound): {ceiling:.4g} req/s"))
+    out += ax.series([(p["rate_rps"], p["p50_ms"] or hi) for p in pts], "#1f77b4", "p50 ms")
+    out += ax.series([(p["rate_rps"], p["latency_ms"] or hi) for p in pts], "#ff7f0e", f"{pct} ms")
+    out.append("</svg>")
+    legend = [f'<li style="color:#1f77b4">p50</li><li style="color:#ff7f0e">{pct} (unbounded: at the top)</li>']
+    if slo:
+        legend.append(f'<li style="color:#d62728">SLO {pct} ≤ {slo:g} ms</li>')
+    if floor:
+        legend.append(f'<li style="color:#2ca02c">floor {floor:.3g} ms, ceiling '
+                      f'{"—" if not ceiling else f"{ceiling:.4g} req/s"} (critical-path bound, '
+                      f'{escape(str(bound.get("basis", "")))} basis)</li>')
+    return "".join(out) + f'<ul class="legend">{"".join(legend)}</ul>'
+
+
+def throughput_curve(curve: dict) -> str:
+    """Throughput and goodput against offered load, under the bound's throughput ceiling."""
+    pts = sorted((p for p in curve["points"] if p.get("rate_rps") is not None), key=lambda p: p["rate_rps"])
+    if not pts:
+        return ""
+    ceiling = (curve.get("bound") or {}).get("throughput_ceiling_rps")
+    xhi = _x_range([p["rate_rps"] for p in pts], [ceiling])
+    top = max([p["throughput_rps"] for p in pts] + [xhi] + ([ceiling] if ceiling and ceiling <= 2.5 * xhi else []))
+    ax = _Axes(xhi, 0.0, top * 1.1, log_y=False)
+    out = ax.frame(f"{curve['workload']} · {curve['target']}: throughput against load", "offered rate (requests / s)",
+                   "requests / s")
+    out.append(f'<line x1="{ax.x(0):.1f}" y1="{ax.y(0):.1f}" x2="{ax.x(xhi):.1f}" y2="{ax.y(min(xhi, top * 1.1)):.1f}" '
+               'stroke="#bbb"><title>served = offered</title></line>')
+    if ceiling and ceiling <= top * 1.1:
+        out.append(ax.hline(ceiling, "#2ca02c", "6 3", f"throughput ceiling (critical-path bound): {ceiling:.4g} req/s"))
+    out += ax.series([(p["rate_rps"], p["throughput_rps"]) for p in pts], "#1f77b4", "throughput req/s")
+    good = [(p["rate_rps"], p["goodput_rps"]) for p in pts if p.get("goodput_rps") is not None]
+    out += ax.series(good, "#9467bd", "goodput (within the SLO) req/s")
+    out.append("</svg>")
+    return "".join(out) + ('<ul class="legend"><li style="color:#1f77b4">throughput</li>'
+                           + ('<li style="color:#9467bd">goodput: requests within the SLO a second</li>' if good else "")
+                           + '<li style="color:#2ca02c">ceiling: the critical-path bound</li></ul>')

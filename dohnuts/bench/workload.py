@@ -22,6 +22,13 @@
                                 #   are skipped with a message. Every record carries its rank.
     launcher: torchrun          # the launcher plugin that starts several processes
     shape: {...}                # the kind's own fields (each kind's `Shape`, a msgspec Struct)
+    scenario: single            # single | stream | server | offline: how the calls are issued after the
+                                #   single calls (dohnuts.bench.serving; default: as always, single calls
+                                #   and a pipelined stream)
+    serving: {...}              # the scenario's settings: rates, slo_ms, percentile, search, arrivals,
+                                #   queue, minimums (dohnuts/bench/serving/config.py documents them)
+    accuracy: {set: digits}     # optional: every target also scores a labelled request set (accuracy mode)
+    agreement: {sample: 2}      # every dohnuts variant against the FP32 reference path (sample 0: off)
     on_gpu:                     # optional: what changes when the workload runs on a GPU, so one
       model: qwen3.5-2b         #   file measures a size that fits each device (the standard suite in
       shape: {questions: 32}    #   workloads/*.yaml: tiny on a CPU, 2b on a GPU); `shape` entries
@@ -54,6 +61,9 @@ import msgspec
 import msgspec.inspect
 from msgspec import Meta
 
+from dohnuts.bench.serving.config import (
+    SCENARIOS, AccuracyFields, AgreementFields, ServingFields, check_accuracy, check_serving,
+)
 from dohnuts.errors import ConfigError, DohnutsError
 from dohnuts.schema import Invalid, NonBlank, convert, one_line, one_line_error, read_yaml, short
 
@@ -86,6 +96,10 @@ class WorkloadSpec:
     shape: msgspec.Struct  # the kind's `Shape`, validated
     processes: tuple[int, ...] = (1,)  # process counts to measure (scaling), ascending
     launcher: str = "torchrun"
+    scenario: str = "single"  # dohnuts.bench.serving.config.SCENARIOS
+    serving: ServingFields = ServingFields()
+    accuracy: AccuracyFields | None = None
+    agreement: AgreementFields = AgreementFields()
 
     def to_dict(self) -> dict:
         return {"name": self.name, "kind": self.kind, "file": self.file, "file_hash": self.file_hash,
@@ -93,7 +107,8 @@ class WorkloadSpec:
                 "precision": self.precision, "warmup": self.warmup, "repeat": self.repeat,
                 "min_duration_s": self.min_duration_s, "halfwidth": self.halfwidth, "max_repeat": self.max_repeat,
                 "seed": self.seed, "shape": msgspec.to_builtins(self.shape), "processes": list(self.processes),
-                "launcher": self.launcher}
+                "launcher": self.launcher, "scenario": self.scenario, "serving": msgspec.to_builtins(self.serving),
+                "accuracy": msgspec.to_builtins(self.accuracy), "agreement": msgspec.to_builtins(self.agreement)}
 
 
 MAX_PROCESSES = 1024
@@ -134,6 +149,10 @@ class WorkloadFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     processes: Annotated[ProcessCount | Annotated[list[ProcessCount], Meta(min_length=1)], Meta(
         description=f"a process count in 1..{MAX_PROCESSES}, or a list of at least one")] = 1
     launcher: NonBlank = "torchrun"  # the launcher plugin that starts several processes
+    scenario: Literal[SCENARIOS] = "single"  # type: ignore[valid-type]
+    serving: ServingFields = ServingFields()
+    accuracy: AccuracyFields | None = None
+    agreement: AgreementFields = AgreementFields()
 
     def __post_init__(self) -> None:
         counts = self.processes if isinstance(self.processes, list) else [self.processes]
@@ -255,6 +274,9 @@ def _build_spec(path: Path, source: str, raw_bytes: bytes, data: dict, kinds: di
     if max(processes) > 1 and not kind.distributed:
         raise ConfigError(f"lists {max(processes)} processes, but {common.kind!r} workloads run in one process only",
                           source=source, field="processes")
+    serving = check_serving(common.scenario, common.serving, path, source=source, processes=processes,
+                            kind_is_train=common.kind == "train-step")
+    accuracy = check_accuracy(common.accuracy, path, source=source)
     return WorkloadSpec(
         name=common.name or path.stem, kind=common.kind, file=source,
         file_hash=hashlib.sha256(raw_bytes).hexdigest()[:16], targets=_targets(common.targets, targets, common.kind,
@@ -262,7 +284,8 @@ def _build_spec(path: Path, source: str, raw_bytes: bytes, data: dict, kinds: di
         model=common.model, device=common.device, precision=common.precision, requires_gpu=common.requires_gpu,
         warmup=common.warmup, repeat=common.repeat, min_duration_s=common.min_duration_s, halfwidth=common.halfwidth,
         max_repeat=common.max_repeat, seed=common.seed, hwspec=common.hwspec or None, shape=shape,
-        processes=processes, launcher=common.launcher,
+        processes=processes, launcher=common.launcher, scenario=common.scenario, serving=serving, accuracy=accuracy,
+        agreement=common.agreement,
     )
 
 

@@ -4,7 +4,12 @@ One record per measured call, schema 1 (the harness writes them, append-only):
 
     {"schema": 1, "run_id": str, "workload": {"name", "kind", "file", "file_hash"},
      "target": "dohnuts" | "transformers", "iteration": int,
-     "phase": "steady" | "first-call",   # optional (steady): a target's first call is recorded apart
+     "phase": "steady" | "first-call" | "stream" | "server" | "offline" | "accuracy",  # optional (steady):
+                                         # a target's first call is recorded apart; `stream` the
+                                         # pipelined stream; `server` / `offline` one served request of
+                                         # a load point, `accuracy` one request of the accuracy mode (these
+                                         # three are analysed apart: dohnuts.bench.analysis.serving)
+     "scenario": "single" | "stream" | "server" | "offline",   # optional: the workload's scenario
      "stages": {name: {"host_ms": float, "device_ms": float | null, "count": int}},
      "wall_ms": float, "decisions": int, "work": WorkCounts.to_dict(), "model": ModelConfig.to_dict(),
      "precision": "bf16" | "fp32", "device": {"name": str, "type": "cuda" | "cpu"},
@@ -14,7 +19,10 @@ One record per measured call, schema 1 (the harness writes them, append-only):
      "energy": {"joules": float | null, "source": "nvml" | "amdsmi" | null,   # optional: the device's
                 "reason": str | null},                                          #   energy counter over the call
      "harness_overhead_ms": float,   # optional: the harness's own time in this call (breakdown in
-     "harness_overhead": {...}}      #   "harness_overhead", see dohnuts.bench.runner.harness_overhead)
+     "harness_overhead": {...},      #   "harness_overhead", see dohnuts.bench.runner.harness_overhead)
+     "agreement": {"max_abs_gap", "choice_agreement", "tolerance", "within", ...} | null,  # optional:
+                                     #   the target against the FP32 reference path (dohnuts.bench.quality)
+     "extra": {"stream": {...}, "serving": {...}, "accuracy": {...}, ...}}  # optional, per phase
 
 The schema is declared once, below, as msgspec Structs: `Record` (what the analysis reads) and
 `ReportedRecord` (also what the run report reads); `SCHEMA` is the one version constant, which the
@@ -121,8 +129,35 @@ class Energy(msgspec.Struct):
     reason: str | None = None
 
 
+class ServingTimes(msgspec.Struct):
+    """A served request's `extra.serving` (dohnuts.bench.serving.scenario); a stream scenario's
+    records carry only the scenario and its rules."""
+
+    scenario: str
+    latency_ms: NonNegative | None = None
+    queue_ms: NonNegative | None = None
+    service_ms: NonNegative | None = None
+    point: dict[str, Any] | None = None
+    rules: dict[str, Any] | None = None
+
+
+class AccuracyCount(msgspec.Struct):
+    """An accuracy-mode record's `extra.accuracy` (dohnuts.bench.quality)."""
+
+    questions: NonNegative
+    correct: NonNegative
+
+
 class Extra(msgspec.Struct):
     stream: StreamTimes | None = None
+    serving: ServingTimes | None = None
+    accuracy: AccuracyCount | None = None
+
+
+class Agreement(msgspec.Struct):
+    max_abs_gap: NonNegative
+    tolerance: NonNegative
+    within: bool
 
 
 class ReportedRecord(Record, kw_only=True):
@@ -138,6 +173,7 @@ class ReportedRecord(Record, kw_only=True):
     harness_overhead: dict[str, Any] | None = None
     extra: Extra | None = None
     aa_half: Literal[0, 1] | None = None
+    agreement: Agreement | None = None
 
 
 class RecordWarning(UserWarning):
@@ -244,6 +280,16 @@ def check_reportable(rec: dict) -> None:
     `aa_half` and a stream's `extra.stream` times. RecordError names the record and the field, on one line."""
     check_record(rec)
     convert(rec, ReportedRecord, source=where(rec), error=RecordError)
+
+
+# Records of load points and of the accuracy mode: analysed apart (dohnuts.bench.analysis.serving),
+# never pooled into the per-call statistics of their target.
+LOAD_PHASES = ("server", "offline", "accuracy")
+
+
+def per_call_records(records: list[dict]) -> list[dict]:
+    """The records the per-call analysis and summary read: all but `LOAD_PHASES`' (order kept)."""
+    return [r for r in records if r.get("phase", "steady") not in LOAD_PHASES]
 
 
 def _number(x: Any) -> bool:

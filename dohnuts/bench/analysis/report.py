@@ -31,8 +31,8 @@ from dohnuts.bench.analysis.cost import (
 from dohnuts.bench.analysis.critical_path import STAGE_RESOURCES, CallGraph, default_call_graph
 from dohnuts.bench.analysis.hwspec import HwSpec
 from dohnuts.bench.analysis.records import (
-    DTYPE_BYTES, RecordError, check_record, group_key, lora_of, model_of, stage_ms, valid_records, where, work_of,
-    world_size,
+    DTYPE_BYTES, RecordError, check_record, group_key, lora_of, model_of, per_call_records, stage_ms, valid_records,
+    where, work_of, world_size,
 )
 from dohnuts.schema import median
 
@@ -140,6 +140,7 @@ def analyze_records(records: list[dict], hwspec: HwSpec, *, buffers: int = 2) ->
     groups: dict[tuple[str, str], list[dict]] = {}
     for rec in records:
         check_record(rec)
+    records = per_call_records(records)  # load points and the accuracy mode: dohnuts.bench.analysis.serving
     records, dropped = valid_records(records)  # calls on a throttled or down-clocked GPU
     for rec in records:
         groups.setdefault(group_key(rec), []).append(rec)

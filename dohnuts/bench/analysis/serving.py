@@ -1,0 +1,220 @@
+"""Serving scenarios and quality, from the records alone: load points, the SLO search's answer, the
+bound at load, the stream scenario's validity, accuracy and the reference check.
+
+- Load points (records `phase: server | offline`, one a served request; the point's counts in
+  `extra.serving.point`): each point summarised again from its records with the same function
+  the run used (dohnuts.bench.serving.stats.summarize_point): latency percentiles with their
+  intervals, throughput, goodput (requests within the SLO a second), the verdict, validity (the
+  point's minimums, its deadline, the telemetry's gate).
+- The search's answer (dohnuts.bench.serving.search.search_result): the highest valid rate that
+  met the SLO below the lowest valid one that missed it.
+- The bound at load: the critical-path bound of the same target's single calls (the efficiency
+  analysis of this run) is the *floor* of the latency curve (`latency_ms`: one call alone, the
+  longest within-call path) and its reciprocal the *ceiling* of the throughput (`critical_ms`:
+  one call a critical path in steady state). Where the measured latency leaves the floor while
+  the offered rate is still far below the ceiling, the queue (and the server's own overheads)
+  is what costs.
+- Quality: per target the accuracy on the labelled set (Wilson 95 % interval) and the reference
+  check, beside its single-call speed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+from dohnuts.bench.analysis.records import target_label, workload_label
+from dohnuts.bench.serving.search import SearchResult, search_result
+from dohnuts.bench.serving.stats import PointSummary, Rules, nearest_rank, summarize_point, wilson_interval
+from dohnuts.schema import median
+
+SERVING_PHASES = ("server", "offline")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The critical-path bound of a target's single calls, read as a serving floor and ceiling."""
+
+    basis: str
+    latency_floor_ms: float
+    throughput_ceiling_rps: float | None
+    critical_stages: tuple[str, ...]
+
+
+@dataclass
+class LoadCurve:
+    """One target's load points in one workload (a scenario), with its bound and single call."""
+
+    workload: str
+    target: str
+    scenario: str
+    percentile: float
+    slo_ms: float | None
+    points: list[PointSummary] = field(default_factory=list)
+    roles: list[str] = field(default_factory=list)
+    servers: list[str] = field(default_factory=list)
+    bound: Bound | None = None
+    single_call_ms: float | None = None
+    agreement: dict | None = None
+
+    @property
+    def search(self) -> SearchResult | None:
+        searched = [p for p, role in zip(self.points, self.roles) if role in ("search", "fixed")]
+        return search_result(searched) if self.slo_ms is not None and searched else None
+
+    def to_dict(self) -> dict:
+        s = self.search
+        return {"workload": self.workload, "target": self.target, "scenario": self.scenario,
+                "percentile": self.percentile, "slo_ms": self.slo_ms,
+                "points": [p.to_dict() | {"role": r, "server": sv} for p, r, sv in zip(self.points, self.roles,
+                                                                                        self.servers)],
+                "search": None if s is None else {"max_rate_rps": s.max_rate_rps, "words": s.words(),
+                                                  "failing_rate_rps": s.failing.rate_rps if s.failing else None,
+                                                  "verdict": s.point.verdict if s.point else None},
+                "bound": None if self.bound is None else vars(self.bound) | {"critical_stages":
+                                                                             list(self.bound.critical_stages)},
+                "single_call_ms": self.single_call_ms, "agreement": self.agreement}
+
+
+def load_curves(records: list[dict]) -> list[LoadCurve]:
+    """Every (workload, target, scenario)'s load points, in the order they were measured."""
+    points: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        if r.get("phase") not in SERVING_PHASES:
+            continue
+        s = (r.get("extra") or {}).get("serving") or {}
+        facts = s.get("point") or {}
+        key = (workload_label(r), target_label(r), facts.get("scenario", r["phase"]), str(r.get("run_id")),
+               facts.get("point", 0))
+        points[key].append(r)
+    curves: dict[tuple, LoadCurve] = {}
+    for (workload, target, scenario, _run, _k), recs in points.items():
+        facts = recs[0]["extra"]["serving"]["point"]
+        curve = curves.setdefault((workload, target, scenario), LoadCurve(
+            workload, target, scenario, float(facts.get("percentile", 99.0)) / 100.0, facts.get("slo_ms"),
+            agreement=next((r["agreement"] for r in recs if isinstance(r.get("agreement"), dict)), None)))
+        curve.points.append(point_summary(recs))
+        curve.roles.append(str(facts.get("role", "fixed")))
+        curve.servers.append(str(facts.get("server", "?")))
+    return list(curves.values())
+
+
+def point_summary(recs: list[dict]) -> PointSummary:
+    """One load point summarised from its records (module docstring)."""
+    facts = recs[0]["extra"]["serving"]["point"]
+    times = [r["extra"]["serving"] for r in recs]
+    rules = facts.get("rules") or {}
+    rate = facts.get("rate_rps")
+    summary = summarize_point(
+        math.inf if rate is None else float(rate), [t["latency_ms"] / 1e3 for t in times],
+        [t["queue_ms"] / 1e3 for t in times], [t["service_ms"] / 1e3 for t in times],
+        offered=int(facts.get("offered", len(recs))), dropped=int(facts.get("dropped", 0)),
+        abandoned=int(facts.get("abandoned", 0)), duration_s=float(facts.get("duration_s", 0.0)),
+        percentile=float(facts.get("percentile", 99.0)) / 100.0, slo_ms=facts.get("slo_ms"),
+        rules=Rules(int(rules.get("min_requests", 1)), float(rules.get("min_duration_s", 0.0))),
+        stopped=bool(facts.get("stopped", False)))
+    gate = [str(x) for r in recs[:1] for x in ((r.get("validity") or {}).get("reasons") or [])
+            if (r.get("validity") or {}).get("valid") is False]
+    first_byte = sorted((t["first_byte_ms"] - t["arrival_ms"]) for t in times if "first_byte_ms" in t)
+    extra = {"first_byte_p50_ms": nearest_rank(first_byte, 0.5) if first_byte else None,
+             "arrivals": facts.get("arrivals"), "queue": facts.get("queue")}
+    if gate:
+        return replace(summary, valid=False, reasons=summary.reasons + tuple(gate), extra=extra)
+    return replace(summary, extra=extra)
+
+
+def attach_bounds(curves: list[LoadCurve], analysis, records: list[dict]) -> None:
+    """Each curve's floor and ceiling from the target's single calls in `analysis` (an Analysis of
+    this run's per-call records), and its single call's median wall time."""
+    groups = {(g.workload, g.target): g for g in (analysis.groups if analysis is not None else ())}
+    for c in curves:
+        g = groups.get((c.workload, c.target))
+        if g is None:
+            continue
+        basis = "measured" if "measured" in g.bases else g.bases[0]
+        b = g.call.bound[basis]
+        c.bound = Bound(basis, b.latency_ms, 1e3 / b.critical_ms if b.critical_ms > 0 else None,
+                        tuple(b.critical_stages))
+        c.single_call_ms = g.call.wall_ms
+
+
+@dataclass(frozen=True)
+class StreamScenario:
+    workload: str
+    target: str
+    requests: int
+    total_ms: float
+    throughput_rps: float
+    latency_p50_ms: float
+    latency_p99_ms: float
+    rules: dict
+    valid: bool
+    reasons: tuple[str, ...]
+
+
+def stream_scenarios(records: list[dict]) -> list[StreamScenario]:
+    """The stream scenario's runs (records `phase: stream` stamped with their rules)."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        s = (r.get("extra") or {}).get("serving")
+        if r.get("phase") == "stream" and isinstance(s, dict) and s.get("scenario") == "stream":
+            groups[(workload_label(r), target_label(r), str(r.get("run_id")))].append(r)
+    out = []
+    for (workload, target, _run), recs in groups.items():
+        rules = recs[0]["extra"]["serving"].get("rules") or {}
+        total = float(recs[0]["extra"]["stream"]["total_ms"])
+        lat = sorted(float(r["extra"]["stream"]["latency_ms"]) for r in recs)
+        reasons = []
+        if len(recs) < rules.get("min_requests", 0):
+            reasons.append(f"{len(recs)} requests < the minimum {rules['min_requests']}")
+        if total / 1e3 < rules.get("min_duration_s", 0):
+            reasons.append(f"{total / 1e3:.3g} s < the minimum {rules['min_duration_s']:g} s")
+        out.append(StreamScenario(workload, target, len(recs), total, len(recs) / (total / 1e3),
+                                  nearest_rank(lat, 0.5), nearest_rank(lat, 0.99), rules, not reasons, tuple(reasons)))
+    return out
+
+
+@dataclass(frozen=True)
+class QualityRow:
+    workload: str
+    target: str
+    adapter: str | None
+    single_call_ms: float | None
+    decisions_per_s: float | None
+    accuracy: dict | None  # {"set", "questions", "correct", "value", "low", "high"}
+    agreement: dict | None
+
+
+def quality_rows(records: list[dict]) -> list[QualityRow]:
+    """Per (workload, target): accuracy, the reference check and the single calls' speed."""
+    steady: dict[tuple, list[dict]] = defaultdict(list)
+    accuracy: dict[tuple, list[dict]] = defaultdict(list)
+    agreement: dict[tuple, dict] = {}
+    for r in records:
+        key = (workload_label(r), target_label(r))
+        phase = r.get("phase", "steady")
+        if phase == "steady":
+            steady[key].append(r)
+        elif phase == "accuracy":
+            accuracy[key].append(r)
+        if isinstance(r.get("agreement"), dict):
+            agreement.setdefault(key, r["agreement"])
+    out = []
+    for key in dict.fromkeys([*steady, *accuracy, *agreement]):
+        recs = steady.get(key, [])
+        wall = median(r["wall_ms"] for r in recs) if recs else None
+        decisions = median(r["decisions"] for r in recs) if recs else None
+        acc = None
+        if accuracy.get(key):
+            counts = [r["extra"]["accuracy"] for r in accuracy[key]]
+            right, total = sum(c["correct"] for c in counts), sum(c["questions"] for c in counts)
+            low, high = wilson_interval(right, total)
+            acc = {"set": counts[0].get("set"), "questions": total, "correct": right,
+                   "value": right / total if total else None, "low": low, "high": high}
+        sample = (recs or accuracy.get(key) or [{}])[0]
+        opts = sample.get("target_options") or {}
+        adapter = opts.get("adapter") if isinstance(opts, dict) else None
+        out.append(QualityRow(key[0], key[1], adapter, wall, decisions / wall * 1e3 if wall else None, acc,
+                              agreement.get(key)))
+    return [q for q in out if q.accuracy is not None or q.agreement is not None]

@@ -1,0 +1,167 @@
+"""The serving and quality section of the text report (and its summary.json data).
+
+Per target under a serving scenario: a table of its load points (offered rate and its share of
+the throughput ceiling, served/offered, refused, throughput, goodput, latency p50/p99 and the
+SLO's percentile with its interval, the verdict, validity), the latency-against-load curve drawn
+in text (one row a point: p50 ▒ and the percentile █ on a log scale, the SLO ┃, the floor │),
+the search's answer with its bracket, and the bound at load (floor and ceiling). Then the stream
+scenario's validity and the quality table (accuracy beside speed, the reference check).
+"""
+
+from __future__ import annotations
+
+import math
+
+from rich.console import Group
+from rich.text import Text
+
+from dohnuts.bench.analysis.render import Col, FitTable
+from dohnuts.bench.analysis.serving import LoadCurve, QualityRow, StreamScenario
+from dohnuts.bench.report import Section
+
+CHART_WIDTH = 48
+
+
+def _ms(x: float | None) -> str:
+    return "∞" if x is None else f"{x:.3g}"
+
+
+def _rate(x: float) -> str:
+    return "all" if not math.isfinite(x) else f"{x:.3g}"
+
+
+def points_table(c: LoadCurve) -> FitTable:
+    p = f"p{100 * c.percentile:g}"
+    t = FitTable(f"{c.workload} · {c.target}: {c.scenario} scenario, latency against load"
+                 + (f" (SLO {p} ≤ {c.slo_ms:g} ms)" if c.slo_ms is not None else ""),
+                 [Col("offered\nreq/s"), Col("of ceiling"), Col("served /\noffered"), Col("refused /\nabandoned"),
+                  Col("throughput\nreq/s"), Col("goodput\nreq/s"), Col("p50 ms"), Col("p99 ms"),
+                  Col(f"{p} ms\n(95 % interval)"), Col("verdict"), Col("valid", "left", wrap=True),
+                  Col("probe", "left")],
+                 groups=[(1, 2), (3, 4), (5,), (6, 7), (8, 9), (10,), (11,)])
+    ceiling = c.bound.throughput_ceiling_rps if c.bound else None
+    for point, role in sorted(zip(c.points, c.roles), key=lambda x: x[0].rate_rps):
+        share = f"{point.rate_rps / ceiling:.0%}" if ceiling and math.isfinite(point.rate_rps) else "—"
+        interval = f"{_ms(point.latency_ms)} ({_ms(point.latency_low_ms)}–{_ms(point.latency_high_ms)})"
+        verdict = Text(point.verdict, style={"meets": "green", "misses": "red"}.get(point.verdict, ""))
+        valid = Text("yes") if point.valid else Text("INVALID: " + "; ".join(point.reasons), style="bold red")
+        t.add_row(_rate(point.rate_rps), share, f"{point.served}/{point.offered}",
+                  f"{point.dropped}/{point.abandoned}", f"{point.throughput_rps:.3g}",
+                  "—" if point.goodput_rps is None else f"{point.goodput_rps:.3g}", _ms(point.p50_ms),
+                  _ms(point.p99_ms), interval, verdict, valid, role)
+    return t
+
+
+def latency_chart(c: LoadCurve) -> Text:
+    """The latency-against-load curve in text: one row a point, log-scaled latency."""
+    pts = sorted(c.points, key=lambda p: p.rate_rps)
+    values = [v for p in pts for v in (p.p50_ms, p.latency_ms) if v]
+    floor = c.bound.latency_floor_ms if c.bound else None
+    marks = [v for v in (floor, c.slo_ms) if v]
+    lo = max(1e-3, min(values + marks) / 1.5) if values else 1.0
+    hi = max(values + marks) * 1.2 if values else 10.0
+    span = math.log(hi / lo)
+
+    def col(v: float | None) -> int:
+        if v is None:
+            return CHART_WIDTH
+        return max(0, min(CHART_WIDTH, round(math.log(max(v, lo) / lo) / span * CHART_WIDTH)))
+
+    p = f"p{100 * c.percentile:g}"
+    out = Text(f"{c.workload} · {c.target}: latency against offered load (log scale {lo:.3g}–{hi:.3g} ms; "
+               f"▒ p50, █ {p}, ┃ SLO, │ floor: the critical-path bound)\n", style="bold")
+    for point in pts:
+        row = [" "] * (CHART_WIDTH + 1)
+        for i in range(col(point.latency_ms)):
+            row[i] = "▒" if i < col(point.p50_ms) else "█"
+        if point.latency_ms is None:
+            row[CHART_WIDTH] = "»"
+        line = Text(f"{_rate(point.rate_rps):>8} req/s ")
+        for i, ch in enumerate(row):
+            if c.slo_ms is not None and i == col(c.slo_ms):
+                line.append("┃", style="red")
+            elif floor is not None and i == col(floor):
+                line.append("│", style="green")
+            else:
+                line.append(ch, style="cyan" if ch in "▒█»" else "")
+        line.append(f" {p} {_ms(point.latency_ms)} ms" + ("" if point.valid else " (invalid)"))
+        out.append_text(line)
+        out.append("\n")
+    return out
+
+
+def curve_lines(c: LoadCurve) -> Text:
+    """The search's answer and the bound at load, in words."""
+    out = Text()
+    s = c.search
+    if s is not None:
+        p = f"p{100 * c.percentile:g}"
+        out.append(f"max rate at {p} ≤ {c.slo_ms:g} ms: ", style="bold")
+        out.append(s.words() + "\n")
+    if c.bound is not None:
+        b = c.bound
+        ceiling = "—" if b.throughput_ceiling_rps is None else f"{b.throughput_ceiling_rps:.4g} req/s"
+        out.append(f"bound at load ({b.basis} basis): latency floor {b.latency_floor_ms:.3g} ms (one call alone), "
+                   f"throughput ceiling {ceiling} (one call a critical path: {' → '.join(b.critical_stages)})")
+        if c.single_call_ms:
+            out.append(f"; measured single call {c.single_call_ms:.3g} ms = {1e3 / c.single_call_ms:.4g} req/s one "
+                       "at a time")
+        out.append("\n")
+    if c.agreement and c.agreement.get("within") is False:
+        out.append(f"this target DISAGREES with the FP32 reference (probabilities {c.agreement['max_abs_gap']:.3g} "
+                   f"apart, tolerance {c.agreement['tolerance']:g}): its speed is not the product's\n", style="bold red")
+    return out
+
+
+def streams_table(rows: list[StreamScenario]) -> FitTable:
+    t = FitTable("Stream scenario (the pipelined stream sized by its minimums)",
+                 [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("requests"),
+                  Col("seconds"), Col("req/s"), Col("latency p50/p99 ms"), Col("minimums"),
+                  Col("valid", "left", wrap=True)], sections=1)
+    for r in rows:
+        t.add_row(r.workload, r.target, str(r.requests), f"{r.total_ms / 1e3:.3g}", f"{r.throughput_rps:.3g}",
+                  f"{r.latency_p50_ms:.3g}/{r.latency_p99_ms:.3g}",
+                  f"{r.rules.get('min_requests')} req, {r.rules.get('min_duration_s', 0):g} s",
+                  "yes" if r.valid else Text("INVALID: " + "; ".join(r.reasons), style="bold red"))
+    return t
+
+
+def quality_table(rows: list[QualityRow]) -> FitTable:
+    t = FitTable("Quality beside speed: accuracy on the labelled set (95 % interval) and the reference check "
+                 "(probabilities against the FP32 reference path)",
+                 [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("adapter", "left", wrap=True),
+                  Col("single call ms"), Col("decisions/s"), Col("accuracy"), Col("set", "left", wrap=True),
+                  Col("max |Δp|"), Col("same choice"), Col("reference", "left", wrap=True)], sections=1,
+                 groups=[(2,), (3, 4), (5, 6), (7, 8, 9)])
+    for q in rows:
+        a, g = q.accuracy, q.agreement
+        acc = "—" if a is None else f"{a['value']:.3f} ({a['low']:.3f}–{a['high']:.3f}, n={a['questions']})"
+        if g is None:
+            gap, same, verdict = "—", "—", Text("not checked")
+        else:
+            gap = f"{g['max_abs_gap']:.3g}"
+            same = "—" if g.get("choice_agreement") is None else f"{g['choice_agreement']:.1%}"
+            verdict = (Text(f"agrees (≤ {g['tolerance']:g})", style="green") if g["within"]
+                       else Text(f"DISAGREES (> {g['tolerance']:g})", style="bold red"))
+        t.add_row(q.workload, q.target, q.adapter or "—", _ms(q.single_call_ms),
+                  "—" if q.decisions_per_s is None else f"{q.decisions_per_s:.3g}", acc,
+                  (a or {}).get("set") or "—", gap, same, verdict)
+    return t
+
+
+def serving_section(curves: list[LoadCurve], streams: list[StreamScenario], quality: list[QualityRow]
+                    ) -> Section | None:
+    """The section, or None when the run has no scenario beyond single calls and no quality check."""
+    if not curves and not streams and not quality:
+        return None
+    parts: list = []
+    for c in curves:
+        parts += [points_table(c), latency_chart(c), curve_lines(c)]
+    if streams:
+        parts.append(streams_table(streams))
+    if quality:
+        parts.append(quality_table(quality))
+    data = {"curves": [c.to_dict() for c in curves], "streams": [vars(s) | {"reasons": list(s.reasons)}
+                                                                 for s in streams],
+            "quality": [vars(q) for q in quality]}
+    return Section("serving", Group(*parts), data=data)

@@ -1,0 +1,160 @@
+"""The workload fields of the serving scenarios, the accuracy mode and the reference check.
+
+    scenario: server            # single (default) | stream | server | offline (package docstring)
+    serving:                    # the scenario's settings; every field has a default
+      rates: [20, 40]           # server: offered rates to measure, requests/s (fixed load points)
+      slo_ms: 100               # server: search the highest rate whose latency percentile is within this
+      percentile: 99            # that percentile of the latency (arrival → response serialized)
+      search: {low_rps: 1, high_rps: 0, points: 6, resolution: 0.05, step: 1.25, first_rps: 0}
+                                # high_rps 0: the throughput ceiling of the measured single call × 1.5;
+                                # first_rps 0: the M/D/1 rate of the measured single call (search.py)
+      arrivals: poisson         # poisson | a trace file (JSONL of {"arrival_s": s}, relative to this file)
+      queue: 64                 # requests waiting at most; an arrival finding it full is refused (a miss).
+                                #   0: unbounded
+      min_requests: 0           # a point's minimum (0: the scenario's: server the fewest for which the
+                                #   percentile's 95 % interval is bounded — 368 at p99; stream 64; offline 256)
+      min_duration_s: 1         # a point's minimum length (LoadGen: 600 s; scaled down, stated, enforced)
+      max_duration_s: 120       # a point issues no arrival past this (then it is marked, and invalid when
+                                #   short of its minimums): a point far past the capacity still ends
+      budget_s: 0               # the search starts no probe past this many seconds (0: no limit)
+      seed: null                # the arrivals' seed (default: the workload's)
+    accuracy:                   # accuracy mode, in the same run: every target scores a labelled set
+      set: digits               # digits (scikit-learn's handwritten digits, written into the run) or a
+                                #   labelled request file (JSONL with `answer`/`rewards`, relative to this file)
+      split: test               # digits: train | dev | calib | test
+      limit: 0                  # requests scored (0: all)
+    agreement:                  # every target with an FP32 reference path (the dohnuts variants)
+      sample: 2                 # the workload's first N requests, scored by both (0: no check)
+      tolerance: 0              # the largest probability gap allowed (0: 1e-4 at fp32, 0.05 at bf16)
+
+A run that did not meet a point's minimums is marked invalid in its records and the report, never
+silently short. Every problem is one ConfigError naming the workload file and the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+from dohnuts.errors import ConfigError
+from dohnuts.schema import Invalid
+
+SCENARIOS = ("single", "stream", "server", "offline")
+DEFAULT_MIN_REQUESTS = {"stream": 64, "offline": 256}  # server: stats.min_requests_for(percentile)
+DEFAULT_TOLERANCE = {"fp32": 1e-4, "bf16": 0.05}  # the reference check's stated tolerance
+MAX_RATE = 1e6
+MAX_REQUESTS = 10_000_000
+DAY = 86_400.0
+
+
+class SearchFields(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    low_rps: Annotated[float, Meta(gt=0, le=MAX_RATE, description="the lowest rate probed")] = 1.0
+    high_rps: Annotated[float, Meta(ge=0, le=MAX_RATE, description="the highest rate probed (0: 1.5 × the "
+                                                                   "single call's ceiling)")] = 0.0
+    points: Annotated[int, Meta(ge=1, le=64, description="probes at most")] = 6
+    resolution: Annotated[float, Meta(gt=0, le=1, description="stop when the bracket is this narrow")] = 0.05
+    step: Annotated[float, Meta(gt=1, le=10, description="the factor between probes before a bracket")] = 1.25
+    first_rps: Annotated[float, Meta(ge=0, le=MAX_RATE, description="the first probe (0: M/D/1 estimate)")] = 0.0
+
+
+class ServingFields(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    rates: Annotated[list[Annotated[float, Meta(gt=0, le=MAX_RATE)]], Meta(max_length=256)] = []
+    slo_ms: Annotated[float, Meta(gt=0, le=DAY * 1e3)] | None = None
+    percentile: Annotated[float, Meta(gt=0, lt=100)] = 99.0
+    search: SearchFields = SearchFields()
+    arrivals: str = "poisson"
+    queue: Annotated[int, Meta(ge=0, le=MAX_REQUESTS)] = 64
+    min_requests: Annotated[int, Meta(ge=0, le=MAX_REQUESTS)] = 0
+    min_duration_s: Annotated[float, Meta(ge=0, le=DAY)] = 1.0
+    max_duration_s: Annotated[float, Meta(gt=0, le=DAY)] = 120.0
+    budget_s: Annotated[float, Meta(ge=0, le=DAY)] = 0.0
+    seed: Annotated[int, Meta(ge=0, le=2**32 - 1)] | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_duration_s < self.min_duration_s:
+            raise Invalid(f"is {self.max_duration_s} s, below min_duration_s {self.min_duration_s} s: no point "
+                          "could be valid", field="max_duration_s")
+        if self.search.high_rps and self.search.high_rps < self.search.low_rps:
+            raise Invalid(f"is below search.low_rps {self.search.low_rps}", field="search.high_rps")
+
+
+class AccuracyFields(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    set: str
+    split: Literal["train", "dev", "calib", "test"] = "test"
+    limit: Annotated[int, Meta(ge=0, le=MAX_REQUESTS)] = 0
+
+
+class AgreementFields(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    sample: Annotated[int, Meta(ge=0, le=1024)] = 2
+    tolerance: Annotated[float, Meta(ge=0, le=1)] = 0.0
+
+    def tolerance_for(self, precision: str) -> float:
+        return self.tolerance or DEFAULT_TOLERANCE[precision]
+
+
+def percentile_fraction(serving: ServingFields) -> float:
+    return serving.percentile / 100.0
+
+
+def min_requests(scenario: str, serving: ServingFields) -> int:
+    """A point's minimum request count: the workload's, else the scenario's default."""
+    if serving.min_requests:
+        return serving.min_requests
+    if scenario == "server":
+        from dohnuts.bench.serving.stats import min_requests_for
+
+        return min_requests_for(percentile_fraction(serving))
+    return DEFAULT_MIN_REQUESTS.get(scenario, 1)
+
+
+def check_serving(scenario: str, serving: ServingFields, workload_file: Path, *, source: str,
+                  processes: tuple[int, ...], kind_is_train: bool) -> ServingFields:
+    """Checks across fields and files: the scenario's needs, the trace file (read now, so a bad
+    line is refused before anything is measured; its path is made absolute)."""
+    if scenario == "single":
+        return serving
+    if kind_is_train:
+        raise ConfigError(f"scenario {scenario!r} issues prediction requests; a train-step workload has none",
+                          source=source, field="scenario")
+    if max(processes) > 1:
+        raise ConfigError(f"scenario {scenario!r} runs in one process (processes lists {max(processes)})",
+                          source=source, field="scenario")
+    arrivals = serving.arrivals
+    if arrivals != "poisson":
+        from dohnuts.bench.serving.arrivals import read_trace
+
+        path = Path(arrivals)
+        if not path.is_absolute():
+            path = workload_file.parent / path
+        if scenario != "server":
+            raise ConfigError(f"arrival times apply to the server scenario, not {scenario!r}", source=source,
+                              field="serving.arrivals")
+        read_trace(path)  # a ConfigError naming the trace file and its line
+        serving = msgspec.structs.replace(serving, arrivals=str(path.resolve()))
+    if scenario == "server" and not serving.rates and serving.slo_ms is None and arrivals == "poisson":
+        raise ConfigError("the server scenario needs `rates`, `slo_ms` (a search) or a trace to replay",
+                          source=source, field="serving")
+    return serving
+
+
+def check_accuracy(accuracy: AccuracyFields | None, workload_file: Path, *, source: str) -> AccuracyFields | None:
+    """The labelled set must exist (a file) or be buildable (digits: scikit-learn installed)."""
+    if accuracy is None:
+        return None
+    if accuracy.set == "digits":
+        import importlib.util
+
+        if importlib.util.find_spec("sklearn") is None:
+            raise ConfigError("the digits set needs scikit-learn (pip install scikit-learn)", source=source,
+                              field="accuracy.set")
+        return accuracy
+    path = Path(accuracy.set)
+    if not path.is_absolute():
+        path = workload_file.parent / path
+    if not path.is_file():
+        raise ConfigError(f"is neither `digits` nor a labelled request file ({path} does not exist)", source=source,
+                          field="accuracy.set")
+    return msgspec.structs.replace(accuracy, set=str(path.resolve()))

@@ -1,0 +1,269 @@
+"""The run loop's side of a scenario: load points measured, one record a served request.
+
+After a target's single calls (dohnuts.bench.runner), `measure_scenario` runs the workload's
+scenario on the same target and calls:
+
+- single: the pipelined stream beside the single calls, as the harness always did
+  (dohnuts.bench.measure.measure_stream).
+- stream: that stream sized by the scenario's minimums (requests and seconds, estimated from
+  the single calls); a target without a stream runs its calls back to back. Records `phase:
+  stream`, each stamped with the rules (`extra.serving`).
+- offline: every request handed over at time 0 (an unbounded queue), served by the target's
+  `serve` (the dohnuts pipeline) or one at a time; records `phase: offline`.
+- server: load points at fixed `rates`, a replayed trace, and/or the SLO search
+  (dohnuts.bench.serving.search); records `phase: server`.
+
+A point's records are written when it ends (nothing is written while requests are in flight,
+so writing never delays a request); one record a served request, `wall_ms` its service time
+(start → completion) and `extra.serving` its times (ms since the point started: arrival, start,
+first byte, completion; latency = completion − arrival, queue = start − arrival) and the point's
+facts (`extra.serving.point`: rate, offered, served, dropped, abandoned, duration, rules, SLO,
+validity). A refused or abandoned request has no record; the point's counts hold it. The
+telemetry of the whole point is on its first record; every record carries the point's validity.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from types import SimpleNamespace
+
+import torch
+
+from dohnuts.bench.measure import measure_stream
+from dohnuts.bench.record import CallMeasurement, TargetContext, call_record, stages_dict
+from dohnuts.bench.serving.arrivals import Arrivals, all_at_once, poisson_arrivals, read_trace, trace_arrivals
+from dohnuts.bench.serving.clock import MonotonicClock
+from dohnuts.bench.serving.config import min_requests, percentile_fraction
+from dohnuts.bench.serving.queueing import md1_max_rate
+from dohnuts.bench.serving.search import SearchPlan, search_result, slo_search
+from dohnuts.bench.serving.server import ServedRequest, serve_serial
+from dohnuts.bench.serving.stats import PointSummary, Rules, summarize_point
+from dohnuts.bench.telemetry import call_energy
+from dohnuts.runtime.timing import StageTimer
+from dohnuts.schema import median
+
+MAX_SIZED_REQUESTS = 100_000  # a stream or offline set sized from the single calls, at most
+
+
+def measure_scenario(ctx: TargetContext, target, capabilities, calls: list, single_walls_ms: list[float],
+                     out) -> int:
+    """Run the workload's scenario on a built target; returns the records written."""
+    spec = ctx.spec
+    if spec.scenario == "single":
+        return measure_stream(ctx, capabilities, calls[:spec.repeat], out)
+    service_s = median(single_walls_ms) / 1e3 if single_walls_ms else 0.0
+    serving = spec.serving
+    rules = Rules(min_requests(spec.scenario, serving), serving.min_duration_s)
+    if spec.scenario == "stream":
+        n = sized(rules, service_s)
+        stamp = {"scenario": "stream", "rules": vars(rules)}
+        streamer = capabilities if capabilities.run_stream is not None else SimpleNamespace(
+            run_stream=lambda cs, timer_for: _back_to_back(ctx, target, cs, timer_for))
+        return measure_stream(ctx, streamer, [calls[j % len(calls)] for j in range(n)], _Stamped(out, stamp))
+    runner = PointRunner(ctx, target, capabilities, calls, out, rules)
+    if spec.scenario == "offline":
+        runner.measure(all_at_once(sized(rules, service_s)), role="offline", capacity=None)
+        return runner.written
+    run_server(runner, service_s)
+    return runner.written
+
+
+def sized(rules: Rules, service_s: float) -> int:
+    """Requests for a set that meets both minimums at the single calls' pace."""
+    by_time = math.ceil(rules.min_duration_s / service_s) if service_s > 0 else 1
+    return min(MAX_SIZED_REQUESTS, max(rules.min_requests, by_time))
+
+
+def run_server(runner: PointRunner, service_s: float) -> None:
+    """The server scenario's points: fixed rates, a trace replayed, then the SLO search."""
+    spec = runner.ctx.spec
+    serving = spec.serving
+    seed = serving.seed if serving.seed is not None else spec.seed
+    trace = read_trace(serving.arrivals) if serving.arrivals != "poisson" else None
+    name = serving.arrivals.rsplit("/", 1)[-1]
+
+    def arrivals(rate: float | None) -> Arrivals:
+        if trace is not None:
+            return trace_arrivals(trace, name, rate)
+        return poisson_arrivals(rate, seed=seed, min_requests=runner.rules.min_requests,
+                                min_duration_s=runner.rules.min_duration_s)
+
+    for rate in serving.rates:
+        runner.measure(arrivals(rate), role="fixed")
+    if trace is not None and not serving.rates and serving.slo_ms is None:
+        runner.measure(arrivals(None), role="replay")
+    if serving.slo_ms is None:
+        return
+    search = serving.search
+    p = percentile_fraction(serving)
+    high = search.high_rps or (2.0 / service_s if service_s > 0 else search.low_rps * 1e3)
+    first = search.first_rps or (md1_max_rate(service_s, serving.slo_ms / 1e3, p) if service_s > 0 else 0.0)
+    plan = SearchPlan(low_rps=search.low_rps, high_rps=max(high, search.low_rps), points=search.points,
+                      resolution=search.resolution, step=search.step)
+    start = time.perf_counter()
+
+    def fits(rate: float) -> bool:  # the probe's arrivals end within what is left of the budget
+        return not serving.budget_s or arrivals(rate).span_s <= serving.budget_s - (time.perf_counter() - start)
+
+    first = min(plan.high_rps, max(plan.low_rps, first or plan.low_rps))
+    if not fits(first):  # too slow a first probe for the budget: the lowest rate that fits instead
+        if not fits(plan.high_rps):
+            runner.say(f"no search probe fits budget_s {serving.budget_s:g} s")
+            return
+        lo, hi = first, plan.high_rps
+        for _ in range(30):
+            mid = math.sqrt(lo * hi)
+            lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+        runner.say(f"the first probe ({first:.3g} req/s) would outlast budget_s {serving.budget_s:g} s: starting at "
+                   f"{hi:.3g} req/s, the lowest rate whose arrivals fit")
+        first = hi
+    tried = slo_search(lambda rate: runner.measure(arrivals(rate), role="search"), first, plan, fits)
+    runner.say(f"max rate at p{serving.percentile:g} ≤ {serving.slo_ms:g} ms: {search_result(tried).words()}")
+
+
+class PointRunner:
+    """Measures load points on one target and writes their records."""
+
+    def __init__(self, ctx: TargetContext, target, capabilities, calls: list, out, rules: Rules):
+        self.ctx, self.target, self.capabilities, self.calls, self.out, self.rules = (
+            ctx, target, capabilities, calls, out, rules)
+        self.points = 0
+        self.written = 0
+
+    def say(self, text: str) -> None:
+        self.ctx.run.console.print(f"[dim]{self.ctx.spec.name} · {self.ctx.target.label}: {text}[/]")
+
+    def measure(self, arrivals: Arrivals, *, role: str, capacity: int | None | str = "workload") -> PointSummary:
+        ctx, serving = self.ctx, self.ctx.spec.serving
+        if capacity == "workload":
+            capacity = serving.queue or None
+        device = ctx.device
+        timers: dict[int, StageTimer] = {}
+
+        def timer_for(i: int) -> StageTimer:
+            timers[i] = StageTimer(device)
+            return timers[i]
+
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        e0 = ctx.telemetry.energy()
+        t0 = time.perf_counter()
+        served = None
+        if self.capabilities.serve is not None:
+            served = self.capabilities.serve(self.calls, arrivals.times_s, capacity=capacity, timer_for=timer_for,
+                                             deadline=serving.max_duration_s)
+        server = "pipelined"
+        if served is None:
+            server = "serial"
+            served = serve_serial(self._run_one(timer_for), arrivals.times_s, capacity=capacity,
+                                  clock=MonotonicClock(), deadline=serving.max_duration_s)
+        t1 = time.perf_counter()
+        e1 = ctx.telemetry.energy()
+        window, validity = ctx.telemetry.window_and_validity(t0, t1)
+        summary, facts = self._summary(arrivals, served, role, server, capacity)
+        point_energy = call_energy(e0, e1)
+        facts["energy_j"] = point_energy["joules"]  # the whole point's, from the device's counter
+        if not validity.get("valid", True):
+            facts["valid"] = False
+            facts["reasons"] = list(facts["reasons"]) + [str(r) for r in validity.get("reasons") or []]
+        self._write(served, timers, facts, window, validity, point_energy)
+        self.points += 1
+        lat = "∞" if summary.latency_ms is None else f"{summary.latency_ms:.3g} ms"
+        self.say(f"{role} {_rate(arrivals.rate_rps)}: {summary.served}/{summary.offered} served, "
+                 f"{summary.throughput_rps:.3g} req/s, p{serving.percentile:g} {lat}"
+                 + (f" ({summary.verdict})" if summary.slo_ms is not None else "")
+                 + ("" if facts["valid"] else f" — INVALID: {'; '.join(facts['reasons'])}"))
+        return summary
+
+    def _run_one(self, timer_for):
+        device, target, calls = self.ctx.device, self.target, self.calls
+
+        def run_one(req: ServedRequest):
+            result = target.run_call(calls[req.index % len(calls)], timer_for(req.index))
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return result, 0.0  # the first byte is placed from the serialize stage's time (_summary)
+
+        return run_one
+
+    def _summary(self, arrivals: Arrivals, served: list[ServedRequest], role: str, server: str,
+                 capacity) -> tuple[PointSummary, dict]:
+        serving = self.ctx.spec.serving
+        done = [r for r in served if r.outcome == "served" and r.completion is not None]
+        duration = max((r.completion for r in done), default=0.0)
+        dropped = sum(r.outcome == "dropped" for r in served)
+        abandoned = sum(r.outcome == "abandoned" for r in served)
+        stopped = len(served) < len(arrivals) or abandoned > 0
+        slo = serving.slo_ms if role != "offline" else None
+        summary = summarize_point(
+            arrivals.rate_rps, [r.completion - r.arrival for r in done], [r.start - r.arrival for r in done],
+            [r.completion - r.start for r in done], offered=len(served), dropped=dropped, abandoned=abandoned,
+            duration_s=duration, percentile=percentile_fraction(serving), slo_ms=slo, rules=self.rules,
+            stopped=stopped)
+        facts = {"scenario": self.ctx.spec.scenario, "point": self.points, "role": role, "server": server,
+                 "rate_rps": arrivals.rate_rps if math.isfinite(arrivals.rate_rps) else None,
+                 "arrivals": arrivals.source, "seed": arrivals.seed, "scheduled": len(arrivals),
+                 "offered": len(served), "served": len(done), "dropped": dropped, "abandoned": abandoned,
+                 "duration_s": duration, "stopped": stopped, "queue": capacity,
+                 "max_duration_s": serving.max_duration_s, "rules": vars(self.rules), "slo_ms": slo,
+                 "percentile": serving.percentile, "valid": summary.valid, "reasons": list(summary.reasons)}
+        return summary, facts
+
+    def _write(self, served: list[ServedRequest], timers: dict, facts: dict, window: list, validity: dict,
+               point_energy: dict) -> None:
+        ctx, first = self.ctx, True
+        # Served requests overlap one another: the counter measures the point, not a request.
+        energy = {"joules": None, "source": point_energy["source"],
+                  "reason": "a served request overlaps its neighbours: the point's total is extra.serving.point.energy_j"}
+        phase = "offline" if facts["role"] == "offline" else "server"
+        for r in served:
+            if r.outcome != "served" or r.completion is None:
+                continue
+            res = r.result
+            decisions = res["decisions"] if isinstance(res, dict) else res.decisions
+            work = res["work"] if isinstance(res, dict) else res.work
+            stages = stages_dict(timers.get(r.index) or StageTimer(ctx.device))
+            if facts["server"] == "serial" and "serialize" in stages:  # its first byte: before serializing
+                r.first_byte = max(r.start, r.completion - stages["serialize"]["host_ms"] / 1e3)
+            times = {"scenario": facts["scenario"], "request": r.index, "arrival_ms": r.arrival * 1e3, "start_ms": r.start * 1e3,
+                     "first_byte_ms": r.first_byte * 1e3, "completion_ms": r.completion * 1e3,
+                     "latency_ms": (r.completion - r.arrival) * 1e3, "queue_ms": (r.start - r.arrival) * 1e3,
+                     "service_ms": (r.completion - r.start) * 1e3}
+            record = call_record(ctx, CallMeasurement(
+                iteration=r.index, phase=phase, stages=stages,
+                wall_ms=max((r.completion - r.start) * 1e3, 1e-6), decisions=decisions, work=work,
+                window=window if first else [], validity=validity, energy=energy,
+                extra={"serving": times | {"point": facts}}))
+            self.out.write(record | ctx.ranks)
+            self.written += 1
+            first = False
+
+
+def _back_to_back(ctx: TargetContext, target, calls: list, timer_for) -> list[dict]:
+    """A stream for a target without one: its calls one after another (each enters when the
+    previous is done)."""
+    rows = []
+    for j, call in enumerate(calls):
+        t0 = time.perf_counter()
+        result = target.run_call(call, timer_for(j))
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        t1 = time.perf_counter()
+        rows.append({"decisions": result.decisions, "work": result.work, "submitted": t0, "started": t0, "done": t1})
+    return rows
+
+
+class _Stamped:
+    """A sink that adds `extra.serving` (the scenario and its rules) to every record it passes on."""
+
+    def __init__(self, out, stamp: dict):
+        self.out, self.stamp = out, stamp
+
+    def write(self, record: dict) -> None:
+        record.setdefault("extra", {})["serving"] = self.stamp
+        self.out.write(record)
+
+
+def _rate(rate: float) -> str:
+    return "all at once" if not math.isfinite(rate) else f"{rate:.3g} req/s"

@@ -1,0 +1,162 @@
+"""Latency percentiles with their intervals, and what one load point measured.
+
+Percentile: the nearest-rank value x₍⌈p·n⌉₎ of the n offered requests' latencies — a latency that
+was observed, never an interpolation — with a request that was never served (refused by a full
+queue, abandoned at the deadline) counted as an infinite latency: it missed every objective.
+
+Interval: the distribution-free 95 % interval of a quantile from order statistics: the number of
+samples at or below the true p-quantile is Binomial(n, p), so [x₍l₎, x₍u₎] with l, u from its
+2.5 % and 97.5 % points covers it with at least 95 %. When u would exceed n the interval has no
+upper end (`None`): too few requests to bound that percentile. The fewest requests for which the
+upper end exists is `min_requests_for(p)` (368 at p99, 36 at p90, 6 at p50) — the default
+minimum of a server point: far below LoadGen's Server minimum (270,336 queries in mlperf.conf,
+which pins the p99 much more tightly), but the fewest that bound the percentile at all.
+The interval treats latencies as independent; queueing
+correlates neighbours, so near saturation it is narrower than the truth: read it as a lower bound
+on the uncertainty.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+CONFIDENCE = 0.95
+
+
+def nearest_rank(sorted_values: Sequence[float], p: float) -> float:
+    """x₍⌈p·n⌉₎ of ascending values (p in (0, 1))."""
+    if not sorted_values:
+        raise ValueError("no values")
+    k = max(1, math.ceil(p * len(sorted_values) - 1e-12))
+    return sorted_values[k - 1]
+
+
+def quantile_interval(sorted_values: Sequence[float], p: float, confidence: float = CONFIDENCE
+                      ) -> tuple[float | None, float | None]:
+    """The distribution-free interval of the p-quantile (module docstring); None for an end the
+    sample cannot bound."""
+    from scipy.stats import binom
+
+    n = len(sorted_values)
+    if n == 0:
+        return None, None
+    alpha = 1 - confidence
+    lo = int(binom.ppf(alpha / 2, n, p))  # 1-based rank of the lower end: P(B <= lo - 1) <= α/2
+    hi = int(binom.ppf(1 - alpha / 2, n, p)) + 1  # P(B >= hi) <= α/2
+    low = sorted_values[lo - 1] if lo >= 1 else None
+    high = sorted_values[hi - 1] if hi <= n else None
+    return low, high
+
+
+def min_requests_for(p: float, confidence: float = CONFIDENCE) -> int:
+    """The fewest samples for which the p-quantile's interval has an upper end: 1 − pⁿ ≥ 1 − α/2."""
+    n = math.ceil(math.log((1 - confidence) / 2) / math.log(p))
+    while 1 - p ** n < 1 - (1 - confidence) / 2:  # guard the rounding of the logarithms
+        n += 1
+    return max(1, n)
+
+
+def wilson_interval(successes: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The Wilson score interval of a proportion (accuracy, choice agreement)."""
+    from scipy.stats import norm
+
+    if n == 0:
+        return 0.0, 1.0
+    z = float(norm.ppf(1 - (1 - confidence) / 2))
+    phat = successes / n
+    centre = (phat + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(phat * (1 - phat) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """A point's minimums (LoadGen's validity rules, scaled per workload)."""
+
+    min_requests: int
+    min_duration_s: float
+
+
+@dataclass(frozen=True)
+class PointSummary:
+    """What one load point measured (latencies in ms; None where unbounded or unmeasured)."""
+
+    rate_rps: float  # offered (scheduled) rate
+    offered: int  # arrivals issued
+    served: int
+    dropped: int  # refused: the queue was full
+    abandoned: int  # still waiting at the deadline
+    duration_s: float  # from the point's start to its last completion
+    throughput_rps: float  # served / duration
+    goodput_rps: float | None  # served within the SLO / duration (None without an SLO)
+    percentile: float  # p in (0, 1)
+    latency_ms: float | None  # the p-quantile of the latency (None: unbounded, misses above 1 − p)
+    latency_low_ms: float | None  # its interval
+    latency_high_ms: float | None
+    p50_ms: float | None
+    p90_ms: float | None
+    p99_ms: float | None
+    queue_p50_ms: float | None
+    service_p50_ms: float | None
+    slo_ms: float | None
+    meets_slo: bool | None  # the percentile's estimate within the SLO (None: no SLO)
+    verdict: str  # "meets" / "misses" (the interval on one side of the SLO), "inconclusive", "—"
+    valid: bool
+    reasons: tuple[str, ...] = ()
+    stopped: bool = False  # cut at the deadline (max_duration_s)
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+def _ms(x: float) -> float | None:
+    return None if math.isinf(x) else x * 1e3
+
+
+def summarize_point(rate_rps: float, latencies_s: Sequence[float], queue_s: Sequence[float],
+                    service_s: Sequence[float], *, offered: int, dropped: int, abandoned: int, duration_s: float,
+                    percentile: float, slo_ms: float | None, rules: Rules, stopped: bool = False) -> PointSummary:
+    """A load point from its served requests' latencies (arrival → completion), queueing
+    (arrival → start) and service (start → completion) times, in seconds, and its counts.
+    Unserved requests (dropped, abandoned) enter the percentiles as infinite latencies."""
+    served = len(latencies_s)
+    missing = offered - served
+    lat = sorted(list(latencies_s) + [math.inf] * missing)
+    p = percentile
+    value = nearest_rank(lat, p) if lat else math.inf
+    low, high = quantile_interval(lat, p) if lat else (None, None)
+    meets = verdict = None
+    good = None
+    if slo_ms is not None:
+        slo = slo_ms / 1e3
+        meets = value <= slo
+        good = sum(1 for x in latencies_s if x <= slo) / duration_s if duration_s > 0 else 0.0
+        if high is not None and high <= slo:
+            verdict = "meets"
+        elif low is not None and low > slo:
+            verdict = "misses"
+        else:
+            verdict = "inconclusive"
+    reasons = []
+    if offered < rules.min_requests:
+        reasons.append(f"{offered} requests < the minimum {rules.min_requests}")
+    if duration_s < rules.min_duration_s:
+        reasons.append(f"{duration_s:.3g} s < the minimum {rules.min_duration_s:g} s")
+    if stopped:
+        reasons.append("stopped at its deadline (max_duration_s): waiting requests abandoned, later arrivals "
+                       "never issued")
+    q = sorted(queue_s)
+    s = sorted(service_s)
+    return PointSummary(
+        rate_rps=rate_rps, offered=offered, served=served, dropped=dropped, abandoned=abandoned,
+        duration_s=duration_s, throughput_rps=served / duration_s if duration_s > 0 else 0.0, goodput_rps=good,
+        percentile=p, latency_ms=_ms(value), latency_low_ms=None if low is None else _ms(low),
+        latency_high_ms=None if high is None else _ms(high),
+        p50_ms=_ms(nearest_rank(lat, 0.5)) if lat else None, p90_ms=_ms(nearest_rank(lat, 0.9)) if lat else None,
+        p99_ms=_ms(nearest_rank(lat, 0.99)) if lat else None,
+        queue_p50_ms=_ms(nearest_rank(q, 0.5)) if q else None, service_p50_ms=_ms(nearest_rank(s, 0.5)) if s else None,
+        slo_ms=slo_ms, meets_slo=meets, verdict=verdict or "—", valid=not reasons, reasons=tuple(reasons),
+        stopped=stopped)

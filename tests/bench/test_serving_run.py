@@ -1,0 +1,226 @@
+"""Serving scenarios end to end on the CPU (tiny preset): the pipelined predictor as a server
+(order, times, the same scores as single calls, the bounded queue), the server scenario of
+workloads/serving/text-tiny-server.yaml through `dohnuts-bench run` (records, the report's curve
+and search, the HTML panel, the store's columns), the stream and offline scenarios, and a point
+short of its minimums marked invalid. Nothing here asserts a latency: the machine may be busy."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sqlite3
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+import dohnuts.api as api
+from dohnuts.bench.cli import main
+from dohnuts.bench.serving.pipelined import serve_pipelined
+from dohnuts.runtime.predict import Predictor
+from dohnuts.runtime.requests import Question, Request
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _requests(n: int) -> list[Request]:
+    return [Request(id=f"r{i}", prefix="shared words " * 3,
+                    questions=(Question("q0", f"which one {i}?", ("red", "green", "blue")),
+                               Question("q1", f"and now {i}?", ("yes", "no")))) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def predictor():
+    p = Predictor(api.load("tiny", device="cpu"))
+    yield p
+    p.close()
+
+
+def test_the_pipelined_server_serves_in_order_with_the_scores_of_single_calls(predictor):
+    reqs = _requests(3)
+    arrivals = [0.0, 0.0, 0.001, 0.002, 0.05, 0.05, 0.2]
+    served = serve_pipelined(predictor, reqs, arrivals, capacity=None, timer_for=lambda i: _NoTimer())
+    assert [r.outcome for r in served] == ["served"] * len(arrivals)
+    starts = [r.start for r in served]
+    assert starts == sorted(starts)  # first in, first out
+    assert [r.completion for r in served] == sorted(r.completion for r in served)
+    for r in served:
+        assert r.arrival <= r.start <= r.first_byte <= r.completion
+        alone, _ = predictor.call(reqs[r.index % 3])
+        got = r.result["output"]
+        assert got.id == alone.id and [q.probabilities for q in got.questions] == [q.probabilities
+                                                                                   for q in alone.questions]
+        assert r.result["decisions"] == 2 and r.result["work"].sequences == 2
+
+
+def test_the_pipelined_server_refuses_what_the_queue_cannot_hold(predictor):
+    # ten arrivals at once into a queue of one: the first is admitted, nine find it full
+    served = serve_pipelined(predictor, _requests(2), [0.0] * 10, capacity=1, timer_for=lambda i: _NoTimer())
+    assert [r.outcome for r in served] == ["served"] + ["dropped"] * 9
+
+
+class _NoTimer:
+    def stage(self, name):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def server_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("serve")
+    assert main(["run", str(ROOT / "workloads" / "serving" / "text-tiny-server.yaml"), "--out", str(out / "runs"),
+                 "--quiet"]) == 0
+    (run_dir,) = list((out / "runs").iterdir())
+    return run_dir
+
+
+@pytest.mark.slow
+def test_the_server_scenario_records_every_served_request(server_run):
+    records = _records(server_run)
+    served = [r for r in records if r["phase"] == "server"]
+    targets = {r["target"] for r in served}
+    assert targets == {"dohnuts", "transformers"}
+    assert all(r["scenario"] == "server" for r in records)
+    points: dict = {}
+    for r in served:
+        s = r["extra"]["serving"]
+        points.setdefault((r["target"], s["point"]["point"]), []).append(r)
+        assert s["arrival_ms"] <= s["start_ms"] <= s["first_byte_ms"] <= s["completion_ms"]
+        assert s["latency_ms"] == pytest.approx(s["completion_ms"] - s["arrival_ms"])
+        assert s["queue_ms"] == pytest.approx(s["start_ms"] - s["arrival_ms"])
+        assert r["wall_ms"] == pytest.approx(s["service_ms"]) and r["work"]["sequences"] == 2
+    for (target, _), recs in points.items():
+        facts = recs[0]["extra"]["serving"]["point"]
+        assert facts["served"] == len(recs) and facts["offered"] == facts["served"] + facts["dropped"] + \
+            facts["abandoned"]
+        assert facts["rules"] == {"min_requests": 40, "min_duration_s": 0.5}
+        assert facts["server"] == ("pipelined" if target == "dohnuts" else "serial")
+        assert sorted(r["extra"]["serving"]["request"] for r in recs) == [r["iteration"] for r in recs]
+    roles = {(t, recs[0]["extra"]["serving"]["point"]["role"]) for (t, _), recs in points.items()}
+    assert ("dohnuts", "fixed") in roles and ("transformers", "fixed") in roles  # the fixed rate, then the search
+    steady = [r for r in records if r["phase"] == "steady" and r["target"] == "dohnuts"]
+    assert steady and all(r["agreement"]["within"] and r["agreement"]["tolerance"] == 1e-4 for r in steady)
+
+
+@pytest.mark.slow
+def test_the_report_shows_the_curve_the_search_and_the_bound(server_run):
+    summary = json.loads((server_run / "summary.json").read_text())
+    curves = {c["target"]: c for c in summary["sections"]["serving"]["curves"]}
+    assert set(curves) == {"dohnuts", "transformers"}
+    for c in curves.values():
+        assert c["scenario"] == "server" and c["slo_ms"] == 400 and c["percentile"] == 0.9
+        assert c["bound"]["latency_floor_ms"] > 0 and c["bound"]["throughput_ceiling_rps"] > 0
+        assert c["search"] is not None and c["search"]["words"]
+        fixed = [p for p in c["points"] if p["role"] == "fixed"]
+        assert [p["rate_rps"] for p in fixed] == [4.0]
+        for p in c["points"]:
+            assert p["offered"] >= 1 and 0 <= p["goodput_rps"] <= p["throughput_rps"] + 1e-9
+            assert p["verdict"] in ("meets", "misses", "inconclusive")
+    text = (server_run / "report.txt").read_text()
+    assert "latency against offered load" in text and "max rate at p90 ≤ 400 ms" in text
+    assert "bound at load" in text and "throughput ceiling" in text
+    # the HTML page: the two panels a curve, and the numbers of summary.json
+    page = (server_run / "report.html").read_text()
+    keys = _data_keys(page)
+    for c in curves.values():
+        group = f"{c['workload']}|{c['target']}|server"
+        rate = c["search"]["max_rate_rps"]
+        assert keys[("max_rate_rps", group)] == ("none" if rate is None else f"{rate:.4g}")
+        assert float(keys[("latency_floor_ms", group)]) == pytest.approx(c["bound"]["latency_floor_ms"], rel=1e-2)
+        for p in c["points"]:
+            assert float(keys[("throughput_rps", f"{group}|{p['rate_rps']}")]) == pytest.approx(p["throughput_rps"],
+                                                                                                 rel=1e-3)
+    assert page.count("class=\"chart load\"") == 2 * len(curves)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="no chromium on this machine (.ci/run installs it)")
+def test_the_serving_panels_render_in_a_browser(server_run, tmp_path):
+    """The page with its serving panels loads offline in headless chromium without a console
+    message, its script runs, and every load panel is an SVG with its series drawn."""
+    args = [shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
+            "--virtual-time-budget=3000", "--dump-dom", (server_run / "report.html").as_uri()]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [line for line in done.stderr.splitlines() if "CONSOLE" in line] == []
+    assert 'data-ready="1"' in done.stdout
+    assert done.stdout.count('class="chart load"') == 4 and done.stdout.count('class="point"') >= 8
+
+
+@pytest.mark.slow
+def test_the_store_imports_the_serving_records(server_run, tmp_path):
+    store = tmp_path / "s.sqlite"
+    assert main(["store", "import", str(server_run), "--store", str(store)]) == 0
+    db = sqlite3.connect(store)
+    rows = db.execute("SELECT scenario, rate_rps, latency_ms FROM records WHERE phase = 'server'").fetchall()
+    served = [r for r in _records(server_run) if r["phase"] == "server"]
+    assert len(rows) == len(served) and all(s == "server" and lat is not None for s, _, lat in rows)
+    assert {rate for _, rate, _ in rows} >= {4.0}
+    gaps = db.execute("SELECT agreement_gap FROM records WHERE phase = 'steady' AND target = 'dohnuts'").fetchall()
+    assert gaps and all(g == 0.0 or g < 1e-4 for (g,) in gaps)
+
+
+def _data_keys(page: str) -> dict:
+    found: dict = {}
+
+    class Keys(HTMLParser):
+        current = None
+
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            self.current = (a["data-key"], a.get("data-group", "")) if "data-key" in a else None
+            if self.current:
+                found[self.current] = ""
+
+        def handle_data(self, data):
+            if self.current:
+                found[self.current] += data
+
+        def handle_endtag(self, tag):
+            self.current = None
+
+    Keys().feed(page)
+    return {k: v.strip() for k, v in found.items()}
+
+
+@pytest.mark.slow
+def test_stream_and_offline_scenarios_and_a_point_short_of_its_minimums(tmp_path):
+    common = ("targets: [dohnuts]\nmodel: tiny\nwarmup: 1\nrepeat: 3\nhalfwidth: 0\n"
+              "shape: {requests: 2, questions: 2, seq_tokens: 64, candidates: 2, candidate_tokens: 2}\n"
+              "agreement: {sample: 0}\n")
+    (tmp_path / "stream.yaml").write_text("kind: text\n" + common +
+                                          "scenario: stream\nserving: {min_requests: 12, min_duration_s: 0}\n")
+    (tmp_path / "offline.yaml").write_text("kind: text\n" + common +
+                                           "scenario: offline\nserving: {min_requests: 10, min_duration_s: 0}\n")
+    (tmp_path / "trace.jsonl").write_text("".join(json.dumps({"arrival_s": 0.05 * i}) + "\n" for i in range(5)))
+    (tmp_path / "short.yaml").write_text("kind: text\n" + common + "scenario: server\n"
+                                         "serving: {arrivals: trace.jsonl, min_requests: 10, min_duration_s: 0}\n")
+    files = [str(tmp_path / f) for f in ("stream.yaml", "offline.yaml", "short.yaml")]
+    assert main(["run", *files, "--out", str(tmp_path / "runs"), "--quiet"]) == 0
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    records = _records(run_dir)
+    stream = [r for r in records if r["workload"]["name"] == "stream" and r["phase"] == "stream"]
+    assert len(stream) == 12 and all(r["extra"]["serving"]["rules"]["min_requests"] == 12 for r in stream)
+    offline = [r for r in records if r["phase"] == "offline"]
+    assert len(offline) == 10 and all(r["extra"]["serving"]["arrival_ms"] == 0.0 for r in offline)
+    short = [r for r in records if r["workload"]["name"] == "short" and r["phase"] == "server"]
+    assert len(short) == 5 and short[0]["extra"]["serving"]["point"]["arrivals"] == "trace:trace.jsonl"
+    summary = json.loads((run_dir / "summary.json").read_text())["sections"]["serving"]
+    (stream_row,) = summary["streams"]
+    assert stream_row["requests"] == 12 and stream_row["valid"]
+    curves = {c["workload"]: c for c in summary["curves"]}
+    (off,) = curves["offline"]["points"]
+    assert off["rate_rps"] is None and off["served"] == 10 and off["throughput_rps"] > 0 and off["valid"]
+    (replay,) = curves["short"]["points"]
+    assert replay["role"] == "replay" and not replay["valid"]
+    assert replay["reasons"] == ["5 requests < the minimum 10"]  # marked invalid, not silently short
+    assert math.isclose(replay["rate_rps"], 5 / 0.2)
+    assert "INVALID: 5 requests < the minimum 10" in (run_dir / "report.txt").read_text()
