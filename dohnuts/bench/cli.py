@@ -2,10 +2,12 @@
 from what the hardware allows.
 
     dohnuts-bench run [WORKLOAD.yaml ...]    measure (no file: the embedded standard suite, workloads/*.yaml)
-    dohnuts-bench analyze RESULTS.jsonl      re-analyse raw records (from JSONL alone)
+    dohnuts-bench analyze RESULTS.jsonl      re-analyse raw records (from JSONL alone; the report files go
+                                             to --out DIR, by default a new temporary folder)
     dohnuts-bench compare RUN_A RUN_B        B against A per workload, target and stage: ratio of
                                              medians, bootstrap interval, rank test, verdict
-                                             (run directories or results.jsonl; --json OUT)
+                                             (run directories or results.jsonl; --json OUT);
+                                             exit 1 when a whole call is slower in B
     dohnuts-bench list                       plugins, workload kinds, targets, telemetry
     dohnuts-bench history                    per workload, target and stage: runs over revisions,
                                              changes flagged (the run store, results/store.sqlite)
@@ -13,8 +15,9 @@ from what the hardware allows.
     dohnuts-bench gate CURRENT --baseline B  this build against saved baselines (exit 0 / 1 / 2)
     dohnuts-bench report RUN --html          one self-contained HTML page (every run writes one)
 
-The commands live beside this module: dohnuts.bench.run_command (`run`) and
-dohnuts.bench.offline (`analyze`, `compare`).
+The commands live beside this module: dohnuts.bench.run_command (`run`), dohnuts.bench.offline
+(`analyze`, `compare`), dohnuts.bench.gate (`gate`). Reports go to stdout; status,
+progress and warnings to stderr through `logging` (dohnuts.bench.status).
 
 Bad input (a malformed or invalid workload file, an unknown kind/target/preset or target option, a
 size out of its bounds or a sequence over the model's context, a bad hwspec, an `--out` that is a
@@ -24,7 +27,8 @@ adapter file that cannot be loaded) stops the run: what was measured is reported
 line, exit 2. A target that
 runs out of device memory fails alone (run.json `failures`), the run goes on, the report is
 written, and the exit status is 1. Ctrl-C leaves a valid results.jsonl holding every completed
-record (exit 130), a second Ctrl-C during the report too. `analyze` refuses a file holding no
+record (exit 130), a second Ctrl-C during the report too; before the first call is recorded (e.g.
+while the ceilings are measured) it leaves no run behind. `analyze` refuses a file holding no
 schema-1 record, a corrupt line or run.json, or a non-finite number, the same way (exit 2).
 """
 
@@ -81,7 +85,12 @@ def cmd_list(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dohnuts-bench", description=__doc__.split("\n")[0])
+    from dohnuts import __version__
+
+    summary = " ".join(__doc__.split("\n\n")[0].split())  # the docstring's first paragraph, whole
+    p = argparse.ArgumentParser(prog="dohnuts-bench", description=summary,
+                                epilog="Status and progress go to stderr, reports to stdout.")
+    p.add_argument("--version", action="version", version=f"dohnuts-bench {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="measure workloads (default: the embedded standard suite, workloads/*.yaml)")
     r.add_argument("workloads", nargs="*", help="workload YAML files")
@@ -90,7 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--hwspec", help="hardware spec name (hwspecs/NAME.yaml) or path (default: by device name)")
     r.add_argument("--telemetry-interval", type=float, default=0.1,
                    help="seconds between telemetry samples (0.001 to 60; default: 0.1)")
-    r.add_argument("--quiet", action="store_true", help="no progress display")
+    r.add_argument("--threads", type=int, default=1,
+                   help="torch threads of a CPU run (1 to 4096; default: 1 — steady on a shared machine, see "
+                        "docs/measurement.md); a GPU run keeps torch's default")
+    r.add_argument("--quiet", action="store_true",
+                   help="no progress bars, heartbeat or status lines on stderr, warnings only (default: shown)")
     r.add_argument("--profile", action="store_true",
                    help="also write a torch.profiler trace a workload and target (RUN/traces/*.json.gz, opened by "
                         "Perfetto) of 3 more steady calls, each harness stage a named range; those calls are not "
@@ -101,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("analyze", help="re-analyse a results.jsonl")
     a.add_argument("results", help="a results.jsonl (or the run directory holding it)")
     a.add_argument("--hwspec", help="hardware spec name or path (default: the run's)")
-    a.add_argument("--out", help="folder for the report files (default: beside the JSONL)")
+    a.add_argument("--out", help="folder for the report files (default: a new temporary folder, named on stderr; "
+                                 "never the input's folder)")
     a.add_argument("--revalidate", action="store_true",
                    help="re-apply today's validity gates to the telemetry each record kept (runs recorded "
                         "under an older rule, e.g. one that excluded power-capped calls)")
@@ -127,7 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dohnuts.bench.status import configure_logging
+
     args = build_parser().parse_args(argv)
+    configure_logging(quiet=getattr(args, "quiet", False))
     try:
         return args.func(args)
     except DohnutsError as exc:
