@@ -28,7 +28,7 @@ def dohnuts_bench_prepare_run(run):
     from bench_plugins.analyzers.microbench import measure_ceilings, measure_cpu_ceilings
 
     before = load_before()
-    run.measured["machine"] = {"cpus": before["cpus"], "threads": torch.get_num_threads(), "before": before}
+    run.measured.setdefault("machine", {}).update(cpus=before["cpus"], threads=torch.get_num_threads(), before=before)
     log.info("load when the run started: other processes kept %.2f of %d cores busy (load average %.2f)",
              before["others_cores"] or 0.0, before["cpus"], before["load1"])
     if run.device.type != "cuda":

@@ -12,12 +12,16 @@ from what the hardware allows.
     dohnuts-bench history                    per workload, target and stage: runs over revisions,
                                              changes flagged (the run store, results/store.sqlite)
     dohnuts-bench store import RUN_DIR ...   finished runs into the store
-    dohnuts-bench gate CURRENT --baseline B  this build against saved baselines (exit 0 / 1 / 2)
+    dohnuts-bench baseline                   this machine's gate baseline: runs spread over time, into
+                                             results/baselines/<machine>/
+    dohnuts-bench gate CURRENT               this build against this machine's baseline (or --baseline B ...;
+                                             exit 0 passed, 1 regression, 2 bad input)
     dohnuts-bench report RUN --html          one self-contained HTML page (every run writes one)
 
 The commands live beside this module: dohnuts.bench.run_command (`run`), dohnuts.bench.offline
-(`analyze`, `compare`), dohnuts.bench.gate (`gate`). Reports go to stdout; status,
-progress and warnings to stderr through `logging` (dohnuts.bench.status).
+(`analyze`, `compare`), dohnuts.bench.baseline and dohnuts.bench.gate (`baseline`, `gate`).
+Reports go to stdout; status, progress and warnings to stderr through `logging`
+(dohnuts.bench.status).
 
 Bad input (a malformed or invalid workload file, an unknown kind/target/preset or target option, a
 size out of its bounds or a sequence over the model's context, a bad hwspec, an `--out` that is a
@@ -40,7 +44,7 @@ from importlib import resources
 from pathlib import Path
 
 from dohnuts.bench.offline import cmd_analyze, cmd_compare
-from dohnuts.bench.run_command import cmd_run
+from dohnuts.bench.run_command import DEFAULT_CPU_THREADS, cmd_run
 from dohnuts.errors import DohnutsError
 
 DEFAULT_RESULTS = Path("results/runs")
@@ -99,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--hwspec", help="hardware spec name (hwspecs/NAME.yaml) or path (default: by device name)")
     r.add_argument("--telemetry-interval", type=float, default=0.1,
                    help="seconds between telemetry samples (0.001 to 60; default: 0.1)")
-    r.add_argument("--threads", type=int, default=1,
+    r.add_argument("--threads", type=int, default=DEFAULT_CPU_THREADS,
                    help="torch threads of a CPU run (1 to 4096; default: 1 — steady on a shared machine, see "
                         "docs/measurement.md); a GPU run keeps torch's default")
     r.add_argument("--quiet", action="store_true",
@@ -130,11 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_compare)
     ls = sub.add_parser("list", help="list plugins, workload kinds, targets and telemetry")
     ls.set_defaults(func=cmd_list)
+    from dohnuts.bench.baseline import add_parser as add_baseline
     from dohnuts.bench.gate import add_parser as add_gate
     from dohnuts.bench.report_command import add_parser as add_report
     from dohnuts.bench.store_command import add_parsers
 
     add_parsers(sub)
+    add_baseline(sub)
     add_gate(sub)
     add_report(sub)
     return p

@@ -111,21 +111,23 @@ def runnable_here(specs: list, targets: dict, launchers: dict) -> list:
     return runnable
 
 
-def cmd_run(args) -> int:
+def cmd_run(args, console=None) -> int:
+    """`dohnuts-bench run`; the report goes to `console` (default: stdout)."""
     import torch
 
     threads = torch.get_num_threads()
     try:
-        return _run(args)
+        return _run(args, console)
     finally:
         torch.set_num_threads(threads)  # a CPU run sets its own (--threads); the process gets its own back
 
 
-def _run(args) -> int:
+def _run(args, console=None) -> int:
     from dohnuts.schema import write_json
     from dohnuts.bench.offline import analyze_and_report
     from dohnuts.bench.cli import console_for_output, standard_files
     from dohnuts.bench.contracts import RunContext
+    from dohnuts.bench.machine_id import this_machine
     from dohnuts.bench.plugins import check_target_options, collect, plugin_manager, samplers
     from dohnuts.bench.provenance import device_info
     from dohnuts.bench.rundir import new_run_dir
@@ -138,7 +140,7 @@ def _run(args) -> int:
 
     check_telemetry_interval(args.telemetry_interval)
     check_threads(args.threads)
-    console = console_for_output()  # the report's (stdout); status goes to the log (stderr)
+    console = console or console_for_output()  # the report's (stdout); status goes to the log (stderr)
     pm = plugin_manager()
     kinds = collect(pm, "dohnuts_bench_register_workload_kinds")
     targets = collect(pm, "dohnuts_bench_register_targets")
@@ -169,6 +171,7 @@ def _run(args) -> int:
     run_id, run_dir = new_run_dir(out_root, label)  # created only now: every input has been validated
     run = RunContext(run_id=run_id, run_dir=run_dir, device=device, hwspec=hwspec, console=console,
                      profile=args.profile)
+    run.measured["machine"] = {"id": this_machine(device)}  # what a gate baseline is kept per
 
     def discard_run() -> None:
         """Nothing was recorded: leave no run behind."""
