@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  "never the input's folder)")
     a.add_argument("--revalidate", action="store_true",
                    help="re-apply today's validity gates to the telemetry each record kept (runs recorded "
-                        "under an older rule, e.g. one that excluded power-capped calls)")
+                        "under an older rule, e.g. one that excluded power-capped calls; default: the records' own)")
     a.set_defaults(func=cmd_analyze)
     c = sub.add_parser("compare", help="compare run B against run A (ratio of medians, interval, verdict)")
     c.add_argument("run_a", metavar="RUN_A", help="run directory or results.jsonl (the baseline)")
@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--confidence", type=float, default=0.95, help="confidence of the intervals (default: 0.95)")
     c.add_argument("--min-effect", type=float, default=0.02,
                    help="smallest relative change given a verdict (default: 0.02)")
-    c.add_argument("--json", metavar="OUT", help="also write the comparison as JSON to OUT")
+    c.add_argument("--json", metavar="OUT", help="also write the comparison as JSON to OUT (default: the table only)")
     c.set_defaults(func=cmd_compare)
     ls = sub.add_parser("list", help="list plugins, workload kinds, targets and telemetry")
     ls.set_defaults(func=cmd_list)
