@@ -5,7 +5,9 @@ poll: `others_cores` is the busy CPU time of every other process since the previ
 the wall time between them (0 on an idle machine, up to `cpus`), `load1` the one-minute load
 average. Every record carries the samples taken during its call, so the report can say how busy
 the machine was while each workload was measured (dohnuts.bench.analysis.machine), and
-`dohnuts-bench analyze` can say it again from the records alone.
+`dohnuts-bench analyze` can say it again from the records alone. `own_cores` is this process's
+share over the same interval (1.0: one core all the time): a one-thread run that gets much less
+than a core was waiting for the CPU.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ class LoadSampler(Sampler):
             (t0, busy0, own0), self._last = self._last, now
         dt = now[0] - t0
         others = max(0.0, ((now[1] - busy0) - (now[2] - own0)) / dt) if dt > 0 else None
-        return {"others_cores": others, "cpus": self.cpus, "load1": os.getloadavg()[0]}
+        own = (now[2] - own0) / dt if dt > 0 else None
+        return {"others_cores": others, "own_cores": own, "cpus": self.cpus, "load1": os.getloadavg()[0]}
 
 
 def load_before(seconds: float = 0.5) -> dict:

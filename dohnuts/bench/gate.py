@@ -65,6 +65,36 @@ def _run_timings(path: Path) -> dict[str, list[float]]:
     return {f"{wl} · {tg}": s[WALL] for (wl, tg), s in samples.items() if s.get(WALL)}
 
 
+def run_load(path: str | Path) -> float | None:
+    """Cores other processes kept busy while a dohnuts-bench run measured (the median of its
+    records' `load` telemetry), or None (a pytest-benchmark file, a run without that telemetry)."""
+    from dohnuts.bench.analysis.records import read_jsonl
+
+    path = Path(path)
+    if path.is_dir():
+        path = next((path / n for n in ("results.jsonl", "results.jsonl.gz") if (path / n).is_file()), path)
+    if not path.name.startswith("results.jsonl") or not path.is_file():
+        return None
+    others = [r.get("load", {}).get("others_cores") for rec in read_jsonl(path) for r in rec.get("telemetry") or ()
+              if isinstance(r, dict) and isinstance(r.get("load"), dict)]
+    others = [x for x in others if isinstance(x, (int, float))]
+    return statistics.median(others) if others else None
+
+
+def load_note(bases: list[Path], current: str | Path) -> str | None:
+    """One line comparing the load the baseline runs and this run measured under, when known."""
+    loads = [run_load(b) for b in bases]
+    now = run_load(current)
+    if now is None or any(x is None for x in loads):
+        return None
+    line = (f"load (cores kept busy by other processes, median): baseline runs "
+            f"{', '.join(f'{x:.2f}' for x in loads)}; this run {now:.2f}")
+    if now < min(loads) - 0.5 or now > max(loads) + 0.5:
+        line += (" — outside the baseline's range: this comparison says as much about the other processes as "
+                 "about this build")
+    return line
+
+
 def gate(baselines: list[dict[str, list[float]]], current: dict[str, list[float]], *, min_effect: float = 0.1,
          confidence: float = 0.99) -> tuple[bool, list[str]]:
     """(passed, one line per benchmark) — the verdicts of compare_samples, B = current over A = the
@@ -141,7 +171,8 @@ def cmd_gate(args) -> int:
         log.warning("one baseline run (%s): no drift between runs measured, the tolerance is --min-effect alone",
                     bases[0])
     ok, lines = gate(baselines, current, min_effect=args.min_effect, confidence=args.confidence)
-    print("\n".join(lines))
+    note = load_note(bases, args.current)
+    print("\n".join(lines + ([note] if note else [])))
     print("gate: " + ("passed" if ok else "REGRESSION"), file=sys.stderr)
     return PASSED if ok else REGRESSION
 

@@ -47,6 +47,7 @@ class GroupLoad:
     others_cores_median: float
     others_cores_max: float
     load1_max: float | None
+    own_cores_median: float | None = None  # this process's share (1.0: a whole core)
 
 
 @dataclass(frozen=True)
@@ -84,19 +85,21 @@ def _number(x) -> float | None:
 
 def group_loads(records: list[dict]) -> list[GroupLoad]:
     """Per workload · target, the `load` telemetry of its calls (records without it: none)."""
-    per: dict[tuple[str, str], list[tuple[float, float | None]]] = {}
+    per: dict[tuple[str, str], list[tuple[float, float | None, float | None]]] = {}
     for rec in records:
         for row in rec.get("telemetry") or ():
             reading = row.get("load") if isinstance(row, dict) else None
             others = _number(reading.get("others_cores")) if isinstance(reading, dict) else None
             if others is not None:
-                per.setdefault(group_key(rec), []).append((others, _number(reading.get("load1"))))
+                per.setdefault(group_key(rec), []).append(
+                    (others, _number(reading.get("load1")), _number(reading.get("own_cores"))))
     out = []
     for (workload, target), rows in per.items():
-        others = [o for o, _ in rows]
-        loads = [la for _, la in rows if la is not None]
+        others = [o for o, _, _ in rows]
+        loads = [la for _, la, _ in rows if la is not None]
+        own = [x for _, _, x in rows if x is not None]
         out.append(GroupLoad(workload, target, len(rows), statistics.median(others), max(others),
-                             max(loads) if loads else None))
+                             max(loads) if loads else None, statistics.median(own) if own else None))
     return out
 
 
@@ -155,9 +158,10 @@ def machine_renderables(c: MachineConditions) -> list:
     if c.groups:
         t = FitTable("Load while measuring: cores kept busy by other processes (telemetry `load`)",
                      [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("samples"),
-                      Col("others median"), Col("others max"), Col("load avg max")], sections=1)
+                      Col("others median"), Col("others max"), Col("this process"), Col("load avg max")], sections=1)
         for g in c.groups:
             t.add_row(g.workload, g.target, str(g.samples), f"{g.others_cores_median:.2f}", f"{g.others_cores_max:.2f}",
+                      "—" if g.own_cores_median is None else f"{g.own_cores_median:.2f}",
                       "—" if g.load1_max is None else f"{g.load1_max:.2f}")
         parts.append(t)
     elif c.before is None:
