@@ -29,6 +29,22 @@ def fsync_file(path: str | Path) -> None:
         os.close(fd)
 
 
+def created_mode() -> int:
+    """The mode `open()` gives a new file here: 0o666 less the process's umask. safetensors creates
+    its files 0600 whatever the umask; the files it writes for us are given this mode instead, the
+    mode of every other file of a run (summary.json, train_log.jsonl)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:  # Linux: read without changing it
+            for line in status:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def fsync_dir(path: str | Path) -> None:
     """Flush a directory's entries (a rename or a new file in it) to the disk; a no-op where
     directories cannot be opened (Windows)."""
@@ -68,6 +84,7 @@ def save_adapter(session, path: str | Path, extra: dict | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     save_file(adapter_tensors(session), str(tmp), metadata=meta)
+    os.chmod(tmp, created_mode())  # not safetensors' 0600
     fsync_file(tmp)
     os.replace(tmp, path)  # atomic: an interrupted save never leaves a half-written adapter
     fsync_dir(path.parent)

@@ -260,7 +260,10 @@ def cmd_train(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dohnuts import __version__
+
     p = argparse.ArgumentParser(prog="dohnuts", description=__doc__.split("\n")[0])
+    p.add_argument("--version", action="version", version=f"dohnuts {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     pr = sub.add_parser("predict", help="score the candidates of every request in a JSONL file",
@@ -272,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("-o", "--output", default="-", help="output JSONL (default: stdout)")
     pr.add_argument("--model", default="tiny", help="preset name or checkpoint directory (default: tiny)")
     pr.add_argument("--adapter", help="adapter file (LoRA + head + temperature) saved by `dohnuts train`; its "
-                    "adapters are merged into the base weights before scoring (deployment)")
+                    "adapters are merged into the base weights before scoring (deployment; default: none, the base model)")
     pr.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
     pr.add_argument("--nproc-per-node", type=int, default=1,
                     help="score on N processes (one per GPU; gloo processes on a CPU) under torchrun; request k "
@@ -280,25 +283,33 @@ def build_parser() -> argparse.ArgumentParser:
     pr.set_defaults(func=cmd_predict)
 
     tr = sub.add_parser("train", help="train LoRA adapters + head with RLCD")
-    tr.add_argument("--model", default="tiny")
-    tr.add_argument("--out", default="runs/train", help="run directory (adapters, state, logs)")
+    tr.add_argument("--model", default="tiny", help="preset name (tiny, qwen3.5-0.8b/2b/4b/9b: seeded random "
+                    "weights) or a Qwen3.5 checkpoint directory (default: tiny)")
+    tr.add_argument("--out", default="runs/train", help="run directory (adapters, state, logs; default: runs/train)")
     tr.add_argument("--data", help="folder with train/dev/calib/test.jsonl (default: the synthetic task)")
-    tr.add_argument("--synthetic-train", type=int, default=200, help="synthetic training requests")
-    tr.add_argument("--updates", type=int, default=200)
-    tr.add_argument("--eval-every", type=int, default=25)
-    tr.add_argument("--lr", type=float, default=2e-3)
-    tr.add_argument("--max-grad-norm", type=float, default=1.0)
-    tr.add_argument("--lora-rank", type=int, default=8)
-    tr.add_argument("--lora-alpha", type=float, default=16.0)
-    tr.add_argument("--margin-weight", type=float, default=0.5, help="RLCD λ")
-    tr.add_argument("--margin", type=float, default=1.0, help="RLCD m")
-    tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--initialize-from", help="start from a verified adapter file instead of fresh adapters")
+    tr.add_argument("--synthetic-train", type=int, default=200,
+                    help="synthetic training requests, when no --data (default: 200)")
+    tr.add_argument("--updates", type=int, default=200,
+                    help="optimizer updates, each 4 microbatches at one parameter snapshot (default: 200)")
+    tr.add_argument("--eval-every", type=int, default=25,
+                    help="updates between evaluations on dev, which select best.safetensors (default: 25)")
+    tr.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate (default: 2e-3)")
+    tr.add_argument("--max-grad-norm", type=float, default=1.0,
+                    help="gradients clipped to this global norm each update (default: 1.0)")
+    tr.add_argument("--lora-rank", type=int, default=8, help="rank of the LoRA adapters (default: 8)")
+    tr.add_argument("--lora-alpha", type=float, default=16.0,
+                    help="LoRA scale numerator: an adapter's update is scaled by alpha / rank (default: 16.0)")
+    tr.add_argument("--margin-weight", type=float, default=0.5, help="RLCD λ, the margin term's weight (default: 0.5)")
+    tr.add_argument("--margin", type=float, default=1.0, help="RLCD m, the margin (default: 1.0)")
+    tr.add_argument("--seed", type=int, default=0,
+                    help="seed of the adapters' initialisation, the data order and the synthetic task (default: 0)")
+    tr.add_argument("--initialize-from", help="start from a verified adapter file instead of fresh adapters "
+                    "(default: fresh adapters)")
     tr.add_argument("--resume", action="store_true",  # (arguments not given again: the run's own)
                     help="continue the run in --out from its last committed checkpoint, with the arguments it "
                     "started with (only --updates, to train longer, and --device may change); without it, an --out "
-                    "that holds a run is refused")
-    tr.add_argument("--device")
+                    "that holds a run is refused (default: off)")
+    tr.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
     tr.add_argument("--nproc-per-node", type=int, default=1,
                     help="data-parallel training on N processes (one per GPU; gloo processes on a CPU) under "
                     "torchrun: microbatch i of every update runs on rank i mod N, gradients are all-reduced, rank 0 "

@@ -1,6 +1,10 @@
 """`dohnuts-bench analyze` and `compare`: the commands that read finished runs (results.jsonl or its
 archive results.jsonl.gz, and the run.json beside it), and the analysis and report `run` ends with.
 
+`analyze` never writes beside its input (a committed run stays as committed): its report files go
+to `--out DIR`, or by default to a new temporary folder, named on stderr. `compare` exits 1 when a
+workload · target's whole call is slower in B (a CI can use it), 0 otherwise, 2 on bad input.
+
 A run.json is read as `RunMeta` (dohnuts.schema: one line naming the file and the field when it
 is not usable); the records as dohnuts.bench.analysis.records reads them.
 """
@@ -13,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from dohnuts.bench.status import log
 from dohnuts.errors import ConfigError, DohnutsError
 from dohnuts.schema import convert, short, write_json
 
@@ -49,11 +54,11 @@ def analyze_and_report(results: Path, hwspec, measured: dict, run_dir: Path, con
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         records = read_jsonl(results)
-    for w in caught:
-        console.print(f"[yellow]warning[/]: {w.message}")
-    if not records:
+    if not records:  # the one line names what was skipped
         skipped = f" ({caught[0].message})" if caught else ""
         raise RecordError(f"holds no schema-1 records of a dohnuts-bench run{skipped}", source=str(results))
+    for w in caught:
+        log.warning("%s", w.message)
     for rec in records:
         check_reportable(rec)
     if revalidate:  # the validity gates of today, applied to the telemetry each record kept
@@ -108,6 +113,15 @@ def _output_dir(path: Path) -> Path:
     return path
 
 
+def _temporary_output(results: Path) -> Path:
+    """A new folder for the report files of `analyze` without --out: never the input's folder."""
+    import re
+    import tempfile
+
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", results.parent.name or "run").strip("-")[:60] or "run"
+    return Path(tempfile.mkdtemp(prefix=f"dohnuts-bench-analyze-{name}-"))
+
+
 def cmd_analyze(args) -> int:
     from dohnuts.bench.analysis import find_hwspec
     from dohnuts.bench.analysis.records import RecordError
@@ -125,7 +139,7 @@ def cmd_analyze(args) -> int:
     meta = _run_meta(path.parent / "run.json")
     hwspec = find_hwspec(args.hwspec) if args.hwspec else (
         _stored_hwspec(meta["hwspec"]) if meta.get("hwspec") else None)
-    out_dir = _output_dir(Path(args.out) if args.out else path.parent)
+    out_dir = _output_dir(Path(args.out)) if args.out else _temporary_output(path)
     try:
         analyze_and_report(path, hwspec, meta.get("measured") or {}, out_dir, make_console(),
                            revalidate=args.revalidate)
@@ -136,6 +150,8 @@ def cmd_analyze(args) -> int:
         # foreign or hand-edited file): one line naming the file, not a traceback.
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
         raise RecordError(f"cannot be analysed ({reason})", source=str(path)) from None
+    if not args.out:
+        log.info("report files: %s (a new temporary folder; --out DIR chooses one)", out_dir)
     return 0
 
 
@@ -161,7 +177,7 @@ def cmd_compare(args) -> int:
             warnings.simplefilter("always")
             records = read_jsonl(path)
         for w in caught:
-            console.print(f"[yellow]warning[/]: {w.message}")
+            log.warning("%s", w.message)
         if not any(r.get("phase", "steady") == "steady" for r in records):
             raise DohnutsError("holds no steady-state records", source=str(path))
         runs.append(records)
@@ -178,5 +194,11 @@ def cmd_compare(args) -> int:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)
         write_json(out, comparison_dict(comparison), indent=2)
-        console.print(f"[dim]wrote {out}[/]")
+        log.info("wrote %s", out)
+    from dohnuts.bench.analysis.compare import SLOWER, WALL
+
+    slower = [f"{r.workload} · {r.target}" for r in comparison.rows if r.stage == WALL and r.verdict == SLOWER]
+    if slower:
+        log.warning("slower in B (whole call): %s", ", ".join(slower))
+        return 1
     return 0

@@ -37,6 +37,14 @@ def _given(argv: list[str], flag: str) -> bool:
     return False
 
 
+def finished(ckpt: Path, cfg) -> bool:
+    """The run's last checkpoint is its final update and its summary (the selection, calibration
+    and test) is written: a resume would have nothing to do."""
+    from dohnuts.train.checkpoints import SUMMARY, read_checkpoint
+
+    return read_checkpoint(ckpt).update >= cfg.updates and (Path(cfg.out) / SUMMARY).is_file()
+
+
 def _resume_defaults(args) -> None:
     """`--resume`: every run argument not written on the command line takes the value the run
     started with (its checkpoint's config), so `dohnuts train --out RUN --resume` continues RUN
@@ -126,6 +134,10 @@ def train_command(args, *, launch, progress) -> int:
         )
     if ckpt is not None:  # changed arguments are refused before the model is loaded
         check_resumable(read_checkpoint(ckpt), cfg, data_fingerprint(data), str(args.out))
+        if finished(ckpt, cfg):
+            print(f"dohnuts: {args.out} holds a finished run (update {cfg.updates} of {cfg.updates}; the result is in "
+                  f"its summary.json): nothing to resume; a larger --updates trains it further", file=sys.stderr)
+            return 0
     # Several processes (torchrun): every rank has checked the run directory before rank 0 writes.
     world, device = join(args.device)
     cfg = msgspec.structs.replace(cfg, device=device)

@@ -34,7 +34,7 @@ import msgspec
 import psutil
 import torch
 
-from dohnuts.adapters import fsync_dir, fsync_file, load_adapter, save_adapter
+from dohnuts.adapters import created_mode, fsync_dir, fsync_file, load_adapter, save_adapter
 from dohnuts.errors import CheckpointError, ConfigError, DohnutsError
 from dohnuts.runtime.process_group import SINGLE, World
 from dohnuts.runtime.predict import RequestResult
@@ -165,6 +165,7 @@ class Trainer:
             state.update({f"rng.cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
         state.update(opt_tensors)
         save_file(state, str(tmp / "state.safetensors"))
+        os.chmod(tmp / "state.safetensors", created_mode())  # not safetensors' 0600
         fsync_file(tmp / "state.safetensors")
         files = ["adapter.safetensors", "state.safetensors"]
         if self.best["update"] is not None:

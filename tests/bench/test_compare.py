@@ -208,9 +208,14 @@ def test_cli_compare_prints_the_verdicts_and_writes_json(tmp_path, capsys, monke
     a = _run_dir(tmp_path, "a", _records(10, seed=1) + _records(10, seed=3, workload="steady"))
     b = _run_dir(tmp_path, "b", _records(10, seed=2, scale=2.0) + _records(10, seed=4, workload="steady"))
     out = tmp_path / "cmp.json"
-    assert main(["compare", str(a), str(b / "results.jsonl"), "--json", str(out)]) == 0
-    text = capsys.readouterr().out
+    # exit 1: a whole call is slower in B (a CI can use it); the table is on stdout, the verdict on stderr
+    assert main(["compare", str(a), str(b / "results.jsonl"), "--json", str(out)]) == 1
+    captured = capsys.readouterr()
+    text = captured.out
     assert "slower" in text and "no detectable change" in text
+    assert "slower in B (whole call): w · dohnuts" in captured.err
+    assert main(["compare", str(a), str(a)]) == 0  # the same run: no change
+    assert main(["compare", str(b), str(a)]) == 0  # B faster than A: not a regression
     data = json.loads(out.read_text())
     verdicts = {(r["workload"], r["stage"]): r["verdict"] for r in data["rows"]}
     assert verdicts[("w", "wall")] == SLOWER and verdicts[("steady", "wall")] == NO_CHANGE

@@ -171,6 +171,31 @@ def test_resume_refuses_changed_arguments(finished, tmp_path, capsys, arg, value
     assert _snapshot(run) == before
 
 
+def test_resume_of_a_finished_run_says_so_and_changes_nothing(finished, tmp_path, capsys):
+    """A finished run resumed as it is: one plain line, exit 0, not a word about dropped or
+    replayed records, and every file as it was (the selection is not run again)."""
+    data, run = _copy(finished, tmp_path)
+    before = _snapshot(run)
+    assert main(["train", "--out", str(run), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert f"dohnuts: {run} holds a finished run (update 2 of 2" in err and "nothing to resume" in err
+    assert "dropped" not in err and "replayed" not in err and err.count("\n") == 1
+    assert _snapshot(run) == before
+
+
+def test_every_file_of_a_run_has_the_same_mode(finished):
+    """best.safetensors and the checkpoint's safetensors files get the mode of every other file
+    (safetensors alone would create them 0600)."""
+    import stat
+
+    from dohnuts.adapters import created_mode
+
+    run = finished / "run"
+    modes = {str(p.relative_to(run)): stat.S_IMODE(p.stat().st_mode) for p in run.rglob("*") if p.is_file()}
+    assert "best.safetensors" in modes and any(name.endswith("state.safetensors") for name in modes)
+    assert set(modes.values()) == {created_mode()}, modes
+
+
 @pytest.mark.slow
 def test_resume_takes_the_run_arguments_not_given_again(finished, tmp_path, capsys):
     """`dohnuts train --out RUN --resume` continues RUN with its own arguments (found on the GPU:
