@@ -34,11 +34,11 @@ import msgspec
 import psutil
 import torch
 
-from dohnuts.adapters import fsync_dir, fsync_file, load_adapter, save_adapter
+from dohnuts.adapters import fsync_dir, fsync_file, load_adapter, save_adapter, save_safetensors
 from dohnuts.errors import CheckpointError, ConfigError, DohnutsError
 from dohnuts.runtime.process_group import SINGLE, World
 from dohnuts.runtime.predict import RequestResult
-from dohnuts.schema import dumps
+from dohnuts.schema import append_line, dumps
 from dohnuts.train.calibration import expected_calibration_error, fit_temperature, nll
 from dohnuts.train.checkpoints import (
     BEST, CHECKPOINT_FORMAT, CHECKPOINTS, LOG, POINTER, SUMMARY, check_resumable, check_run_dir, config_record,
@@ -142,8 +142,6 @@ class Trainer:
 
     def _save_checkpoint(self) -> None:
         """Write the state of `self.update` as a new checkpoint directory, then commit it."""
-        from safetensors.torch import save_file
-
         root = self.out / CHECKPOINTS
         name = f"update-{self.update:06d}"
         if name == self.checkpoint:
@@ -164,8 +162,7 @@ class Trainer:
         if torch.cuda.is_available():
             state.update({f"rng.cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
         state.update(opt_tensors)
-        save_file(state, str(tmp / "state.safetensors"))
-        fsync_file(tmp / "state.safetensors")
+        save_safetensors(state, tmp / "state.safetensors")
         files = ["adapter.safetensors", "state.safetensors"]
         if self.best["update"] is not None:
             try:
@@ -269,8 +266,8 @@ class Trainer:
         if torch.cuda.is_available():
             rec["gpu_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
         rec.update(fields)
-        with (self.out / LOG).open("a") as f:
-            f.write(dumps(rec, list_nonfinite=True) + "\n")
+        # One whole line or none: a full disk leaves the log valid up to its last complete record.
+        append_line(self.out / LOG, dumps(rec, list_nonfinite=True), error=TrainingError)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -280,20 +277,27 @@ class Trainer:
         metrics = evaluate(self.session, self.data.dev)
         self._record("dev", **metrics)
         if metrics["accuracy"] > self.best["accuracy"]:
+            try:
+                save_adapter(self.session, self.out / BEST, extra={"update": self.update})
+            except OSError as exc:
+                raise CheckpointError(f"update {self.update}: cannot be written ({exc.strerror or exc}); "
+                                      f"{self._kept()}", source=str(self.out / BEST)) from None
             self.best = {"update": self.update, "accuracy": metrics["accuracy"]}
-            save_adapter(self.session, self.out / BEST, extra={"update": self.update})
         self.log(f"update {self.update}: dev accuracy {metrics['accuracy']:.3f} (best {self.best['accuracy']:.3f} "
                  f"at update {self.best['update']})")
+
+    def _kept(self) -> str:
+        return f"the checkpoint {self.checkpoint} is intact" if self.checkpoint else "no checkpoint was committed"
 
     def _checkpoint(self) -> None:
         if not self.world.is_main:
             return
         try:
             self._save_checkpoint()
-        except OSError as exc:
-            kept = f"the checkpoint {self.checkpoint} is intact" if self.checkpoint else "no checkpoint was committed"
+        except OSError as exc:  # a full disk, no permission (safetensors' own errors come as OSError)
+            shutil.rmtree(self.out / CHECKPOINTS / f".tmp-update-{self.update:06d}", ignore_errors=True)
             raise CheckpointError(f"update {self.update}: the checkpoint cannot be written ({exc.strerror or exc}); "
-                                  f"{kept}", source=str(self.out / CHECKPOINTS)) from None
+                                  f"{self._kept()}", source=str(self.out / CHECKPOINTS)) from None
 
     def train(self, progress=None, stop_at: int | None = None) -> None:
         """Run updates up to cfg.updates (or `stop_at`, which simulates an interruption)."""
@@ -348,7 +352,11 @@ class Trainer:
         # Store the fitted temperature with the selected adapter (the weights are unchanged).
         best = api.load(self.cfg.model, adapter=self.out / BEST, device=self.cfg.device, seed=self.cfg.seed)
         best.temperature = model.temperature
-        save_adapter(best, self.out / BEST, extra={"update": self.best["update"]})
-        write_atomic(self.out / SUMMARY, dumps(summary, list_nonfinite=True, indent=2).encode())
+        try:
+            save_adapter(best, self.out / BEST, extra={"update": self.best["update"]})
+            write_atomic(self.out / SUMMARY, dumps(summary, list_nonfinite=True, indent=2).encode())
+        except OSError as exc:
+            raise CheckpointError(f"the selected adapter or summary.json cannot be written ({exc.strerror or exc}); "
+                                  f"{self._kept()}", source=str(self.out)) from None
         self._record("summary", **summary)
         return summary
