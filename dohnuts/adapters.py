@@ -180,7 +180,7 @@ def read_adapter(path: str | Path) -> tuple[dict[str, torch.Tensor], AdapterMeta
             for k in f.keys():
                 dtype = f.get_slice(k).get_dtype()
                 if dtype not in _FLOAT_DTYPES:
-                    raise CheckpointError(f"tensor {k!r} is {dtype}; adapter tensors are floating point", source=path)
+                    raise CheckpointError(f"tensor {k!r} is {dtype}; adapter tensors must be floating point", source=path)
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except CheckpointError:
         raise

@@ -17,7 +17,7 @@ from dohnuts.model.lora import LoRAConfig
 from dohnuts.model.scorer import ScoringModel
 from dohnuts.runtime.policy import PRODUCT, ExecutionPolicy
 from dohnuts.runtime.session import Session
-from dohnuts.runtime.tokenizer import tokenizer_for
+from dohnuts.runtime.tokenizer import check_vocabulary, tokenizer_for
 
 
 def default_device() -> torch.device:
@@ -30,14 +30,18 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 def _weights_fingerprint(root: Path) -> str:
-    """A cheap identity of a checkpoint's weights: safetensors headers + every 1-D tensor's bytes."""
+    """A cheap identity of a checkpoint's weights: the safetensors headers of the files that hold the
+    model (those the index names, or model.safetensors; any other file is not read) + every 1-D
+    tensor's bytes."""
     from safetensors import safe_open
 
+    from dohnuts.model.checkpoint import MAX_HEADER_BYTES, checkpoint_files
+
     h = hashlib.sha256()
-    for f in sorted(root.glob("*.safetensors")):
-        with open(f, "rb") as fh:
+    for f in sorted(set(checkpoint_files(root).values())):
+        with open(f, "rb") as fh:  # a regular file (checkpoint_files checked it) with a valid header length
             n = int.from_bytes(fh.read(8), "little")
-            h.update(fh.read(n))
+            h.update(fh.read(min(n, MAX_HEADER_BYTES)))
         with safe_open(str(f), framework="pt") as st:
             for k in sorted(st.keys()):
                 t = st.get_slice(k)
@@ -62,6 +66,8 @@ def load(source: str | Path = "tiny", *, adapter: str | Path | None = None, lora
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
     cfg, ckpt = resolve_source(source)
+    tokenizer = tokenizer_for(cfg, ckpt)
+    check_vocabulary(cfg, tokenizer, ckpt)  # before any weight is read: an id past the embedding is refused now
     backbone, vision_tensors = build_text_backbone(cfg, device=device, dtype=dtype, seed=seed, checkpoint_dir=ckpt)
     # Preset weights are drawn on the device (dohnuts.model.checkpoint.init_weights): the identity
     # says which kind of device drew them.
@@ -74,7 +80,7 @@ def load(source: str | Path = "tiny", *, adapter: str | Path | None = None, lora
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    session = Session(model, tokenizer=tokenizer_for(cfg, ckpt),
+    session = Session(model, tokenizer=tokenizer,
                       base_identity={"config_hash": cfg.config_hash(), "weights": weights}, max_len=max_len,
                       _policy=_policy)
     if adapter is not None:

@@ -46,6 +46,7 @@ and exits with status 2.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -55,7 +56,7 @@ import msgspec.inspect
 from msgspec import Meta
 
 from dohnuts.errors import ConfigError, DohnutsError
-from dohnuts.schema import Invalid, NonBlank, convert, one_line, one_line_error, read_yaml, short
+from dohnuts.schema import Invalid, NonBlank, convert, one_line_error, read_yaml, short
 
 
 @dataclass(frozen=True)
@@ -269,25 +270,17 @@ def _build_spec(path: Path, source: str, raw_bytes: bytes, data: dict, kinds: di
 def model_config(model: str, source: str):
     """The ModelConfig of a workload's `model` (a preset, or a checkpoint directory's config.json);
     a ConfigError naming the workload file and its `model` field otherwise."""
-    from dohnuts.config import preset
+    from dohnuts.config import preset, preset_aliases, preset_names
+    from dohnuts.model.build import resolve_source
 
     if not model.strip() or "\x00" in model:
         raise ConfigError("must name a preset or a checkpoint directory", source=source, field="model")
+    if "/" not in model and model not in (*preset_names(), *preset_aliases()) and not os.path.lexists(model):
+        return preset(model, source=source, field_name="model")  # unknown: ConfigError naming file and field
     try:
-        is_dir = Path(model).is_dir()
-    except OSError as exc:  # e.g. a name too long for a path
-        raise ConfigError(f"is neither a preset nor a readable directory ({exc.strerror or exc})", source=source,
-                          field="model") from None
-    if is_dir:
-        from dohnuts.model.checkpoint import read_config
-
-        try:
-            return read_config(Path(model))
-        except DohnutsError as exc:
-            raise ConfigError(f"is not a usable checkpoint ({exc})", source=source, field="model") from None
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"is not a usable checkpoint ({one_line(exc)})", source=source, field="model") from None
-    return preset(model, source=source, field_name="model")  # raises ConfigError naming file and field
+        return resolve_source(model)[0]  # the rule of `dohnuts predict --model` (dohnuts.model.build)
+    except DohnutsError as exc:
+        raise ConfigError(f"is not a usable checkpoint ({exc})", source=source, field="model") from None
 
 
 def runtime_max_len() -> int:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import io
 import math
-import os
 import time
 import warnings
 from dataclasses import dataclass
