@@ -125,8 +125,9 @@ def read_yaml(path: str | Path) -> tuple[bytes, Any]:
 
 def parse_yaml(raw: bytes | str, source: str) -> Any:
     """One YAML document read strictly (StrictLoader, bounded expansion); one ConfigError line otherwise."""
-    loader = StrictLoader(raw)  # bytes: PyYAML decodes them (UTF-8, or UTF-16 with a byte-order mark)
+    loader = None
     try:
+        loader = StrictLoader(raw)  # bytes: PyYAML decodes them (UTF-8, or UTF-16 with a byte-order mark)
         node = loader.get_single_node()
         if node is not None and expanded_size(node) > MAX_YAML_VALUES:
             raise ConfigError(f"expands to more than {MAX_YAML_VALUES:,} values through its aliases (*name); "
@@ -135,4 +136,5 @@ def parse_yaml(raw: bytes | str, source: str) -> Any:
     except (yaml.YAMLError, RecursionError, ValueError) as exc:  # ValueError: an integer too long to read
         raise one_line_error(yaml_error(exc, source)) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
