@@ -103,11 +103,27 @@ MAX_ADAPTER_BYTES = 4 * GIB  # an adapter of a 9B model at rank 64 is ≈ 1.3 GB
 _FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 
 
+class AdapterLoRA(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The `lora` metadata of an adapter file: every field written (a default would silently change
+    the adapters' scale), within LoRAConfig's bounds."""
+
+    rank: int
+    alpha: float
+    dropout: float
+    targets: list[str]
+
+    def __post_init__(self) -> None:
+        self.config()  # LoRAConfig's checks (Invalid names the field)
+
+    def config(self) -> LoRAConfig:
+        return LoRAConfig(rank=self.rank, alpha=self.alpha, dropout=self.dropout, targets=tuple(self.targets))
+
+
 class AdapterMeta(msgspec.Struct, frozen=True, kw_only=True):
     """An adapter file's metadata, each field checked (`read_adapter_meta`): LoRA config within its
     bounds, a finite positive temperature, the base identity and `extra` as JSON objects."""
 
-    lora: LoRAConfig
+    lora: AdapterLoRA
     base_identity: dict[str, str]
     temperature: Positive = 1.0
     extra: dict[str, Any] = {}
@@ -204,7 +220,7 @@ def load_adapter(session, path: str | Path) -> dict:
                 f"belongs to a base with {key}={have.get(key)!r}, but the loaded base has {key}={want.get(key)!r}",
                 source=path, field=f"base_identity.{key}",
             )
-    cfg = meta.lora
+    cfg = meta.lora.config()
     if session.lora is not None and session.lora != cfg:
         raise CheckpointError(f"has LoRA config {cfg} but the model carries {session.lora}", source=path,
                               field="lora")

@@ -29,6 +29,31 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+def check_device(spec: str | None) -> str | None:
+    """A `--device` argument checked before anything is built: cpu, cuda or cuda:N of a visible GPU;
+    anything else (tpu, foo:bar, cuda on a torch without CUDA) is one DohnutsError line."""
+    from dohnuts.errors import DohnutsError
+
+    if spec is None:
+        return None
+    where = f"--device {spec}"
+    try:
+        dev = torch.device(spec)
+    except (RuntimeError, ValueError):
+        raise DohnutsError("is not a device (use cpu, cuda or cuda:N)", source=where) from None
+    if dev.type == "cpu":
+        return spec
+    if dev.type != "cuda":
+        raise DohnutsError(f"device type '{dev.type}' is not supported (use cpu, cuda or cuda:N)", source=where)
+    if not torch.cuda.is_available():
+        raise DohnutsError("CUDA is not available (this torch has no CUDA, or no GPU is visible); use --device cpu",
+                           source=where)
+    n = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= n:
+        raise DohnutsError(f"only {n} CUDA device(s) are visible (cuda:0 to cuda:{n - 1})", source=where)
+    return spec
+
+
 def _weights_fingerprint(root: Path) -> str:
     """A cheap identity of a checkpoint's weights: the safetensors headers of the files that hold the
     model (those the index names, or model.safetensors; any other file is not read) + every 1-D

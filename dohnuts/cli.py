@@ -93,27 +93,10 @@ def _predict_paths(args) -> tuple[Path, Path | None]:
 
 
 def _predict_device(spec: str | None) -> str | None:
-    """`--device` checked before the model is built: cpu, cuda or cuda:N of a visible GPU."""
-    if spec is None:
-        return None
-    import torch
+    """`--device` checked before the model is built (dohnuts.api.check_device)."""
+    from dohnuts.api import check_device
 
-    where = f"--device {spec}"
-    try:
-        dev = torch.device(spec)
-    except (RuntimeError, ValueError):
-        raise DohnutsError("is not a device (use cpu, cuda or cuda:N)", source=where) from None
-    if dev.type == "cpu":
-        return spec
-    if dev.type != "cuda":
-        raise DohnutsError(f"device type '{dev.type}' is not supported (use cpu, cuda or cuda:N)", source=where)
-    if not torch.cuda.is_available():
-        raise DohnutsError("CUDA is not available (this torch has no CUDA, or no GPU is visible); use --device cpu",
-                           source=where)
-    n = torch.cuda.device_count()
-    if dev.index is not None and dev.index >= n:
-        raise DohnutsError(f"only {n} CUDA device(s) are visible (cuda:0 to cuda:{n - 1})", source=where)
-    return spec
+    return check_device(spec)
 
 
 class _Stdout:

@@ -112,6 +112,9 @@ def cmd_run(args) -> int:
     from dohnuts.bench.workload import load_workload
 
     check_telemetry_interval(args.telemetry_interval)
+    from dohnuts.bench.telemetry import default_min_clock_fraction
+
+    default_min_clock_fraction()  # a garbled DOHNUTS_BENCH_MIN_CLOCK_FRACTION is refused before anything runs
     console = console_for_output()
     pm = plugin_manager()
     kinds = collect(pm, "dohnuts_bench_register_workload_kinds")

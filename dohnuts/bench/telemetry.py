@@ -27,6 +27,7 @@ heavy call (measured on the H200: docs/known-issues.md KI-15). The runner writes
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -38,16 +39,20 @@ CLOCK_KEYS = (("sm_clock_mhz", "max_sm_clock_mhz", "SM"), ("gfx_clock_mhz", "max
 
 
 def default_min_clock_fraction() -> float:
-    """0.9, or `DOHNUTS_BENCH_MIN_CLOCK_FRACTION` when set (a number in (0, 1])."""
+    """0.9, or `DOHNUTS_BENCH_MIN_CLOCK_FRACTION` when set (a number in (0, 1]); anything else is one
+    ConfigError line naming the variable."""
+    from dohnuts.errors import ConfigError
+
     raw = os.environ.get("DOHNUTS_BENCH_MIN_CLOCK_FRACTION")
     if raw is None or not raw.strip():
         return DEFAULT_MIN_CLOCK_FRACTION
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"DOHNUTS_BENCH_MIN_CLOCK_FRACTION must be a number in (0, 1], got {raw!r}") from None
-    if not 0.0 < value <= 1.0:
-        raise ValueError(f"DOHNUTS_BENCH_MIN_CLOCK_FRACTION must be in (0, 1], got {value}")
+        value = math.nan
+    if not 0.0 < value <= 1.0:  # NaN fails too
+        raise ConfigError(f"must be a number in (0, 1], got {raw[:40]!r}",
+                          source="environment variable DOHNUTS_BENCH_MIN_CLOCK_FRACTION")
     return value
 
 

@@ -38,7 +38,7 @@ from dohnuts.adapters import fsync_dir, fsync_file, load_adapter, save_adapter, 
 from dohnuts.errors import CheckpointError, ConfigError, DohnutsError
 from dohnuts.runtime.process_group import SINGLE, World
 from dohnuts.runtime.predict import RequestResult
-from dohnuts.schema import append_line, dumps
+from dohnuts.schema import append_line, dumps, short
 from dohnuts.train.calibration import expected_calibration_error, fit_temperature, nll
 from dohnuts.train.checkpoints import (
     BEST, CHECKPOINT_FORMAT, CHECKPOINTS, LOG, POINTER, SUMMARY, check_resumable, check_run_dir, config_record,
@@ -234,15 +234,16 @@ class Trainer:
             self.optimizer.load_state_dict(optimizer_state(state, manifest.optimizer, self.optimizer.state_dict()))
             self.scheduler.lr_lambdas = [_schedule(self.cfg)]
             self.scheduler.load_state_dict(dict(manifest.scheduler))
-        except (ValueError, KeyError, RuntimeError) as exc:
-            raise CheckpointError(f"does not fit this model's optimizer ({exc})", source=str(ckpt)) from None
+        except (ValueError, KeyError, RuntimeError, TypeError, IndexError) as exc:
+            raise CheckpointError(f"does not fit this model's optimizer ({short(exc, 200, str)})",
+                                  source=str(ckpt)) from None
         torch.set_rng_state(state["rng.torch"])
         cuda = [state[k] for k in sorted((k for k in state if k.startswith("rng.cuda.")), key=lambda k: int(k[9:]))]
         if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda)
         v, internal, gauss = manifest.python_rng
         random.setstate((v, tuple(internal), gauss))
-        self.update, self.best = manifest.update, dict(manifest.best)
+        self.update, self.best = manifest.update, {"update": manifest.best.update, "accuracy": manifest.best.accuracy}
         self.checkpoint = ckpt.name
         if not self.world.is_main:
             return True  # the run's files are rank 0's to restore
@@ -251,10 +252,14 @@ class Trainer:
             if not cur.exists() or sha256_of(cur) != manifest.files[BEST].sha256:
                 write_atomic(cur, (ckpt / BEST).read_bytes())  # the selection as of the checkpoint
         if len(log_data) > keep:
-            dropped = log_data[keep:].count(b"\n")
+            tail = log_data[keep:]
+            dropped = tail.count(b"\n")
+            partial = len(tail) - tail.rfind(b"\n") - 1  # bytes after the last complete record (a cut line)
+            what = [f"{dropped} record{'s' * (dropped != 1)}"] if dropped else []
+            what += [f"a cut last line ({partial} bytes without its end)"] if partial else []
             write_atomic(log, log_data[:keep])
-            self.log(f"train_log.jsonl: dropped {dropped} records written after the checkpoint of update "
-                     f"{self.update} (they are replayed)")
+            self.log(f"train_log.jsonl: dropped {' and '.join(what)} written after the checkpoint of update "
+                     f"{self.update} (its updates are replayed)")
         prune_checkpoints(ckpt.parent, ckpt.name)  # what an interrupted save left (never named by `latest`)
         return True
 
