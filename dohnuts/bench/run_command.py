@@ -157,7 +157,7 @@ def cmd_run(args) -> int:
     try:
         pm.hook.dohnuts_bench_prepare_run(run=run)
         write_json(run_dir / "run.json", meta, indent=2, default=str)
-        store.add_run(run_id, meta)
+        _store_run(store, run_id, meta, console)  # the store is a copy: a store that fails is a warning
         console.print(f"run [bold]{run_id}[/] → {results} (and {store.path})")
         telemetry.start()
         try:
@@ -201,6 +201,12 @@ def cmd_run(args) -> int:
             _html(run_dir, store.path, console)
         for t in run.traces:
             console.print(f"[dim]trace: {run_dir / t['path']} (open in Perfetto: ui.perfetto.dev)[/]")
+    except DohnutsError as exc:
+        if error is None:
+            raise
+        # The report failed after the run itself did (a full disk fails both): the run's own error
+        # is the one line; results.jsonl holds every record written whole before it.
+        console.print(f"[yellow]warning[/]: no report ({exc})")
     except KeyboardInterrupt:
         # A second Ctrl-C (or the first, during the report): results.jsonl is complete and closed.
         print("dohnuts-bench: interrupted while writing the report; results.jsonl holds every completed call "

@@ -28,7 +28,9 @@
                                 #   replace the CPU ones key by key; any field but `kind` and `on_gpu`
 
 Every size has an upper bound (above; each kind's `Shape` declares its own, e.g. questions ≤ 4096),
-so a typo cannot ask for a run that never ends. The longest sequence a workload's calls hold
+so a typo cannot ask for a run that never ends. What every record copies is bounded too: names and
+labels (200 characters) and a target's `options` (4096 bytes as JSON: YAML aliases can make a few
+hundred bytes stand for megabytes), and the options are checked against the target's `Options`. The longest sequence a workload's calls hold
 (its kind's `sequence_tokens(shape, model_config)`: `seq_tokens`, plus the image tokens of the
 largest image for the image kinds) must fit the model's context: the smaller of the config's
 `max_position_embeddings` (preset or checkpoint config.json) and the runtime's `max_len`
@@ -56,7 +58,7 @@ import msgspec.inspect
 from msgspec import Meta
 
 from dohnuts.errors import ConfigError, DohnutsError
-from dohnuts.schema import Invalid, NonBlank, convert, one_line_error, read_yaml, short
+from dohnuts.schema import Invalid, NonBlank, convert, dumps, one_line_error, read_yaml, short
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,11 @@ class WorkloadSpec:
 
 MAX_PROCESSES = 1024
 MAX_TARGETS = 64
+# What is copied into every record is bounded: a workload's name and a target's label and options
+# (a few hundred bytes of YAML could otherwise put megabytes into each of thousands of records).
+MAX_NAME_CHARS = 200
+MAX_OPTIONS_BYTES = 4096
+Name = Annotated[str, Meta(max_length=MAX_NAME_CHARS)]
 ProcessCount = Annotated[int, Meta(ge=1, le=MAX_PROCESSES)]
 
 
@@ -106,17 +113,23 @@ class TargetEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """`{name, label, options}`: a registered target, how its results are labelled (default: its
     name; unique within the workload) and its options."""
 
-    name: str
-    label: NonBlank | None = None
+    name: Name
+    label: Annotated[NonBlank, Meta(max_length=MAX_NAME_CHARS)] | None = None
     options: dict[str, Any] = {}
+
+    def __post_init__(self) -> None:
+        size = len(dumps(self.options, default=str))  # as every record of the target carries them
+        if size > MAX_OPTIONS_BYTES:
+            raise Invalid(f"are {size} bytes as JSON, over the {MAX_OPTIONS_BYTES} bytes a record carries",
+                          field="options")
 
 
 class WorkloadFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The fields of a workload file (the module docstring); `shape` is checked against its kind's
     `Shape` and `targets` against the registered targets by `load_workload`."""
 
-    kind: str
-    name: str = ""
+    kind: Name
+    name: Name = ""
     targets: Annotated[list[str | TargetEntry], Meta(min_length=1, max_length=MAX_TARGETS)] = \
         msgspec.field(default_factory=lambda: ["dohnuts"])
     model: str = "tiny"

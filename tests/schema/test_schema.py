@@ -70,8 +70,10 @@ def test_prefix_error_class_and_unprintable_keys():
 
 def test_decode_json_strict_and_typed():
     assert decode_json(b'{"name": "x", "ratio": 0.25}', Doc, source="d.json").ratio == 0.25
-    with pytest.raises(ConfigError, match=r"d.json: is not valid JSON"):
+    with pytest.raises(ConfigError, match=r"^d.json: field 'name': must be a finite number, got NaN$"):
         decode_json(b'{"name": NaN}', Doc, source="d.json")
+    with pytest.raises(ConfigError, match=r"^d.json: is not valid JSON"):
+        decode_json(b'{"name": ', Doc, source="d.json")
     with pytest.raises(ConfigError, match=r"d.json: field 'sizes\[0\]': must be >= 1, got 0"):
         decode_json(b'{"name": "x", "sizes": [0]}', Doc, source="d.json")
 
