@@ -11,6 +11,8 @@ is not usable); the records as dohnuts.bench.analysis.records reads them.
 
 from __future__ import annotations
 
+import os
+import stat
 import warnings
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,9 @@ import msgspec
 
 from dohnuts.bench.status import log
 from dohnuts.errors import ConfigError, DohnutsError
-from dohnuts.schema import convert, short, write_json
+from dohnuts.schema import MIB, check_output, convert, read_file, short, stat_path, write_json
+
+MAX_RUN_JSON_BYTES = 64 * MIB
 
 
 def make_console():
@@ -86,12 +90,9 @@ class RunMeta(msgspec.Struct):
 
 def _run_meta(run_json: Path) -> dict:
     """The run.json beside a results.jsonl ({} when there is none); a corrupt one is refused."""
-    if not run_json.exists():
+    if not os.path.lexists(run_json):
         return {}
-    try:
-        raw = run_json.read_bytes()
-    except OSError as exc:
-        raise DohnutsError(f"cannot be read ({exc.strerror or exc})", source=str(run_json)) from None
+    raw = read_file(run_json, max_bytes=MAX_RUN_JSON_BYTES, what="a run's JSON")
     try:
         meta = msgspec.json.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
@@ -122,20 +123,40 @@ def _temporary_output(results: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"dohnuts-bench-analyze-{name}-"))
 
 
+def results_path(arg: str) -> Path:
+    """The results file an argument names: a results.jsonl (or .jsonl.gz), or a run directory
+    holding one. A path that is missing, too long, a FIFO or a device is one line (the reader
+    checks the file's type and size before it opens it)."""
+    path = Path(arg)
+    st = stat_path(path, error=DohnutsError)
+    if stat.S_ISDIR(st.st_mode):  # a run directory (an archived run: results.jsonl.gz)
+        plain, archived = path / "results.jsonl", path / "results.jsonl.gz"
+        path = plain if os.path.lexists(plain) or not os.path.lexists(archived) else archived
+        if not os.path.lexists(path):
+            raise DohnutsError("does not exist (expected a run directory or its results.jsonl)", source=str(path))
+    return path
+
+
+def _json_output(arg: str) -> Path:
+    """`compare --json OUT`: its folder created if need be, OUT new or a regular file (a directory,
+    /dev/full, a FIFO, a name too long or a read-only place is one line, before the comparison)."""
+    out = Path(arg)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as exc:
+        raise DohnutsError(f"cannot be created ({getattr(exc, 'strerror', None) or exc})", source=str(out),
+                           field="--json") from None
+    check_output(out, field="--json", what="a JSON file to write")
+    if not os.access(out.parent, os.W_OK):
+        raise DohnutsError("cannot be written (its folder is not writable)", source=str(out), field="--json")
+    return out
+
+
 def cmd_analyze(args) -> int:
     from dohnuts.bench.analysis import find_hwspec
     from dohnuts.bench.analysis.records import RecordError
 
-    path = Path(args.results)
-    try:
-        if path.is_dir():  # a run directory, as `compare` takes (an archived run: results.jsonl.gz)
-            path = path / "results.jsonl" if (path / "results.jsonl").exists() or not (
-                path / "results.jsonl.gz").exists() else path / "results.jsonl.gz"
-        exists = path.exists()
-    except (OSError, ValueError) as exc:  # e.g. a name too long for a path
-        raise DohnutsError(f"cannot be read ({getattr(exc, 'strerror', None) or exc})", source=str(path)) from None
-    if not exists:
-        raise DohnutsError("does not exist", source=str(path))
+    path = results_path(args.results)
     meta = _run_meta(path.parent / "run.json")
     hwspec = find_hwspec(args.hwspec) if args.hwspec else (
         _stored_hwspec(meta["hwspec"]) if meta.get("hwspec") else None)
@@ -162,15 +183,7 @@ def cmd_compare(args) -> int:
     from dohnuts.bench.analysis.records import read_jsonl
 
     console = make_console()
-    paths = []
-    for arg in (args.run_a, args.run_b):
-        path = Path(arg)
-        if path.is_dir():
-            path = path / "results.jsonl" if (path / "results.jsonl").exists() or not (
-                path / "results.jsonl.gz").exists() else path / "results.jsonl.gz"
-        if not path.is_file():
-            raise DohnutsError("does not exist (expected a run directory or its results.jsonl)", source=str(path))
-        paths.append(path)
+    paths = [results_path(arg) for arg in (args.run_a, args.run_b)]
     runs = []
     for path in paths:
         with warnings.catch_warnings(record=True) as caught:
@@ -181,6 +194,7 @@ def cmd_compare(args) -> int:
         if not any(r.get("phase", "steady") == "steady" for r in records):
             raise DohnutsError("holds no steady-state records", source=str(path))
         runs.append(records)
+    json_out = _json_output(args.json) if args.json else None  # refused before any work, in one line
     comparison = compare_runs(runs[0], runs[1], confidence=args.confidence, min_effect=args.min_effect,
                               label_a=str(paths[0]), label_b=str(paths[1]))
     if not comparison.rows:
@@ -190,11 +204,9 @@ def cmd_compare(args) -> int:
     console.print(comparison_table(comparison))
     for note in comparison.warnings:
         console.print(f"[yellow]warning[/]: {note}")
-    if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        write_json(out, comparison_dict(comparison), indent=2)
-        log.info("wrote %s", out)
+    if json_out is not None:
+        write_json(json_out, comparison_dict(comparison), indent=2)
+        log.info("wrote %s", json_out)
     from dohnuts.bench.analysis.compare import SLOWER, WALL
 
     slower = [f"{r.workload} · {r.target}" for r in comparison.rows if r.stage == WALL and r.verdict == SLOWER]

@@ -140,6 +140,9 @@ def _run(args, console=None) -> int:
 
     check_telemetry_interval(args.telemetry_interval)
     check_threads(args.threads)
+    from dohnuts.bench.telemetry import default_min_clock_fraction
+
+    default_min_clock_fraction()  # a garbled DOHNUTS_BENCH_MIN_CLOCK_FRACTION is refused before anything runs
     console = console or console_for_output()  # the report's (stdout); status goes to the log (stderr)
     pm = plugin_manager()
     kinds = collect(pm, "dohnuts_bench_register_workload_kinds")
@@ -198,7 +201,7 @@ def _run(args, console=None) -> int:
             progress.phase("preparing the run (the ceilings of this machine)")
             pm.hook.dohnuts_bench_prepare_run(run=run)
             write_json(run_dir / "run.json", meta, indent=2, default=str)
-            store.add_run(run_id, meta)
+            _store_run(store, run_id, meta)  # the store is a copy: a store that fails is a warning
             log.info("run %s → %s (and %s)", run_id, results, store.path)
             telemetry.start()
             try:
@@ -238,6 +241,12 @@ def _run(args, console=None) -> int:
             _html(run_dir, store.path)
         for t in run.traces:
             log.info("trace: %s (open in Perfetto: ui.perfetto.dev)", run_dir / t["path"])
+    except DohnutsError as exc:
+        if error is None:
+            raise
+        # The report failed after the run itself did (a full disk fails both): the run's own error
+        # is the one line; results.jsonl holds every record written whole before it.
+        log.warning("no report (%s)", exc)
     except KeyboardInterrupt:
         # A second Ctrl-C (or the first, during the report): results.jsonl is complete and closed.
         print("dohnuts-bench: interrupted while writing the report; results.jsonl holds every completed call "
