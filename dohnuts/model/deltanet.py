@@ -117,8 +117,8 @@ class GatedDeltaNet(nn.Module):
 
     def _conv(self, mixed: torch.Tensor, conv_state: torch.Tensor | None, return_state: bool):
         """The short conv of (B, T, ·): ((q, k, v), conv state, whether q and k come out normalised).
-        One conv per part (on the GPU, outside training): q, k and v come out contiguous; in a
-        stateless inference pass q and k also come out L2-normalised."""
+        On the GPU (training and inference alike) one kernel for the three parts: q, k and v come
+        out contiguous, q and k L2-normalised."""
         cfg = self.cfg
         return ops.causal_conv1d_qkv(
             mixed, self.conv1d.weight.squeeze(1), [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim],
@@ -134,7 +134,7 @@ class GatedDeltaNet(nn.Module):
         k = k.reshape(B, T, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
         v = v.reshape(B, T, cfg.linear_num_value_heads, cfg.linear_value_head_dim)  # (B, T, HV, V)
         # The gates stay raw: beta = sigmoid(b) and the log-space decay g = -exp(A_log) ·
-        # softplus(a + dt_bias) <= 0 (FP32) are computed inside fla's kernels on the GPU.
+        # softplus(a + dt_bias) <= 0 (FP32) are computed in one kernel on the GPU (dohnuts.ops).
         return ops.gated_delta_rule_from_logits(
             q, k, v, a, b, self.A_log, self.dt_bias, initial_state=recurrent, output_final_state=return_state,
             use_qk_l2norm=not qk_normalised, before_state=before_state,

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 
 import torch
 
-from dohnuts import ops
-
 
 @dataclass(frozen=True)
 class KVState:
@@ -39,15 +37,10 @@ class LinearAttentionState:
     recurrent: torch.Tensor
 
     def fork(self, n: int) -> LinearAttentionState:
-        # Outside autograd both stay batch-broadcast views: the inference conv kernel and the
-        # inference delta rule read them through their strides (dohnuts.ops._conv_kernel,
-        # _delta_h_kernel); other paths copy what they need dense. Under autograd the branches get
-        # real copies: `expand` + `contiguous` keeps the edge to the prefix (gradients of all
-        # branches add up), and fla's training kernels index the state densely.
-        conv, rec = self.conv.expand(n, -1, -1), self.recurrent.expand(n, -1, -1, -1)
-        if ops.recording(self.conv, self.recurrent):
-            return LinearAttentionState(conv.contiguous(), rec.contiguous())
-        return LinearAttentionState(conv, rec)
+        # Batch-broadcast views, with or without autograd: the conv kernel and the delta rule read
+        # them through their strides (dohnuts.ops._conv_kernel, _delta_h_kernel), and their
+        # backward gives each branch its gradient, which `expand` sums into the prefix's state.
+        return LinearAttentionState(self.conv.expand(n, -1, -1), self.recurrent.expand(n, -1, -1, -1))
 
 
 LayerState = KVState | LinearAttentionState

@@ -1,11 +1,12 @@
-"""Triton kernel: Gated DeltaNet's short causal conv + SiLU (+ per-head L2 norm), with conv state
-in and out, in one pass.
+"""Triton kernels: Gated DeltaNet's short causal conv + SiLU (+ per-head L2 norm), with conv state
+in and out, in one pass — and its backward. `conv_silu_parts` is the differentiable op (a
+torch.autograd.Function): training and prediction run the same forward kernel.
 
-Every inference pass (no autograd) runs the q, k and v parts of the packed projection through this
-kernel, all three in one launch: q and k go conv → SiLU → L2 norm per head, v conv → SiLU. It
-replaces, per layer, fla's three conv kernels, its three conv-state kernels, the copies that made
-a forked (batch-broadcast) or sliced state dense, the concatenation of the three final states,
-and the delta rule's two L2-norm kernels: a launch a layer instead of about ten.
+Every pass (inference and training) runs the q, k and v parts of the packed projection through the
+forward kernel, all three in one launch: q and k go conv → SiLU → L2 norm per head, v conv → SiLU.
+It replaces, per layer, fla's three conv kernels, its three conv-state kernels, the copies that
+made a forked (batch-broadcast) or sliced state dense, the concatenation of the three final
+states, and the delta rule's two L2-norm kernels: a launch a layer instead of about ten.
 
 - The input is read in place (strided rows of the packed projection); each part's output is
   written (B, T, C_part) contiguous, the parts one after another in one buffer.
@@ -14,8 +15,8 @@ and the delta rule's two L2-norm kernels: a launch a layer instead of about ten.
 - The final state (the last W inputs, the layout of `dohnuts.ops.conv`) is written through the
   strides of the caller's buffer: each part writes its channels of the one-conv (B, D, W) state.
 
-No autograd: dohnuts.ops.conv uses it only outside training. CPU tensors run in Triton's
-interpreter (the CPU tests).
+The backward (dohnuts.ops._conv_bwd_kernel) recomputes the conv from x and the state instead of
+saving it. CPU tensors run in Triton's interpreter (the CPU tests).
 """
 
 from __future__ import annotations
@@ -135,16 +136,7 @@ def conv_silu_parts_triton(x: torch.Tensor, weight: torch.Tensor, head_dim: int,
     and v (q and k normalised) take one launch a layer instead of three."""
     B, T, C = x.shape
     W = weight.shape[-1]
-    if (weight.shape != (C, W) or C % head_dim or head_dim & (head_dim - 1) or not 1 <= len(sizes) <= 3
-            or sum(sizes) != C or any(n <= 0 or n % head_dim for n in sizes) or not 0 <= normalized_parts <= len(sizes)):
-        raise ValueError(f"conv_silu: x {tuple(x.shape)}, weight {tuple(weight.shape)}, head_dim {head_dim}, parts "
-                         f"{list(sizes)}: need weight (C, W), 1–3 parts that are multiples of head_dim (a power of "
-                         "two) and sum to C")
-    for name, s in (("initial_state", initial_state), ("final_state", final_state)):
-        if s is not None and (s.shape[1:] != (C, W) or s.shape[0] not in (1, B)):
-            raise ValueError(f"conv_silu: {name} {tuple(s.shape)} for x {tuple(x.shape)} and width {W}: need (B, C, W)")
-    if final_state is not None and final_state.shape[0] != B:
-        raise ValueError(f"conv_silu: final_state {tuple(final_state.shape)} needs batch {B}")
+    _check_parts(x, weight, head_dim, sizes, normalized_parts, initial_state, final_state)
     if x.stride(-1) != 1:
         x = x.contiguous()
     buf = torch.empty(B * T * C, dtype=x.dtype, device=x.device)
@@ -173,3 +165,69 @@ def conv_silu_parts_triton(x: torch.Tensor, weight: torch.Tensor, head_dim: int,
         else:  # the interpreter cannot benchmark configs: run the given block
             _conv_kernel.fn[grid](*args, **flags, BT=cpu_block_t)
     return tuple(ys)
+
+
+def _check_parts(x, weight, head_dim, sizes, normalized_parts, initial_state, final_state):
+    B, T, C = x.shape
+    W = weight.shape[-1]
+    if (weight.shape != (C, W) or C % head_dim or head_dim & (head_dim - 1) or not 1 <= len(sizes) <= 3
+            or sum(sizes) != C or any(n <= 0 or n % head_dim for n in sizes) or not 0 <= normalized_parts <= len(sizes)):
+        raise ValueError(f"conv_silu: x {tuple(x.shape)}, weight {tuple(weight.shape)}, head_dim {head_dim}, parts "
+                         f"{list(sizes)}: need weight (C, W), 1–3 parts that are multiples of head_dim (a power of "
+                         "two) and sum to C")
+    for name, s in (("initial_state", initial_state), ("final_state", final_state)):
+        if s is not None and (s.shape[1:] != (C, W) or s.shape[0] not in (1, B)):
+            raise ValueError(f"conv_silu: {name} {tuple(s.shape)} for x {tuple(x.shape)} and width {W}: need (B, C, W)")
+    if final_state is not None and final_state.shape[0] != B:
+        raise ValueError(f"conv_silu: final_state {tuple(final_state.shape)} needs batch {B}")
+
+
+class ConvSiluParts(torch.autograd.Function):
+    """`conv_silu_parts_triton` with its backward (`conv_silu_parts_bwd_triton`): → (*parts, final
+    state or None). Gradients reach x, the weight and the initial state — also a forked one, a
+    batch-broadcast view of a prefix's state that is part of the graph (the shared training pass):
+    its gradient is per branch, and autograd's expand sums the branches into the prefix."""
+
+    @staticmethod
+    def forward(ctx, x, weight, initial_state, head_dim, sizes, normalized_parts, output_final_state, eps,
+                cpu_block_t):
+        B, _, C = x.shape
+        final = x.new_empty(B, C, weight.shape[-1]) if output_final_state else None
+        # Tap-major weight (one small copy a layer): each tap's channels are then contiguous.
+        weight = weight.t().contiguous().t()  # (C, W) with strides (1, C)
+        outs = conv_silu_parts_triton(x, weight, head_dim, sizes, normalized_parts=normalized_parts,
+                                      initial_state=initial_state, final_state=final, eps=eps, cpu_block_t=cpu_block_t)
+        ctx.save_for_backward(x, weight, initial_state)
+        ctx.args = (head_dim, list(sizes), normalized_parts, eps, cpu_block_t)
+        ctx.set_materialize_grads(False)
+        return (*outs, final)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        from dohnuts.ops._conv_bwd_kernel import conv_silu_parts_bwd_triton
+
+        x, weight, initial_state = ctx.saved_tensors
+        head_dim, sizes, normalized_parts, eps, cpu_block_t = ctx.args
+        B, T, _ = x.shape
+        dys = [x.new_zeros(B, T, n) if g is None else g.to(x.dtype).contiguous() for n, g in zip(sizes, grads)]
+        state_grad = initial_state is not None and ctx.needs_input_grad[2]
+        dx, dw, ds0 = conv_silu_parts_bwd_triton(x, weight, head_dim, sizes, normalized_parts, dys, initial_state,
+                                                 grads[-1], state_grad, ctx.needs_input_grad[1], eps, cpu_block_t)
+        if ds0 is not None:
+            if initial_state.shape[0] != B:  # one state read by every row
+                ds0 = ds0.sum(0, keepdim=True)
+            ds0 = ds0.to(initial_state.dtype)
+        return dx, None if dw is None else dw.to(weight.dtype), ds0, None, None, None, None, None, None
+
+
+def conv_silu_parts(x: torch.Tensor, weight: torch.Tensor, head_dim: int, sizes: list[int], *,
+                    normalized_parts: int, initial_state: torch.Tensor | None = None,
+                    output_final_state: bool = False, eps: float = 1e-6,
+                    cpu_block_t: int = 32) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+    """The differentiable `conv_silu_parts_triton`: x (B, T, C), weight (C, W) (any layout: the
+    kernel reads a tap-major copy) → (parts, final state (B, C, W) or None). One forward kernel with
+    or without autograd; under autograd the backward is `conv_silu_parts_bwd_triton`."""
+    _check_parts(x, weight, head_dim, sizes, normalized_parts, initial_state, None)
+    *outs, final = ConvSiluParts.apply(x, weight, initial_state, head_dim, tuple(sizes), normalized_parts,
+                                       output_final_state, eps, cpu_block_t)
+    return tuple(outs), final

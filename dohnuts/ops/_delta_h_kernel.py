@@ -27,7 +27,10 @@ Per (sequence, value head, V block), over chunks t of BT tokens (fla's algorithm
 storing o (FUSE_O) or h[t] = S at the chunk's start and v_new (read by fla's output kernel), and
 optionally the final S. S enters every product in k's dtype, as fla's stored h[t] does.
 
-No autograd (inference only). CPU tensors run in Triton's interpreter (the CPU tests).
+The kernel has no backward of its own: it is the forward of dohnuts.ops.delta_rule.ChunkedDeltaRule
+(training and prediction alike), whose backward is fla's, and whose backward recomputes the chunk
+states of a forked state with `delta_h_triton` (fla's state kernel would index it densely). CPU
+tensors run in Triton's interpreter (the CPU tests).
 """
 
 from __future__ import annotations

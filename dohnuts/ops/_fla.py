@@ -8,9 +8,10 @@ delta rule's backward kernel `chunk_bwd_dqkwg` on Hopper GPUs with Triton in [3.
 because that Triton miscompiles it at block size BK=64. Qwen3.5's key head dim is 128, for
 which Hopper selects BK=128; fla's guard does not distinguish the two. We lift the guard only
 for head dims whose block size is 128 on Hopper, and only because our own GPU gradient-parity
-test (tests/gpu/test_ops.py::test_gated_delta_rule_grad_parity_qwen_sizes) compares that exact
-backward against an FP32 reference on every GPU test run. For any other head dim the guard
-stays and fla raises its own error. The lift is announced once on stderr; it is never silent.
+tests (tests/gpu/test_ops.py::test_gated_delta_rule_grad_parity_qwen_sizes,
+tests/gpu/test_delta_rule.py::test_delta_rule_gradients_qwen_sizes) compare that exact backward
+against an FP32 reference on every GPU test run. dohnuts.ops.delta_rule.ChunkedDeltaRule checks
+the head dim in its forward when a backward will follow: for any other head dim it raises. The lift is announced once on stderr; it is never silent.
 """
 
 from __future__ import annotations
@@ -29,14 +30,16 @@ def fla() -> SimpleNamespace:
     from fla.modules.norm.layernorm import rms_norm
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-    # the forward steps of chunk_gated_delta_rule, for the inference path (no autograd wrapper)
-    from fla.modules.norm.l2norm import l2norm_fwd
-    from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
-    from fla.ops.common.chunk_o import chunk_fwd_o
+    # the steps of chunk_gated_delta_rule's forward and backward, for dohnuts' own autograd Function
+    # (dohnuts.ops.delta_rule.ChunkedDeltaRule: dohnuts' forward kernels, fla's backward)
+    from fla.modules.norm.l2norm import l2norm_bwd, l2norm_fwd
+    from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu, chunk_gated_delta_rule_fwd_h
+    from fla.ops.common.chunk_o import chunk_bwd_dqkwg, chunk_bwd_dv_local, chunk_fwd_o
     from fla.ops.gated_delta_rule.chunk_fwd import (
         chunk_gated_delta_rule_fwd_intra,
         chunk_gated_delta_rule_fwd_kkt_solve_kernel,
     )
+    from fla.ops.gated_delta_rule.wy_fast import prepare_wy_repr_bwd, recompute_w_u_fwd
     from fla.ops.utils.constant import RCP_LN2
 
     return SimpleNamespace(**locals())  # every name imported above, as itself

@@ -3,6 +3,10 @@
 The conv state of a sequence is its last W inputs, shape (B, D, W), oldest first; a fresh
 sequence starts from zeros. This is the layout of both fla's Triton kernel and transformers'
 cache, so a state can be handed from a prefix pass to suffix passes (shared-prefix forking).
+
+Gated DeltaNet's conv (`causal_conv1d_qkv`, and `causal_conv1d_parts`) runs dohnuts' Triton
+kernel on CUDA, with and without autograd (dohnuts.ops._conv_kernel: one forward kernel, its
+own backward), reading a forked state in place; `causal_conv1d` is fla's conv.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dohnuts.ops._dispatch import recording, use_fused
+from dohnuts.ops._dispatch import use_fused
 
 
 def causal_conv1d_reference(
@@ -71,6 +75,15 @@ def causal_conv1d_parts_reference(
     return y.split(sizes, dim=-1), final
 
 
+def _tile(sizes: list[int]) -> int:
+    """The kernel's channels a program for parts of `sizes`: the largest power of two up to 128
+    that divides every part (0 if under 16, or more than three parts: fla's conv then)."""
+    tile = 128
+    while tile >= 16 and any(n % tile for n in sizes):
+        tile //= 2
+    return tile if tile >= 16 and 1 <= len(sizes) <= 3 else 0
+
+
 def causal_conv1d_parts_fused(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -78,19 +91,14 @@ def causal_conv1d_parts_fused(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
 ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
-    if recording(x, weight, initial_state):  # training keeps its one conv (and its backward) exactly as before
+    tile = _tile(sizes)
+    if not tile:
         y, final = causal_conv1d_fused(x, weight, initial_state, output_final_state)
         return y.split(sizes, dim=-1), final
-    outs, finals, start = [], [], 0
-    for n in sizes:
-        part = slice(start, start + n)
-        # fla reads the strided column slice in place and writes a contiguous (B, T, n) output.
-        y, final = causal_conv1d_fused(x[..., part], weight[part],
-                                       None if initial_state is None else initial_state[:, part], output_final_state)
-        outs.append(y)
-        finals.append(final)
-        start += n
-    return tuple(outs), torch.cat(finals, dim=1) if output_final_state else None  # (B, D, W)
+    from dohnuts.ops._conv_kernel import conv_silu_parts
+
+    return conv_silu_parts(x, weight, tile, list(sizes), normalized_parts=0, initial_state=initial_state,
+                           output_final_state=output_final_state)
 
 
 def causal_conv1d_parts(
@@ -103,9 +111,9 @@ def causal_conv1d_parts(
     """`causal_conv1d` with its output split into channel groups of `sizes`: (outputs, state).
 
     The numbers are those of one conv then `split` (a depthwise conv treats channels apart), and
-    the state keeps the one-conv layout (B, D, W). Without autograd recording, the fused path runs
-    one conv per group, so each output comes out contiguous: Gated DeltaNet's q, k and v then
-    reach fla's delta rule without the copies its input guard makes of strided views."""
+    the state keeps the one-conv layout (B, D, W). The fused path (up to three parts that are
+    multiples of 16) is one launch of dohnuts' conv kernel that writes each output contiguous:
+    Gated DeltaNet's q, k and v then reach the delta rule without copies of strided views."""
     fn = causal_conv1d_parts_fused if use_fused(x) else causal_conv1d_parts_reference
     return fn(x, weight, sizes, initial_state, output_final_state)
 
@@ -121,25 +129,21 @@ def causal_conv1d_qkv(
     """Gated DeltaNet's conv over its packed q/k/v projection: `causal_conv1d_parts` with sizes
     [q, k, v], plus whether q and k came out already L2-normalised per head of `key_head_dim`.
 
-    Fused and without autograd (every inference pass: stateless, a prefix that returns its state,
-    a suffix that starts from a forked one), one Triton kernel computes the three parts: conv +
-    SiLU, plus the L2 norm for q and k, reading the state through its strides (a forked state may
-    be a batch-broadcast view) and writing the (B, D, W) final state. The caller then skips the
-    delta rule's own normalisation (normalised = True). Under autograd, and on the
-    reference path, this is `causal_conv1d_parts` and the delta rule normalises (normalised =
-    False): training keeps fla's conv and fused L2-norm backward."""
-    if (use_fused(x) and not recording(x, weight, initial_state) and len(sizes) == 3
-            and key_head_dim & (key_head_dim - 1) == 0 and all(n % key_head_dim == 0 for n in sizes)):
-        from dohnuts.ops._conv_kernel import conv_silu_parts_triton
+    Fused (every pass, inference and training alike: stateless, a prefix that returns its state, a
+    suffix that starts from a forked one), one Triton kernel computes the three parts: conv + SiLU,
+    plus the L2 norm for q and k, reading the state through its strides (a forked state may be a
+    batch-broadcast view) and writing the (B, D, W) final state; its backward gives x, the weight
+    and the state their gradients (dohnuts.ops._conv_kernel). The caller then skips the delta
+    rule's own normalisation (normalised = True). On the reference path this is
+    `causal_conv1d_parts` and the delta rule normalises (normalised = False)."""
+    if (use_fused(x) and len(sizes) == 3 and key_head_dim & (key_head_dim - 1) == 0
+            and all(n % key_head_dim == 0 for n in sizes)):
+        from dohnuts.ops._conv_kernel import conv_silu_parts
 
-        B, _, D = x.shape
-        final = x.new_empty(B, D, weight.shape[-1]) if output_final_state else None
-        # Tap-major weight (one small copy a layer): each tap's channels are then contiguous.
-        weight = weight.t().contiguous().t()  # (D, W) with strides (1, D)
         # q, k and v in one launch, each a contiguous block of one buffer: faster than a launch a
         # part at every measured size (`kernel_lab.py conv_parts`, docs/history/evolution.md M21)
-        outs = conv_silu_parts_triton(x, weight, key_head_dim, list(sizes), normalized_parts=2,
-                                      initial_state=initial_state, final_state=final)
-        return tuple(outs), final, True
+        outs, final = conv_silu_parts(x, weight, key_head_dim, list(sizes), normalized_parts=2,
+                                      initial_state=initial_state, output_final_state=output_final_state)
+        return outs, final, True
     parts, state = causal_conv1d_parts(x, weight, sizes, initial_state, output_final_state)
     return parts, state, False

@@ -10,19 +10,24 @@ q and k are L2-normalised first (Qwen3.5 always does). Query/key heads are share
 HV / H consecutive value heads (grouped value attention). Shapes: q, k (B, T, H, K);
 v (B, T, HV, V); g, beta (B, T, HV); state (B, HV, K, V) in FP32.
 
-Three implementations with one signature: the fused fla chunked kernel (GPU), a chunked FP32
-torch reference (CPU; the WY/UT-transform algorithm of fla and transformers), and a naive
-token-by-token recurrence used only by tests as the ground truth.
+Three implementations with one signature: the fused chunked op (GPU; `ChunkedDeltaRule`, a
+torch.autograd.Function whose forward is the prediction path's kernels — dohnuts' gate kernel,
+fla's intra-chunk solve, dohnuts' state-and-output kernel — and whose backward is fla's
+gated-delta-rule backward kernels), a chunked FP32 torch reference (CPU; the WY/UT-transform
+algorithm of fla and transformers), and a naive token-by-token recurrence used only by tests as
+the ground truth. Training and prediction run the same forward kernels.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
 
-from dohnuts.ops._dispatch import recording, use_fused
+from dohnuts.ops._dispatch import use_fused
 
 CHUNK = 64
 
@@ -108,24 +113,14 @@ def gated_delta_rule_reference(q, k, v, g, beta, scale=None, initial_state=None,
 
 def gated_delta_rule_fused(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                            use_qk_l2norm=True):
-    from dohnuts.ops._fla import allow_hopper_backward_for_bk128, fla, hopper_backward_hazard
+    """`ChunkedDeltaRule` on explicit gates: g (B, T, HV) the per-token log decay, chunk-cumulated
+    (log2, fla's convention) in torch so that its gradient flows back."""
+    from dohnuts.ops._fla import fla
 
-    needs_grad = recording(q, k, v, g, beta)
-    if needs_grad and hopper_backward_hazard():
-        K = q.shape[-1]
-        if 1 << (K - 1).bit_length() < 128:  # fla picks BK = min(next_pow2(K), 128) on Hopper
-            raise RuntimeError(
-                f"gated delta rule backward at key head dim {K} would run at block size BK<128 on Hopper "
-                "with a Triton that miscompiles it (fla #640); dohnuts allows only BK=128 there "
-                "(docs/known-issues.md KI-1)"
-            )
-        allow_hopper_backward_for_bk128()
-    if initial_state is not None:
-        initial_state = initial_state.float().contiguous()
-    return fla().chunk_gated_delta_rule(
-        q, k, v, g.float(), beta, scale=scale, initial_state=initial_state,
-        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm,
-    )
+    B, T, HV = g.shape
+    pad = (-T) % CHUNK
+    gc = F.pad(g.float(), (0, 0, 0, pad)).view(B, -1, CHUNK, HV).cumsum(2).view(B, -1, HV)[:, :T]
+    return _chunked_fused(q, k, v, gc * fla().RCP_LN2, beta, scale, initial_state, output_final_state, use_qk_l2norm)
 
 
 def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -149,18 +144,22 @@ def gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=No
     """`gated_delta_rule` with the gates still raw: a, b (B, T, HV) are the projections that
     `gdn_gates_reference` turns into g and beta; A_log, dt_bias (HV,).
 
-    Fused, without autograd: `_inference_fused` — fla's forward steps with the decay computed
-    inside its chunk cumsum and the sigmoid in one kernel (about six fewer kernels a layer than the
-    torch gates), and a state kernel that reads a forked initial state without copies. With
-    autograd, and on the reference path, the gates are computed in torch and passed on.
+    Fused (inference and training alike): the gates in one Triton kernel reading the logits in
+    place (dohnuts.ops._gdn_gates_kernel, its own backward), then `ChunkedDeltaRule` — the forward
+    of the prediction path, fla's gated-delta-rule backward. On the reference path the gates are
+    computed in torch and passed on.
 
     `before_state()`, when given, is called right before the first kernel that reads
     `initial_state`: the kernels before it (gates, the intra-chunk solve) do not need the state, so
     a caller whose state is still being computed on another CUDA stream waits there (the merged
     shared pass, `TextBackbone.forward_shared`)."""
-    if use_fused(q) and not recording(q, k, v, a, b, A_log, dt_bias, initial_state):
-        return _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state, use_qk_l2norm,
-                                before_state)
+    if use_fused(q):
+        from dohnuts.ops._fla import fla
+        from dohnuts.ops._gdn_gates_kernel import gdn_gates
+
+        with _device(q):
+            g, beta = gdn_gates(a, b, A_log, dt_bias, chunk_size=CHUNK, scale=fla().RCP_LN2)
+        return _chunked_fused(q, k, v, g, beta, None, initial_state, output_final_state, use_qk_l2norm, before_state)
     if before_state is not None:
         before_state()
     g, beta = gdn_gates_reference(a, b, A_log, dt_bias)
@@ -183,69 +182,145 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _kkt_solve(f, k, g, beta):
+def _kkt_solve(f, k, g, beta, zero_upper: bool = False):
     """fla's fused kkt + solve_tril kernel alone (the first step of its
     `chunk_gated_delta_rule_fwd_intra`, whose second step, recompute_w_u, the fused output kernel
     does itself): A = (I + tril(β·k·kᵀ·2^(g_i − g_j), −1))⁻¹ per chunk, (N, T, HV, CHUNK) in k's dtype.
-    Only its lower blocks are written: the upper ones hold whatever the allocation held, which the
-    fused output kernel selects away (fla's recompute_w_u would need them zero)."""
+    Only its lower blocks are written: the fused output kernel selects the upper ones away, so
+    they stay unwritten (`zero_upper` False) unless fla's backward will read A (its recompute_w_u
+    and prepare_wy_repr_bwd load whole 64 × 64 blocks: zeros then)."""
     import triton
 
     N, T, H, K = k.shape
     HV = beta.shape[2]
-    A = torch.empty(N, T, HV, CHUNK, device=k.device, dtype=k.dtype)  # the upper blocks: not written
+    alloc = torch.zeros if zero_upper else torch.empty
+    A = alloc(N, T, HV, CHUNK, device=k.device, dtype=k.dtype)
     f.chunk_gated_delta_rule_fwd_kkt_solve_kernel[(triton.cdiv(T, CHUNK), N * HV)](
         k=k, g=g, beta=beta, A=A, cu_seqlens=None, chunk_indices=None, T=T, H=H, HV=HV, K=K, BT=CHUNK, BC=16)
     return A
 
 
-def _inference_fused(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state, use_qk_l2norm,
-                     before_state=None):
-    """fla's `chunk_gated_delta_rule` forward (`use_gate_in_kernel`, `use_beta_sigmoid_in_kernel`),
-    step by step, without its autograd wrapper. The gates come from dohnuts.ops._gdn_gates_kernel
-    (one launch reading the logits in place, with fla's exp and softplus). Then, when the batch
-    fills the GPU (`_fused_output`): fla's kkt_solve kernel gives each chunk's solved matrix A, and
-    one dohnuts kernel does the rest — fla's recompute_w_u, the state recurrence and each chunk's
-    output from the state still in registers (`delta_rule_output_wy_triton`): w, u, the per-chunk
-    states and v_new (in all 2.5× the size of k and v; the states alone 128 MiB a layer of a 2b
-    32 × 512 pass) are never written. Otherwise (a lone shared prefix; K > 128) fla's intra-chunk
-    step gives w and u, then fla's state kernel — dohnuts' copy for a forked state — and fla's
-    output kernel. Both paths read a forked state (an expanded (1, HV, K, V) view, batch stride 0)
-    in place, never copied."""
-    from dohnuts.ops._delta_h_kernel import delta_h_triton, delta_rule_output_wy_triton
-    from dohnuts.ops._fla import fla
-    from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
+def _device(t: torch.Tensor):
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()  # CPU: Triton's interpreter
 
-    f = fla()
-    with torch.cuda.device(q.device):
-        q, k, v = (t.contiguous() for t in (q, k, v))  # fla's input guard did the same
-        if use_qk_l2norm:
-            q, k = f.l2norm_fwd(q)[0], f.l2norm_fwd(k)[0]
-        # The decay and β in one kernel reading a and b in place (fla's two gate kernels and two
-        # copies of the strided logits before them).
-        g, beta = gdn_gates_triton(a, b, A_log, dt_bias, chunk_size=CHUNK, scale=f.RCP_LN2)
+
+def _chunked_fused(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, before_state=None):
+    """`ChunkedDeltaRule` on gates already in fla's form (g: log2, chunk-cumulated, FP32). The
+    state is made FP32 here (in the graph) and dense unless it is a fork the kernels read in place
+    (an expanded view of one state, batch stride 0, K ≤ 128)."""
+    K = k.shape[-1]
+    if initial_state is not None:
+        initial_state = initial_state.float()
+        if not _forked(initial_state, K) and not initial_state.is_contiguous():
+            initial_state = initial_state.contiguous()
+    return ChunkedDeltaRule.apply(q, k, v, g, beta, initial_state, K ** -0.5 if scale is None else scale,
+                                  output_final_state, use_qk_l2norm, before_state)
+
+
+def _forked(initial_state, K: int) -> bool:
+    return (initial_state is not None and initial_state.shape[0] > 1 and initial_state.stride(0) == 0 and K <= 128
+            and initial_state[0].is_contiguous())
+
+
+def _hopper_guard(K: int) -> None:
+    """Before a forward whose backward will run: fla's #640 guard (docs/known-issues.md KI-1)."""
+    from dohnuts.ops._fla import allow_hopper_backward_for_bk128, hopper_backward_hazard
+
+    if hopper_backward_hazard():
+        if 1 << (K - 1).bit_length() < 128:  # fla picks BK = min(next_pow2(K), 128) on Hopper
+            raise RuntimeError(
+                f"gated delta rule backward at key head dim {K} would run at block size BK<128 on Hopper "
+                "with a Triton that miscompiles it (fla #640); dohnuts allows only BK=128 there "
+                "(docs/known-issues.md KI-1)"
+            )
+        allow_hopper_backward_for_bk128()
+
+
+class ChunkedDeltaRule(torch.autograd.Function):
+    """The chunked gated delta rule: the prediction path's forward kernels, fla's backward.
+
+    Forward (with or without autograd, the same kernels): fla's L2 norm if asked (Gated DeltaNet's
+    conv kernel normalises q and k already), then, when the batch fills the GPU
+    (`_fused_output`), fla's kkt_solve kernel gives each chunk's solved matrix A and one dohnuts
+    kernel does the rest — fla's recompute_w_u, the state recurrence and each chunk's output from
+    the state still in registers (`delta_rule_output_wy_triton`): w, u, the per-chunk states and
+    v_new (in all 2.5× the size of k and v; the states alone 128 MiB a layer of a 2b 32 × 512 pass)
+    are never written. Otherwise (a lone shared prefix; K > 128) fla's intra-chunk step gives w, u
+    and A, then fla's state kernel — dohnuts' copy for a forked state — and fla's output kernel.
+    Both paths read a forked state (an expanded (1, HV, K, V) view, batch stride 0) in place.
+
+    Saved for the backward: q, k, v, g, β, A and the initial state (a view when forked). The
+    backward is fla's `chunk_gated_delta_rule_bwd` step by step: w and u recomputed from A, the
+    chunk states recomputed (dohnuts' state kernel for a forked state, which fla would index
+    densely), then fla's dv, dh, dq/dk/dw/dg and WY kernels. g's gradient is taken back to the
+    log2 gates this op receives (fla's is in natural-log units); the gate kernels' backward
+    (dohnuts.ops._gdn_gates_kernel) takes it to a, A_log and dt_bias. A forked state gets a
+    gradient per branch; autograd's expand sums them into the prefix's state."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, initial_state, scale, output_final_state, use_qk_l2norm, before_state):
+        from dohnuts.ops._delta_h_kernel import delta_h_triton, delta_rule_output_wy_triton
+        from dohnuts.ops._fla import fla
+
+        f = fla()
         K = k.shape[-1]
-        scale = K ** -0.5
-        N, _, HV, V = v.shape
-        fused = _fused_output(N, HV, K, V, q.device)
-        if fused:
-            A = _kkt_solve(f, k, g, beta)
-        else:
-            w, u, _ = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=CHUNK)
-        if before_state is not None:
-            before_state()  # everything above is independent of the state
-        forked = (initial_state is not None and initial_state.shape[0] > 1 and initial_state.stride(0) == 0
-                  and K <= 128 and initial_state[0].is_contiguous())
-        if initial_state is not None:
-            initial_state = initial_state.float()
-            if not forked and not initial_state.is_contiguous():
-                initial_state = initial_state.contiguous()
-        if fused:
-            o, final = delta_rule_output_wy_triton(q, k, v, beta, A, g, scale, initial_state, output_final_state,
-                                                   chunk_size=CHUNK)
-            return o.to(q.dtype), final
-        state_step = delta_h_triton if forked else f.chunk_gated_delta_rule_fwd_h
-        h, v_new, final = state_step(k=k, w=w, u=u, g=g, initial_state=initial_state,
-                                     output_final_state=output_final_state, chunk_size=CHUNK)
-        o = f.chunk_fwd_o(q=q, k=k, v=v_new, h=h, g=g, scale=scale, chunk_size=CHUNK)
-    return o.to(q.dtype), final
+        needs_grad = any(ctx.needs_input_grad)
+        if needs_grad and q.is_cuda:
+            _hopper_guard(K)
+        with _device(q):
+            q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))  # fla's input guard did the same
+            q_rstd = k_rstd = None
+            if use_qk_l2norm:
+                (q, q_rstd), (k, k_rstd) = f.l2norm_fwd(q), f.l2norm_fwd(k)
+            N, _, HV, V = v.shape
+            fused = _fused_output(N, HV, K, V, q.device)
+            if fused:
+                A = _kkt_solve(f, k, g, beta, zero_upper=needs_grad)
+            else:
+                w, u, A = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=CHUNK)
+            if before_state is not None:
+                before_state()  # everything above is independent of the state
+            forked = _forked(initial_state, K)
+            if fused:
+                o, final = delta_rule_output_wy_triton(q, k, v, beta, A, g, scale, initial_state, output_final_state,
+                                                       chunk_size=CHUNK)
+            else:
+                state_step = delta_h_triton if forked else f.chunk_gated_delta_rule_fwd_h
+                h, v_new, final = state_step(k=k, w=w, u=u, g=g, initial_state=initial_state,
+                                             output_final_state=output_final_state, chunk_size=CHUNK)
+                o = f.chunk_fwd_o(q=q, k=k, v=v_new, h=h, g=g, scale=scale, chunk_size=CHUNK)
+        if needs_grad:
+            ctx.save_for_backward(q, q_rstd, k, k_rstd, v, g, beta, A, initial_state)
+            ctx.scale, ctx.use_qk_l2norm, ctx.forked = scale, use_qk_l2norm, forked
+        ctx.set_materialize_grads(False)
+        return o.to(q.dtype), final
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        from dohnuts.ops._delta_h_kernel import delta_h_triton
+        from dohnuts.ops._fla import fla
+
+        f = fla()
+        q, q_rstd, k, k_rstd, v, g, beta, A, h0 = ctx.saved_tensors
+        scale = ctx.scale
+        do = torch.zeros_like(v) if do is None else do.to(v.dtype).contiguous()
+        dht = None if dht is None else dht.float().contiguous()
+        with _device(q):
+            w, u = f.recompute_w_u_fwd(k=k, v=v, beta=beta, A=A, g=g)
+            state_step = delta_h_triton if ctx.forked else f.chunk_gated_delta_rule_fwd_h
+            h, v_new, _ = state_step(k=k, w=w, u=u, g=g, initial_state=h0, output_final_state=False,
+                                     chunk_size=CHUNK)
+            dv = f.chunk_bwd_dv_local(q=q, k=k, g=g, do=do, scale=scale, chunk_size=CHUNK)
+            # h0 only sizes dh0 here (empty_like: dense even for a forked view); dh0 is per branch
+            dh, dh0, dv = f.chunk_gated_delta_rule_bwd_dhu(q=q, k=k, w=w, g=g, h0=h0, dht=dht, do=do, dv=dv,
+                                                           scale=scale, chunk_size=CHUNK)
+            dq, dk, dw, dg = f.chunk_bwd_dqkwg(q=q, k=k, v=v_new, w=w, g=g, h=h, dv=dv, do=do, dh=dh, scale=scale,
+                                               chunk_size=CHUNK)
+            dk2, dv, db, dg2 = f.prepare_wy_repr_bwd(k=k, v=v, beta=beta, g=g, A=A, dw=dw, du=dv)
+            dk.add_(dk2)
+            dg.add_(dg2)
+            if ctx.use_qk_l2norm:
+                dq, dk = f.l2norm_bwd(q, q_rstd, dq), f.l2norm_bwd(k, k_rstd, dk)
+        # fla's dg is the gradient at the natural-log gates: g here is log2, g_log2 = g_ln / ln 2
+        dg = dg * math.log(2)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg, db.to(beta.dtype), dh0, None, None, None, None
