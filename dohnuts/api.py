@@ -17,7 +17,7 @@ from dohnuts.model.lora import LoRAConfig
 from dohnuts.model.scorer import ScoringModel
 from dohnuts.runtime.policy import PRODUCT, ExecutionPolicy
 from dohnuts.runtime.session import Session
-from dohnuts.runtime.tokenizer import tokenizer_for
+from dohnuts.runtime.tokenizer import check_vocabulary, tokenizer_for
 
 
 def default_device() -> torch.device:
@@ -29,15 +29,44 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+def check_device(spec: str | None) -> str | None:
+    """A `--device` argument checked before anything is built: cpu, cuda or cuda:N of a visible GPU;
+    anything else (tpu, foo:bar, cuda on a torch without CUDA) is one DohnutsError line."""
+    from dohnuts.errors import DohnutsError
+
+    if spec is None:
+        return None
+    where = f"--device {spec}"
+    try:
+        dev = torch.device(spec)
+    except (RuntimeError, ValueError):
+        raise DohnutsError("is not a device (use cpu, cuda or cuda:N)", source=where) from None
+    if dev.type == "cpu":
+        return spec
+    if dev.type != "cuda":
+        raise DohnutsError(f"device type '{dev.type}' is not supported (use cpu, cuda or cuda:N)", source=where)
+    if not torch.cuda.is_available():
+        raise DohnutsError("CUDA is not available (this torch has no CUDA, or no GPU is visible); use --device cpu",
+                           source=where)
+    n = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= n:
+        raise DohnutsError(f"only {n} CUDA device(s) are visible (cuda:0 to cuda:{n - 1})", source=where)
+    return spec
+
+
 def _weights_fingerprint(root: Path) -> str:
-    """A cheap identity of a checkpoint's weights: safetensors headers + every 1-D tensor's bytes."""
+    """A cheap identity of a checkpoint's weights: the safetensors headers of the files that hold the
+    model (those the index names, or model.safetensors; any other file is not read) + every 1-D
+    tensor's bytes."""
     from safetensors import safe_open
 
+    from dohnuts.model.checkpoint import MAX_HEADER_BYTES, checkpoint_files
+
     h = hashlib.sha256()
-    for f in sorted(root.glob("*.safetensors")):
-        with open(f, "rb") as fh:
+    for f in sorted(set(checkpoint_files(root).values())):
+        with open(f, "rb") as fh:  # a regular file (checkpoint_files checked it) with a valid header length
             n = int.from_bytes(fh.read(8), "little")
-            h.update(fh.read(n))
+            h.update(fh.read(min(n, MAX_HEADER_BYTES)))
         with safe_open(str(f), framework="pt") as st:
             for k in sorted(st.keys()):
                 t = st.get_slice(k)
@@ -62,6 +91,8 @@ def load(source: str | Path = "tiny", *, adapter: str | Path | None = None, lora
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
     cfg, ckpt = resolve_source(source)
+    tokenizer = tokenizer_for(cfg, ckpt)
+    check_vocabulary(cfg, tokenizer, ckpt)  # before any weight is read: an id past the embedding is refused now
     backbone, vision_tensors = build_text_backbone(cfg, device=device, dtype=dtype, seed=seed, checkpoint_dir=ckpt)
     # Preset weights are drawn on the device (dohnuts.model.checkpoint.init_weights): the identity
     # says which kind of device drew them.
@@ -74,7 +105,7 @@ def load(source: str | Path = "tiny", *, adapter: str | Path | None = None, lora
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    session = Session(model, tokenizer=tokenizer_for(cfg, ckpt),
+    session = Session(model, tokenizer=tokenizer,
                       base_identity={"config_hash": cfg.config_hash(), "weights": weights}, max_len=max_len,
                       _policy=_policy)
     if adapter is not None:

@@ -61,13 +61,20 @@ def _launch(args, command: str, out: str | None = None) -> int:
 
 def _predict_paths(args) -> tuple[Path, Path | None]:
     """The input and the output (None: stdout) of `predict`, checked before anything is loaded or
-    written: the output must not be the input (same file through any path, symlink or hard link:
-    opening it for writing would truncate the requests before they are read)."""
+    written: the input a regular file or a pipe, the output new or a regular file (never a device,
+    a FIFO or a directory) that is not the input (same file through any path, symlink or hard
+    link: opening it for writing would truncate the requests before they are read), the adapter
+    a regular file within its size limit."""
+    from dohnuts.schema import check_file, check_output
+
     src = Path(args.requests)
-    if not src.exists():
-        raise DohnutsError("does not exist", source=str(src))
-    if src.is_dir():
-        raise DohnutsError("is a directory, not a JSONL file", source=str(src))
+    check_file(src, what="a JSONL file", streams=True)
+    if args.adapter:
+        from dohnuts.adapters import MAX_ADAPTER_BYTES
+        from dohnuts.errors import CheckpointError
+
+        check_file(args.adapter, max_bytes=MAX_ADAPTER_BYTES, error=CheckpointError, field="--adapter",
+                   what="an adapter file")
     if args.output == "-":
         try:
             same = os.path.samestat(os.fstat(sys.stdout.fileno()), os.stat(src))
@@ -78,49 +85,38 @@ def _predict_paths(args) -> tuple[Path, Path | None]:
                                "or follow the requests (use -o with another file)", source=str(src))
         return src, None
     out = Path(args.output)
-    if out.is_dir():
-        raise DohnutsError("is a directory; -o needs a file path", source=str(out))
+    check_output(out, field="-o", what="a JSONL file to write (-o - writes to standard output)")
     if out.exists() and os.path.samefile(src, out):
         raise DohnutsError(f"is the input file {src}: writing it would destroy the requests (choose another -o)",
                            source=str(out))
-    parent = out.parent
-    if not parent.is_dir():
-        why = "is not a directory" if parent.exists() else "does not exist"
-        raise DohnutsError(f"cannot be created: the folder {parent} {why}", source=str(out))
     return src, out
 
 
 def _predict_device(spec: str | None) -> str | None:
-    """`--device` checked before the model is built: cpu, cuda or cuda:N of a visible GPU."""
-    if spec is None:
-        return None
-    import torch
+    """`--device` checked before the model is built (dohnuts.api.check_device)."""
+    from dohnuts.api import check_device
 
-    where = f"--device {spec}"
-    try:
-        dev = torch.device(spec)
-    except (RuntimeError, ValueError):
-        raise DohnutsError("is not a device (use cpu, cuda or cuda:N)", source=where) from None
-    if dev.type == "cpu":
-        return spec
-    if dev.type != "cuda":
-        raise DohnutsError(f"device type '{dev.type}' is not supported (use cpu, cuda or cuda:N)", source=where)
-    if not torch.cuda.is_available():
-        raise DohnutsError("CUDA is not available (this torch has no CUDA, or no GPU is visible); use --device cpu",
-                           source=where)
-    n = torch.cuda.device_count()
-    if dev.index is not None and dev.index >= n:
-        raise DohnutsError(f"only {n} CUDA device(s) are visible (cuda:0 to cuda:{n - 1})", source=where)
-    return spec
+    return check_device(spec)
+
+
+class _Stdout:
+    """Standard output as a record writer: one line written and flushed per record."""
+
+    @staticmethod
+    def write_line(text: str) -> None:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+    def close(self) -> None:
+        pass
 
 
 def _open_output(out: Path | None):
-    if out is None:
-        return sys.stdout
-    try:
-        return open(out, "w", encoding="utf-8")
-    except OSError as exc:
-        raise DohnutsError(f"cannot be written ({exc.strerror or exc})", source=str(out)) from None
+    """The results' writer: a JsonlFile (each record one whole write; a full disk leaves the file
+    valid up to its last complete record), or standard output."""
+    from dohnuts.schema import JsonlFile
+
+    return _Stdout() if out is None else JsonlFile(out, truncate=True)
 
 
 def _failure_line(src: Path, failure) -> str:
@@ -179,22 +175,22 @@ def cmd_predict(args) -> int:
                     refused += 1
                     print(f"dohnuts: {_failure_line(src, result)}", file=sys.stderr)
                 try:
-                    out.write(result.to_json() + "\n")
-                    out.flush()
+                    out.write_line(result.to_json())
                 except BrokenPipeError:
                     raise  # main(): the reader of stdout has gone (`| head`), stop quietly
                 except OSError as exc:
                     raise DohnutsError(f"cannot be written ({exc.strerror or exc}); the {done} records before "
                                        "are kept", source=str(out_path or "<stdout>")) from None
+                except DohnutsError as exc:  # the JsonlFile cut its partial line back
+                    raise DohnutsError(f"{exc.message}; {done} records written", source=exc.source) from None
                 done += 1
                 bar.advance(task)
     finally:
         predictor.close()
-        if out is not sys.stdout:
-            try:
-                out.close()
-            except OSError:
-                pass  # every complete record was flushed already; the error above says what failed
+        try:
+            out.close()
+        except OSError:
+            pass  # every complete record was written already; the error above says what failed
     print(f"dohnuts: scored {done - refused} of {done} requests"
           + (f", refused {refused} (see the error records)" if refused else ""), file=sys.stderr)
     return 2 if refused else 0
@@ -243,10 +239,15 @@ def _predict_sharded(args) -> int:
     if out_path is None:
         sys.stdout.write(text)
         sys.stdout.flush()
-    else:
+    else:  # all at once: a temporary file renamed over the output (a full disk leaves the old one)
         tmp = out_path.with_name(out_path.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(out_path)
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(out_path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise DohnutsError(f"cannot be written ({exc.strerror or exc}); nothing was written",
+                               source=str(out_path)) from None
     print(f"dohnuts: scored {len(rows) - refused} of {len(rows)} requests on {world.size} processes"
           + (f", refused {refused} (see the error records)" if refused else ""), file=sys.stderr)
     return report_status(world, 2 if refused else 0)
@@ -260,7 +261,10 @@ def cmd_train(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dohnuts import __version__
+
     p = argparse.ArgumentParser(prog="dohnuts", description=__doc__.split("\n")[0])
+    p.add_argument("--version", action="version", version=f"dohnuts {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     pr = sub.add_parser("predict", help="score the candidates of every request in a JSONL file",
@@ -272,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("-o", "--output", default="-", help="output JSONL (default: stdout)")
     pr.add_argument("--model", default="tiny", help="preset name or checkpoint directory (default: tiny)")
     pr.add_argument("--adapter", help="adapter file (LoRA + head + temperature) saved by `dohnuts train`; its "
-                    "adapters are merged into the base weights before scoring (deployment)")
+                    "adapters are merged into the base weights before scoring (deployment; default: none, the base model)")
     pr.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
     pr.add_argument("--nproc-per-node", type=int, default=1,
                     help="score on N processes (one per GPU; gloo processes on a CPU) under torchrun; request k "
@@ -280,25 +284,33 @@ def build_parser() -> argparse.ArgumentParser:
     pr.set_defaults(func=cmd_predict)
 
     tr = sub.add_parser("train", help="train LoRA adapters + head with RLCD")
-    tr.add_argument("--model", default="tiny")
-    tr.add_argument("--out", default="runs/train", help="run directory (adapters, state, logs)")
+    tr.add_argument("--model", default="tiny", help="preset name (tiny, qwen3.5-0.8b/2b/4b/9b: seeded random "
+                    "weights) or a Qwen3.5 checkpoint directory (default: tiny)")
+    tr.add_argument("--out", default="runs/train", help="run directory (adapters, state, logs; default: runs/train)")
     tr.add_argument("--data", help="folder with train/dev/calib/test.jsonl (default: the synthetic task)")
-    tr.add_argument("--synthetic-train", type=int, default=200, help="synthetic training requests")
-    tr.add_argument("--updates", type=int, default=200)
-    tr.add_argument("--eval-every", type=int, default=25)
-    tr.add_argument("--lr", type=float, default=2e-3)
-    tr.add_argument("--max-grad-norm", type=float, default=1.0)
-    tr.add_argument("--lora-rank", type=int, default=8)
-    tr.add_argument("--lora-alpha", type=float, default=16.0)
-    tr.add_argument("--margin-weight", type=float, default=0.5, help="RLCD λ")
-    tr.add_argument("--margin", type=float, default=1.0, help="RLCD m")
-    tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--initialize-from", help="start from a verified adapter file instead of fresh adapters")
+    tr.add_argument("--synthetic-train", type=int, default=200,
+                    help="synthetic training requests, when no --data (default: 200)")
+    tr.add_argument("--updates", type=int, default=200,
+                    help="optimizer updates, each 4 microbatches at one parameter snapshot (default: 200)")
+    tr.add_argument("--eval-every", type=int, default=25,
+                    help="updates between evaluations on dev, which select best.safetensors (default: 25)")
+    tr.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate (default: 2e-3)")
+    tr.add_argument("--max-grad-norm", type=float, default=1.0,
+                    help="gradients clipped to this global norm each update (default: 1.0)")
+    tr.add_argument("--lora-rank", type=int, default=8, help="rank of the LoRA adapters (default: 8)")
+    tr.add_argument("--lora-alpha", type=float, default=16.0,
+                    help="LoRA scale numerator: an adapter's update is scaled by alpha / rank (default: 16.0)")
+    tr.add_argument("--margin-weight", type=float, default=0.5, help="RLCD λ, the margin term's weight (default: 0.5)")
+    tr.add_argument("--margin", type=float, default=1.0, help="RLCD m, the margin (default: 1.0)")
+    tr.add_argument("--seed", type=int, default=0,
+                    help="seed of the adapters' initialisation, the data order and the synthetic task (default: 0)")
+    tr.add_argument("--initialize-from", help="start from a verified adapter file instead of fresh adapters "
+                    "(default: fresh adapters)")
     tr.add_argument("--resume", action="store_true",  # (arguments not given again: the run's own)
                     help="continue the run in --out from its last committed checkpoint, with the arguments it "
                     "started with (only --updates, to train longer, and --device may change); without it, an --out "
-                    "that holds a run is refused")
-    tr.add_argument("--device")
+                    "that holds a run is refused (default: off)")
+    tr.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
     tr.add_argument("--nproc-per-node", type=int, default=1,
                     help="data-parallel training on N processes (one per GPU; gloo processes on a CPU) under "
                     "torchrun: microbatch i of every update runs on rank i mod N, gradients are all-reduced, rank 0 "

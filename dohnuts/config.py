@@ -17,15 +17,45 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dohnuts.errors import ConfigError
+from dohnuts.schema.values import short, why_not_finite
 
 LAYER_TYPES = ("linear_attention", "full_attention")
 
 
+# Upper bounds of a config's sizes: far above any real model (Qwen3.5 9B: 32 layers, width 4096,
+# vocabulary 248320), low enough that a hostile config.json cannot make the model builder run for
+# hours or allocate without end before any weight is checked.
+MAX_LAYERS = 1024
+MAX_WIDTH = 1 << 18  # hidden, intermediate and projection sizes
+MAX_HEADS = 4096  # head counts and head sizes
+MAX_VOCAB = 1 << 23
+MAX_POSITIONS = 1 << 26
+MAX_CONV_KERNEL = 64
+_BOUNDS = {
+    "vocab_size": MAX_VOCAB, "hidden_size": MAX_WIDTH, "intermediate_size": MAX_WIDTH, "out_hidden_size": MAX_WIDTH,
+    "num_hidden_layers": MAX_LAYERS, "depth": MAX_LAYERS, "max_position_embeddings": MAX_POSITIONS,
+    "linear_conv_kernel_dim": MAX_CONV_KERNEL, "num_position_embeddings": MAX_POSITIONS,
+}
+
+
 def _check_positive(cfg: Any, names: tuple[str, ...], source: str | None) -> None:
+    """Each field a positive integer within its bound (`_BOUNDS`, else MAX_HEADS)."""
     for name in names:
         value = getattr(cfg, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(f"must be a positive integer, got {value!r}", source=source, field=name)
+        bound = _BOUNDS.get(name, MAX_HEADS)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= bound:
+            got = "a very large number" if isinstance(value, int) and value > 10**15 else short(value)
+            raise ConfigError(f"must be an integer in 1..{bound}, got {got}", source=source, field=name)
+
+
+def _check_finite(cfg: Any, names: tuple[str, ...], source: str | None) -> None:
+    """Each field a finite number (NaN and infinity pass every `<` check, and then give NaN scores)."""
+    for name in names:
+        value = getattr(cfg, name)
+        why = why_not_finite(value)
+        if why is not None:
+            raise ConfigError(f"must be a finite number, got {why if why in ('NaN', 'infinite') else short(value)}",
+                              source=source, field=name)
 
 
 def default_layer_types(num_layers: int, interval: int = 4) -> tuple[str, ...]:
@@ -64,10 +94,11 @@ class TextConfig:
                 "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                 "num_attention_heads", "num_key_value_heads", "head_dim", "linear_num_key_heads",
                 "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-                "linear_conv_kernel_dim",
+                "linear_conv_kernel_dim", "max_position_embeddings",
             ),
             self.source,
         )
+        _check_finite(self, ("rms_norm_eps", "rope_theta", "partial_rotary_factor"), self.source)
         if not self.layer_types:
             object.__setattr__(self, "layer_types", default_layer_types(self.num_hidden_layers))
         object.__setattr__(self, "layer_types", tuple(self.layer_types))
@@ -99,10 +130,6 @@ class TextConfig:
         # = int(head_dim × partial_rotary_factor) (0 means no rotary at all); an odd rotary_dim has
         # (rotary_dim + 1) // 2 frequencies and rotates rotary_dim + 1 channels, which must fit in
         # the head (transformers refuses or fails on anything else).
-        for name in ("partial_rotary_factor", "rope_theta", "rms_norm_eps"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise ConfigError(f"must be a number, got {value!r}", source=self.source, field=name)
         if self.rotary_dim < 0 or 2 * ((self.rotary_dim + 1) // 2) > self.head_dim:
             raise ConfigError(
                 f"head_dim {self.head_dim} × partial_rotary_factor {self.partial_rotary_factor} gives "
@@ -119,9 +146,6 @@ class TextConfig:
                               source=self.source, field="mrope_section")
         if self.rope_theta <= 0:
             raise ConfigError(f"must be positive, got {self.rope_theta!r}", source=self.source, field="rope_theta")
-        if not isinstance(self.max_position_embeddings, int) or isinstance(self.max_position_embeddings, bool):
-            raise ConfigError(f"must be an integer, got {self.max_position_embeddings!r}", source=self.source,
-                              field="max_position_embeddings")
         if self.rms_norm_eps < 0:
             raise ConfigError(f"must not be negative, got {self.rms_norm_eps!r}", source=self.source,
                               field="rms_norm_eps")
@@ -170,6 +194,9 @@ class VisionConfig:
              "temporal_patch_size", "spatial_merge_size", "in_channels", "num_position_embeddings"),
             self.source,
         )
+        _check_finite(self, ("rope_theta",), self.source)
+        if self.rope_theta <= 0:
+            raise ConfigError(f"must be positive, got {self.rope_theta!r}", source=self.source, field="rope_theta")
         if self.hidden_size % self.num_heads:
             raise ConfigError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}",
                               source=self.source, field="num_heads")
@@ -193,6 +220,14 @@ class ModelConfig:
     image_token_id: int = 248056
     vision_start_token_id: int = 248053
     vision_end_token_id: int = 248054
+    source: str | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("image_token_id", "vision_start_token_id", "vision_end_token_id"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < MAX_VOCAB:
+                raise ConfigError(f"must be a token id in 0..{MAX_VOCAB - 1}, got {short(value)}", source=self.source,
+                                  field=name)
 
     def to_dict(self) -> dict[str, Any]:
         def clean(obj: Any) -> Any:
@@ -263,6 +298,11 @@ _ALIASES = {k.removeprefix("qwen3.5-"): k for k in PRESETS if k.startswith("qwen
 
 def preset_names() -> list[str]:
     return list(PRESETS)
+
+
+def preset_aliases() -> list[str]:
+    """The short names of the public presets (`2b` for `qwen3.5-2b`)."""
+    return list(_ALIASES)
 
 
 def preset(name: str, *, source: str | None = None, field_name: str = "preset") -> ModelConfig:

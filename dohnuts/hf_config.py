@@ -10,8 +10,66 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import msgspec
+
 from dohnuts.config import ModelConfig, TextConfig, VisionConfig, default_layer_types
 from dohnuts.errors import ConfigError
+from dohnuts.schema import Finite, convert
+
+
+# What a config.json may hold, typed (msgspec, dohnuts.schema): every number that is read must be a
+# finite number (a NaN or an infinity, which Python's JSON reader accepts, would make every score
+# NaN) and every count an integer, named by its path when it is not (`text_config.rms_norm_eps`).
+# The bounds of each field are TextConfig's and VisionConfig's own checks; other keys are ignored.
+class HFRotary(msgspec.Struct):
+    rope_theta: Finite | None = None
+    partial_rotary_factor: Finite | None = None
+
+
+_Count = int | None
+
+
+class HFText(msgspec.Struct):
+    vocab_size: _Count = None
+    hidden_size: _Count = None
+    intermediate_size: _Count = None
+    num_hidden_layers: _Count = None
+    num_attention_heads: _Count = None
+    num_key_value_heads: _Count = None
+    head_dim: _Count = None
+    linear_num_key_heads: _Count = None
+    linear_num_value_heads: _Count = None
+    linear_key_head_dim: _Count = None
+    linear_value_head_dim: _Count = None
+    linear_conv_kernel_dim: _Count = None
+    max_position_embeddings: _Count = None
+    full_attention_interval: _Count = None
+    rms_norm_eps: Finite | None = None
+    rope_theta: Finite | None = None
+    partial_rotary_factor: Finite | None = None
+    rope_parameters: HFRotary | None = None
+    rope_scaling: HFRotary | None = None
+
+
+class HFVision(msgspec.Struct):
+    depth: _Count = None
+    hidden_size: _Count = None
+    intermediate_size: _Count = None
+    num_heads: _Count = None
+    out_hidden_size: _Count = None
+    spatial_merge_size: _Count = None
+    in_channels: _Count = None
+    num_position_embeddings: _Count = None
+    rope_parameters: HFRotary | None = None
+    rope_scaling: HFRotary | None = None
+
+
+class HFModel(msgspec.Struct):
+    text_config: HFText | None = None
+    vision_config: HFVision | None = None
+    image_token_id: _Count = None
+    vision_start_token_id: _Count = None
+    vision_end_token_id: _Count = None
 
 
 
@@ -112,6 +170,16 @@ def _vision_from_hf(d: dict[str, Any], source: str) -> VisionConfig:
         raise ConfigError(str(exc), source=source) from None
 
 
+def _nested(read, d: dict, key: str, source: str):
+    """`read` of the sub-config `key`, its errors naming the field by its path (`text_config.head_dim`)."""
+    try:
+        return read(d.get(key) or {}, source)
+    except ConfigError as exc:
+        if exc.field is None or exc.field == key:
+            raise
+        raise ConfigError(exc.message, source=source, field=f"{key}.{exc.field}") from None
+
+
 def from_hf_config(d: dict[str, Any], *, source: str, name: str) -> ModelConfig:
     """Translate a transformers `config.json` (model_type qwen3_5 or qwen3_5_text).
 
@@ -121,12 +189,14 @@ def from_hf_config(d: dict[str, Any], *, source: str, name: str) -> ModelConfig:
         raise ConfigError(f"must be a JSON object, got {type(d).__name__}", source=source)
     model_type = d.get("model_type")
     if model_type == "qwen3_5_text":
-        return ModelConfig(name=name, text=_text_from_hf(d, source), vision=None)
+        convert(d, HFText, source=source)
+        return ModelConfig(name=name, text=_text_from_hf(d, source), vision=None, source=source)
     if model_type == "qwen3_5":
-        text = _text_from_hf(d.get("text_config") or {}, source)
-        vision = _vision_from_hf(d.get("vision_config") or {}, source)
+        convert(d, HFModel, source=source)
+        text = _nested(_text_from_hf, d, "text_config", source)
+        vision = _nested(_vision_from_hf, d, "vision_config", source)
         ids = {k: d[k] for k in ("image_token_id", "vision_start_token_id", "vision_end_token_id") if k in d}
-        return ModelConfig(name=name, text=text, vision=vision, **ids)
+        return ModelConfig(name=name, text=text, vision=vision, source=source, **ids)
     raise ConfigError(f"is {model_type!r}; expected 'qwen3_5' or 'qwen3_5_text'", source=source, field="model_type")
 
 

@@ -1,7 +1,9 @@
-"""Built-in analyzers: measured ceilings at the start of a run (GPU), the efficiency analysis —
-per stage and whole call, against the hwspec's datasheet and measured ceilings — and the serving
-section (load points, the SLO search, the bound at load, accuracy and the reference check:
-dohnuts.bench.analysis.serving)."""
+"""Built-in analyzers: the machine at the start of a run (its load, its measured ceilings) and
+the machine's load as telemetry while it runs; the efficiency analysis — per stage and whole
+call, against the hwspec's datasheet and measured ceilings —, the serving section (load points,
+the SLO search, the bound at load, accuracy and the reference check:
+dohnuts.bench.analysis.serving) and the run's conditions (load, the ceilings' stability, what a
+CPU run can and cannot show: dohnuts.bench.analysis.machine)."""
 
 from __future__ import annotations
 
@@ -10,18 +12,34 @@ from rich.text import Text
 
 from dohnuts.bench.hookspecs import hookimpl
 from dohnuts.bench.report import Section
+from dohnuts.bench.status import log
+
+
+@hookimpl
+def dohnuts_bench_register_telemetry():
+    from bench_plugins.analyzers.load import LoadSampler
+
+    return [LoadSampler()]
 
 
 @hookimpl
 def dohnuts_bench_prepare_run(run):
+    import torch
+
+    from bench_plugins.analyzers.load import load_before
     from bench_plugins.analyzers.microbench import measure_ceilings, measure_cpu_ceilings
 
+    before = load_before()
+    run.measured.setdefault("machine", {}).update(cpus=before["cpus"], threads=torch.get_num_threads(), before=before)
+    log.info("load when the run started: other processes kept %.2f of %d cores busy (load average %.2f)",
+             before["others_cores"] or 0.0, before["cpus"], before["load1"])
     if run.device.type != "cuda":
-        run.console.print("[dim]measuring ceilings: fp32/bf16 matmul, fp32 vector, memory copy[/]")
+        log.info("measuring the CPU's ceilings on %d thread(s): fp32/bf16 matmul, fp32 vector, memory copy "
+                 "(a few seconds)", torch.get_num_threads())
         run.measured["ceilings"] = measure_cpu_ceilings()
         return
-    run.console.print("[dim]measuring ceilings: bf16 matmul (a burst, then 2 s sustained), device copy, host link, "
-                      "fp32 vector (FMA chains)[/]")
+    log.info("measuring ceilings: bf16 matmul (a burst, then 2 s sustained), device copy, host link, "
+             "fp32 vector (FMA chains)")
     run.measured["ceilings"] = measure_ceilings(run.device)
 
 
@@ -39,7 +57,7 @@ def dohnuts_bench_analyze(records, hwspec, measured, run_dir):
         if spec is None:
             return [Section("efficiency", Text(f"efficiency: no hardware spec for device {device!r} and no measured "
                                                "ceilings in this run; pass --hwspec NAME or a path"))] + \
-                _serving(records, None)
+                _serving(records, None) + [_machine(records, measured)]
     else:
         spec = with_measured_ceilings(hwspec, ceilings)
     analysis = analyze_records(records, spec)
@@ -49,7 +67,7 @@ def dohnuts_bench_analyze(records, hwspec, measured, run_dir):
     parts += analysis_tables(analysis)
     parts += [Text(f"warning: {w}", style="yellow") for w in analysis.warnings]
     return ([Section("efficiency", Group(*parts), data=analysis.to_dict(), files=[str(png)])]
-            + _scaling(records, run_dir) + _serving(records, analysis))
+            + _scaling(records, run_dir) + _serving(records, analysis) + [_machine(records, measured)])
 
 
 def _serving(records, analysis) -> list:
@@ -62,6 +80,14 @@ def _serving(records, analysis) -> list:
     attach_bounds(curves, analysis, records)
     section = serving_section(curves, stream_scenarios(records), quality_rows(records))
     return [section] if section is not None else []
+
+
+def _machine(records, measured) -> Section:
+    """The run's conditions: load, the ceilings' stability, a CPU run's scope."""
+    from dohnuts.bench.analysis.machine import machine_conditions, machine_renderables
+
+    conditions = machine_conditions(records, measured)
+    return Section("machine", Group(*machine_renderables(conditions)), data=conditions.to_dict())
 
 
 def _scaling(records, run_dir) -> list:

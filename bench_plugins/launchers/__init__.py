@@ -24,6 +24,7 @@ from pathlib import Path
 from dohnuts.bench.contracts import RunContext
 from dohnuts.bench.hookspecs import hookimpl
 from dohnuts.bench.sink import RecordSink
+from dohnuts.bench.status import log as status_log
 
 
 class TorchrunLauncher:
@@ -52,7 +53,7 @@ class TorchrunLauncher:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))
         env.setdefault("PYTHONUNBUFFERED", "1")
         log_path = ranks_dir / "torchrun.log"
-        run.console.print(f"[dim]{spec.name}: {processes} processes (torchrun) …[/]")
+        status_log.info("%s: %d processes (torchrun) …", spec.name, processes)
         t0 = time.perf_counter()
         with open(log_path, "w", encoding="utf-8") as log:
             code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=False).returncode
@@ -65,11 +66,11 @@ class TorchrunLauncher:
             failure = {"workload": spec.name, "file": spec.file, "target": "*",
                        "error": f"{processes} processes: {what}; log: {log_path}"}
             run.failures.append(failure)
-            run.console.print(f"[red]failed[/] {spec.name} ({processes} processes): {failure['error']} "
-                              f"({written} records kept; the run goes on)")
+            status_log.warning("failed %s (%d processes): %s (%d records kept; the run goes on)", spec.name, processes,
+                        failure["error"], written)
         else:
-            run.console.print(f"[dim]{spec.name}: {processes} processes done in {time.perf_counter() - t0:.0f} s, "
-                              f"{written} records[/]")
+            status_log.info("%s: %d processes done in %.0f s, %d records", spec.name, processes, time.perf_counter() - t0,
+                     written)
         return written
 
     @staticmethod

@@ -21,6 +21,7 @@ from rich.text import Text
 from dohnuts.bench.analysis.records import group_key, overhead_text
 from dohnuts.bench.analysis.render import UNBOUNDED, Col, FitTable
 from dohnuts.bench.hookspecs import hookimpl
+from dohnuts.bench.status import log
 from dohnuts.schema import write_json
 
 
@@ -246,5 +247,5 @@ def dohnuts_bench_report(console, records, sections, run_dir):
     write_json(run_dir / "summary.json", summary, indent=2, default=str)
     for s in sections:
         for f in s.files:
-            console.print(f"[dim]wrote {f}[/]")
-    console.print(f"[dim]report: {run_dir / 'report.txt'}  summary: {run_dir / 'summary.json'}[/]")
+            log.info("wrote %s", f)
+    log.info("report: %s  summary: %s", run_dir / "report.txt", run_dir / "summary.json")

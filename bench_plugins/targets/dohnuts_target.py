@@ -37,6 +37,22 @@ class DohnutsTarget:
         share_prefix: bool = True  # false: the measurement-only `unshared` variant
         cuda_graphs: bool = True  # false: the measurement-only `eager` variant
 
+        def __post_init__(self) -> None:
+            """Checked with the workload, before a run directory exists: the rank within LoRAConfig's
+            bounds, and the adapter file and its metadata (header only; the base identity is
+            verified when the model is loaded)."""
+            from dohnuts.model.lora import LoRAConfig
+            from dohnuts.schema import Invalid
+
+            try:
+                LoRAConfig(rank=self.lora_rank)
+            except Invalid as exc:
+                raise Invalid(exc.message, field="lora_rank") from None
+            if self.adapter is not None:
+                from dohnuts.adapters import read_adapter_meta
+
+                read_adapter_meta(self.adapter)
+
     @staticmethod
     def reference_options(options: Options) -> Options:
         """The FP32 reference path of a target built with `options`: the same weights and adapter,

@@ -2,21 +2,28 @@
 from what the hardware allows.
 
     dohnuts-bench run [WORKLOAD.yaml ...]    measure (no file: the embedded standard suite, workloads/*.yaml)
-    dohnuts-bench analyze RESULTS.jsonl      re-analyse raw records (from JSONL alone)
+    dohnuts-bench analyze RESULTS.jsonl      re-analyse raw records (from JSONL alone; the report files go
+                                             to --out DIR, by default a new temporary folder)
     dohnuts-bench compare RUN_A RUN_B        B against A per workload, target and stage: ratio of
                                              medians, bootstrap interval, rank test, verdict
-                                             (run directories or results.jsonl; --json OUT)
+                                             (run directories or results.jsonl; --json OUT);
+                                             exit 1 when a whole call is slower in B
     dohnuts-bench list                       plugins, workload kinds, targets, telemetry
     dohnuts-bench history                    per workload, target and stage: runs over revisions,
                                              changes flagged (the run store, results/store.sqlite)
     dohnuts-bench store import RUN_DIR ...   finished runs into the store
-    dohnuts-bench gate CURRENT --baseline B  this build against saved baselines (exit 0 / 1 / 2)
+    dohnuts-bench baseline                   this machine's gate baseline: runs spread over time, into
+                                             results/baselines/<machine>/
+    dohnuts-bench gate CURRENT               this build against this machine's baseline (or --baseline B ...;
+                                             exit 0 passed, 1 regression, 2 bad input)
     dohnuts-bench report RUN --html          one self-contained HTML page (every run writes one)
     dohnuts-bench calibrate --write OUT.yaml this device's ceilings into the measured: section of a
                                              copy of its hwspec (--hwspec NAME; the run kit's first step)
 
-The commands live beside this module: dohnuts.bench.run_command (`run`) and
-dohnuts.bench.offline (`analyze`, `compare`).
+The commands live beside this module: dohnuts.bench.run_command (`run`), dohnuts.bench.offline
+(`analyze`, `compare`), dohnuts.bench.baseline and dohnuts.bench.gate (`baseline`, `gate`).
+Reports go to stdout; status, progress and warnings to stderr through `logging`
+(dohnuts.bench.status).
 
 Bad input (a malformed or invalid workload file, an unknown kind/target/preset or target option, a
 size out of its bounds or a sequence over the model's context, a bad hwspec, an `--out` that is a
@@ -26,7 +33,8 @@ adapter file that cannot be loaded) stops the run: what was measured is reported
 line, exit 2. A target that
 runs out of device memory fails alone (run.json `failures`), the run goes on, the report is
 written, and the exit status is 1. Ctrl-C leaves a valid results.jsonl holding every completed
-record (exit 130), a second Ctrl-C during the report too. `analyze` refuses a file holding no
+record (exit 130), a second Ctrl-C during the report too; before the first call is recorded (e.g.
+while the ceilings are measured) it leaves no run behind. `analyze` refuses a file holding no
 schema-1 record, a corrupt line or run.json, or a non-finite number, the same way (exit 2).
 """
 
@@ -38,7 +46,7 @@ from importlib import resources
 from pathlib import Path
 
 from dohnuts.bench.offline import cmd_analyze, cmd_compare
-from dohnuts.bench.run_command import cmd_run
+from dohnuts.bench.run_command import DEFAULT_CPU_THREADS, cmd_run
 from dohnuts.errors import DohnutsError
 
 DEFAULT_RESULTS = Path("results/runs")
@@ -83,7 +91,12 @@ def cmd_list(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dohnuts-bench", description=__doc__.split("\n")[0])
+    from dohnuts import __version__
+
+    summary = " ".join(__doc__.split("\n\n")[0].split())  # the docstring's first paragraph, whole
+    p = argparse.ArgumentParser(prog="dohnuts-bench", description=summary,
+                                epilog="Status and progress go to stderr, reports to stdout.")
+    p.add_argument("--version", action="version", version=f"dohnuts-bench {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="measure workloads (default: the embedded standard suite, workloads/*.yaml)")
     r.add_argument("workloads", nargs="*", help="workload YAML files")
@@ -92,7 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--hwspec", help="hardware spec name (hwspecs/NAME.yaml) or path (default: by device name)")
     r.add_argument("--telemetry-interval", type=float, default=0.1,
                    help="seconds between telemetry samples (0.001 to 60; default: 0.1)")
-    r.add_argument("--quiet", action="store_true", help="no progress display")
+    r.add_argument("--threads", type=int, default=DEFAULT_CPU_THREADS,
+                   help="torch threads of a CPU run (1 to 4096; default: 1 — steady on a shared machine, see "
+                        "docs/measurement.md); a GPU run keeps torch's default")
+    r.add_argument("--quiet", action="store_true",
+                   help="no progress bars, heartbeat or status lines on stderr, warnings only (default: shown)")
     r.add_argument("--profile", action="store_true",
                    help="also write a torch.profiler trace a workload and target (RUN/traces/*.json.gz, opened by "
                         "Perfetto) of 3 more steady calls, each harness stage a named range; those calls are not "
@@ -103,10 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("analyze", help="re-analyse a results.jsonl")
     a.add_argument("results", help="a results.jsonl (or the run directory holding it)")
     a.add_argument("--hwspec", help="hardware spec name or path (default: the run's)")
-    a.add_argument("--out", help="folder for the report files (default: beside the JSONL)")
+    a.add_argument("--out", help="folder for the report files (default: a new temporary folder, named on stderr; "
+                                 "never the input's folder)")
     a.add_argument("--revalidate", action="store_true",
                    help="re-apply today's validity gates to the telemetry each record kept (runs recorded "
-                        "under an older rule, e.g. one that excluded power-capped calls)")
+                        "under an older rule, e.g. one that excluded power-capped calls; default: the records' own)")
     a.set_defaults(func=cmd_analyze)
     c = sub.add_parser("compare", help="compare run B against run A (ratio of medians, interval, verdict)")
     c.add_argument("run_a", metavar="RUN_A", help="run directory or results.jsonl (the baseline)")
@@ -114,16 +132,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--confidence", type=float, default=0.95, help="confidence of the intervals (default: 0.95)")
     c.add_argument("--min-effect", type=float, default=0.02,
                    help="smallest relative change given a verdict (default: 0.02)")
-    c.add_argument("--json", metavar="OUT", help="also write the comparison as JSON to OUT")
+    c.add_argument("--json", metavar="OUT", help="also write the comparison as JSON to OUT (default: the table only)")
     c.set_defaults(func=cmd_compare)
     ls = sub.add_parser("list", help="list plugins, workload kinds, targets and telemetry")
     ls.set_defaults(func=cmd_list)
     from dohnuts.bench.calibrate import add_parser as add_calibrate
+    from dohnuts.bench.baseline import add_parser as add_baseline
     from dohnuts.bench.gate import add_parser as add_gate
     from dohnuts.bench.report_command import add_parser as add_report
     from dohnuts.bench.store_command import add_parsers
 
     add_parsers(sub)
+    add_baseline(sub)
     add_gate(sub)
     add_report(sub)
     add_calibrate(sub)
@@ -131,7 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dohnuts.bench.status import configure_logging
+
     args = build_parser().parse_args(argv)
+    configure_logging(quiet=getattr(args, "quiet", False))
     try:
         return args.func(args)
     except DohnutsError as exc:

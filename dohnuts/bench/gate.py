@@ -1,10 +1,16 @@
 """`dohnuts-bench gate`: this build's timings against saved baselines, with exit codes a CI can use.
 
-    dohnuts-bench gate CURRENT --baseline BASE [BASE ...] [--min-effect 0.1] [--confidence 0.99]
+    dohnuts-bench baseline                       # once per machine (dohnuts.bench.baseline)
+    dohnuts-bench run --out /tmp/ci              # this build, then:
+    dohnuts-bench gate /tmp/ci/<run> [--baseline BASE ...] [--min-effect 0.1] [--confidence 0.99]
 
-CURRENT and every BASE are either pytest-benchmark JSON files written with
-`--benchmark-save-data` (every round's time: benchmarks/test_regressions.py) or dohnuts-bench runs
-(a run directory or its results.jsonl[.gz]: every workload and target's steady-state wall times).
+CURRENT is a dohnuts-bench run (a run directory or its results.jsonl[.gz]: every workload and
+target's steady-state wall times) or a pytest-benchmark JSON file written with
+`--benchmark-save-data` (every round's time: benchmarks/test_regressions.py). Without --baseline
+a run is gated against this machine's baseline, `results/baselines/<machine id>/` (the id its
+run.json records: dohnuts.bench.machine_id); a BASE is a baseline folder (its baseline.json names
+its runs), a run, or a pytest-benchmark file. A baseline folder of another machine is refused
+(exit 2): timings of one machine class say nothing about another's.
 For each benchmark (or workload · target) the baseline runs' samples are pooled and the ratio
 current / baseline of the medians gets a bootstrap confidence interval and a rank test
 (dohnuts.bench.analysis.compare). The tolerance comes from measured spread twice over: the interval
@@ -59,6 +65,36 @@ def _run_timings(path: Path) -> dict[str, list[float]]:
     return {f"{wl} · {tg}": s[WALL] for (wl, tg), s in samples.items() if s.get(WALL)}
 
 
+def run_load(path: str | Path) -> float | None:
+    """Cores other processes kept busy while a dohnuts-bench run measured (the median of its
+    records' `load` telemetry), or None (a pytest-benchmark file, a run without that telemetry)."""
+    from dohnuts.bench.analysis.records import read_jsonl
+
+    path = Path(path)
+    if path.is_dir():
+        path = next((path / n for n in ("results.jsonl", "results.jsonl.gz") if (path / n).is_file()), path)
+    if not path.name.startswith("results.jsonl") or not path.is_file():
+        return None
+    others = [r.get("load", {}).get("others_cores") for rec in read_jsonl(path) for r in rec.get("telemetry") or ()
+              if isinstance(r, dict) and isinstance(r.get("load"), dict)]
+    others = [x for x in others if isinstance(x, (int, float))]
+    return statistics.median(others) if others else None
+
+
+def load_note(bases: list[Path], current: str | Path) -> str | None:
+    """One line comparing the load the baseline runs and this run measured under, when known."""
+    loads = [run_load(b) for b in bases]
+    now = run_load(current)
+    if now is None or any(x is None for x in loads):
+        return None
+    line = (f"load (cores kept busy by other processes, median): baseline runs "
+            f"{', '.join(f'{x:.2f}' for x in loads)}; this run {now:.2f}")
+    if now < min(loads) - 0.5 or now > max(loads) + 0.5:
+        line += (" — outside the baseline's range: this comparison says as much about the other processes as "
+                 "about this build")
+    return line
+
+
 def gate(baselines: list[dict[str, list[float]]], current: dict[str, list[float]], *, min_effect: float = 0.1,
          confidence: float = 0.99) -> tuple[bool, list[str]]:
     """(passed, one line per benchmark) — the verdicts of compare_samples, B = current over A = the
@@ -83,20 +119,72 @@ def gate(baselines: list[dict[str, list[float]]], current: dict[str, list[float]
     return ok, lines
 
 
+def run_machine(path: str | Path) -> str | None:
+    """The machine id a dohnuts-bench run recorded (run.json `measured.machine.id`), or None."""
+    path = Path(path)
+    run_dir = path if path.is_dir() else path.parent
+    try:
+        meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        machine = ((meta.get("measured") or {}).get("machine") or {}).get("id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return machine if isinstance(machine, str) else None
+
+
+def baseline_paths(args_baseline: list[str] | None, current: str, root: Path) -> list[Path]:
+    """The baseline runs: each BASE expanded (a baseline folder → its runs), or this machine's."""
+    from dohnuts.bench.baseline import MANIFEST, baseline_machine, baseline_runs
+
+    machine = run_machine(current)
+    if not args_baseline:
+        if machine is None:
+            raise DohnutsError("names no machine (not a dohnuts-bench run, or one from before run.json recorded its "
+                               "machine): pass --baseline", source=str(current))
+        folder = root / machine
+        if not (folder / MANIFEST).is_file():
+            raise DohnutsError(f"holds no baseline of this machine ({machine}); make one with `dohnuts-bench "
+                               "baseline`", source=str(folder))
+        args_baseline = [str(folder)]
+    out = []
+    for base in args_baseline:
+        path = Path(base)
+        if path.is_dir() and (path / MANIFEST).is_file():
+            theirs = baseline_machine(path)
+            if machine and theirs and theirs != machine:
+                raise DohnutsError(f"is the baseline of machine {theirs}; {current} ran on {machine}",
+                                   source=str(path))
+            out += baseline_runs(path)
+        else:
+            out.append(path)
+    return out
+
+
 def cmd_gate(args) -> int:
+    from dohnuts.bench.baseline import DEFAULT_ROOT
+
     current = timings(args.current)
-    baselines = [timings(b) for b in args.baseline]
+    bases = baseline_paths(args.baseline, args.current, Path(args.baselines_root or DEFAULT_ROOT))
+    baselines = [timings(b) for b in bases]
+    if len(baselines) < 2:
+        from dohnuts.bench.status import log
+
+        log.warning("one baseline run (%s): no drift between runs measured, the tolerance is --min-effect alone",
+                    bases[0])
     ok, lines = gate(baselines, current, min_effect=args.min_effect, confidence=args.confidence)
-    print("\n".join(lines))
+    note = load_note(bases, args.current)
+    print("\n".join(lines + ([note] if note else [])))
     print("gate: " + ("passed" if ok else "REGRESSION"), file=sys.stderr)
     return PASSED if ok else REGRESSION
 
 
 def add_parser(sub) -> None:
     g = sub.add_parser("gate", help="this build against saved baselines: exit 0 passed, 1 regression, 2 bad input")
-    g.add_argument("current", metavar="CURRENT", help="pytest-benchmark JSON, or a dohnuts-bench run directory")
-    g.add_argument("--baseline", nargs="+", required=True, metavar="BASE",
-                   help="baseline runs of the same kind (e.g. results/baselines/cpu-tiny-*.json)")
+    g.add_argument("current", metavar="CURRENT", help="a dohnuts-bench run directory, or pytest-benchmark JSON")
+    g.add_argument("--baseline", nargs="+", metavar="BASE",
+                   help="baseline folders (dohnuts-bench baseline), runs or pytest-benchmark files of the same kind "
+                        "(default: this machine's, results/baselines/<machine id>/)")
+    g.add_argument("--baselines-root", metavar="DIR",
+                   help="where the per-machine baselines are (default: results/baselines)")
     g.add_argument("--min-effect", type=float, default=0.1,
                    help="smallest slowdown called a regression, as a fraction (default: 0.1)")
     g.add_argument("--confidence", type=float, default=0.99, help="interval confidence (default: 0.99)")

@@ -1,20 +1,29 @@
 """`dohnuts-bench analyze` and `compare`: the commands that read finished runs (results.jsonl or its
 archive results.jsonl.gz, and the run.json beside it), and the analysis and report `run` ends with.
 
+`analyze` never writes beside its input (a committed run stays as committed): its report files go
+to `--out DIR`, or by default to a new temporary folder, named on stderr. `compare` exits 1 when a
+workload · target's whole call is slower in B (a CI can use it), 0 otherwise, 2 on bad input.
+
 A run.json is read as `RunMeta` (dohnuts.schema: one line naming the file and the field when it
 is not usable); the records as dohnuts.bench.analysis.records reads them.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 import warnings
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from dohnuts.bench.status import log
 from dohnuts.errors import ConfigError, DohnutsError
-from dohnuts.schema import convert, short, write_json
+from dohnuts.schema import MIB, check_output, convert, read_file, short, stat_path, write_json
+
+MAX_RUN_JSON_BYTES = 64 * MIB
 
 
 def make_console():
@@ -49,11 +58,11 @@ def analyze_and_report(results: Path, hwspec, measured: dict, run_dir: Path, con
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         records = read_jsonl(results)
-    for w in caught:
-        console.print(f"[yellow]warning[/]: {w.message}")
-    if not records:
+    if not records:  # the one line names what was skipped
         skipped = f" ({caught[0].message})" if caught else ""
         raise RecordError(f"holds no schema-1 records of a dohnuts-bench run{skipped}", source=str(results))
+    for w in caught:
+        log.warning("%s", w.message)
     for rec in records:
         check_reportable(rec)
     if revalidate:  # the validity gates of today, applied to the telemetry each record kept
@@ -81,12 +90,9 @@ class RunMeta(msgspec.Struct):
 
 def _run_meta(run_json: Path) -> dict:
     """The run.json beside a results.jsonl ({} when there is none); a corrupt one is refused."""
-    if not run_json.exists():
+    if not os.path.lexists(run_json):
         return {}
-    try:
-        raw = run_json.read_bytes()
-    except OSError as exc:
-        raise DohnutsError(f"cannot be read ({exc.strerror or exc})", source=str(run_json)) from None
+    raw = read_file(run_json, max_bytes=MAX_RUN_JSON_BYTES, what="a run's JSON")
     try:
         meta = msgspec.json.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
@@ -108,24 +114,53 @@ def _output_dir(path: Path) -> Path:
     return path
 
 
+def _temporary_output(results: Path) -> Path:
+    """A new folder for the report files of `analyze` without --out: never the input's folder."""
+    import re
+    import tempfile
+
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", results.parent.name or "run").strip("-")[:60] or "run"
+    return Path(tempfile.mkdtemp(prefix=f"dohnuts-bench-analyze-{name}-"))
+
+
+def results_path(arg: str) -> Path:
+    """The results file an argument names: a results.jsonl (or .jsonl.gz), or a run directory
+    holding one. A path that is missing, too long, a FIFO or a device is one line (the reader
+    checks the file's type and size before it opens it)."""
+    path = Path(arg)
+    st = stat_path(path, error=DohnutsError)
+    if stat.S_ISDIR(st.st_mode):  # a run directory (an archived run: results.jsonl.gz)
+        plain, archived = path / "results.jsonl", path / "results.jsonl.gz"
+        path = plain if os.path.lexists(plain) or not os.path.lexists(archived) else archived
+        if not os.path.lexists(path):
+            raise DohnutsError("does not exist (expected a run directory or its results.jsonl)", source=str(path))
+    return path
+
+
+def _json_output(arg: str) -> Path:
+    """`compare --json OUT`: its folder created if need be, OUT new or a regular file (a directory,
+    /dev/full, a FIFO, a name too long or a read-only place is one line, before the comparison)."""
+    out = Path(arg)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as exc:
+        raise DohnutsError(f"cannot be created ({getattr(exc, 'strerror', None) or exc})", source=str(out),
+                           field="--json") from None
+    check_output(out, field="--json", what="a JSON file to write")
+    if not os.access(out.parent, os.W_OK):
+        raise DohnutsError("cannot be written (its folder is not writable)", source=str(out), field="--json")
+    return out
+
+
 def cmd_analyze(args) -> int:
     from dohnuts.bench.analysis import find_hwspec
     from dohnuts.bench.analysis.records import RecordError
 
-    path = Path(args.results)
-    try:
-        if path.is_dir():  # a run directory, as `compare` takes (an archived run: results.jsonl.gz)
-            path = path / "results.jsonl" if (path / "results.jsonl").exists() or not (
-                path / "results.jsonl.gz").exists() else path / "results.jsonl.gz"
-        exists = path.exists()
-    except (OSError, ValueError) as exc:  # e.g. a name too long for a path
-        raise DohnutsError(f"cannot be read ({getattr(exc, 'strerror', None) or exc})", source=str(path)) from None
-    if not exists:
-        raise DohnutsError("does not exist", source=str(path))
+    path = results_path(args.results)
     meta = _run_meta(path.parent / "run.json")
     hwspec = find_hwspec(args.hwspec) if args.hwspec else (
         _stored_hwspec(meta["hwspec"]) if meta.get("hwspec") else None)
-    out_dir = _output_dir(Path(args.out) if args.out else path.parent)
+    out_dir = _output_dir(Path(args.out)) if args.out else _temporary_output(path)
     try:
         analyze_and_report(path, hwspec, meta.get("measured") or {}, out_dir, make_console(),
                            revalidate=args.revalidate)
@@ -136,6 +171,8 @@ def cmd_analyze(args) -> int:
         # foreign or hand-edited file): one line naming the file, not a traceback.
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
         raise RecordError(f"cannot be analysed ({reason})", source=str(path)) from None
+    if not args.out:
+        log.info("report files: %s (a new temporary folder; --out DIR chooses one)", out_dir)
     return 0
 
 
@@ -146,25 +183,18 @@ def cmd_compare(args) -> int:
     from dohnuts.bench.analysis.records import read_jsonl
 
     console = make_console()
-    paths = []
-    for arg in (args.run_a, args.run_b):
-        path = Path(arg)
-        if path.is_dir():
-            path = path / "results.jsonl" if (path / "results.jsonl").exists() or not (
-                path / "results.jsonl.gz").exists() else path / "results.jsonl.gz"
-        if not path.is_file():
-            raise DohnutsError("does not exist (expected a run directory or its results.jsonl)", source=str(path))
-        paths.append(path)
+    paths = [results_path(arg) for arg in (args.run_a, args.run_b)]
     runs = []
     for path in paths:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             records = read_jsonl(path)
         for w in caught:
-            console.print(f"[yellow]warning[/]: {w.message}")
+            log.warning("%s", w.message)
         if not any(r.get("phase", "steady") == "steady" for r in records):
             raise DohnutsError("holds no steady-state records", source=str(path))
         runs.append(records)
+    json_out = _json_output(args.json) if args.json else None  # refused before any work, in one line
     comparison = compare_runs(runs[0], runs[1], confidence=args.confidence, min_effect=args.min_effect,
                               label_a=str(paths[0]), label_b=str(paths[1]))
     if not comparison.rows:
@@ -174,9 +204,13 @@ def cmd_compare(args) -> int:
     console.print(comparison_table(comparison))
     for note in comparison.warnings:
         console.print(f"[yellow]warning[/]: {note}")
-    if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        write_json(out, comparison_dict(comparison), indent=2)
-        console.print(f"[dim]wrote {out}[/]")
+    if json_out is not None:
+        write_json(json_out, comparison_dict(comparison), indent=2)
+        log.info("wrote %s", json_out)
+    from dohnuts.bench.analysis.compare import SLOWER, WALL
+
+    slower = [f"{r.workload} · {r.target}" for r in comparison.rows if r.stage == WALL and r.verdict == SLOWER]
+    if slower:
+        log.warning("slower in B (whole call): %s", ", ".join(slower))
+        return 1
     return 0

@@ -30,7 +30,7 @@ from dohnuts.bench.contracts import (
     TelemetrySamplerCapabilities, WorkloadKind, WorkloadKindCapabilities, capabilities, missing_members,
     protocol_members,
 )
-from dohnuts.errors import ConfigError
+from dohnuts.errors import ConfigError, DohnutsError
 
 ENTRY_POINT_GROUP = "dohnuts_bench"
 DISTRIBUTION = "dohnuts"
@@ -108,8 +108,14 @@ class RegisteredTarget(TargetFactoryCapabilities):
         except msgspec.ValidationError as exc:  # "Expected `int`, got `str` - at `$.lora_rank`"
             message, _, path = str(exc).partition(" - at `$")
             where = f"{field}{path.rstrip('`')}" if path else field
+            if isinstance(exc.__cause__, DohnutsError):  # the Options' own check (e.g. an Invalid bound)
+                cause = exc.__cause__
+                where = f"{where}.{cause.field}" if cause.field and cause.source is None else where
+                message = cause.message if cause.source is None else str(cause)
             raise ConfigError(f"{self.name} target option: {message[:1].lower()}{message[1:]}", source=source,
                               field=where) from None
+        except DohnutsError as exc:  # the Options' own check of a file it names (e.g. an adapter)
+            raise ConfigError(f"{self.name} target option: {exc}", source=source, field=field) from None
 
     def build(self, spec, device, dtype, options) -> tuple[Target, TargetCapabilities]:
         """The target built for one workload (`options`: an `Options` instance), checked against the

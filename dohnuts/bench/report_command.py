@@ -80,8 +80,8 @@ def cmd_report(args) -> int:
 def add_parser(sub) -> None:
     r = sub.add_parser("report", help="a run's report: --html writes one self-contained page")
     r.add_argument("run", metavar="RUN", help="a run directory (with its summary.json)")
-    r.add_argument("--html", action="store_true", help="write the HTML report")
-    r.add_argument("--against", metavar="OTHER", help="another run directory: adds the comparison of RUN against it")
+    r.add_argument("--html", action="store_true", help="write the HTML report (default: off)")
+    r.add_argument("--against", metavar="OTHER", help="another run directory: adds the comparison of RUN against it (default: none)")
     r.add_argument("--store", help="the run store for trend charts (default: store.sqlite beside the folder of RUN, "
                                    "where `run` writes it: results/store.sqlite)")
     r.add_argument("--out", help="the HTML file (default: RUN/report.html)")

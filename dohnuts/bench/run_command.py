@@ -5,6 +5,13 @@ Everything that can be checked before measuring is: the workload files against t
 kinds and targets, each target's options against its `Options`, the launchers, the hwspec, the
 `--out` folder. A refusal there leaves no run directory behind. The exit statuses are those of
 dohnuts.bench.cli (0; 1: a target failed, out of memory; 2: refused; 130: interrupted).
+
+Status, progress and warnings go to stderr through `logging` (dohnuts.bench.status); the report
+alone goes to stdout. A CPU run measures with `--threads` torch threads (default 1): on a shared
+machine an operator split over more threads than there are free cores waits at every one of its
+barriers for a thread the scheduler has parked — a tiny-preset training update took 0.2–0.4 s
+on one thread and 1.5–18 s on two while other processes kept the 2-core machine busy, and the
+ceilings scattered the same way (docs/measurement.md, "A CPU run").
 """
 
 from __future__ import annotations
@@ -16,9 +23,12 @@ import shutil
 import sys
 from pathlib import Path
 
+from dohnuts.bench.status import log
 from dohnuts.errors import ConfigError, DohnutsError
 
 TELEMETRY_INTERVAL_S = (0.001, 60.0)  # bounds of --telemetry-interval
+DEFAULT_CPU_THREADS = 1  # --threads: torch's threads in a CPU run (module docstring)
+MAX_THREADS = 4096
 
 
 def hwspec_for(name: str | None, device_name: str):
@@ -44,6 +54,12 @@ def hwspec_ref(spec) -> str | None:
     return path.stem if path.parent == BUILTIN_DIR.resolve() else str(path)
 
 
+def check_threads(value: int) -> None:
+    if not 1 <= value <= MAX_THREADS:
+        raise ConfigError(f"must be a number of threads in [1, {MAX_THREADS}], got {value!r}", source="command line",
+                          field="--threads")
+
+
 def check_telemetry_interval(value: float) -> None:
     lo, hi = TELEMETRY_INTERVAL_S
     if not (math.isfinite(value) and lo <= value <= hi):
@@ -60,7 +76,7 @@ def _run_json(run, runnable, hwspec, samplers, device, telemetry=None) -> dict:
             "failures": run.failures, "traces": run.traces}
 
 
-def runnable_here(specs: list, targets: dict, launchers: dict, console) -> list:
+def runnable_here(specs: list, targets: dict, launchers: dict) -> list:
     """The workloads (their process counts and targets) this machine can run; each one left out is
     said with its reason. A workload naming a launcher no plugin registers is refused."""
     from dohnuts.bench.runner import resolve_device
@@ -71,13 +87,13 @@ def runnable_here(specs: list, targets: dict, launchers: dict, console) -> list:
             raise ConfigError(f"names launcher {spec.launcher!r}, which no plugin registers (known: "
                               f"{', '.join(sorted(launchers)) or 'none'})", source=spec.file, field="launcher")
         if resolve_device(spec) is None:
-            console.print(f"[yellow]skipped[/] {spec.file}: needs a CUDA GPU (requires_gpu / device: cuda)")
+            log.info("skipped %s: needs a CUDA GPU (requires_gpu / device: cuda)", spec.file)
             continue
         counts = []
         for n in spec.processes:  # process counts this machine cannot hold are skipped, with the reason
             reason = None if n == 1 else launchers[spec.launcher].unavailable(n, resolve_device(spec))
             if reason:
-                console.print(f"[yellow]skipped[/] {spec.file} at {n} processes: {reason}")
+                log.info("skipped %s at %d processes: %s", spec.file, n, reason)
             else:
                 counts.append(n)
         if not counts:
@@ -87,7 +103,7 @@ def runnable_here(specs: list, targets: dict, launchers: dict, console) -> list:
         for t in spec.targets:  # a target that cannot run here (e.g. its library is missing) is skipped
             reason = targets[t.name].unavailable()
             if reason:
-                console.print(f"[yellow]skipped[/] target {t.label} of {spec.file}: {reason}")
+                log.info("skipped target %s of %s: %s", t.label, spec.file, reason)
             else:
                 kept.append(t)
         if kept:
@@ -95,24 +111,39 @@ def runnable_here(specs: list, targets: dict, launchers: dict, console) -> list:
     return runnable
 
 
-def cmd_run(args) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def cmd_run(args, console=None) -> int:
+    """`dohnuts-bench run`; the report goes to `console` (default: stdout)."""
+    import torch
 
+    threads = torch.get_num_threads()
+    try:
+        return _run(args, console)
+    finally:
+        torch.set_num_threads(threads)  # a CPU run sets its own (--threads); the process gets its own back
+
+
+def _run(args, console=None) -> int:
     from dohnuts.schema import write_json
     from dohnuts.bench.offline import analyze_and_report
     from dohnuts.bench.cli import console_for_output, standard_files
     from dohnuts.bench.contracts import RunContext
+    from dohnuts.bench.machine_id import this_machine
     from dohnuts.bench.plugins import check_target_options, collect, plugin_manager, samplers
     from dohnuts.bench.provenance import device_info
     from dohnuts.bench.rundir import new_run_dir
     from dohnuts.bench.runner import measure_workload, resolve_device
     from dohnuts.bench.sink import RecordSink
+    from dohnuts.bench.status import MeasureProgress
     from dohnuts.bench.store import RunStore, StoreMirror
     from dohnuts.bench.telemetry import TelemetryThread
     from dohnuts.bench.workload import load_workload
 
     check_telemetry_interval(args.telemetry_interval)
-    console = console_for_output()
+    check_threads(args.threads)
+    from dohnuts.bench.telemetry import default_min_clock_fraction
+
+    default_min_clock_fraction()  # a garbled DOHNUTS_BENCH_MIN_CLOCK_FRACTION is refused before anything runs
+    console = console or console_for_output()  # the report's (stdout); status goes to the log (stderr)
     pm = plugin_manager()
     kinds = collect(pm, "dohnuts_bench_register_workload_kinds")
     targets = collect(pm, "dohnuts_bench_register_targets")
@@ -121,9 +152,9 @@ def cmd_run(args) -> int:
     specs = [load_workload(f, kinds, targets) for f in files]  # validate everything before measuring
     for spec in specs:
         check_target_options(spec, targets)
-    runnable = runnable_here(specs, targets, launchers, console)
+    runnable = runnable_here(specs, targets, launchers)
     if not runnable:
-        console.print("nothing to run on this machine")
+        log.info("nothing to run on this machine")
         return 0
     device = resolve_device(runnable[0])
     named_by = None if args.hwspec else next((s for s in runnable if s.hwspec), None)
@@ -138,48 +169,15 @@ def cmd_run(args) -> int:
     label = args.label or (runnable[0].name if len(runnable) == 1 else "run")
     out_root = Path(args.out)
     created_root = not os.path.lexists(out_root)
+    if device.type == "cpu":
+        _set_threads(args.threads)
     run_id, run_dir = new_run_dir(out_root, label)  # created only now: every input has been validated
     run = RunContext(run_id=run_id, run_dir=run_dir, device=device, hwspec=hwspec, console=console,
                      profile=args.profile)
+    run.measured["machine"] = {"id": this_machine(device)}  # what a gate baseline is kept per
 
-    every_sampler = samplers(pm)
-    for s in every_sampler:
-        if s.unavailable:
-            console.print(f"[dim]telemetry: {s.name}: {s.unavailable}[/]")
-    telemetry = TelemetryThread([s for s in every_sampler if not s.unavailable], interval_s=args.telemetry_interval)
-    results = run_dir / "results.jsonl"
-    meta = _run_json(run, runnable, hwspec, every_sampler, device, telemetry)  # holds run.measured and run.failures as they grow
-    interrupted, error = False, None
-    mirror = StoreMirror(store, run_id, warn=lambda m: console.print(f"[yellow]warning[/]: {m}"))
-    try:
-        pm.hook.dohnuts_bench_prepare_run(run=run)
-        write_json(run_dir / "run.json", meta, indent=2, default=str)
-        store.add_run(run_id, meta)
-        console.print(f"run [bold]{run_id}[/] → {results} (and {store.path})")
-        telemetry.start()
-        try:
-            with RecordSink.open(results, mirrors=(mirror,)) as out, Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                console=console, disable=args.quiet,
-            ) as progress:
-                for spec in runnable:
-                    for n in spec.processes:
-                        if n == 1:
-                            measure_workload(run, pm, spec, kinds, targets, telemetry, out, progress)
-                        else:  # the launcher's processes measure on their own devices; the parent waits
-                            write_json(run_dir / "run.json", meta, indent=2, default=str)
-                            launchers[spec.launcher].launch(run, spec, n, out, gpu=run.device.type == "cuda",
-                                                            telemetry_interval=args.telemetry_interval)
-        finally:
-            telemetry.stop()
-    except KeyboardInterrupt:
-        interrupted = True
-        console.print("[yellow]interrupted[/]: results.jsonl holds every completed call")
-    except DohnutsError as exc:  # refused while measuring (e.g. a target's adapter): report what was measured
-        error = exc
-    measured_any = results.exists() and results.stat().st_size > 0
-    if error is not None and not measured_any and not run.failures:
-        # Refused before any call was recorded: leave nothing behind.
+    def discard_run() -> None:
+        """Nothing was recorded: leave no run behind."""
         store.delete_run(run_id)
         store.close()
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -188,16 +186,67 @@ def cmd_run(args) -> int:
                 out_root.rmdir()
             except OSError:
                 pass
+
+    every_sampler = samplers(pm)
+    for s in every_sampler:
+        if s.unavailable:
+            log.info("telemetry: %s: %s", s.name, s.unavailable)
+    telemetry = TelemetryThread([s for s in every_sampler if not s.unavailable], interval_s=args.telemetry_interval)
+    results = run_dir / "results.jsonl"
+    meta = _run_json(run, runnable, hwspec, every_sampler, device, telemetry)  # holds run.measured and run.failures as they grow
+    interrupted, error = False, None
+    mirror = StoreMirror(store, run_id, warn=lambda m: log.warning("%s", m))
+    try:
+        with MeasureProgress(enabled=not args.quiet) as progress:
+            progress.phase("preparing the run (the ceilings of this machine)")
+            pm.hook.dohnuts_bench_prepare_run(run=run)
+            write_json(run_dir / "run.json", meta, indent=2, default=str)
+            _store_run(store, run_id, meta)  # the store is a copy: a store that fails is a warning
+            log.info("run %s → %s (and %s)", run_id, results, store.path)
+            telemetry.start()
+            try:
+                with RecordSink.open(results, mirrors=(mirror,)) as out:
+                    for spec in runnable:
+                        for n in spec.processes:
+                            if n == 1:
+                                measure_workload(run, pm, spec, kinds, targets, telemetry, out, progress)
+                            else:  # the launcher's processes measure on their own devices; the parent waits
+                                write_json(run_dir / "run.json", meta, indent=2, default=str)
+                                progress.phase(f"{spec.name} at {n} processes ({spec.launcher})")
+                                launchers[spec.launcher].launch(run, spec, n, out, gpu=run.device.type == "cuda",
+                                                                telemetry_interval=args.telemetry_interval)
+            finally:
+                telemetry.stop()
+    except KeyboardInterrupt:
+        interrupted = True
+    except DohnutsError as exc:  # refused while measuring (e.g. a target's adapter): report what was measured
+        error = exc
+    measured_any = results.exists() and results.stat().st_size > 0
+    if interrupted and not measured_any:
+        # Ctrl-C before the first call was recorded (e.g. while the ceilings were measured).
+        discard_run()
+        log.warning("interrupted before the first call was recorded: nothing was measured, no run kept")
+        return 130
+    if interrupted:
+        log.warning("interrupted: %s holds every completed call", results)
+    if error is not None and not measured_any and not run.failures:
+        discard_run()  # refused before any call was recorded: leave nothing behind
         raise error
     try:
         write_json(run_dir / "run.json", meta, indent=2, default=str)  # now with the failures and calibrations
-        _store_run(store, run_id, meta, console)
+        _store_run(store, run_id, meta)
         if measured_any:
             analyze_and_report(results, hwspec, run.measured, run_dir, console, pm)
-            _store_summary(store, run_id, run_dir, console)
-            _html(run_dir, store.path, console)
+            _store_summary(store, run_id, run_dir)
+            _html(run_dir, store.path)
         for t in run.traces:
-            console.print(f"[dim]trace: {run_dir / t['path']} (open in Perfetto: ui.perfetto.dev)[/]")
+            log.info("trace: %s (open in Perfetto: ui.perfetto.dev)", run_dir / t["path"])
+    except DohnutsError as exc:
+        if error is None:
+            raise
+        # The report failed after the run itself did (a full disk fails both): the run's own error
+        # is the one line; results.jsonl holds every record written whole before it.
+        log.warning("no report (%s)", exc)
     except KeyboardInterrupt:
         # A second Ctrl-C (or the first, during the report): results.jsonl is complete and closed.
         print("dohnuts-bench: interrupted while writing the report; results.jsonl holds every completed call "
@@ -216,16 +265,23 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _store_run(store, run_id: str, meta: dict, console) -> None:
+def _set_threads(threads: int) -> None:
+    """torch's intra-op threads for this CPU run (module docstring: why one by default)."""
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _store_run(store, run_id: str, meta: dict) -> None:
     import sqlite3
 
     try:
         store.add_run(run_id, meta)
     except (sqlite3.Error, OSError) as exc:
-        console.print(f"[yellow]warning[/]: the run store {store.path} did not take run.json ({exc})")
+        log.warning("the run store %s did not take run.json (%s)", store.path, exc)
 
 
-def _store_summary(store, run_id: str, run_dir: Path, console) -> None:
+def _store_summary(store, run_id: str, run_dir: Path) -> None:
     import json
     import sqlite3
 
@@ -234,16 +290,15 @@ def _store_summary(store, run_id: str, run_dir: Path, console) -> None:
         if summary.is_file():
             store.add_summary(run_id, json.loads(summary.read_text(encoding="utf-8")))
     except (sqlite3.Error, OSError, ValueError) as exc:
-        console.print(f"[yellow]warning[/]: the run store {store.path} did not take summary.json ({exc})")
+        log.warning("the run store %s did not take summary.json (%s)", store.path, exc)
     finally:
         store.close()
 
 
-def _html(run_dir: Path, store_path: Path, console) -> None:
+def _html(run_dir: Path, store_path: Path) -> None:
     from dohnuts.bench.report_command import write_html
 
     try:
-        console.print(f"[dim]html: {write_html(run_dir, store=store_path)}[/]")
+        log.info("html: %s", write_html(run_dir, store=store_path))
     except (DohnutsError, OSError, ValueError) as exc:  # the text report and the JSONL are written already
-        console.print(f"[yellow]warning[/]: no report.html ({exc})")
-
+        log.warning("no report.html (%s)", exc)

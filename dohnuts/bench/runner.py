@@ -33,6 +33,7 @@ from dohnuts.bench.quality import (
 from dohnuts.bench.record import TargetContext
 from dohnuts.bench.rundir import safe_name
 from dohnuts.bench.serving.scenario import measure_scenario
+from dohnuts.bench.status import log
 from dohnuts.bench.trace import PROFILED_CALLS, profile_calls, trace_path
 from dohnuts.runtime.collectives import any_rank, barrier, max_over_ranks
 from dohnuts.runtime.process_group import SINGLE, World
@@ -121,8 +122,8 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict[str, R
             failure = {"workload": spec.name, "file": spec.file, "target": tspec.label,
                        "error": f"out of memory: {short(f'{type(exc).__name__}: {exc}', 300, str) if str(exc) else type(exc).__name__}"}
             run.failures.append(failure)
-            run.console.print(f"[red]failed[/] {spec.name} · {tspec.label}: {failure['error']} "
-                              "(recorded in run.json; the run goes on)")
+            log.warning("failed %s · %s: %s (recorded in run.json; the run goes on)", spec.name, tspec.label,
+                        failure["error"])
             failed = True
         if failed:  # the failed call's frames are released only now: give their memory back
             gc.collect()

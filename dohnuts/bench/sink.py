@@ -1,8 +1,10 @@
 """Where a run's records go: the public record sink the runner and the launcher plugins write to.
 
 A record is one JSON object (schema: dohnuts.bench.analysis.records) written as one strict-JSON
-line — a non-finite number becomes null, never a bare NaN — and flushed at once, so a run killed
-at any moment (Ctrl-C, a dead rank) leaves a file holding every completed record.
+line — a non-finite number becomes null, never a bare NaN — at once, so a run killed at any moment
+(Ctrl-C, a dead rank) leaves a file holding every completed record. A sink opened on a path
+(`RecordSink.open`) writes each line whole or not at all (dohnuts.schema.JsonlFile): a full disk
+leaves the file valid up to its last complete record, and the run ends with one line saying so.
 """
 
 from __future__ import annotations
@@ -12,14 +14,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from dohnuts.schema import dumps
+from dohnuts.schema import JsonlFile, dumps
 
 
 class RecordSink:
-    """Appends records to an open text file (a run's results.jsonl, or a rank's own JSONL), and
+    """Appends records to a results file (a run's results.jsonl, or a rank's own JSONL): a
+    `JsonlFile` (whole lines), or an open text file (each line written in one call and flushed);
     hands each record, once written, to its mirrors (the run store: dohnuts.bench.store)."""
 
-    def __init__(self, file: TextIO, mirrors: tuple = ()):
+    def __init__(self, file: TextIO | JsonlFile, mirrors: tuple = ()):
         self.file = file
         self.mirrors = mirrors  # objects with write(record): told of every record after the file
         self.written = 0  # records written through this sink
@@ -27,14 +30,18 @@ class RecordSink:
     @classmethod
     @contextmanager
     def open(cls, path: str | Path, mirrors: tuple = ()) -> Iterator[RecordSink]:
-        """A sink appending to `path` (created if need be), closed on exit."""
-        with open(path, "a", encoding="utf-8") as f:
+        """A sink appending whole records to `path` (created if need be), closed on exit."""
+        with JsonlFile(path) as f:
             yield cls(f, mirrors)
 
     def write(self, record: dict) -> None:
-        """Append one record as one strict-JSON line and flush it."""
-        self.file.write(dumps(record) + "\n")
-        self.file.flush()
+        """Append one record as one strict-JSON line (whole, or not at all on a JsonlFile)."""
+        line = dumps(record)
+        if isinstance(self.file, JsonlFile):
+            self.file.write_line(line)
+        else:
+            self.file.write(line + "\n")
+            self.file.flush()
         self.written += 1
         for m in self.mirrors:
             m.write(record)

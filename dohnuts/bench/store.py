@@ -62,6 +62,12 @@ CREATE TABLE IF NOT EXISTS summaries (run_id TEXT PRIMARY KEY, summary TEXT NOT 
 """
 
 
+# SQLite's primary result codes of a file that cannot be written (no permission, read-only, a disk
+# I/O error, a full disk, cannot be opened): said as such, not as "not a dohnuts run store".
+_CANNOT_WRITE = {sqlite3.SQLITE_PERM, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL,
+                 sqlite3.SQLITE_CANTOPEN}
+
+
 class StoreError(DohnutsError):
     """The store file cannot be used (corrupt, foreign, newer, unwritable)."""
 
@@ -83,6 +89,8 @@ class RunStore:
             self._prepare()
         except sqlite3.DatabaseError as exc:
             self.db.close()
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF in _CANNOT_WRITE:  # a full disk is not a foreign file
+                raise StoreError(f"cannot be written ({exc})", source=where) from None
             raise StoreError(f"is not a dohnuts run store ({exc})", source=where) from None
 
     def _prepare(self) -> None:

@@ -122,12 +122,12 @@ def add_parsers(sub) -> None:
     h = sub.add_parser("history", help="per workload, target and stage: the runs in the store over revisions, "
                                        "changes between consecutive runs flagged")
     h.add_argument("--store", default=str(DEFAULT_STORE), help=f"the run store (default: {DEFAULT_STORE})")
-    h.add_argument("--workload", help="only this workload (as reports name it)")
-    h.add_argument("--target", help="only this target (as reports name it)")
+    h.add_argument("--workload", help="only this workload (as reports name it; default: all)")
+    h.add_argument("--target", help="only this target (as reports name it; default: all)")
     h.add_argument("--stage", default="wall", help="a stage, or wall for the whole call (default: wall)")
     h.add_argument("--min-effect", type=float, default=0.02,
                    help="smallest relative change flagged, raised to each run's own measured noise (default: 0.02)")
-    h.add_argument("--json", metavar="OUT", help="also write the series as JSON to OUT")
+    h.add_argument("--json", metavar="OUT", help="also write the series as JSON to OUT (default: the tables only)")
     h.set_defaults(func=cmd_history)
     s = sub.add_parser("store", help="the run store: import finished run directories")
     ssub = s.add_subparsers(dest="store_command", required=True)

@@ -36,6 +36,7 @@ after a call; `call_energy` turns the two readings into the record's `energy` fi
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -51,16 +52,20 @@ NO_ENERGY_COUNTER = "no telemetry sampler reads an energy counter here (no GPU s
 
 
 def default_min_clock_fraction() -> float:
-    """0.9, or `DOHNUTS_BENCH_MIN_CLOCK_FRACTION` when set (a number in (0, 1])."""
+    """0.9, or `DOHNUTS_BENCH_MIN_CLOCK_FRACTION` when set (a number in (0, 1]); anything else is one
+    ConfigError line naming the variable."""
+    from dohnuts.errors import ConfigError
+
     raw = os.environ.get("DOHNUTS_BENCH_MIN_CLOCK_FRACTION")
     if raw is None or not raw.strip():
         return DEFAULT_MIN_CLOCK_FRACTION
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"DOHNUTS_BENCH_MIN_CLOCK_FRACTION must be a number in (0, 1], got {raw!r}") from None
-    if not 0.0 < value <= 1.0:
-        raise ValueError(f"DOHNUTS_BENCH_MIN_CLOCK_FRACTION must be in (0, 1], got {value}")
+        value = math.nan
+    if not 0.0 < value <= 1.0:  # NaN fails too
+        raise ConfigError(f"must be a number in (0, 1], got {raw[:40]!r}",
+                          source="environment variable DOHNUTS_BENCH_MIN_CLOCK_FRACTION")
     return value
 
 

@@ -35,7 +35,9 @@
                                 #   replace the CPU ones key by key; any field but `kind` and `on_gpu`
 
 Every size has an upper bound (above; each kind's `Shape` declares its own, e.g. questions ≤ 4096),
-so a typo cannot ask for a run that never ends. The longest sequence a workload's calls hold
+so a typo cannot ask for a run that never ends. What every record copies is bounded too: names and
+labels (200 characters) and a target's `options` (4096 bytes as JSON: YAML aliases can make a few
+hundred bytes stand for megabytes), and the options are checked against the target's `Options`. The longest sequence a workload's calls hold
 (its kind's `sequence_tokens(shape, model_config)`: `seq_tokens`, plus the image tokens of the
 largest image for the image kinds) must fit the model's context: the smaller of the config's
 `max_position_embeddings` (preset or checkpoint config.json) and the runtime's `max_len`
@@ -53,6 +55,7 @@ and exits with status 2.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -65,7 +68,7 @@ from dohnuts.bench.serving.config import (
     SCENARIOS, AccuracyFields, AgreementFields, ServingFields, check_accuracy, check_serving,
 )
 from dohnuts.errors import ConfigError, DohnutsError
-from dohnuts.schema import Invalid, NonBlank, convert, one_line, one_line_error, read_yaml, short
+from dohnuts.schema import Invalid, NonBlank, convert, dumps, one_line_error, read_yaml, short
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,11 @@ class WorkloadSpec:
 
 MAX_PROCESSES = 1024
 MAX_TARGETS = 64
+# What is copied into every record is bounded: a workload's name and a target's label and options
+# (a few hundred bytes of YAML could otherwise put megabytes into each of thousands of records).
+MAX_NAME_CHARS = 200
+MAX_OPTIONS_BYTES = 4096
+Name = Annotated[str, Meta(max_length=MAX_NAME_CHARS)]
 ProcessCount = Annotated[int, Meta(ge=1, le=MAX_PROCESSES)]
 
 
@@ -120,17 +128,23 @@ class TargetEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """`{name, label, options}`: a registered target, how its results are labelled (default: its
     name; unique within the workload) and its options."""
 
-    name: str
-    label: NonBlank | None = None
+    name: Name
+    label: Annotated[NonBlank, Meta(max_length=MAX_NAME_CHARS)] | None = None
     options: dict[str, Any] = {}
+
+    def __post_init__(self) -> None:
+        size = len(dumps(self.options, default=str))  # as every record of the target carries them
+        if size > MAX_OPTIONS_BYTES:
+            raise Invalid(f"are {size} bytes as JSON, over the {MAX_OPTIONS_BYTES} bytes a record carries",
+                          field="options")
 
 
 class WorkloadFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The fields of a workload file (the module docstring); `shape` is checked against its kind's
     `Shape` and `targets` against the registered targets by `load_workload`."""
 
-    kind: str
-    name: str = ""
+    kind: Name
+    name: Name = ""
     targets: Annotated[list[str | TargetEntry], Meta(min_length=1, max_length=MAX_TARGETS)] = \
         msgspec.field(default_factory=lambda: ["dohnuts"])
     model: str = "tiny"
@@ -292,25 +306,17 @@ def _build_spec(path: Path, source: str, raw_bytes: bytes, data: dict, kinds: di
 def model_config(model: str, source: str):
     """The ModelConfig of a workload's `model` (a preset, or a checkpoint directory's config.json);
     a ConfigError naming the workload file and its `model` field otherwise."""
-    from dohnuts.config import preset
+    from dohnuts.config import preset, preset_aliases, preset_names
+    from dohnuts.model.build import resolve_source
 
     if not model.strip() or "\x00" in model:
         raise ConfigError("must name a preset or a checkpoint directory", source=source, field="model")
+    if "/" not in model and model not in (*preset_names(), *preset_aliases()) and not os.path.lexists(model):
+        return preset(model, source=source, field_name="model")  # unknown: ConfigError naming file and field
     try:
-        is_dir = Path(model).is_dir()
-    except OSError as exc:  # e.g. a name too long for a path
-        raise ConfigError(f"is neither a preset nor a readable directory ({exc.strerror or exc})", source=source,
-                          field="model") from None
-    if is_dir:
-        from dohnuts.model.checkpoint import read_config
-
-        try:
-            return read_config(Path(model))
-        except DohnutsError as exc:
-            raise ConfigError(f"is not a usable checkpoint ({exc})", source=source, field="model") from None
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"is not a usable checkpoint ({one_line(exc)})", source=source, field="model") from None
-    return preset(model, source=source, field_name="model")  # raises ConfigError naming file and field
+        return resolve_source(model)[0]  # the rule of `dohnuts predict --model` (dohnuts.model.build)
+    except DohnutsError as exc:
+        raise ConfigError(f"is not a usable checkpoint ({exc})", source=source, field="model") from None
 
 
 def runtime_max_len() -> int:

@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
+from typing import Annotated
 
+import msgspec
 import torch
 from torch import nn
 
 from dohnuts.config import ModelConfig
-from dohnuts.hf_config import from_hf_config
 from dohnuts.errors import CheckpointError, ConfigError
+from dohnuts.hf_config import from_hf_config
+from dohnuts.schema import MIB, check_file, convert, open_file, read_file, short
 
 _TEXT_PREFIXES = ("model.language_model.", "language_model.", "model.")
 _VISION_PREFIXES = ("model.visual.", "visual.")
@@ -65,42 +69,87 @@ def _is_zero_centred(name: str) -> bool:
     return not name.startswith(("visual.", "model.visual.")) and "blocks." not in name and "merger." not in name
 
 
-def _read_index(root: Path) -> dict[str, Path]:
-    """tensor name → file holding it."""
+MAX_CONFIG_BYTES = 4 * MIB  # config.json, model.safetensors.index.json: text files of a few KB
+MAX_HEADER_BYTES = 100 * MIB  # safetensors' own limit on a header
+WEIGHT_DTYPES = ("F64", "F32", "F16", "BF16")
+
+
+def _read_json(path: Path) -> object:
+    """A checkpoint's JSON file: a regular file within MAX_CONFIG_BYTES (checked before it is
+    opened), UTF-8, one JSON value; one error line naming the file otherwise. NaN and Infinity are
+    read as numbers here, so that the typed check names the field that holds them."""
+    raw = read_file(path, max_bytes=MAX_CONFIG_BYTES, error=CheckpointError, what="a JSON file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
+                          source=str(path)) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})",
+                          source=str(path)) from None
+    except (RecursionError, ValueError) as exc:  # nesting, an integer with too many digits
+        raise ConfigError(f"is not usable JSON ({short(exc, 100, str)})", source=str(path)) from None
+
+
+class SafetensorsIndex(msgspec.Struct):
+    """model.safetensors.index.json: which file holds each tensor (other keys are ignored)."""
+
+    weight_map: Annotated[dict[str, str], msgspec.Meta(min_length=1)]
+
+
+def checkpoint_files(root: Path) -> dict[str, Path]:
+    """tensor name → file holding it; every file a regular file inside `root` (checked by stat:
+    a FIFO or a device named by the index is refused, never opened)."""
     single = root / "model.safetensors"
     index = root / "model.safetensors.index.json"
-    if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as exc:
-            raise CheckpointError(f"is not a safetensors index ({exc})", source=str(index)) from None
+    if os.path.lexists(index):
+        weight_map = convert(_read_json(index), SafetensorsIndex, source=str(index), error=CheckpointError).weight_map
         files = {}
         for tensor, shard in weight_map.items():
+            if not shard or Path(shard).name != shard or shard in (".", ".."):
+                raise CheckpointError(f"names {short(shard)} for tensor {short(tensor)}: a shard must be a file "
+                                      "name in the checkpoint directory", source=str(index), field="weight_map")
             path = root / shard
-            if not path.exists():
+            if not os.path.lexists(path):
                 raise CheckpointError(f"shard {shard!r} (holding tensor {tensor!r}) is missing", source=str(index))
             files[tensor] = path
+        for path in set(files.values()):
+            check_file(path, error=CheckpointError, what="a safetensors file")
         return files
-    if single.exists():
-        from safetensors import safe_open
-
-        try:
-            with safe_open(single, framework="pt") as f:
-                return {k: single for k in f.keys()}
-        except Exception as exc:  # safetensors raises several error types for corrupt headers
-            raise CheckpointError(f"cannot be read as safetensors ({exc})", source=str(single)) from None
+    if os.path.lexists(single):
+        check_file(single, error=CheckpointError, what="a safetensors file")
+        return {k: single for k in safetensors_header(single)}
     raise CheckpointError("holds neither model.safetensors nor model.safetensors.index.json", source=str(root))
+
+
+def safetensors_header(path: Path) -> dict[str, dict]:
+    """The tensor entries of a safetensors file's header ({name: {"dtype", "shape", ...}}), read with
+    bounds — the 8-byte length, then at most that many bytes (≤ MAX_HEADER_BYTES and within the
+    file) — from a regular file checked before it is opened; CheckpointError otherwise."""
+    with open_file(path, error=CheckpointError, what="a safetensors file") as f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < n <= min(MAX_HEADER_BYTES, size - 8):
+            raise CheckpointError("cannot be read as safetensors (its header length is invalid)", source=str(path))
+        raw = f.read(n)
+    try:
+        header = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise CheckpointError(f"cannot be read as safetensors (header: {short(exc, 100, str)})",
+                              source=str(path)) from None
+    if not isinstance(header, dict) or not all(isinstance(v, dict) for k, v in header.items() if k != "__metadata__"):
+        raise CheckpointError("cannot be read as safetensors (its header is not a map of tensors)", source=str(path))
+    return {k: v for k, v in header.items() if k != "__metadata__"}
 
 
 def read_config(root: Path) -> ModelConfig:
     path = root / "config.json"
-    if not path.exists():
+    if not os.path.lexists(path):
         raise CheckpointError("config.json is missing", source=str(root))
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"is not valid JSON ({exc})", source=str(path)) from None
-    return from_hf_config(data, source=str(path), name=root.name)
+    return from_hf_config(_read_json(path), source=str(path), name=root.name)
 
 
 def _strip(name: str, prefixes: tuple[str, ...]) -> str | None:
@@ -123,7 +172,9 @@ class Tensors(dict):
 
 
 def load_state_dicts(root: Path, files: dict[str, Path]) -> tuple[Tensors, Tensors]:
-    """Read every tensor once: (text backbone state dict, vision tower state dict)."""
+    """Read every tensor once: (text backbone state dict, vision tower state dict). Every weight must
+    be floating point (its dtype read from the header, before the tensor) and finite: a NaN or an
+    infinity in a weight makes every score NaN, so it is refused here naming the tensor and file."""
     from safetensors import safe_open
 
     by_file: dict[Path, list[str]] = {}
@@ -131,24 +182,35 @@ def load_state_dicts(root: Path, files: dict[str, Path]) -> tuple[Tensors, Tenso
         by_file.setdefault(path, []).append(tensor)
     text, vision = Tensors(), Tensors()
     for path, names in by_file.items():
+        header = safetensors_header(path)
+        for name in names:
+            if name.startswith(_SKIPPED_PREFIXES):
+                continue
+            if name not in header:
+                raise CheckpointError(f"tensor {name!r} listed in the index is not in the file", source=str(path))
+            dtype = header[name].get("dtype")
+            if dtype not in WEIGHT_DTYPES:
+                raise CheckpointError(f"tensor {name!r} is {short(dtype, convert=str)}; weights must be floating point "
+                                      f"({', '.join(WEIGHT_DTYPES)})", source=str(path))
         try:
-            with safe_open(path, framework="pt") as f:
-                available = set(f.keys())
+            with safe_open(str(path), framework="pt") as f:
                 for name in names:
                     if name.startswith(_SKIPPED_PREFIXES):
                         continue
-                    if name not in available:
-                        raise CheckpointError(f"tensor {name!r} listed in the index is not in the file", source=str(path))
+                    t = f.get_tensor(name)
+                    if not bool(torch.isfinite(t).all()):
+                        raise CheckpointError(f"tensor {name!r} holds non-finite values (NaN or infinite)",
+                                              source=str(path))
                     v = _strip(name, _VISION_PREFIXES)
                     if v is not None:
-                        vision.put(v, f.get_tensor(name), path)
+                        vision.put(v, t, path)
                         continue
-                    t = _strip(name, _TEXT_PREFIXES)
-                    text.put(name if t is None else t, f.get_tensor(name), path)
+                    s = _strip(name, _TEXT_PREFIXES)
+                    text.put(name if s is None else s, t, path)
         except CheckpointError:
             raise
         except Exception as exc:
-            raise CheckpointError(f"cannot be read as safetensors ({exc})", source=str(path)) from None
+            raise CheckpointError(f"cannot be read as safetensors ({short(exc, 200, str)})", source=str(path)) from None
     return text, vision
 
 

@@ -24,6 +24,9 @@ DEFAULT_TARGETS = (
 )
 
 
+MAX_RANK = 1024  # far above any useful rank; bounds what an argument or a file can make us allocate
+
+
 @dataclass(frozen=True)
 class LoRAConfig:
     """The adapters' shape, checked on construction (also when a config is decoded: dohnuts.schema)."""
@@ -34,14 +37,17 @@ class LoRAConfig:
     targets: tuple[str, ...] = DEFAULT_TARGETS
 
     def __post_init__(self) -> None:
-        from dohnuts.schema import Invalid, is_finite
+        from dohnuts.schema import Invalid, is_finite, short
 
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank <= 0:
-            raise Invalid(f"must be a positive integer, got {self.rank!r}", field="rank")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 0 < self.rank <= MAX_RANK:
+            raise Invalid(f"must be an integer in 1..{MAX_RANK}, got {short(self.rank)}", field="rank")
         if not (is_finite(self.alpha) and self.alpha > 0):
-            raise Invalid(f"must be a finite number > 0, got {self.alpha!r}", field="alpha")
-        if not 0.0 <= self.dropout < 1.0:
-            raise Invalid(f"must lie in [0, 1), got {self.dropout!r}", field="dropout")
+            raise Invalid(f"must be a finite number > 0, got {short(self.alpha)}", field="alpha")
+        if not (is_finite(self.dropout) and 0.0 <= self.dropout < 1.0):
+            raise Invalid(f"must lie in [0, 1), got {short(self.dropout)}", field="dropout")
+        if isinstance(self.targets, str) or not isinstance(self.targets, (list, tuple)) or not self.targets or \
+                not all(isinstance(t, str) and t for t in self.targets):
+            raise Invalid(f"must be a non-empty list of layer names, got {short(self.targets)}", field="targets")
         object.__setattr__(self, "targets", tuple(self.targets))
 
     @property

@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import io
 import math
-import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -39,7 +38,8 @@ import torch
 from PIL import Image
 
 from dohnuts.config import VisionConfig
-from dohnuts.errors import ImageError
+from dohnuts.errors import DohnutsError, ImageError
+from dohnuts.schema import check_file, read_file
 
 PREPROCESS_POLICY = (
     "v1: pillow decode (first frame, no exif transpose), RGB over white, smart_resize bicubic to "
@@ -49,6 +49,10 @@ PREPROCESS_POLICY = (
 MIN_PIXELS = 256 * 256
 MAX_PIXELS = 1024 * 1024
 MAX_ASPECT_RATIO = 200
+# An image file is read whole (hashed, then decoded from memory): a file over this size is refused by
+# its stat, before anything is read (8192² RGBA uncompressed is 256 MiB). A device (/dev/zero), a
+# FIFO or a socket is refused by its type, likewise (dohnuts.schema.read_file).
+MAX_IMAGE_BYTES = 256 * 1024 * 1024
 # Refuse larger images from the header alone. 8192² stays below Pillow's own bomb warning
 # threshold (≈ 89.5 M pixels), so an image we accept never trips Pillow's check first.
 MAX_DECODE_PIXELS = 8192 * 8192
@@ -114,20 +118,21 @@ class ImageKeyMemo:
         return hashlib.blake2b(data, digest_size=20, person=b"dohnuts-img-v1").hexdigest()
 
     def digest(self, source: str | Path | bytes) -> str | None:
-        """blake2b of the file's bytes (None when the file cannot be read: decoding then reports why);
+        """blake2b of the file's bytes (None when the file cannot be read — a device, a FIFO, a name
+        too long, over MAX_IMAGE_BYTES, missing: decoding then reports why, nothing is read);
         remembered per path while the file's stat signature is unchanged."""
         if isinstance(source, (bytes, bytearray)):
             return self._hash(source)
         path = str(source)
         try:
-            st = os.stat(path)
+            st = check_file(path, max_bytes=MAX_IMAGE_BYTES, error=ImageError, what="an image file")
             sig = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
             with self._lock:
                 known = self._stats.get(path)
             if known is not None and known[0] == sig:
                 return known[1]
-            data = Path(path).read_bytes()
-        except OSError:
+            data = read_file(path, max_bytes=MAX_IMAGE_BYTES, error=ImageError, what="an image file")
+        except DohnutsError:
             return None
         digest = self._hash(data)
         racy_s = self.RACY_S if st.st_mtime_ns % 1_000_000_000 == 0 else self.RACY_FINE_S
@@ -194,13 +199,11 @@ def decode_rgb(source: str | Path | bytes, *, name: str | None = None) -> Image.
         if not source:
             raise ImageError("is empty (0 bytes)", source=where)
         fp = io.BytesIO(source)
-    else:
-        path = Path(source)
-        if not path.is_file():
-            raise ImageError("no such image file" if not path.exists() else "is not a file", source=where)
-        if path.stat().st_size == 0:
+    else:  # checked by stat before it is opened (type, size, name), then read whole
+        data = read_file(source, max_bytes=MAX_IMAGE_BYTES, error=ImageError, what="an image file")
+        if not data:
             raise ImageError("is empty (0 bytes)", source=where)
-        fp = path
+        fp = io.BytesIO(data)
     try:
         # Pillow warns (then errors at 2×) on huge images; make its warning an error too. Our own
         # header check below is the real limit, so this only matters above ≈ 89.5 M pixels.

@@ -51,9 +51,46 @@ def current_world() -> World:
     return _current
 
 
+def _env_int(name: str, *, low: int, default: int | None = None) -> int:
+    """torchrun's variable `name` as an integer ≥ low; a missing or garbled one is one DohnutsError line."""
+    from dohnuts.errors import DohnutsError
+
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        if default is not None:
+            return default
+        raise DohnutsError(f"is not set, but WORLD_SIZE={os.environ.get('WORLD_SIZE')} says this is one of several "
+                           "processes: torchrun sets RANK, WORLD_SIZE and LOCAL_RANK together (start the command "
+                           "with --nproc-per-node N, or unset WORLD_SIZE)", source=f"environment variable {name}")
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or value < low:
+        raise DohnutsError(f"must be an integer ≥ {low}, got {raw[:40]!r} (torchrun sets it; unset it to run one "
+                           "process)", source=f"environment variable {name}")
+    return value
+
+
 def launched() -> bool:
-    """Whether this process was started by torchrun as one of several."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    """Whether this process was started by torchrun as one of several (WORLD_SIZE above 1; a
+    WORLD_SIZE that is not a positive integer is one DohnutsError line)."""
+    return _env_int("WORLD_SIZE", low=1, default=1) > 1
+
+
+def launch_world() -> World:
+    """The world torchrun's variables describe (SINGLE when not launched), checked: RANK in
+    0..WORLD_SIZE−1, LOCAL_RANK ≥ 0; a missing or garbled one is one DohnutsError line."""
+    from dohnuts.errors import DohnutsError
+
+    if not launched():
+        return SINGLE
+    size = _env_int("WORLD_SIZE", low=1)
+    rank = _env_int("RANK", low=0)
+    if rank >= size:
+        raise DohnutsError(f"is {rank}, but WORLD_SIZE is {size} (ranks run 0..{size - 1})",
+                           source="environment variable RANK")
+    return World(rank, size, _env_int("LOCAL_RANK", low=0, default=0))
 
 
 def join(device: str | None) -> tuple[World, str | None]:
@@ -64,7 +101,7 @@ def join(device: str | None) -> tuple[World, str | None]:
         return SINGLE, device
     import torch.distributed as dist
 
-    world = World(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0)))
+    world = launch_world()
     cuda = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     if cuda:
         torch.cuda.set_device(world.local_rank)

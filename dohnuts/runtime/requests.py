@@ -31,7 +31,7 @@ import msgspec
 from msgspec import Meta
 
 from dohnuts.errors import RequestError
-from dohnuts.schema import Invalid, convert, short, why_not_finite
+from dohnuts.schema import Invalid, convert, open_file, short, size_words, why_not_finite
 
 
 @dataclass(frozen=True)
@@ -162,11 +162,22 @@ def parse_line(text: str, *, source: str, base_dir: Path | None = None) -> Reque
     return parse_request(obj, source=source, base_dir=base_dir)
 
 
-def _lines(f) -> Iterator[tuple[int, bytes]]:
+MAX_LINE_BYTES = 64 * 1024 * 1024  # one request line; a longer one (a stream without newlines) is refused unread
+
+
+def _lines(f) -> Iterator[tuple[int, bytes | None]]:
     """(line number, bytes without the line end) of a binary file, split as text mode's universal
-    newlines split it (\\n, \\r\\n, and a lone \\r end a line), so the numbers are an editor's."""
+    newlines split it (\\n, \\r\\n, and a lone \\r end a line), so the numbers are an editor's. A line
+    over MAX_LINE_BYTES is skipped to its end in bounded pieces and given as None."""
     n = 0
-    for raw in f:
+    while raw := f.readline(MAX_LINE_BYTES + 1):
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            n += 1 + raw.count(b"\r")
+            while (rest := f.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+                n += rest.count(b"\r")
+            n += rest.count(b"\r")
+            yield n, None
+            continue
         if raw.endswith(b"\r\n"):
             raw = raw[:-2]
         elif raw.endswith(b"\n"):
@@ -177,18 +188,19 @@ def _lines(f) -> Iterator[tuple[int, bytes]]:
 
 
 def _open(path: Path):
-    try:
-        return path.open("rb")
-    except OSError as exc:
-        why = "is a directory, not a JSONL file" if isinstance(exc, IsADirectoryError) else \
-            f"cannot be read ({exc.strerror or exc})"
-        raise RequestError(why, source=str(path)) from None
+    """The request file: a regular file, or a pipe (read once, as a stream); a device, a socket, a
+    directory or a name too long is refused by its stat before it is opened."""
+    return open_file(path, error=RequestError, what="a JSONL file", streams=True)
 
 
 def _text_lines(path: Path) -> Iterator[tuple[int, str | RequestError]]:
     """(line number, text or why it is not UTF-8) for each line that is not blank."""
     with _open(path) as f:
         for n, raw in _lines(f):
+            if raw is None:
+                yield n, RequestError(f"is longer than {size_words(MAX_LINE_BYTES)} (not read)",
+                                      source=f"{path}:{n}")
+                continue
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:

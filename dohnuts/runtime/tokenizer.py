@@ -36,6 +36,11 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
+    @property
+    def max_id(self) -> int:
+        """The largest id it produces for text (bytes 0..255, pad 256, bos 257, score 258)."""
+        return 258
+
 
 class HFTokenizer:
     """A checkpoint's `tokenizer.json` through the `tokenizers` library."""
@@ -67,8 +72,29 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    @property
+    def max_id(self) -> int:
+        """The largest id it can produce (its vocabulary, added tokens included, and its specials)."""
+        return max(self._tok.get_vocab_size(with_added_tokens=True) - 1, self.special.pad, self.special.score)
+
 
 def tokenizer_for(cfg: ModelConfig, checkpoint_dir: Path | None) -> ByteTokenizer | HFTokenizer:
     if checkpoint_dir is not None and (checkpoint_dir / "tokenizer.json").exists():
         return HFTokenizer(checkpoint_dir / "tokenizer.json", cfg)
     return ByteTokenizer(cfg)
+
+
+def check_vocabulary(cfg: ModelConfig, tokenizer, checkpoint_dir: Path | None) -> None:
+    """Every id the tokenizer can produce (and, with a vision tower, the image ids) must index the
+    model's embedding: a vocabulary smaller than the tokenizer's ids would fail at the first request
+    (an IndexError in the embedding). CheckpointError naming config.json's `vocab_size` otherwise."""
+    vocab = cfg.text.vocab_size
+    needed = {f"the largest id of its tokenizer ({tokenizer.name})": tokenizer.max_id}
+    if cfg.vision is not None:
+        needed |= {name: getattr(cfg, name) for name in ("image_token_id", "vision_start_token_id",
+                                                         "vision_end_token_id")}
+    what, largest = max(needed.items(), key=lambda kv: kv[1])
+    if largest >= vocab:
+        source = str(checkpoint_dir / "config.json") if checkpoint_dir is not None else cfg.name
+        raise CheckpointError(f"is {vocab}, but {what} is {largest}: every id must be below vocab_size",
+                              source=source, field="vocab_size")

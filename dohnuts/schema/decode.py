@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import msgspec
 
 from dohnuts.errors import ConfigError, DohnutsError
-from dohnuts.schema.values import one_line, one_line_error, short
+from dohnuts.schema.values import first_nonfinite, one_line, one_line_error, short
 
 MAX_FLOAT = 1.7976931348623157e308
 # A float that must be finite: the bounds refuse ±inf and NaN (which fails every comparison).
@@ -56,7 +56,33 @@ def decode_json(raw: bytes | str, type_: Any, *, source: str | None, error: type
             data = None
         raise problem(exc, type_, data, source=source, error=error, dec_hook=dec_hook) from None
     except (msgspec.DecodeError, RecursionError) as exc:
+        nonfinite = _nonfinite_token(raw)
+        if nonfinite is not None:  # NaN / Infinity: not JSON, but say where, as for any other bad value
+            field, what = nonfinite
+            raise one_line_error(error(f"must be a finite number, got {what}", source=source, field=field)) from None
         raise error(f"is not valid JSON ({one_line(exc)})", source=source) from None
+
+
+def _nonfinite_token(raw: bytes | str) -> tuple[str, str] | None:
+    """(path, NaN or infinite) of the first NaN / Infinity token of a document that is JSON but for
+    them (Python's reader takes them), else None."""
+    import json
+
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError, TypeError):
+        return None
+    path = first_nonfinite(obj)
+    if path is None:
+        return None
+    value = obj
+    for step in re.findall(r"[^.\[\]]+|\[\d+\]", path) if path != "the value" else []:
+        if step.startswith("[") and isinstance(value, list):
+            value = value[int(step[1:-1])]
+        else:
+            value = value.get(step) if isinstance(value, dict) else None
+    what = ("NaN" if math.isnan(value) else "infinite") if isinstance(value, float) else "NaN or infinite"
+    return (None if path == "the value" else path), what
 
 
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `(?P<key>key` in `)?\$(?P<path>[^`]*)`)?$", re.S)

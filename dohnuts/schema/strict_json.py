@@ -11,6 +11,9 @@ from typing import Any
 
 import orjson
 
+from dohnuts.errors import DohnutsError
+from dohnuts.schema.values import one_line_error
+
 
 def json_safe(obj: Any, nonfinite: list[str] | None = None, at: str = "") -> Any:
     """`obj` with every non-finite float (NaN, ±inf) replaced by None (its path appended to
@@ -51,15 +54,21 @@ def dumps(obj: Any, *, compact: bool = False, list_nonfinite: bool = False, **kw
     return json.dumps(clean, allow_nan=False, **kw)
 
 
-def write_json(path: str | Path, obj: Any, **kw) -> None:
+def write_json(path: str | Path, obj: Any, *, error: type[DohnutsError] = DohnutsError, **kw) -> None:
     """Write `obj` as strict JSON (`dumps`) atomically: a temporary file beside `path`, then a
-    rename, so an interrupted write leaves the previous file (or none), never half of one."""
+    rename, so an interrupted write (or a full disk) leaves the previous file (or none), never half
+    of one. A write that fails is one `error` line naming the file and the cause."""
     path = Path(path)
     text = dumps(obj, **kw)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
+    except OSError as exc:
+        raise one_line_error(error(f"cannot be written ({exc.strerror or exc}); nothing was written",
+                                   source=str(path))) from None
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass

@@ -46,10 +46,11 @@ from msgspec import Meta
 
 from dohnuts.adapters import fsync_dir, read_adapter
 from dohnuts.errors import CheckpointError, ConfigError
-from dohnuts.schema import decode_json
+from dohnuts.schema import MIB, Finite, Invalid, NonNegative, convert, decode_json, read_file
 from dohnuts.train.config import ARGUMENTS, SPLITS, Partitions, TrainConfig
 
 CHECKPOINT_FORMAT = "dohnuts-checkpoint-1"
+MAX_MANIFEST_BYTES = 16 * MIB
 CHECKPOINTS = "checkpoints"
 POINTER = "latest"
 LOG = "train_log.jsonl"
@@ -67,28 +68,78 @@ RESUME_MAY_CHANGE = ("out", "device", "updates", "schedule_updates", "optim.chec
 # -- the manifest ------------------------------------------------------------------------------
 
 
-class FileEntry(msgspec.Struct, frozen=True):
-    bytes: Annotated[int, Meta(ge=0)]
-    sha256: str
+Sha256 = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")]
+Count = Annotated[int, Meta(ge=0, le=2**62)]
+CHECKPOINT_FILES = ("adapter.safetensors", "state.safetensors", "best.safetensors")
+
+
+class FileEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    bytes: Count
+    sha256: Sha256
+
+
+class Best(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The selection so far: the update of the best development accuracy (None before the first
+    evaluation) and that accuracy (−1 before it)."""
+
+    update: Count | None
+    accuracy: Annotated[float, Meta(ge=-1.0, le=1.0)]
+
+
+class SchedulerState(msgspec.Struct, frozen=True):
+    """What resume reads of LambdaLR.state_dict() (its other entries are restored as they are)."""
+
+    last_epoch: Annotated[int, Meta(ge=-1, le=2**62)]
+    base_lrs: list[Annotated[float, Meta(gt=0.0, le=1e6)]]
+
+
+class ParamGroup(msgspec.Struct, frozen=True):
+    lr: Annotated[float, Meta(ge=0.0, le=1e6)]
+
+
+class OptimizerMeta(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    param_groups: Annotated[list[ParamGroup], Meta(min_length=1)]
+    scalars: dict[str, Finite]
+
+
+MT_WORD = Annotated[int, Meta(ge=0, le=2**32 - 1)]
 
 
 class Manifest(msgspec.Struct, frozen=True):
     """A checkpoint's manifest.json (the module docstring): what `--resume` restores, and the size
-    and SHA-256 of every file of the checkpoint."""
+    and SHA-256 of every file of the checkpoint. Every field is checked when it is read: a number
+    out of its range (`update: -7`), a NaN (named by its field), a file outside the checkpoint, a
+    selection after the checkpoint's own update are refused in one line."""
 
     format: Literal["dohnuts-checkpoint-1"]
-    update: Annotated[int, Meta(ge=0)]
-    best: dict[str, Any]  # {"update": int | None, "accuracy": float}: the selection so far
-    config: dict[str, Any]  # config_record: the flat config the run started with
-    data: dict[str, str]  # data_fingerprint
-    schedule_updates: Annotated[int, Meta(ge=0)]  # the span of the lr schedule
-    scheduler: dict[str, Any]  # LambdaLR.state_dict()
-    optimizer: dict[str, Any]  # optimizer_tensors' meta: param_groups, scalars
-    python_rng: tuple[int, list[int], float | None]  # random.getstate(), as JSON
+    update: Count
+    best: Best
+    config: dict[str, Any]  # config_record: the flat config the run started with (compared, never run)
+    data: dict[str, Sha256]  # data_fingerprint
+    schedule_updates: Count  # the span of the lr schedule
+    scheduler: dict[str, Any]  # LambdaLR.state_dict(), checked as SchedulerState
+    optimizer: dict[str, Any]  # optimizer_tensors' meta: param_groups, scalars, checked as OptimizerMeta
+    python_rng: tuple[Literal[3], Annotated[list[MT_WORD], Meta(min_length=625, max_length=625)], Finite | None]
     log: FileEntry  # train_log.jsonl as of this checkpoint
-    files: dict[str, FileEntry]
-    time: float = 0.0
-    requests_per_microbatch: Annotated[int, Meta(ge=1)] = 1  # absent: written when it was always 1
+    files: dict[Literal["adapter.safetensors", "state.safetensors", "best.safetensors"], FileEntry]
+    time: NonNegative = 0.0
+    requests_per_microbatch: Annotated[int, Meta(ge=1, le=2**20)] = 1  # absent: written when it was always 1
+
+    def __post_init__(self) -> None:
+        if self.best.update is not None and self.best.update > self.update:
+            raise Invalid(f"is update {self.best.update}, after the checkpoint's own update {self.update}",
+                          field="best.update")
+        for name in ("adapter.safetensors", "state.safetensors"):
+            if name not in self.files:
+                raise Invalid(f"does not list {name}", field="files")
+        if (self.best.update is not None) != ("best.safetensors" in self.files):
+            raise Invalid("lists best.safetensors if and only if a selection was made (best.update)", field="files")
+        for value, type_, name in ((self.scheduler, SchedulerState, "scheduler"),
+                                   (self.optimizer, OptimizerMeta, "optimizer")):
+            try:
+                convert(value, type_, source=None, prefix=name)
+            except ConfigError as exc:
+                raise Invalid(exc.message, field=exc.field) from None
 
 
 def data_fingerprint(data: Partitions) -> dict[str, str]:
@@ -148,12 +199,13 @@ def run_contents(out: str | Path) -> list[str]:
 def latest_checkpoint(out: str | Path) -> Path | None:
     """The committed checkpoint directory of the run in `out` (what --resume restores), or None."""
     ptr = Path(out) / CHECKPOINTS / POINTER
-    try:
-        name = ptr.read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
+    if not os.path.lexists(ptr):
         return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"cannot be read ({exc})", source=str(ptr)) from None
+    raw = read_file(ptr, max_bytes=4096, error=CheckpointError, what="a checkpoint pointer")
+    try:
+        name = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise CheckpointError("is not UTF-8 text", source=str(ptr)) from None
     if not _NAME.fullmatch(name):
         raise CheckpointError(f"names {name!r}, not a checkpoint directory (update-NNNNNN)", source=str(ptr))
     ckpt = ptr.parent / name
@@ -219,10 +271,7 @@ def config_record(cfg: TrainConfig) -> dict:
 def read_checkpoint(ckpt: Path) -> Manifest:
     """The manifest of a committed checkpoint, its files verified (size and SHA-256)."""
     mpath = ckpt / "manifest.json"
-    try:
-        raw = mpath.read_bytes()
-    except OSError as exc:
-        raise CheckpointError(f"cannot be read ({exc.strerror or exc})", source=str(mpath)) from None
+    raw = read_file(mpath, max_bytes=MAX_MANIFEST_BYTES, error=CheckpointError, what="a manifest")
     manifest = decode_json(raw, Manifest, source=str(mpath), error=CheckpointError)
     for name, info in manifest.files.items():
         path = ckpt / name

@@ -9,12 +9,16 @@ split file, an unlabelled question (`dev.jsonl:3: field 'questions[0]': training
 
 from __future__ import annotations
 
+import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import msgspec
 
-from dohnuts.errors import DohnutsError
+from dohnuts.errors import ConfigError, DohnutsError
+
+MAX_SYNTHETIC_TRAIN = 100_000  # synthetic training requests (8 questions each): bounded, as every size is
 
 
 # `dohnuts train` options a resumed run takes from its checkpoint when they are not given again.
@@ -35,6 +39,14 @@ def _given(argv: list[str], flag: str) -> bool:
                                                                                    "--synthetic-train"))):
             return True
     return False
+
+
+def finished(ckpt: Path, cfg) -> bool:
+    """The run's last checkpoint is its final update and its summary (the selection, calibration
+    and test) is written: a resume would have nothing to do."""
+    from dohnuts.train.checkpoints import SUMMARY, read_checkpoint
+
+    return read_checkpoint(ckpt).update >= cfg.updates and (Path(cfg.out) / SUMMARY).is_file()
 
 
 def _resume_defaults(args) -> None:
@@ -65,24 +77,27 @@ def _resume_defaults(args) -> None:
 def train_command(args, *, launch, progress) -> int:
     """`dohnuts train`: `launch(args, "train", out=...)` starts `--nproc-per-node` processes,
     `progress(enabled=...)` makes the progress bar (dohnuts.cli)."""
-    from dohnuts.runtime.collectives import barrier
-    from dohnuts.runtime.process_group import join, launched, leave
+    from dohnuts.adapters import read_adapter_meta
+    from dohnuts.api import check_device
+    from dohnuts.runtime.process_group import launch_world, launched
     from dohnuts.runtime.requests import read_requests, require_rewards
+    from dohnuts.schema import check_dir, check_file
     from dohnuts.train.checkpoints import check_resumable, check_run_dir, data_fingerprint, read_checkpoint
     from dohnuts.train.config import SPLITS, Partitions, train_config
     from dohnuts.train.task import synthetic_requests
-    from dohnuts.train.trainer import Trainer
 
     if args.nproc_per_node < 1:
         raise DohnutsError(f"must be ≥ 1, got {args.nproc_per_node}", source="--nproc-per-node")
+    main_rank = launch_world().is_main  # garbled torchrun variables: one line, before anything
     if args.nproc_per_node > 1 and not launched():
         return launch(args, "train", out=args.out)
     if args.resume:
         _resume_defaults(args)
 
     # Arguments first (one line naming the argument, exit status 2), before anything is read or written.
-    if args.synthetic_train < 1:
-        raise DohnutsError(f"must be ≥ 1, got {args.synthetic_train!r}", source="--synthetic-train")
+    if not 1 <= args.synthetic_train <= MAX_SYNTHETIC_TRAIN:
+        raise DohnutsError(f"must be in 1..{MAX_SYNTHETIC_TRAIN}, got {args.synthetic_train!r}",
+                           source="--synthetic-train")
     cfg = train_config({
         "model": args.model, "out": args.out, "updates": args.updates, "eval_every": args.eval_every,
         "seed": args.seed, "lora": {"rank": args.lora_rank, "alpha": args.lora_alpha},
@@ -91,17 +106,21 @@ def train_command(args, *, launch, progress) -> int:
         "initialize_from": args.initialize_from, "device": args.device,
         "data": args.data or f"synthetic:{args.synthetic_train}",
     })
+    check_device(args.device)
+    if args.initialize_from:
+        read_adapter_meta(args.initialize_from)  # the file and its metadata, before the run directory is touched
+    out = Path(args.out)
+    if os.path.lexists(out):
+        check_dir(out, error=ConfigError, field="--out", what="a run directory")
     splits = SPLITS
     if args.data:
         root = Path(args.data)
-        if not root.is_dir():
-            raise DohnutsError("is not a directory" if root.exists() else "does not exist", source=f"--data {root}")
+        check_dir(root, field="--data", what="a directory of train/dev/calib/test.jsonl")
         for split in splits:
-            if not (root / f"{split}.jsonl").is_file():
+            if not os.path.lexists(root / f"{split}.jsonl"):
                 raise DohnutsError(f"does not exist (--data needs {', '.join(x + '.jsonl' for x in splits)})",
                                    source=str(root / f"{split}.jsonl"))
-    # A finished or started run is never overwritten; --resume needs something to resume.
-    ckpt = check_run_dir(args.out, resume=args.resume)
+            check_file(root / f"{split}.jsonl", what="a JSONL file")  # a FIFO would block, a device never end
 
     def load_split(path):
         reqs = []
@@ -124,8 +143,51 @@ def train_command(args, *, launch, progress) -> int:
             calib=synthetic_requests(20, seed=s * 10 + 3, id_prefix="calib"),
             test=synthetic_requests(40, seed=s * 10 + 4, id_prefix="test"),
         )
-    if ckpt is not None:  # changed arguments are refused before the model is loaded
-        check_resumable(read_checkpoint(ckpt), cfg, data_fingerprint(data), str(args.out))
+    # One trainer per run directory (rank 0 holds the lock: it alone writes): taken before the run
+    # directory is checked, so a second trainer started before the first one's first commit is refused.
+    with _run_directory(out, hold=main_rank):
+        # A finished or started run is never overwritten; --resume needs something to resume.
+        ckpt = check_run_dir(out, resume=args.resume)
+        if ckpt is not None:  # changed arguments are refused before the model is loaded
+            check_resumable(read_checkpoint(ckpt), cfg, data_fingerprint(data), str(args.out))
+            if finished(ckpt, cfg):
+                print(f"dohnuts: {args.out} holds a finished run (update {cfg.updates} of {cfg.updates}; the result is "
+                      f"in its summary.json): nothing to resume; a larger --updates trains it further", file=sys.stderr)
+                return 0
+        return _train(args, cfg, data, progress)
+
+
+@contextmanager
+def _run_directory(out: Path, *, hold: bool):
+    """The run directory, created if need be and locked (RunLock) while the body runs; a folder
+    this call created and left empty (a refusal before anything was written) is removed again."""
+    from dohnuts.train.run_lock import RunLock
+
+    if not hold:
+        yield
+        return
+    created = not os.path.lexists(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot be created ({exc.strerror or exc})", source=str(out), field="--out") from None
+    lock = RunLock(out, log=lambda msg: print(f"dohnuts: {msg}", file=sys.stderr)).acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+        if created:
+            try:
+                out.rmdir()  # only when empty: a refusal before anything was written
+            except OSError:
+                pass
+
+
+def _train(args, cfg, data, progress) -> int:
+    from dohnuts.runtime.collectives import barrier
+    from dohnuts.runtime.process_group import join, leave
+    from dohnuts.train.trainer import Trainer
+
     # Several processes (torchrun): every rank has checked the run directory before rank 0 writes.
     world, device = join(args.device)
     cfg = msgspec.structs.replace(cfg, device=device)

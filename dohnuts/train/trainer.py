@@ -34,11 +34,11 @@ import msgspec
 import psutil
 import torch
 
-from dohnuts.adapters import fsync_dir, fsync_file, load_adapter, save_adapter
+from dohnuts.adapters import fsync_dir, fsync_file, load_adapter, save_adapter, save_safetensors
 from dohnuts.errors import CheckpointError, ConfigError, DohnutsError
 from dohnuts.runtime.process_group import SINGLE, World
 from dohnuts.runtime.predict import RequestResult
-from dohnuts.schema import dumps
+from dohnuts.schema import append_line, dumps, short
 from dohnuts.train.calibration import expected_calibration_error, fit_temperature, nll
 from dohnuts.train.checkpoints import (
     BEST, CHECKPOINT_FORMAT, CHECKPOINTS, LOG, POINTER, SUMMARY, check_resumable, check_run_dir, config_record,
@@ -142,8 +142,6 @@ class Trainer:
 
     def _save_checkpoint(self) -> None:
         """Write the state of `self.update` as a new checkpoint directory, then commit it."""
-        from safetensors.torch import save_file
-
         root = self.out / CHECKPOINTS
         name = f"update-{self.update:06d}"
         if name == self.checkpoint:
@@ -164,8 +162,7 @@ class Trainer:
         if torch.cuda.is_available():
             state.update({f"rng.cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
         state.update(opt_tensors)
-        save_file(state, str(tmp / "state.safetensors"))
-        fsync_file(tmp / "state.safetensors")
+        save_safetensors(state, tmp / "state.safetensors")
         files = ["adapter.safetensors", "state.safetensors"]
         if self.best["update"] is not None:
             try:
@@ -237,15 +234,16 @@ class Trainer:
             self.optimizer.load_state_dict(optimizer_state(state, manifest.optimizer, self.optimizer.state_dict()))
             self.scheduler.lr_lambdas = [_schedule(self.cfg)]
             self.scheduler.load_state_dict(dict(manifest.scheduler))
-        except (ValueError, KeyError, RuntimeError) as exc:
-            raise CheckpointError(f"does not fit this model's optimizer ({exc})", source=str(ckpt)) from None
+        except (ValueError, KeyError, RuntimeError, TypeError, IndexError) as exc:
+            raise CheckpointError(f"does not fit this model's optimizer ({short(exc, 200, str)})",
+                                  source=str(ckpt)) from None
         torch.set_rng_state(state["rng.torch"])
         cuda = [state[k] for k in sorted((k for k in state if k.startswith("rng.cuda.")), key=lambda k: int(k[9:]))]
         if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda)
         v, internal, gauss = manifest.python_rng
         random.setstate((v, tuple(internal), gauss))
-        self.update, self.best = manifest.update, dict(manifest.best)
+        self.update, self.best = manifest.update, {"update": manifest.best.update, "accuracy": manifest.best.accuracy}
         self.checkpoint = ckpt.name
         if not self.world.is_main:
             return True  # the run's files are rank 0's to restore
@@ -254,10 +252,14 @@ class Trainer:
             if not cur.exists() or sha256_of(cur) != manifest.files[BEST].sha256:
                 write_atomic(cur, (ckpt / BEST).read_bytes())  # the selection as of the checkpoint
         if len(log_data) > keep:
-            dropped = log_data[keep:].count(b"\n")
+            tail = log_data[keep:]
+            dropped = tail.count(b"\n")
+            partial = len(tail) - tail.rfind(b"\n") - 1  # bytes after the last complete record (a cut line)
+            what = [f"{dropped} record{'s' * (dropped != 1)}"] if dropped else []
+            what += [f"a cut last line ({partial} bytes without its end)"] if partial else []
             write_atomic(log, log_data[:keep])
-            self.log(f"train_log.jsonl: dropped {dropped} records written after the checkpoint of update "
-                     f"{self.update} (they are replayed)")
+            self.log(f"train_log.jsonl: dropped {' and '.join(what)} written after the checkpoint of update "
+                     f"{self.update} (its updates are replayed)")
         prune_checkpoints(ckpt.parent, ckpt.name)  # what an interrupted save left (never named by `latest`)
         return True
 
@@ -269,8 +271,8 @@ class Trainer:
         if torch.cuda.is_available():
             rec["gpu_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
         rec.update(fields)
-        with (self.out / LOG).open("a") as f:
-            f.write(dumps(rec, list_nonfinite=True) + "\n")
+        # One whole line or none: a full disk leaves the log valid up to its last complete record.
+        append_line(self.out / LOG, dumps(rec, list_nonfinite=True), error=TrainingError)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -280,20 +282,27 @@ class Trainer:
         metrics = evaluate(self.session, self.data.dev)
         self._record("dev", **metrics)
         if metrics["accuracy"] > self.best["accuracy"]:
+            try:
+                save_adapter(self.session, self.out / BEST, extra={"update": self.update})
+            except OSError as exc:
+                raise CheckpointError(f"update {self.update}: cannot be written ({exc.strerror or exc}); "
+                                      f"{self._kept()}", source=str(self.out / BEST)) from None
             self.best = {"update": self.update, "accuracy": metrics["accuracy"]}
-            save_adapter(self.session, self.out / BEST, extra={"update": self.update})
         self.log(f"update {self.update}: dev accuracy {metrics['accuracy']:.3f} (best {self.best['accuracy']:.3f} "
                  f"at update {self.best['update']})")
+
+    def _kept(self) -> str:
+        return f"the checkpoint {self.checkpoint} is intact" if self.checkpoint else "no checkpoint was committed"
 
     def _checkpoint(self) -> None:
         if not self.world.is_main:
             return
         try:
             self._save_checkpoint()
-        except OSError as exc:
-            kept = f"the checkpoint {self.checkpoint} is intact" if self.checkpoint else "no checkpoint was committed"
+        except OSError as exc:  # a full disk, no permission (safetensors' own errors come as OSError)
+            shutil.rmtree(self.out / CHECKPOINTS / f".tmp-update-{self.update:06d}", ignore_errors=True)
             raise CheckpointError(f"update {self.update}: the checkpoint cannot be written ({exc.strerror or exc}); "
-                                  f"{kept}", source=str(self.out / CHECKPOINTS)) from None
+                                  f"{self._kept()}", source=str(self.out / CHECKPOINTS)) from None
 
     def train(self, progress=None, stop_at: int | None = None) -> None:
         """Run updates up to cfg.updates (or `stop_at`, which simulates an interruption)."""
@@ -348,7 +357,11 @@ class Trainer:
         # Store the fitted temperature with the selected adapter (the weights are unchanged).
         best = api.load(self.cfg.model, adapter=self.out / BEST, device=self.cfg.device, seed=self.cfg.seed)
         best.temperature = model.temperature
-        save_adapter(best, self.out / BEST, extra={"update": self.best["update"]})
-        write_atomic(self.out / SUMMARY, dumps(summary, list_nonfinite=True, indent=2).encode())
+        try:
+            save_adapter(best, self.out / BEST, extra={"update": self.best["update"]})
+            write_atomic(self.out / SUMMARY, dumps(summary, list_nonfinite=True, indent=2).encode())
+        except OSError as exc:
+            raise CheckpointError(f"the selected adapter or summary.json cannot be written ({exc.strerror or exc}); "
+                                  f"{self._kept()}", source=str(self.out)) from None
         self._record("summary", **summary)
         return summary

@@ -164,9 +164,8 @@ def test_an_archived_run_reads_like_its_jsonl(tmp_path):
 
     run = tmp_path / "archived"
     shutil.copytree(Path(__file__).resolve().parents[2] / "results" / "cpu" / "2026-11-30-gloo-4", run)
-    (run / "report.txt").unlink(missing_ok=True)  # a committed run holds no report.txt (results/ compacted)
-    assert main(["analyze", str(run)]) == 0
-    assert "Scaling" in (run / "report.txt").read_text()
+    assert main(["analyze", str(run), "--out", str(tmp_path / "report")]) == 0
+    assert "Scaling" in (tmp_path / "report" / "report.txt").read_text()
     assert main(["compare", str(run), str(run)]) == 0
     bad = tmp_path / "bad.jsonl.gz"
     bad.write_bytes(gzip.compress(text.encode())[:40])

@@ -109,6 +109,8 @@ BOUNDS = {
     "min_duration_inf": ("min_duration_s: .inf", "min_duration_s", "must be a finite number"),
     "min_duration_nan": ("min_duration_s: .nan", "min_duration_s", "must be a finite number"),
     "min_duration_day": ("min_duration_s: 86401", "min_duration_s", "must be <= 86400"),
+    # YAML 1.1 read `1e12` as the string '1e12' (a type error): it is the number it looks like
+    "min_duration_exponent": ("min_duration_s: 1e12", "min_duration_s", "must be <= 86400.0, got 1000000000000.0"),
     "halfwidth_nan": ("halfwidth: .nan", "halfwidth", "must be a finite number"),
     "repeat": ("repeat: 1000000", "repeat", "must be <= 10000"),
     "warmup": ("warmup: 100000", "warmup", "must be <= 1000"),
@@ -455,7 +457,28 @@ def test_a_workloads_hwspec_error_names_the_workload_file(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
-MISSING_ADAPTER = "targets: [{name: dohnuts, options: {adapter: /no/such/adapter.safetensors}}]"
+@pytest.fixture(scope="module")
+def foreign_adapter(tmp_path_factory) -> Path:
+    """A well-formed adapter of another base: its metadata passes the check made with the workload,
+    the target refuses it when it loads the model (the base identity differs)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    import dohnuts.api as api
+    from dohnuts.adapters import save_adapter
+    from dohnuts.model.lora import LoRAConfig
+
+    path = tmp_path_factory.mktemp("adapter") / "foreign.safetensors"
+    save_adapter(api.load("tiny", lora=LoRAConfig(rank=2)), path)
+    with safe_open(str(path), framework="pt") as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata())
+    meta["base_identity"] = json.dumps({**json.loads(meta["base_identity"]), "weights": "another-base"})
+    save_file(tensors, str(path), metadata=meta)
+    return path
+
+
+def _with_adapter(adapter: Path) -> str:
+    return SMALL.replace("targets: [dohnuts]", f"targets: [{{name: dohnuts, options: {{adapter: {adapter}}}}}]")
 
 
 def test_a_bad_target_option_is_refused_before_anything_is_measured(tmp_path, capsys):
@@ -464,7 +487,17 @@ def test_a_bad_target_option_is_refused_before_anything_is_measured(tmp_path, ca
     good = _workload(tmp_path, SMALL, "good.yaml")
     for options, field, message in (("{bogus: 1}", "targets[0].options", "unknown dohnuts target option 'bogus'"),
                                      ("{lora_rank: '8'}", "targets[0].options.lora_rank", "expected `int`, got `str`"),
-                                     ("{share_prefix: 0}", "targets[0].options.share_prefix", "expected `bool`")):
+                                     ("{share_prefix: 0}", "targets[0].options.share_prefix", "expected `bool`"),
+                                     # a string 'false' was read as true (any non-empty string)
+                                     ("{share_prefix: 'false'}", "targets[0].options.share_prefix",
+                                      "expected `bool`, got `str`"),
+                                     ("{cuda_graphs: 'no'}", "targets[0].options.cuda_graphs", "expected `bool`"),
+                                     ("{lora_rank: 100000000}", "targets[0].options.lora_rank",
+                                      "must be an integer in 1..1024"),
+                                     ("{adapter: /dev/zero}", "targets[0].options",
+                                      "/dev/zero: is a character device, not an adapter file"),
+                                     ("{adapter: /no/such/adapter.safetensors}", "targets[0].options",
+                                      "/no/such/adapter.safetensors: does not exist")):
         bad = _workload(tmp_path, SMALL.replace("targets: [dohnuts]", f"targets: [{{name: dohnuts, options: {options}}}]"),
                         "bad.yaml")
         assert main(["run", str(good), str(bad), "--out", str(tmp_path / "runs"), "--quiet"]) == 2
@@ -472,12 +505,12 @@ def test_a_bad_target_option_is_refused_before_anything_is_measured(tmp_path, ca
         assert not (tmp_path / "runs").exists()
 
 
-def test_a_refusal_while_measuring_leaves_no_run_directory(tmp_path, capsys):
+def test_a_refusal_while_measuring_leaves_no_run_directory(tmp_path, capsys, foreign_adapter):
     """An adapter that cannot be loaded is refused by the target when it is built: the run
     directory created for the run is removed again when nothing was recorded."""
-    path = _workload(tmp_path, SMALL.replace("targets: [dohnuts]", MISSING_ADAPTER))
+    path = _workload(tmp_path, _with_adapter(foreign_adapter))
     assert main(["run", str(path), "--out", str(tmp_path / "runs"), "--quiet"]) == 2
-    _one_line_error(capsys, "/no/such/adapter.safetensors: does not exist")
+    _one_line_error(capsys, f"{foreign_adapter}: field 'base_identity.weights': belongs to a base with")
     assert not (tmp_path / "runs").exists()
     existing = tmp_path / "kept"
     existing.mkdir()
@@ -485,11 +518,11 @@ def test_a_refusal_while_measuring_leaves_no_run_directory(tmp_path, capsys):
     assert existing.is_dir() and not list(existing.iterdir())  # the folder stays, empty as it was
 
 
-def test_a_refusal_after_measurements_keeps_them_and_writes_the_report(tmp_path, capsys):
+def test_a_refusal_after_measurements_keeps_them_and_writes_the_report(tmp_path, capsys, foreign_adapter):
     good = _workload(tmp_path, SMALL, "good.yaml")
-    bad = _workload(tmp_path, SMALL.replace("targets: [dohnuts]", MISSING_ADAPTER), "bad.yaml")
+    bad = _workload(tmp_path, _with_adapter(foreign_adapter), "bad.yaml")
     assert main(["run", str(good), str(bad), "--out", str(tmp_path / "runs"), "--quiet"]) == 2
-    _one_line_error(capsys, "/no/such/adapter.safetensors: does not exist")
+    _one_line_error(capsys, f"{foreign_adapter}: field 'base_identity.weights': belongs to a base with")
     (run_dir,) = list((tmp_path / "runs").iterdir())
     records = [_strict_json(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     assert records and {r["workload"]["name"] for r in records} == {"good"}
@@ -582,3 +615,120 @@ def test_only_out_of_memory_errors_are_caught():
     assert is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB"))
     assert not is_out_of_memory(RuntimeError("CUDA error: an illegal memory access was encountered"))
     assert not is_out_of_memory(ValueError("out of memory"))
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. Hostile input, second round (issue 33): a full disk, amplification, caps, the environment
+
+
+def test_a_full_disk_during_a_run_keeps_every_complete_record(tmp_path, monkeypatch, capsys):
+    """The disk fills while a record is written (results.jsonl cannot grow past LIMIT bytes: the write
+    that crosses it is cut short, the next one fails, as the kernel does). A record was once cut at
+    4096 bytes (a buffered text file flushed in pieces); now the file ends at its last complete
+    record, the report covers what was measured, and the run ends with one line, exit 2."""
+    import errno
+    import os
+
+    import dohnuts.schema.jsonl_file as jsonl_file
+
+    limit = 9000  # about three records
+    real_write = os.write
+
+    def write(fd, data):
+        try:
+            name = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            name = ""
+        if not name.endswith("results.jsonl"):
+            return real_write(fd, data)
+        room = limit - os.fstat(fd).st_size
+        if room <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, bytes(data[:room]))
+
+    monkeypatch.setattr(jsonl_file.os, "write", write)
+    path = _workload(tmp_path, SMALL.replace("repeat: 2", "repeat: 6"))
+    assert main(["run", str(path), "--out", str(tmp_path / "runs"), "--quiet"]) == 2
+    monkeypatch.undo()
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == (f"dohnuts-bench: error: {run_dir / 'results.jsonl'}: cannot be written (No space left on "
+                    "device); the file ends at its last complete record"), last
+    data = (run_dir / "results.jsonl").read_bytes()
+    assert data.endswith(b"\n") and len(data) <= limit
+    records = [_strict_json(line) for line in data.decode().splitlines()]
+    assert len(records) >= 2 and all(r["schema"] == 1 for r in records)
+    # what was measured before the disk filled is analysed and reported
+    assert (run_dir / "report.txt").exists() and _strict_json((run_dir / "summary.json").read_text())["summary"]
+
+
+def _alias_bomb(levels: int) -> str:
+    """Target options of 10**levels strings written in a few hundred bytes of YAML aliases."""
+    rows = ["  - &a [xxxx, xxxx, xxxx, xxxx, xxxx, xxxx, xxxx, xxxx, xxxx, xxxx]"] + [
+        f"  - &{c} [{', '.join([f'*{p}'] * 10)}]" for p, c in zip("abcdef", "bcdefg"[:levels - 1])]
+    return "targets:\n  - name: dohnuts\n    options:\n      lora_rank: 8\n      bomb:\n" + \
+        "\n".join("    " + r for r in rows) + "\n"
+
+
+def test_target_options_expanded_by_aliases_are_refused_before_anything_is_written(tmp_path, capsys):
+    """A 567-byte workload whose target options held nested aliases wrote a 56.5 MB results file
+    (options are copied into every record): options are bounded where the file is read."""
+    path = _workload(tmp_path, SMALL.replace("targets: [dohnuts]\n", "") + _alias_bomb(4))
+    assert len(path.read_bytes()) < 600
+    assert main(["run", str(path), "--out", str(tmp_path / "runs"), "--quiet"]) == 2
+    _one_line_error(capsys, f"{path}: field 'targets[0].options': are ", "over the 4096 bytes a record carries")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "store.sqlite").exists()
+    path = _workload(tmp_path, SMALL.replace("targets: [dohnuts]\n", "") + _alias_bomb(6))  # 10^6 values
+    assert main(["run", str(path), "--out", str(tmp_path / "runs"), "--quiet"]) == 2
+    _one_line_error(capsys, str(path), "expands to more than 100,000 values through its aliases")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("value", ["abc", "nan", "1.5", "-0.1", "0"])
+def test_a_garbled_measurement_variable_is_one_line_before_anything_runs(tmp_path, capsys, monkeypatch, value):
+    """DOHNUTS_BENCH_MIN_CLOCK_FRACTION (the validity gate's threshold, the one measurement setting
+    read from the environment) set to garbage was a traceback once telemetry started."""
+    monkeypatch.setenv("DOHNUTS_BENCH_MIN_CLOCK_FRACTION", value)
+    assert main(["run", str(_workload(tmp_path)), "--out", str(tmp_path / "runs"), "--quiet"]) == 2
+    _one_line_error(capsys, "environment variable DOHNUTS_BENCH_MIN_CLOCK_FRACTION: must be a number in (0, 1]")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_analyze_caps_what_an_archive_decompresses_to(tmp_path, capsys, monkeypatch):
+    """A 1.5 MB results.jsonl.gz once decompressed to 3.4 GB of memory: the archive is read as a
+    stream that stops at the results limit, one line naming the file."""
+    import gzip
+
+    import dohnuts.bench.analysis.records as records
+
+    bomb = tmp_path / "results.jsonl.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as f:
+        for _ in range(64):
+            f.write(b" " * (1 << 20))  # 64 MiB of blanks: a few tens of KB compressed
+    assert bomb.stat().st_size < 200_000
+    monkeypatch.setattr(records, "MAX_RESULTS_BYTES", 8 << 20)
+    assert main(["analyze", str(bomb)]) == 2
+    _one_line_error(capsys, f"{bomb}: decompresses to more than 8.0 MiB, the limit for a results file")
+    assert not (tmp_path / "summary.json").exists()
+    damaged = tmp_path / "cut" / "results.jsonl.gz"
+    damaged.parent.mkdir()
+    damaged.write_bytes(bomb.read_bytes()[:1000])
+    assert main(["analyze", str(damaged)]) == 2
+    _one_line_error(capsys, str(damaged), "a damaged gzip archive")
+
+
+def test_a_hostile_adapter_as_a_target_option_leaves_nothing_behind(tmp_path, capsys):
+    """The bench target's `adapter:` with hostile metadata was a traceback that left a run directory
+    with an empty results file: it is checked with the workload, one line naming the adapter's field."""
+    from safetensors.torch import save_file
+
+    bad = tmp_path / "bad.safetensors"
+    save_file({"head.weight": torch.zeros(1, 64)}, str(bad),
+              metadata={"format": "dohnuts-adapter-1", "lora": '{"rank": 2, "dropout": 0.0, "targets": ["q_proj"]}',
+                        "base_identity": "{}", "temperature": "nan"})
+    path = _workload(tmp_path, SMALL.replace("targets: [dohnuts]", f"targets: [{{name: dohnuts, options: "
+                                                                 f"{{adapter: {bad}}}}}]"))
+    assert main(["run", str(path), "--out", str(tmp_path / "runs"), "--quiet"]) == 2
+    _one_line_error(capsys, f"{path}: field 'targets[0].options': dohnuts target option: {bad}: field 'lora.alpha': "
+                            "is missing")
+    assert not (tmp_path / "runs").exists()

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from dohnuts.bench.analysis.bounds import efficiency, meets_target, stage_bound, work_bound
+from dohnuts.bench.analysis.bounds import efficiency, stage_bound, target_verdict, work_bound
 from dohnuts.bench.analysis.cost import Work, stage_costs
 from dohnuts.bench.analysis.critical_path import CallGraph, Dependency, default_call_graph
 from dohnuts.bench.analysis.hwspec import find_hwspec
@@ -39,10 +39,12 @@ def test_t_lower_by_hand_on_the_rx7900xtx():
 
 def test_efficiency_and_the_80_percent_verdict_at_the_boundary():
     assert efficiency(10.0, 12.5) == 0.8
-    assert meets_target(12.5, 10.0, 0.8) is True  # exactly T_lower / 0.8
-    assert meets_target(12.5001, 10.0, 0.8) is False
-    assert meets_target(9.0, 10.0) is True  # faster than the bound: a broken bound, still "meets"
-    assert meets_target(None, 10.0) is None and efficiency(10.0, None) is None
+    assert target_verdict(12.5, 10.0, 0.8) == "meets"  # exactly T_lower / 0.8
+    assert target_verdict(12.5001, 10.0, 0.8) == "misses"
+    assert target_verdict(10.0, 10.0) == "meets"  # at the bound itself: 100 %
+    # faster than the bound (efficiency above 100 %): a broken bound, never "meets"
+    assert target_verdict(9.0, 10.0) == "bound-suspect" and efficiency(10.0, 9.0) > 1.0
+    assert target_verdict(None, 10.0) is None and efficiency(10.0, None) is None
 
 
 def _record(work: WorkCounts, stages: dict[str, float], wall: float, model="qwen3.5-2b", iteration=0,
@@ -88,8 +90,8 @@ def test_a_2b_workload_analysed_by_hand():
     assert rows["forward"].limiter["datasheet"] == "bandwidth (gddr6)"
     assert rows["forward"].measured_ms == forward_ms / 0.8
     assert rows["forward"].efficiency["datasheet"] == forward_ms / (forward_ms / 0.8)
-    assert rows["forward"].meets_target["datasheet"] is True  # exactly at the boundary
-    assert rows["head"].bound_ms["datasheet"] == head_ms and rows["head"].meets_target["datasheet"] is False
+    assert rows["forward"].verdict["datasheet"] == "meets"  # exactly at the boundary
+    assert rows["head"].bound_ms["datasheet"] == head_ms and rows["head"].verdict["datasheet"] == "misses"
     assert rows["h2d"].bound_ms["datasheet"] == h2d_ms and rows["d2h"].bound_ms["datasheet"] == d2h_ms
     assert rows["prepare"].modelled is False and rows["prepare"].bound_ms["datasheet"] == 0.0
     bound = g.call.bound["datasheet"]

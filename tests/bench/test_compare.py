@@ -208,9 +208,14 @@ def test_cli_compare_prints_the_verdicts_and_writes_json(tmp_path, capsys, monke
     a = _run_dir(tmp_path, "a", _records(10, seed=1) + _records(10, seed=3, workload="steady"))
     b = _run_dir(tmp_path, "b", _records(10, seed=2, scale=2.0) + _records(10, seed=4, workload="steady"))
     out = tmp_path / "cmp.json"
-    assert main(["compare", str(a), str(b / "results.jsonl"), "--json", str(out)]) == 0
-    text = capsys.readouterr().out
+    # exit 1: a whole call is slower in B (a CI can use it); the table is on stdout, the verdict on stderr
+    assert main(["compare", str(a), str(b / "results.jsonl"), "--json", str(out)]) == 1
+    captured = capsys.readouterr()
+    text = captured.out
     assert "slower" in text and "no detectable change" in text
+    assert "slower in B (whole call): w · dohnuts" in captured.err
+    assert main(["compare", str(a), str(a)]) == 0  # the same run: no change
+    assert main(["compare", str(b), str(a)]) == 0  # B faster than A: not a regression
     data = json.loads(out.read_text())
     verdicts = {(r["workload"], r["stage"]): r["verdict"] for r in data["rows"]}
     assert verdicts[("w", "wall")] == SLOWER and verdicts[("steady", "wall")] == NO_CHANGE
@@ -242,3 +247,74 @@ def test_cli_compare_bad_inputs_are_one_line_with_exit_2(tmp_path, capsys):
     empty = _run_dir(tmp_path, "empty", [])
     assert main(["compare", str(empty), str(a)]) == 2
     assert "holds no steady-state records" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------ hostile input (issue 33)
+
+
+def test_cli_compare_of_one_call_per_group_says_too_few_calls(tmp_path, capsys, monkeypatch):
+    """One steady call per (workload, target) was a traceback (the spread of one number): now the
+    rows say 'too few calls' and the command exits 0."""
+    monkeypatch.setenv("COLUMNS", "220")
+    a = _run_dir(tmp_path, "a", _records(1, seed=1))
+    b = _run_dir(tmp_path, "b", _records(1, seed=2))
+    out = tmp_path / "cmp.json"
+    assert main(["compare", str(a), str(b), "--json", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    rows = json.loads(out.read_text())["rows"]
+    assert rows and {r["verdict"] for r in rows} == {TOO_FEW}
+
+
+@pytest.mark.parametrize("where, why", [
+    ("dir", "field '--json': is a directory, not a JSON file to write"),
+    ("/dev/full", "field '--json': is a character device, not a JSON file to write"),
+    ("fifo", "field '--json': is a FIFO (named pipe), not a JSON file to write"),
+    ("long", "field '--json': has a name longer than the file system allows"),
+    ("read-only", "field '--json': cannot be"),
+])
+def test_cli_compare_json_that_cannot_be_written_is_one_line_before_any_work(tmp_path, capsys, monkeypatch,
+                                                                            where, why):
+    import os
+
+    from tests.hostile import fifo, no_hang
+
+    a = _run_dir(tmp_path, "a", _records(5, seed=1))
+    b = _run_dir(tmp_path, "b", _records(5, seed=2))
+    if where == "dir":
+        out = tmp_path / "a"
+    elif where == "fifo":
+        out = fifo(tmp_path / "pipe.json")
+    elif where == "long":
+        out = tmp_path / ("j" * 300 + ".json")
+    elif where == "read-only":
+        (tmp_path / "ro").mkdir()
+        out = tmp_path / "ro" / "cmp.json"
+        os.chmod(out.parent, 0o555)
+        if os.geteuid() == 0:  # root writes anywhere: the refusal of a read-only folder is simulated
+            monkeypatch.setattr(os, "access", lambda path, mode, **kw: False)
+    else:
+        out = where
+    try:
+        with no_hang():
+            assert main(["compare", str(a), str(b), "--json", str(out)]) == 2
+    finally:
+        monkeypatch.undo()
+        if where == "read-only":
+            os.chmod(out.parent, 0o755)
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and why in captured.err and str(out)[:100] in captured.err, captured.err
+    assert "slower" not in captured.out and "no detectable change" not in captured.out  # refused before the table
+
+
+@pytest.mark.parametrize("value", [1e308, 1e11, -1.0, True, "12"])
+def test_cli_compare_refuses_an_absurd_wall_time_naming_its_line(tmp_path, capsys, value):
+    """wall_ms 1e308 once overflowed the statistics into a traceback: every record compare reads is
+    checked against the record schema (dohnuts.bench.analysis.records), one line naming file, line, field."""
+    a = _run_dir(tmp_path, "a", _records(5, seed=1))
+    recs = _records(5, seed=2)
+    recs[3]["wall_ms"] = value
+    b = _run_dir(tmp_path, "b", recs)
+    assert main(["compare", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{b / 'results.jsonl'}:4" in err and "wall_ms" in err, err

@@ -183,7 +183,7 @@ def test_the_builtins_keep_their_contracts():
     assert kinds["train-step"].collective is True and kinds["text"].collective is False
     assert kinds["image-cache"].warmup_every_call is not None and kinds["text"].sequence_tokens is not None
     assert targets["transformers"].kinds == ("text", "shared-prefix") and targets["transformers"].Options is NoOptions
-    assert {s.name for s in samplers(pm)} == {"host", "nvml", "amdsmi"}
+    assert {s.name for s in samplers(pm)} == {"host", "nvml", "amdsmi", "load"}
     assert set(collect(pm, "dohnuts_bench_register_launchers")) == {"torchrun"}
 
 

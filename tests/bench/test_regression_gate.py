@@ -1,9 +1,12 @@
 """The regression gate (`dohnuts-bench gate`, dohnuts.bench.gate) catches a 2× slowdown injected on
-purpose and passes an unchanged re-run: real pytest-benchmark runs of benchmarks/test_regressions.py
-(the predict-call gate, tiny preset); its exit codes are 0 passed, 1 regression, 2 bad input."""
+purpose and passes an unchanged re-run: against a baseline made by `dohnuts-bench baseline` (runs
+spread over time, per machine) and `dohnuts-bench run`s of this build; and against real
+pytest-benchmark runs of benchmarks/test_regressions.py (the predict-call gate, tiny preset). Its
+exit codes are 0 passed, 1 regression, 2 bad input."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -72,3 +75,109 @@ def test_gate_reads_and_refuses(tmp_path, capsys):
     assert ok and "tolerance 30%" in lines[0]
     ok, _ = gate.gate(drifted, {"x": [3.0 + 0.001 * i for i in range(12)]})
     assert not ok
+
+
+GATED = """\
+kind: text
+targets: [dohnuts]
+model: tiny
+warmup: 2
+repeat: 12
+halfwidth: 0
+shape: {requests: 2, questions: 2, seq_tokens: 64, candidates: 2, candidate_tokens: 2}
+"""
+
+
+@pytest.fixture
+def small_ceilings(monkeypatch):
+    """Small ceiling microbenchmarks: these runs need the numbers to exist, not to be good."""
+    import functools
+
+    from bench_plugins.analyzers import microbench
+
+    monkeypatch.setattr(microbench, "measure_cpu_ceilings",
+                        functools.partial(microbench.measure_cpu_ceilings, n=128, copy_bytes=1 << 20, vector=1 << 12))
+
+
+def _run(tmp_path, workload, name: str, factor: float = 1.0) -> Path:
+    from dohnuts.bench.cli import main
+    from tests.bench.slowdown import slowed_targets
+
+    out = tmp_path / name
+    with slowed_targets(factor):
+        assert main(["run", str(workload), "--out", str(out), "--store", str(tmp_path / "store.sqlite"),
+                     "--quiet"]) == 0
+    (run,) = list(out.iterdir())
+    return run
+
+
+@pytest.mark.slow
+def test_the_baseline_command_then_the_gate_fails_a_2x_slowdown_and_passes_an_unchanged_rerun(
+        tmp_path, capsys, small_ceilings):
+    """One documented command makes this machine's baseline (3 runs, 2 s apart here; 10 minutes by
+    default); `gate RUN` finds it by the run's machine id, passes this build unchanged and fails it
+    2× slower (exit 1), naming the workload."""
+    from dohnuts.bench.cli import main
+
+    workload = tmp_path / "gated.yaml"
+    workload.write_text(GATED)
+    into = tmp_path / "baselines"
+    assert main(["baseline", str(workload), "--runs", "3", "--every", "2", "--into", str(into), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    (folder,) = list(into.iterdir())
+    assert folder.name.startswith("cpu-") and folder.name.endswith("-1thread")
+    meta = json.loads((folder / "baseline.json").read_text())
+    assert meta["runs"] == ["run-1", "run-2", "run-3"] and meta["machine"] == folder.name and meta["every_s"] == 2
+    assert all(sorted(p.name for p in (folder / r).iterdir()) == ["results.jsonl.gz", "run.json"] for r in meta["runs"])
+    assert "gated · dohnuts: medians" in out and "drift" in out
+
+    unchanged = _run(tmp_path, workload, "unchanged")
+    slowed = _run(tmp_path, workload, "slowed", factor=2.0)
+    root = ["--baselines-root", str(into), "--min-effect", "0.3"]
+    capsys.readouterr()
+    assert main(["gate", str(unchanged), *root]) == 0
+    assert "gate: passed" in capsys.readouterr().err
+    assert main(["gate", str(slowed), *root]) == 1
+    captured = capsys.readouterr()
+    assert "gate: REGRESSION" in captured.err
+    (line,) = [line for line in captured.out.splitlines() if line.startswith("gated · dohnuts")]
+    assert "slower" in line and float(line.split("ratio ")[1].split(",")[0]) > 1.6
+    # compare says the same, with its exit code: 1 when a whole call is slower
+    assert main(["compare", str(unchanged), str(slowed)]) == 1
+    assert main(["compare", str(unchanged), str(unchanged)]) == 0
+
+
+def test_the_baseline_and_gate_refuse_bad_input(tmp_path, capsys, small_ceilings):
+    from dohnuts.bench.cli import main
+
+    workload = tmp_path / "w.yaml"
+    workload.write_text(GATED)
+    into = tmp_path / "baselines"
+    assert main(["baseline", str(workload), "--runs", "1", "--into", str(into)]) == 2
+    assert "--runs" in capsys.readouterr().err and not into.exists()
+    assert main(["baseline", str(workload), "--every", "-1", "--into", str(into)]) == 2
+    capsys.readouterr()
+    # a run without a baseline of its machine: exit 2, naming the command that makes one
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"measured": {"machine": {"id": "cpu-acme-2cores-1thread"}}}))
+    (run / "results.jsonl").write_text("")
+    assert main(["gate", str(run), "--baselines-root", str(into)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "dohnuts-bench baseline" in err[0] and "cpu-acme-2cores-1thread" in err[0]
+    # a baseline folder of another machine is refused
+    other = into / "nvidia-h200"
+    other.mkdir(parents=True)
+    (other / "baseline.json").write_text(json.dumps({"machine": "nvidia-h200", "runs": ["run-1"]}))
+    assert main(["gate", str(run), "--baseline", str(other)]) == 2
+    assert "is the baseline of machine nvidia-h200" in capsys.readouterr().err
+    # an existing baseline is replaced only on request
+    mine = into / "cpu-acme"
+    mine.mkdir()
+    (mine / "baseline.json").write_text("{}")
+    import dohnuts.bench.machine_id as machine_id
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(machine_id, "this_machine", lambda device: "cpu-acme")
+        assert main(["baseline", str(workload), "--into", str(into)]) == 2
+    assert "--replace" in capsys.readouterr().err and (mine / "baseline.json").read_text() == "{}"

@@ -234,9 +234,13 @@ def test_threshold_is_configurable(monkeypatch):
     monkeypatch.setenv("DOHNUTS_BENCH_MIN_CLOCK_FRACTION", "0.75")
     assert TelemetryThread([]).min_clock_fraction == 0.75
     assert TelemetryThread([], min_clock_fraction=0.5).min_clock_fraction == 0.5
-    monkeypatch.setenv("DOHNUTS_BENCH_MIN_CLOCK_FRACTION", "1.5")
-    with pytest.raises(ValueError, match="DOHNUTS_BENCH_MIN_CLOCK_FRACTION"):
-        TelemetryThread([])
+    from dohnuts.errors import ConfigError
+
+    for garbage in ("1.5", "abc", "nan", "-0.1", "0"):  # one line naming the variable, never a traceback
+        monkeypatch.setenv("DOHNUTS_BENCH_MIN_CLOCK_FRACTION", garbage)
+        with pytest.raises(ConfigError, match=r"^environment variable DOHNUTS_BENCH_MIN_CLOCK_FRACTION: must be a "
+                                              r"number in \(0, 1\], got"):
+            TelemetryThread([])
     with pytest.raises(ValueError, match="min_clock_fraction"):
         TelemetryThread([], min_clock_fraction=0.0)
 

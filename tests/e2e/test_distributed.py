@@ -17,6 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 from dohnuts.train.task import synthetic_requests
+from tests.hostile import LONG_NAME
 from tests.reference import adapted_tiny, relative_error
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,6 +84,9 @@ def test_distributed_predict_equals_one_process_in_order(tmp_path):
                         "questions": [{"id": "q", "text": f"question {i}?", "candidates": ["yes", "no", "maybe"]}]})
             for i in range(7)]
     reqs.insert(3, "{not json")  # a bad line: reported by the rank that owns it, in its place
+    # an image name over NAME_MAX: the rank that owns it reports it as an error record (it once
+    # ended that rank with an OSError, and the whole run with 'no output was written')
+    reqs.insert(6, json.dumps({"id": "long", "image": LONG_NAME, "questions": [{"text": "q?", "candidates": ["a"]}]}))
     src = tmp_path / "r.jsonl"
     src.write_text("\n".join(reqs) + "\n")
     one = _predict([str(src), "-o", str(tmp_path / "one.jsonl")], tmp_path)
@@ -92,7 +96,7 @@ def test_distributed_predict_equals_one_process_in_order(tmp_path):
         assert many.returncode == 2, many.stderr
         a = [json.loads(x) for x in (tmp_path / "one.jsonl").read_text().splitlines()]
         b = [json.loads(x) for x in (tmp_path / f"n{n}.jsonl").read_text().splitlines()]
-        assert [r["id"] for r in a] == [r["id"] for r in b] and len(a) == 8
+        assert [r["id"] for r in a] == [r["id"] for r in b] and len(a) == 9
         for x, y in zip(a, b):
             if "error" in x:
                 assert x == y
@@ -100,7 +104,8 @@ def test_distributed_predict_equals_one_process_in_order(tmp_path):
                 sx = torch.tensor([s for q in x["questions"] for s in q["scores"]])
                 sy = torch.tensor([s for q in y["questions"] for s in q["scores"]])
                 assert relative_error(sy, sx) < 1e-5
-        assert "refused 1" in many.stderr and not list(tmp_path.glob("*.part*"))  # shards merged, removed
+        assert "name longer than the file system allows" in b[6]["error"]
+        assert "refused 2" in many.stderr and not list(tmp_path.glob("*.part*"))  # shards merged, removed
 
 
 @pytest.mark.slow

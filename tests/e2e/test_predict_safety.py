@@ -202,3 +202,63 @@ def test_non_finite_rewards_and_bool_answers_are_refused(tmp_path, question, fie
     # a reward is named by its element (questions[0].rewards[1]), an answer by its field
     assert err.field.startswith(f"questions[0].{field}") and why in err.message and "\n" not in str(err)
     assert str(err).startswith(f"{src}:1: field 'questions[0].{field}")
+
+
+# -- 5. hostile paths: refused by type and size before any read; the other lines are scored -------------
+
+def test_devices_fifos_sockets_and_long_names_as_images_fail_only_their_line(tmp_path, capsys):
+    """/dev/zero was read whole (MemoryError), a FIFO blocked forever, an over-long name raised
+    OSError: each now fails its own line, by its stat, and the good line after them is scored."""
+    from tests.hostile import LONG_NAME, fifo, no_hang, unix_socket
+
+    pipe = fifo(tmp_path / "pipe.png")
+    with unix_socket(tmp_path / "sock.png") as sock, no_hang(120):
+        src = _jsonl(tmp_path / "r.jsonl", *({**GOOD, "id": f"bad{i}", "image": str(p)} for i, p in
+                                             enumerate(["/dev/zero", pipe, sock, LONG_NAME, tmp_path])),
+                     {**GOOD, "id": "good"})
+        out = tmp_path / "out.jsonl"
+        assert main(["predict", str(src), "-o", str(out)]) == 2
+    records = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["id"] for r in records] == ["bad0", "bad1", "bad2", "bad3", "bad4", "good"]
+    assert "questions" in records[-1]
+    whys = ["is a character device", "is a FIFO (named pipe)", "is a socket", "has a name longer than the file "
+            "system allows", "is a directory"]
+    for record, why in zip(records, whys):
+        assert why in record["error"] and "\n" not in record["error"], record
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "scored 1 of 6 requests, refused 5" in err
+
+
+def test_fifo_or_device_as_adapter_output_or_input_is_one_line(tmp_path, capsys):
+    from tests.hostile import fifo, no_hang
+
+    src = _jsonl(tmp_path / "r.jsonl", GOOD)
+    pipe = fifo(tmp_path / "pipe")
+    with no_hang(60):
+        for args, why in [(["--adapter", str(pipe)], "field '--adapter': is a FIFO (named pipe), not an adapter file"),
+                          (["--adapter", "/dev/zero"], "is a character device, not an adapter file"),
+                          (["-o", str(pipe)], "field '-o': is a FIFO (named pipe), not a JSONL file to write"),
+                          (["-o", "/dev/full"], "field '-o': is a character device"),
+                          (["-o", str(tmp_path / ("y" * 300))], "longer than the file system allows")]:
+            assert main(["predict", str(src), *args]) == 2
+            assert why in _one_error_line(capsys)
+        assert main(["predict", "/dev/zero"]) == 2
+        assert "/dev/zero: is a character device, not a JSONL file" in _one_error_line(capsys)
+
+
+@pytest.mark.slow
+def test_a_full_disk_keeps_every_complete_record_and_no_cut_line(tmp_path):
+    """The disk fills during a record (simulated: the output cannot grow past 1500 bytes): the file
+    ends at its last complete record, and the error says so in one line."""
+    from tests.hostile import run_with_full_disk
+
+    src = _jsonl(tmp_path / "r.jsonl", *({**GOOD, "id": f"r{i}"} for i in range(12)))
+    out = tmp_path / "out.jsonl"
+    p = run_with_full_disk(["-m", "dohnuts", "predict", str(src), "-o", str(out)], 1500)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"dohnuts: error: {out}: cannot be written (File too large); the file ends at its last "
+                           "complete record;") and "records written" in last
+    data = out.read_bytes()
+    assert data.endswith(b"\n") and 1500 - 200 < len(data) <= 1500
+    assert [json.loads(x)["id"] for x in data.splitlines()] == [f"r{i}" for i in range(len(data.splitlines()))]

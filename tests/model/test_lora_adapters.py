@@ -100,3 +100,93 @@ def test_bench_target_serves_an_adapter_merged(tmp_path):
     assert result.decisions == len(req.questions)
     assert relative_error(_scores(target.model, [req]), _scores(model, [req])) < 1e-5
     target.close()
+
+
+# -- hostile adapter files: every field checked at load, one line naming the file and the field ----------
+
+@pytest.fixture(scope="module")
+def saved_adapter(tmp_path_factory):
+    """(tensors, metadata) of a valid tiny adapter, to be rewritten with one hostile change."""
+    from safetensors import safe_open
+
+    model = api.load("tiny", lora=LoRAConfig(rank=2))
+    _randomize_adapters(model, seed=1)
+    path = tmp_path_factory.mktemp("adapter") / "good.safetensors"
+    save_adapter(model, path)
+    with safe_open(str(path), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata())
+
+
+def _hostile(tmp_path, saved, *, meta=None, tensors=None, drop=()):
+    from safetensors.torch import save_file
+
+    t, m = dict(saved[0]), dict(saved[1])
+    m.update(meta or {})
+    for key in drop:
+        m.pop(key)
+    if tensors:
+        tensors(t)
+    path = tmp_path / "hostile.safetensors"
+    save_file(t, str(path), metadata=m)
+    return path
+
+
+HOSTILE_META = [
+    ({"temperature": "nan"}, "temperature", "must be a finite number, got NaN"),
+    ({"temperature": "0"}, "temperature", "must be positive, got 0.0"),
+    ({"temperature": "-1.5"}, "temperature", "must be positive"),  # probabilities would invert against `choice`
+    ({"temperature": "inf"}, "temperature", "must be a finite number, got infinite"),
+    ({"temperature": "warm"}, "temperature", "must be a number, got 'warm'"),
+    ({"lora": "{"}, "lora", "is not valid JSON"),
+    ({"lora": '{"rank": 2, "dropout": 0.0, "targets": ["q_proj"]}'}, "lora.alpha", "is missing"),
+    ({"lora": '{"rank": 2, "alpha": NaN, "dropout": 0.0, "targets": ["q_proj"]}'}, "lora.alpha", "finite"),
+    ({"lora": '{"rank": 2, "alpha": 16, "dropout": 0.0, "targets": 5}'}, "lora.targets", "must be"),
+    ({"lora": '{"rank": 2, "alpha": 16, "dropout": 0.0, "targets": ["q_proj", 3]}'}, "lora.targets[1]",
+     "must be a string"),
+    ({"lora": '{"rank": 1000000000, "alpha": 16, "dropout": 0.0, "targets": ["q_proj"]}'}, "lora.rank",
+     "must be an integer in 1..1024"),
+    ({"lora": "[]"}, "lora", "must be"),
+    ({"extra": "[1, 2]"}, "extra", "must be a mapping"),
+    ({"extra": "{"}, "extra", "is not valid JSON"),
+    ({"base_identity": "[]"}, "base_identity", "must be a mapping"),
+    ({"base_identity": '{"weights": 5}'}, "base_identity.weights", "must be a string"),
+    ({"format": "other"}, "format", "expected 'dohnuts-adapter-1'"),
+]
+
+
+@pytest.mark.parametrize("meta, field, why", HOSTILE_META, ids=[f"{c[1]}-{i}" for i, c in enumerate(HOSTILE_META)])
+def test_hostile_adapter_metadata_is_one_line_naming_the_field(tmp_path, saved_adapter, meta, field, why):
+    path = _hostile(tmp_path, saved_adapter, meta=meta)
+    with pytest.raises(CheckpointError) as info:
+        api.load("tiny", adapter=path)
+    text = str(info.value)
+    assert text.startswith(f"{path}: field '{field}': ") and why in text and "\n" not in text, text
+
+
+def test_missing_metadata_and_non_finite_or_integer_tensors(tmp_path, saved_adapter):
+    for key in ("lora", "base_identity"):
+        with pytest.raises(CheckpointError, match=rf"field '{key}': is missing"):
+            api.load("tiny", adapter=_hostile(tmp_path, saved_adapter, drop=[key]))
+    name = next(k for k in saved_adapter[0] if k.endswith("lora_A"))
+
+    def nan(t):
+        t[name] = t[name].clone().index_fill(0, torch.tensor([0]), float("nan"))
+
+    with pytest.raises(CheckpointError, match=rf"hostile.safetensors: tensor '{name}' holds non-finite values"):
+        api.load("tiny", adapter=_hostile(tmp_path, saved_adapter, tensors=nan))
+    with pytest.raises(CheckpointError, match=r"tensor 'head.weight' is I32; adapter tensors must be floating"):
+        api.load("tiny", adapter=_hostile(tmp_path, saved_adapter,
+                                          tensors=lambda t: t.update({"head.weight": t["head.weight"].int()})))
+
+
+def test_an_adapter_that_is_a_fifo_or_too_large_is_not_opened(tmp_path, monkeypatch):
+    import dohnuts.adapters as adapters
+    from tests.hostile import fifo, no_hang
+
+    with no_hang(), pytest.raises(CheckpointError, match=r"pipe: is a FIFO \(named pipe\), not an adapter file"):
+        api.load("tiny", adapter=fifo(tmp_path / "pipe"))
+    big = tmp_path / "big.safetensors"
+    big.write_bytes(b"\0" * 2048)
+    monkeypatch.setattr(adapters, "MAX_ADAPTER_BYTES", 1024)
+    with pytest.raises(CheckpointError, match=r"big.safetensors: is 2.0 KiB, over the 1.0 KiB limit for an adapter"):
+        api.load("tiny", adapter=big)

@@ -162,7 +162,7 @@ def test_bad_images_raise_image_error_naming_the_file(tmp_path, name, make, phra
 
 
 def test_missing_file_and_directory(tmp_path):
-    with pytest.raises(ImageError, match="nope.png: no such image file"):
+    with pytest.raises(ImageError, match="nope.png: does not exist"):
         prepare_image(tmp_path / "nope.png", VISION)
-    with pytest.raises(ImageError, match="is not a file"):
+    with pytest.raises(ImageError, match="is a directory, not an image file"):
         prepare_image(tmp_path, VISION)

@@ -171,6 +171,31 @@ def test_resume_refuses_changed_arguments(finished, tmp_path, capsys, arg, value
     assert _snapshot(run) == before
 
 
+def test_resume_of_a_finished_run_says_so_and_changes_nothing(finished, tmp_path, capsys):
+    """A finished run resumed as it is: one plain line, exit 0, not a word about dropped or
+    replayed records, and every file as it was (the selection is not run again)."""
+    data, run = _copy(finished, tmp_path)
+    before = _snapshot(run)
+    assert main(["train", "--out", str(run), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert f"dohnuts: {run} holds a finished run (update 2 of 2" in err and "nothing to resume" in err
+    assert "dropped" not in err and "replayed" not in err and err.count("\n") == 1
+    assert _snapshot(run) == before
+
+
+def test_every_file_of_a_run_has_the_same_mode(finished):
+    """best.safetensors and the checkpoint's safetensors files get the mode of every other file
+    (safetensors alone would create them 0600)."""
+    import stat
+
+    from dohnuts.adapters import created_mode
+
+    run = finished / "run"
+    modes = {str(p.relative_to(run)): stat.S_IMODE(p.stat().st_mode) for p in run.rglob("*") if p.is_file()}
+    assert "best.safetensors" in modes and any(name.endswith("state.safetensors") for name in modes)
+    assert set(modes.values()) == {created_mode()}, modes
+
+
 @pytest.mark.slow
 def test_resume_takes_the_run_arguments_not_given_again(finished, tmp_path, capsys):
     """`dohnuts train --out RUN --resume` continues RUN with its own arguments (found on the GPU:
@@ -292,6 +317,15 @@ def test_strict_json_names_nonfinite_values():
     (["--margin", "nan"], "--margin"), (["--margin-weight", "inf"], "--margin-weight"),
     (["--lora-alpha", "nan"], "--lora-alpha"),
     (["--data", "MISSING"], "MISSING"),
+    # unbounded sizes were a MemoryError (a 25 GB allocation): bounded, refused before anything is built
+    (["--synthetic-train", "1000000000"], "--synthetic-train: must be in 1..100000"),
+    (["--lora-rank", "100000000"], "--lora-rank: must be an integer in 1..1024"),
+    # devices this torch cannot use were tracebacks
+    (["--device", "tpu"], "--device tpu: is not a device"), (["--device", "meta"], "--device meta: device type 'meta' is not supported"),
+    (["--device", "foo:bar"], "--device foo:bar: is not a device"),
+    *([(["--device", "cuda"], "--device cuda: CUDA is not available")] if not torch.cuda.is_available() else []),
+    (["--initialize-from", "/dev/zero"], "/dev/zero: is a character device, not an adapter file"),
+    (["--out", "/dev/null"], "field '--out': is a character device, not a run directory"),
 ])
 def test_bad_arguments_end_in_one_line(tmp_path, capsys, args, name):
     args = [a.replace("MISSING", str(tmp_path / "missing")) for a in args]
@@ -300,6 +334,51 @@ def test_bad_arguments_end_in_one_line(tmp_path, capsys, args, name):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("dohnuts: error:") and name in err, err
     assert not (tmp_path / "run").exists()  # nothing was written
+
+
+@pytest.mark.parametrize("env, why", [
+    ({"WORLD_SIZE": "abc"}, "environment variable WORLD_SIZE: must be an integer ≥ 1, got 'abc'"),
+    ({"WORLD_SIZE": "2"}, "environment variable RANK: is not set, but WORLD_SIZE=2"),
+    ({"WORLD_SIZE": "2", "RANK": "5"}, "environment variable RANK: is 5, but WORLD_SIZE is 2"),
+    ({"WORLD_SIZE": "2", "RANK": "x"}, "environment variable RANK: must be an integer ≥ 0, got 'x'"),
+])
+@pytest.mark.parametrize("command", ["train", "predict"])
+def test_garbled_torchrun_variables_end_in_one_line(tmp_path, capsys, monkeypatch, env, why, command):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    src = tmp_path / "r.jsonl"
+    src.write_text('{"questions": [{"text": "q?", "candidates": ["a"]}]}\n')
+    args = (["train", "--model", "tiny", "--out", str(tmp_path / "run")] if command == "train"
+            else ["predict", str(src), "-o", str(tmp_path / "out.jsonl")])
+    assert main(args) == 2
+    assert why in _error_line(capsys)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_fifo_as_a_split_file_is_named_as_what_it_is(tmp_path, capsys):
+    from tests.hostile import no_hang
+
+    data = _text_data(tmp_path / "data")
+    (data / "dev.jsonl").unlink()
+    os.mkfifo(data / "dev.jsonl")  # once: 'does not exist'; reading it would block
+    with no_hang():
+        assert main([*_common(data), "--out", str(tmp_path / "run")]) == 2
+    assert f"{data / 'dev.jsonl'}: is a FIFO (named pipe), not a JSONL file" in _error_line(capsys)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_hostile_adapter_to_initialize_from_is_one_line_and_writes_nothing(tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    bad = tmp_path / "bad.safetensors"
+    save_file({"head.weight": torch.zeros(1, 64)}, str(bad),
+              metadata={"format": "dohnuts-adapter-1", "lora": '{"rank": 2, "alpha": NaN, "dropout": 0.0, '
+                        '"targets": ["q_proj"]}', "base_identity": "{}"})
+    assert main(["train", "--model", "tiny", "--out", str(tmp_path / "run"), "--initialize-from", str(bad)]) == 2
+    assert f"{bad}: field 'lora.alpha': must be a finite number > 0, got nan" in _error_line(capsys)
+    assert not (tmp_path / "run").exists()
 
 
 def test_missing_split_file_is_named(tmp_path, capsys):
@@ -353,7 +432,7 @@ def test_resume_cuts_the_log_back_to_the_checkpoint(tmp_path):
     r = Trainer(_cfg(tmp_path / "run", 6), _data(), log=messages.append)
     assert r.resume() and r.update == 2
     assert _updates(_strict_lines(tmp_path / "run" / "train_log.jsonl")) == [1, 2]
-    assert any("dropped 1 records" in m for m in messages)
+    assert any("dropped 1 record written" in m for m in messages)
     r.train()
     log = _strict_lines(tmp_path / "run" / "train_log.jsonl")
     assert _updates(log) == [1, 2, 3, 4, 5, 6] and _updates(log, "dev") == [0, 2, 4, 6]
@@ -491,3 +570,226 @@ def test_interrupting_a_checkpoint_at_every_step_resumes_consistently(tmp_path, 
             assert _updates(log, "dev") == list(range(0, end + 1, 2)), where
             assert sorted(p.name for p in (out / CHECKPOINTS).iterdir()) == [POINTER, f"update-{end:06d}"], where
     _equal(reference[4][0], final)
+
+
+# -- 8. one trainer per run directory ---------------------------------------------------------------
+
+_HOLD_LOCK = ("import sys, time\nfrom dohnuts.train.run_lock import RunLock\nRunLock(sys.argv[1]).acquire()\n"
+              "print('locked', flush=True)\ntime.sleep(600)\n")
+
+
+def _hold_lock(out):
+    """Another process holding the run directory's lock (as a trainer does), until it is killed."""
+    import subprocess
+    import sys
+
+    from tests.hostile import ROOT
+
+    out.mkdir(parents=True, exist_ok=True)
+    p = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(out)], stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.stdout.readline().strip() == "locked"
+    return p
+
+
+def test_a_second_trainer_is_refused_naming_the_holder(tmp_path, capsys):
+    import socket
+
+    out = tmp_path / "run"
+    holder = _hold_lock(out)
+    try:
+        before = _snapshot(out)
+        assert main(["train", "--model", "tiny", "--out", str(out), "--updates", "2"]) == 2
+        line = _error_line(capsys)
+        assert f"{out}: the run is in use by another trainer: PID {holder.pid} on host {socket.gethostname()}" in line
+        assert _snapshot(out) == before  # nothing written, nothing taken
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_stale_lock_of_a_killed_trainer_is_taken_over(tmp_path, capsys):
+    out = tmp_path / "run"
+    holder = _hold_lock(out)
+    holder.kill()  # SIGKILL: the lock file stays behind, naming a process that is gone
+    holder.wait()
+    assert json.loads((out / "train.lock").read_text())["pid"] == holder.pid
+    data = _text_data(tmp_path / "data")
+    assert main([*_common(data), "--out", str(out), "--updates", "2"]) == 0
+    err = capsys.readouterr().err
+    assert f"took over the stale lock of PID {holder.pid} on host" in err and "is no longer running" in err
+    assert not (out / "train.lock").exists()  # released at exit
+    assert _updates(_strict_lines(out / "train_log.jsonl")) == [1, 2]
+
+
+@pytest.mark.slow
+def test_two_trainers_started_together_on_one_out(tmp_path):
+    """The issue's case: the second trainer starts while the first is before its first commit. Once
+    both exited 0 and the log held both runs' records; now the second is refused, the first is whole."""
+    import subprocess
+    import sys
+    import time
+
+    data = _text_data(tmp_path / "data")
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    args = [*_common(data), "--out", str(out), "--updates", "4"]
+    # The second trainer is started first and waits, imports done, for the word to go.
+    second = subprocess.Popen([sys.executable, "-c", "import sys, dohnuts.cli, dohnuts.api, dohnuts.train.trainer\n"
+                               "print('ready', flush=True); sys.stdin.readline()\n"
+                               f"sys.exit(dohnuts.cli.main({args!r}))"],
+                              cwd=tmp_path, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    assert second.stdout.readline().strip() == "ready"
+    first = subprocess.Popen([sys.executable, "-m", "dohnuts", *args], cwd=tmp_path, env=env,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "train.lock").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _, second_err = second.communicate("go\n", timeout=300)
+    assert first.wait(timeout=600) == 0, first.stderr.read()
+    assert second.returncode == 2 and "in use by another trainer: PID" in second_err, second_err
+    assert _updates(_strict_lines(out / "train_log.jsonl")) == [1, 2, 3, 4]  # one run, once
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_read_only_out_is_one_line(finished, tmp_path, capsys, monkeypatch, resume):
+    import dohnuts.train.run_lock as run_lock
+
+    data, run = _copy(finished, tmp_path)
+    out = run if resume else tmp_path / "ro" / "new"
+    if not resume:
+        out.parent.mkdir()
+    if os.geteuid() != 0:  # root writes anywhere: the refusal of a read-only folder is simulated
+        os.chmod(out if resume else out.parent, 0o555)
+    else:
+        real_open, real_mkdir = os.open, type(out).mkdir
+
+        def read_only(path, *args, **kw):
+            if str(path).startswith(str(out if resume else out.parent)) and os.path.basename(str(path)) == "train.lock":
+                raise PermissionError(13, "Permission denied")
+            return real_open(path, *args, **kw)
+
+        def no_mkdir(self, *args, **kw):
+            if str(self).startswith(str(out.parent)) and not resume:
+                raise PermissionError(13, "Permission denied")
+            return real_mkdir(self, *args, **kw)
+
+        monkeypatch.setattr(run_lock.os, "open", read_only)
+        monkeypatch.setattr(type(out), "mkdir", no_mkdir)
+    try:
+        assert main([*_common(data), "--out", str(out), "--updates", "2", *(["--resume"] if resume else [])]) == 2
+    finally:
+        monkeypatch.undo()
+        os.chmod(out if resume else out.parent, 0o755)
+    line = _error_line(capsys)
+    assert "Permission denied" in line and str(out) in line
+
+
+# -- 9. a full disk, a cut log line, a hostile manifest ------------------------------------------------
+
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_previous_checkpoint_resumes(tmp_path, monkeypatch):
+    """safetensors reports a full disk as its own SafetensorError (once a traceback: only OSError
+    was caught); the partial checkpoint directory is removed and the committed one resumes."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    real = safetensors.torch.save_file
+    calls = []
+
+    def full_disk(tensors, path, metadata=None):
+        calls.append(path)
+        if "update-000002" in path:
+            raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
+                                  '"No space left on device" })')
+        return real(tensors, path, metadata=metadata)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    t = Trainer(_cfg(tmp_path / "run", 4), _data(), log=lambda m: None)
+    with pytest.raises(CheckpointError) as info:
+        t.train()
+    t.close()
+    text = str(info.value)
+    assert "update 2: the checkpoint cannot be written (No space left on device" in text and "\n" not in text
+    assert "the checkpoint update-000000 is intact" in text
+    assert sorted(p.name for p in (tmp_path / "run" / CHECKPOINTS).iterdir()) == [POINTER, "update-000000"]
+    monkeypatch.setattr(safetensors.torch, "save_file", real)
+    r = Trainer(_cfg(tmp_path / "run", 4), _data(), log=lambda m: None)
+    assert r.resume() and r.update == 0
+    r.train()
+    r.close()
+    assert _updates(_strict_lines(tmp_path / "run" / "train_log.jsonl")) == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_training_end_to_end(tmp_path):
+    """A real short write (the process cannot grow a file past 40 KB: the checkpoint's state does not
+    fit) ends in one line, exit 2, and leaves the run resumable elsewhere."""
+    from tests.hostile import run_with_full_disk
+
+    data = _text_data(tmp_path / "data")
+    out = tmp_path / "run"
+    p = run_with_full_disk(["-m", "dohnuts", *_common(data), "--out", str(out), "--updates", "2"], 40_000,
+                           cwd=tmp_path)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("dohnuts: error:") and "cannot be written (File too large" in last, p.stderr
+    for line in (out / "train_log.jsonl").read_bytes().splitlines(keepends=True) if (out / "train_log.jsonl").exists() \
+            else []:
+        assert line.endswith(b"\n") and json.loads(line)
+
+
+@pytest.mark.slow
+def test_resume_after_a_cut_log_line_says_what_it_dropped(tmp_path):
+    t = Trainer(_cfg(tmp_path / "run", 4), _data(), log=lambda m: None)
+    t.train(stop_at=2)
+    t.close()
+    with open(tmp_path / "run" / "train_log.jsonl", "ab") as f:
+        f.write(b'{"kind": "update", "upd')  # a record cut by a crash mid-write
+    messages = []
+    r = Trainer(_cfg(tmp_path / "run", 4), _data(), log=messages.append)
+    assert r.resume() and r.update == 2
+    assert any("dropped a cut last line (23 bytes without its end)" in m for m in messages), messages
+    assert _updates(_strict_lines(tmp_path / "run" / "train_log.jsonl")) == [1, 2]
+
+
+@pytest.fixture(scope="module")
+def checkpointed(tmp_path_factory):
+    """A run stopped at update 2 (a committed checkpoint with a selection)."""
+    root = tmp_path_factory.mktemp("checkpointed")
+    t = Trainer(_cfg(root / "run", 4), _data(), log=lambda m: None)
+    t.train(stop_at=2)
+    t.close()
+    return root / "run"
+
+
+HOSTILE_MANIFESTS = {
+    "update-negative": (lambda m: m.update(update=-7), "field 'update': must be >= 0, got -7"),
+    "best-nan": (lambda m: m["best"].update(accuracy=float("nan")), "field 'best.accuracy': must be a finite number"),
+    "best-after": (lambda m: m["best"].update(update=99), "field 'best.update': is update 99, after"),
+    "best-missing": (lambda m: m.pop("best"), "field 'best': is missing"),
+    "time-inf": (lambda m: m.update(time=float("inf")), "field 'time': must be a finite number"),
+    "file-outside": (lambda m: m["files"].update({"../../x": m["files"]["state.safetensors"]}), "field 'files"),
+    "rng-short": (lambda m: m["python_rng"][1].pop(), "field 'python_rng[1]': must hold at least 625"),
+    "rng-word": (lambda m: m["python_rng"][1].__setitem__(5, -1), "field 'python_rng[1][5]': must be >= 0"),
+    "lr-nan": (lambda m: m["optimizer"]["param_groups"][0].update(lr=float("nan")),
+               "field 'optimizer.param_groups[0].lr': must be a finite number"),
+    "last-epoch": (lambda m: m["scheduler"].update(last_epoch="x"), "field 'scheduler.last_epoch': must be an integer"),
+    "log-size": (lambda m: m["log"].update(bytes=-1), "field 'log.bytes': must be >= 0"),
+    "sha": (lambda m: m["data"].update(train="zz"), "field 'data.train': must match"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_MANIFESTS))
+def test_a_hostile_manifest_is_refused_naming_the_field(checkpointed, tmp_path, case):
+    edit, why = HOSTILE_MANIFESTS[case]
+    run = tmp_path / "run"
+    shutil.copytree(checkpointed, run)
+    mpath = latest_checkpoint(run) / "manifest.json"
+    manifest = json.loads(mpath.read_text())
+    edit(manifest)
+    mpath.write_text(json.dumps(manifest))  # json.dumps writes NaN / Infinity as they come
+    with pytest.raises(CheckpointError) as info:
+        Trainer(_cfg(run, 4), _data(), log=lambda m: None).resume()
+    text = str(info.value)
+    assert text.startswith(f"{mpath}: ") and why in text and "\n" not in text, text

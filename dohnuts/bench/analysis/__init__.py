@@ -11,7 +11,7 @@ of one call from its WorkCounts), bounds (T_lower, efficiency, verdict), critica
 pipeline model), records (JSONL reading), report (analyze_records), render (tables, roofline).
 """
 
-from dohnuts.bench.analysis.bounds import CallBounds, StageBound, combine, efficiency, meets_target, stage_bound
+from dohnuts.bench.analysis.bounds import CallBounds, StageBound, combine, efficiency, stage_bound, target_verdict
 from dohnuts.bench.analysis.cost import StageCost, Work, call_totals, fold_stages, stage_costs, token_counts
 from dohnuts.bench.analysis.critical_path import CallGraph, Dependency, default_call_graph
 from dohnuts.bench.analysis.flops import LoraShape
@@ -24,6 +24,6 @@ __all__ = [
     "Analysis", "CallBounds", "CallGraph", "CallRow", "Ceiling", "Dependency", "GroupAnalysis", "HwSpec",
     "LoraShape", "RecordError", "RecordWarning", "StageBound", "StageCost", "StageRow", "Work",
     "analysis_tables", "analyze_records", "call_table", "call_totals", "combine", "default_call_graph",
-    "efficiency", "find_hwspec", "fold_stages", "load_hwspec", "meets_target", "parse_hwspec", "print_analysis",
-    "read_jsonl", "roofline_png", "stage_bound", "stage_costs", "stage_table", "token_counts",
+    "efficiency", "find_hwspec", "fold_stages", "load_hwspec", "parse_hwspec", "print_analysis",
+    "read_jsonl", "roofline_png", "stage_bound", "target_verdict", "stage_costs", "stage_table", "token_counts",
 ]

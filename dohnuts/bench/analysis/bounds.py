@@ -12,9 +12,13 @@ for the run's precision and a basis (datasheet or measured):
 
 Compute and memory always combine by max (docs/measurement.md: different constraints, not two readings
 that must hold at once). Efficiency = T_lower / T_measured. The limiter is the term that sets
-T_lower, named with its ceiling. The target verdict is T_measured <= T_lower / fraction (0.8),
-compared with a relative tolerance of 1e-9 so a measurement written in decimals exactly at the
-boundary (12.5 ms against a 10 ms bound) passes. Padded and repeated work never enter T_lower.
+T_lower, named with its ceiling. The target verdict (`target_verdict`) is "meets" when
+T_measured <= T_lower / fraction (0.8), compared with a relative tolerance of 1e-9 so a
+measurement written in decimals exactly at the boundary (12.5 ms against a 10 ms bound) passes;
+"misses" above it; and "bound-suspect" when the measurement is faster than the lower bound itself
+(efficiency above 100 %): a bound a measurement beats is wrong (the cost model overstates the work,
+or a ceiling — e.g. one measured while other processes loaded the machine — understates the
+hardware), so it supports no verdict, never "meets". Padded and repeated work never enter T_lower.
 
 Whole call: the plain sum of stage bounds (no overlap), the single maximum (ideal overlap) and
 the critical path of critical_path.CallGraph (max <= critical path <= sum, proved there).
@@ -81,12 +85,17 @@ def efficiency(bound_ms: float | None, measured_ms: float | None) -> float | Non
     return bound_ms / measured_ms
 
 
-def meets_target(measured_ms: float | None, bound_ms: float | None, fraction: float = 0.8) -> bool | None:
-    """T_measured <= T_lower / fraction (within VERDICT_RTOL); None when unknown."""
+MEETS, MISSES, BOUND_SUSPECT = "meets", "misses", "bound-suspect"
+
+
+def target_verdict(measured_ms: float | None, bound_ms: float | None, fraction: float = 0.8) -> str | None:
+    """"meets" (T_measured <= T_lower / fraction, within VERDICT_RTOL), "misses", or "bound-suspect"
+    (T_measured < T_lower: efficiency above 100 %, the bound is wrong); None when unknown."""
     if measured_ms is None or bound_ms is None:
         return None
-    limit = bound_ms / fraction
-    return measured_ms <= limit * (1.0 + VERDICT_RTOL)
+    if measured_ms < bound_ms * (1.0 - VERDICT_RTOL):
+        return BOUND_SUSPECT
+    return MEETS if measured_ms <= bound_ms / fraction * (1.0 + VERDICT_RTOL) else MISSES
 
 
 @dataclass(frozen=True)

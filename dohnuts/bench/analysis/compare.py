@@ -291,7 +291,10 @@ def compare_runs(records_a: list[dict], records_b: list[dict], *, confidence: fl
             rows.append(row)
         if min_effect > 0:
             for label, s in ((label_a, sa), (label_b, sb)):
-                w = spread_warning(s[(workload, target)][WALL], min_effect, confidence=confidence)
+                walls = s[(workload, target)][WALL]
+                if len(walls) < 2 or float(np.median(walls)) <= 0:
+                    continue  # no spread to judge (the row says "too few calls" or has no ratio)
+                w = spread_warning(walls, min_effect, confidence=confidence)
                 if w:
                     notes.append(f"{workload} / {target} in {label}: {w}")
     return Comparison(rows=tuple(rows), only_in_a=tuple(k for k in sa if k not in sb),

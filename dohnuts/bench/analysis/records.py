@@ -43,8 +43,9 @@ from __future__ import annotations
 import json
 import math
 import warnings
+import zlib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -52,7 +53,7 @@ from dohnuts.bench.analysis.flops import DEFAULT_LORA_TARGETS, LoraShape
 from dohnuts.config import ModelConfig, TextConfig, VisionConfig
 from dohnuts.errors import DohnutsError
 from dohnuts.runtime.work import WorkCounts
-from dohnuts.schema import NonNegative, Positive, convert, first_nonfinite, median, one_line_error, short
+from dohnuts.schema import MIB, NonNegative, convert, first_nonfinite, median, one_line_error, read_file, short, size_words
 
 SCHEMA = 1  # the record format's version: written by dohnuts.bench.runner, read here
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
@@ -63,9 +64,16 @@ class RecordError(DohnutsError):
     """A raw result record that cannot be analysed as it is."""
 
 
+# A time in milliseconds: at most 10^10 ms (115 days; a run's calls are bounded by min_duration_s,
+# one day), so that no sum, ratio or interval of the analysis overflows (1e308 ms once did).
+MAX_MS = 1e10
+Ms = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_MS)]
+PositiveMs = Annotated[float, msgspec.Meta(gt=0.0, le=MAX_MS)]
+
+
 class StageTime(msgspec.Struct):
-    host_ms: NonNegative
-    device_ms: NonNegative | None = None  # CUDA events; null on the CPU
+    host_ms: Ms
+    device_ms: Ms | None = None  # CUDA events; null on the CPU
 
 
 class WorkloadRef(msgspec.Struct):
@@ -80,7 +88,7 @@ class Timing(msgspec.Struct, kw_only=True):
 
     workload: WorkloadRef
     target: Any
-    wall_ms: NonNegative
+    wall_ms: Ms
     stages: dict[str, StageTime] = {}
 
 
@@ -114,9 +122,9 @@ class Validity(msgspec.Struct):
 class StreamTimes(msgspec.Struct):
     """A stream record's `extra.stream` (dohnuts.bench.measure.measure_stream)."""
 
-    latency_ms: NonNegative
-    queue_ms: NonNegative
-    total_ms: Positive
+    latency_ms: Ms
+    queue_ms: Ms
+    total_ms: PositiveMs
     energy_j: NonNegative | None = None  # the whole stream's energy (a request's alone is not measurable)
 
 
@@ -134,9 +142,9 @@ class ServingTimes(msgspec.Struct):
     records carry only the scenario and its rules."""
 
     scenario: str
-    latency_ms: NonNegative | None = None
-    queue_ms: NonNegative | None = None
-    service_ms: NonNegative | None = None
+    latency_ms: Ms | None = None
+    queue_ms: Ms | None = None
+    service_ms: Ms | None = None
     point: dict[str, Any] | None = None
     rules: dict[str, Any] | None = None
 
@@ -163,7 +171,7 @@ class Agreement(msgspec.Struct):
 class ReportedRecord(Record, kw_only=True):
     """`Record` and what the run report (bench_plugins.reporters) reads (check_reportable)."""
 
-    wall_ms: Positive
+    wall_ms: PositiveMs
     decisions: NonNegative
     tokens: Tokens
     device: Device
@@ -189,19 +197,40 @@ def read_jsonl(path: str | Path) -> list[dict]:
         raise one_line_error(exc) from None
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    try:
-        if path.is_dir():
-            raise RecordError("is a directory, not a JSONL file", source=str(path))
-        if path.exists() and not path.is_file():  # a device or a pipe could be endless
-            raise RecordError("is not a regular file", source=str(path))
-        data = path.read_bytes()
-        if path.suffix == ".gz":  # an archived run (results.jsonl.gz: committed runs stay small)
-            import gzip
+# What a results file may hold, read or once decompressed: tens of thousands of records (a run
+# holds hundreds). A 1.5 MB archive once decompressed to 3.4 GB; it is now cut off past this.
+MAX_RESULTS_BYTES = 256 * MIB
 
-            data = gzip.decompress(data)
-    except (OSError, ValueError, EOFError) as exc:  # ValueError: an embedded NUL; gzip: a damaged archive
-        raise RecordError(f"cannot be read ({getattr(exc, 'strerror', None) or exc})", source=str(path)) from None
+
+def _gunzip(raw: bytes, limit: int, path: Path) -> bytes:
+    """A gzip archive (one or several members) decompressed as a stream that stops past `limit`
+    bytes: a small archive cannot expand without bound (a decompression bomb)."""
+    out = bytearray()
+    data = raw
+    while data:
+        d = zlib.decompressobj(wbits=31)  # a gzip member
+        buf = data
+        try:
+            while buf and not d.eof:
+                out += d.decompress(buf, limit + 1 - len(out))
+                if len(out) > limit:
+                    raise RecordError(f"decompresses to more than {size_words(limit)}, the limit for a results "
+                                      "file (a run holds far less; a damaged or hostile archive?)", source=str(path))
+                buf = d.unconsumed_tail
+        except zlib.error as exc:
+            raise RecordError(f"cannot be read (a damaged gzip archive: {exc})", source=str(path)) from None
+        if not d.eof:
+            raise RecordError("cannot be read (a damaged gzip archive: it ends early)", source=str(path))
+        data = d.unused_data
+    return bytes(out)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    # a regular file within the limit, checked by its stat before it is opened (a FIFO, a device, a
+    # directory or an over-long name is one line)
+    data = read_file(path, max_bytes=MAX_RESULTS_BYTES, error=RecordError, what="a results file")
+    if path.suffix == ".gz":  # an archived run (results.jsonl.gz: committed runs stay small)
+        data = _gunzip(data, MAX_RESULTS_BYTES, path)
     lines = [(n, line) for n, line in enumerate(data.split(b"\n"), start=1) if line.strip()]
     out, other_schema = [], {}
     for pos, (n, raw) in enumerate(lines):

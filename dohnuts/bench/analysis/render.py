@@ -209,8 +209,12 @@ def _pct(x: float | None) -> str:
     return "—" if x is None else f"{x:.1%}"
 
 
-def _verdict(x: bool | None) -> Text:
-    return Text("—") if x is None else (Text("meets", style="green") if x else Text("misses", style="red"))
+VERDICT_STYLE = {"meets": "green", "misses": "red", "bound-suspect": "yellow"}
+
+
+def _verdict(x: str | None) -> Text:
+    """A target verdict (bounds.target_verdict); "bound-suspect": faster than its bound, no verdict."""
+    return Text("—") if x is None else Text(x, style=VERDICT_STYLE.get(x, ""))
 
 
 def _gflop(x: float) -> str:
@@ -234,7 +238,7 @@ def stage_table(g: GroupAnalysis, target_fraction: float = 0.8) -> FitTable:
         cells: list[str | Text] = [r.stage, _ms(r.measured_ms)]
         for b in g.bases:
             cells += [_ms(r.bound_ms[b]) if r.modelled else "no model", _pct(r.efficiency[b])]
-        cells += [r.limiter[first], _verdict(r.meets_target[first]),
+        cells += [r.limiter[first], _verdict(r.verdict[first]),
                   _gflop(sum(r.useful_flops.values())), _gflop(r.padded_flops), _gflop(r.repeated_flops)]
         t.add_row(*cells)
     return t
@@ -252,7 +256,7 @@ def call_table(g: GroupAnalysis) -> FitTable:
         t.add_row(label, *[_ms(getattr(c.bound[b], attr)) for b in g.bases], _ms(getattr(c.measured, attr)))
     t.add_row("wall ms", *["" for _ in g.bases], _ms(c.wall_ms))
     t.add_row("efficiency (critical-path bound / wall)", *[_pct(c.efficiency[b]) for b in g.bases], "")
-    t.add_row("target verdict", *[_verdict(c.meets_target[b]) for b in g.bases], "")
+    t.add_row("target verdict", *[_verdict(c.verdict[b]) for b in g.bases], "")
     t.add_row("decisions / s", *[f"{c.ceiling_decisions_per_s[b]:.1f}" if c.ceiling_decisions_per_s[b] else "—"
                                  for b in g.bases], f"{c.decisions_per_s:.1f}" if c.decisions_per_s else "—")
     t.add_row("critical cycle", *[" → ".join(c.bound[b].critical_stages) for b in g.bases],

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from dohnuts.bench.analysis.bounds import CallBounds, combine, efficiency, meets_target, stage_bound
+from dohnuts.bench.analysis.bounds import CallBounds, combine, efficiency, stage_bound, target_verdict
 from dohnuts.bench.analysis.cost import (
     StageCost, allreduce_cost, call_totals, fold_stages, stage_costs, token_counts,
 )
@@ -52,7 +52,7 @@ class StageRow:
     bound_ms: dict[str, float]  # basis → median T_lower
     efficiency: dict[str, float | None]  # basis → bound / measured
     limiter: dict[str, str]  # basis → "compute (bf16_matrix)", "bandwidth (gddr6)", "—"
-    meets_target: dict[str, bool | None]  # basis → measured <= bound / 0.8
+    verdict: dict[str, str | None]  # basis → meets / misses / bound-suspect (bounds.target_verdict)
     useful_flops: dict[str, float]  # kind → FLOP (median call)
     padded_flops: float
     repeated_flops: float
@@ -74,7 +74,7 @@ class CallRow:
     bound: dict[str, CallBounds]  # basis → stage bounds combined
     measured: CallBounds  # measured stage medians combined over the same graph
     efficiency: dict[str, float | None]  # basis → critical-path bound / wall
-    meets_target: dict[str, bool | None]
+    verdict: dict[str, str | None]  # basis → bounds.target_verdict of the whole call
     decisions: float  # median decisions per call
     decisions_per_s: float | None  # measured
     ceiling_decisions_per_s: dict[str, float | None]  # decisions / critical-path bound
@@ -127,7 +127,7 @@ def _group_dict(g: GroupAnalysis) -> dict:
         "stages": [dataclasses.asdict(r) | {"intensity": r.intensity} for r in g.stages],
         "call": {"wall_ms": c.wall_ms, "bound": {b: dataclasses.asdict(x) for b, x in c.bound.items()},
                  "measured": dataclasses.asdict(c.measured), "efficiency": c.efficiency,
-                 "meets_target": c.meets_target, "decisions": c.decisions, "decisions_per_s": c.decisions_per_s,
+                 "verdict": c.verdict, "decisions": c.decisions, "decisions_per_s": c.decisions_per_s,
                  "ceiling_decisions_per_s": c.ceiling_decisions_per_s, "tokens": c.tokens, "flops": c.flops},
         "graph": {"stages": [list(s) for s in g.graph.stages],
                   "dependencies": [dataclasses.asdict(d) for d in g.graph.dependencies]},
@@ -216,7 +216,7 @@ def _group(key: tuple[str, str], recs: list[dict], spec: HwSpec, buffers: int) -
             stage=name, resource=resource[name], measured_ms=measured, bound_ms=bound,
             efficiency={b: efficiency(bound[b], measured) if have else None for b in bases},
             limiter=limiter,
-            meets_target={b: meets_target(measured, bound[b], spec.target_fraction) if have else None for b in bases},
+            verdict={b: target_verdict(measured, bound[b], spec.target_fraction) if have else None for b in bases},
             useful_flops=mid.useful.kinds() if mid else {},
             padded_flops=median(c.padded.total_flops for c in have) if have else 0.0,
             repeated_flops=median(c.repeated.total_flops for c in have) if have else 0.0,
@@ -246,7 +246,7 @@ def _call_row(recs, costs, graph, bases, measured_med, bound_med, spec) -> CallR
     totals = [call_totals(c) for c in costs]
     return CallRow(
         wall_ms=wall, bound=bound, measured=combine(measured_med, graph), efficiency=eff,
-        meets_target={b: meets_target(wall, bound[b].critical_ms, spec.target_fraction) for b in bases},
+        verdict={b: target_verdict(wall, bound[b].critical_ms, spec.target_fraction) for b in bases},
         decisions=decisions, decisions_per_s=decisions / wall * 1e3 if wall > 0 else None,
         ceiling_decisions_per_s={b: decisions / bound[b].critical_ms * 1e3 if bound[b].critical_ms > 0 else None
                                  for b in bases},

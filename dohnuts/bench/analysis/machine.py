@@ -1,0 +1,180 @@
+"""The conditions a run measured in, for its report: how busy the machine was, how steady the
+ceilings measured at the start of the run were, and — for a CPU run — what such a run can and
+cannot show.
+
+Load: the `load` telemetry of every record (bench_plugins.analyzers.load: the cores other
+processes kept busy during the call, the load average) and the machine as the run found it
+(`measured["machine"]`). Where other processes used more than `BUSY_OTHERS` cores while a
+workload was measured, its times are slowed and spread by them: the report warns.
+
+Ceilings: each measured ceiling keeps the rate of every repeat (`repeat_values`) and its spread
+(bench_plugins.analyzers.microbench.stability); one that moved by more than its `STABLE_SPREAD`
+between repeats is flagged, and so are the efficiencies it bounds.
+
+Everything is read from the records and run.json's `measured`, so `dohnuts-bench analyze` says it
+again for any run (runs recorded before the load sampler simply have no load).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+
+from dohnuts.bench.analysis.records import group_key
+
+BUSY_OTHERS = 0.25  # cores other processes used while measuring, above which the report warns
+
+CPU_RUN_SHOWS = (
+    "A CPU run shows: every workload running end to end through the harness; where a call's time "
+    "goes, stage by stage; numbers measured side by side in one run (dohnuts beside transformers on the "
+    "same weights, the shared prefix against no sharing, a warm image cache against a cold one); each "
+    "stage against this CPU's own ceilings, measured at the start of the run.")
+CPU_RUN_CANNOT = (
+    "It cannot show: anything about a GPU (the fused fla and Triton kernels, CUDA graphs, the transfer "
+    "pipeline and the 2b sizes run only there; a CPU runs every op's plain-torch reference path); what "
+    "the tiny preset's random weights answer (its times are of the harness and the reference paths, "
+    "not of a trained model); and times on a shared machine move with the other processes (the load "
+    "below).")
+
+
+@dataclass(frozen=True)
+class GroupLoad:
+    """Other processes' load while one workload · target was measured."""
+
+    workload: str
+    target: str
+    samples: int
+    others_cores_median: float
+    others_cores_max: float
+    load1_max: float | None
+    own_cores_median: float | None = None  # this process's share (1.0: a whole core)
+
+
+@dataclass(frozen=True)
+class CeilingStability:
+    name: str
+    value: float
+    unit: str
+    repeats: int
+    spread: float | None  # (fastest − slowest) / fastest over its repeats; None: not recorded
+    stable: bool | None
+
+
+@dataclass(frozen=True)
+class MachineConditions:
+    device_type: str
+    device: str
+    cpus: int | None
+    threads: int | None
+    before: dict | None  # {"others_cores", "load1", "cpus", "seconds"} when the run started
+    groups: tuple[GroupLoad, ...]
+    ceilings: tuple[CeilingStability, ...]
+    warnings: tuple[str, ...]
+
+    @property
+    def unstable(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.ceilings if c.stable is False)
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"unstable_ceilings": list(self.unstable)}
+
+
+def _number(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def group_loads(records: list[dict]) -> list[GroupLoad]:
+    """Per workload · target, the `load` telemetry of its calls (records without it: none)."""
+    per: dict[tuple[str, str], list[tuple[float, float | None, float | None]]] = {}
+    for rec in records:
+        for row in rec.get("telemetry") or ():
+            reading = row.get("load") if isinstance(row, dict) else None
+            others = _number(reading.get("others_cores")) if isinstance(reading, dict) else None
+            if others is not None:
+                per.setdefault(group_key(rec), []).append(
+                    (others, _number(reading.get("load1")), _number(reading.get("own_cores"))))
+    out = []
+    for (workload, target), rows in per.items():
+        others = [o for o, _, _ in rows]
+        loads = [la for _, la, _ in rows if la is not None]
+        own = [x for _, _, x in rows if x is not None]
+        out.append(GroupLoad(workload, target, len(rows), statistics.median(others), max(others),
+                             max(loads) if loads else None, statistics.median(own) if own else None))
+    return out
+
+
+def ceiling_stability(ceilings: dict) -> list[CeilingStability]:
+    out = []
+    for name, entry in sorted((ceilings or {}).items()):
+        if not isinstance(entry, dict) or _number(entry.get("value")) is None:
+            continue
+        stable = entry.get("stable")
+        out.append(CeilingStability(name, float(entry["value"]), str(entry.get("unit", "")),
+                                    len(entry.get("repeat_values") or ()), _number(entry.get("spread")),
+                                    stable if isinstance(stable, bool) else None))
+    return out
+
+
+def machine_conditions(records: list[dict], measured: dict | None) -> MachineConditions:
+    measured = measured or {}
+    device = (records[0].get("device") or {}) if records else {}
+    machine = measured.get("machine") if isinstance(measured.get("machine"), dict) else {}
+    before = machine.get("before") if isinstance(machine.get("before"), dict) else None
+    groups = tuple(group_loads(records))
+    ceilings = tuple(ceiling_stability(measured.get("ceilings") or {}))
+    cpus = machine.get("cpus") if isinstance(machine.get("cpus"), int) else None
+    threads = device.get("threads") if isinstance(device.get("threads"), int) else machine.get("threads")
+    warnings = []
+    busy = [g for g in groups if g.others_cores_median > BUSY_OTHERS]
+    if busy:
+        warnings.append("other processes kept cores busy while these were measured (median cores): "
+                        + ", ".join(f"{g.workload} · {g.target} {g.others_cores_median:.2f}" for g in busy)
+                        + "; their times are slowed and spread by them — measure on a quiet machine to compare")
+    unstable = [c for c in ceilings if c.stable is False]
+    if unstable:
+        warnings.append("ceiling(s) " + ", ".join(f"{c.name} (moved {c.spread:.0%} between its {c.repeats} repeats)"
+                                                  for c in unstable)
+                        + " not stable: the bounds and efficiencies they set are uncertain by as much")
+    return MachineConditions(str(device.get("type", "?")), str(device.get("name", "?")), cpus,
+                             threads if isinstance(threads, int) else None, before, groups, ceilings, tuple(warnings))
+
+
+def machine_renderables(c: MachineConditions) -> list:
+    """The report's section: the CPU run's scope, the load, the ceilings' stability, the warnings."""
+    from rich.text import Text
+
+    from dohnuts.bench.analysis.render import Col, FitTable
+
+    parts: list = [Text("This run's machine", style="bold")]
+    if c.device_type == "cpu":
+        cores = f" of {c.cpus} cores" if c.cpus else ""
+        parts += [Text(f"{c.device}: a CPU run with {c.threads or '?'} torch thread(s){cores} (dohnuts-bench run "
+                       "--threads)."), Text(CPU_RUN_SHOWS), Text(CPU_RUN_CANNOT)]
+    if c.before:
+        others, load1 = _number(c.before.get("others_cores")), _number(c.before.get("load1"))
+        parts.append(Text("When the run started, other processes kept "
+                          + ("? cores" if others is None else f"{others:.2f} cores") + " busy"
+                          + ("" if load1 is None else f" (load average {load1:.2f})") + "."))
+    if c.groups:
+        t = FitTable("Load while measuring: cores kept busy by other processes (telemetry `load`)",
+                     [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("samples"),
+                      Col("others median"), Col("others max"), Col("this process"), Col("load avg max")], sections=1)
+        for g in c.groups:
+            t.add_row(g.workload, g.target, str(g.samples), f"{g.others_cores_median:.2f}", f"{g.others_cores_max:.2f}",
+                      "—" if g.own_cores_median is None else f"{g.own_cores_median:.2f}",
+                      "—" if g.load1_max is None else f"{g.load1_max:.2f}")
+        parts.append(t)
+    elif c.before is None:
+        parts.append(Text("Load: not recorded by this run (recorded since the `load` telemetry)."))
+    if c.ceilings:
+        t = FitTable("Measured ceilings and their stability (spread = (fastest − slowest) / fastest over the repeats)",
+                     [Col("ceiling", "left", wrap=True), Col("value"), Col("unit", "left"), Col("repeats"),
+                      Col("spread"), Col("stable", "center")])
+        for s in c.ceilings:
+            flag = Text("—") if s.stable is None else (Text("yes", style="green") if s.stable
+                                                       else Text("NO: moved", style="red"))
+            t.add_row(s.name, f"{s.value:.3g}", s.unit, str(s.repeats or "—"),
+                      "—" if s.spread is None else f"{s.spread:.1%}", flag)
+        parts.append(t)
+    parts += [Text(f"warning: {w}", style="yellow") for w in c.warnings]
+    return parts

@@ -1,0 +1,65 @@
+"""What a hostile user hands the project, for the tests: special files (a FIFO, a socket, a device),
+over-long names, a disk that fills during a write, and a guard that turns a hang into a failure."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LONG_NAME = "x" * 300 + ".png"  # over NAME_MAX (255 bytes) on every common file system
+
+
+@contextmanager
+def no_hang(seconds: int = 20):
+    """Fail (TimeoutError) instead of blocking forever, e.g. on a FIFO opened for reading."""
+    def alarm(signum, frame):
+        raise TimeoutError(f"blocked for more than {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def fifo(path: Path) -> Path:
+    """A named pipe nobody writes to: opening it for reading blocks forever."""
+    os.mkfifo(path)
+    return path
+
+
+@contextmanager
+def unix_socket(path: Path):
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(path))
+    try:
+        yield path
+    finally:
+        s.close()
+
+
+def _limit_file_size(limit: int):
+    def apply():
+        # Writes past `limit` bytes of any file fail (EFBIG) after a short write, as on a full disk;
+        # SIGXFSZ ignored so the write returns the error instead of killing the process.
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def run_with_full_disk(args: list[str], limit: int, *, cwd: Path = ROOT, timeout: int = 300,
+                       env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python ARGS` in a process whose files cannot grow past `limit` bytes: every write that
+    would cross it is cut short and then fails, as when the disk fills during it."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
+                          timeout=timeout, preexec_fn=_limit_file_size(limit), check=False)
