@@ -39,6 +39,7 @@ from dohnuts.bench.serving.queueing import md1_max_rate
 from dohnuts.bench.serving.search import SearchPlan, search_result, slo_search
 from dohnuts.bench.serving.server import ServedRequest, serve_serial
 from dohnuts.bench.serving.stats import PointSummary, Rules, summarize_point
+from dohnuts.bench.status import log
 from dohnuts.bench.telemetry import call_energy
 from dohnuts.runtime.timing import StageTimer
 from dohnuts.schema import median
@@ -132,8 +133,9 @@ class PointRunner:
         self.points = 0
         self.written = 0
 
-    def say(self, text: str) -> None:
-        self.ctx.run.console.print(f"[dim]{self.ctx.spec.name} · {self.ctx.target.label}: {text}[/]")
+    def say(self, text: str, *, warning: bool = False) -> None:
+        """A status line on the bench's log (stderr; the report alone goes to stdout)."""
+        (log.warning if warning else log.info)("%s · %s: %s", self.ctx.spec.name, self.ctx.target.label, text)
 
     def measure(self, arrivals: Arrivals, *, role: str, capacity: int | None) -> PointSummary:
         """One load point: `arrivals` into a queue of `capacity` (None: unbounded) before the target."""
@@ -173,7 +175,7 @@ class PointRunner:
         self.say(f"{role} {_rate(arrivals.rate_rps)}: {summary.served}/{summary.offered} served, "
                  f"{summary.throughput_rps:.3g} req/s, p{serving.percentile:g} {lat}"
                  + (f" ({summary.verdict})" if summary.slo_ms is not None else "")
-                 + ("" if facts["valid"] else f" — INVALID: {'; '.join(facts['reasons'])}"))
+                 + ("" if facts["valid"] else f" — INVALID: {'; '.join(facts['reasons'])}"), warning=not facts["valid"])
         return summary
 
     def _run_one(self, timer_for):
