@@ -4,9 +4,9 @@ or style; the charts are inline SVG, dohnuts.bench.svg).
 It shows what the text report shows — the summary, each stage's bound and efficiency, the critical
 path, stream against single calls, the serving scenarios (latency and throughput against offered
 load with the bound's floor and ceiling, the SLO search's answer) and quality (accuracy, the
-reference check; a target that disagrees with the FP32 reference is flagged beside its speed) — plus a roofline a workload (steady calls apart from first
-calls, each point numbered and named in a legend), the comparison with a second run when given,
-and trend charts from the run store. Every number a test checks carries `data-key`: the page is
+reference check; a target that disagrees with the FP32 reference is flagged beside its speed) — plus
+a roofline a workload (steady calls apart from first calls, each point numbered and named in a
+legend), the comparison with a second run when given, and trend charts from the run store. Every number a test checks carries `data-key`: the page is
 checked in a real headless browser (tests/bench/test_html_report.py). A few lines of script only
 hide or show the first-call rows and mark the page ready; the page reads fully without them.
 """
@@ -114,8 +114,9 @@ def _serving(section: dict | None) -> str:
         bound = c.get("bound")
         if bound:
             ceiling = bound.get("throughput_ceiling_rps")
+            floor = bound["latency_floor_ms"]
             out.append(f"<p>bound at load ({escape(str(bound['basis']))} basis): latency floor "
-                       f"<b data-key='latency_floor_ms' data-group='{escape(group)}'>{bound['latency_floor_ms']:.3g}</b> "
+                       f"<b data-key='latency_floor_ms' data-group='{escape(group)}'>{floor:.3g}</b> "
                        f"ms, throughput ceiling <b data-key='throughput_ceiling_rps' data-group='{escape(group)}'>"
                        f"{'—' if ceiling is None else f'{ceiling:.4g}'}</b> req/s</p>")
         if c.get("agreement") and c["agreement"].get("within") is False:
@@ -124,7 +125,7 @@ def _serving(section: dict | None) -> str:
                    + throughput_curve(c) + "</div></div>")
         head = ("offered req/s", "served / offered", "refused / abandoned", "throughput req/s", "goodput req/s",
                 "p50 ms", "p99 ms", f"{pct} ms (95 % interval)", "verdict", "valid", "probe")
-        rows = [f"<table class='points'><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"]
+        rows = ["<table class='points'><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"]
         for p in sorted(c["points"], key=lambda p: p["rate_rps"] if p["rate_rps"] is not None else float("inf")):
             key = f"{group}|{p['rate_rps']}"
             rate = "all" if p["rate_rps"] is None else f"{p['rate_rps']:.4g}"

@@ -31,6 +31,7 @@ import torch
 
 from dohnuts.bench.calls import PredictCall
 from dohnuts.bench.record import CallMeasurement, TargetContext, call_record, stages_dict
+from dohnuts.bench.status import log
 from dohnuts.bench.telemetry import call_energy
 from dohnuts.errors import ConfigError, DohnutsError
 from dohnuts.runtime.requests import Request, read_requests, require_rewards
@@ -87,9 +88,8 @@ def check_agreement(ctx: TargetContext, target, calls: list[PredictCall], refere
         return None
     result = agreement(outputs, reference, ctx.spec.agreement.tolerance_for(_precision(ctx.dtype)))
     if not result["within"]:
-        ctx.run.console.print(f"[red]disagrees[/] {ctx.spec.name} · {ctx.target.label}: probabilities "
-                              f"{result['max_abs_gap']:.3g} from the FP32 reference (tolerance "
-                              f"{result['tolerance']:g}); its records are flagged")
+        log.warning("%s · %s DISAGREES with the FP32 reference: probabilities %.3g apart (tolerance %g); its "
+                    "records are flagged", ctx.spec.name, ctx.target.label, result["max_abs_gap"], result["tolerance"])
     return result
 
 
@@ -167,8 +167,8 @@ def measure_accuracy(ctx: TargetContext, target, name: str, requests: list[Reque
         t1 = time.perf_counter()
         energy = call_energy(e0, ctx.telemetry.energy())
         if result.output is None:
-            ctx.run.console.print(f"[yellow]skipped[/] accuracy of {ctx.spec.name} · {ctx.target.label}: the target "
-                                  "reports no output")
+            log.warning("skipped accuracy of %s · %s: the target reports no output", ctx.spec.name,
+                        ctx.target.label)
             return 0
         choices = [q.choice for q in result.output.questions]
         answers = [best_answer(q) for q in req.questions]
@@ -184,6 +184,6 @@ def measure_accuracy(ctx: TargetContext, target, name: str, requests: list[Reque
             extra=extra)) | ctx.ranks)
     right = sum(e["accuracy"]["correct"] for *_, e in records)
     total = sum(e["accuracy"]["questions"] for *_, e in records)
-    ctx.run.console.print(f"[dim]{ctx.spec.name} · {ctx.target.label}: accuracy on {name} {right}/{total} = "
-                          f"{right / total:.3f}[/]")
+    log.info("%s · %s: accuracy on %s %d/%d = %.3f", ctx.spec.name, ctx.target.label, name, right, total,
+             right / total)
     return len(records)

@@ -145,8 +145,7 @@ def _quality_inputs(run: RunContext, spec: WorkloadSpec, targets: dict[str, Regi
         key = reference_key(entry, tspec, spec)
         if key in references:
             continue
-        run.console.print(f"[dim]{spec.name}: the FP32 reference path on {len(sample)} request(s) "
-                          f"({tspec.label}'s weights)[/]")
+        log.info("%s: the FP32 reference path on %d request(s) (%s's weights)", spec.name, len(sample), tspec.label)
         try:
             references[key] = reference_outputs(spec, entry, tspec, device, sample)
         except (RuntimeError, MemoryError) as exc:
@@ -156,8 +155,7 @@ def _quality_inputs(run: RunContext, spec: WorkloadSpec, targets: dict[str, Regi
             # adapter that cannot be loaded: a DohnutsError) is refused as the target would refuse it.
             error = f"reference check: {short(f'{type(exc).__name__}: {exc}', 300, str)}"
             run.failures.append({"workload": spec.name, "file": spec.file, "target": tspec.label, "error": error})
-            run.console.print(f"[red]failed[/] {spec.name} · {tspec.label}: {error} (recorded in run.json; the run "
-                              "goes on)")
+            log.warning("failed %s · %s: %s (recorded in run.json; the run goes on)", spec.name, tspec.label, error)
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -244,7 +242,7 @@ def _measure_target(pm, ctx: TargetContext, entry: RegisteredTarget, schedule: S
             name, requests = schedule.labelled
             reason = can_score(entry, requests)
             if reason:
-                ctx.run.console.print(f"[yellow]skipped[/] accuracy of {spec.name} · {tspec.label}: {reason}")
+                log.info("skipped accuracy of %s · %s: %s", spec.name, tspec.label, reason)
             else:
                 written += measure_accuracy(ctx, target, name, requests, out)
     finally:

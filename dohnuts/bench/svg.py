@@ -165,7 +165,8 @@ class _Axes:
                'stroke="#999"/>']
         for k in range(6):
             v = self.xhi * k / 5
-            out.append(f'<text x="{self.x(v):.1f}" y="{H - PAD_B + 14}" text-anchor="middle" class="tick">{_si(v)}</text>')
+            out.append(f'<text x="{self.x(v):.1f}" y="{H - PAD_B + 14}" text-anchor="middle" class="tick">'
+                       f'{_si(v)}</text>')
         if self.log_y:
             ticks = [t for t in _log_ticks(10 ** self.ylo, 10 ** self.yhi) if 10 ** self.ylo <= t <= 10 ** self.yhi]
         else:
@@ -222,7 +223,8 @@ def latency_curve(curve: dict) -> str:
     if floor:
         out.append(ax.hline(floor, "#2ca02c", "2 2", f"latency floor (critical-path bound): {floor:.3g} ms"))
     if ceiling and ceiling <= ax.xhi:
-        out.append(ax.vline(ceiling, "#2ca02c", "6 3", f"throughput ceiling (critical-path bound): {ceiling:.4g} req/s"))
+        out.append(ax.vline(ceiling, "#2ca02c", "6 3", f"throughput ceiling (critical-path bound): {ceiling:.4g} "
+                                                         "req/s"))
     out += ax.series([(p["rate_rps"], p["p50_ms"] or hi) for p in pts], "#1f77b4", "p50 ms")
     out += ax.series([(p["rate_rps"], p["latency_ms"] or hi) for p in pts], "#ff7f0e", f"{pct} ms")
     out.append("</svg>")
@@ -250,11 +252,13 @@ def throughput_curve(curve: dict) -> str:
     out.append(f'<line x1="{ax.x(0):.1f}" y1="{ax.y(0):.1f}" x2="{ax.x(xhi):.1f}" y2="{ax.y(min(xhi, top * 1.1)):.1f}" '
                'stroke="#bbb"><title>served = offered</title></line>')
     if ceiling and ceiling <= top * 1.1:
-        out.append(ax.hline(ceiling, "#2ca02c", "6 3", f"throughput ceiling (critical-path bound): {ceiling:.4g} req/s"))
+        out.append(ax.hline(ceiling, "#2ca02c", "6 3", f"throughput ceiling (critical-path bound): {ceiling:.4g} "
+                                                         "req/s"))
     out += ax.series([(p["rate_rps"], p["throughput_rps"]) for p in pts], "#1f77b4", "throughput req/s")
     good = [(p["rate_rps"], p["goodput_rps"]) for p in pts if p.get("goodput_rps") is not None]
     out += ax.series(good, "#9467bd", "goodput (within the SLO) req/s")
     out.append("</svg>")
     return "".join(out) + ('<ul class="legend"><li style="color:#1f77b4">throughput</li>'
-                           + ('<li style="color:#9467bd">goodput: requests within the SLO a second</li>' if good else "")
+                           + ('<li style="color:#9467bd">goodput: requests within the SLO a second</li>'
+                              if good else "")
                            + '<li style="color:#2ca02c">ceiling: the critical-path bound</li></ul>')

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -146,7 +145,8 @@ def test_a_trained_adapter_reports_its_accuracy_beside_its_speed(digits_run):
     assert [c for r in acc for c in r["extra"]["accuracy"]["choices"]] == expected
     base = [c for r in _accuracy_records(records, "dohnuts") for c in r["extra"]["accuracy"]["choices"]]
     assert expected != base  # the adapter's answers, not the base's
-    rows = {q["target"]: q for q in json.loads((run_dir / "summary.json").read_text())["sections"]["serving"]["quality"]}
+    serving = json.loads((run_dir / "summary.json").read_text())["sections"]["serving"]
+    rows = {q["target"]: q for q in serving["quality"]}
     row = rows["dohnuts-adapter"]
     assert row["adapter"] == str(tmp / "adapter.safetensors")
     assert row["single_call_ms"] > 0 and row["decisions_per_s"] > 0  # speed beside accuracy

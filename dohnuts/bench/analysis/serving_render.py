@@ -108,8 +108,9 @@ def curve_lines(c: LoadCurve) -> Text:
                        "at a time")
         out.append("\n")
     if c.agreement and c.agreement.get("within") is False:
-        out.append(f"this target DISAGREES with the FP32 reference (probabilities {c.agreement['max_abs_gap']:.3g} "
-                   f"apart, tolerance {c.agreement['tolerance']:g}): its speed is not the product's\n", style="bold red")
+        g = c.agreement
+        out.append(f"this target DISAGREES with the FP32 reference (probabilities {g['max_abs_gap']:.3g} apart, "
+                   f"tolerance {g['tolerance']:g}): its speed is not the product's\n", style="bold red")
     return out
 
 
@@ -129,7 +130,8 @@ def streams_table(rows: list[StreamScenario]) -> FitTable:
 def quality_table(rows: list[QualityRow]) -> FitTable:
     t = FitTable("Quality beside speed: accuracy on the labelled set (95 % interval) and the reference check "
                  "(probabilities against the FP32 reference path)",
-                 [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("adapter", "left", wrap=True),
+                 [Col("workload", "left", wrap=True), Col("target", "left", wrap=True),
+                  Col("adapter", "left", wrap=True),
                   Col("single call ms"), Col("decisions/s"), Col("accuracy"), Col("set", "left", wrap=True),
                   Col("max |Δp|"), Col("same choice"), Col("reference", "left", wrap=True)], sections=1,
                  groups=[(2,), (3, 4), (5, 6), (7, 8, 9)])

@@ -39,6 +39,7 @@ from dohnuts.bench.serving.queueing import md1_max_rate
 from dohnuts.bench.serving.search import SearchPlan, search_result, slo_search
 from dohnuts.bench.serving.server import ServedRequest, serve_serial
 from dohnuts.bench.serving.stats import PointSummary, Rules, summarize_point
+from dohnuts.bench.status import log
 from dohnuts.bench.telemetry import call_energy
 from dohnuts.runtime.timing import StageTimer
 from dohnuts.schema import median
@@ -89,10 +90,11 @@ def run_server(runner: PointRunner, service_s: float) -> None:
         return poisson_arrivals(rate, seed=seed, min_requests=runner.rules.min_requests,
                                 min_duration_s=runner.rules.min_duration_s)
 
+    queue = serving.queue or None
     for rate in serving.rates:
-        runner.measure(arrivals(rate), role="fixed")
+        runner.measure(arrivals(rate), role="fixed", capacity=queue)
     if trace is not None and not serving.rates and serving.slo_ms is None:
-        runner.measure(arrivals(None), role="replay")
+        runner.measure(arrivals(None), role="replay", capacity=queue)
     if serving.slo_ms is None:
         return
     search = serving.search
@@ -118,7 +120,7 @@ def run_server(runner: PointRunner, service_s: float) -> None:
         runner.say(f"the first probe ({first:.3g} req/s) would outlast budget_s {serving.budget_s:g} s: starting at "
                    f"{hi:.3g} req/s, the lowest rate whose arrivals fit")
         first = hi
-    tried = slo_search(lambda rate: runner.measure(arrivals(rate), role="search"), first, plan, fits)
+    tried = slo_search(lambda rate: runner.measure(arrivals(rate), role="search", capacity=queue), first, plan, fits)
     runner.say(f"max rate at p{serving.percentile:g} ≤ {serving.slo_ms:g} ms: {search_result(tried).words()}")
 
 
@@ -131,13 +133,13 @@ class PointRunner:
         self.points = 0
         self.written = 0
 
-    def say(self, text: str) -> None:
-        self.ctx.run.console.print(f"[dim]{self.ctx.spec.name} · {self.ctx.target.label}: {text}[/]")
+    def say(self, text: str, *, warning: bool = False) -> None:
+        """A status line on the bench's log (stderr; the report alone goes to stdout)."""
+        (log.warning if warning else log.info)("%s · %s: %s", self.ctx.spec.name, self.ctx.target.label, text)
 
-    def measure(self, arrivals: Arrivals, *, role: str, capacity: int | None | str = "workload") -> PointSummary:
+    def measure(self, arrivals: Arrivals, *, role: str, capacity: int | None) -> PointSummary:
+        """One load point: `arrivals` into a queue of `capacity` (None: unbounded) before the target."""
         ctx, serving = self.ctx, self.ctx.spec.serving
-        if capacity == "workload":
-            capacity = serving.queue or None
         device = ctx.device
         timers: dict[int, StageTimer] = {}
 
@@ -173,7 +175,7 @@ class PointRunner:
         self.say(f"{role} {_rate(arrivals.rate_rps)}: {summary.served}/{summary.offered} served, "
                  f"{summary.throughput_rps:.3g} req/s, p{serving.percentile:g} {lat}"
                  + (f" ({summary.verdict})" if summary.slo_ms is not None else "")
-                 + ("" if facts["valid"] else f" — INVALID: {'; '.join(facts['reasons'])}"))
+                 + ("" if facts["valid"] else f" — INVALID: {'; '.join(facts['reasons'])}"), warning=not facts["valid"])
         return summary
 
     def _run_one(self, timer_for):
@@ -215,7 +217,8 @@ class PointRunner:
         ctx, first = self.ctx, True
         # Served requests overlap one another: the counter measures the point, not a request.
         energy = {"joules": None, "source": point_energy["source"],
-                  "reason": "a served request overlaps its neighbours: the point's total is extra.serving.point.energy_j"}
+                  "reason": "a served request overlaps its neighbours: the point's total is "
+                            "extra.serving.point.energy_j"}
         phase = "offline" if facts["role"] == "offline" else "server"
         for r in served:
             if r.outcome != "served" or r.completion is None:
@@ -226,7 +229,8 @@ class PointRunner:
             stages = stages_dict(timers.get(r.index) or StageTimer(ctx.device))
             if facts["server"] == "serial" and "serialize" in stages:  # its first byte: before serializing
                 r.first_byte = max(r.start, r.completion - stages["serialize"]["host_ms"] / 1e3)
-            times = {"scenario": facts["scenario"], "request": r.index, "arrival_ms": r.arrival * 1e3, "start_ms": r.start * 1e3,
+            times = {"scenario": facts["scenario"], "request": r.index, "arrival_ms": r.arrival * 1e3,
+                     "start_ms": r.start * 1e3,
                      "first_byte_ms": r.first_byte * 1e3, "completion_ms": r.completion * 1e3,
                      "latency_ms": (r.completion - r.arrival) * 1e3, "queue_ms": (r.start - r.arrival) * 1e3,
                      "service_ms": (r.completion - r.start) * 1e3}
