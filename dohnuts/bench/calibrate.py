@@ -35,7 +35,8 @@ def add_parser(sub) -> None:
     c.add_argument("--hwspec", help="the spec to copy: a built-in name (rx7900xtx, h200) or a path "
                                     "(default: the built-in that names this device)")
     c.add_argument("--write", required=True, metavar="OUT.yaml",
-                   help="where the copy goes (its folder is created; the spec's own path replaces its measured: section)")
+                   help="where the copy goes (required, no default; its folder is created; the spec's own path replaces "
+                        "its measured: section)")
     c.set_defaults(func=cmd_calibrate)
 
 
