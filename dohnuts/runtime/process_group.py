@@ -51,11 +51,11 @@ def current_world() -> World:
     return _current
 
 
-def _env_int(name: str, *, low: int, default: int | None = None) -> int:
-    """torchrun's variable `name` as an integer ≥ low; a missing or garbled one is one DohnutsError line."""
+def _env_int(name: str, raw: str | None, *, low: int, default: int | None = None) -> int:
+    """torchrun's variable `name` (its value `raw`, read by the caller where the variable is named)
+    as an integer ≥ low; a missing or garbled one is one DohnutsError line."""
     from dohnuts.errors import DohnutsError
 
-    raw = os.environ.get(name)
     if raw is None or not raw.strip():
         if default is not None:
             return default
@@ -75,7 +75,7 @@ def _env_int(name: str, *, low: int, default: int | None = None) -> int:
 def launched() -> bool:
     """Whether this process was started by torchrun as one of several (WORLD_SIZE above 1; a
     WORLD_SIZE that is not a positive integer is one DohnutsError line)."""
-    return _env_int("WORLD_SIZE", low=1, default=1) > 1
+    return _env_int("WORLD_SIZE", os.environ.get("WORLD_SIZE"), low=1, default=1) > 1
 
 
 def launch_world() -> World:
@@ -85,12 +85,12 @@ def launch_world() -> World:
 
     if not launched():
         return SINGLE
-    size = _env_int("WORLD_SIZE", low=1)
-    rank = _env_int("RANK", low=0)
+    size = _env_int("WORLD_SIZE", os.environ.get("WORLD_SIZE"), low=1)
+    rank = _env_int("RANK", os.environ.get("RANK"), low=0)
     if rank >= size:
         raise DohnutsError(f"is {rank}, but WORLD_SIZE is {size} (ranks run 0..{size - 1})",
                            source="environment variable RANK")
-    return World(rank, size, _env_int("LOCAL_RANK", low=0, default=0))
+    return World(rank, size, _env_int("LOCAL_RANK", os.environ.get("LOCAL_RANK"), low=0, default=0))
 
 
 def join(device: str | None) -> tuple[World, str | None]:

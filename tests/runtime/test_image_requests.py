@@ -127,9 +127,11 @@ def test_file_digest_is_remembered_while_the_file_is_unchanged(tmp_path, monkeyp
 
     from dohnuts.runtime.images import ImageKeyMemo
 
+    import dohnuts.runtime.images as images
+
     memo, reads = ImageKeyMemo(), []
-    real = Path.read_bytes
-    monkeypatch.setattr(Path, "read_bytes", lambda self: reads.append(self.name) or real(self))
+    real = images.read_file  # the memo's one read of a file's bytes (bounded, by type)
+    monkeypatch.setattr(images, "read_file", lambda path, **kw: reads.append(Path(path).name) or real(path, **kw))
     f = tmp_path / "a.png"
 
     def write(data: bytes, age_s: float) -> None:
