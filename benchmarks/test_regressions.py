@@ -1,18 +1,23 @@
 """Speed regression gates (pytest-benchmark + a statistical verdict), run on purpose — never as unit tests.
 
-Measure this build and gate it against the baseline of this machine kind:
+Measure this build and gate it against saved pytest-benchmark baselines of this machine kind:
 
     pytest benchmarks/test_regressions.py --benchmark-enable --benchmark-save-data \\
         --benchmark-json=/tmp/current.json
-    dohnuts-bench gate /tmp/current.json --baseline results/baselines/cpu-tiny-*.json
+    dohnuts-bench gate /tmp/current.json --baseline results/baselines/h200-2b-*.json
+
+(The per-machine gate of the product's workloads — `dohnuts-bench baseline`, then `dohnuts-bench
+gate RUN` — is the README's; these are the hot paths timed on their own.)
 
 `dohnuts-bench gate` (dohnuts/bench/gate.py) compares every benchmark's raw timings with the
 pooled baseline runs': a bootstrap confidence interval of the ratio of medians and a rank test (dohnuts.bench.analysis.compare),
 with a tolerance taken from the spread measured (within runs, and between the baseline's runs)
 instead of a fixed percentage (a fixed 25 % failed twice on unchanged code on the 2-core CI
 machine). It exits 1 when a benchmark is slower beyond that, 0 otherwise. After an intended
-change, save three new baseline runs (`results/baselines/<machine>-{1,2,3}.json`; cpu-tiny-* are
-the 2-core CI machine's; h200-2b-* the H200's, made with DOHNUTS_BENCH_PRESET=qwen3.5-2b: `BASELINES=3 bash
+change, save three new baseline runs spread over time — minutes apart, not seconds: three runs
+taken 6 s apart on the 2-core CI machine (the cpu-tiny-* files, since removed) made a tolerance
+that the same commit failed by 3.2–3.7× later (`results/baselines/<machine>-{1,2,3}.json`;
+h200-2b-* are the H200's, made with DOHNUTS_BENCH_PRESET=qwen3.5-2b: `BASELINES=3 bash
 benchmarks/gpu_session.sh`).
 
 The workloads are the product's hot paths: one prediction call, a shared-prefix call, an image

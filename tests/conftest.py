@@ -1,15 +1,26 @@
 """Test configuration.
 
+One torch thread per test process, and in the processes the tests start (OMP_NUM_THREADS, unless
+set already): on a shared 2-core machine an operator split over more threads than free cores
+waits at every barrier for a thread the scheduler has parked — a tiny-preset training update took
+0.2–0.4 s on one thread and 1.5–18 s on two while other work kept the cores busy (issue 34 saw a
+7-minute test run take 27 under load; docs/measurement.md, "A CPU run").
+
 transformers (the reference implementation) picks fla's kernels whenever `fla` imports, even
 for CPU tensors where they cannot run, and it decides when its Qwen3.5 module is imported. The
 tests always compare against transformers' plain-torch paths: hide fla while that module is
 imported, then un-hide it so dohnuts' own fused ops can import fla on a GPU machine.
 """
 
+import os
 import sys
 
-import pytest
-import torch
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch starts its thread pool (module docstring)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def _import_reference_without_fla() -> None:

@@ -87,13 +87,13 @@ def runnable_here(specs: list, targets: dict, launchers: dict) -> list:
             raise ConfigError(f"names launcher {spec.launcher!r}, which no plugin registers (known: "
                               f"{', '.join(sorted(launchers)) or 'none'})", source=spec.file, field="launcher")
         if resolve_device(spec) is None:
-            log.info("skipped %s: needs a CUDA GPU (requires_gpu / device: cuda)", spec.file)
+            log.warning("skipped %s: needs a CUDA GPU (requires_gpu / device: cuda)", spec.file)
             continue
         counts = []
         for n in spec.processes:  # process counts this machine cannot hold are skipped, with the reason
             reason = None if n == 1 else launchers[spec.launcher].unavailable(n, resolve_device(spec))
             if reason:
-                log.info("skipped %s at %d processes: %s", spec.file, n, reason)
+                log.warning("skipped %s at %d processes: %s", spec.file, n, reason)
             else:
                 counts.append(n)
         if not counts:
@@ -103,7 +103,7 @@ def runnable_here(specs: list, targets: dict, launchers: dict) -> list:
         for t in spec.targets:  # a target that cannot run here (e.g. its library is missing) is skipped
             reason = targets[t.name].unavailable()
             if reason:
-                log.info("skipped target %s of %s: %s", t.label, spec.file, reason)
+                log.warning("skipped target %s of %s: %s", t.label, spec.file, reason)
             else:
                 kept.append(t)
         if kept:
