@@ -64,6 +64,13 @@ EXAMPLES = {
     ("docs/plugins.md", "class Haystack"): "test_plugins_example",
     ("docs/plugins.md", "kind: haystack"): "test_plugins_example",
     ("docs/plugins.md", "dohnuts-bench: error: w.yaml"): "test_plugins_error_line",
+    ("README.md", "pip install -e '.[peer,nvidia]'"): "test_examples_checked_not_run",
+    ("README.md", "download.pytorch.org/whl/rocm"): "test_examples_checked_not_run",
+    ("README.md", "dohnuts-bench calibrate --hwspec rx7900xtx --write"): "test_examples_checked_not_run",
+    ("docs/measurement.md", '"energy": {"joules": 1.234'): "test_examples_checked_not_run",
+    ("docs/measurement.md", "scenario: server"): "test_examples_checked_not_run",
+    ("docs/gpu.md", "workloads/serving/text-2b-server.yaml"): "test_examples_checked_not_run",
+    ("hwspecs/README.md", "method: dohnuts-bench calibrate"): "test_examples_checked_not_run",
     ("docs/gpu.md", "pip download"): "test_gpu_session_examples",
     ("docs/gpu.md", "TESTS=all"): "test_gpu_session_examples",
     ("docs/gpu.md", "cat triton_cache.tgz"): "test_gpu_session_examples",
@@ -328,3 +335,30 @@ def test_gpu_session_examples():
         code = " ".join(line for line in command_lines(text.replace("... ", "")))
         assert subprocess.run(["bash", "-n", "-c", code]).returncode == 0
     assert subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "gpu_session.sh")]).returncode == 0
+
+
+def test_examples_checked_not_run():
+    """Blocks that need a GPU, ROCm or the network, and fragments of files: checked, not run —
+    the extras and scripts they name exist, the fragments parse as what they show."""
+    import tomllib
+
+    import yaml
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {"peer", "nvidia", "amd"} <= set(extras)
+    rocm = example("README.md", "download.pytorch.org/whl/rocm")
+    assert "bash benchmarks/card_kit.sh" in rocm and (ROOT / "benchmarks" / "card_kit.sh").is_file()
+    kit = example("README.md", "dohnuts-bench calibrate --hwspec rx7900xtx --write")
+    assert "dohnuts-bench run --hwspec" in kit and (ROOT / "hwspecs" / "rx7900xtx.yaml").is_file()
+    from dohnuts.bench.analysis.records import Energy
+    from dohnuts.schema import convert
+
+    for line in example("docs/measurement.md", '"energy": {"joules": 1.234').strip().splitlines():
+        convert(json.loads("{" + line + "}")["energy"], Energy, source="docs/measurement.md")
+    serving = yaml.safe_load(example("docs/measurement.md", "scenario: server"))
+    assert serving["scenario"] == "server" and serving["serving"]["slo_ms"] == 100
+    for word in example("docs/gpu.md", "workloads/serving/text-2b-server.yaml").split():
+        if word.strip("'").startswith("workloads/"):
+            assert (ROOT / word.split("=")[-1].strip("'")).is_file(), word
+    measured = example("hwspecs/README.md", "method: dohnuts-bench calibrate")
+    assert measured.startswith("measured:") and "date:" in measured and "device:" in measured
