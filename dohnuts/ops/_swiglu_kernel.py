@@ -17,14 +17,21 @@ BLOCK = 1024  # columns per program: 2b's I = 6144 is 6 programs per row, no aut
 
 
 @triton.jit
-def swiglu_packed_kernel(gu, y, I, stride_gu, stride_y, BLOCK: tl.constexpr):
-    """One program: BLOCK columns of one row. y[r, c] = silu(gu[r, c]) · gu[r, I + c], in FP32."""
+def _gate_up(gu, I, stride_gu, BLOCK: tl.constexpr):
+    """This program's row, its BLOCK columns and their mask, and the gate and up halves there (FP32)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < I
     p = gu + row * stride_gu
     g = tl.load(p + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(p + I + cols, mask=mask, other=0.0).to(tl.float32)
+    return row, cols, mask, g, u
+
+
+@triton.jit
+def swiglu_packed_kernel(gu, y, I, stride_gu, stride_y, BLOCK: tl.constexpr):
+    """One program: BLOCK columns of one row. y[r, c] = silu(gu[r, c]) · gu[r, I + c], in FP32."""
+    row, cols, mask, g, u = _gate_up(gu, I, stride_gu, BLOCK)
     out = g * tl.sigmoid(g) * u
     tl.store(y + row * stride_y + cols, out.to(y.dtype.element_ty), mask=mask)
 
@@ -32,12 +39,7 @@ def swiglu_packed_kernel(gu, y, I, stride_gu, stride_y, BLOCK: tl.constexpr):
 @triton.jit
 def swiglu_packed_bwd_kernel(gu, dy, dgu, I, stride_gu, stride_dy, BLOCK: tl.constexpr):
     """d gate = dy·u·σ(g)(1 + g(1 − σ(g))), d up = dy·silu(g), into the packed (rows, 2I) gradient."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < I
-    p = gu + row * stride_gu
-    g = tl.load(p + cols, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(p + I + cols, mask=mask, other=0.0).to(tl.float32)
+    row, cols, mask, g, u = _gate_up(gu, I, stride_gu, BLOCK)
     d = tl.load(dy + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
     sg = tl.sigmoid(g)
     q = dgu + row * 2 * I

@@ -12,6 +12,21 @@ from tests.reference import relative_error, unshared
 pytestmark = pytest.mark.gpu
 
 
+def _lora_session(monkeypatch):
+    """A BF16 session of the tiny preset with Qwen3.5's linear-attention head dims and rank-4
+    adapters whose B is not zero (so the adapters change the scores and take gradients)."""
+    import dohnuts.api as api
+    from dohnuts.model.lora import LoRAConfig, LoRALinear
+
+    _wide_tiny(monkeypatch)
+    session = api.load("tiny", device=DEV, dtype=torch.bfloat16, lora=LoRAConfig(rank=4))
+    with torch.no_grad():
+        for m in session.model.modules():
+            if isinstance(m, LoRALinear):
+                m.lora_B.normal_(0, 0.05)
+    return session
+
+
 def test_shared_prefix_equals_unshared_bf16(monkeypatch):
     """Scores and LoRA/head gradients with sharing equal those without, in BF16 on the GPU: the
     training pass of the shared request (the shared pass, every layer recomputed in the backward)
@@ -63,8 +78,6 @@ def test_training_graph_replay_equals_eager_gradients(monkeypatch):
     """A microbatch's forward/backward by CUDA-graph replay against the eager forward/backward on the
     same (bucketed) batch: loss and every LoRA/head gradient, request after request of one shape —
     a shared request, whose backward graph holds the recomputation of every layer."""
-    import dohnuts.api as api
-    from dohnuts.model.lora import LoRAConfig, LoRALinear
     from dohnuts.runtime.pipeline import Pipeline
     from dohnuts.runtime.timing import NULL_TIMER
     from dohnuts.train.graphs import MicrobatchGraphs
@@ -72,12 +85,7 @@ def test_training_graph_replay_equals_eager_gradients(monkeypatch):
     from dohnuts.train.step import MICROBATCHES, OptimConfig, make_optimizer, microbatch_loss
     from dohnuts.train.task import synthetic_requests
 
-    _wide_tiny(monkeypatch)
-    session = api.load("tiny", device=DEV, dtype=torch.bfloat16, lora=LoRAConfig(rank=4))
-    with torch.no_grad():
-        for m in session.model.modules():
-            if isinstance(m, LoRALinear):
-                m.lora_B.normal_(0, 0.05)
+    session = _lora_session(monkeypatch)
     opt = make_optimizer(session, OptimConfig())
     params = [p for g in opt.param_groups for p in g["params"]]
     graphs = MicrobatchGraphs(session.model, RLCDConfig(), params, divisor=MICROBATCHES)
@@ -105,17 +113,10 @@ def test_training_and_prediction_score_a_request_alike(monkeypatch):
     """One execution policy: a shared request scored by prediction (inference mode, the serving
     path) and by training's forward (autograd recording, every layer a checkpointing region) runs
     the same kernels; the scores agree to BF16 rounding (the measured gap is printed)."""
-    import dohnuts.api as api
-    from dohnuts.model.lora import LoRAConfig, LoRALinear
     from dohnuts.runtime.pipeline import Pipeline
     from dohnuts.train.task import synthetic_requests
 
-    _wide_tiny(monkeypatch)
-    session = api.load("tiny", device=DEV, dtype=torch.bfloat16, lora=LoRAConfig(rank=4))
-    with torch.no_grad():
-        for m in session.model.modules():
-            if isinstance(m, LoRALinear):
-                m.lora_B.normal_(0, 0.05)
+    session = _lora_session(monkeypatch)
     (req,) = synthetic_requests(1, questions=6, shared_prefix=300, seed=4)
     hb = session.prepare(req, train=True)
     assert hb.plan.prefix_len > 0
