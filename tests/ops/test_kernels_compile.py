@@ -178,6 +178,52 @@ def test_delta_h_kernel_compiles_with_every_flag_and_config(target):
         _delta_h(t, _delta_flags(True, fuse_wu), _O_CONFIGS[2], sizes=dict(H=2, HV=4, K=64, V=64))
 
 
+def _conv_bwd(target, du_flag, dx_flag, du_config, dx_config):
+    from dohnuts.ops._conv_bwd_kernel import _BWD_BT, _conv_bwd_du_kernel, _conv_bwd_dx_kernel
+
+    grads = _bf16("X", "Wt", "S0", "DY0", "DY1", "DY2", "DST", "DX") | dict.fromkeys(("DU", "DWP", "DS0"), FP32)
+    kernel = compile_kernel(_conv_bwd_du_kernel, target, dict(D=128, W=4, BT=_BWD_BT, **du_flag),
+                            _types(_conv_bwd_du_kernel, grads), num_warps=du_config.num_warps)
+    assert kernel.metadata.name == "_conv_bwd_du_kernel"
+    kernel = compile_kernel(_conv_bwd_dx_kernel, target, dict(D=128, W=4, WP=4, BT=dx_config.kwargs["BT"], **dx_flag),
+                            _types(_conv_bwd_dx_kernel, grads), num_warps=dx_config.num_warps)
+    assert kernel.metadata.name == "_conv_bwd_dx_kernel"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_conv_and_gates_backward_kernels_compile(target):
+    """The backward of the conv kernel (du and the weight's partials; dx and the state's gradient)
+    as a training pass launches it — a prefix from no state returning its state, a frozen (LoRA)
+    weight — and of the Gated DeltaNet gates, at 2b sizes (every autotuned kernel's first config)."""
+    from dohnuts.ops._conv_bwd_kernel import _DU_CONFIGS
+    from dohnuts.ops._conv_kernel import _CONFIGS
+    from dohnuts.ops._gdn_gates_kernel import _gdn_gates_bwd_kernel
+
+    t = TARGETS[target]
+    _conv_bwd(t, dict(NORM=True, HAS_S0=False, STORE_DW=False), dict(HAS_DST=True, STORE_DS0=False), _DU_CONFIGS[0],
+              _CONFIGS[1])
+    grads = _bf16("A", "Bl", "A_log", "dt_bias", "DA", "DB") | dict.fromkeys(("DG", "DBETA", "DALOG", "DDT"), FP32)
+    for bh in (16, 32):
+        kernel = compile_kernel(_gdn_gates_bwd_kernel, t, dict(BH=bh, BT=64), _types(_gdn_gates_bwd_kernel, grads))
+        assert kernel.metadata.name == "_gdn_gates_bwd_kernel"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", TARGETS)
+def test_conv_backward_kernels_compile_with_every_flag_and_config(target):
+    from dohnuts.ops._conv_bwd_kernel import _DU_CONFIGS
+    from dohnuts.ops._conv_kernel import _CONFIGS
+
+    t = TARGETS[target]
+    du_flags = list(flags(NORM=(True, False), HAS_S0=(True, False), STORE_DW=(True, False)))
+    dx_flags = list(flags(HAS_DST=(True, False), STORE_DS0=(True, False)))
+    for i, du_flag in enumerate(du_flags):  # every flag of each kernel, every config the tuner may pick
+        _conv_bwd(t, du_flag, dx_flags[i % len(dx_flags)], _DU_CONFIGS[i % len(_DU_CONFIGS)],
+                  _CONFIGS[i % len(_CONFIGS)])
+    for i, dx_flag in enumerate(dx_flags):
+        _conv_bwd(t, du_flags[i], dx_flag, _DU_CONFIGS[-1], _CONFIGS[-1 - i])
+
+
 def test_the_compile_check_catches_a_shape_redefined_in_a_branch():
     """The bug the interpreter let through: a name bound to a 2-D block, rebound to a 1-D block
     inside an `if`. The compile check must reject it (or it guards nothing)."""

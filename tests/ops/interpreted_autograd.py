@@ -1,0 +1,313 @@
+"""Gradient parity of dohnuts' differentiable kernels, run on the CPU in Triton's interpreter.
+
+Run by tests/ops/test_autograd_kernels.py in a fresh process with TRITON_INTERPRET=1 (the variable
+must be set before any kernel is made, and the test session hides fla on a CPU machine):
+`python -c "from tests.ops.interpreted_autograd import main; main('conv')"` prints "ok".
+
+Each check compares an autograd Function (the forward kernels that serve prediction, with their
+backward) against torch.autograd through the plain-torch reference ops in FP64, at tiny sizes, and
+checks that the forward under autograd is bitwise the forward without it (the same kernels).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+
+import torch
+
+
+def patch_interpreter_for_fla() -> None:
+    """Two gaps between Triton's interpreter and compiled Triton that fla's kernels (not dohnuts')
+    fall into; both patches make the interpreter behave as the compiler does.
+
+    1. Autotuning times each config on the device: the interpreter has no device driver. Here
+       every config "measures" its index, so the first config runs (nothing is timed).
+    2. In compiled Triton the variable of a `for i in range(n)` loop is a tensor (fla calls
+       `i_t.to(tl.int64)` on it); the interpreter runs Python's range and hands out ints. Here each
+       such loop's variable is converted to a tensor at the top of its body, as the interpreter
+       already does for every assignment."""
+    import triton.runtime.autotuner as autotuner
+    import triton.runtime.interpreter as interpreter
+
+    def bench(self, *args, config, **meta):
+        return [float(self.configs.index(config)), 0.0, 0.0]
+
+    autotuner.Autotuner._bench = bench
+
+    class LoopVariablesAreTensors(interpreter.ASTTransformer):
+        def visit_For(self, node):
+            node = self.generic_visit(node)
+            it, var = node.iter, node.target
+            if (isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range"
+                    and isinstance(var, ast.Name)):
+                to_tensor = ast.Attribute(value=ast.Name(id="interpreter_semantic", ctx=ast.Load()), attr="to_tensor",
+                                          ctx=ast.Load())
+                node.body.insert(0, ast.Assign(
+                    targets=[ast.Name(id=var.id, ctx=ast.Store())],
+                    value=ast.Call(func=to_tensor, args=[ast.Name(id=var.id, ctx=ast.Load()), ast.Constant(False)],
+                                   keywords=[])))
+            return node
+
+    interpreter.FunctionRewriter.ast_transformer = LoopVariablesAreTensors()
+
+
+def rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Norm-wise relative error of `got` against the FP64 `want`."""
+    return ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def _leaves(tensors, dtype=None):
+    return [None if t is None else t.to(dtype or t.dtype).clone().requires_grad_() for t in tensors]
+
+
+def _backward(outputs, grads):
+    torch.autograd.backward([o for o, g in zip(outputs, grads) if o is not None and g is not None],
+                            [g.to(o.dtype) for o, g in zip(outputs, grads) if o is not None and g is not None])
+
+
+# ---- the conv (dohnuts.ops._conv_kernel.ConvSiluParts) -------------------------------------------
+
+def check_conv() -> None:
+    import torch.nn.functional as F
+
+    from dohnuts.ops._conv_kernel import conv_silu_parts
+    from dohnuts.ops.conv import causal_conv1d_parts_fused, causal_conv1d_parts_reference
+    from dohnuts.ops.delta_rule import _l2norm
+
+    g = torch.Generator().manual_seed(0)
+    B, W, hd, sizes = 2, 4, 16, [16, 16, 32]
+    C = sum(sizes)
+
+    def reference(packed, w, s0, normalized_parts, out_state):
+        x = packed[..., 4:4 + C]
+        parts, st = causal_conv1d_parts_reference(x, w, sizes, None if s0 is None else s0.expand(B, -1, -1),
+                                                  out_state)
+        parts = [_l2norm(p.view(B, -1, p.shape[-1] // hd, hd)).view(p.shape) if i < normalized_parts else p
+                 for i, p in enumerate(parts)]
+        return parts, st
+
+    # T: partial blocks, fewer tokens than the conv width, three blocks; states: none, one per row,
+    # a forked (batch-broadcast, stride 0) view of a state in the graph, and one (1, C, W) state
+    # read by every row
+    for T, bt in ((45, 32), (2, 32), (70, 32), (70, 64)):
+        for kind in ("none", "rows", "forked", "one"):
+            packed0 = torch.randn(B, T, C + 8, generator=g)  # x is a column slice of it, strided
+            w0 = torch.randn(C, W, generator=g) * 0.5
+            s00 = {"none": None, "rows": torch.randn(B, C, W, generator=g)}.get(kind, torch.randn(1, C, W, generator=g))
+            for normalized_parts, out_state in ((2, True), (0, kind != "rows")):
+                dys = [torch.randn(B, T, n, generator=g) for n in sizes]
+                dst = torch.randn(B, C, W, generator=g) if out_state else None
+                pr, wr, sr = _leaves([packed0, w0, s00], torch.float64)
+                parts_r, st_r = reference(pr, wr, sr, normalized_parts, out_state)
+                _backward([*parts_r, st_r], [*dys, dst])
+                pk, w, s0 = _leaves([packed0, w0, s00])
+                x = pk[..., 4:4 + C]
+                s0v = s0.expand(B, -1, -1) if kind == "forked" else s0
+                parts, st = conv_silu_parts(x, w, hd, sizes, normalized_parts=normalized_parts, initial_state=s0v,
+                                            output_final_state=out_state, cpu_block_t=bt)
+                _backward([*parts, st], [*dys, dst])
+                what = (T, bt, kind, normalized_parts, out_state)
+                assert all(p.is_contiguous() for p in parts), what
+                for name, got, want in (("y", torch.cat(parts, -1), torch.cat(parts_r, -1)), ("dx", pk.grad, pr.grad),
+                                        ("dw", w.grad, wr.grad)):
+                    assert rel(got, want) < 1e-5, (*what, name, rel(got, want))
+                if out_state:
+                    assert torch.equal(st.double(), st_r), (*what, "final state")  # a copy of inputs
+                if s0 is not None:
+                    assert s0.grad.shape == s0.shape and rel(s0.grad, sr.grad) < 1e-5, (*what, "ds0")
+                # the forward under autograd is the forward without it, bitwise
+                with torch.no_grad():
+                    parts_ng, st_ng = conv_silu_parts(x, w, hd, sizes, normalized_parts=normalized_parts,
+                                                      initial_state=s0v, output_final_state=out_state, cpu_block_t=bt)
+                assert all(torch.equal(a, b) for a, b in zip(parts, parts_ng)), (*what, "no-grad forward")
+                assert st is st_ng is None or torch.equal(st, st_ng)
+    # causal_conv1d_parts' fused path (no norm, 16 channels a program) is the same Function
+    x0, w0, s00 = torch.randn(B, 45, C, generator=g), torch.randn(C, W, generator=g), torch.randn(B, C, W, generator=g)
+    dys = [torch.randn(B, 45, n, generator=g) for n in sizes]
+    xr, wr, sr = _leaves([x0, w0, s00], torch.float64)
+    _backward(causal_conv1d_parts_reference(xr, wr, sizes, sr, False)[0], dys)
+    x, w, s0 = _leaves([x0, w0, s00])
+    _backward(causal_conv1d_parts_fused(x, w, sizes, s0, False)[0], dys)
+    for name, a, b in (("dx", x, xr), ("dw", w, wr), ("ds0", s0, sr)):
+        assert rel(a.grad, b.grad) < 1e-5, ("conv parts", name)
+    # a frozen weight (LoRA training: no weight gradient is computed) and a forked state
+    x, s0 = _leaves([x0, s00[:1]])
+    _backward(conv_silu_parts(x, w0, hd, sizes, normalized_parts=2, initial_state=s0.expand(B, -1, -1))[0], dys)
+    xr, sr = _leaves([x0, s00[:1]], torch.float64)
+    _backward(reference(F.pad(xr, (4, 4)), w0.double(), sr, 2, False)[0], dys)
+    assert rel(x.grad, xr.grad) < 1e-5 and rel(s0.grad, sr.grad) < 1e-5, "frozen weight"
+
+
+# ---- the gates (dohnuts.ops._gdn_gates_kernel.GdnGates) ------------------------------------------
+
+def check_gates() -> None:
+    import torch.nn.functional as F
+
+    from dohnuts.ops._gdn_gates_kernel import gdn_gates
+
+    g = torch.Generator().manual_seed(1)
+    scale = 1.4426950216  # fla's RCP_LN2
+
+    def reference(a, b, A_log, dt_bias, T):
+        decay = -A_log.exp() * F.softplus(a + dt_bias)
+        pad = (-T) % 64
+        gc = F.pad(decay, (0, 0, 0, pad)).view(a.shape[0], -1, 64, a.shape[-1]).cumsum(2).flatten(1, 2)[:, :T]
+        return gc * scale, b.sigmoid()
+
+    for H, T in ((4, 100), (3, 64), (16, 150)):  # 2 chunks (the second partial), one whole chunk, 2b's heads
+        packed0 = torch.randn(3, T, 5 + 2 * H, generator=g) * 2
+        packed0[:, 7, 5:5 + H] = 25.0  # a logit past softplus' threshold (20): softplus(x) = x
+        A_log0, dt0 = torch.rand(H, generator=g).mul(15).add(1).log(), torch.randn(H, generator=g)
+        for with_dg, with_dbeta in ((True, True), (True, False), (False, True)):
+            dg = torch.randn(3, T, H, generator=g) if with_dg else None
+            dbeta = torch.randn(3, T, H, generator=g) if with_dbeta else None
+            pr, Ar, dr = _leaves([packed0, A_log0, dt0], torch.float64)
+            _backward(reference(pr[..., 5:5 + H], pr[..., 5 + H:], Ar, dr, T), [dg, dbeta])
+            pk, A_log, dt = _leaves([packed0, A_log0, dt0])
+            gg, beta = gdn_gates(pk[..., 5:5 + H], pk[..., 5 + H:], A_log, dt, chunk_size=64, scale=scale)
+            _backward([gg, beta], [dg, dbeta])
+            for name, got, want in (("da, db", pk.grad, pr.grad), ("dA_log", A_log.grad, Ar.grad),
+                                    ("ddt_bias", dt.grad, dr.grad)):
+                if want is None:
+                    assert got is None or not got.any(), (H, T, name)
+                    continue
+                assert rel(got, want) < 1e-5, (H, T, with_dg, with_dbeta, name, rel(got, want))
+            with torch.no_grad():
+                g_ng, beta_ng = gdn_gates(pk[..., 5:5 + H], pk[..., 5 + H:], A_log, dt, chunk_size=64, scale=scale)
+            assert torch.equal(gg, g_ng) and torch.equal(beta, beta_ng), "no-grad forward"
+
+
+# ---- the delta rule (dohnuts.ops.delta_rule.ChunkedDeltaRule) ------------------------------------
+
+def _delta_inputs(g, B, T, H, HV, K, V, state):
+    packed = torch.randn(B, T, 3 * HV, generator=g)  # a and b as column slices of a packed projection
+    s0 = {"none": None, "rows": torch.randn(B, HV, K, V, generator=g) * 0.3}.get(
+        state, torch.randn(1, HV, K, V, generator=g) * 0.3)
+    return [torch.randn(B, T, H, K, generator=g), torch.randn(B, T, H, K, generator=g),
+            torch.randn(B, T, HV, V, generator=g), packed, torch.rand(HV, generator=g).mul(15).add(1).log(),
+            torch.randn(HV, generator=g), s0]
+
+
+def check_delta_rule() -> None:
+    from dohnuts.ops import delta_rule
+    from dohnuts.ops._fla import fla
+    from dohnuts.ops.delta_rule import (
+        _l2norm,
+        gated_delta_rule_from_logits,
+        gated_delta_rule_fused,
+        gated_delta_rule_reference,
+        gdn_gates_reference,
+    )
+
+    g = torch.Generator().manual_seed(2)
+    B, T, H, HV, K, V = 2, 130, 2, 4, 16, 32  # 3 chunks of 64, the last partial; grouped value heads
+    delta_rule.use_fused = lambda x: True  # the fused path on CPU tensors (the kernels: interpreted)
+    tight, gates = 1e-4, 5e-3
+
+    def split(p):
+        return p[..., :HV], p[..., HV:2 * HV]
+
+    # (the output kernel, the state, whether q and k arrive normalised as from the conv kernel)
+    for path, state, normalised in (("fused", "none", False), ("fused", "rows", False), ("fused", "forked", True),
+                                    ("split", "none", True), ("split", "forked", False)):
+        delta_rule._multiprocessors = lambda device, mp=1 if path == "fused" else 10 ** 9: mp
+        inputs = _delta_inputs(g, B, T, H, HV, K, V, state)
+        if normalised:
+            inputs[0], inputs[1] = _l2norm(inputs[0]), _l2norm(inputs[1])
+        do, dst = torch.randn(B, T, HV, V, generator=g), torch.randn(B, HV, K, V, generator=g)
+        qr, kr, vr, pr, Ar, dr, sr = _leaves(inputs, torch.float64)
+        a, b = split(pr)
+        gr, betar = gdn_gates_reference(a, b, Ar, dr)
+        o_r, st_r = gated_delta_rule_reference(qr, kr, vr, gr, betar, None,
+                                               None if sr is None else sr.expand(B, -1, -1, -1), True,
+                                               use_qk_l2norm=not normalised)
+        _backward([o_r, st_r], [do, dst])
+        q, k, v, pk, A_log, dt, s0 = leaves = _leaves(inputs)
+        s0v = None if s0 is None else s0.expand(B, -1, -1, -1) if state == "forked" else s0
+        o, st = gated_delta_rule_from_logits(q, k, v, *split(pk), A_log, dt, s0v, True,
+                                             use_qk_l2norm=not normalised)
+        _backward([o, st], [do, dst])
+        # fla's own autograd op (its forward kernels and gate kernels, the same backward kernels) on
+        # the same inputs, a forked state made dense
+        fla_leaves = _leaves(inputs)
+        qf, kf, vf, pf, Af, df, sf = fla_leaves
+        o_f, st_f = fla().chunk_gated_delta_rule(
+            qf, kf, vf, *split(pf), initial_state=None if sf is None else sf.expand(B, -1, -1, -1).contiguous(),
+            output_final_state=True, use_qk_l2norm_in_kernel=not normalised, use_gate_in_kernel=True, A_log=Af,
+            dt_bias=df, use_beta_sigmoid_in_kernel=True)
+        _backward([o_f, st_f], [do, dst])
+        what = (path, state, normalised)
+        assert rel(o, o_r.detach()) < tight and rel(st, st_r.detach()) < tight, (*what, "forward")
+        names = ("dq", "dk", "dv", "da, db", "dA_log", "ddt_bias", "ds0")
+        for name, x, xr, xf in zip(names, leaves, (qr, kr, vr, pr, Ar, dr, sr), fla_leaves):
+            if x is None:
+                continue
+            # A_log's and dt_bias' gradients sum terms of both signs over the tokens, and fla's dg
+            # (differences of products, the same in both) has an absolute error floor: looser
+            tol = gates if name in ("dA_log", "ddt_bias") else tight
+            assert x.grad is not None and rel(x.grad, xr.grad) < tol, (*what, name, rel(x.grad, xr.grad))
+            assert rel(x.grad, xf.grad.double()) < 1e-5, (*what, name, "against fla", rel(x.grad, xf.grad.double()))
+        with torch.no_grad():  # the same kernels with and without autograd: bitwise
+            o_ng, st_ng = gated_delta_rule_from_logits(*leaves[:3], *split(pk), A_log, dt, s0v, True,
+                                                       use_qk_l2norm=not normalised)
+        assert torch.equal(o, o_ng) and torch.equal(st, st_ng), (*what, "no-grad forward")
+        del leaves
+
+    # explicit gates (gated_delta_rule's fused path): g per token in natural log, β given; its
+    # chunk cumsum is torch, so g's gradient is the Function's taken back through it
+    delta_rule._multiprocessors = lambda device: 1
+    q0, k0, v0, packed0, A_log0, dt0, s00 = _delta_inputs(g, B, T, H, HV, K, V, "rows")
+    g0, beta0 = (t.detach() for t in gdn_gates_reference(*split(packed0), A_log0, dt0))
+    do, dst = torch.randn(B, T, HV, V, generator=g), torch.randn(B, HV, K, V, generator=g)
+    ref = _leaves([q0, k0, v0, g0, beta0, s00], torch.float64)
+    _backward(gated_delta_rule_reference(*ref[:5], None, ref[5], True), [do, dst])
+    got = _leaves([q0, k0, v0, g0, beta0, s00])
+    _backward(gated_delta_rule_fused(*got[:5], None, got[5], True), [do, dst])
+    for name, x, xr in zip(("dq", "dk", "dv", "dg", "dbeta", "ds0"), got, ref):
+        assert rel(x.grad, xr.grad) < (gates if name == "dg" else tight), ("explicit gates", name, rel(x.grad, xr.grad))
+
+
+# ---- Gated DeltaNet's shared pass: the forked conv and recurrent states in the graph ------------
+
+def check_shared_mixer() -> None:
+    """`GatedDeltaNet.forward_shared` (a prefix, then its suffixes from its forked conv and recurrent
+    states, both expanded views) with the fused conv and delta rule against the same module on the
+    reference ops: output and every gradient, so gradients of all branches reach the prefix."""
+    from dohnuts.config import preset
+    from dohnuts.model.deltanet import GatedDeltaNet
+    from dohnuts.ops import conv, delta_rule
+
+    torch.manual_seed(3)
+    cfg = preset("tiny").text
+    mixer = GatedDeltaNet(cfg)
+    P, n, t = 70, 3, 20
+    x0 = torch.randn(P + n * t, cfg.hidden_size)
+    dy = torch.randn(P + n * t, cfg.hidden_size)
+    runs = []
+    for fused in (False, True):
+        conv.use_fused = delta_rule.use_fused = lambda x, fused=fused: fused
+        delta_rule._multiprocessors = lambda device: 1
+        mixer.zero_grad()
+        x = x0.clone().requires_grad_()
+        y = mixer.forward_shared(x, ((1, P, None), (n, t, None)))
+        y.backward(dy)
+        runs.append((y.detach(), x.grad, {k: p.grad.clone() for k, p in mixer.named_parameters()}))
+    (y_r, dx_r, grads_r), (y_f, dx_f, grads_f) = runs
+    assert rel(y_f, y_r.double()) < 1e-4 and rel(dx_f, dx_r.double()) < 1e-4, (rel(y_f, y_r.double()),
+                                                                               rel(dx_f, dx_r.double()))
+    for name, grad in grads_r.items():
+        assert rel(grads_f[name], grad.double()) < 1e-3, (name, rel(grads_f[name], grad.double()))
+
+
+CHECKS = {"conv": check_conv, "gates": check_gates, "delta_rule": check_delta_rule, "shared_mixer": check_shared_mixer}
+
+
+def main(name: str) -> None:
+    patch_interpreter_for_fla()
+    CHECKS[name]()
+    print("ok")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
