@@ -1,12 +1,15 @@
-"""The inference gated delta rule on the GPU: the gates in one kernel, a forked state read in place,
-the fused state-and-output kernel — each against fla's kernels and the FP32 reference."""
+"""The gated delta rule on the GPU: the gates in one kernel, a forked state read in place, the fused
+state-and-output kernel — each against fla's kernels and the FP32 reference — and the backward of
+the same forward (the gates' own kernel, fla's delta-rule kernels) against autograd through the
+FP32 reference and fla's own autograd op."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from tests.gpu.helpers import DEV, WU_TOL, _assert_matches_fp32_reference, _assert_no_less_accurate, _fp32_reference, _gdn_logit_inputs
+from tests.gpu.helpers import BF16_TOL, DEV, WU_TOL, _assert_matches_fp32_reference, _assert_no_less_accurate, _fp32_reference, _gdn_logit_inputs
 from tests.reference import relative_error
 
 pytestmark = pytest.mark.gpu
@@ -167,3 +170,107 @@ def test_gdn_gates_kernel_equals_fla_s_gate_kernels():
     want_beta = fused_beta_sigmoid_fwd(b.contiguous())
     assert torch.equal(got_beta, want_beta)
     assert relative_error(got_g, want_g) < 1e-5 and (got_g - want_g).abs().max() < 1e-4 * want_g.abs().max()
+
+
+def test_gdn_gates_gradients():
+    """The gates' backward kernel (dohnuts' Triton) against autograd through the torch gates in FP32
+    (chunk cumsum in torch): the gradients of a and b — BF16 column slices of a packed projection —
+    and of A_log and dt_bias, 2b's head count, 3 chunks (the last partial)."""
+    import torch.nn.functional as F
+
+    from dohnuts.ops._fla import fla
+    from dohnuts.ops._gdn_gates_kernel import gdn_gates
+
+    f = fla()
+    g = torch.Generator(device=DEV).manual_seed(79)
+    HV, B, T = 16, 4, 150
+    p0 = torch.randn(B, T, 64 + 2 * HV, device=DEV, generator=g)
+    A0 = torch.empty(HV, device=DEV).uniform_(1, 16, generator=g).log()
+    d0 = torch.randn(HV, device=DEV, generator=g)
+    pb, Ab, db = (t.bfloat16().requires_grad_() for t in (p0, A0, d0))
+    pf, Af, df = (t.bfloat16().float().requires_grad_() for t in (p0, A0, d0))
+    gb, betab = gdn_gates(pb[..., 64 + HV:], pb[..., 64:64 + HV], Ab, db, chunk_size=64, scale=f.RCP_LN2)
+    decay = -Af.exp() * F.softplus(pf[..., 64 + HV:] + df)
+    gf = F.pad(decay, (0, 0, 0, (-T) % 64)).view(B, -1, 64, HV).cumsum(2).flatten(1, 2)[:, :T] * f.RCP_LN2
+    betaf = pf[..., 64:64 + HV].sigmoid()
+    assert relative_error(gb, gf) < 1e-4 and relative_error(betab, betaf) < 1e-5
+    dg, dbeta = torch.randn(B, T, HV, device=DEV, generator=g), torch.randn(B, T, HV, device=DEV, generator=g)
+    ((gb * dg).sum() + (betab * dbeta).sum()).backward()
+    ((gf * dg).sum() + (betaf * dbeta).sum()).backward()
+    for name, a, b in (("da, db", pb, pf), ("dA_log", Ab, Af), ("ddt_bias", db, df)):
+        err = relative_error(a.grad.float(), b.grad)
+        assert err < BF16_TOL, f"{name}: relative error {err:.2e}"
+
+
+# (batch, tokens, (H, HV), initial state, q and k already normalised (by the conv kernel)): with
+# 132 multiprocessors, 4 × 16 or more programs of 64 values take the fused output kernel, a lone
+# sequence and 2 × 16 the split one
+_GRAD_CASES = [(4, 200, (16, 16), None, True), (4, 200, (16, 32), "dense", False), (8, 130, (16, 16), "forked", True),
+               (1, 300, (16, 16), None, False), (2, 130, (16, 16), "forked", True)]
+
+
+@pytest.mark.parametrize("case", _GRAD_CASES)
+def test_delta_rule_gradients_qwen_sizes(case):
+    """The delta rule from the gate logits (`gated_delta_rule_from_logits`: dohnuts' gate kernel and
+    forward kernels, fla's backward kernels) at Qwen3.5 head sizes, BF16: every gradient — q, k,
+    v, a, b, A_log, dt_bias and the initial state, also a forked (stride-0) view of one state in the
+    graph — against autograd through the FP32 reference, and no less accurate than fla's own
+    autograd op; the forward under autograd is bitwise the forward without it."""
+    from dohnuts.ops._fla import fla
+    from dohnuts.ops.delta_rule import gated_delta_rule_from_logits, gated_delta_rule_reference, gdn_gates_reference
+
+    B, T, (H, HV), state, normalised = case
+    K = V = 128
+    g = torch.Generator(device=DEV).manual_seed(83)
+    raw = [torch.randn(B, T, H, K, device=DEV, generator=g), torch.randn(B, T, H, K, device=DEV, generator=g),
+           torch.randn(B, T, HV, V, device=DEV, generator=g), torch.randn(B, T, 2 * HV, device=DEV, generator=g),
+           torch.empty(HV, device=DEV).uniform_(1, 16, generator=g).log(), torch.randn(HV, device=DEV, generator=g)]
+    if normalised:
+        raw[0], raw[1] = (F.normalize(t, dim=-1) for t in raw[:2])
+    raw = [t.bfloat16() for t in raw]
+    s0 = None
+    if state is not None:
+        s0 = torch.randn(1 if state == "forked" else B, HV, K, V, device=DEV, generator=g) * 0.1
+    do = torch.randn(B, T, HV, V, device=DEV, generator=g)
+    dst = torch.randn(B, HV, K, V, device=DEV, generator=g)
+
+    def leaves(dtype):
+        return [t.to(dtype).requires_grad_() for t in raw] + [None if s0 is None else s0.clone().requires_grad_()]
+
+    def forked(s):
+        return None if s is None else s.expand(B, -1, -1, -1)
+
+    ours = leaves(torch.bfloat16)
+    q, k, v, ab, A_log, dt_bias, s = ours
+    o, st = gated_delta_rule_from_logits(q, k, v, ab[..., HV:], ab[..., :HV], A_log, dt_bias, forked(s), True,
+                                         use_qk_l2norm=not normalised)
+    ((o.float() * do).sum() + (st * dst).sum()).backward()
+    with torch.no_grad():
+        o_ng, st_ng = gated_delta_rule_from_logits(q, k, v, ab[..., HV:], ab[..., :HV], A_log, dt_bias, forked(s),
+                                                   True, use_qk_l2norm=not normalised)
+    assert torch.equal(o, o_ng) and torch.equal(st, st_ng), "the forward under autograd differs"
+
+    ref = leaves(torch.float32)
+    q, k, v, ab, A_log, dt_bias, s = ref
+    gf, bf = gdn_gates_reference(ab[..., HV:], ab[..., :HV], A_log, dt_bias)
+    o_r, st_r = gated_delta_rule_reference(q, k, v, gf, bf, None, forked(s), True, use_qk_l2norm=not normalised)
+    ((o_r * do).sum() + (st_r * dst).sum()).backward()
+
+    theirs = leaves(torch.bfloat16)
+    q, k, v, ab, A_log, dt_bias, s = theirs
+    o_f, st_f = fla().chunk_gated_delta_rule(
+        q, k, v, ab[..., HV:], ab[..., :HV], initial_state=None if s is None else forked(s).contiguous(),
+        output_final_state=True, use_qk_l2norm_in_kernel=not normalised, use_gate_in_kernel=True, A_log=A_log,
+        dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True)
+    ((o_f.float() * do).sum() + (st_f * dst).sum()).backward()
+
+    assert relative_error(o.float(), o_r) < BF16_TOL and relative_error(st, st_r) < BF16_TOL
+    for name, a, b, c in zip(("dq", "dk", "dv", "da, db", "dA_log", "ddt_bias", "dstate"), ours, ref, theirs):
+        if a is None:
+            continue
+        # A_log's and dt_bias' gradients are sums over every token of terms of both signs: their
+        # relative error is that of the terms times how much the sum cancels (fla's the same)
+        tol = 5e-2 if name in ("dA_log", "ddt_bias") else BF16_TOL
+        err = relative_error(a.grad.float(), b.grad)
+        assert err < tol, f"{name}: relative error {err:.2e}"
+        _assert_no_less_accurate(a.grad, c.grad, b.grad, name)

@@ -94,8 +94,9 @@ def test_attention_gqa(tk):
 
 @pytest.mark.parametrize("heads", [(16, 16), (16, 32)])  # (H, HV): 0.8b/2b and 4b/9b
 def test_gated_delta_rule_grad_parity_qwen_sizes(heads):
-    """fla's chunked kernels (BF16) vs the chunked FP32 reference: outputs, final state and every
-    input gradient, K = V = 128, T not a multiple of 64, with an initial state."""
+    """The chunked delta rule (BF16; dohnuts' forward kernels, fla's backward kernels) on explicit
+    gates vs the chunked FP32 reference: outputs, final state and every input gradient, K = V =
+    128, T not a multiple of 64, with an initial state."""
     from dohnuts.ops.delta_rule import gated_delta_rule_fused, gated_delta_rule_reference
 
     H, HV = heads
@@ -192,8 +193,9 @@ def test_swiglu_packed_kernel(shape):
 
 @pytest.mark.parametrize("with_state", [False, True])
 def test_causal_conv1d_parts(with_state):
-    """One fla conv per part (2b's q/k/v split) on the column slice of a wider packed GEMM output:
-    contiguous outputs equal to one conv then split, the state in and out in the one-conv layout."""
+    """The parts of 2b's q/k/v split from one launch of dohnuts' conv kernel on the column slice of a
+    wider packed GEMM output: contiguous outputs equal to fla's one conv then split, the state in
+    and out in the one-conv layout."""
     from dohnuts.ops.conv import causal_conv1d_fused, causal_conv1d_parts_fused, causal_conv1d_reference
 
     sizes = [16 * 128, 16 * 128, 16 * 128]
@@ -279,11 +281,11 @@ def test_norm_kernels_forward_and_backward():
     assert relative_error(gb.grad.float(), gf.grad) < BF16_TOL
 
 
-def test_conv_qkv_normalises_q_and_k_in_every_inference_pass():
-    """Every inference pass (stateless; a prefix returning its state; a suffix from a per-row or a
-    forked, batch-broadcast state): q and k from one conv + SiLU + L2-norm kernel each equal the
-    conv followed by the delta rule's L2 norm (FP32 reference), v equals the plain conv, the final
-    state equals the reference's; under autograd the op leaves normalisation to the delta rule."""
+def test_conv_qkv_normalises_q_and_k_in_every_pass():
+    """Every pass (stateless; a prefix returning its state; a suffix from a per-row or a forked,
+    batch-broadcast state): q and k from one conv + SiLU + L2-norm kernel each equal the conv
+    followed by the delta rule's L2 norm (FP32 reference), v equals the plain conv, the final state
+    equals the reference's; under autograd the same kernel gives the same tensors, bitwise."""
     from dohnuts.config import preset
     from dohnuts.ops.conv import causal_conv1d_parts_reference, causal_conv1d_qkv
     from dohnuts.ops.delta_rule import _l2norm
@@ -313,7 +315,50 @@ def test_conv_qkv_normalises_q_and_k_in_every_inference_pass():
             if out_state:
                 assert state.shape == (B, D, W) and torch.equal(state.float(), sr)
     xg = x.detach().requires_grad_()
-    assert causal_conv1d_qkv(xg, w, sizes, hd, rows, True)[2] is False
+    (qg, kg, vg), state_g, normalised = causal_conv1d_qkv(xg, w, sizes, hd, forked, True)
+    with torch.no_grad():
+        (q, k, v), state, _ = causal_conv1d_qkv(x, w, sizes, hd, forked, True)
+    assert normalised and qg.requires_grad and all(torch.equal(a, b) for a, b in ((qg, q), (kg, k), (vg, v)))
+    assert torch.equal(state_g, state)
+
+
+@pytest.mark.parametrize("state", [None, "rows", "forked"])
+def test_conv_qkv_gradients_qwen_sizes(state):
+    """The conv kernel's backward (dohnuts' Triton) at Qwen3.5-2b sizes, BF16, against autograd
+    through the FP32 reference (conv, then the L2 norm of q and k): the gradients of the packed
+    projection (x a column slice of it), the conv weight and the initial state — per row, or a
+    forked (stride-0) view of one state in the graph, whose branches' gradients add up — with the
+    final state's gradient too."""
+    from dohnuts.config import preset
+    from dohnuts.ops.conv import causal_conv1d_parts_reference, causal_conv1d_qkv
+    from dohnuts.ops.delta_rule import _l2norm
+
+    cfg = preset("qwen3.5-2b").text
+    sizes = [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim]
+    D, hd, W = sum(sizes), cfg.linear_key_head_dim, cfg.linear_conv_kernel_dim
+    B, T = 4, 333
+    pb, pf = _pair(B, T, D + 32, seed=48)
+    wb, wf = _pair(D, W, scale=0.3, seed=49)
+    sb = sf = None
+    if state is not None:
+        sb, sf = _pair(1 if state == "forked" else B, D, W, seed=50)
+    g = torch.Generator(device=DEV).manual_seed(51)
+    dys = [torch.randn(B, T, n, device=DEV, generator=g) for n in sizes]
+    dst = torch.randn(B, D, W, device=DEV, generator=g)
+    (qb, kb, vb), stb, normalised = causal_conv1d_qkv(pb[..., :D], wb, sizes, hd,
+                                                      None if sb is None else sb.expand(B, -1, -1), True)
+    assert normalised
+    parts, stf = causal_conv1d_parts_reference(pf[..., :D], wf, sizes, None if sf is None else sf.expand(B, -1, -1),
+                                               True)
+    qf, kf, vf = (_l2norm(p.view(B, T, -1, hd)).view(p.shape) if i < 2 else p for i, p in enumerate(parts))
+    for got, want in ((qb, qf), (kb, kf), (vb, vf)):
+        assert relative_error(got.float(), want) < BF16_TOL
+    sum((y.float() * dy).sum() for y, dy in zip((qb, kb, vb), dys)).add((stb.float() * dst).sum()).backward()
+    sum((y * dy).sum() for y, dy in zip((qf, kf, vf), dys)).add((stf * dst).sum()).backward()
+    for name, a, b in (("dx", pb, pf), ("dweight", wb, wf), ("dstate", sb, sf)):
+        if b is not None:
+            err = relative_error(a.grad.float(), b.grad)
+            assert err < BF16_TOL, f"{name}: relative error {err:.2e}"
 
 
 def test_fork_and_kv_append_copies_are_exact():
