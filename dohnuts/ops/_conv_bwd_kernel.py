@@ -128,7 +128,8 @@ def _conv_bwd_dx_kernel(DU, Wt, DST, DX, DS0, T, C, T_BUCKET, swc, swk, sdb, sdc
     acc = tl.zeros((BT, D), dtype=tl.float32)
     for k in tl.static_range(W):
         tt = t + (W - 1 - k)
-        acc += tl.load(DU + (b * T + tt) * C + c, mask=tt < T, other=0.0) * tl.load(Wt + c * swc + k * swk).to(tl.float32)
+        wk = tl.load(Wt + c * swc + k * swk).to(tl.float32)
+        acc += tl.load(DU + (b * T + tt) * C + c, mask=tt < T, other=0.0) * wk
     if HAS_DST:
         if (i_t + 1) * BT > T - W:  # the block holds some of the last W inputs
             jf = t - (T - W)  # final state column of input t

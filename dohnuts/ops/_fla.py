@@ -11,7 +11,8 @@ for head dims whose block size is 128 on Hopper, and only because our own GPU gr
 tests (tests/gpu/test_ops.py::test_gated_delta_rule_grad_parity_qwen_sizes,
 tests/gpu/test_delta_rule.py::test_delta_rule_gradients_qwen_sizes) compare that exact backward
 against an FP32 reference on every GPU test run. dohnuts.ops.delta_rule.ChunkedDeltaRule checks
-the head dim in its forward when a backward will follow: for any other head dim it raises. The lift is announced once on stderr; it is never silent.
+the head dim in its forward when a backward will follow: for any other head dim it raises. The
+lift is announced once on stderr; it is never silent.
 """
 
 from __future__ import annotations

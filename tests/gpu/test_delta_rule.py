@@ -9,7 +9,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.gpu.helpers import BF16_TOL, DEV, WU_TOL, _assert_matches_fp32_reference, _assert_no_less_accurate, _fp32_reference, _gdn_logit_inputs
+from tests.gpu.helpers import (
+    BF16_TOL,
+    DEV,
+    WU_TOL,
+    _assert_matches_fp32_reference,
+    _assert_no_less_accurate,
+    _fp32_reference,
+    _gdn_logit_inputs,
+)
 from tests.reference import relative_error
 
 pytestmark = pytest.mark.gpu
