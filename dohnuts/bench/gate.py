@@ -25,7 +25,6 @@ Exit status: 0 passed, 1 a regression, 2 bad input (one line naming the file).
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -40,8 +39,10 @@ def timings(path: str | Path) -> dict[str, list[float]]:
     path = Path(path)
     if path.is_dir() or path.name.startswith("results.jsonl"):
         return _run_timings(path)
+    from dohnuts.schema import MIB, read_json
+
+    data = read_json(path, max_bytes=256 * MIB, error=DohnutsError, what="a pytest-benchmark JSON file")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
         out = {}
         for b in data["benchmarks"]:
             rounds = b["stats"].get("data")
