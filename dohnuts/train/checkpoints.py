@@ -91,7 +91,7 @@ class SchedulerState(msgspec.Struct, frozen=True):
     this run's scheduler's own: `scheduler_state`)."""
 
     last_epoch: Annotated[int, Meta(ge=-1, le=2**62)]
-    base_lrs: list[Annotated[float, Meta(gt=0.0, le=1e6)]]
+    base_lrs: Annotated[list[Annotated[float, Meta(gt=0.0, le=1e6)]], Meta(min_length=1)]
     step_count: Annotated[int, Meta(ge=0, le=2**62)] | None = msgspec.field(default=None, name="_step_count")
     last_lr: list[Annotated[float, Meta(ge=0.0, le=1e6)]] | None = msgspec.field(default=None, name="_last_lr")
 

@@ -798,9 +798,33 @@ HOSTILE_MANIFESTS = {
     # one at the first update after it (the scheduler zips its rates with the optimizer's groups)
     "rng-position": (lambda m: m["python_rng"][1].__setitem__(624, 700),
                      "field 'python_rng[1][624]': must be <= 624 (the generator's position in its state), got 700"),
-    "no-base-lrs": (lambda m: m["scheduler"].update(base_lrs=[]),
-                    "field 'scheduler.base_lrs': holds 0 rates for the optimizer's 1 parameter group(s)"),
+    "no-base-lrs": (lambda m: m["scheduler"].update(base_lrs=[]), "field 'scheduler.base_lrs': is empty"),
+    "two-base-lrs": (lambda m: m["scheduler"].update(base_lrs=[1e-3, 1e-3], _last_lr=[1e-3, 1e-3]),
+                     "field 'scheduler.base_lrs': holds 2 rates for the optimizer's 1 parameter group(s)"),
+    "last-lr": (lambda m: m["scheduler"].update(_last_lr=[]), "field 'scheduler._last_lr': holds 0 rates for 1"),
 }
+
+
+def test_a_manifests_hyper_parameters_other_than_the_rate_are_the_runs_own(checkpointed, tmp_path):
+    """A hand-edited optimizer group (`eps: [17972, true]`, found by the fuzz suite) once reached
+    AdamW's step as a traceback: resume reads only the rates the schedule reached; every other
+    hyper-parameter comes from the run's configuration, which resume compares."""
+    run = tmp_path / "run"
+    shutil.copytree(checkpointed, run)
+    mpath = latest_checkpoint(run) / "manifest.json"
+    manifest = json.loads(mpath.read_text())
+    group = manifest["optimizer"]["param_groups"][0]
+    want = dict(group)
+    group.update(eps=[17972, True], betas="x", weight_decay=None, foreach="yes")
+    mpath.write_text(json.dumps(manifest))
+    t = Trainer(_cfg(run, 4), _data(), log=lambda m: None)
+    assert t.resume() and t.update == 2
+    g = t.optimizer.param_groups[0]
+    assert (g["eps"], tuple(g["betas"]), g["weight_decay"], g["lr"]) == \
+        (want["eps"], tuple(want["betas"]), want["weight_decay"], want["lr"])
+    t.train()
+    t.close()
+    assert _updates(_strict_lines(run / "train_log.jsonl")) == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("case", list(HOSTILE_MANIFESTS))
