@@ -121,13 +121,17 @@ def gate(baselines: list[dict[str, list[float]]], current: dict[str, list[float]
 
 
 def run_machine(path: str | Path) -> str | None:
-    """The machine id a dohnuts-bench run recorded (run.json `measured.machine.id`), or None."""
+    """The machine id a dohnuts-bench run recorded (run.json `measured.machine.id`), or None (no
+    run.json, or one that cannot be read: a FIFO or a device is refused by its stat, never read)."""
+    from dohnuts.bench.offline import MAX_RUN_JSON_BYTES
+    from dohnuts.schema import read_json
+
     path = Path(path)
     run_dir = path if path.is_dir() else path.parent
     try:
-        meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        meta = read_json(run_dir / "run.json", max_bytes=MAX_RUN_JSON_BYTES, error=DohnutsError, what="a run's JSON")
         machine = ((meta.get("measured") or {}).get("machine") or {}).get("id")
-    except (OSError, ValueError, AttributeError):
+    except (DohnutsError, AttributeError):
         return None
     return machine if isinstance(machine, str) else None
 

@@ -761,6 +761,12 @@ def test_special_files_given_to_gate_report_store_and_history_are_one_line(measu
             assert main(args) == 2, args
             _one_line_error(capsys, why)
         assert stat.S_ISCHR(os.stat("/dev/full").st_mode)  # never replaced by a file
+        other = tmp_path / "other"
+        shutil.copytree(run, other)
+        (other / "run.json").unlink()
+        fifo(other / "run.json")  # the gate reads the run's machine from it: once a hang, now "no machine"
+        assert main(["gate", str(other), "--baseline", str(run)]) in (0, 1)
+        capsys.readouterr()
         (run / "summary.json").unlink()
         fifo(run / "summary.json")
         assert main(["report", str(run), "--html"]) == 2
