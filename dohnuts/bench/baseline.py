@@ -25,6 +25,8 @@ import statistics
 import time
 from pathlib import Path
 
+import msgspec
+
 from dohnuts.bench.status import log
 from dohnuts.errors import ConfigError, DohnutsError
 
@@ -33,25 +35,32 @@ MANIFEST = "baseline.json"
 MAX_EVERY_S = 24 * 3600
 
 
+class BaselineManifest(msgspec.Struct):
+    """A baseline folder's baseline.json (what `cmd_baseline` writes; other keys are ignored)."""
+
+    runs: list[str]  # the run folders, in the order they were measured
+    machine: str | None = None  # the machine id the baseline was measured on
+
+
+def _manifest(folder: Path) -> BaselineManifest:
+    """A baseline folder's manifest, typed (dohnuts.schema.read_json: a regular file within bounds,
+    checked by its stat; one line naming the file and the field otherwise)."""
+    from dohnuts.schema import MIB, read_json
+
+    return read_json(folder / MANIFEST, BaselineManifest, max_bytes=MIB, error=DohnutsError,
+                     what="a baseline manifest")
+
+
 def baseline_runs(folder: Path) -> list[Path]:
     """The run directories of a baseline folder (its baseline.json), in order."""
-    import json
-
-    manifest = folder / MANIFEST
-    try:
-        meta = json.loads(manifest.read_text(encoding="utf-8"))
-        runs = [folder / str(name) for name in meta["runs"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DohnutsError(f"is not a readable baseline manifest ({exc})", source=str(manifest)) from None
-    return runs
+    return [folder / name for name in _manifest(folder).runs]
 
 
 def baseline_machine(folder: Path) -> str | None:
-    import json
-
+    """The machine a baseline folder was measured on (None when its manifest does not say)."""
     try:
-        return json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("machine")
-    except (OSError, ValueError, AttributeError):
+        return _manifest(folder).machine
+    except DohnutsError:
         return None
 
 

@@ -25,7 +25,6 @@ Exit status: 0 passed, 1 a regression, 2 bad input (one line naming the file).
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -40,8 +39,10 @@ def timings(path: str | Path) -> dict[str, list[float]]:
     path = Path(path)
     if path.is_dir() or path.name.startswith("results.jsonl"):
         return _run_timings(path)
+    from dohnuts.schema import MIB, read_json
+
+    data = read_json(path, max_bytes=256 * MIB, error=DohnutsError, what="a pytest-benchmark JSON file")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
         out = {}
         for b in data["benchmarks"]:
             rounds = b["stats"].get("data")
@@ -120,13 +121,17 @@ def gate(baselines: list[dict[str, list[float]]], current: dict[str, list[float]
 
 
 def run_machine(path: str | Path) -> str | None:
-    """The machine id a dohnuts-bench run recorded (run.json `measured.machine.id`), or None."""
+    """The machine id a dohnuts-bench run recorded (run.json `measured.machine.id`), or None (no
+    run.json, or one that cannot be read: a FIFO or a device is refused by its stat, never read)."""
+    from dohnuts.bench.offline import MAX_RUN_JSON_BYTES
+    from dohnuts.schema import read_json
+
     path = Path(path)
     run_dir = path if path.is_dir() else path.parent
     try:
-        meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        meta = read_json(run_dir / "run.json", max_bytes=MAX_RUN_JSON_BYTES, error=DohnutsError, what="a run's JSON")
         machine = ((meta.get("measured") or {}).get("machine") or {}).get("id")
-    except (OSError, ValueError, AttributeError):
+    except (DohnutsError, AttributeError):
         return None
     return machine if isinstance(machine, str) else None
 

@@ -6,7 +6,7 @@ charts.
 
 from __future__ import annotations
 
-import json
+import os
 import sys
 from pathlib import Path
 
@@ -14,12 +14,14 @@ from dohnuts.errors import DohnutsError
 
 
 def _read(path: Path) -> dict | None:
-    if not path.is_file():
+    """A run's summary.json or run.json (None when there is none): a regular file within bounds,
+    one JSON document (dohnuts.schema.read_json), one line naming it otherwise."""
+    from dohnuts.bench.offline import MAX_RUN_JSON_BYTES
+    from dohnuts.schema import read_json
+
+    if not os.path.lexists(path):
         return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise DohnutsError(f"cannot be read as JSON ({exc})", source=str(path)) from None
+    data = read_json(path, max_bytes=MAX_RUN_JSON_BYTES, error=DohnutsError, what="a run's JSON")
     return data if isinstance(data, dict) else None
 
 
@@ -38,6 +40,7 @@ def trends_for(store_path: str | Path | None, summary: dict) -> list:
 def write_html(run_dir: Path, *, store: str | Path | None = None, against: Path | None = None,
                out: Path | None = None) -> Path:
     from dohnuts.bench.html_report import render
+    from dohnuts.schema import write_text_atomic
 
     summary = _read(run_dir / "summary.json")
     if summary is None:
@@ -58,9 +61,7 @@ def write_html(run_dir: Path, *, store: str | Path | None = None, against: Path 
     page = render(summary, title=str(meta.get("run_id") or run_dir.name), meta=meta, comparison=comparison,
                   trends=trends_for(store, summary))
     out = out or run_dir / "report.html"
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(out)
+    write_text_atomic(out, page)  # a failed write is one line; the previous page (if any) stays
     return out
 
 
@@ -70,6 +71,10 @@ def cmd_report(args) -> int:
         raise DohnutsError("is not a run directory", source=str(run_dir))
     if not args.html:
         raise DohnutsError("says nothing to write: add --html", source="dohnuts-bench report")
+    if args.out:  # a device, a FIFO, a directory or a name too long is refused before the page is built
+        from dohnuts.schema import check_output
+
+        check_output(args.out, field="--out", what="an HTML file to write")
     store = args.store or run_dir.resolve().parent.parent / "store.sqlite"  # beside the runs' folder, as `run` puts it
     out = write_html(run_dir, store=store, against=Path(args.against) if args.against else None,
                      out=Path(args.out) if args.out else None)

@@ -31,8 +31,8 @@ columns added, filled from the records' JSON).
 from __future__ import annotations
 
 import contextlib
-import gzip
 import json
+import os
 import sqlite3
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -290,14 +290,13 @@ def _number(value) -> float | None:
 
 
 def _read_json(path: Path) -> dict | None:
-    if not path.is_file():
+    """A run's run.json or summary.json (None when there is none), bounded and checked by its stat."""
+    from dohnuts.bench.offline import MAX_RUN_JSON_BYTES
+    from dohnuts.schema import read_json
+
+    if not os.path.lexists(path):
         return None
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise DohnutsError(f"cannot be read as JSON ({exc})", source=str(path)) from None
+    data = read_json(path, max_bytes=MAX_RUN_JSON_BYTES, error=DohnutsError, what="a run's JSON")
     return data if isinstance(data, dict) else None
 
 

@@ -90,6 +90,10 @@ def cmd_history(args) -> int:
     from dohnuts.bench.history import history, history_tables
     from dohnuts.schema import write_json
 
+    if args.json:  # a device, a FIFO, a directory or a name too long is refused before any work
+        from dohnuts.schema import check_output
+
+        check_output(args.json, field="--json", what="a JSON file to write")
     path = Path(args.store)
     if not path.exists() and Path(args.store) == DEFAULT_STORE and ARCHIVE_ROOT.is_dir():
         dirs = run_dirs(ARCHIVE_ROOT)

@@ -21,16 +21,16 @@ refuses into the project's one error line, `FILE: field 'PATH': problem` (`Dohnu
     shape = convert(data, Shape, source="w.yaml", prefix="shape")
 
 Also here, because every reader and writer shares them: `read_yaml` (refuses duplicate keys, one
-line for every YAML failure), `dumps` / `write_json` (the one strict-JSON writer: never a bare
-NaN or Infinity), and the small helpers their checks use (`short`, `one_line`, `why_not_finite`,
-`first_nonfinite`, `median`).
+line for every YAML failure), `read_json` (a user's JSON file, bounded and checked by its stat),
+`dumps` / `write_json` (the one strict-JSON writer: never a bare NaN or Infinity), and the small
+helpers their checks use (`short`, `one_line`, `why_not_finite`, `first_nonfinite`, `median`).
 """
 
 from dohnuts.schema.decode import (
-    MAX_FLOAT, Finite, Invalid, NonBlank, NonNegative, Positive, convert, decode_json, problem,
+    MAX_FLOAT, Finite, Invalid, NonBlank, NonNegative, Positive, convert, decode_json, problem, read_json,
 )
 from dohnuts.schema.jsonl_file import JsonlFile, append_line
-from dohnuts.schema.strict_json import dumps, json_safe, write_json
+from dohnuts.schema.strict_json import dumps, json_safe, write_json, write_text_atomic
 from dohnuts.schema.strict_yaml import DuplicateKeyError, StrictLoader, read_yaml, yaml_error
 from dohnuts.schema.user_files import (
     GIB, KIB, MIB, check_dir, check_file, check_output, kind_of, open_file, read_file, size_words, stat_path,
@@ -44,5 +44,6 @@ __all__ = [
     "open_file", "read_file", "size_words", "stat_path",
     "MAX_FLOAT", "DuplicateKeyError", "Finite", "Invalid", "NonBlank", "NonNegative", "Positive", "StrictLoader",
     "convert", "decode_json", "dumps", "first_nonfinite", "is_finite", "json_safe", "median", "one_line",
-    "one_line_error", "problem", "read_yaml", "short", "why_not_finite", "write_json", "yaml_error",
+    "one_line_error", "problem", "read_json", "read_yaml", "short", "why_not_finite", "write_json",
+    "write_text_atomic", "yaml_error",
 ]

@@ -63,6 +63,17 @@ def decode_json(raw: bytes | str, type_: Any, *, source: str | None, error: type
         raise error(f"is not valid JSON ({one_line(exc)})", source=source) from None
 
 
+def read_json(path, type_: Any = Any, *, max_bytes: int, error: type[DohnutsError] = ConfigError,
+              what: str = "a JSON file", dec_hook=None) -> Any:
+    """A JSON file a user names, as `type_`: a regular file within `max_bytes` (checked by its stat
+    before it is opened: dohnuts.schema.user_files), one strict JSON document; one `error` line
+    naming the file (and the field) otherwise."""
+    from dohnuts.schema.user_files import read_file
+
+    raw = read_file(path, max_bytes=max_bytes, error=error, what=what)
+    return decode_json(raw, type_, source=str(path), error=error, dec_hook=dec_hook)
+
+
 def _nonfinite_token(raw: bytes | str) -> tuple[str, str] | None:
     """(path, NaN or infinite) of the first NaN / Infinity token of a document that is JSON but for
     them (Python's reader takes them), else None."""

@@ -1,5 +1,5 @@
 """The one strict-JSON writer of the project: never a bare NaN or Infinity (a non-finite number is
-written as null), atomic files (a temporary file renamed over the old one)."""
+written as null), atomic files (a temporary file renamed over the old one: `write_text_atomic`)."""
 
 from __future__ import annotations
 
@@ -55,11 +55,15 @@ def dumps(obj: Any, *, compact: bool = False, list_nonfinite: bool = False, **kw
 
 
 def write_json(path: str | Path, obj: Any, *, error: type[DohnutsError] = DohnutsError, **kw) -> None:
-    """Write `obj` as strict JSON (`dumps`) atomically: a temporary file beside `path`, then a
-    rename, so an interrupted write (or a full disk) leaves the previous file (or none), never half
-    of one. A write that fails is one `error` line naming the file and the cause."""
+    """Write `obj` as strict JSON (`dumps`) atomically (`write_text_atomic`)."""
+    write_text_atomic(path, dumps(obj, **kw), error=error)
+
+
+def write_text_atomic(path: str | Path, text: str, *, error: type[DohnutsError] = DohnutsError) -> None:
+    """Write `text` atomically: a temporary file beside `path`, then a rename, so an interrupted
+    write (or a full disk) leaves the previous file (or none), never half of one. A write that fails
+    is one `error` line naming the file and the cause."""
     path = Path(path)
-    text = dumps(obj, **kw)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(text, encoding="utf-8")

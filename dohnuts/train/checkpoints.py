@@ -87,14 +87,28 @@ class Best(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class SchedulerState(msgspec.Struct, frozen=True):
-    """What resume reads of LambdaLR.state_dict() (its other entries are restored as they are)."""
+    """What resume reads of LambdaLR.state_dict(): where the schedule stands (its other entries are
+    this run's scheduler's own: `scheduler_state`)."""
 
     last_epoch: Annotated[int, Meta(ge=-1, le=2**62)]
-    base_lrs: list[Annotated[float, Meta(gt=0.0, le=1e6)]]
+    base_lrs: Annotated[list[Annotated[float, Meta(gt=0.0, le=1e6)]], Meta(min_length=1)]
+    step_count: Annotated[int, Meta(ge=0, le=2**62)] | None = msgspec.field(default=None, name="_step_count")
+    last_lr: list[Annotated[float, Meta(ge=0.0, le=1e6)]] | None = msgspec.field(default=None, name="_last_lr")
+
+    def __post_init__(self) -> None:
+        if self.last_lr is not None and len(self.last_lr) != len(self.base_lrs):
+            raise Invalid(f"holds {len(self.last_lr)} rates for {len(self.base_lrs)} base rates", field="_last_lr")
+
+
+Rate = Annotated[float, Meta(ge=0.0, le=1e6)]
 
 
 class ParamGroup(msgspec.Struct, frozen=True):
-    lr: Annotated[float, Meta(ge=0.0, le=1e6)]
+    """What resume reads of an optimizer parameter group: the rate the schedule had reached (the
+    group's other hyper-parameters are this run's own: `optimizer_state`)."""
+
+    lr: Rate
+    initial_lr: Rate | None = None
 
 
 class OptimizerMeta(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -134,12 +148,21 @@ class Manifest(msgspec.Struct, frozen=True):
                 raise Invalid(f"does not list {name}", field="files")
         if (self.best.update is not None) != ("best.safetensors" in self.files):
             raise Invalid("lists best.safetensors if and only if a selection was made (best.update)", field="files")
+        checked = []
         for value, type_, name in ((self.scheduler, SchedulerState, "scheduler"),
                                    (self.optimizer, OptimizerMeta, "optimizer")):
             try:
-                convert(value, type_, source=None, prefix=name)
+                checked.append(convert(value, type_, source=None, prefix=name))
             except ConfigError as exc:
                 raise Invalid(exc.message, field=exc.field) from None
+        scheduler, optimizer = checked
+        if len(scheduler.base_lrs) != len(optimizer.param_groups):  # the scheduler steps each group
+            raise Invalid(f"holds {len(scheduler.base_lrs)} rates for the optimizer's {len(optimizer.param_groups)} "
+                          "parameter group(s)", field="scheduler.base_lrs")
+        position = self.python_rng[1][-1]  # the Mersenne Twister's index into its 624 words
+        if position > 624:
+            raise Invalid(f"must be <= 624 (the generator's position in its state), got {position}",
+                          field="python_rng[1][624]")
 
 
 def data_fingerprint(data: Partitions) -> dict[str, str]:
@@ -324,16 +347,32 @@ def optimizer_tensors(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:
 
 
 def optimizer_state(tensors: dict[str, torch.Tensor], meta: dict, template: dict) -> dict:
+    """The optimizer's state_dict for `load_state_dict`: the checkpoint's per-parameter state, and the
+    parameter groups of this run's optimizer (`template`: built from the same configuration, which
+    `check_resumable` compared) with the rates the checkpoint's groups had reached. Only the rates
+    are read from the manifest: the other hyper-parameters are the configuration's, so a hand-edited
+    `eps: [1, 2]` cannot reach the optimizer's step. A mismatch is a ValueError (the caller's one line)."""
     state: dict[int, dict] = {}
     for key, v in list(tensors.items()) + list(meta["scalars"].items()):
         if key.startswith("optimizer."):
             _, pid, name = key.split(".", 2)
             state.setdefault(int(pid), {})[name] = v
-    groups = []
-    for g, t in zip(meta["param_groups"], template["param_groups"]):
-        groups.append({k: tuple(v) if isinstance(t.get(k), tuple) and isinstance(v, list) else v
-                       for k, v in g.items()})
+    saved, own = meta["param_groups"], template["param_groups"]
+    if len(saved) != len(own):
+        raise ValueError(f"the checkpoint holds {len(saved)} parameter group(s), this optimizer {len(own)}")
+    groups = [{**t, "lr": g["lr"], **({"initial_lr": g["initial_lr"]} if g.get("initial_lr") is not None else {})}
+              for g, t in zip(saved, own)]
     return {"state": state, "param_groups": groups}
+
+
+def scheduler_state(saved: dict, template: dict) -> dict:
+    """The scheduler's state_dict for `load_state_dict`: this run's scheduler's (`template`) with
+    where the checkpoint's schedule stood (epoch, base rates, steps taken, last rates), each of them
+    typed (SchedulerState); nothing else of the manifest reaches the scheduler."""
+    s = msgspec.convert(saved, SchedulerState)  # checked when the manifest was read
+    given = {"_step_count": s.step_count, "_last_lr": s.last_lr}
+    return {**template, "last_epoch": s.last_epoch, "base_lrs": list(s.base_lrs),
+            **{k: v for k, v in given.items() if v is not None}}
 
 
 def prune_checkpoints(root: Path, keep: str) -> None:

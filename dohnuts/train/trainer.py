@@ -38,17 +38,19 @@ from dohnuts.adapters import fsync_dir, fsync_file, load_adapter, save_adapter, 
 from dohnuts.errors import CheckpointError, ConfigError, DohnutsError
 from dohnuts.runtime.process_group import SINGLE, World
 from dohnuts.runtime.predict import RequestResult
-from dohnuts.schema import append_line, dumps, short
+from dohnuts.schema import GIB, append_line, dumps, read_file, short
 from dohnuts.train.calibration import expected_calibration_error, fit_temperature, nll
 from dohnuts.train.checkpoints import (
     BEST, CHECKPOINT_FORMAT, CHECKPOINTS, LOG, POINTER, SUMMARY, check_resumable, check_run_dir, config_record,
-    data_fingerprint, optimizer_state, optimizer_tensors, prune_checkpoints, read_checkpoint, sha256_of, write_atomic,
-    write_durable,
+    data_fingerprint, optimizer_state, optimizer_tensors, prune_checkpoints, read_checkpoint, scheduler_state, sha256_of,
+    write_atomic, write_durable,
 )
 from dohnuts.train.config import Partitions, TrainConfig, validate_config, validate_data
 from dohnuts.train.step import MICROBATCHES, Updater, make_optimizer, requests_per_microbatch
 
 __all__ = ["Partitions", "TrainConfig", "Trainer", "TrainingError", "evaluate", "microbatch_order"]
+
+MAX_LOG_BYTES = 4 * GIB  # train_log.jsonl read at resume: a few hundred bytes an update
 
 
 class TrainingError(DohnutsError):
@@ -213,7 +215,8 @@ class Trainer:
                                   f"request(s) per microbatch; this version takes {self.per} for this data, so the "
                                   "run cannot be resumed consistently — choose a new --out", source=str(ckpt))
         log = self.out / LOG
-        log_data = log.read_bytes() if log.exists() else b""
+        log_data = read_file(log, max_bytes=MAX_LOG_BYTES, error=CheckpointError, what="a training log") \
+            if os.path.lexists(log) else b""  # a FIFO or a device in its place is refused, never read
         keep = manifest.log.bytes
         if len(log_data) < keep or hashlib.sha256(log_data[:keep]).hexdigest() != manifest.log.sha256:
             raise CheckpointError(f"does not begin with the {keep} bytes the checkpoint {ckpt.name} recorded (it was "
@@ -233,7 +236,7 @@ class Trainer:
         try:
             self.optimizer.load_state_dict(optimizer_state(state, manifest.optimizer, self.optimizer.state_dict()))
             self.scheduler.lr_lambdas = [_schedule(self.cfg)]
-            self.scheduler.load_state_dict(dict(manifest.scheduler))
+            self.scheduler.load_state_dict(scheduler_state(manifest.scheduler, self.scheduler.state_dict()))
         except (ValueError, KeyError, RuntimeError, TypeError, IndexError) as exc:
             raise CheckpointError(f"does not fit this model's optimizer ({short(exc, 200, str)})",
                                   source=str(ckpt)) from None

@@ -733,3 +733,47 @@ def test_a_hostile_adapter_as_a_target_option_leaves_nothing_behind(tmp_path, ca
     _one_line_error(capsys, f"{path}: field 'targets[0].options': dohnuts target option: {bad}: field 'lora.alpha': "
                             "is missing")
     assert not (tmp_path / "runs").exists()
+
+
+def test_special_files_given_to_gate_report_store_and_history_are_one_line(measured_run, tmp_path, capsys):
+    """The commands that read finished runs (gate, report --html, store import, history) take paths
+    from a user too: a FIFO (once a hang), a device (once read whole), a directory where a file
+    belongs is refused by its type before any read; an output that cannot be a file (/dev/full, a
+    FIFO, a name over 255 bytes) is refused before any work, and the device is never replaced."""
+    import os
+    import shutil
+    import stat
+
+    from tests.hostile import LONG_NAME, fifo, no_hang
+
+    run = tmp_path / "run"
+    shutil.copytree(measured_run, run)
+    with no_hang():
+        for args, why in [
+            (["gate", "/dev/zero", "--baseline", str(run)], "/dev/zero: is a character device, not a pytest-benchmark"),
+            (["gate", str(fifo(tmp_path / "b.json")), "--baseline", str(run)], "b.json: is a FIFO (named pipe)"),
+            (["report", str(run), "--html", "--out", "/dev/full"], "field '--out': is a character device"),
+            (["report", str(run), "--html", "--out", str(fifo(tmp_path / "p.html"))], "field '--out': is a FIFO"),
+            (["report", str(run), "--html", "--out", str(tmp_path / LONG_NAME)], "longer than the file system"),
+            (["history", "--store", str(tmp_path / "s.sqlite"), "--json", "/dev/full"], "field '--json': is a "
+                                                                                        "character device"),
+        ]:
+            assert main(args) == 2, args
+            _one_line_error(capsys, why)
+        assert stat.S_ISCHR(os.stat("/dev/full").st_mode)  # never replaced by a file
+        other = tmp_path / "other"
+        shutil.copytree(run, other)
+        (other / "run.json").unlink()
+        fifo(other / "run.json")  # the gate reads the run's machine from it: once a hang, now "no machine"
+        assert main(["gate", str(other), "--baseline", str(run)]) in (0, 1)
+        capsys.readouterr()
+        (run / "summary.json").unlink()
+        fifo(run / "summary.json")
+        assert main(["report", str(run), "--html"]) == 2
+        _one_line_error(capsys, f"{run / 'summary.json'}: is a FIFO (named pipe), not a run's JSON")
+        (run / "summary.json").unlink()
+        (run / "run.json").unlink()
+        os.symlink("/dev/zero", run / "run.json")
+        assert main(["store", "import", str(run), "--store", str(tmp_path / "s.sqlite")]) == 2
+        err = capsys.readouterr().err
+        assert f"skipped {run}: {run / 'run.json'}: is a character device, not a run's JSON" in err, err

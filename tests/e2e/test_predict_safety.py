@@ -246,6 +246,30 @@ def test_fifo_or_device_as_adapter_output_or_input_is_one_line(tmp_path, capsys)
         assert "/dev/zero: is a character device, not a JSONL file" in _one_error_line(capsys)
 
 
+@pytest.mark.parametrize("meta, field, why", [
+    ({"lora": '{"rank": 2, "dropout": 0.0, "targets": ["q_proj"]}'}, "lora.alpha", "is missing"),
+    ({"lora": "{not json"}, "lora", "is not valid JSON"),
+    ({"lora": '{"rank": 2, "alpha": 16, "dropout": 0.0, "targets": "q_proj"}'}, "lora.targets", "must be a list"),
+    ({"temperature": "-1"}, "temperature", "must be positive"),
+    ({"extra": "[]"}, "extra", "must be a mapping"),
+    ({"base_identity": "5"}, "base_identity", "must be a mapping"),
+])
+def test_hostile_adapter_metadata_through_predict_is_one_line_and_writes_nothing(tmp_path, capsys, meta, field, why):
+    """`predict --adapter` with hostile metadata was a traceback (or, for a temperature, inverted
+    probabilities with exit 0): one line naming the file and the field, and no output file."""
+    from safetensors.torch import save_file
+
+    bad = tmp_path / "bad.safetensors"
+    base = {"format": "dohnuts-adapter-1", "lora": '{"rank": 2, "alpha": 16, "dropout": 0.0, "targets": ["q_proj"]}',
+            "base_identity": "{}", "temperature": "1.0", "extra": "{}"}
+    save_file({"head.weight": torch.zeros(1, 64)}, str(bad), metadata={**base, **meta})
+    src, out = _jsonl(tmp_path / "r.jsonl", GOOD), tmp_path / "out.jsonl"
+    assert main(["predict", str(src), "--adapter", str(bad), "-o", str(out)]) == 2
+    line = _one_error_line(capsys)
+    assert f"{bad}: field '{field}': {why}" in line, line
+    assert not out.exists()
+
+
 @pytest.mark.slow
 def test_a_full_disk_keeps_every_complete_record_and_no_cut_line(tmp_path):
     """The disk fills during a record (simulated: the output cannot grow past 1500 bytes): the file

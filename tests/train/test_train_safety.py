@@ -753,6 +753,23 @@ def test_resume_after_a_cut_log_line_says_what_it_dropped(tmp_path):
     assert _updates(_strict_lines(tmp_path / "run" / "train_log.jsonl")) == [1, 2]
 
 
+def test_a_log_that_is_a_fifo_or_a_device_at_resume_is_one_line(finished, tmp_path, capsys):
+    """--resume reads train_log.jsonl whole: a FIFO in its place once blocked forever, /dev/zero
+    grew without bound. Both are refused by their type, and the run is left as it was."""
+    from tests.hostile import fifo, no_hang
+
+    data, run = _copy(finished, tmp_path)
+    (run / "train_log.jsonl").unlink()
+    for make, why in ((lambda p: fifo(p), "is a FIFO (named pipe), not a training log"),
+                      (lambda p: os.symlink("/dev/zero", p), "is a character device, not a training log")):
+        make(run / "train_log.jsonl")
+        with no_hang():
+            assert main([*_common(data), "--out", str(run), "--updates", "3", "--resume"]) == 2
+        assert f"{run / 'train_log.jsonl'}: {why}" in _error_line(capsys)
+        assert not (run / "train_log.jsonl").is_file()
+        (run / "train_log.jsonl").unlink()
+
+
 @pytest.fixture(scope="module")
 def checkpointed(tmp_path_factory):
     """A run stopped at update 2 (a committed checkpoint with a selection)."""
@@ -777,7 +794,37 @@ HOSTILE_MANIFESTS = {
     "last-epoch": (lambda m: m["scheduler"].update(last_epoch="x"), "field 'scheduler.last_epoch': must be an integer"),
     "log-size": (lambda m: m["log"].update(bytes=-1), "field 'log.bytes': must be >= 0"),
     "sha": (lambda m: m["data"].update(train="zz"), "field 'data.train': must match"),
+    # found by tests/model/test_fuzz_checkpoint_readers.py: a traceback at resume (random.setstate) and
+    # one at the first update after it (the scheduler zips its rates with the optimizer's groups)
+    "rng-position": (lambda m: m["python_rng"][1].__setitem__(624, 700),
+                     "field 'python_rng[1][624]': must be <= 624 (the generator's position in its state), got 700"),
+    "no-base-lrs": (lambda m: m["scheduler"].update(base_lrs=[]), "field 'scheduler.base_lrs': is empty"),
+    "two-base-lrs": (lambda m: m["scheduler"].update(base_lrs=[1e-3, 1e-3], _last_lr=[1e-3, 1e-3]),
+                     "field 'scheduler.base_lrs': holds 2 rates for the optimizer's 1 parameter group(s)"),
+    "last-lr": (lambda m: m["scheduler"].update(_last_lr=[]), "field 'scheduler._last_lr': holds 0 rates for 1"),
 }
+
+
+def test_a_manifests_hyper_parameters_other_than_the_rate_are_the_runs_own(checkpointed, tmp_path):
+    """A hand-edited optimizer group (`eps: [17972, true]`, found by the fuzz suite) once reached
+    AdamW's step as a traceback: resume reads only the rates the schedule reached; every other
+    hyper-parameter comes from the run's configuration, which resume compares."""
+    run = tmp_path / "run"
+    shutil.copytree(checkpointed, run)
+    mpath = latest_checkpoint(run) / "manifest.json"
+    manifest = json.loads(mpath.read_text())
+    group = manifest["optimizer"]["param_groups"][0]
+    want = dict(group)
+    group.update(eps=[17972, True], betas="x", weight_decay=None, foreach="yes")
+    mpath.write_text(json.dumps(manifest))
+    t = Trainer(_cfg(run, 4), _data(), log=lambda m: None)
+    assert t.resume() and t.update == 2
+    g = t.optimizer.param_groups[0]
+    assert (g["eps"], tuple(g["betas"]), g["weight_decay"], g["lr"]) == \
+        (want["eps"], tuple(want["betas"]), want["weight_decay"], want["lr"])
+    t.train()
+    t.close()
+    assert _updates(_strict_lines(run / "train_log.jsonl")) == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("case", list(HOSTILE_MANIFESTS))
