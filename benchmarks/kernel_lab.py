@@ -30,7 +30,7 @@ import subprocess
 def _clock() -> str:
     """The GPU clock and power now, from the harness's sampler of this GPU (NVML or amdsmi)."""
     try:
-        from bench_plugins.telemetry import clock_mhz, own_gpu_sampler
+        from dohnuts.bench.builtin.telemetry import clock_mhz, own_gpu_sampler
 
         sampler = own_gpu_sampler()
         if sampler.unavailable:

@@ -79,7 +79,7 @@ def graph_busy_ms(g, out: Path, name: str) -> float:
 def clocks_while(fn, seconds: float = 1.0) -> dict:
     """The GPU clock (NVML's SM or amdsmi's GFX clock) and power sampled every 20 ms while `fn`
     runs back to back for `seconds`."""
-    from bench_plugins.telemetry import clock_mhz, own_gpu_sampler  # the harness's own readers
+    from dohnuts.bench.builtin.telemetry import clock_mhz, own_gpu_sampler  # the harness's own readers
 
     nvml = own_gpu_sampler()
     if nvml.unavailable:

@@ -1,7 +1,7 @@
 """The plugin manager, and the registries it yields checked against the contracts.
 
 `plugin_manager()` is built when a command runs (never at import time) and loads every entry point
-of the group `dohnuts_bench`. The built-in plugins (bench_plugins/) are declared there in
+of the group `dohnuts_bench`. The built-in plugins (dohnuts/bench/builtin/) are declared there in
 pyproject.toml, exactly as a third-party package declares its own, and found the same way. A source
 checkout that was never installed has no installed metadata: its entry points are then read from
 the checkout's pyproject.toml — the same declarations, loaded the same way (`EntryPoint.load`).

@@ -16,8 +16,8 @@ import time
 @contextlib.contextmanager
 def slowed_targets(factor: float):
     """Every built-in target's calls `factor` times as long while the context is open."""
-    from bench_plugins.targets.dohnuts_target import DohnutsTarget
-    from bench_plugins.targets.transformers_target import TransformersTarget
+    from dohnuts.bench.builtin.targets.dohnuts_target import DohnutsTarget
+    from dohnuts.bench.builtin.targets.transformers_target import TransformersTarget
 
     originals = {cls: cls.run_call for cls in (DohnutsTarget, TransformersTarget)}
 

@@ -27,6 +27,7 @@ from dohnuts.bench.sink import RecordSink
 from dohnuts.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
+BUILTIN = ROOT / "dohnuts" / "bench" / "builtin"  # the built-in plugins
 tomllib = pytest.importorskip("tomllib")  # Python 3.11
 
 
@@ -48,12 +49,14 @@ def test_every_builtin_is_found_through_its_entry_point():
         assert pm.get_plugin(name) is importlib.import_module(module), name
     # and no code of the core names a built-in module: the entry points are the only path
     for path in sorted((ROOT / "dohnuts").rglob("*.py")):
+        if BUILTIN in path.parents:
+            continue  # the built-ins themselves
         tree = ast.parse(path.read_text())
         named = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-                 and n.value.startswith("bench_plugins.")]
+                 and n.value.startswith("dohnuts.bench.builtin.")]
         named += [n.lineno for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
-                  and any(m.startswith("bench_plugins") for m in ([getattr(n, "module", None) or ""]
-                                                                  + [a.name for a in n.names]))]
+                  and any(m.startswith("dohnuts.bench.builtin") for m in ([getattr(n, "module", None) or ""]
+                                                                          + [a.name for a in n.names]))]
         assert not named, f"{path.relative_to(ROOT)}:{named}"
 
 
@@ -273,7 +276,7 @@ def _imported_names(path: Path) -> list[tuple[str, str]]:
 
 def test_plugins_import_no_private_name_of_the_core():
     """The built-ins use the core's public API only (the launcher once imported the runner's `_write`)."""
-    private = [(str(p.relative_to(ROOT)), module, name) for p in sorted((ROOT / "bench_plugins").rglob("*.py"))
+    private = [(str(p.relative_to(ROOT)), module, name) for p in sorted(BUILTIN.rglob("*.py"))
                for module, name in _imported_names(p) if name.startswith("_")]
     assert not private
 
@@ -284,7 +287,7 @@ def test_plugins_import_no_private_name_of_the_core():
 def test_only_the_runtime_timer_records_timing_events():
     """Every CUDA timing event of the project is created by dohnuts/runtime/timing.py."""
     found = []
-    for folder in ("dohnuts", "bench_plugins", "benchmarks"):
+    for folder in ("dohnuts", "benchmarks"):  # dohnuts/ holds the built-ins
         for path in sorted((ROOT / folder).rglob("*.py")):
             if "enable_timing" in path.read_text():
                 found.append(str(path.relative_to(ROOT)))
@@ -300,7 +303,7 @@ def test_optional_members_are_read_only_by_the_contracts():
     """No `getattr(obj, "<optional member>", ...)` outside dohnuts/bench/contracts.py."""
     members = {f for caps in CONTRACTS.values() if caps for f in caps.__dataclass_fields__}
     found = []
-    for folder in ("dohnuts/bench", "bench_plugins"):
+    for folder in ("dohnuts/bench",):  # the built-ins included (dohnuts/bench/builtin)
         for path in sorted((ROOT / folder).rglob("*.py")):
             rel = path.relative_to(ROOT)
             if rel == Path("dohnuts/bench/contracts.py") or rel in PENDING:

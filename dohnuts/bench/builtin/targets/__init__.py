@@ -3,8 +3,8 @@ transformers' own Qwen3.5 implementation), measured on the same calls in the sam
 
 from __future__ import annotations
 
-from bench_plugins.targets.dohnuts_target import DohnutsTarget
-from bench_plugins.targets.transformers_target import TransformersTarget
+from dohnuts.bench.builtin.targets.dohnuts_target import DohnutsTarget
+from dohnuts.bench.builtin.targets.transformers_target import TransformersTarget
 from dohnuts.bench.hookspecs import hookimpl
 
 

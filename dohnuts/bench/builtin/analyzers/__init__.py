@@ -17,7 +17,7 @@ from dohnuts.bench.status import log
 
 @hookimpl
 def dohnuts_bench_register_telemetry():
-    from bench_plugins.analyzers.load import LoadSampler
+    from dohnuts.bench.builtin.analyzers.load import LoadSampler
 
     return [LoadSampler()]
 
@@ -26,8 +26,8 @@ def dohnuts_bench_register_telemetry():
 def dohnuts_bench_prepare_run(run):
     import torch
 
-    from bench_plugins.analyzers.load import load_before
-    from bench_plugins.analyzers.microbench import measure_ceilings, measure_cpu_ceilings
+    from dohnuts.bench.builtin.analyzers.load import load_before
+    from dohnuts.bench.builtin.analyzers.microbench import measure_ceilings, measure_cpu_ceilings
 
     before = load_before()
     run.measured.setdefault("machine", {}).update(cpus=before["cpus"], threads=torch.get_num_threads(), before=before)
