@@ -259,6 +259,29 @@ def test_hostile_adapter_metadata_through_predict_is_one_line_and_writes_nothing
     assert not out.exists()
 
 
+@pytest.mark.parametrize("config, weights, why", [
+    ({"rms_norm_eps": float("nan")}, None, "config.json: field 'rms_norm_eps': must be a finite number, got NaN"),
+    ({"rope_theta": float("inf")}, None, "config.json: field 'rope_theta': must be a finite number, got infinite"),
+    ({"max_position_embeddings": -5}, None, "config.json: field 'max_position_embeddings': must be an integer in 1.."),
+    ({}, "norm.weight", "model.safetensors: tensor 'norm.weight' holds non-finite values (NaN or infinite)"),
+])
+def test_a_checkpoint_with_non_finite_or_absurd_numbers_through_predict_is_one_line(tmp_path, capsys, config, weights,
+                                                                                   why):
+    """A NaN in config.json or in a weight once gave 'scored 3 of 3 requests', exit 0, every
+    probability null; `max_position_embeddings: -5` was accepted: one line naming the file and field."""
+    from tests.model.test_checkpoint import _tiny_checkpoint
+
+    def nan(sd):
+        sd[weights] = sd[weights].clone().fill_(float("nan"))
+
+    root = _tiny_checkpoint(tmp_path / "ckpt", config=lambda c: c.update(config), mutate=nan if weights else None)
+    src, out = _jsonl(tmp_path / "r.jsonl", *({**GOOD, "id": f"r{i}"} for i in range(3))), tmp_path / "out.jsonl"
+    assert main(["predict", str(src), "--model", str(root), "-o", str(out)]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(f"dohnuts: error: {root}/") and why in line, line
+    assert not out.exists()
+
+
 @pytest.mark.slow
 def test_a_full_disk_keeps_every_complete_record_and_no_cut_line(tmp_path):
     """The disk fills during a record (simulated: the output cannot grow past 1500 bytes): the file
