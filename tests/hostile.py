@@ -63,3 +63,33 @@ def run_with_full_disk(args: list[str], limit: int, *, cwd: Path = ROOT, timeout
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run([sys.executable, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout, preexec_fn=_limit_file_size(limit), check=False)
+
+
+# Adapter metadata the issue names — malformed `lora` JSON, `alpha` missing or NaN, wrong types for
+# `targets`, `temperature`, `extra` and `base_identity`, a temperature NaN, 0, infinite or negative —
+# as (metadata changes, the field named, why), for every command that takes an adapter.
+HOSTILE_ADAPTER_META = [
+    ({"lora": "{not json"}, "lora", "is not valid JSON"),
+    ({"lora": '{"rank": 2, "dropout": 0.0, "targets": ["q_proj"]}'}, "lora.alpha", "is missing"),
+    ({"lora": '{"rank": 2, "alpha": NaN, "dropout": 0.0, "targets": ["q_proj"]}'}, "lora.alpha", "finite"),
+    ({"lora": '{"rank": 2, "alpha": 16, "dropout": 0.0, "targets": "q_proj"}'}, "lora.targets", "must be a list"),
+    ({"temperature": "warm"}, "temperature", "must be a number, got 'warm'"),
+    ({"temperature": "nan"}, "temperature", "must be a finite number, got NaN"),
+    ({"temperature": "0"}, "temperature", "must be positive"),
+    ({"temperature": "inf"}, "temperature", "must be a finite number, got infinite"),
+    ({"temperature": "-1"}, "temperature", "must be positive"),  # probabilities inverted against `choice`
+    ({"extra": "[]"}, "extra", "must be a mapping"),
+    ({"base_identity": "5"}, "base_identity", "must be a mapping"),
+]
+HOSTILE_ADAPTER_IDS = [f"{field}-{i}" for i, (_, field, _) in enumerate(HOSTILE_ADAPTER_META)]
+
+
+def hostile_adapter(path: Path, meta: dict) -> Path:
+    """An adapter file, valid but for the metadata changes `meta` (its metadata is read first)."""
+    import torch
+    from safetensors.torch import save_file
+
+    base = {"format": "dohnuts-adapter-1", "lora": '{"rank": 2, "alpha": 16, "dropout": 0.0, "targets": ["q_proj"]}',
+            "base_identity": "{}", "temperature": "1.0", "extra": "{}"}
+    save_file({"head.weight": torch.zeros(1, 64)}, str(path), metadata={**base, **meta})
+    return path

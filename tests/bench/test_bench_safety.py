@@ -18,6 +18,7 @@ from dohnuts.bench.hookspecs import hookimpl
 from dohnuts.bench.workload import load_workload
 from dohnuts.errors import ConfigError
 from tests.bench.test_bench_harness import _registry
+from tests.hostile import HOSTILE_ADAPTER_IDS, HOSTILE_ADAPTER_META, hostile_adapter
 
 SMALL = """\
 kind: text
@@ -718,20 +719,14 @@ def test_analyze_caps_what_an_archive_decompresses_to(tmp_path, capsys, monkeypa
     _one_line_error(capsys, str(damaged), "a damaged gzip archive")
 
 
-def test_a_hostile_adapter_as_a_target_option_leaves_nothing_behind(tmp_path, capsys):
+@pytest.mark.parametrize("meta, field, why", HOSTILE_ADAPTER_META, ids=HOSTILE_ADAPTER_IDS)
+def test_a_hostile_adapter_as_a_target_option_leaves_nothing_behind(tmp_path, capsys, meta, field, why):
     """The bench target's `adapter:` with hostile metadata was a traceback that left a run directory
     with an empty results file: it is checked with the workload, one line naming the adapter's field."""
-    from safetensors.torch import save_file
-
-    bad = tmp_path / "bad.safetensors"
-    save_file({"head.weight": torch.zeros(1, 64)}, str(bad),
-              metadata={"format": "dohnuts-adapter-1", "lora": '{"rank": 2, "dropout": 0.0, "targets": ["q_proj"]}',
-                        "base_identity": "{}", "temperature": "nan"})
-    path = _workload(tmp_path, SMALL.replace("targets: [dohnuts]", f"targets: [{{name: dohnuts, options: "
-                                                                 f"{{adapter: {bad}}}}}]"))
+    bad = hostile_adapter(tmp_path / "bad.safetensors", meta)
+    path = _workload(tmp_path, _with_adapter(bad))
     assert main(["run", str(path), "--out", str(tmp_path / "runs"), "--quiet"]) == 2
-    _one_line_error(capsys, f"{path}: field 'targets[0].options': dohnuts target option: {bad}: field 'lora.alpha': "
-                            "is missing")
+    _one_line_error(capsys, f"{path}: field 'targets[0].options': dohnuts target option: {bad}: field '{field}': ", why)
     assert not (tmp_path / "runs").exists()
 
 

@@ -14,6 +14,7 @@ import torch
 
 from dohnuts.cli import main
 from dohnuts.runtime.requests import read_requests
+from tests.hostile import HOSTILE_ADAPTER_IDS, HOSTILE_ADAPTER_META, hostile_adapter
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = {"id": "r1", "questions": [{"id": "q1", "text": "Which is red?", "candidates": ["red", "green"]}]}
@@ -246,27 +247,38 @@ def test_fifo_or_device_as_adapter_output_or_input_is_one_line(tmp_path, capsys)
         assert "/dev/zero: is a character device, not a JSONL file" in _one_error_line(capsys)
 
 
-@pytest.mark.parametrize("meta, field, why", [
-    ({"lora": '{"rank": 2, "dropout": 0.0, "targets": ["q_proj"]}'}, "lora.alpha", "is missing"),
-    ({"lora": "{not json"}, "lora", "is not valid JSON"),
-    ({"lora": '{"rank": 2, "alpha": 16, "dropout": 0.0, "targets": "q_proj"}'}, "lora.targets", "must be a list"),
-    ({"temperature": "-1"}, "temperature", "must be positive"),
-    ({"extra": "[]"}, "extra", "must be a mapping"),
-    ({"base_identity": "5"}, "base_identity", "must be a mapping"),
-])
+@pytest.mark.parametrize("meta, field, why", HOSTILE_ADAPTER_META, ids=HOSTILE_ADAPTER_IDS)
 def test_hostile_adapter_metadata_through_predict_is_one_line_and_writes_nothing(tmp_path, capsys, meta, field, why):
     """`predict --adapter` with hostile metadata was a traceback (or, for a temperature, inverted
     probabilities with exit 0): one line naming the file and the field, and no output file."""
-    from safetensors.torch import save_file
-
-    bad = tmp_path / "bad.safetensors"
-    base = {"format": "dohnuts-adapter-1", "lora": '{"rank": 2, "alpha": 16, "dropout": 0.0, "targets": ["q_proj"]}',
-            "base_identity": "{}", "temperature": "1.0", "extra": "{}"}
-    save_file({"head.weight": torch.zeros(1, 64)}, str(bad), metadata={**base, **meta})
+    bad = hostile_adapter(tmp_path / "bad.safetensors", meta)
     src, out = _jsonl(tmp_path / "r.jsonl", GOOD), tmp_path / "out.jsonl"
     assert main(["predict", str(src), "--adapter", str(bad), "-o", str(out)]) == 2
     line = _one_error_line(capsys)
-    assert f"{bad}: field '{field}': {why}" in line, line
+    assert f"{bad}: field '{field}': " in line and why in line, line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("config, weights, why", [
+    ({"rms_norm_eps": float("nan")}, None, "config.json: field 'rms_norm_eps': must be a finite number, got NaN"),
+    ({"rope_theta": float("inf")}, None, "config.json: field 'rope_theta': must be a finite number, got infinite"),
+    ({"max_position_embeddings": -5}, None, "config.json: field 'max_position_embeddings': must be an integer in 1.."),
+    ({}, "norm.weight", "model.safetensors: tensor 'norm.weight' holds non-finite values (NaN or infinite)"),
+])
+def test_a_checkpoint_with_non_finite_or_absurd_numbers_through_predict_is_one_line(tmp_path, capsys, config, weights,
+                                                                                   why):
+    """A NaN in config.json or in a weight once gave 'scored 3 of 3 requests', exit 0, every
+    probability null; `max_position_embeddings: -5` was accepted: one line naming the file and field."""
+    from tests.model.test_checkpoint import _tiny_checkpoint
+
+    def nan(sd):
+        sd[weights] = sd[weights].clone().fill_(float("nan"))
+
+    root = _tiny_checkpoint(tmp_path / "ckpt", config=lambda c: c.update(config), mutate=nan if weights else None)
+    src, out = _jsonl(tmp_path / "r.jsonl", *({**GOOD, "id": f"r{i}"} for i in range(3))), tmp_path / "out.jsonl"
+    assert main(["predict", str(src), "--model", str(root), "-o", str(out)]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(f"dohnuts: error: {root}/") and why in line, line
     assert not out.exists()
 
 

@@ -28,6 +28,7 @@ from dohnuts.train.task import synthetic_requests
 from dohnuts.schema import dumps
 from dohnuts.train.checkpoints import CHECKPOINTS, POINTER, checkpoint_adapter, latest_checkpoint
 from dohnuts.train.trainer import Partitions, TrainConfig, Trainer
+from tests.hostile import HOSTILE_ADAPTER_IDS, HOSTILE_ADAPTER_META, hostile_adapter
 
 
 def _data():
@@ -369,15 +370,12 @@ def test_a_fifo_as_a_split_file_is_named_as_what_it_is(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
-def test_a_hostile_adapter_to_initialize_from_is_one_line_and_writes_nothing(tmp_path, capsys):
-    from safetensors.torch import save_file
-
-    bad = tmp_path / "bad.safetensors"
-    save_file({"head.weight": torch.zeros(1, 64)}, str(bad),
-              metadata={"format": "dohnuts-adapter-1", "lora": '{"rank": 2, "alpha": NaN, "dropout": 0.0, '
-                        '"targets": ["q_proj"]}', "base_identity": "{}"})
+@pytest.mark.parametrize("meta, field, why", HOSTILE_ADAPTER_META, ids=HOSTILE_ADAPTER_IDS)
+def test_a_hostile_adapter_to_initialize_from_is_one_line_and_writes_nothing(tmp_path, capsys, meta, field, why):
+    bad = hostile_adapter(tmp_path / "bad.safetensors", meta)
     assert main(["train", "--model", "tiny", "--out", str(tmp_path / "run"), "--initialize-from", str(bad)]) == 2
-    assert f"{bad}: field 'lora.alpha': must be a finite number > 0, got nan" in _error_line(capsys)
+    line = _error_line(capsys)
+    assert f"{bad}: field '{field}': " in line and why in line, line
     assert not (tmp_path / "run").exists()
 
 
