@@ -43,10 +43,14 @@ def kernels() -> dict[str, tuple[str, str, object]]:
             except Exception:  # an optional fla module whose dependencies are absent
                 continue
             for attr, obj in vars(module).items():
-                if isinstance(obj, triton.runtime.Autotuner):
-                    fn = obj
-                    while hasattr(fn, "fn"):
-                        fn = fn.fn
+                # an autotuner may sit under other wrappers (fla's `@triton.heuristics` outermost)
+                fn, tuned = obj, False
+                for _ in range(8):
+                    tuned |= isinstance(fn, triton.runtime.Autotuner)
+                    if not isinstance(fn, triton.runtime.KernelInterface) or not hasattr(fn, "fn"):
+                        break
+                    fn = fn.fn
+                if tuned:
                     names.setdefault(fn.__name__[:150], (info.name, attr, obj))
     return names
 

@@ -91,8 +91,9 @@ def _summary_table(rows: list[dict]) -> str:
 def _disagreement(agreement) -> str | None:
     if not isinstance(agreement, dict) or agreement.get("within") is not False:
         return None
-    return (f"DISAGREES with the FP32 reference: probabilities {agreement['max_abs_gap']:.3g} apart "
-            f"(tolerance {agreement['tolerance']:g})")
+    from dohnuts.bench.quality import gap_words
+
+    return f"DISAGREES with the FP32 reference: {gap_words(agreement)}"
 
 
 def _serving(section: dict | None) -> str:

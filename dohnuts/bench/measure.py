@@ -26,6 +26,13 @@ from dohnuts.runtime.timing import NULL_TIMER, StageTimer, empty_stage_cost
 # .overhead_summary), what the timer's self-measured host time only bounds from above on a GPU.
 HARNESS_AB_PAIRS = 8
 
+# A device's energy counter advances in steps (NVML on the H200: about one per 100 ms, each ~70 J at
+# full load), so one short call reads 0 or a whole step. A target's energy per call is measured
+# instead over untimed back-to-back calls lasting at least ENERGY_WINDOW_S: the steps' error is then
+# at most one step over the window (≤ 7 % at 100 ms steps).
+ENERGY_WINDOW_S = 1.5
+ENERGY_WINDOW_MIN_CALLS = 3
+
 
 def untimed_call_ms(ctx: TargetContext, target: Target, call) -> float:
     """Wall milliseconds of one call with no stage timer (the device synchronised on both sides)."""
@@ -37,6 +44,30 @@ def untimed_call_ms(ctx: TargetContext, target: Target, call) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return (time.perf_counter() - t0) * 1e3
+
+
+def energy_window(ctx: TargetContext, target: Target, calls: list) -> dict | None:
+    """The device energy of back-to-back untimed calls of `target` (cycling through `calls`) for at
+    least ENERGY_WINDOW_S and ENERGY_WINDOW_MIN_CALLS calls: `{"joules", "calls", "seconds"}`, or
+    None where the telemetry has no energy counter or it could not be read (no call is run then)."""
+    device = ctx.device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    e0 = ctx.telemetry.energy()
+    if e0.joules is None:
+        return None
+    t0 = time.perf_counter()
+    n = 0
+    while n < ENERGY_WINDOW_MIN_CALLS or time.perf_counter() - t0 < ENERGY_WINDOW_S:
+        target.run_call(calls[n % len(calls)], NULL_TIMER)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        n += 1
+    t1 = time.perf_counter()
+    energy = call_energy(e0, ctx.telemetry.energy())
+    if energy["joules"] is None:
+        return None
+    return {"joules": energy["joules"], "calls": n, "seconds": t1 - t0}
 
 
 def measure_call(ctx: TargetContext, target: Target, call, iteration: int, phase: str = "steady",

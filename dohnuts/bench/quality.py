@@ -38,6 +38,12 @@ from dohnuts.runtime.requests import Request, read_requests, require_rewards
 from dohnuts.runtime.timing import NULL_TIMER, StageTimer
 
 REFERENCE = "FP32, plain-torch ops, no sharing, eager"
+# At a lower precision the same path at that precision is the yardstick: its own gap to the FP32
+# reference is the rounding error of the mathematics without our kernels (on the H200, BF16 plain
+# ops sat 0.05–0.1 from FP32 on the random-weight 2b presets). A target within YARDSTICK_FACTOR of
+# it is as right as the mathematics at that precision can be, whatever the stated tolerance.
+YARDSTICK = "plain-torch ops, no sharing, eager, at the target's precision"
+YARDSTICK_FACTOR = 1.5
 
 
 def sample_calls(calls: list, n: int) -> list[PredictCall]:
@@ -45,13 +51,15 @@ def sample_calls(calls: list, n: int) -> list[PredictCall]:
     return [c for c in calls if isinstance(c, PredictCall)][:n]
 
 
-def reference_outputs(spec, entry, tspec, device: torch.device, calls: list[PredictCall]) -> list:
-    """The FP32 reference path's outputs (RequestResults) for `calls`, for target entry `tspec`."""
+def reference_outputs(spec, entry, tspec, device: torch.device, calls: list[PredictCall],
+                      dtype: torch.dtype = torch.float32) -> list:
+    """The reference path's outputs (RequestResults) for `calls`, for target entry `tspec`: FP32,
+    or at `dtype` for the yardstick."""
     import dohnuts.ops
 
     options = entry.reference_options(entry.options(tspec.options, source=spec.file))
     with dohnuts.ops.reference():
-        target, _ = entry.build(spec, device, torch.float32, options)
+        target, _ = entry.build(spec, device, dtype, options)
         try:
             outputs = [target.run_call(c, NULL_TIMER).output for c in calls]
         finally:
@@ -68,29 +76,50 @@ def reference_key(entry, tspec, spec) -> str:
     return f"{entry.name}:{entry.reference_options(entry.options(tspec.options, source=spec.file))!r}"
 
 
-def agreement(outputs: list, reference: list, tolerance: float) -> dict:
-    """The target's probabilities against the reference's, question by question."""
+def _max_gap(outputs: list, reference: list) -> tuple[float, int, int]:
     gap, agree, questions = 0.0, 0, 0
     for got, ref in zip(outputs, reference):
         for q, r in zip(got.questions, ref.questions):
             questions += 1
             agree += int(q.choice == r.choice)
             gap = max(gap, max((abs(a - b) for a, b in zip(q.probabilities, r.probabilities)), default=0.0))
-    return {"requests": len(reference), "questions": questions, "max_abs_gap": gap,
-            "choice_agreement": agree / questions if questions else None, "agreeing_choices": agree,
-            "tolerance": tolerance, "within": gap <= tolerance, "reference": REFERENCE}
+    return gap, agree, questions
 
 
-def check_agreement(ctx: TargetContext, target, calls: list[PredictCall], reference: list) -> dict | None:
+def agreement(outputs: list, reference: list, tolerance: float, yardstick: list | None = None) -> dict:
+    """The target's probabilities against the reference's, question by question. With a
+    `yardstick` (the reference path at the target's precision), the tolerance applied is the
+    stated one or YARDSTICK_FACTOR × the yardstick's own gap, whichever is larger."""
+    gap, agree, questions = _max_gap(outputs, reference)
+    out = {"requests": len(reference), "questions": questions, "max_abs_gap": gap,
+           "choice_agreement": agree / questions if questions else None, "agreeing_choices": agree,
+           "tolerance": tolerance, "reference": REFERENCE}
+    if yardstick is not None:
+        yard_gap = _max_gap(yardstick, reference)[0]
+        out |= {"stated_tolerance": tolerance, "yardstick": YARDSTICK, "yardstick_gap": yard_gap,
+                "tolerance": max(tolerance, YARDSTICK_FACTOR * yard_gap)}
+    return out | {"within": gap <= out["tolerance"]}
+
+
+def check_agreement(ctx: TargetContext, target, calls: list[PredictCall], reference: list,
+                    yardstick: list | None = None) -> dict | None:
     """The target's outputs on the sample against the reference's (None: it reports no output)."""
     outputs = [target.run_call(c, NULL_TIMER).output for c in calls]
     if any(o is None for o in outputs):
         return None
-    result = agreement(outputs, reference, ctx.spec.agreement.tolerance_for(_precision(ctx.dtype)))
+    result = agreement(outputs, reference, ctx.spec.agreement.tolerance_for(_precision(ctx.dtype)), yardstick)
     if not result["within"]:
-        log.warning("%s · %s DISAGREES with the FP32 reference: probabilities %.3g apart (tolerance %g); its "
-                    "records are flagged", ctx.spec.name, ctx.target.label, result["max_abs_gap"], result["tolerance"])
+        log.warning("%s · %s DISAGREES with the FP32 reference: %s; its records are flagged",
+                    ctx.spec.name, ctx.target.label, gap_words(result))
     return result
+
+
+def gap_words(agreement: dict) -> str:
+    """'probabilities 0.12 apart (tolerance 0.05; BF16 plain ops 0.03 apart)' for the reports."""
+    words = f"probabilities {agreement['max_abs_gap']:.3g} apart (tolerance {agreement['tolerance']:.3g}"
+    if agreement.get("yardstick_gap") is not None:
+        words += f"; the same mathematics in plain ops at this precision: {agreement['yardstick_gap']:.3g} apart"
+    return words + ")"
 
 
 def _precision(dtype: torch.dtype) -> str:

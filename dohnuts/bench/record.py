@@ -42,6 +42,9 @@ class TargetContext:
     # the target's probabilities against the FP32 reference path (dohnuts.bench.quality), written to
     # every record measured after the check; None: not checked
     agreement: dict | None = None
+    # the device's energy over back-to-back calls of this target (dohnuts.bench.measure
+    # .energy_window), written into every steady record's `energy.window`; None: no counter
+    energy_window: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,8 @@ def call_record(ctx: TargetContext, m: CallMeasurement) -> dict:
         "peak_mem_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         "telemetry": m.window,
         "validity": m.validity,
-        "energy": m.energy,
+        "energy": m.energy | {"window": ctx.energy_window} if ctx.energy_window and m.phase == "steady"
+        else m.energy,
         "extra": m.extra,
         "agreement": ctx.agreement,
         "provenance": ctx.provenance,

@@ -25,7 +25,7 @@ import torch
 
 from dohnuts.bench.analysis.compare import required_calls
 from dohnuts.bench.contracts import RunContext, WorkloadContext
-from dohnuts.bench.measure import HARNESS_AB_PAIRS, measure_call, untimed_call_ms
+from dohnuts.bench.measure import HARNESS_AB_PAIRS, energy_window, measure_call, untimed_call_ms
 from dohnuts.bench.provenance import provenance
 from dohnuts.bench.quality import (
     can_score, check_agreement, labelled_set, measure_accuracy, reference_key, reference_outputs, sample_calls,
@@ -107,7 +107,7 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict[str, R
         warmup = max(warmup, len(calls))  # e.g. a warm cache: every distinct call seen once
     schedule = Schedule(calls, warmup)
     if not world.distributed:  # quality checks: one process (a launcher's ranks shard the calls)
-        schedule = _quality_inputs(run, spec, targets, schedule, device, workdir)
+        schedule = _quality_inputs(run, spec, targets, schedule, device, dtype, workdir)
     prov = provenance(device, telemetry)
     ranks = {"rank": world.rank, "world_size": world.size, "shard": "collective" if kind.collective else "data"}
     written = 0
@@ -133,7 +133,7 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict[str, R
 
 
 def _quality_inputs(run: RunContext, spec: WorkloadSpec, targets: dict[str, RegisteredTarget], schedule: Schedule,
-                    device: torch.device, workdir) -> Schedule:
+                    device: torch.device, dtype: torch.dtype, workdir) -> Schedule:
     """The reference check's sample and its FP32 reference outputs (computed before any target
     is built: one reference model at a time), and the accuracy mode's labelled set."""
     sample = sample_calls(schedule.calls, spec.agreement.sample)
@@ -147,7 +147,11 @@ def _quality_inputs(run: RunContext, spec: WorkloadSpec, targets: dict[str, Regi
             continue
         log.info("%s: the FP32 reference path on %d request(s) (%s's weights)", spec.name, len(sample), tspec.label)
         try:
-            references[key] = reference_outputs(spec, entry, tspec, device, sample)
+            reference = reference_outputs(spec, entry, tspec, device, sample)
+            yardstick = None
+            if dtype != torch.float32:  # the same path at the targets' precision (quality.YARDSTICK)
+                yardstick = reference_outputs(spec, entry, tspec, device, sample, dtype)
+            references[key] = (reference, yardstick)
         except (RuntimeError, MemoryError) as exc:
             # The check cannot run on this device (no memory for an FP32 copy, a reference op that
             # fails there): the performance is still measured; the failure is said and kept in
@@ -203,7 +207,11 @@ def _measure_target(pm, ctx: TargetContext, entry: RegisteredTarget, schedule: S
         key = reference_key(entry, tspec, spec) if entry.reference_options is not None else None
         if key in schedule.references:  # after warm-up, before the measured calls: every record carries it
             ctx = dataclasses.replace(ctx, agreement=check_agreement(ctx, target, schedule.sample,
-                                                                     schedule.references[key]))
+                                                                     *schedule.references[key]))
+        # the target's energy per call over a window of back-to-back calls (the counter's steps are
+        # too coarse for one call); carried in every steady record like the agreement
+        ctx = dataclasses.replace(ctx, energy_window=energy_window(
+            ctx, target, [calls[(warmup + j) % len(calls)] for j in range(len(calls))]))
         barrier(world)  # the ranks start measuring together
         start = time.perf_counter()
         i, wanted, walls = 0, spec.repeat, []

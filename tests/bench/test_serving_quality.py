@@ -188,3 +188,12 @@ def test_agreement_arithmetic():
     off = agreement([result((0.69, 0.31), (0.6, 0.4))], ref, 0.05)
     assert off["max_abs_gap"] == pytest.approx(0.4) and off["choice_agreement"] == 0.5 and not off["within"]
     assert off["questions"] == 2 and off["agreeing_choices"] == 1
+    # with a yardstick (the reference path at the target's precision): 1.5 × its own gap, or the
+    # stated tolerance where that is larger
+    yard = [result((0.62, 0.38), (0.2, 0.8))]  # 0.08 from the reference
+    near = agreement([result((0.6, 0.4), (0.2, 0.8))], ref, 0.05, yard)  # 0.10 ≤ 1.5 × 0.08
+    assert near["yardstick_gap"] == pytest.approx(0.08) and near["tolerance"] == pytest.approx(0.12)
+    assert near["stated_tolerance"] == 0.05 and near["within"]
+    assert not agreement([result((0.55, 0.45), (0.2, 0.8))], ref, 0.05, yard)["within"]  # 0.15 > 0.12
+    tight = agreement([result((0.66, 0.34), (0.2, 0.8))], ref, 0.05, [result((0.69, 0.31), (0.2, 0.8))])
+    assert tight["tolerance"] == 0.05 and tight["within"]  # 1.5 × 0.01 < the stated 0.05

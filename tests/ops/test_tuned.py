@@ -84,3 +84,21 @@ def test_committed_entries_match_today_s_kernel_sources():
             if _tuned.source_digest(kernel) != entry["source_sha256"]:
                 stale.append(f"{entry['module']}.{entry['kernel']}")
     assert not stale, f"stale tuned entries (kernel source changed): {sorted(set(stale))}"
+
+
+def test_the_table_builder_finds_autotuners_under_other_wrappers():
+    """fla puts `@triton.heuristics` outside `@triton.autotune` on most of its kernels: the builder
+    finds those autotuners too (on the H200, 13 of fla's kernels were once left out of the table).
+    In a new process: this one keeps fla out (tests/conftest.py)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    names = ("chunk_fwd_kernel_o", "chunk_gated_delta_rule_fwd_kernel_h_blockdim64",
+             "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64", "prepare_wy_repr_bwd_kernel",
+             "_delta_h_kernel", "_conv_kernel")
+    code = ("from benchmarks.tuned_table import kernels; found = kernels(); "
+            f"print([n for n in {names!r} if n not in found])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

@@ -17,7 +17,8 @@ One record per measured call, schema 1 (the harness writes them, append-only):
      "lora": {"rank": int, "targets": [str], "merged": bool},    # optional: the adapters' shape
      "validity": {"valid": bool, "reasons": [str], "detail": [str], "gpu_samples": int},  # optional: the gate
      "energy": {"joules": float | null, "source": "nvml" | "amdsmi" | null,   # optional: the device's
-                "reason": str | null},                                          #   energy counter over the call
+                "reason": str | null,                                           #   energy counter over the call;
+                "window": {"joules", "calls", "seconds"}},                      #   steady: back-to-back calls
      "harness_overhead_ms": float,   # optional: the harness's own time in this call (breakdown in
      "harness_overhead": {...},      #   "harness_overhead", see dohnuts.bench.runner.harness_overhead)
      "agreement": {"max_abs_gap", "choice_agreement", "tolerance", "within", ...} | null,  # optional:
@@ -128,13 +129,24 @@ class StreamTimes(msgspec.Struct):
     energy_j: NonNegative | None = None  # the whole stream's energy (a request's alone is not measurable)
 
 
+class EnergyWindow(msgspec.Struct):
+    """`energy.window` (dohnuts.bench.measure.energy_window): the counter over `calls` untimed
+    back-to-back calls of the target lasting `seconds`, long enough for the counter's steps."""
+
+    joules: NonNegative
+    calls: Annotated[int, msgspec.Meta(ge=1)]
+    seconds: Annotated[float, msgspec.Meta(gt=0.0, le=1e6)]
+
+
 class Energy(msgspec.Struct):
     """A record's `energy` (dohnuts.bench.telemetry.call_energy): the joules the device's energy
-    counter advanced over the call, the sampler it came from, or why there are none."""
+    counter advanced over the call, the sampler it came from, or why there are none; a steady
+    call's `window` is the target's energy over a window of back-to-back calls."""
 
     joules: NonNegative | None = None
     source: str | None = None
     reason: str | None = None
+    window: EnergyWindow | None = None
 
 
 class ServingTimes(msgspec.Struct):

@@ -109,8 +109,10 @@ def curve_lines(c: LoadCurve) -> Text:
         out.append("\n")
     if c.agreement and c.agreement.get("within") is False:
         g = c.agreement
-        out.append(f"this target DISAGREES with the FP32 reference (probabilities {g['max_abs_gap']:.3g} apart, "
-                   f"tolerance {g['tolerance']:g}): its speed is not the product's\n", style="bold red")
+        from dohnuts.bench.quality import gap_words
+
+        out.append(f"this target DISAGREES with the FP32 reference ({gap_words(g)}): its speed is not the "
+                   "product's\n", style="bold red")
     return out
 
 

@@ -114,19 +114,30 @@ def summarize(records: list[dict]) -> list[dict]:
 
 
 def energy_summary(records: list[dict]) -> dict:
-    """The device energy of a group of calls, from the records' `energy` (the vendor's counter read
-    around each call): `energy_j_per_call`, the mean over the calls that have joules, and
-    `energy_j_per_decision`, their joules over their decisions (candidates scored) — sums, not
-    medians: a counter advances in steps, so one short call reads 0 or a step, and only the sum over
-    calls is right. Both None where no call has joules (a CPU run, a GPU without a counter);
-    `energy_source` names the counter (nvml, amdsmi) and `energy_calls` counts the calls metered."""
+    """The device energy of a group of calls: `energy_j_per_call` and `energy_j_per_decision`.
+
+    From the target's energy window where the records carry one (`energy.window`: the counter over
+    back-to-back calls lasting over a second, dohnuts.bench.measure.energy_window); otherwise the
+    mean of the per-call readings — a counter advances in steps, so one short call reads 0 or a
+    step and only a sum over calls means anything (`energy_method` says which). Both None where no
+    call has joules (a CPU run, a GPU without a counter); `energy_source` names the counter (nvml,
+    amdsmi) and `energy_calls` counts the calls metered."""
     metered = [r for r in records if isinstance((r.get("energy") or {}).get("joules"), (int, float))]
-    joules = sum(r["energy"]["joules"] for r in metered)
-    decisions = sum(r["decisions"] for r in metered)
     sources = sorted({str(r["energy"].get("source")) for r in metered})
+    windows = [r["energy"]["window"] for r in records if isinstance((r.get("energy") or {}).get("window"), dict)]
+    decisions = statistics.median(r["decisions"] for r in records) if records else 0
+    if windows:
+        w = windows[0]  # one window per target: every record carries the same
+        per_call = w["joules"] / w["calls"]
+        return {"energy_j_per_call": per_call, "energy_j_per_decision": per_call / decisions if decisions else None,
+                "energy_source": ", ".join(sources) or None, "energy_calls": w["calls"],
+                "energy_method": f"window of {w['calls']} calls, {w['seconds']:.1f} s"}
+    joules = sum(r["energy"]["joules"] for r in metered)
+    decided = sum(r["decisions"] for r in metered)
     return {"energy_j_per_call": joules / len(metered) if metered else None,
-            "energy_j_per_decision": joules / decisions if decisions else None,
-            "energy_source": ", ".join(sources) or None, "energy_calls": len(metered)}
+            "energy_j_per_decision": joules / decided if decided else None,
+            "energy_source": ", ".join(sources) or None, "energy_calls": len(metered),
+            "energy_method": "per-call readings" if metered else None}
 
 
 def quality_table(rows: list[dict]) -> FitTable:
@@ -200,8 +211,9 @@ def disagreement(agreement: dict | None) -> str | None:
     tolerance (dohnuts.bench.quality), else None."""
     if not isinstance(agreement, dict) or agreement.get("within") is not False:
         return None
-    return (f"DISAGREES with the FP32 reference: probabilities {agreement['max_abs_gap']:.3g} apart "
-            f"(tolerance {agreement['tolerance']:g})")
+    from dohnuts.bench.quality import gap_words
+
+    return f"DISAGREES with the FP32 reference: {gap_words(agreement)}"
 
 
 def flagged_target(row: dict) -> str | Text:
