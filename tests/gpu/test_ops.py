@@ -17,6 +17,17 @@ from tests.reference import relative_error
 pytestmark = pytest.mark.gpu
 
 
+def test_this_gpu_runs_the_fused_kernels():
+    """The device probe passes on a GPU we have kernels for, and ops take their fused paths (on
+    the H200 once every op took its reference path inside pytest while the bench ran fused)."""
+    from dohnuts.ops._dispatch import _REFERENCE, kernel_status, use_fused
+
+    x = torch.ones(4, device=DEV)
+    assert kernel_status(x.device) == "fused"
+    assert not _REFERENCE.get()
+    assert use_fused(x)
+
+
 def test_rms_norm_and_gated_norm():
     from dohnuts.ops.norm import gated_rms_norm_fused, gated_rms_norm_reference, rms_norm_fused, rms_norm_reference
 
