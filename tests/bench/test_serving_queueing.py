@@ -147,3 +147,44 @@ def test_search_steps():
     assert next_rate(None, 10.0, plan) == 5.0 and next_rate(None, 1.0, plan) is None
     assert next_rate(10.0, 40.0, plan) == pytest.approx(20.0)  # geometric bisection
     assert next_rate(10.0, 10.4, plan) is None  # bracketed within the resolution
+
+
+def test_a_slow_target_s_search_starts_at_the_lowest_rate_its_budget_allows():
+    """The H200 case (2026-12-02): transformers at 51 ms a call, SLO p99 ≤ 100 ms, 368 requests a
+    point, budget_s 60 — M/D/1's answer (1.8 req/s) would take 200 s of arrivals, so the search
+    starts at the lowest rate whose arrivals fit the budget. It once started nothing at all (the
+    boundary rate fitted only at the instant it was found) and reported no probe silently."""
+    import types
+
+    from dohnuts.bench.serving import scenario
+    from dohnuts.bench.serving.config import SearchFields, ServingFields
+    from dohnuts.bench.serving.search import PointSummary
+
+    serving = ServingFields(slo_ms=100, percentile=99, queue=64, min_duration_s=2, max_duration_s=40, budget_s=60,
+                            search=SearchFields(low_rps=1, points=6, resolution=0.05, step=1.25))
+    measured, said = [], []
+
+    class Runner:
+        rules = scenario.Rules(scenario.min_requests("server", serving), serving.min_duration_s)
+        ctx = types.SimpleNamespace(spec=types.SimpleNamespace(serving=serving, seed=0, name="w"),
+                                    target=types.SimpleNamespace(label="t"))
+
+        def say(self, text, warning=False):
+            said.append(text)
+
+        def measure(self, arrivals, role, capacity):
+            measured.append((role, arrivals.span_s))
+            return PointSummary.__new__(PointSummary)  # never read: the search is stopped below
+
+    def one_probe(measure, first, plan, fits):
+        assert fits(first)  # the first probe fits when the search checks it
+        return [measure(first)]
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(scenario, "slo_search", one_probe), \
+            unittest.mock.patch.object(scenario, "search_result",
+                                       lambda tried: types.SimpleNamespace(words=lambda: "…")):
+        scenario.run_server(Runner(), 0.05146)
+    assert measured and measured[0][0] == "search" and 55 < measured[0][1] <= 60
+    assert any("would outlast budget_s 60 s" in s for s in said)

@@ -111,16 +111,21 @@ def run_server(runner: PointRunner, service_s: float) -> None:
     first = min(plan.high_rps, max(plan.low_rps, first or plan.low_rps))
     if not fits(first):  # too slow a first probe for the budget: the lowest rate that fits instead
         if not fits(plan.high_rps):
-            runner.say(f"no search probe fits budget_s {serving.budget_s:g} s")
+            runner.say(f"no search probe fits budget_s {serving.budget_s:g} s", warning=True)
             return
-        lo, hi = first, plan.high_rps
+        wanted, lo, hi = first, first, plan.high_rps
         for _ in range(30):
             mid = math.sqrt(lo * hi)
             lo, hi = (lo, mid) if fits(mid) else (mid, hi)
-        runner.say(f"the first probe ({first:.3g} req/s) would outlast budget_s {serving.budget_s:g} s: starting at "
-                   f"{hi:.3g} req/s, the lowest rate whose arrivals fit")
-        first = hi
+        # 2 % above the boundary: at the boundary itself the arrivals fit only at the instant of the
+        # bisection, and the search (checking again) would start nothing (an H200 run, 2026-12-02)
+        first = min(plan.high_rps, hi * 1.02)
+        runner.say(f"the first probe ({wanted:.3g} req/s) would outlast budget_s "
+                   f"{serving.budget_s:g} s: starting at {first:.3g} req/s, near the lowest rate whose arrivals fit")
     tried = slo_search(lambda rate: runner.measure(arrivals(rate), role="search", capacity=queue), first, plan, fits)
+    if not tried:
+        runner.say(f"no search probe started: none fits budget_s {serving.budget_s:g} s", warning=True)
+        return
     runner.say(f"max rate at p{serving.percentile:g} ≤ {serving.slo_ms:g} ms: {search_result(tried).words()}")
 
 
