@@ -22,8 +22,14 @@ def test_this_gpu_runs_the_fused_kernels():
     the H200 once every op took its reference path inside pytest while the bench ran fused)."""
     from dohnuts.ops._dispatch import _REFERENCE, kernel_status, use_fused
 
+    from dohnuts.ops._dispatch import probe_fused_kernels
+
     x = torch.ones(4, device=DEV)
     assert kernel_status(x.device) == "fused"
+    # a first fused call under a training step's autocast and autograd: the probe ignores both
+    # (under autocast its FP32 check once compared BF16 and failed: every op then ran its reference)
+    with torch.autocast("cuda", dtype=torch.bfloat16), torch.enable_grad():
+        probe_fused_kernels(x.device)
     assert not _REFERENCE.get()
     assert use_fused(x)
 

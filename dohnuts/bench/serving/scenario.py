@@ -105,13 +105,20 @@ def run_server(runner: PointRunner, service_s: float) -> None:
                       resolution=search.resolution, step=search.step)
     start = time.perf_counter()
 
-    def fits(rate: float) -> bool:  # the probe's arrivals end within what is left of the budget
-        return not serving.budget_s or arrivals(rate).span_s <= serving.budget_s - (time.perf_counter() - start)
+    def fits(rate: float) -> bool:
+        # the probe's arrivals end within what is left of the budget, and before the point's own
+        # deadline (max_duration_s): a point cut there is short of its minimums, so invalid (the
+        # H200's transformers point at 6.9 req/s: 58 s of arrivals, cut at 40 s, 2026-12-02)
+        span = arrivals(rate).span_s
+        if span > serving.max_duration_s:
+            return False
+        return not serving.budget_s or span <= serving.budget_s - (time.perf_counter() - start)
 
     first = min(plan.high_rps, max(plan.low_rps, first or plan.low_rps))
     if not fits(first):  # too slow a first probe for the budget: the lowest rate that fits instead
         if not fits(plan.high_rps):
-            runner.say(f"no search probe fits budget_s {serving.budget_s:g} s", warning=True)
+            runner.say(f"no search probe fits budget_s {serving.budget_s:g} s and max_duration_s "
+                       f"{serving.max_duration_s:g} s", warning=True)
             return
         wanted, lo, hi = first, first, plan.high_rps
         for _ in range(30):
@@ -120,11 +127,13 @@ def run_server(runner: PointRunner, service_s: float) -> None:
         # 2 % above the boundary: at the boundary itself the arrivals fit only at the instant of the
         # bisection, and the search (checking again) would start nothing (an H200 run, 2026-12-02)
         first = min(plan.high_rps, hi * 1.02)
-        runner.say(f"the first probe ({wanted:.3g} req/s) would outlast budget_s "
-                   f"{serving.budget_s:g} s: starting at {first:.3g} req/s, near the lowest rate whose arrivals fit")
+        runner.say(f"the first probe ({wanted:.3g} req/s) would outlast budget_s {serving.budget_s:g} s or "
+                   f"max_duration_s {serving.max_duration_s:g} s: starting at {first:.3g} req/s, near the lowest "
+                   "rate whose arrivals fit")
     tried = slo_search(lambda rate: runner.measure(arrivals(rate), role="search", capacity=queue), first, plan, fits)
     if not tried:
-        runner.say(f"no search probe started: none fits budget_s {serving.budget_s:g} s", warning=True)
+        runner.say(f"no search probe started: none fits budget_s {serving.budget_s:g} s and max_duration_s "
+                   f"{serving.max_duration_s:g} s", warning=True)
         return
     runner.say(f"max rate at p{serving.percentile:g} ≤ {serving.slo_ms:g} ms: {search_result(tried).words()}")
 
