@@ -296,13 +296,17 @@ def adapter_metadata(draw, base: dict):
 @FUZZ
 @given(data=st.data())
 def test_adapter_reader_on_hostile_metadata(adapter, tmp_path_factory, data):
+    _check_adapter(_hostile_adapter_file(adapter, tmp_path_factory, data))
+
+
+def _hostile_adapter_file(adapter, tmp_path_factory, data):
+    """The fixture's adapter tensors saved with drawn hostile metadata."""
     from safetensors.torch import save_file
 
     tensors, base = adapter
-    meta = data.draw(adapter_metadata(base))
     path = tmp_path_factory.mktemp("a") / "a.safetensors"
-    save_file(tensors, str(path), metadata=meta)
-    _check_adapter(path)
+    save_file(tensors, str(path), metadata=data.draw(adapter_metadata(base)))
+    return path
 
 
 @FUZZ
@@ -319,15 +323,10 @@ def test_adapter_reader_on_arbitrary_files(tmp_path_factory, header, data, raw):
 @given(data=st.data())
 def test_a_hostile_adapter_never_reaches_a_score(adapter, tmp_path_factory, data):
     """Loaded as `predict --adapter` loads it: refused in one line, or every probability finite."""
-    from safetensors.torch import save_file
-
     import dohnuts.api as api
     from dohnuts.train.task import synthetic_requests
 
-    tensors, base = adapter
-    meta = data.draw(adapter_metadata(base))
-    path = tmp_path_factory.mktemp("a") / "a.safetensors"
-    save_file(tensors, str(path), metadata=meta)
+    path = _hostile_adapter_file(adapter, tmp_path_factory, data)
     try:
         session = api.load("tiny", adapter=path)
     except DohnutsError as exc:
