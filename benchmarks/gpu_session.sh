@@ -72,7 +72,10 @@ if [ -n "${WORKLOADS:-}" ] && [ "$(left)" -gt 60 ]; then
   d=$(ls -d /tmp/runs/*/ | tail -1)
   mkdir -p /tmp/bench_out && cp "$d/results.jsonl" "$d/run.json" "$d/summary.json" "$d/report.txt" \
     "$d/report.html" /tmp/bench_log.txt /tmp/bench_out/ 2>/dev/null
-  [ -d "$d/traces" ] && cp -r "$d/traces" /tmp/bench_out/
+  if [ -d "$d/traces" ]; then
+    cp -r "$d/traces" /tmp/bench_out/
+    for t in "$d"/traces/*.ops.txt; do echo "== $(basename "$t")"; head -16 "$t" | cut -c1-200; done
+  fi
   tar czf "$OUT/bench.tar.gz" -C /tmp bench_out  # one file: a call returns at most 8
 fi
 if [ -n "${SCALING:-}" ] && [ "$(left)" -gt 90 ]; then

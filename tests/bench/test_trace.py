@@ -44,6 +44,10 @@ def test_a_profiled_run_writes_a_trace_with_the_stage_names(tmp_path):
     stages = {name for r in records if r["phase"] == "steady" for name in r["stages"]}
     assert stages and {f"dohnuts:{s}" for s in stages} <= names
     assert {f"dohnuts call {i}" for i in range(3)} <= names
+    # beside it, the profiler's operator table: the stages and the model's operators by self time
+    ops = (path.parent / path.name.replace(".json.gz", ".ops.txt")).read_text()
+    assert "self_cpu_time_total" in ops.splitlines()[0] and "Self CPU" in ops
+    assert "dohnuts:forward" in ops and "aten::" in ops
     # the profiled calls left no record: one first call, the measured calls numbered 0..n-1, the stream
     steady = [r["iteration"] for r in records if r["phase"] == "steady"]
     assert steady == list(range(len(steady))) and len(steady) >= 2
