@@ -11,6 +11,10 @@ path. It answers, on the machine at hand, whether a change is worth making:
 - `delta_configs`: each tuning config of the fused delta-rule kernel (FUSE_O, and FUSE_WU) in a
   process of its own, at full and partial last chunks, checked against fla's kernels: a config
   that faults (illegal address on Triton 3.6) takes only its own CUDA context.
+- `train_ops`: forward + backward of each op a training microbatch runs (train-step-2b: 8 × 512
+  tokens, 2b sizes, frozen weights as under LoRA), the one kernel set against the fla autograd
+  ops training ran before it (M23 → M25: the backward stage grew 178 → 263 ms), gradients
+  compared: which op costs the difference.
 
     python benchmarks/kernel_lab.py --out lab.json [--only delta_ho,conv_parts]
 
@@ -179,6 +183,131 @@ def lab_conv_parts(out: dict) -> None:
         res[key] = {"ms": ms, "equal": same}
         print(f"conv_parts {key:12s} " + "  ".join(f"{k} {v * 1e3:7.1f} us" for k, v in ms.items()) + f"  equal {same}")
     out["conv_parts"] = {"clock": _clock(), "shapes": res}
+
+
+def _fwd_bwd(fn, inputs: list, seed: int):
+    """A closure running fn(*inputs) and the gradients of the inputs that require them, for a fixed
+    random output gradient; and those gradients once (for comparing candidates)."""
+    import torch
+
+    def flat(out):
+        out = out if isinstance(out, (tuple, list)) else (out,)
+        return [o for o in out if isinstance(o, torch.Tensor) and o.requires_grad]
+
+    wrt = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    grads = [torch.randn(o.shape, device="cuda", generator=gen).to(o.dtype) for o in flat(fn(*inputs))]
+
+    def run():
+        return torch.autograd.grad(flat(fn(*inputs)), wrt, grads)
+
+    return run, run()
+
+
+def _time_fwd_bwd(runs: dict) -> tuple[dict, str]:
+    """Median ms of each fwd+bwd closure: in CUDA graphs as training runs them, else eagerly."""
+    try:
+        return _ab(runs, graph=True), "cuda graphs"
+    except Exception as exc:  # noqa: BLE001 - a candidate that cannot be captured: time all eagerly
+        return _ab(runs), f"eager ({type(exc).__name__} in capture)"
+
+
+def lab_train_ops(out: dict) -> None:
+    """Forward + backward of each op of a training microbatch at train-step-2b's shape (8 × 512
+    tokens, 2b sizes; weights frozen, as LoRA training leaves them): the one kernel set (dohnuts'
+    autograd functions, the serving forwards) against the fla autograd ops training ran before it.
+    Gradients of the pair compared (max relative error); per op the ms of each and the ratio."""
+    import torch
+    import torch.nn.functional as F
+
+    from dohnuts.config import preset
+    from dohnuts.ops._fla import allow_hopper_backward_for_bk128, fla
+    from dohnuts.ops.activation import swiglu_packed_fused
+    from dohnuts.ops.conv import causal_conv1d_qkv
+    from dohnuts.ops.delta_rule import gated_delta_rule_from_logits
+    from dohnuts.ops.norm import add_rms_norm_fused, rms_norm_fused
+
+    f = fla()
+    allow_hopper_backward_for_bk128()  # fla's own delta-rule backward at BK=128 (KI-1)
+    cfg = preset("qwen3.5-2b").text
+    N, T, Hd, I, eps = 8, 512, cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps
+    H, K = cfg.linear_num_key_heads, cfg.linear_key_head_dim
+    HV, V = cfg.linear_num_value_heads, cfg.linear_value_head_dim
+    sizes = [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim]
+    D, W = sum(sizes), cfg.linear_conv_kernel_dim
+    gen = torch.Generator(device="cuda").manual_seed(101)
+
+    def rnd(*shape, scale=1.0, grad=True):
+        t = (scale * torch.randn(*shape, device="cuda", generator=gen)).bfloat16()
+        return t.requires_grad_(grad)
+
+    w_norm = rnd(Hd, scale=0.1, grad=False)
+    x, res = rnd(N, T, Hd), rnd(N, T, Hd)
+    gu = rnd(N, T, 2 * I)
+    packed = rnd(N, T, D + 2 * HV)  # the q/k/v projection with the b and a columns (a strided slice)
+    w_conv = rnd(D, W, scale=0.3, grad=False)
+    a_log = torch.empty(HV, device="cuda").uniform_(1, 16, generator=gen).log()
+    dt_bias = torch.randn(HV, device="cuda", generator=gen)
+    q, k = (F.normalize(rnd(N, T, H, K, grad=False).float(), dim=-1).bfloat16().requires_grad_() for _ in range(2))
+    v, ab = rnd(N, T, HV, V), rnd(N, T, 2 * HV)
+
+    def conv_ours(p):
+        (cq, ck, cv), _, _ = causal_conv1d_qkv(p[..., :D], w_conv, sizes, K)
+        return cq, ck, cv
+
+    def conv_fla(p):
+        y, _ = f.causal_conv1d(p[..., :D], w_conv, None, activation="silu")
+        return y
+
+    def delta_ours(q, k, v, ab):
+        return gated_delta_rule_from_logits(q, k, v, ab[..., HV:], ab[..., :HV], a_log, dt_bias,
+                                            use_qk_l2norm=False)[0]
+
+    def delta_fla(q, k, v, ab):
+        return f.chunk_gated_delta_rule(q, k, v, ab[..., HV:], ab[..., :HV], use_qk_l2norm_in_kernel=False,
+                                        use_gate_in_kernel=True, A_log=a_log, dt_bias=dt_bias,
+                                        use_beta_sigmoid_in_kernel=True)[0]
+
+    def core_ours(p):  # conv (+ L2 norm of q and k) then the delta rule: the Gated DeltaNet core
+        cq, ck, cv = conv_ours(p)
+        shape = (N, T, -1, K)
+        return gated_delta_rule_from_logits(cq.view(shape), ck.view(shape), cv.view(N, T, HV, V), p[..., D + HV:],
+                                            p[..., D:D + HV], a_log, dt_bias, use_qk_l2norm=False)[0]
+
+    def core_fla(p):  # fla's conv, then its delta rule normalising q and k in its kernel (M23)
+        y = conv_fla(p)
+        cq, ck, cv = y.split(sizes, dim=-1)
+        return f.chunk_gated_delta_rule(cq.reshape(N, T, H, K), ck.reshape(N, T, H, K), cv.reshape(N, T, HV, V),
+                                        p[..., D + HV:], p[..., D:D + HV], use_qk_l2norm_in_kernel=True,
+                                        use_gate_in_kernel=True, A_log=a_log, dt_bias=dt_bias,
+                                        use_beta_sigmoid_in_kernel=True)[0]
+
+    pairs = {
+        "rms_norm": ((lambda x: rms_norm_fused(x, w_norm, eps, 1.0)),
+                     (lambda x: f.rms_norm(x, 1.0 + w_norm.float(), None, eps=eps)), [x]),
+        "add_rms_norm": ((lambda x, r: add_rms_norm_fused(x, r, w_norm, eps, 1.0)),
+                         (lambda x, r: f.rms_norm(x, 1.0 + w_norm.float(), None, residual=r, eps=eps, prenorm=True)),
+                         [x, res]),
+        "swiglu": (swiglu_packed_fused, (lambda g: f.swiglu(g[..., :I], g[..., I:])), [gu]),
+        "conv (ours + L2 norm)": (conv_ours, conv_fla, [packed]),
+        "delta_rule": (delta_ours, delta_fla, [q, k, v, ab]),
+        "gdn_core": (core_ours, core_fla, [packed]),
+    }
+    res_out = {}
+    for name, (ours, theirs, inputs) in pairs.items():
+        try:
+            run_o, g_o = _fwd_bwd(ours, inputs, 7)
+            run_f, g_f = _fwd_bwd(theirs, inputs, 7)
+            err = max(float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+                      for a, b in zip(g_o, g_f))
+            ms, how = _time_fwd_bwd({"one kernel set": run_o, "fla autograd": run_f})
+            res_out[name] = {"ms": ms, "timed": how, "grad_rel_err": err}
+            print(f"train_ops {name:22s} " + "  ".join(f"{k} {v * 1e3:8.1f} us" for k, v in ms.items())
+                  + f"  ratio {ms['one kernel set'] / ms['fla autograd']:.2f}  grad rel err {err:.1e}  ({how})")
+        except Exception as exc:  # noqa: BLE001 - one op's failure must not lose the others
+            res_out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(f"train_ops {name}: {type(exc).__name__}: {exc}")
+    out["train_ops"] = {"clock": _clock(), "shape": f"{N}x{T}", "ops": res_out}
 
 
 # Shapes for `delta_configs`: the text pass, partial last chunks (a test's 8 × 333, the image
