@@ -10,6 +10,7 @@ written beside it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -34,15 +35,31 @@ ENERGY_WINDOW_S = 1.5
 ENERGY_WINDOW_MIN_CALLS = 3
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on `device` (nothing to wait for on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def stage_timers(device: torch.device) -> tuple[dict[int, StageTimer], Callable[[int], StageTimer]]:
+    """A stage timer per request index, made when a pipelined target asks for it: the dict the
+    records read afterwards, and the `timer_for(i)` the target calls."""
+    timers: dict[int, StageTimer] = {}
+
+    def timer_for(i: int) -> StageTimer:
+        timers[i] = StageTimer(device)
+        return timers[i]
+
+    return timers, timer_for
+
+
 def untimed_call_ms(ctx: TargetContext, target: Target, call) -> float:
     """Wall milliseconds of one call with no stage timer (the device synchronised on both sides)."""
     device = ctx.device
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     t0 = time.perf_counter()
     target.run_call(call, NULL_TIMER)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     return (time.perf_counter() - t0) * 1e3
 
 
@@ -51,8 +68,7 @@ def energy_window(ctx: TargetContext, target: Target, calls: list) -> dict | Non
     least ENERGY_WINDOW_S and ENERGY_WINDOW_MIN_CALLS calls: `{"joules", "calls", "seconds"}`, or
     None where the telemetry has no energy counter or it could not be read (no call is run then)."""
     device = ctx.device
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     e0 = ctx.telemetry.energy()
     if e0.joules is None:
         return None
@@ -60,8 +76,7 @@ def energy_window(ctx: TargetContext, target: Target, calls: list) -> dict | Non
     n = 0
     while n < ENERGY_WINDOW_MIN_CALLS or time.perf_counter() - t0 < ENERGY_WINDOW_S:
         target.run_call(calls[n % len(calls)], NULL_TIMER)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         n += 1
     t1 = time.perf_counter()
     energy = call_energy(e0, ctx.telemetry.energy())
@@ -77,14 +92,13 @@ def measure_call(ctx: TargetContext, target: Target, call, iteration: int, phase
     device = ctx.device
     calibration = harness_calibration(ctx.run, device)
     timer = StageTimer(device)
+    synchronize(device)
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
     e0 = ctx.telemetry.energy()  # outside the timed window: the counter's read costs no call time
     t0 = time.perf_counter()
     result: CallResult = target.run_call(call, timer)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     t1 = time.perf_counter()
     e1 = ctx.telemetry.energy()
     window, validity = ctx.telemetry.window_and_validity(t0, t1)
@@ -112,19 +126,12 @@ def measure_stream(ctx: TargetContext, capabilities: TargetCapabilities, calls: 
     if capabilities.run_stream is None:
         return 0
     device = ctx.device
-    timers: dict[int, StageTimer] = {}
-
-    def timer_for(j: int) -> StageTimer:
-        timers[j] = StageTimer(device)
-        return timers[j]
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    timers, timer_for = stage_timers(device)
+    synchronize(device)
     e0 = ctx.telemetry.energy()
     t0 = time.perf_counter()
     rows = capabilities.run_stream(calls, timer_for)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     t1 = time.perf_counter()
     e1 = ctx.telemetry.energy()
     if rows is None:

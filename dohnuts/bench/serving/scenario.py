@@ -28,9 +28,7 @@ import math
 import time
 from types import SimpleNamespace
 
-import torch
-
-from dohnuts.bench.measure import measure_stream
+from dohnuts.bench.measure import measure_stream, stage_timers, synchronize
 from dohnuts.bench.record import CallMeasurement, TargetContext, call_record, stages_dict
 from dohnuts.bench.serving.arrivals import Arrivals, all_at_once, poisson_arrivals, read_trace, trace_arrivals
 from dohnuts.bench.serving.clock import MonotonicClock
@@ -155,14 +153,8 @@ class PointRunner:
         """One load point: `arrivals` into a queue of `capacity` (None: unbounded) before the target."""
         ctx, serving = self.ctx, self.ctx.spec.serving
         device = ctx.device
-        timers: dict[int, StageTimer] = {}
-
-        def timer_for(i: int) -> StageTimer:
-            timers[i] = StageTimer(device)
-            return timers[i]
-
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        timers, timer_for = stage_timers(device)
+        synchronize(device)
         e0 = ctx.telemetry.energy()
         t0 = time.perf_counter()
         served = None
@@ -197,8 +189,7 @@ class PointRunner:
 
         def run_one(req: ServedRequest):
             result = target.run_call(calls[req.index % len(calls)], timer_for(req.index))
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            synchronize(device)
             return result, 0.0  # the first byte is placed from the serialize stage's time (_summary)
 
         return run_one
@@ -265,8 +256,7 @@ def _back_to_back(ctx: TargetContext, target, calls: list, timer_for) -> list[di
     for j, call in enumerate(calls):
         t0 = time.perf_counter()
         result = target.run_call(call, timer_for(j))
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize(ctx.device)
+        synchronize(ctx.device)
         t1 = time.perf_counter()
         rows.append({"decisions": result.decisions, "work": result.work, "submitted": t0, "started": t0, "done": t1})
     return rows
