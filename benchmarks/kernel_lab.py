@@ -13,8 +13,8 @@ path. It answers, on the machine at hand, whether a change is worth making:
   that faults (illegal address on Triton 3.6) takes only its own CUDA context.
 - `train_ops`: forward + backward of each op a training microbatch runs (train-step-2b: 8 × 512
   tokens, 2b sizes, frozen weights as under LoRA), the one kernel set against the fla autograd
-  ops training ran before it (M23 → M25: the backward stage grew 178 → 263 ms), gradients
-  compared: which op costs the difference.
+  ops training ran before it, gradients compared: which op the backward (two thirds of an
+  update, KI-18) spends its time in, and whether each beats the op it replaced.
 
     python benchmarks/kernel_lab.py --out lab.json [--only delta_ho,conv_parts]
 

@@ -27,10 +27,9 @@ from dohnuts.runtime.timing import NULL_TIMER, StageTimer, empty_stage_cost
 # .overhead_summary), what the timer's self-measured host time only bounds from above on a GPU.
 HARNESS_AB_PAIRS = 8
 
-# A device's energy counter advances in steps (NVML on the H200: about one per 100 ms, each ~70 J at
-# full load), so one short call reads 0 or a whole step. A target's energy per call is measured
-# instead over untimed back-to-back calls lasting at least ENERGY_WINDOW_S: the steps' error is then
-# at most one step over the window (≤ 7 % at 100 ms steps).
+# A device's energy counter advances in steps (NVML's may be ~100 ms apart), so one short call reads
+# 0 or a whole step. A target's energy per call is measured instead over untimed back-to-back calls
+# lasting at least ENERGY_WINDOW_S: the steps' error is then at most one step over the window.
 ENERGY_WINDOW_S = 1.5
 ENERGY_WINDOW_MIN_CALLS = 3
 

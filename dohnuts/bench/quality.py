@@ -39,9 +39,9 @@ from dohnuts.runtime.timing import NULL_TIMER, StageTimer
 
 REFERENCE = "FP32, plain-torch ops, no sharing, eager"
 # At a lower precision the same path at that precision is the yardstick: its own gap to the FP32
-# reference is the rounding error of the mathematics without our kernels (on the H200, BF16 plain
-# ops sat 0.05–0.1 from FP32 on the random-weight 2b presets). A target within YARDSTICK_FACTOR of
-# it is as right as the mathematics at that precision can be, whatever the stated tolerance.
+# reference is the rounding error of the mathematics without our kernels (on random-weight presets
+# that can exceed any fixed tolerance). A target within YARDSTICK_FACTOR of it is as right as the
+# mathematics at that precision can be, whatever the stated tolerance.
 YARDSTICK = "plain-torch ops, no sharing, eager, at the target's precision"
 YARDSTICK_FACTOR = 1.5
 

@@ -56,7 +56,7 @@ def probe_fused_kernels(device: torch.device) -> None:
         raise RuntimeError(f"{device} is not a GPU")
     fla()  # fla's ops import (and pick their kernels) for this platform
     # the first fused call may come under a caller's autocast or autograd (a training step): the
-    # probe's own arithmetic must not follow them (autocast once made its FP32 check BF16)
+    # probe's own arithmetic must not follow them (under autocast its FP32 check would be BF16)
     with torch.cuda.device(device), torch.autocast(device.type, enabled=False), torch.no_grad():
         gen = torch.Generator(device=device).manual_seed(0)
         a = torch.randn(16, 16, device=device, generator=gen).to(torch.bfloat16)

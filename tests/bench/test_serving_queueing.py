@@ -150,12 +150,11 @@ def test_search_steps():
 
 
 def test_a_slow_target_s_search_starts_at_the_lowest_rate_its_budget_allows():
-    """The H200 case (2026-12-02): transformers at 51 ms a call, SLO p99 ≤ 100 ms, 368 requests a
-    point, budget_s 60, max_duration_s 40 — M/D/1's answer (1.8 req/s) would take 200 s of
-    arrivals, so the search starts at the lowest rate whose arrivals end before the point's
-    deadline (40 s; a point cut there is short of its 368 requests: invalid). It once started
-    nothing at all (the boundary rate fitted only at the instant it was found), then a point whose
-    58 s of arrivals were cut at 40 s."""
+    """A target at 51 ms a call, SLO p99 ≤ 100 ms, 368 requests a point, budget_s 60,
+    max_duration_s 40: M/D/1's answer (1.8 req/s) would take 200 s of arrivals, so the search
+    starts at the lowest rate whose arrivals end before the point's deadline (a point cut there is
+    short of its 368 requests: invalid) — a probe that fits when the search checks it, not only at
+    the instant the boundary was found."""
     import types
 
     from dohnuts.bench.serving import scenario

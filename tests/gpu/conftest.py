@@ -1,8 +1,7 @@
 """Every GPU test runs where the fused kernels run: a device whose probe failed takes every op's
 reference path (dohnuts.ops._dispatch), and a GPU test on it would compare the reference with
-itself. On the H200 that once happened after test_training.py (the probe first ran under its
-autocast): 12 gradient tests then failed or passed on reference ops. So each test first checks
-the verdict (probing the device if no op has yet) and fails with its reason."""
+itself, passing or failing for no reason about the kernels. So each test first checks the
+verdict (probing the device if no op has yet) and fails with its reason."""
 
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.gpu
 
 
 def test_this_gpu_runs_the_fused_kernels():
-    """The device probe passes on a GPU we have kernels for, and ops take their fused paths (on
-    the H200 once every op took its reference path inside pytest while the bench ran fused)."""
+    """The device probe passes on a GPU we have kernels for, and ops take their fused paths; also
+    when the probe first runs under a training step's autocast and autograd."""
     from dohnuts.ops._dispatch import _REFERENCE, kernel_status, use_fused
 
     from dohnuts.ops._dispatch import probe_fused_kernels
@@ -27,7 +27,7 @@ def test_this_gpu_runs_the_fused_kernels():
     x = torch.ones(4, device=DEV)
     assert kernel_status(x.device) == "fused"
     # a first fused call under a training step's autocast and autograd: the probe ignores both
-    # (under autocast its FP32 check once compared BF16 and failed: every op then ran its reference)
+    # (a failed probe would put every later op on its reference path)
     with torch.autocast("cuda", dtype=torch.bfloat16), torch.enable_grad():
         probe_fused_kernels(x.device)
     assert not _REFERENCE.get()

@@ -100,7 +100,7 @@ print(json.dumps(stale))
 
 def test_the_table_builder_finds_autotuners_under_other_wrappers():
     """fla puts `@triton.heuristics` outside `@triton.autotune` on most of its kernels: the builder
-    finds those autotuners too (on the H200, 13 of fla's kernels were once left out of the table).
+    finds those autotuners too (a table without them leaves most of fla's kernels to tune).
     In a new process: this one keeps fla out (tests/conftest.py)."""
     import subprocess
     import sys

@@ -105,8 +105,7 @@ def run_server(runner: PointRunner, service_s: float) -> None:
 
     def fits(rate: float) -> bool:
         # the probe's arrivals end within what is left of the budget, and before the point's own
-        # deadline (max_duration_s): a point cut there is short of its minimums, so invalid (the
-        # H200's transformers point at 6.9 req/s: 58 s of arrivals, cut at 40 s, 2026-12-02)
+        # deadline (max_duration_s): a point cut there is short of its minimums, so invalid
         span = arrivals(rate).span_s
         if span > serving.max_duration_s:
             return False
@@ -123,7 +122,7 @@ def run_server(runner: PointRunner, service_s: float) -> None:
             mid = math.sqrt(lo * hi)
             lo, hi = (lo, mid) if fits(mid) else (mid, hi)
         # 2 % above the boundary: at the boundary itself the arrivals fit only at the instant of the
-        # bisection, and the search (checking again) would start nothing (an H200 run, 2026-12-02)
+        # bisection, and the search (checking again a moment later) would start nothing
         first = min(plan.high_rps, hi * 1.02)
         runner.say(f"the first probe ({wanted:.3g} req/s) would outlast budget_s {serving.budget_s:g} s or "
                    f"max_duration_s {serving.max_duration_s:g} s: starting at {first:.3g} req/s, near the lowest "
