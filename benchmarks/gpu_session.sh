@@ -60,17 +60,19 @@ echo "triton cache at start: $(du -sh .triton_cache | cut -f1), $(find .triton_c
 if [ -n "${TESTS:-}" ] && [ "$(left)" -gt 60 ]; then
   echo "== GPU tests ($TESTS, $(left) s left)"
   sel=(); [ "$TESTS" != all ] && sel=(-k "$TESTS")
-  timeout $(($(left) - 20)) python3 -m pytest -q tests/gpu "${sel[@]}" -p no:cacheprovider --durations=10 2>&1 \
+  # SIGINT, not SIGTERM: pytest then still prints its failures and durations (a killed run printed none)
+  timeout -s INT -k 20 $(($(left) - 30)) python3 -m pytest -q tests/gpu "${sel[@]}" -p no:cacheprovider --durations=10 -rfEP 2>&1 \
     | tee "$OUT/gpu_tests.txt" | tail -25
 fi
 if [ -n "${WORKLOADS:-}" ] && [ "$(left)" -gt 60 ]; then
   echo "== dohnuts-bench run $WORKLOADS ($(left) s left)"
   # shellcheck disable=SC2086
   prof=(); [ -n "${PROFILE_RUN:-}" ] && prof=(--profile)
-  timeout $(($(left) - 30)) python3 -m dohnuts.bench.cli run $WORKLOADS "${prof[@]}" --out /tmp/runs --label "$LABEL" --quiet \
+  rm -rf /tmp/runs; timeout $(($(left) - 30)) python3 -m dohnuts.bench.cli run $WORKLOADS "${prof[@]}" --out /tmp/runs --label "$LABEL" --quiet \
     2>&1 | tee /tmp/bench_log.txt | grep -v '^\s*$' | tail -60
   d=$(ls -d /tmp/runs/*/ | tail -1)
-  mkdir -p /tmp/bench_out && cp "$d/results.jsonl" "$d/run.json" "$d/summary.json" "$d/report.txt" \
+  # a warm machine keeps /tmp: an earlier call's traces once went into this archive, too big to return
+  rm -rf /tmp/bench_out; mkdir -p /tmp/bench_out && cp "$d/results.jsonl" "$d/run.json" "$d/summary.json" "$d/report.txt" \
     "$d/report.html" /tmp/bench_log.txt /tmp/bench_out/ 2>/dev/null
   if [ -d "$d/traces" ]; then
     cp -r "$d/traces" /tmp/bench_out/

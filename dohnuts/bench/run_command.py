@@ -67,6 +67,46 @@ def check_telemetry_interval(value: float) -> None:
                           field="--telemetry-interval")
 
 
+class RunClock:
+    """A run's wall-clock milestones in seconds from its process's start, kept in run.json
+    (`measured.timing`): when the ceilings were measured, each workload's first and last record,
+    the end. What a user meets on a fresh machine — seconds to a first result, minutes to a
+    suite — is read there, not from a stopwatch around the command. A `RecordSink` mirror."""
+
+    def __init__(self, timing: dict):
+        import psutil
+
+        self.t0 = psutil.Process().create_time()
+        self.timing = timing
+        timing.update(process_started=_iso(self.t0), workloads={})
+
+    def seconds(self) -> float:
+        import time
+
+        return round(time.time() - self.t0, 2)
+
+    def mark(self, name: str) -> None:
+        self.timing[f"{name}_s"] = self.seconds()
+
+    def write(self, record: dict) -> None:
+        w = record.get("workload")
+        name = w.get("name") if isinstance(w, dict) else w
+        now = self.seconds()
+        self.timing["workloads"].setdefault(str(name), {"first_result_s": now})["last_result_s"] = now
+
+
+def _say_timing(t: dict) -> None:
+    firsts = ", ".join(f"{n} {w['first_result_s']:.1f} s" for n, w in t["workloads"].items())
+    log.info("time from process start: ceilings done at %.1f s; first results: %s; all measured at %.1f s",
+             t.get("prepared_s", float("nan")), firsts or "none", t["measured_s"])
+
+
+def _iso(epoch: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).isoformat(timespec="seconds")
+
+
 def _run_json(run, runnable, hwspec, samplers, device, telemetry=None) -> dict:
     from dohnuts.bench.provenance import provenance
 
@@ -175,6 +215,7 @@ def _run(args, console=None) -> int:
     run = RunContext(run_id=run_id, run_dir=run_dir, device=device, hwspec=hwspec, console=console,
                      profile=args.profile)
     run.measured["machine"] = {"id": this_machine(device)}  # what a gate baseline is kept per
+    clock = RunClock(run.measured.setdefault("timing", {}))
 
     def discard_run() -> None:
         """Nothing was recorded: leave no run behind."""
@@ -196,16 +237,18 @@ def _run(args, console=None) -> int:
     meta = _run_json(run, runnable, hwspec, every_sampler, device, telemetry)  # holds run.measured and run.failures as they grow
     interrupted, error = False, None
     mirror = StoreMirror(store, run_id, warn=lambda m: log.warning("%s", m))
+    clock.mark("run_started")
     try:
         with MeasureProgress(enabled=not args.quiet) as progress:
             progress.phase("preparing the run (the ceilings of this machine)")
             pm.hook.dohnuts_bench_prepare_run(run=run)
+            clock.mark("prepared")
             write_json(run_dir / "run.json", meta, indent=2, default=str)
             _store_run(store, run_id, meta)  # the store is a copy: a store that fails is a warning
             log.info("run %s → %s (and %s)", run_id, results, store.path)
             telemetry.start()
             try:
-                with RecordSink.open(results, mirrors=(mirror,)) as out:
+                with RecordSink.open(results, mirrors=(mirror, clock)) as out:
                     for spec in runnable:
                         for n in spec.processes:
                             if n == 1:
@@ -232,6 +275,8 @@ def _run(args, console=None) -> int:
     if error is not None and not measured_any and not run.failures:
         discard_run()  # refused before any call was recorded: leave nothing behind
         raise error
+    clock.mark("measured")
+    _say_timing(run.measured["timing"])
     try:
         write_json(run_dir / "run.json", meta, indent=2, default=str)  # now with the failures and calibrations
         _store_run(store, run_id, meta)

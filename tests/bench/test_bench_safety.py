@@ -772,3 +772,10 @@ def test_special_files_given_to_gate_report_store_and_history_are_one_line(measu
         assert main(["store", "import", str(run), "--store", str(tmp_path / "s.sqlite")]) == 2
         err = capsys.readouterr().err
         assert f"skipped {run}: {run / 'run.json'}: is a character device, not a run's JSON" in err, err
+
+
+def test_a_run_keeps_its_milestones_from_the_process_start(measured_run):
+    """run.json `measured.timing`: ceilings, then each workload's records, then the end, in order."""
+    t = json.loads((measured_run / "run.json").read_text())["measured"]["timing"]
+    (w,) = t["workloads"].values()
+    assert 0 < t["run_started_s"] <= t["prepared_s"] <= w["first_result_s"] <= w["last_result_s"] <= t["measured_s"]

@@ -243,7 +243,10 @@ def test_delta_rule_gradients_qwen_sizes(case):
     dst = torch.randn(B, HV, K, V, device=DEV, generator=g)
 
     def leaves(dtype):
-        return [t.to(dtype).requires_grad_() for t in raw] + [None if s0 is None else s0.clone().requires_grad_()]
+        # copies, always: `raw` is BF16 already, so `.to(torch.bfloat16)` would hand back raw itself —
+        # ours and fla's leaves one tensor, and the FP32 copies non-leaves without a .grad
+        return [t.detach().to(dtype, copy=True).requires_grad_() for t in raw] + \
+            [None if s0 is None else s0.clone().requires_grad_()]
 
     def forked(s):
         return None if s is None else s.expand(B, -1, -1, -1)
@@ -265,6 +268,7 @@ def test_delta_rule_gradients_qwen_sizes(case):
     ((o_r * do).sum() + (st_r * dst).sum()).backward()
 
     theirs = leaves(torch.bfloat16)
+    assert all(x is None or (x.is_leaf and x.grad is None) for x in ref + theirs), "the leaves must be fresh"
     q, k, v, ab, A_log, dt_bias, s = theirs
     o_f, st_f = fla().chunk_gated_delta_rule(
         q, k, v, ab[..., HV:], ab[..., :HV], initial_state=None if s is None else forked(s).contiguous(),

@@ -1,0 +1,29 @@
+"""run.json's `measured.timing` (dohnuts.bench.run_command.RunClock): seconds from the process's
+start to the ceilings, to each workload's first and last record, and to the end of measuring."""
+
+from __future__ import annotations
+
+import time
+import types
+
+import psutil
+
+from dohnuts.bench.run_command import RunClock
+
+
+def test_milestones_are_seconds_from_the_process_start(monkeypatch):
+    monkeypatch.setattr(psutil, "Process", lambda: types.SimpleNamespace(create_time=lambda: 1000.0))
+    now = iter([1012.5, 1015.25, 1016.0, 1040.0, 1041.0, 1139.996])
+    monkeypatch.setattr(time, "time", lambda: next(now))
+    timing: dict = {}
+    clock = RunClock(timing)
+    clock.mark("prepared")                                           # 12.5 s: the ceilings
+    clock.write({"workload": {"name": "text"}})                      # text's first record at 15.25 s
+    clock.write({"workload": {"name": "text"}})                      # and its last at 16 s
+    clock.write({"workload": {"name": "train-step"}})                # 40 s
+    clock.write({"workload": "train-step"})                          # a bare name counts the same: 41 s
+    clock.mark("measured")
+    assert timing["process_started"] == "1970-01-01T00:16:40+00:00"
+    assert timing["prepared_s"] == 12.5 and timing["measured_s"] == 140.0
+    assert timing["workloads"] == {"text": {"first_result_s": 15.25, "last_result_s": 16.0},
+                                   "train-step": {"first_result_s": 40.0, "last_result_s": 41.0}}
