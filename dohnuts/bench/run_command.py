@@ -95,10 +95,11 @@ class RunClock:
         self.timing["workloads"].setdefault(str(name), {"first_result_s": now})["last_result_s"] = now
 
 
-def _say_timing(t: dict) -> None:
-    firsts = ", ".join(f"{n} {w['first_result_s']:.1f} s" for n, w in t["workloads"].items())
-    log.info("time from process start: ceilings done at %.1f s; first results: %s; all measured at %.1f s",
-             t.get("prepared_s", float("nan")), firsts or "none", t["measured_s"])
+def _say_timing(timing: dict) -> None:
+    from dohnuts.bench.analysis.machine import timing_line, timing_of
+
+    if line := timing_line(timing_of(timing)):
+        log.info("%s", line)
 
 
 def _iso(epoch: float) -> str:

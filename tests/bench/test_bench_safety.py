@@ -779,3 +779,4 @@ def test_a_run_keeps_its_milestones_from_the_process_start(measured_run):
     t = json.loads((measured_run / "run.json").read_text())["measured"]["timing"]
     (w,) = t["workloads"].values()
     assert 0 < t["run_started_s"] <= t["prepared_s"] <= w["first_result_s"] <= w["last_result_s"] <= t["measured_s"]
+    assert "Time from the process's start: ceilings measured by" in (measured_run / "report.txt").read_text()

@@ -27,3 +27,18 @@ def test_milestones_are_seconds_from_the_process_start(monkeypatch):
     assert timing["prepared_s"] == 12.5 and timing["measured_s"] == 140.0
     assert timing["workloads"] == {"text": {"first_result_s": 15.25, "last_result_s": 16.0},
                                    "train-step": {"first_result_s": 40.0, "last_result_s": 41.0}}
+
+
+def test_the_report_says_the_milestones_and_ignores_malformed_ones():
+    from dohnuts.bench.analysis.machine import timing_line, timing_of
+
+    t = timing_of({"prepared_s": 12.5, "measured_s": 140.0, "process_started": "x",
+                   "workloads": {"text": {"first_result_s": 15.25, "last_result_s": 16.0},
+                                 "train-step": {"first_result_s": "soon"}, "bad": 3}})
+    assert t == {"prepared_s": 12.5, "measured_s": 140.0,
+                 "workloads": {"text": {"first_result_s": 15.25, "last_result_s": 16.0}, "train-step": {}}}
+    assert timing_line(t) == ("Time from the process's start: ceilings measured by 12.5 s; first result of each "
+                              "workload at: text 15.2 s; all measured by 140.0 s.")
+    for junk in (None, [], {"workloads": []}, {"prepared_s": True}, {"measured_s": float("nan")},
+                 {"measured_s": -1.0}):
+        assert timing_line(timing_of(junk)) is None

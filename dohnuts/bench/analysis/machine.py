@@ -17,6 +17,7 @@ again for any run (runs recorded before the load sampler simply have no load).
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass
 
@@ -70,6 +71,9 @@ class MachineConditions:
     groups: tuple[GroupLoad, ...]
     ceilings: tuple[CeilingStability, ...]
     warnings: tuple[str, ...]
+    # run.json `measured.timing` (dohnuts.bench.run_command.RunClock): seconds from the process's
+    # start; None for runs made before it was kept
+    timing: dict | None = None
 
     @property
     def unstable(self) -> tuple[str, ...]:
@@ -136,7 +140,41 @@ def machine_conditions(records: list[dict], measured: dict | None) -> MachineCon
                                                   for c in unstable)
                         + " not stable: the bounds and efficiencies they set are uncertain by as much")
     return MachineConditions(str(device.get("type", "?")), str(device.get("name", "?")), cpus,
-                             threads if isinstance(threads, int) else None, before, groups, ceilings, tuple(warnings))
+                             threads if isinstance(threads, int) else None, before, groups, ceilings, tuple(warnings),
+                             timing_of(measured.get("timing")))
+
+
+def timing_of(t) -> dict | None:
+    """The run's milestones, only the well-formed ones: {"prepared_s", "measured_s", "workloads":
+    {name: {"first_result_s", "last_result_s"}}}."""
+    if not isinstance(t, dict):
+        return None
+
+    def seconds(x) -> float | None:
+        v = _number(x)
+        return v if v is not None and math.isfinite(v) and v >= 0 else None
+
+    out: dict = {k: v for k in ("prepared_s", "measured_s") if (v := seconds(t.get(k))) is not None}
+    workloads = t.get("workloads") if isinstance(t.get("workloads"), dict) else {}
+    out["workloads"] = {str(n): {k: v for k in ("first_result_s", "last_result_s")
+                                 if (v := seconds(w.get(k))) is not None}
+                        for n, w in workloads.items() if isinstance(w, dict)}
+    return out if len(out) > 1 or out["workloads"] else None
+
+
+def timing_line(t: dict | None) -> str | None:
+    """One sentence: what a user waits for from the process's start (a fresh machine compiles, and
+    may tune, at each first call)."""
+    if not t:
+        return None
+    parts = []
+    for name, w in t["workloads"].items():
+        if "first_result_s" in w:
+            parts.append(f"{name} {w['first_result_s']:.1f} s")
+    said = [f"ceilings measured by {t['prepared_s']:.1f} s"] if "prepared_s" in t else []
+    said += [f"first result of each workload at: {', '.join(parts)}"] if parts else []
+    said += [f"all measured by {t['measured_s']:.1f} s"] if "measured_s" in t else []
+    return "Time from the process's start: " + "; ".join(said) + "." if said else None
 
 
 def machine_renderables(c: MachineConditions) -> list:
@@ -176,5 +214,7 @@ def machine_renderables(c: MachineConditions) -> list:
             t.add_row(s.name, f"{s.value:.3g}", s.unit, str(s.repeats or "—"),
                       "—" if s.spread is None else f"{s.spread:.1%}", flag)
         parts.append(t)
+    if line := timing_line(c.timing):
+        parts.append(Text(line))
     parts += [Text(f"warning: {w}", style="yellow") for w in c.warnings]
     return parts
