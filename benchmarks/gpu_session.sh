@@ -76,7 +76,9 @@ if [ -n "${WORKLOADS:-}" ] && [ "$(left)" -gt 60 ]; then
     "$d/report.html" /tmp/bench_log.txt /tmp/bench_out/ 2>/dev/null
   if [ -d "$d/traces" ]; then
     cp -r "$d/traces" /tmp/bench_out/
-    for t in "$d"/traces/*.ops.txt; do echo "== $(basename "$t")"; head -16 "$t" | cut -c1-200; done
+    for t in "$d"/traces/*.ops.txt; do
+      echo "== $(basename "$t")"; head -16 "$t" | cut -c1-200; grep -A4 '^[a-z(].*: [0-9.]* ms$' "$t" | cut -c1-160
+    done
   fi
   tar czf "$OUT/bench.tar.gz" -C /tmp bench_out  # one file: a call returns at most 8
 fi

@@ -48,6 +48,7 @@ def test_a_profiled_run_writes_a_trace_with_the_stage_names(tmp_path):
     ops = (path.parent / path.name.replace(".json.gz", ".ops.txt")).read_text()
     assert "self_cpu_time_total" in ops.splitlines()[0] and "Self CPU" in ops
     assert "dohnuts:forward" in ops and "aten::" in ops
+    assert "grouped by the operators' input shapes" in ops  # which operator moved which tensor
     # the profiled calls left no record: one first call, the measured calls numbered 0..n-1, the stream
     steady = [r["iteration"] for r in records if r["phase"] == "steady"]
     assert steady == list(range(len(steady))) and len(steady) >= 2
@@ -73,3 +74,27 @@ def test_a_stage_is_a_named_range_only_when_asked():
 
     assert "dohnuts:forward" in names(StageTimer(torch.device("cpu"), ranges=True))
     assert "dohnuts:forward" not in names(StageTimer(torch.device("cpu")))
+
+
+def test_stage_kernels_places_each_kernel_by_the_stage_range_on_the_device():
+    """Hand-built trace, 2 calls: kernels inside a stage's device range count to it (a graph's
+    kernels have no launching operator, only a time); one outside every range is said apart."""
+    from dohnuts.bench.trace import stage_kernels, stage_kernels_text
+
+    def ev(cat, name, ts, dur):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+    trace = {"traceEvents": [
+        ev("gpu_user_annotation", "dohnuts:forward", 0, 100), ev("gpu_user_annotation", "dohnuts:backward", 100, 300),
+        ev("gpu_user_annotation", "dohnuts:forward", 1000, 100), ev("user_annotation", "dohnuts:forward", 0, 5000),
+        ev("kernel", "gemm", 10, 60), ev("kernel", "gemm", 1010, 60), ev("gpu_memcpy", "Memcpy DtoD", 80, 20),
+        ev("kernel", "gemm", 120, 200), ev("gpu_memset", "Memset", 399, 1), ev("kernel", "late", 400, 40),
+        ev("cpu_op", "aten::mm", 10, 60)]}
+    got = stage_kernels(trace, calls=2)
+    rounded = {s: {"ms": round(e["ms"], 6), "kernels": {k: round(v, 6) for k, v in e["kernels"].items()}}
+               for s, e in got.items()}
+    assert rounded == ({"forward": {"ms": 0.07, "kernels": {"gemm": 0.06, "Memcpy DtoD": 0.01}},
+                   "backward": {"ms": 0.1005, "kernels": {"gemm": 0.1, "Memset": 0.0005}},
+                   "(outside the stages)": {"ms": 0.02, "kernels": {"late": 0.02}}})
+    text = stage_kernels_text(got)
+    assert text.splitlines()[1:3] == ["backward: 0.101 ms", "        0.100 ms   99.5%  gemm"]
