@@ -60,9 +60,10 @@ echo "triton cache at start: $(du -sh .triton_cache | cut -f1), $(find .triton_c
 if [ -n "${TESTS:-}" ] && [ "$(left)" -gt 60 ]; then
   echo "== GPU tests ($TESTS, $(left) s left)"
   sel=(); [ "$TESTS" != all ] && sel=(-k "$TESTS")
-  # SIGINT, not SIGTERM: pytest then still prints its failures and durations (a killed run printed none)
+  # SIGINT, not SIGTERM: pytest in Python code still prints its summary. Interrupted inside a compile
+  # it prints none (M26), so each test also says its outcome and seconds as it ends (tests/gpu/conftest.py).
   timeout -s INT -k 20 $(($(left) - 30)) python3 -m pytest -q tests/gpu "${sel[@]}" -p no:cacheprovider --durations=10 -rfEP 2>&1 \
-    | tee "$OUT/gpu_tests.txt" | tail -25
+    | tee "$OUT/gpu_tests.txt" | grep -E '^\[gpu test\]|passed|failed|^FAILED|^ERROR' | cut -c1-220 | tail -60
 fi
 if [ -n "${WORKLOADS:-}" ] && [ "$(left)" -gt 60 ]; then
   echo "== dohnuts-bench run $WORKLOADS ($(left) s left)"
