@@ -75,7 +75,7 @@ HOSTILE_ADAPTER_META = [
     ({"lora": '{"rank": 2, "alpha": 16, "dropout": 0.0, "targets": "q_proj"}'}, "lora.targets", "must be a list"),
     ({"temperature": "warm"}, "temperature", "must be a number, got 'warm'"),
     ({"temperature": "nan"}, "temperature", "must be a finite number, got NaN"),
-    ({"temperature": "0"}, "temperature", "must be positive"),
+    ({"temperature": "0"}, "temperature", "must be positive, got 0.0"),
     ({"temperature": "inf"}, "temperature", "must be a finite number, got infinite"),
     ({"temperature": "-1"}, "temperature", "must be positive"),  # probabilities inverted against `choice`
     ({"extra": "[]"}, "extra", "must be a mapping"),
