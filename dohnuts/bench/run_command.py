@@ -95,13 +95,6 @@ class RunClock:
         self.timing["workloads"].setdefault(str(name), {"first_result_s": now})["last_result_s"] = now
 
 
-def _say_timing(timing: dict) -> None:
-    from dohnuts.bench.analysis.machine import timing_line, timing_of
-
-    if line := timing_line(timing_of(timing)):
-        log.info("%s", line)
-
-
 def _iso(epoch: float) -> str:
     import datetime
 
@@ -276,8 +269,7 @@ def _run(args, console=None) -> int:
     if error is not None and not measured_any and not run.failures:
         discard_run()  # refused before any call was recorded: leave nothing behind
         raise error
-    clock.mark("measured")
-    _say_timing(run.measured["timing"])
+    clock.mark("measured")  # the report's machine section says the milestones
     try:
         write_json(run_dir / "run.json", meta, indent=2, default=str)  # now with the failures and calibrations
         _store_run(store, run_id, meta)
