@@ -4,6 +4,7 @@
 # the GPU is described by torch and by nvidia-smi / amd-smi / rocm-smi where one is installed.
 #   WORKLOADS='workloads/gpu/a.yaml ...'                     one dohnuts-bench run over them (first)
 #   TESTS='pytest -k expression' (or 'all', default none)   GPU tests of tests/gpu/
+#   TEST_WORKERS=N (default 1)                               the tests in N processes (pytest-xdist, carried in .whl)
 #   BACKBONE=1                                               benchmarks/backbone_forward.py on 2b
 #   PROFILE=1 (or 'B P S')                                   benchmarks/profile_passes.py on 2b (32 × 448 + 64)
 #   COLD=1                                                   benchmarks/cold_start.py: 2 new processes
@@ -60,6 +61,7 @@ echo "triton cache at start: $(du -sh .triton_cache | cut -f1), $(find .triton_c
 if [ -n "${TESTS:-}" ] && [ "$(left)" -gt 60 ]; then
   echo "== GPU tests ($TESTS, $(left) s left)"
   sel=(); [ "$TESTS" != all ] && sel=(-k "$TESTS")
+  [ "${TEST_WORKERS:-1}" -gt 1 ] && sel+=(-n "$TEST_WORKERS")
   # SIGINT, not SIGTERM: pytest in Python code still prints its summary. Interrupted inside a compile
   # it prints none (M26), so each test also says its outcome and seconds as it ends (tests/gpu/conftest.py).
   timeout -s INT -k 20 $(($(left) - 30)) python3 -m pytest -q tests/gpu "${sel[@]}" -p no:cacheprovider --durations=10 -rfEP 2>&1 \

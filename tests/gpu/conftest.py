@@ -9,6 +9,7 @@ progress dots, and which tests failed, and where the minutes went, were lost."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -29,8 +30,8 @@ def _fused_kernels_run_here():
 def pytest_runtest_logreport(report):
     """One line per GPU test as it ends (setup failures too), on the terminal at once. (A
     conftest's report hook sees every test of the session: the others are left alone.)"""
-    if not report.nodeid.startswith("tests/gpu/"):
-        return
+    if not report.nodeid.startswith("tests/gpu/") or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # under pytest-xdist the controller, which receives every worker's reports, prints
     if report.when != "call" and not (report.when == "setup" and report.failed):
         return
     line = f"[gpu test] {report.outcome:7s} {report.duration:7.1f} s  {report.nodeid}"

@@ -261,14 +261,13 @@ def test_delta_rule_gradients_qwen_sizes(case):
                                                    True, use_qk_l2norm=not normalised)
     assert torch.equal(o, o_ng) and torch.equal(st, st_ng), "the forward under autograd differs"
 
-    ref = leaves(torch.float32)
+    ref, theirs = leaves(torch.float32), leaves(torch.bfloat16)
+    assert all(x is None or (x.is_leaf and x.grad is None) for x in ref + theirs), "the leaves must be fresh"
     q, k, v, ab, A_log, dt_bias, s = ref
     gf, bf = gdn_gates_reference(ab[..., HV:], ab[..., :HV], A_log, dt_bias)
     o_r, st_r = gated_delta_rule_reference(q, k, v, gf, bf, None, forked(s), True, use_qk_l2norm=not normalised)
     ((o_r * do).sum() + (st_r * dst).sum()).backward()
 
-    theirs = leaves(torch.bfloat16)
-    assert all(x is None or (x.is_leaf and x.grad is None) for x in ref + theirs), "the leaves must be fresh"
     q, k, v, ab, A_log, dt_bias, s = theirs
     o_f, st_f = fla().chunk_gated_delta_rule(
         q, k, v, ab[..., HV:], ab[..., :HV], initial_state=None if s is None else forked(s).contiguous(),
