@@ -4,12 +4,12 @@ a sigmoid output gate, with its keys and values in and out (dohnuts.model.state)
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dohnuts import ops
 from dohnuts.config import TextConfig
 from dohnuts.model.blocks import ALL_ROWS, RMSNorm, take_rows
+from dohnuts.model.lora import linear_group
 from dohnuts.model.packing import packed_weight
 from dohnuts.model.state import KVState
 
@@ -64,8 +64,8 @@ class Attention(nn.Module):
             k, v = self.k_proj(x), self.v_proj(x)
             qg = None if xq is None else self.q_proj(xq)
         else:  # row slices of the packed weight: two GEMMs
-            k, v = F.linear(x, w[nq:]).chunk(2, dim=-1)
-            qg = None if xq is None else F.linear(xq, w[:nq])
+            k, v = linear_group(x, (self.k_proj, self.v_proj), w[nq:]).chunk(2, dim=-1)
+            qg = None if xq is None else linear_group(xq, (self.q_proj,), w[:nq])
         k, v = self._keys_values(k, v, rope, state)
         new_state = KVState(k, v) if return_state else None
         if qg is None:
@@ -100,7 +100,8 @@ class Attention(nn.Module):
         w = packed_weight(self.q_proj, self.k_proj, self.v_proj)
         if w is None:
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        return F.linear(x, w).split([cfg.num_attention_heads * 2 * d, hkv * d, hkv * d], dim=-1)
+        return linear_group(x, (self.q_proj, self.k_proj, self.v_proj), w).split(
+            [cfg.num_attention_heads * 2 * d, hkv * d, hkv * d], dim=-1)
 
     def _keys_values(self, k, v, rope, state):
         """Projected keys and values (B, T, ·) → normalised, rotated keys and values (B, Hkv, P + T, D),

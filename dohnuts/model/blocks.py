@@ -6,11 +6,11 @@ Parameter names equal transformers' Qwen3.5 (dohnuts.model.text)."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
 from dohnuts import ops
+from dohnuts.model.lora import linear_group
 from dohnuts.model.packing import packed_weight
 
 
@@ -85,4 +85,5 @@ class MLP(nn.Module):
         w = packed_weight(self.gate_proj, self.up_proj)
         if w is None:
             return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
-        return self.down_proj(ops.swiglu_packed(F.linear(x, w)))  # one (..., 2I) GEMM output, read in place
+        # one (..., 2I) GEMM output (adapters' updates added into it), read in place
+        return self.down_proj(ops.swiglu_packed(linear_group(x, (self.gate_proj, self.up_proj), w)))

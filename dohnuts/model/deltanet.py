@@ -7,12 +7,12 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dohnuts import ops
 from dohnuts.config import TextConfig
 from dohnuts.model.blocks import ALL_ROWS, GatedRMSNorm, take_rows
+from dohnuts.model.lora import linear_group
 from dohnuts.model.packing import packed_weight
 from dohnuts.model.state import LinearAttentionState
 
@@ -103,7 +103,8 @@ class GatedDeltaNet(nn.Module):
         w = packed_weight(self.in_proj_qkv, self.in_proj_b, self.in_proj_a)
         if w is None:
             return self.in_proj_qkv(x), self.in_proj_b(x), self.in_proj_a(x)
-        return F.linear(x, w).split([cfg.linear_conv_dim, hv, hv], dim=-1)
+        return linear_group(x, (self.in_proj_qkv, self.in_proj_b, self.in_proj_a), w).split(
+            [cfg.linear_conv_dim, hv, hv], dim=-1)
 
     def mix(
         self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, state: LinearAttentionState | None,

@@ -3,8 +3,16 @@
 `apply_lora` swaps each targeted `nn.Linear` for a `LoRALinear` that keeps the frozen base
 weight under the same name (so base checkpoints still load) and adds `lora_A` (r, in) and
 `lora_B` (out, r): y = x Wᵀ + (α / r) · dropout(x) Aᵀ Bᵀ. B starts at zero, so an adapted model
-starts equal to its base. During training the adapters stay in the autograd graph; `merge_lora`
-folds them into the base weights for deployment (one GEMM per projection, no adapter cost).
+starts equal to its base. `merge_lora` folds them into the base weights for deployment.
+
+Training and prediction run an adapted projection the same way, `linear_group`: the frozen base
+as one GEMM — over a whole packed group of siblings when the layer's weights are packed
+(dohnuts.model.packing), so an adapted model keeps inference's packed projections — then each
+adapter's rank-r update accumulated into its own columns of that output by the GEMM itself
+(`addmm_`, in place). Its backward is written out (`_LinearGroup`) for the same reason: the input's
+gradient is one GEMM through the base and one rank-Σr GEMM accumulated into it, where autograd
+over the plain composition would copy every output once (an out-of-place `addmm`) and sum the
+input's gradients from every sibling and every adapter (an element-wise pass each).
 """
 
 from __future__ import annotations
@@ -74,16 +82,7 @@ class LoRALinear(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)  # (..., out)
-        xd = F.dropout(x, self.dropout, self.training) if self.dropout else x
-        a, b = self.lora_A, self.lora_B
-        if not torch.is_autocast_enabled(x.device.type):
-            a, b = a.to(x.dtype), b.to(x.dtype)
-        # The scale goes on the rank-r activations, and the update is accumulated into y by the
-        # second GEMM itself (addmm): no element-wise pass over the (…, out) output for either.
-        h = F.linear(xd, a) * self.scaling  # (..., r)
-        out = torch.addmm(y.reshape(-1, y.shape[-1]), h.reshape(-1, h.shape[-1]), b.t())
-        return out.view(y.shape)
+        return linear_group(x, (self,), self.weight)
 
     @torch.no_grad()
     def merged(self) -> nn.Linear:
@@ -133,3 +132,84 @@ def merge_lora(model: nn.Module) -> int:
 
 def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in model.state_dict().items() if ".lora_A" in k or ".lora_B" in k}
+
+
+class _LinearGroup(torch.autograd.Function):
+    """y = x Wᵀ (+ bias), then y[:, cols_i] += s_i · (xd A_iᵀ) B_iᵀ for each adapter i.
+
+    x (N, in) and xd (the adapters' input after dropout; None: x itself), W (Σout, in), the
+    adapters' A_i (r_i, in) and B_i (out_i, r_i), all in one dtype; `spans` are the adapters'
+    column ranges in y, `scales` their α / r. The base weight and bias are frozen (a LoRA base);
+    the backward computes their gradients anyway if asked."""
+
+    @staticmethod
+    def forward(ctx, x, xd, w, bias, spans, scales, *ab):
+        a_parts, bs = ab[0::2], ab[1::2]
+        a = a_parts[0] if len(a_parts) == 1 else torch.cat(a_parts)  # (Σr, in)
+        y = torch.mm(x, w.t()) if bias is None else torch.addmm(bias, x, w.t())  # (N, Σout)
+        u = torch.mm(x if xd is None else xd, a.t())  # (N, Σr): every adapter's rank-r activations at once
+        r0 = 0
+        for (c0, c1), s, b in zip(spans, scales, bs):
+            r1 = r0 + b.shape[1]
+            y[:, c0:c1].addmm_(u[:, r0:r1], b.t(), alpha=s)  # in place: cuBLAS with C = D, no copy of y
+            r0 = r1
+        ctx.spans, ctx.scales, ctx.ranks = spans, scales, [b.shape[1] for b in bs]
+        ctx.dropout = xd is not None
+        ctx.save_for_backward(x, xd, w, a, u, *bs)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, xd, w, a, u, *bs = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dy = dy.contiguous()
+        du_parts, dbs, r0 = [], [], 0
+        for (c0, c1), s, b, r in zip(ctx.spans, ctx.scales, bs, ctx.ranks):
+            g = dy[:, c0:c1]  # (N, out_i), a column block: cuBLAS reads it in place
+            du_parts.append(torch.mm(g, b).mul_(s))
+            dbs.append(torch.mm(g.t(), u[:, r0:r0 + r]).mul_(s) if need[7 + 2 * len(dbs)] else None)
+            r0 += r
+        du = du_parts[0] if len(du_parts) == 1 else torch.cat(du_parts, dim=1)  # (N, Σr)
+        dx = dxd = None
+        if need[0]:
+            dx = torch.mm(dy, w)
+            if not ctx.dropout:
+                dx.addmm_(du, a)  # the adapters' share accumulated by the GEMM: no separate sum
+        if ctx.dropout and need[1]:
+            dxd = torch.mm(du, a)
+        da = torch.mm(du.t(), x if xd is None else xd)  # (Σr, in)
+        das = da.split(ctx.ranks)
+        dw = torch.mm(dy.t(), x) if need[2] else None
+        dbias = dy.sum(0) if need[3] else None
+        grads = [g for pair in zip(das, dbs) for g in pair]
+        return dx, dxd, dw, dbias, None, None, *grads
+
+
+def linear_group(x: torch.Tensor, linears: tuple[nn.Module, ...], weight: torch.Tensor) -> torch.Tensor:
+    """x (..., in) through sibling linears whose weights are `weight`'s consecutive row blocks
+    (one linear's own weight, or a packed group's, dohnuts.model.packing) → (..., Σ out): one GEMM
+    for the bases, every LoRA member's update added into its columns (`_LinearGroup`). Plain
+    members add nothing; a group with no adapter is just the GEMM. Under autocast every operand
+    runs in the autocast dtype (the adapters' FP32 master weights cast, as autocast would)."""
+    lora = [m for m in linears if isinstance(m, LoRALinear)]
+    bias = linears[0].bias if len(linears) == 1 else None
+    if not lora:
+        return F.linear(x, weight, bias)
+    dev = x.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1]).to(dtype)
+    p = lora[0].dropout
+    xd = F.dropout(x2, p, lora[0].training) if p and lora[0].training else None
+    spans, scales, ab, col = [], [], [], 0
+    for m in linears:
+        n = m.weight.shape[0]
+        if isinstance(m, LoRALinear):
+            spans.append((col, col + n))
+            scales.append(m.scaling)
+            ab += [m.lora_A.to(dtype), m.lora_B.to(dtype)]
+        col += n
+    with torch.autocast(dev, enabled=False):
+        y = _LinearGroup.apply(x2, xd, weight.to(dtype), None if bias is None else bias.to(dtype), tuple(spans),
+                               tuple(scales), *ab)
+    return y.view(*lead, col)

@@ -1,17 +1,20 @@
-"""Packed projections: sibling linears that read the same input, run as ONE GEMM for inference.
+"""Packed projections: sibling linears that read the same input, run as ONE GEMM.
 
-`fuse_projections(backbone)` re-stores each group of plain `nn.Linear` siblings that a layer
-names in its `packed_projections` (an MLP's gate/up, attention's q/k/v, Gated DeltaNet's
-qkv/b/a) as consecutive row blocks of one (Σ out, in) tensor. Each `weight` stays a Parameter
-under its own name — a view of that tensor — so state-dict keys and values, loading with
-`copy_` and LoRA wrapping are all unchanged.
+`fuse_projections(backbone)` re-stores each group of bias-free siblings that a layer names in its
+`packed_projections` (an MLP's gate/up, attention's q/k/v, Gated DeltaNet's qkv/b/a) as
+consecutive row blocks of one (Σ out, in) tensor. Each `weight` stays a Parameter under its own
+name — a view of that tensor — so state-dict keys and values, loading with `copy_` and LoRA
+wrapping are all unchanged. Members may be plain `nn.Linear`s or `LoRALinear`s (whose frozen base
+weight is what is packed): training and prediction with adapters run the same packed GEMM as
+prediction without them, each adapter's update added into its columns
+(`dohnuts.model.lora.linear_group`).
 
 `packed_weight(*linears)` hands a layer the whole tensor while the group is still stored that
 way; the layer then runs one GEMM and splits the output's columns. Anything else gets None and
-the layer runs its projections one by one: a LoRA-wrapped member, weights re-created by a load
-with `assign=True` or a device/dtype move, weights that are being trained. So a stale packing
-can cost speed, never change a result, and the check is a few pointer comparisons (no kernel,
-nothing recorded in a CUDA graph).
+the layer runs its projections one by one: weights re-created by a load with `assign=True` or a
+device/dtype move, base weights that are being trained, adapters with different dropouts. So a
+stale packing can cost speed, never change a result, and the check is a few pointer comparisons
+(no kernel, nothing recorded in a CUDA graph).
 """
 
 from __future__ import annotations
@@ -19,12 +22,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dohnuts.model.lora import LoRALinear
+
+
+def _packable(m: nn.Module) -> bool:
+    return (type(m) is nn.Linear or isinstance(m, LoRALinear)) and m.bias is None
+
 
 def _packed_view(linears: tuple[nn.Module, ...]) -> torch.Tensor | None:
     """The (Σ out, in) tensor whose row blocks are these linears' weights, or None."""
-    for m in linears:
-        if type(m) is not nn.Linear or m.bias is not None:
-            return None  # a LoRALinear (or anything else) runs on its own
+    if not all(_packable(m) for m in linears):
+        return None  # a biased linear (or anything else) runs on its own
+    if len({m.dropout for m in linears if isinstance(m, LoRALinear)}) > 1:
+        return None  # the group's adapters share one dropout draw of the input
     first = linears[0].weight
     storage, offset, cols = first.untyped_storage().data_ptr(), first.storage_offset(), first.shape[1]
     rows = 0
@@ -52,8 +62,8 @@ def packed_weight(*linears: nn.Module) -> torch.Tensor | None:
 def fuse_projections(backbone: nn.Module) -> int:
     """Pack every group of plain linears the backbone's layers name (`packed_projections`), in place.
 
-    Idempotent: an already packed group is left as it is. A group with a LoRA-wrapped (or
-    biased, or mixed-dtype) member is skipped. Returns how many groups are packed afterwards."""
+    Idempotent: an already packed group is left as it is. A group with a biased (or
+    mixed-dtype) member is skipped. Returns how many groups are packed afterwards."""
     n = 0
     for module in backbone.modules():
         for names in getattr(module, "packed_projections", ()):
@@ -65,7 +75,7 @@ def fuse_projections(backbone: nn.Module) -> int:
 
 
 def _pack(linears: tuple[nn.Module, ...]) -> bool:
-    if any(type(m) is not nn.Linear or m.bias is not None for m in linears):
+    if not all(_packable(m) for m in linears):
         return False
     ws = [m.weight for m in linears]
     if len({(w.dtype, w.device, w.shape[1]) for w in ws}) != 1:

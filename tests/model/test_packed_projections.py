@@ -1,6 +1,6 @@
 """Packed projections (dohnuts.model.packing): a packed model computes what the unpacked one does —
 hidden states, state hand-over, shared-prefix and image scores, LoRA training — with the same
-state dict, and groups with an adapter are left alone."""
+state dict; groups with an adapter pack too (the adapters' updates go into their columns)."""
 
 from __future__ import annotations
 
@@ -102,27 +102,35 @@ def test_replaced_weights_fall_back_to_separate_projections():
     assert fuse_projections(packed) == GROUPS
 
 
-def test_groups_with_an_adapter_are_not_packed():
+def test_groups_with_an_adapter_pack_and_keep_the_mathematics():
+    """Adapters on some members of a group (gate_proj of the MLP's gate/up, in_proj_b of the
+    mixer's qkv/b/a) and on none of attention's: every group packs, the base weights are the
+    packed tensor's row blocks, and the hidden states and every adapter gradient equal the
+    unpacked model's, each member run on its own (in float64: the gradients are sums that cancel,
+    and FP32 would test rounding)."""
     plain, _ = build_text_backbone(CFG, seed=3)
+    plain.double()
     torch.manual_seed(0)
-    apply_lora(plain, LoRAConfig(rank=2, targets=("gate_proj", "in_proj_b")))
+    apply_lora(plain, LoRAConfig(rank=2, targets=("gate_proj", "in_proj_b", "o_proj")))
     with torch.no_grad():
         for m in plain.modules():
             if isinstance(m, LoRALinear):
-                m.lora_B.normal_(0, 0.1)
+                m.lora_A.data, m.lora_B.data = m.lora_A.double(), torch.randn_like(m.lora_B, dtype=torch.float64) * 0.1
     packed = copy.deepcopy(plain)
-    # MLP groups (gate_proj adapted) and Gated DeltaNet groups (in_proj_b adapted) stay; attention packs.
-    n_attention = CFG.text.layer_types.count("full_attention")
-    assert fuse_projections(packed) == n_attention
-    assert _packed_count(packed) == n_attention
+    assert _packed_count(plain) == 0
+    assert fuse_projections(packed) == GROUPS and _packed_count(packed) == GROUPS
     for _, linears in _groups(packed):
-        if any(isinstance(x, LoRALinear) for x in linears):
-            assert packed_weight(*linears) is None
-            # Never re-stored: the plain members of an adapted group keep storages of their own.
-            assert len({x.weight.untyped_storage().data_ptr() for x in linears}) == len(linears)
+        assert len({x.weight.untyped_storage().data_ptr() for x in linears}) == 1
     ids = torch.randint(0, 256, (2, 90), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        assert relative_error(packed(ids)[0], plain(ids)[0]) < 1e-5
+    grads = []
+    for model in (packed, plain):
+        model.zero_grad()
+        h, _ = model(ids)
+        (h.square().mean()).backward()
+        grads.append((h.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad])))
+    (h_p, g_p), (h_u, g_u) = grads
+    assert relative_error(h_p, h_u) < 1e-10
+    assert relative_error(g_p, g_u) < 1e-10 and float(g_u.norm()) > 0
 
 
 def _png(path, seed):
@@ -165,15 +173,15 @@ def test_session_packs_and_scores_equal_unpacked(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("targets", [None, ("o_proj", "out_proj", "down_proj")])
 def test_lora_training_is_unaffected(monkeypatch, targets):
-    """Loss and every trainable gradient with packing equal those without: default targets (no
-    group packs) and targets that leave the q/k/v, qkv/b/a and gate/up groups plain (they pack,
-    frozen, and run one GEMM inside the training graph)."""
+    """Loss and every trainable gradient with packing equal those without: default targets
+    (adapters on members of every group) and targets that leave the q/k/v, qkv/b/a and gate/up
+    groups plain. Every group packs either way and runs one GEMM inside the training graph."""
     from dohnuts.train.task import synthetic_requests
 
     lora = LoRAConfig(rank=4) if targets is None else LoRAConfig(rank=4, targets=targets)
     packed = api.load("tiny", lora=lora)
     plain = _unpacked_session(monkeypatch, lora=lora)
-    assert _packed_count(packed.model.backbone) == (0 if targets is None else GROUPS)
+    assert _packed_count(packed.model.backbone) == GROUPS
     for s in (packed, plain):  # the same random B in both (same module order, same seed)
         g = torch.Generator().manual_seed(0)
         with torch.no_grad():
@@ -197,13 +205,14 @@ def test_lora_training_is_unaffected(monkeypatch, targets):
 
 def test_merge_packs_the_merged_projections():
     session = api.load("tiny", lora=LoRAConfig(rank=4))
-    assert _packed_count(session.model.backbone) == 0
+    assert _packed_count(session.model.backbone) == GROUPS  # adapted groups pack their frozen bases
     with torch.no_grad():
         for m in session.model.modules():
             if isinstance(m, LoRALinear):
                 m.lora_B.normal_(0, 0.05)
-    session.merge_lora()
-    assert _packed_count(session.model.backbone) == GROUPS
+    session.merge_lora()  # new plain linears, with weights of their own...
+    assert not any(isinstance(m, LoRALinear) for m in session.model.modules())
+    assert _packed_count(session.model.backbone) == GROUPS  # ...packed again
 
 
 def test_attention_gate_sigmoid_needs_no_copy():
