@@ -7,12 +7,12 @@ starts equal to its base. `merge_lora` folds them into the base weights for depl
 
 Training and prediction run an adapted projection the same way, `linear_group`: the frozen base
 as one GEMM — over a whole packed group of siblings when the layer's weights are packed
-(dohnuts.model.packing), so an adapted model keeps inference's packed projections — then each
-adapter's rank-r update accumulated into its own columns of that output by the GEMM itself
-(`addmm_`, in place). Its backward is written out (`_LinearGroup`) for the same reason: the input's
-gradient is one GEMM through the base and one rank-Σr GEMM accumulated into it, where autograd
-over the plain composition would copy every output once (an out-of-place `addmm`) and sum the
-input's gradients from every sibling and every adapter (an element-wise pass each).
+(dohnuts.model.packing), so an adapted model keeps inference's packed projections — accumulating
+onto the adapters' rank-r updates, written first into their columns (`_LinearGroup`). Its
+backward is written out for the same reason: the input's gradient is one rank-Σr GEMM and the
+base GEMM accumulating onto it, where autograd over the plain composition would copy every output
+once (an out-of-place `addmm`) and sum the input's gradients from every sibling and every adapter
+(an element-wise pass each).
 """
 
 from __future__ import annotations
@@ -135,50 +135,58 @@ def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 class _LinearGroup(torch.autograd.Function):
-    """y = x Wᵀ (+ bias), then y[:, cols_i] += s_i · (xd A_iᵀ) B_iᵀ for each adapter i.
+    """y = x Wᵀ (+ bias) + Σᵢ sᵢ · (xd Aᵢᵀ) Bᵢᵀ in adapter i's columns, as two GEMMs.
 
     x (N, in) and xd (the adapters' input after dropout; None: x itself), W (Σout, in), the
     adapters' A_i (r_i, in) and B_i (out_i, r_i), all in one dtype; `spans` are the adapters'
-    column ranges in y, `scales` their α / r. The base weight and bias are frozen (a LoRA base);
-    the backward computes their gradients anyway if asked."""
+    column ranges in y, `scales` their α / r. The adapters' updates are written first — one GEMM
+    of inner size Σr through a block-diagonal (Σout, Σr) matrix of the scaled B's, zero in the
+    columns of plain members — and the base GEMM accumulates onto them (cuBLAS with C = D, β = 1),
+    so the wide output is written once and read once inside a compute-bound GEMM. The backward
+    does the same for the input's gradient. The base weight and bias are frozen (a LoRA base);
+    their gradients are computed anyway if asked."""
 
     @staticmethod
     def forward(ctx, x, xd, w, bias, spans, scales, *ab):
         a_parts, bs = ab[0::2], ab[1::2]
         a = a_parts[0] if len(a_parts) == 1 else torch.cat(a_parts)  # (Σr, in)
-        y = torch.mm(x, w.t()) if bias is None else torch.addmm(bias, x, w.t())  # (N, Σout)
-        u = torch.mm(x if xd is None else xd, a.t())  # (N, Σr): every adapter's rank-r activations at once
+        ranks = [b.shape[1] for b in bs]
+        bd = w.new_zeros(w.shape[0], a.shape[0])  # (Σout, Σr): sᵢ·Bᵢ on the diagonal blocks
         r0 = 0
-        for (c0, c1), s, b in zip(spans, scales, bs):
-            r1 = r0 + b.shape[1]
-            y[:, c0:c1].addmm_(u[:, r0:r1], b.t(), alpha=s)  # in place: cuBLAS with C = D, no copy of y
-            r0 = r1
-        ctx.spans, ctx.scales, ctx.ranks = spans, scales, [b.shape[1] for b in bs]
+        for (c0, c1), s, b, r in zip(spans, scales, bs, ranks):
+            torch.mul(b, s, out=bd[c0:c1, r0:r0 + r])
+            r0 += r
+        u = torch.mm(x if xd is None else xd, a.t())  # (N, Σr): every adapter's rank-r activations at once
+        y = torch.mm(u, bd.t()) if bias is None else torch.addmm(bias, u, bd.t())  # (N, Σout)
+        y.addmm_(x, w.t())  # the base GEMM, accumulating onto the adapters' updates
+        ctx.spans, ctx.scales, ctx.ranks = spans, scales, ranks
         ctx.dropout = xd is not None
-        ctx.save_for_backward(x, xd, w, a, u, *bs)
+        ctx.save_for_backward(x, xd, w, a, u, bd)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, xd, w, a, u, *bs = ctx.saved_tensors
+        x, xd, w, a, u, bd = ctx.saved_tensors
         need = ctx.needs_input_grad
         dy = dy.contiguous()
-        du_parts, dbs, r0 = [], [], 0
-        for (c0, c1), s, b, r in zip(ctx.spans, ctx.scales, bs, ctx.ranks):
-            g = dy[:, c0:c1]  # (N, out_i), a column block: cuBLAS reads it in place
-            du_parts.append(torch.mm(g, b).mul_(s))
-            dbs.append(torch.mm(g.t(), u[:, r0:r0 + r]).mul_(s) if need[7 + 2 * len(dbs)] else None)
-            r0 += r
-        du = du_parts[0] if len(du_parts) == 1 else torch.cat(du_parts, dim=1)  # (N, Σr)
+        du = torch.mm(dy, bd)  # (N, Σr), the scales included
+        dbs = [None] * len(ctx.ranks)
+        if any(need[7::2]):
+            dbd = torch.mm(dy.t(), u)  # (Σout, Σr): one GEMM; only the diagonal blocks are used
+            r0 = 0
+            for i, ((c0, c1), s, r) in enumerate(zip(ctx.spans, ctx.scales, ctx.ranks)):
+                dbs[i] = dbd[c0:c1, r0:r0 + r] * s
+                r0 += r
         dx = dxd = None
         if need[0]:
-            dx = torch.mm(dy, w)
-            if not ctx.dropout:
-                dx.addmm_(du, a)  # the adapters' share accumulated by the GEMM: no separate sum
+            if ctx.dropout:
+                dx = torch.mm(dy, w)
+            else:
+                dx = torch.mm(du, a)  # the adapters' share first, the base GEMM accumulating onto it
+                dx.addmm_(dy, w)
         if ctx.dropout and need[1]:
             dxd = torch.mm(du, a)
-        da = torch.mm(du.t(), x if xd is None else xd)  # (Σr, in)
-        das = da.split(ctx.ranks)
+        das = torch.mm(du.t(), x if xd is None else xd).split(ctx.ranks)  # (Σr, in) → (rᵢ, in) each
         dw = torch.mm(dy.t(), x) if need[2] else None
         dbias = dy.sum(0) if need[3] else None
         grads = [g for pair in zip(das, dbs) for g in pair]
