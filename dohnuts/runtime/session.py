@@ -74,8 +74,8 @@ class Session:
         # benchmark's measurement-only variants and tests construct sessions with another one.
         self._policy = _policy
         self.model = model
-        # Sibling projections without adapters run as one GEMM each (dohnuts.model.packing);
-        # LoRA-wrapped ones are skipped, and re-packed once merged (_modules_changed).
+        # Sibling projections run as one GEMM each (dohnuts.model.packing), adapted ones too (their
+        # frozen bases packed); merged adapters are new linears, packed again (_modules_changed).
         fuse_projections(model.backbone)
         self.cfg: ModelConfig = model.cfg
         self.tokenizer = tokenizer
