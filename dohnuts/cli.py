@@ -278,6 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--adapter", help="adapter file (LoRA + head + temperature) saved by `dohnuts train`; its "
                     "adapters are merged into the base weights before scoring (deployment; default: none, the base model)")
     pr.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
+    pr.add_argument("--threads", type=int, help="torch's CPU threads for this process (default: torch's, one per core); 1 keeps a run steady on a "
+                    "CPU that other processes share")
     pr.add_argument("--nproc-per-node", type=int, default=1,
                     help="score on N processes (one per GPU; gloo processes on a CPU) under torchrun; request k "
                     "goes to rank k mod N and the output keeps the input order (default 1)")
@@ -311,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "started with (only --updates, to train longer, and --device may change); without it, an --out "
                     "that holds a run is refused (default: off)")
     tr.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
+    tr.add_argument("--threads", type=int, help="torch's CPU threads for this process (default: torch's, one per core); 1 keeps a run steady on a "
+                    "CPU that other processes share")
     tr.add_argument("--nproc-per-node", type=int, default=1,
                     help="data-parallel training on N processes (one per GPU; gloo processes on a CPU) under "
                     "torchrun: microbatch i of every update runs on rank i mod N, gradients are all-reduced, rank 0 "
@@ -327,6 +331,13 @@ def main(argv: list[str] | None = None, *, after_update=None, entry: tuple[str, 
     args = build_parser().parse_args(argv)
     args.argv, args.after_update, args.entry = argv, after_update, entry
     try:
+        if args.threads is not None:  # a machine setting, never stored with a run (--resume may change it)
+            import torch
+
+            from dohnuts.api import check_threads
+
+            check_threads(args.threads)
+            torch.set_num_threads(args.threads)
         return args.func(args)
     except DohnutsError as exc:
         print(f"dohnuts: error: {exc}", file=sys.stderr)

@@ -90,7 +90,8 @@ def cmd_baseline(args) -> int:
     from dohnuts.bench.gate import timings
     from dohnuts.bench.machine_id import this_machine
     from dohnuts.bench.provenance import git_revision
-    from dohnuts.bench.run_command import check_threads, cmd_run
+    from dohnuts.api import check_threads
+    from dohnuts.bench.run_command import cmd_run
     from dohnuts.schema import write_json
 
     if args.runs < 2:

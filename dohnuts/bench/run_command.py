@@ -28,7 +28,6 @@ from dohnuts.errors import ConfigError, DohnutsError
 
 TELEMETRY_INTERVAL_S = (0.001, 60.0)  # bounds of --telemetry-interval
 DEFAULT_CPU_THREADS = 1  # --threads: torch's threads in a CPU run (module docstring)
-MAX_THREADS = 4096
 
 
 def hwspec_for(name: str | None, device_name: str):
@@ -52,12 +51,6 @@ def hwspec_ref(spec) -> str | None:
         return None
     path = Path(spec.source).resolve()
     return path.stem if path.parent == BUILTIN_DIR.resolve() else str(path)
-
-
-def check_threads(value: int) -> None:
-    if not 1 <= value <= MAX_THREADS:
-        raise ConfigError(f"must be a number of threads in [1, {MAX_THREADS}], got {value!r}", source="command line",
-                          field="--threads")
 
 
 def check_telemetry_interval(value: float) -> None:
@@ -173,6 +166,8 @@ def _run(args, console=None) -> int:
     from dohnuts.bench.workload import load_workload
 
     check_telemetry_interval(args.telemetry_interval)
+    from dohnuts.api import check_threads  # shared with `dohnuts train` and `dohnuts predict`
+
     check_threads(args.threads)
     from dohnuts.bench.telemetry import default_min_clock_fraction
 
