@@ -171,6 +171,35 @@ def test_session_packs_and_scores_equal_unpacked(monkeypatch, tmp_path):
             assert relative_error(got, want) < 1e-5
 
 
+def _same_adapters(*sessions):
+    """The same random, non-zero B in every session (same module order, same seed)."""
+    for s in sessions:
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for m in s.model.modules():
+                if isinstance(m, LoRALinear):
+                    m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.05)
+
+
+def test_prediction_with_unmerged_adapters_equals_unpacked(monkeypatch):
+    """Prediction with adapters attached (not merged): the pruned passes' adapted groups — keys
+    and values over every token, queries only at the scored rows, each its own packed slice —
+    score what the unpacked model does, with and without a shared prefix."""
+    from dohnuts.train.task import synthetic_requests
+
+    lora = LoRAConfig(rank=4)
+    packed = api.load("tiny", lora=lora)
+    plain = _unpacked_session(monkeypatch, lora=lora)
+    assert _packed_count(packed.model.backbone) == GROUPS
+    _same_adapters(packed, plain)
+    reqs = synthetic_requests(2, questions=5, shared_prefix=300, seed=7) + synthetic_requests(1, questions=3, seed=8)
+    for share in (True, False):
+        got, want = _scores(packed, reqs, share), _scores(plain, reqs, share)
+        assert got[0].abs().max() > 0
+        for a, b in zip(got, want):
+            assert relative_error(a, b) < 1e-5
+
+
 @pytest.mark.parametrize("targets", [None, ("o_proj", "out_proj", "down_proj")])
 def test_lora_training_is_unaffected(monkeypatch, targets):
     """Loss and every trainable gradient with packing equal those without: default targets
@@ -182,12 +211,7 @@ def test_lora_training_is_unaffected(monkeypatch, targets):
     packed = api.load("tiny", lora=lora)
     plain = _unpacked_session(monkeypatch, lora=lora)
     assert _packed_count(packed.model.backbone) == GROUPS
-    for s in (packed, plain):  # the same random B in both (same module order, same seed)
-        g = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for m in s.model.modules():
-                if isinstance(m, LoRALinear):
-                    m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.05)
+    _same_adapters(packed, plain)
     (req,) = synthetic_requests(1, questions=5, shared_prefix=300, seed=4)
     out = []
     for s in (packed, plain):
