@@ -260,6 +260,10 @@ def cmd_train(args) -> int:
     return train_command(args, launch=_launch, progress=_progress)
 
 
+THREADS_HELP = ("torch's CPU threads for this process (default: torch's, one per core); 1 keeps a run steady on a "
+                "CPU that other processes share")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from dohnuts import __version__
 
@@ -278,8 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--adapter", help="adapter file (LoRA + head + temperature) saved by `dohnuts train`; its "
                     "adapters are merged into the base weights before scoring (deployment; default: none, the base model)")
     pr.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
-    pr.add_argument("--threads", type=int, help="torch's CPU threads for this process (default: torch's, one per core); 1 keeps a run steady on a "
-                    "CPU that other processes share")
+    pr.add_argument("--threads", type=int, help=THREADS_HELP)
     pr.add_argument("--nproc-per-node", type=int, default=1,
                     help="score on N processes (one per GPU; gloo processes on a CPU) under torchrun; request k "
                     "goes to rank k mod N and the output keeps the input order (default 1)")
@@ -313,8 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "started with (only --updates, to train longer, and --device may change); without it, an --out "
                     "that holds a run is refused (default: off)")
     tr.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
-    tr.add_argument("--threads", type=int, help="torch's CPU threads for this process (default: torch's, one per core); 1 keeps a run steady on a "
-                    "CPU that other processes share")
+    tr.add_argument("--threads", type=int, help=THREADS_HELP)
     tr.add_argument("--nproc-per-node", type=int, default=1,
                     help="data-parallel training on N processes (one per GPU; gloo processes on a CPU) under "
                     "torchrun: microbatch i of every update runs on rank i mod N, gradients are all-reduced, rank 0 "

@@ -39,4 +39,3 @@ def pytest_runtest_logreport(report):
         last = str(report.longrepr).strip().splitlines()[-1:] or [""]
         line += f"  | {last[0][:200]}"
     print(f"\n{line}", file=sys.__stdout__, flush=True)
-

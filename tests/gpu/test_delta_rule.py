@@ -281,8 +281,8 @@ def test_delta_rule_gradients_qwen_sizes(case):
             continue
         # A_log's and dt_bias' gradients are sums over every token of terms of both signs: their
         # relative error is that of the terms times how much the sum cancels (fla's the same)
-        # (and between two correct sums that amplification differs with the order of summation: M27
-        # measured ours at 3.2e-3 against fla's 2.4e-3 for dA_log, both 15× inside the tolerance)
+        # (and between two correct sums that amplification differs with the order of summation, so
+        # "no less accurate than fla" gets a wider slack for them: the ledger's M27 has the case)
         cancels = name in ("dA_log", "ddt_bias")
         err = relative_error(a.grad.float(), b.grad)
         assert err < (5e-2 if cancels else BF16_TOL), f"{name}: relative error {err:.2e}"
