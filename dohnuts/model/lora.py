@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 DEFAULT_TARGETS = (
     "q_proj", "k_proj", "v_proj", "o_proj",  # gated attention
@@ -134,48 +136,133 @@ def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in model.state_dict().items() if ".lora_A" in k or ".lora_B" in k}
 
 
+# Every optimizer step (any optimizer: fused AdamW does not bump its parameters' version
+# counters) makes the adapters' compute copies stale; the next use rebuilds them (`_copies`).
+_generation = 0
+
+
+def _optimizer_stepped(*_args) -> None:
+    global _generation
+    _generation += 1
+
+
+register_optimizer_step_post_hook(_optimizer_stepped)
+
+_LIVE: weakref.WeakSet[_Copies] = weakref.WeakSet()
+
+
+class _Copies:
+    """One group's adapters in the compute dtype, made once per parameter version — after each
+    optimizer step, not in every pass: `a` (Σr, in), the rows of every Aᵢ; `bd` (Σout, Σr), each Bᵢ
+    on its diagonal block of the group's columns, zero elsewhere; `a_s` and `bd_s` the same scaled
+    by the adapters' α / r. Rebuilt in place (CUDA graphs read their addresses) when a parameter
+    is replaced, changed in place (its version), or an optimizer has stepped."""
+
+    __slots__ = ("lora", "spans", "scales", "ranks", "key", "a", "a_s", "bd", "bd_s", "__weakref__")
+
+    def __init__(self, linears: tuple[nn.Module, ...], dtype: torch.dtype, device: torch.device):
+        self.lora, self.spans, self.scales, col = [], [], [], 0
+        for m in linears:
+            n = m.weight.shape[0]
+            if isinstance(m, LoRALinear):
+                self.lora.append(m)
+                self.spans.append((col, col + n))
+                self.scales.append(m.scaling)
+            col += n
+        self.ranks = [m.lora_A.shape[0] for m in self.lora]
+        shape_a, shape_bd = (sum(self.ranks), self.lora[0].in_features), (col, sum(self.ranks))
+        with torch.inference_mode(False):  # made during prediction, read by training's autograd too
+            self.a, self.a_s = (torch.empty(shape_a, dtype=dtype, device=device) for _ in range(2))
+            self.bd, self.bd_s = (torch.zeros(shape_bd, dtype=dtype, device=device) for _ in range(2))
+        self.key = None
+
+    def _key(self) -> tuple:
+        return (_generation,) + tuple((id(p), p._version, p.data_ptr()) for m in self.lora
+                                      for p in (m.lora_A, m.lora_B))
+
+    def fresh(self) -> _Copies:
+        """Rebuild the copies in place if a master weight moved since they were made."""
+        key = self._key()
+        if key == self.key:
+            return self
+        if self.a.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("LoRA adapters changed since their compute copies were made, inside a CUDA graph "
+                               "capture: refresh them before capturing (dohnuts.model.lora.refresh_adapter_copies)")
+        with torch.inference_mode(False), torch.no_grad():
+            torch.cat([m.lora_A for m in self.lora], out=self.a)
+            r0 = 0
+            for (c0, c1), s, m, r in zip(self.spans, self.scales, self.lora, self.ranks):
+                torch.mul(m.lora_A, s, out=self.a_s[r0:r0 + r])
+                self.bd[c0:c1, r0:r0 + r].copy_(m.lora_B)
+                torch.mul(m.lora_B, s, out=self.bd_s[c0:c1, r0:r0 + r])
+                r0 += r
+        self.key = self._key()
+        return self
+
+
+def _copies(linears: tuple[nn.Module, ...], lora: list[LoRALinear], dtype: torch.dtype,
+            device: torch.device) -> _Copies:
+    cache = lora[0].__dict__.setdefault("_copies", {})
+    k = (tuple(map(id, linears)), dtype, device)
+    c = cache.get(k)
+    if c is None or c.lora != [m for m in linears if isinstance(m, LoRALinear)]:
+        c = cache[k] = _Copies(linears, dtype, device)
+        _LIVE.add(c)
+    return c.fresh()
+
+
+def refresh_adapter_copies() -> None:
+    """Bring every adapter's compute copies up to date, in place: before a CUDA graph replays
+    passes that read them (an eager pass refreshes its own)."""
+    for c in list(_LIVE):
+        c.fresh()
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """a @ b written in `dtype`: a weight gradient straight into the FP32 masters' dtype (on CUDA
+    the GEMM writes FP32, no cast kernel; the CPU has no such GEMM and casts)."""
+    if a.dtype == dtype:
+        return torch.mm(a, b)
+    if a.is_cuda and dtype == torch.float32:
+        return torch.mm(a, b, out_dtype=dtype)
+    return torch.mm(a, b).to(dtype)
+
+
 class _LinearGroup(torch.autograd.Function):
     """y = x Wᵀ (+ bias) + Σᵢ sᵢ · (xd Aᵢᵀ) Bᵢᵀ in adapter i's columns, as two GEMMs.
 
-    x (N, in) and xd (the adapters' input after dropout; None: x itself), W (Σout, in), the
-    adapters' A_i (r_i, in) and B_i (out_i, r_i), all in one dtype; `spans` are the adapters'
-    column ranges in y, `scales` their α / r. The adapters' updates are written first — one GEMM
-    of inner size Σr through a block-diagonal (Σout, Σr) matrix of the scaled B's, zero in the
-    columns of plain members — and the base GEMM accumulates onto them (cuBLAS with C = D, β = 1),
-    so the wide output is written once and read once inside a compute-bound GEMM. The backward
-    does the same for the input's gradient. The base weight and bias are frozen (a LoRA base);
-    their gradients are computed anyway if asked."""
+    x (N, in) and xd (the adapters' input after dropout; None: x itself), W (Σout, in), `c` the
+    adapters' compute copies (`_Copies`: the scaled and unscaled A's and block-diagonal B's, in
+    x's dtype), then the master Aᵢ, Bᵢ themselves, which only receive gradients, in their own
+    dtype (FP32 under autocast, written by the GEMMs directly). The adapters' updates are written
+    first — one GEMM of inner size Σr, zero in the columns of plain members — and the base GEMM
+    accumulates onto them (cuBLAS with C = D, β = 1), so the wide output is written once and read
+    once inside a compute-bound GEMM. The backward does the same for the input's gradient. The
+    base weight and bias are frozen (a LoRA base); their gradients are computed anyway if asked."""
 
     @staticmethod
-    def forward(ctx, x, xd, w, bias, spans, scales, *ab):
-        a_parts, bs = ab[0::2], ab[1::2]
-        a = a_parts[0] if len(a_parts) == 1 else torch.cat(a_parts)  # (Σr, in)
-        ranks = [b.shape[1] for b in bs]
-        bd = w.new_zeros(w.shape[0], a.shape[0])  # (Σout, Σr): sᵢ·Bᵢ on the diagonal blocks
-        r0 = 0
-        for (c0, c1), s, b, r in zip(spans, scales, bs, ranks):
-            torch.mul(b, s, out=bd[c0:c1, r0:r0 + r])
-            r0 += r
-        u = torch.mm(x if xd is None else xd, a.t())  # (N, Σr): every adapter's rank-r activations at once
-        y = torch.mm(u, bd.t()) if bias is None else torch.addmm(bias, u, bd.t())  # (N, Σout)
+    def forward(ctx, x, xd, w, bias, c, *masters):
+        u = torch.mm(x if xd is None else xd, c.a_s.t())  # (N, Σr): every adapter's sᵢ·(xd Aᵢᵀ) at once
+        y = torch.mm(u, c.bd.t()) if bias is None else torch.addmm(bias, u, c.bd.t())  # (N, Σout)
         y.addmm_(x, w.t())  # the base GEMM, accumulating onto the adapters' updates
-        ctx.spans, ctx.scales, ctx.ranks = spans, scales, ranks
+        ctx.spans, ctx.ranks = c.spans, c.ranks
+        ctx.dtype = masters[0].dtype
         ctx.dropout = xd is not None
-        ctx.save_for_backward(x, xd, w, a, u, bd)
+        ctx.save_for_backward(x, xd, w, c.a, c.bd_s, u)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, xd, w, a, u, bd = ctx.saved_tensors
+        x, xd, w, a, bd_s, u = ctx.saved_tensors
         need = ctx.needs_input_grad
         dy = dy.contiguous()
-        du = torch.mm(dy, bd)  # (N, Σr), the scales included
+        du = torch.mm(dy, bd_s)  # (N, Σr): the gradient of xd Aᵢᵀ, the scales included
         dbs = [None] * len(ctx.ranks)
-        if any(need[7::2]):
-            dbd = torch.mm(dy.t(), u)  # (Σout, Σr): one GEMM; only the diagonal blocks are used
+        if any(need[6::2]):
+            dbd = _mm(dy.t(), u, ctx.dtype)  # (Σout, Σr): one GEMM; only the diagonal blocks are used
             r0 = 0
-            for i, ((c0, c1), s, r) in enumerate(zip(ctx.spans, ctx.scales, ctx.ranks)):
-                dbs[i] = dbd[c0:c1, r0:r0 + r] * s
+            for i, ((c0, c1), r) in enumerate(zip(ctx.spans, ctx.ranks)):
+                dbs[i] = dbd[c0:c1, r0:r0 + r]
                 r0 += r
         dx = dxd = None
         if need[0]:
@@ -186,11 +273,11 @@ class _LinearGroup(torch.autograd.Function):
                 dx.addmm_(dy, w)
         if ctx.dropout and need[1]:
             dxd = torch.mm(du, a)
-        das = torch.mm(du.t(), x if xd is None else xd).split(ctx.ranks)  # (Σr, in) → (rᵢ, in) each
+        das = _mm(du.t(), x if xd is None else xd, ctx.dtype).split(ctx.ranks)  # (Σr, in) → (rᵢ, in) each
         dw = torch.mm(dy.t(), x) if need[2] else None
         dbias = dy.sum(0) if need[3] else None
         grads = [g for pair in zip(das, dbs) for g in pair]
-        return dx, dxd, dw, dbias, None, None, *grads
+        return dx, dxd, dw, dbias, None, *grads
 
 
 def linear_group(x: torch.Tensor, linears: tuple[nn.Module, ...], weight: torch.Tensor) -> torch.Tensor:
@@ -198,7 +285,8 @@ def linear_group(x: torch.Tensor, linears: tuple[nn.Module, ...], weight: torch.
     (one linear's own weight, or a packed group's, dohnuts.model.packing) → (..., Σ out): one GEMM
     for the bases, every LoRA member's update added into its columns (`_LinearGroup`). Plain
     members add nothing; a group with no adapter is just the GEMM. Under autocast every operand
-    runs in the autocast dtype (the adapters' FP32 master weights cast, as autocast would)."""
+    runs in the autocast dtype (the adapters' FP32 master weights through their compute copies,
+    made once per optimizer step)."""
     lora = [m for m in linears if isinstance(m, LoRALinear)]
     bias = linears[0].bias if len(linears) == 1 else None
     if not lora:
@@ -209,15 +297,8 @@ def linear_group(x: torch.Tensor, linears: tuple[nn.Module, ...], weight: torch.
     x2 = x.reshape(-1, x.shape[-1]).to(dtype)
     p = lora[0].dropout
     xd = F.dropout(x2, p, lora[0].training) if p and lora[0].training else None
-    spans, scales, ab, col = [], [], [], 0
-    for m in linears:
-        n = m.weight.shape[0]
-        if isinstance(m, LoRALinear):
-            spans.append((col, col + n))
-            scales.append(m.scaling)
-            ab += [m.lora_A.to(dtype), m.lora_B.to(dtype)]
-        col += n
+    c = _copies(linears, lora, dtype, x.device)
+    masters = [t for m in lora for t in (m.lora_A, m.lora_B)]
     with torch.autocast(dev, enabled=False):
-        y = _LinearGroup.apply(x2, xd, weight.to(dtype), None if bias is None else bias.to(dtype), tuple(spans),
-                               tuple(scales), *ab)
-    return y.view(*lead, col)
+        y = _LinearGroup.apply(x2, xd, weight.to(dtype), None if bias is None else bias.to(dtype), c, *masters)
+    return y.view(*lead, c.bd.shape[0])

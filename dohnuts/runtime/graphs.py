@@ -47,6 +47,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from dohnuts.model.inputs import ScoreInputs
+from dohnuts.model.lora import refresh_adapter_copies
 from dohnuts.model.scorer import ScoringModel, choose_pass, no_stage
 
 
@@ -109,6 +110,7 @@ class _Captured:
 
     def replay(self) -> None:
         if self.graph is not None:
+            refresh_adapter_copies()  # the graph reads unmerged adapters' compute copies in place
             self.graph.replay()
             return
         self.output.copy_(self.fn())

@@ -27,6 +27,7 @@ from dataclasses import replace
 
 import torch
 
+from dohnuts.model.lora import refresh_adapter_copies
 from dohnuts.runtime.batch import Batch
 from dohnuts.runtime.graphs import GraphStats, ShapeBuckets
 from dohnuts.train.objective import RLCDConfig
@@ -63,6 +64,7 @@ class _MicrobatchGraph:
         if self.emulate:
             self.loss = self.forward_fn()
         else:
+            refresh_adapter_copies()  # an optimizer step since the last replay: the adapters' BF16 copies
             self.fwd.replay()
         return self.loss
 

@@ -77,7 +77,8 @@ def test_shared_prefix_equals_unshared_bf16(monkeypatch):
 def test_training_graph_replay_equals_eager_gradients(monkeypatch):
     """A microbatch's forward/backward by CUDA-graph replay against the eager forward/backward on the
     same (bucketed) batch: loss and every LoRA/head gradient, request after request of one shape —
-    a shared request, whose backward graph holds the recomputation of every layer."""
+    a shared request, whose backward graph holds the recomputation of every layer — with an
+    optimizer step after each, so the replays read the adapters' refreshed BF16 copies."""
     from dohnuts.runtime.pipeline import Pipeline
     from dohnuts.runtime.timing import NULL_TIMER
     from dohnuts.train.graphs import MicrobatchGraphs
@@ -105,6 +106,7 @@ def test_training_graph_replay_equals_eager_gradients(monkeypatch):
         grads_e = torch.cat([p.grad.flatten().float() for p in params])
         assert abs(loss_g - float(loss_e)) < 1e-2 * max(1.0, abs(float(loss_e)))
         assert relative_error(grads_g, grads_e) < 2e-2 and float(grads_e.norm()) > 0
+        opt.step()
     stats = graphs.stats()
     assert stats.captures == 1 and stats.replays == 3 and not stats.eager
 

@@ -4,11 +4,13 @@ differentiates (x Wᵢᵀ + sᵢ · (xd Aᵢᵀ) Bᵢᵀ per member, concatenate
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
 
-from dohnuts.model.lora import LoRAConfig, LoRALinear, _LinearGroup, linear_group
+from dohnuts.model.lora import LoRAConfig, LoRALinear, _LinearGroup, linear_group, refresh_adapter_copies
 from tests.reference import relative_error
 
 
@@ -63,9 +65,26 @@ def test_group_output_and_gradients_equal_the_composition(lora):
         assert a.shape == b.shape and relative_error(a, b) < 1e-12
 
 
+def _copies_of(spans, scales, width, *ab):
+    """What `_Copies` holds, built from the given A's and B's (outside autograd, as the model's)."""
+    a_parts, bs = ab[0::2], ab[1::2]
+    ranks = [t.shape[0] for t in a_parts]
+    with torch.no_grad():
+        bd = a_parts[0].new_zeros(width, sum(ranks))
+        bd_s = bd.clone()
+        r0 = 0
+        for (c0, c1), s, b, r in zip(spans, scales, bs, ranks):
+            bd[c0:c1, r0:r0 + r] = b
+            bd_s[c0:c1, r0:r0 + r] = s * b
+            r0 += r
+        return SimpleNamespace(a=torch.cat(a_parts), a_s=torch.cat([s * a for s, a in zip(scales, a_parts)]),
+                               bd=bd, bd_s=bd_s, spans=list(spans), ranks=ranks)
+
+
 def test_group_gradients_by_finite_differences():
     """torch.autograd.gradcheck on the function itself: x, the adapters' input after dropout (a
-    separate tensor), a bias and every A and B, in float64."""
+    separate tensor), a bias and every A and B (their compute copies made from them on each
+    evaluation), in float64."""
     g = torch.Generator().manual_seed(1)
 
     def t(*shape):
@@ -74,10 +93,12 @@ def test_group_gradients_by_finite_differences():
     x, xd, w, bias = t(6, 10), t(6, 10), t(11, 10), t(11)
     a1, b1, a2, b2 = t(3, 10), t(4, 3), t(2, 10), t(5, 2)
     spans, scales = ((0, 4), (6, 11)), (1.5, 0.5)
-    assert torch.autograd.gradcheck(lambda *z: _LinearGroup.apply(z[0], z[1], z[2], z[3], spans, scales, *z[4:]),
-                                    (x, xd, w, bias, a1, b1, a2, b2))
-    assert torch.autograd.gradcheck(lambda *z: _LinearGroup.apply(z[0], None, z[1], None, spans, scales, *z[2:]),
-                                    (x, w, a1, b1, a2, b2))
+    assert torch.autograd.gradcheck(
+        lambda *z: _LinearGroup.apply(z[0], z[1], z[2], z[3], _copies_of(spans, scales, 11, *z[4:]), *z[4:]),
+        (x, xd, w, bias, a1, b1, a2, b2))
+    assert torch.autograd.gradcheck(
+        lambda *z: _LinearGroup.apply(z[0], None, z[1], None, _copies_of(spans, scales, 11, *z[2:]), *z[2:]),
+        (x, w, a1, b1, a2, b2))
 
 
 def test_a_single_adapted_linear_with_a_bias_and_dropout():
@@ -112,3 +133,69 @@ def test_autocast_runs_the_group_in_bf16_with_fp32_adapter_gradients():
     _composition(x, members).square().sum().backward()
     for a, p in zip(got, _adapter_params(members)):
         assert a.dtype == torch.float32 and relative_error(a, p.grad) < 3e-2
+
+
+def _copies_entry(members):
+    (entry,) = next(m for m in members if isinstance(m, LoRALinear))._copies.values()
+    return entry
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_compute_copies_follow_every_change_of_the_adapters(fused):
+    """The adapters' compute copies are made once and reused until an adapter changes: after an
+    optimizer step (fused AdamW bumps no version counter), an in-place load and a replaced tensor,
+    the group still equals the plain composition of the current weights."""
+    members, w = _group(dtype=torch.float32, lora=(True, True, False))
+    x = torch.randn(8, 10)
+    params = _adapter_params(members)
+    opt = torch.optim.AdamW(params, lr=0.5, fused=fused)
+
+    def check():
+        assert relative_error(linear_group(x, members, w).detach(), _composition(x, members).detach()) < 1e-6
+
+    check()
+    entry = _copies_entry(members)
+    linear_group(x, members, w).square().sum().backward()
+    opt.step()
+    check()
+    with torch.no_grad():
+        members[0].lora_B.copy_(torch.randn_like(members[0].lora_B))
+    check()
+    members[1].lora_A.data = torch.randn_like(members[1].lora_A)
+    check()
+    assert _copies_entry(members) is entry  # one entry, refreshed
+
+
+def test_refresh_rebuilds_stale_copies_in_place():
+    """`refresh_adapter_copies` (what a CUDA graph replay calls first) brings the copies up to date
+    at their old addresses — a captured graph reads them there."""
+    members, w = _group(dtype=torch.float32, lora=(True, False, True))
+    x = torch.randn(8, 10)
+    linear_group(x, members, w)
+    entry = _copies_entry(members)
+    ptrs = [t.data_ptr() for t in (entry.a, entry.a_s, entry.bd, entry.bd_s)]
+    opt = torch.optim.AdamW(_adapter_params(members), lr=0.5, fused=True)
+    for p in _adapter_params(members):
+        p.grad = torch.randn_like(p)
+    opt.step()
+    refresh_adapter_copies()
+    want = _copies_of([(0, 12), (17, 24)], [m.scaling for m in members if isinstance(m, LoRALinear)], 24,
+                      *_adapter_params(members))
+    for name in ("a", "a_s", "bd", "bd_s"):
+        assert torch.equal(getattr(entry, name), getattr(want, name)), name
+    assert [t.data_ptr() for t in (entry.a, entry.a_s, entry.bd, entry.bd_s)] == ptrs
+
+
+def test_copies_made_in_inference_mode_serve_training():
+    """Prediction (inference mode) makes the copies first; training's autograd then uses them."""
+    members, w = _group(dtype=torch.float32)
+    x = torch.randn(8, 10)
+    with torch.inference_mode():
+        linear_group(x, members, w)
+    linear_group(x, members, w).square().sum().backward()
+    got = [p.grad.clone() for p in _adapter_params(members)]
+    for p in _adapter_params(members):
+        p.grad = None
+    _composition(x, members).square().sum().backward()
+    for a, p in zip(got, _adapter_params(members)):
+        assert relative_error(a, p.grad) < 1e-5
