@@ -30,6 +30,7 @@ import msgspec
 import torch
 from msgspec import Meta
 
+from dohnuts.model.lora import refresh_adapter_copies
 from dohnuts.model.scorer import candidate_logits
 from dohnuts.runtime.batch import Batch
 from dohnuts.runtime.collectives import all_reduce_gradients, all_reduce_sum
@@ -189,6 +190,10 @@ class Updater:
         with timer.stage("optimizer"):
             norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
             self.optimizer.step()
+            # The adapters' BF16 copies for the next update, issued now, while the GPU still runs
+            # this update's last backward: made at the next forward instead, their few hundred
+            # small launches sat on the critical path (+6 ms an update, docs/history/evolution.md M28).
+            refresh_adapter_copies()
         model.eval()
         works = [hb.work if use is None else use.counted(hb.work) for hb, use in zip(hbs, uses)]
         work = WorkCounts.of_update(works) if works else None

@@ -101,3 +101,20 @@ def test_microbatches_of_two_requests_equal_concatenated_batch():
     assert relative_error(pa, pb) < 1e-5
     with pytest.raises(ValueError, match="8 requests, got 4"):
         Updater(a, make_optimizer(a, cfg), objective, cfg, requests_per_microbatch=2).update(reqs[:4])
+
+
+def test_an_update_leaves_the_adapters_copies_fresh():
+    """The update refreshes the adapters' compute copies after its optimizer step (so the next
+    update's first pass, or graph replay, finds them made): every copy matches the stepped weights."""
+    from dohnuts.model.lora import _LIVE
+
+    reqs = synthetic_requests(4, questions=2, seed=13)
+    objective, cfg = RLCDConfig(), OptimConfig(lr=1e-2)
+    a = _model()
+    opt = make_optimizer(a, cfg)
+    Updater(a, opt, objective, cfg).update(reqs)
+    mine = [c for c in list(_LIVE) if any(m.lora_A is p for m in c.lora for p in a.trainable_parameters())]
+    assert mine
+    for c in mine:
+        assert c.key == c._key()
+        assert torch.equal(c.a, torch.cat([m.lora_A for m in c.lora]).to(c.a.dtype))
