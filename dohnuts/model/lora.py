@@ -12,7 +12,9 @@ onto the adapters' rank-r updates, written first into their columns (`_LinearGro
 backward is written out for the same reason: the input's gradient is one rank-Σr GEMM and the
 base GEMM accumulating onto it, where autograd over the plain composition would copy every output
 once (an out-of-place `addmm`) and sum the input's gradients from every sibling and every adapter
-(an element-wise pass each).
+(an element-wise pass each). The adapters are FP32 master weights; a pass reads their compute-dtype
+copies (`_Copies`), made once after each optimizer step rather than cast in every pass, and the
+backward writes their gradients in FP32 straight from the GEMMs.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class LoRALinear(nn.Module):
         self.weight.requires_grad_(False)
         self.bias = base.bias
         dev = base.weight.device
-        # Adapters are FP32 master weights whatever the base dtype (autocast runs them in BF16).
+        # Adapters are FP32 master weights whatever the base dtype (passes read their copies: `_Copies`).
         a = torch.empty(cfg.rank, self.in_features)
         nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)
         self.lora_A = nn.Parameter(a.to(dev))

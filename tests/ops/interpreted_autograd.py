@@ -247,7 +247,12 @@ def check_delta_rule() -> None:
             # (differences of products, the same in both) has an absolute error floor: looser
             tol = gates if name in ("dA_log", "ddt_bias") else tight
             assert x.grad is not None and rel(x.grad, xr.grad) < tol, (*what, name, rel(x.grad, xr.grad))
-            assert rel(x.grad, xf.grad.double()) < 1e-5, (*what, name, "against fla", rel(x.grad, xf.grad.double()))
+            # Against fla's op: the same backward kernels, so the same gradients up to the forward's
+            # rounding — which the cancelling sums amplify as much as they amplify the error against
+            # FP64 (split, normalised, no state: both 1.2e-3 from it, 3.7e-5 apart on an AVX2 CPU, under 1e-5
+            # on another): for those, a tenth of fla's own distance from the reference.
+            against = max(1e-5, 0.1 * rel(xf.grad.double(), xr.grad)) if name in ("dA_log", "ddt_bias") else 1e-5
+            assert rel(x.grad, xf.grad.double()) < against, (*what, name, "against fla", rel(x.grad, xf.grad.double()))
         with torch.no_grad():  # the same kernels with and without autograd: bitwise
             o_ng, st_ng = gated_delta_rule_from_logits(*leaves[:3], *split(pk), A_log, dt, s0v, True,
                                                        use_qk_l2norm=not normalised)
