@@ -158,7 +158,8 @@ class _Copies:
     optimizer step, not in every pass: `a` (Σr, in), the rows of every Aᵢ; `bd` (Σout, Σr), each Bᵢ
     on its diagonal block of the group's columns, zero elsewhere; `a_s` and `bd_s` the same scaled
     by the adapters' α / r. Rebuilt in place (CUDA graphs read their addresses) when a parameter
-    is replaced, changed in place (its version), or an optimizer has stepped."""
+    is replaced, changed in place (its version), or an optimizer has stepped. An in-place change
+    through `.data` bumps no version and is not seen: change adapters through the parameters."""
 
     __slots__ = ("lora", "spans", "scales", "ranks", "key", "a", "a_s", "bd", "bd_s", "__weakref__")
 
