@@ -166,16 +166,32 @@ def test_delta_h_kernel_compiles_with_every_flag_and_config(target):
     from dohnuts.ops._delta_h_kernel import _CONFIGS, _O_CONFIGS
 
     t = TARGETS[target]
+    calls = []
     modes = ((False, False, _CONFIGS), (True, False, _O_CONFIGS), (True, True, _O_CONFIGS))
     for fuse_o, fuse_wu, configs in modes:
         for config in configs:  # every config the tuner may pick, with a state in and out
-            _delta_h(t, _delta_flags(fuse_o, fuse_wu), config)
+            calls.append((t, _delta_flags(fuse_o, fuse_wu), config))
         for s0, st in ((True, False), (False, True), (False, False)):  # every state flag, per block
             for bv in sorted({c.kwargs["BV"] for c in configs}):
-                _delta_h(t, _delta_flags(fuse_o, fuse_wu, s0, st), next(c for c in configs if c.kwargs["BV"] == bv))
+                calls.append((t, _delta_flags(fuse_o, fuse_wu, s0, st), next(c for c in configs if c.kwargs["BV"] == bv)))
     # K ≤ 64: the second block of K is compiled out
     for fuse_wu in (False, True):
-        _delta_h(t, _delta_flags(True, fuse_wu), _O_CONFIGS[2], sizes=dict(H=2, HV=4, K=64, V=64))
+        calls.append((t, _delta_flags(True, fuse_wu), _O_CONFIGS[2], dict(H=2, HV=4, K=64, V=64)))
+    _in_processes(_delta_h, calls)
+
+
+def _in_processes(fn, calls: list[tuple]) -> None:
+    """fn(*args) for every args, in one process per core (compiling is CPU work that holds the
+    GIL; the delta-rule kernel's gfx1100 configs from an empty cache on a 2-core machine: 293 s in
+    two processes, over 600 s in one, KI-22). A failure is
+    raised here, with its own traceback."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    workers = max(1, min(len(calls), os.cpu_count() or 1))
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        for future in [pool.submit(fn, *args) for args in calls]:
+            future.result()
 
 
 def _conv_bwd(target, du_flag, dx_flag, du_config, dx_config):
