@@ -80,8 +80,8 @@ class ScoringModel(nn.Module):
 
     def train(self, mode: bool = True) -> ScoringModel:
         """nn.Module.train's result — every submodule's `training` flag — set directly rather than
-        through its recursion of Module.__setattr__ calls, which took 2.3 ms for the 2b backbone
-        alone, at the start of every training update while the GPU waits (M28). A submodule that
+        through its recursion of Module.__setattr__ calls, which runs at the start of every training
+        update while the GPU waits (measured: docs/history/evolution.md M28). A submodule that
         overrides train() still gets its own call."""
         if not isinstance(mode, bool):
             raise ValueError("training mode is expected to be boolean")

@@ -191,8 +191,8 @@ class Updater:
             norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
             self.optimizer.step()
             # The adapters' BF16 copies for the next update, issued now, while the GPU still runs
-            # this update's last backward: made at the next forward instead, their few hundred
-            # small launches sat on the critical path (+6 ms an update, docs/history/evolution.md M28).
+            # this update's last backward: made at the next forward instead, their small launches
+            # sat on the critical path (measured: docs/history/evolution.md M28).
             refresh_adapter_copies()
         model.eval()
         works = [hb.work if use is None else use.counted(hb.work) for hb, use in zip(hbs, uses)]

@@ -186,8 +186,8 @@ def test_an_adapter_that_is_a_fifo_or_too_large_is_not_opened(tmp_path, monkeypa
 
 
 def test_scoring_model_train_sets_what_module_train_sets():
-    """ScoringModel.train sets the flags directly (nn.Module.train's recursion cost 2.3 ms an
-    update): the same flags as nn.Module.train on every submodule, both ways, and a submodule with
+    """ScoringModel.train sets the flags directly, not through nn.Module.train's recursion: the
+    same flags as nn.Module.train on every submodule, both ways, and a submodule with
     its own train() still gets the call."""
     from torch import nn
 

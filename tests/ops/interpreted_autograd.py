@@ -249,8 +249,8 @@ def check_delta_rule() -> None:
             assert x.grad is not None and rel(x.grad, xr.grad) < tol, (*what, name, rel(x.grad, xr.grad))
             # Against fla's op: the same backward kernels, so the same gradients up to the forward's
             # rounding — which the cancelling sums amplify as much as they amplify the error against
-            # FP64 (split, normalised, no state: both 1.2e-3 from it, 3.7e-5 apart on an AVX2 CPU, under 1e-5
-            # on another): for those, a tenth of fla's own distance from the reference.
+            # FP64, differently from one CPU to another (docs/history/evolution.md M28): for those,
+            # a tenth of fla's own distance from the reference.
             against = max(1e-5, 0.1 * rel(xf.grad.double(), xr.grad)) if name in ("dA_log", "ddt_bias") else 1e-5
             assert rel(x.grad, xf.grad.double()) < against, (*what, name, "against fla", rel(x.grad, xf.grad.double()))
         with torch.no_grad():  # the same kernels with and without autograd: bitwise

@@ -182,8 +182,7 @@ def test_delta_h_kernel_compiles_with_every_flag_and_config(target):
 
 def _in_processes(fn, calls: list[tuple]) -> None:
     """fn(*args) for every args, in one process per core (compiling is CPU work that holds the
-    GIL; the delta-rule kernel's gfx1100 configs from an empty cache on a 2-core machine: 293 s in
-    two processes, over 600 s in one, KI-22). A failure is
+    GIL: the slow lane's longest compile check, KI-22). A failure is
     raised here, with its own traceback."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
