@@ -11,6 +11,9 @@ path. It answers, on the machine at hand, whether a change is worth making:
 - `delta_configs`: each tuning config of the fused delta-rule kernel (FUSE_O, and FUSE_WU) in a
   process of its own, at full and partial last chunks, checked against fla's kernels: a config
   that faults (illegal address on Triton 3.6) takes only its own CUDA context.
+- `kkt_configs`: fla's kkt_solve kernel at each of its candidate configs, at the fused path's
+  shapes (2b and 4b heads): which config each shape wants, against the one fla's size-blind
+  autotuning key keeps.
 - `train_ops`: forward + backward of each op a training microbatch runs (train-step-2b: 8 × 512
   tokens, 2b sizes, frozen weights as under LoRA), the one kernel set against the fla autograd
   ops training ran before it, gradients compared: which op the backward (two thirds of an
@@ -26,6 +29,7 @@ docs/history/evolution.md (M17–M21); git history keeps their code.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -58,25 +62,27 @@ def _ab(fns: dict, rounds: int = 5, graph: bool = False) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def _delta_inputs(f, N: int, T: int, state: str | None, H: int = 16, K: int = 128):
-    """Delta-rule inputs at 2b head sizes (H = HV, K = V): unit q and k, the gates from random logits,
-    fla's w and u, and a forked (stride-0) initial state when `state` is "forked"."""
+def _delta_inputs(f, N: int, T: int, state: str | None, H: int = 16, K: int = 128, HV: int | None = None):
+    """Delta-rule inputs (K = V; H key heads, HV value heads, 2b's H = HV = 16 by default): unit q
+    and k, the gates from random logits, fla's w and u, and a forked (stride-0) initial state when
+    `state` is "forked"."""
     import torch
 
     from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
 
+    HV = HV or H
     gen = torch.Generator(device="cuda").manual_seed(N * 1000 + T)
     q, k = (torch.nn.functional.normalize(torch.randn(N, T, H, K, device="cuda", generator=gen), dim=-1)
             .bfloat16() for _ in range(2))
-    v = torch.randn(N, T, H, K, device="cuda", generator=gen).bfloat16()
-    a, b = (torch.randn(N, T, H, device="cuda", generator=gen).bfloat16() for _ in range(2))
-    A_log = torch.empty(H, device="cuda").uniform_(1, 16, generator=gen).log()
-    dt_bias = torch.randn(H, device="cuda", generator=gen)
+    v = torch.randn(N, T, HV, K, device="cuda", generator=gen).bfloat16()
+    a, b = (torch.randn(N, T, HV, device="cuda", generator=gen).bfloat16() for _ in range(2))
+    A_log = torch.empty(HV, device="cuda").uniform_(1, 16, generator=gen).log()
+    dt_bias = torch.randn(HV, device="cuda", generator=gen)
     g, beta = gdn_gates_triton(a, b, A_log, dt_bias, chunk_size=64, scale=f.RCP_LN2)
     w, u, _ = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=64)
     s0 = None
     if state == "forked":
-        s0 = (torch.randn(1, H, K, K, device="cuda", generator=gen) * 0.1).expand(N, -1, -1, -1)
+        s0 = (torch.randn(1, HV, K, K, device="cuda", generator=gen) * 0.1).expand(N, -1, -1, -1)
     return q, k, v, g, beta, w, u, s0
 
 
@@ -312,7 +318,9 @@ def lab_train_ops(out: dict) -> None:
 
 # Shapes for `delta_configs`: the text pass, partial last chunks (a test's 8 × 333, the image
 # prefix's 452) and a forked suffix pass.
-_CONFIG_SHAPES = ((32, 512, None), (8, 333, None), (1, 452, None), (32, 64, "forked"))
+# (N, T, initial state, key heads H, value heads HV): 2b's heads (16, 16), then 4b's (16, 32).
+_CONFIG_SHAPES = ((32, 512, None, 16, 16), (8, 333, None, 16, 16), (1, 452, None, 16, 16), (32, 64, "forked", 16, 16),
+                  (32, 512, None, 16, 32), (32, 64, "forked", 16, 32))
 
 
 def _config_child(spec: str) -> None:
@@ -327,10 +335,9 @@ def _config_child(spec: str) -> None:
 
     bv, nw, ns = (int(x) for x in spec.split(","))
     f = fla()
-    H = HV = 16
     K = V = 128
-    for N, T, state in _CONFIG_SHAPES:
-        q, k, v, g, beta, w, u, s0 = _delta_inputs(f, N, T, state, H, K)
+    for N, T, state, H, HV in _CONFIG_SHAPES:
+        q, k, v, g, beta, w, u, s0 = _delta_inputs(f, N, T, state, H, K, HV)
         A = _kkt_solve(f, k, g, beta)
         h, vn, _ = f.chunk_gated_delta_rule_fwd_h(k=k, w=w, u=u, g=g, chunk_size=64,
                                                   initial_state=None if s0 is None else s0.contiguous())
@@ -350,7 +357,8 @@ def _config_child(spec: str) -> None:
             torch.cuda.synchronize()
             err = float((o.float() - ref).norm() / ref.norm())
             us = triton.testing.do_bench(run, warmup=5, rep=30) * 1e3
-            print(json.dumps({"variant": "FUSE_WU" if wu else "FUSE_O", "shape": f"{N}x{T}" + (f" {state}" if state else ""),
+            shape = f"{N}x{T}" + (f" {state}" if state else "") + (f" HV{HV}" if HV != H else "")
+            print(json.dumps({"variant": "FUSE_WU" if wu else "FUSE_O", "shape": shape,
                               "rel_err": err, "us": us}), flush=True)
 
 
@@ -359,7 +367,8 @@ def lab_delta_configs(out: dict) -> None:
 
     from dohnuts.ops._delta_h_kernel import _O_CONFIGS
 
-    specs = [f"{c.kwargs['BV']},{c.num_warps},{c.num_stages}" for c in _O_CONFIGS] + ["32,4,1", "64,8,2"]
+    specs = [f"{c.kwargs['BV']},{c.num_warps},{c.num_stages}" for c in _O_CONFIGS] + [
+        "32,4,1", "64,8,2", "64,8,1", "128,8,1", "128,8,2", "128,4,1", "64,2,2", "32,2,2"]
     res = {}
     for spec in specs:
         p = subprocess.run([sys.executable, __file__, "--config-child", spec], capture_output=True, text=True,
@@ -372,6 +381,41 @@ def lab_delta_configs(out: dict) -> None:
         if p.returncode:
             print(f"delta_configs BV,w,s={spec:8s} exit {p.returncode}: {' | '.join(res[spec]['err'])[:200]}")
     out["delta_configs"] = {"clock": _clock(), "configs": res}
+
+
+def lab_kkt_configs(out: dict) -> None:
+    """fla's kkt_solve kernel (the delta rule's intra-chunk solve) at each of fla's six candidate
+    configs, at the fused path's shapes (2b and 4b heads). fla's autotuner keys it by head counts
+    and sizes only, so whichever shape launches it first picks the config for every later one."""
+    import torch
+    import triton
+
+    from dohnuts.ops._fla import fla
+
+    f = fla()
+    fn = f.chunk_gated_delta_rule_fwd_kkt_solve_kernel
+    while not isinstance(fn, triton.runtime.JITFunction):
+        fn = fn.fn
+    res = {}
+    for N, T, H, HV in ((32, 512, 16, 16), (8, 512, 16, 16), (32, 64, 16, 16), (8, 256, 16, 16),
+                        (32, 512, 16, 32), (8, 512, 16, 32), (32, 64, 16, 32)):
+        _, k, _, g, beta, _, _, _ = _delta_inputs(f, N, T, None, H, 128, HV)
+        A = torch.zeros(N, T, HV, 64, device="cuda", dtype=k.dtype)
+
+        def launch(bk, nw, k=k, g=g, beta=beta, A=A, T=T, H=H, HV=HV, N=N):
+            fn[(triton.cdiv(T, 64), N * HV)](k=k, g=g, beta=beta, A=A, cu_seqlens=None, chunk_indices=None, T=T,
+                                              H=H, HV=HV, K=128, BT=64, BC=16, BK=bk, USE_G=True, IS_VARLEN=False,
+                                              num_warps=nw)
+            return A
+
+        ref = launch(64, 1).clone()
+        fns = {f"BK{bk} w{nw}": functools.partial(launch, bk, nw) for bk in (32, 64) for nw in (1, 2, 4)}
+        err = {name: float((fn_().float() - ref.float()).nan_to_num().abs().max()) for name, fn_ in fns.items()}
+        ms = _ab(fns, graph=True)
+        key = f"{N}x{T} H{H} HV{HV}"
+        res[key] = {"us": {k_: v * 1e3 for k_, v in ms.items()}, "max_abs_diff": err}
+        print(f"kkt_configs {key:18s} " + "  ".join(f"{k_} {v * 1e3:7.1f}" for k_, v in ms.items()))
+    out["kkt_configs"] = {"clock": _clock(), "shapes": res}
 
 
 def main(argv=None) -> int:

@@ -188,16 +188,39 @@ def _kkt_solve(f, k, g, beta, zero_upper: bool = False):
     does itself): A = (I + tril(β·k·kᵀ·2^(g_i − g_j), −1))⁻¹ per chunk, (N, T, HV, CHUNK) in k's dtype.
     Only its lower blocks are written: the fused output kernel selects the upper ones away, so
     they stay unwritten (`zero_upper` False) unless fla's backward will read A (its recompute_w_u
-    and prepare_wy_repr_bwd load whole 64 × 64 blocks: zeros then)."""
+    and prepare_wy_repr_bwd load whole 64 × 64 blocks: zeros then).
+
+    Launched at one config, `_KKT_CONFIG`, not through fla's autotuner: that tuner keys the kernel
+    by head counts and sizes alone, so the first launch's shape chose the config for every later
+    one — a GPU test's small pass chose 4 warps, three times slower at the workloads' passes than
+    the one warp every shape measured wants (docs/history/evolution.md M29)."""
     import triton
 
     N, T, H, K = k.shape
     HV = beta.shape[2]
     alloc = torch.zeros if zero_upper else torch.empty
     A = alloc(N, T, HV, CHUNK, device=k.device, dtype=k.dtype)
-    f.chunk_gated_delta_rule_fwd_kkt_solve_kernel[(triton.cdiv(T, CHUNK), N * HV)](
-        k=k, g=g, beta=beta, A=A, cu_seqlens=None, chunk_indices=None, T=T, H=H, HV=HV, K=K, BT=CHUNK, BC=16)
+    _kkt_kernel()[(triton.cdiv(T, CHUNK), N * HV)](
+        k=k, g=g, beta=beta, A=A, cu_seqlens=None, chunk_indices=None, T=T, H=H, HV=HV, K=K, BT=CHUNK, BC=16,
+        USE_G=True, IS_VARLEN=False, **_KKT_CONFIG)
     return A
+
+
+# fla's candidate with 64-wide key blocks and one warp (kernel_lab.py kkt_configs, M29).
+_KKT_CONFIG = {"BK": 64, "num_warps": 1}
+
+
+def _kkt_kernel():
+    """fla's kkt_solve kernel itself, from under its `@triton.heuristics` (whose two flags
+    `_kkt_solve` passes) and its autotuner."""
+    from triton.runtime import Autotuner, Heuristics
+
+    from dohnuts.ops._fla import fla
+
+    fn = fla().chunk_gated_delta_rule_fwd_kkt_solve_kernel
+    while isinstance(fn, (Autotuner, Heuristics)):
+        fn = fn.fn
+    return fn
 
 
 def _device(t: torch.Tensor):

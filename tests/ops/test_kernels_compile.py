@@ -291,7 +291,9 @@ def fla_entry_points(monkeypatch):
 
 
 def _fla_inference(f, torch):
-    """`dohnuts.ops.delta_rule._inference_fused`'s fla steps and the gated norm, without autograd."""
+    """`dohnuts.ops.delta_rule.ChunkedDeltaRule`'s fla steps and the gated norm, without autograd."""
+    from dohnuts.ops.delta_rule import _kkt_solve
+
     bf = torch.bfloat16
     B, T, H, K, V = 2, 128, 16, 128, 128  # Qwen3.5-2b's linear-attention heads
     with torch.no_grad():
@@ -300,9 +302,7 @@ def _fla_inference(f, torch):
         q, k, v = (torch.randn(B, T, H, d, dtype=bf) for d in (K, K, V))
         g, beta = torch.randn(B, T, H), torch.rand(B, T, H)
         q, k = f.l2norm_fwd(q)[0], f.l2norm_fwd(k)[0]
-        A = torch.empty(B, T, H, 64, dtype=bf)
-        f.chunk_gated_delta_rule_fwd_kkt_solve_kernel[(triton.cdiv(T, 64), B * H)](
-            k=k, g=g, beta=beta, A=A, cu_seqlens=None, chunk_indices=None, T=T, H=H, HV=H, K=K, BT=64, BC=16)
+        _kkt_solve(f, k, g, beta)  # fla's kkt_solve kernel at the one config dohnuts launches
         w_, u, _ = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=64)
         h, v_new, _ = f.chunk_gated_delta_rule_fwd_h(k=k, w=w_, u=u, g=g, initial_state=torch.zeros(B, H, K, V),
                                                      output_final_state=True, chunk_size=64)

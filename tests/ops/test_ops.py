@@ -393,6 +393,14 @@ for s0 in (None, torch.randn(N, HV, K, V, generator=g), one.expand(N, -1, -1, -1
         o, got_final = delta_rule_output_wy_triton(qd, kd, vd, betad, Ad, gd, 0.3, s0, True, cpu_block_v=bv)
         assert (o - want_o).abs().max() < 1e-4 * want_o.abs().max(), ("fused w/u: o", bv, (o - want_o).abs().max())
         assert (got_final - want_final).abs().max() < 1e-4 * want_final.abs().max(), ("fused w/u: final", bv)
+# fla's kkt_solve kernel as dohnuts launches it (`_kkt_solve`: one config, outside fla's
+# autotuner and heuristics) gives the lower blocks of that A.
+from dohnuts.ops.delta_rule import _kkt_solve
+
+got_A = _kkt_solve(None, kd, gd, betad, zero_upper=True)
+lower = ~Ad.isnan()
+assert got_A.shape == Ad.shape and not got_A[~lower].any(), "kkt_solve: upper blocks not left zero"
+assert (got_A[lower] - Ad[lower]).abs().max() < 1e-4, ("kkt_solve: A", (got_A[lower] - Ad[lower]).abs().max())
 try:
     delta_rule_output_wy_triton(qd, kd, vd, betad[:, :50], Ad, gd, 0.3)
 except ValueError as e:
