@@ -16,7 +16,8 @@
 #   LAB='delta_ho,conv_parts'                               benchmarks/kernel_lab.py experiments (kernel_lab.json)
 #   PROFILE_RUN=1                                            the WORKLOADS run with --profile (traces in bench.tar.gz)
 #   TUNE_TABLE=1                                             benchmarks/tuned_table.py on the cache → $OUT/tuned_h200.json
-#                                                            (start from an empty cache: carry no .triton_cache.tgz)
+#                                                            (start from an empty cache: carry no .triton_cache.tgz;
+#                                                            the WORKLOADS then run before the TESTS)
 #   PACK_CACHE=1                                             pack .triton_cache, trimmed, into $OUT (15 MB parts)
 #                                                            (past 8 files in all, the loose ones go into logs.tar.gz)
 #   BUDGET=seconds (default 540)                             stop starting new steps after this
@@ -58,15 +59,21 @@ print(next((k for k in ('h200', 'h100', 'a100', 'mi300', '7900') if k in n), re.
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 echo "triton cache at start: $(du -sh .triton_cache | cut -f1), $(find .triton_cache -name '*.autotune.json' | wc -l) autotune entries" | tee -a "$OUT/gpu.txt"
 
-if [ -n "${TESTS:-}" ] && [ "$(left)" -gt 60 ]; then
-  echo "== GPU tests ($TESTS, $(left) s left)"
-  sel=(); [ "$TESTS" != all ] && sel=(-k "$TESTS")
-  [ "${TEST_WORKERS:-1}" -gt 1 ] && sel+=(-n "$TEST_WORKERS")
-  # SIGINT, not SIGTERM: pytest in Python code still prints its summary. Interrupted inside a compile
-  # it prints none (M26), so each test also says its outcome and seconds as it ends (tests/gpu/conftest.py).
-  timeout -s INT -k 20 $(($(left) - 30)) python3 -m pytest -q tests/gpu "${sel[@]}" -p no:cacheprovider --durations=10 -rfEP 2>&1 \
-    | tee "$OUT/gpu_tests.txt" | grep -E '^\[gpu test\]|passed|failed|^FAILED|^ERROR' | cut -c1-220 | tail -60
-fi
+# The GPU tests: before the workloads, except in a table-making run (TUNE_TABLE): many of fla's
+# autotuners key a kernel by head counts and sizes only, so the first launch's shape picks its
+# config for every shape; the workloads' shapes must come first (docs/history/evolution.md M29).
+run_tests() {
+  if [ -n "${TESTS:-}" ] && [ "$(left)" -gt 60 ]; then
+    echo "== GPU tests ($TESTS, $(left) s left)"
+    sel=(); [ "$TESTS" != all ] && sel=(-k "$TESTS")
+    [ "${TEST_WORKERS:-1}" -gt 1 ] && sel+=(-n "$TEST_WORKERS")
+    # SIGINT, not SIGTERM: pytest in Python code still prints its summary. Interrupted inside a compile
+    # it prints none (M26), so each test also says its outcome and seconds as it ends (tests/gpu/conftest.py).
+    timeout -s INT -k 20 $(($(left) - 30)) python3 -m pytest -q tests/gpu "${sel[@]}" -p no:cacheprovider --durations=10 -rfEP 2>&1 \
+      | tee "$OUT/gpu_tests.txt" | grep -E '^\[gpu test\]|passed|failed|^FAILED|^ERROR' | cut -c1-220 | tail -60
+  fi
+}
+[ -z "${TUNE_TABLE:-}" ] && run_tests
 if [ -n "${WORKLOADS:-}" ] && [ "$(left)" -gt 60 ]; then
   echo "== dohnuts-bench run $WORKLOADS ($(left) s left)"
   # shellcheck disable=SC2086
@@ -85,6 +92,7 @@ if [ -n "${WORKLOADS:-}" ] && [ "$(left)" -gt 60 ]; then
   fi
   tar czf "$OUT/bench.tar.gz" -C /tmp bench_out  # one file: a call returns at most 8
 fi
+[ -n "${TUNE_TABLE:-}" ] && run_tests
 if [ -n "${SCALING:-}" ] && [ "$(left)" -gt 90 ]; then
   echo "== scaling: dohnuts-bench run $SCALING ($(left) s left)"
   # shellcheck disable=SC2086
