@@ -192,8 +192,8 @@ def _kkt_solve(f, k, g, beta, zero_upper: bool = False):
 
     Launched at one config, `_KKT_CONFIG`, not through fla's autotuner: that tuner keys the kernel
     by head counts and sizes alone, so the first launch's shape chose the config for every later
-    one — a GPU test's small pass chose 4 warps, three times slower at the workloads' passes than
-    the one warp every shape measured wants (docs/history/evolution.md M29)."""
+    one (a GPU test's small pass chose 4 warps, far slower at the workloads' passes), while one
+    config is the fastest at every shape measured (docs/history/evolution.md M29)."""
     import triton
 
     N, T, H, K = k.shape
