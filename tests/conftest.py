@@ -43,6 +43,14 @@ _import_reference_without_fla()
 
 
 def pytest_collection_modifyitems(config, items):
+    # The longest tests first, longest first (`slow(seconds=N)`: about N s on the 2-core CPU machine),
+    # then the other slow ones: under pytest-xdist (the README's test command) each starts while
+    # the other processes still have short tests to take, instead of ending the run alone.
+    def order(item):
+        slow = item.get_closest_marker("slow")
+        return (0, -slow.kwargs.get("seconds", 0)) if slow else (1, 0)
+
+    items.sort(key=order)  # stable: collection order within each class
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

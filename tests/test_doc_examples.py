@@ -174,7 +174,7 @@ def test_readme_the_two_commands(sandbox):
     first, second = command_lines(example("README.md", "# the main job"))
     install, _, main_job = first.rpartition(" && ")
     assert install.startswith("python3 -m venv .venv && .venv/bin/pip install torch==")
-    assert main_job == ".venv/bin/dohnuts-bench run" and second.endswith(".venv/bin/python -m pytest")
+    assert main_job == ".venv/bin/dohnuts-bench run" and second.endswith(".venv/bin/python -m pytest -n auto --dist worksteal")
     done = run(main_job, sandbox)
     assert "Measured calls" in done.stdout and "This run's machine" in done.stdout
     for name in ("text", "shared-prefix", "image", "image-cache-cold", "image-cache-warm", "train-step"):
@@ -182,7 +182,7 @@ def test_readme_the_two_commands(sandbox):
     assert "measuring" not in done.stdout.split("Load while measuring")[0]  # status is on stderr
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=140)
 def test_readme_bench_commands(sandbox):
     for line in command_lines(example("README.md", "--label before")):
         done = run(line, sandbox, ok=(0, 1) if " compare " in line else (0,))
@@ -197,7 +197,7 @@ def test_readme_bench_commands(sandbox):
     assert len(list((sandbox / "results" / "runs").glob("*-before"))) == 1
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=150)
 def test_readme_regression_gate(sandbox, monkeypatch, capsys):
     """`dohnuts-bench baseline` runs in this process with a fake clock (its 10 minutes between runs
     pass at once); the other lines run as printed."""
@@ -232,7 +232,7 @@ def test_readme_api_snippet(tmp_path):
     assert len(p) == 2 and abs(sum(p) - 1) < 1e-5 and choice in ("0", "1")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=100)
 def test_readme_predict_and_train(sandbox):
     lines = command_lines(example("README.md", "dohnuts predict --model tiny requests.jsonl"))
     outputs = [run(line, sandbox) for line in lines]
@@ -242,7 +242,7 @@ def test_readme_predict_and_train(sandbox):
     assert "holds a finished run" in outputs[2].stderr  # --resume of the finished run says so
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=960)
 def test_readme_digits(sandbox):
     """The digits example at its defaults, and the accuracy the README states (82.1 %; chance 10 %)."""
     pytest.importorskip("sklearn")
@@ -254,7 +254,7 @@ def test_readme_digits(sandbox):
     assert "82.1 % test accuracy" in readme
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=200)
 def test_readme_several_processes(sandbox):
     pytest.importorskip("sklearn")
     if not (sandbox / "data" / "digits" / "test.jsonl").exists():  # the digits example's data, as printed

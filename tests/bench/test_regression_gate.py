@@ -24,8 +24,10 @@ def _gate_module():
 
 
 def _bench(out: Path, slowdown: float = 1.0) -> Path:
-    env = dict(os.environ, DOHNUTS_BENCH_ROUNDS="20", DOHNUTS_BENCH_SLOWDOWN=str(slowdown),
-               DOHNUTS_BENCH_THREADS="1")
+    # Not as one of pytest-xdist's workers: pytest-benchmark disables itself in any process whose
+    # environment names one (PYTEST_XDIST_WORKER), and the README's test command runs under xdist.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST") and k != "PYTEST_ADDOPTS"}
+    env.update(DOHNUTS_BENCH_ROUNDS="20", DOHNUTS_BENCH_SLOWDOWN=str(slowdown), DOHNUTS_BENCH_THREADS="1")
     subprocess.run([sys.executable, "-m", "pytest", "-q", str(ROOT / "benchmarks" / "test_regressions.py"),
                     "-k", "predict_call", "--benchmark-enable", "--benchmark-save-data", f"--benchmark-json={out}",
                     "-p", "no:cacheprovider"], check=True, env=env, cwd=ROOT, capture_output=True)

@@ -40,7 +40,7 @@ def test_gdn_gates_kernel_gradients_in_the_interpreter():
     _interpret("gates", 300)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=150)
 def test_delta_rule_gradients_in_the_interpreter():
     """The chunked delta rule Function (dohnuts' forward kernels, fla's backward) from the gate
     logits: every gradient (q, k, v, a, b, A_log, dt_bias, the initial state) against FP64

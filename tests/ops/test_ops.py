@@ -438,7 +438,7 @@ print("ok")
 """
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=100)
 def test_norm_triton_kernels_in_the_interpreter():
     """The RMSNorm, norm+rotary and output-gate Triton kernels against the torch references on the
     CPU, in Triton's interpreter: offsets, a residual, strided rows, heads that are not a power of

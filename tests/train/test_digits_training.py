@@ -24,7 +24,7 @@ def _train(tmp_path, name, **kw):
     return json.loads((out / "summary.json").read_text())
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=290)
 def test_digits_train_end_to_end_and_the_constant_image_control(tmp_path):
     real = _train(tmp_path, "real")
     control = _train(tmp_path, "control", constant_image=True)

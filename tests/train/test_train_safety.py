@@ -481,7 +481,7 @@ def _small_data():
                       calib=synthetic_requests(2, questions=1, seed=3), test=synthetic_requests(2, questions=1, seed=4))
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=100)
 def test_interrupting_a_checkpoint_at_every_step_resumes_consistently(tmp_path, monkeypatch):
     """Checkpoints at updates 0 (before anything else), 2 and 4 (the last). The write of the
     checkpoint of update 4 (and then of the very first one) is interrupted at its k-th file
