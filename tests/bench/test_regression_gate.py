@@ -52,7 +52,9 @@ def test_gate_catches_an_injected_2x_slowdown_and_passes_an_unchanged_rerun(tmp_
     ok, lines = gate.gate(base, slowed, min_effect=0.3)
     assert not ok and "slower" in lines[0] and "test_predict_call" in lines[0]
     ratio = float(lines[0].split("ratio ")[1].split(",")[0])
-    assert ratio > 1.6  # the injected factor (about 2; more when other processes load the machine)
+    # the injected factor is 2; the baseline's own runs can sit up to ≈ 25 % apart on this machine (one
+    # serial run saw 1.5×), so the bound is the gate's min-effect, not the factor
+    assert ratio > 1.3, lines
     from dohnuts.bench.cli import main
 
     files = [str(tmp_path / f"base{i}.json") for i in range(2)]
@@ -113,6 +115,27 @@ def _run(tmp_path, workload, name: str, factor: float = 1.0) -> Path:
     return run
 
 
+def _halfwidth(run: Path) -> float:
+    """The relative half-width (95 %) its steady calls give the median wall time of the run."""
+    from dohnuts.bench.analysis.compare import WALL, median_halfwidth, steady_samples
+    from dohnuts.bench.analysis.records import read_jsonl
+
+    path = next(p for p in (run / "results.jsonl", run / "results.jsonl.gz") if p.is_file())
+    (samples,) = steady_samples(read_jsonl(path)).values()
+    return median_halfwidth(samples[WALL])
+
+
+def _quiet_run(tmp_path, workload, name: str, factor: float = 1.0) -> Path:
+    """A run whose median resolves a 2× change (±15 %): under pytest-xdist another test can load the
+    2-core machine for part of a run (a ±22 % median was seen), so a noisy run is measured once more;
+    twice noisy, no timing can decide now."""
+    for attempt in ("", "-again"):
+        run = _run(tmp_path, workload, name + attempt, factor)
+        if (half := _halfwidth(run)) <= 0.15:
+            return run
+    pytest.skip(f"the machine is too noisy for a timing gate now (the median of {name} to ±{half:.0%})")
+
+
 def _own_share(run: Path) -> float:
     """The median share of a core this process got while the run measured (its `load` telemetry)."""
     import statistics
@@ -145,8 +168,8 @@ def test_the_baseline_command_then_the_gate_fails_a_2x_slowdown_and_passes_an_un
     assert all(sorted(p.name for p in (folder / r).iterdir()) == ["results.jsonl.gz", "run.json"] for r in meta["runs"])
     assert "gated · dohnuts: medians" in out and "drift" in out
 
-    unchanged = _run(tmp_path, workload, "unchanged")
-    slowed = _run(tmp_path, workload, "slowed", factor=2.0)
+    unchanged = _quiet_run(tmp_path, workload, "unchanged")
+    slowed = _quiet_run(tmp_path, workload, "slowed", factor=2.0)
     root = ["--baselines-root", str(into), "--min-effect", "0.3"]
     shares = [_own_share(folder / r) for r in meta["runs"]] + [_own_share(unchanged), _own_share(slowed)]
     if max(shares) > 1.5 * min(shares):  # the CPU this process got moved under it: no timing can decide now
