@@ -35,6 +35,7 @@ def _bench(out: Path, slowdown: float = 1.0) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_gate_catches_an_injected_2x_slowdown_and_passes_an_unchanged_rerun(tmp_path):
     import numpy as np
 
@@ -149,6 +150,7 @@ def _own_share(run: Path) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_the_baseline_command_then_the_gate_fails_a_2x_slowdown_and_passes_an_unchanged_rerun(
         tmp_path, capsys, small_ceilings):
     """One documented command makes this machine's baseline (3 runs, 2 s apart here; 10 minutes by
