@@ -46,7 +46,8 @@ def pytest_collection_modifyitems(config, items):
     # The longest tests first, longest first (`slow(seconds=N)`: about N s on the 2-core CPU machine),
     # then the other slow ones: under pytest-xdist (the README's test command) each starts while
     # the other processes still have short tests to take, instead of ending the run alone.
-    # Timing tests last (`timing`, below): by then the other processes are on their last short tests.
+    # Timing tests last (`timing`): the README's command runs them on their own, after the others,
+    # one process alone, so that no other test loads the machine they time.
     def order(item):
         if item.get_closest_marker("timing"):
             return (2, 0)
@@ -60,41 +61,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-def _others_busy_cores(window_s: float = 2.0) -> float:
-    """Cores kept busy by every process but this one over `window_s` (/proc/stat less our own CPU time)."""
-    import time
-
-    def sample():
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        busy = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # all but idle and iowait
-        return busy / os.sysconf("SC_CLK_TCK"), time.process_time(), time.monotonic()
-
-    b0, own0, t0 = sample()
-    time.sleep(window_s)
-    b1, own1, t1 = sample()
-    return max(0.0, ((b1 - b0) - (own1 - own0)) / (t1 - t0))
-
-
-@pytest.fixture(autouse=True)
-def _timing_alone(request, tmp_path_factory):
-    """A `timing` test measures speed on this machine: under pytest-xdist (the README's test command)
-    another process's test would load the 2-core machine under it (a baseline run's median went to
-    ±22 %). So timing tests run one at a time (a lock shared by the processes of one run) and each
-    waits, up to 15 minutes, until the other processes keep under half a core busy for 3 windows in
-    a row; past that it runs anyway and its own noise guard decides."""
-    if request.node.get_closest_marker("timing") is None or not os.path.exists("/proc/stat"):
-        yield
-        return
-    import fcntl
-    import time
-
-    lock = tmp_path_factory.getbasetemp().parent / "dohnuts-timing.lock"  # shared by xdist's workers
-    with open(lock, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        deadline, quiet = time.monotonic() + 900, 0
-        while quiet < 3 and time.monotonic() < deadline:
-            quiet = quiet + 1 if _others_busy_cores() < 0.5 else 0
-        yield

@@ -174,7 +174,7 @@ def test_readme_the_two_commands(sandbox):
     first, second = command_lines(example("README.md", "# the main job"))
     install, _, main_job = first.rpartition(" && ")
     assert install.startswith("python3 -m venv .venv && .venv/bin/pip install torch==")
-    assert main_job == ".venv/bin/dohnuts-bench run" and second.endswith(".venv/bin/python -m pytest -n auto --dist worksteal")
+    assert main_job == ".venv/bin/dohnuts-bench run" and second.endswith('.venv/bin/python -m pytest -n auto --dist worksteal -m "not timing" && .venv/bin/python -m pytest -m timing')
     done = run(main_job, sandbox)
     assert "Measured calls" in done.stdout and "This run's machine" in done.stdout
     for name in ("text", "shared-prefix", "image", "image-cache-cold", "image-cache-warm", "train-step"):
