@@ -18,6 +18,10 @@ path. It answers, on the machine at hand, whether a change is worth making:
   tokens, 2b sizes, frozen weights as under LoRA), the one kernel set against the fla autograd
   ops training ran before it, gradients compared: which op the backward (two thirds of an
   update, KI-18) spends its time in, and whether each beats the op it replaced.
+- `bwd_configs`: the three fla backward kernels training keeps (dq/dk/dw/dg, the WY backward,
+  the state gradient; KI-20) at configs beyond fla's candidate set (8 warps, 1 stage, BV 128),
+  each against fla's own pick in the delta rule's forward + backward at train-step-2b's shape,
+  gradients compared; one process a kernel (a faulting config takes only its own context).
 
     python benchmarks/kernel_lab.py --out lab.json [--only delta_ho,conv_parts]
 
@@ -383,6 +387,100 @@ def lab_delta_configs(out: dict) -> None:
     out["delta_configs"] = {"clock": _clock(), "configs": res}
 
 
+# fla's backward kernels training keeps (KI-20): its wrapper, the kernel, configs beyond its candidates
+# ((kwargs, warps, stages); fla's own: 2 or 4 warps, 2–4 stages, BV 32 or 64 for the state gradient).
+_BWD_KERNELS = {
+    "dqkwg": ("chunk_bwd_dqkwg", "chunk_bwd_kernel_dqkwg", [({}, 8, s) for s in (1, 2, 3)] + [({}, 4, 1)]),
+    "wy_bwd": ("prepare_wy_repr_bwd", "prepare_wy_repr_bwd_kernel",
+               [({}, 8, s) for s in (1, 2, 3, 4)] + [({}, 4, 1)]),
+    "dhu": ("chunk_gated_delta_rule_bwd_dhu", "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64",
+            [({"BV": bv}, 8, s) for bv in (32, 64) for s in (1, 2, 3)]
+            + [({"BV": 32}, 4, 1), ({"BV": 64}, 4, 1), ({"BV": 128}, 4, 1), ({"BV": 128}, 8, 1)]),
+}
+
+
+def _bwd_child(name: str) -> None:
+    """One of `_BWD_KERNELS` at each extra config against fla's own pick: the delta rule's forward +
+    backward (dohnuts' autograd function) at train-step-2b's shape, timed in CUDA graphs, round-robin;
+    prints one JSON line per config (ms of the whole pass, max relative gradient error)."""
+    import inspect
+
+    import torch
+    import triton
+    from triton.runtime.autotuner import Autotuner
+
+    from dohnuts.config import preset
+    from dohnuts.ops._fla import allow_hopper_backward_for_bk128, fla
+    from dohnuts.ops.delta_rule import gated_delta_rule_from_logits
+
+    f = fla()
+    allow_hopper_backward_for_bk128()
+    wrapper, kernel, extra = _BWD_KERNELS[name]
+    tuner = inspect.unwrap(getattr(f, wrapper)).__globals__[kernel]
+    while not isinstance(tuner, Autotuner):
+        tuner = tuner.fn
+    cfg = preset("qwen3.5-2b").text
+    N, T, H, K = 8, 512, cfg.linear_num_key_heads, cfg.linear_key_head_dim
+    HV, V = cfg.linear_num_value_heads, cfg.linear_value_head_dim
+    gen = torch.Generator(device="cuda").manual_seed(101)
+    q, k = (torch.nn.functional.normalize(torch.randn(N, T, H, K, device="cuda", generator=gen), dim=-1)
+            .bfloat16().requires_grad_() for _ in range(2))
+    v = torch.randn(N, T, HV, V, device="cuda", generator=gen).bfloat16().requires_grad_()
+    ab = torch.randn(N, T, 2 * HV, device="cuda", generator=gen).bfloat16().requires_grad_()
+    a_log = torch.empty(HV, device="cuda").uniform_(1, 16, generator=gen).log()
+    dt_bias = torch.randn(HV, device="cuda", generator=gen)
+
+    def delta(q, k, v, ab):
+        return gated_delta_rule_from_logits(q, k, v, ab[..., HV:], ab[..., :HV], a_log, dt_bias,
+                                            use_qk_l2norm=False)[0]
+
+    run, ref = _fwd_bwd(delta, [q, k, v, ab], 7)  # tunes fla's own candidates
+    own = (list(tuner.configs), dict(tuner.cache))
+    pick = next(iter(own[1].values()), own[0][0])
+
+    def label(c):
+        return f"{c.kwargs.get('BV', '')} w{c.num_warps} s{c.num_stages}".strip()
+
+    def use(configs, cache):
+        def go():
+            tuner.configs, tuner.cache = configs, cache
+            return run()
+        return go
+
+    fns, errs = {f"fla {label(pick)}": use(*own)}, {f"fla {label(pick)}": 0.0}
+    for kw, nw, ns in extra:
+        c = triton.Config(kw, num_warps=nw, num_stages=ns)
+        try:
+            grads = use([c], {})()
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - out of shared memory and the like: this config only
+            print(json.dumps({"kernel": name, "config": label(c), "error": f"{type(exc).__name__}: {exc}"[:200]}),
+                  flush=True)
+            continue
+        fns[label(c)] = use([c], {})
+        errs[label(c)] = max(float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+                             for a, b in zip(grads, ref))
+    for config, ms in _ab(fns, graph=True).items():
+        print(json.dumps({"kernel": name, "config": config, "us": ms * 1e3, "grad_rel_err": errs[config]}), flush=True)
+
+
+def lab_bwd_configs(out: dict) -> None:
+    import sys
+
+    res = {}
+    for name in _BWD_KERNELS:
+        p = subprocess.run([sys.executable, __file__, "--bwd-child", name], capture_output=True, text=True,
+                           timeout=240, check=False)
+        rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+        res[name] = {"rc": p.returncode, "runs": rows, "err": p.stderr.strip().splitlines()[-3:] if p.returncode else []}
+        for r in rows:
+            what = r.get("error") or f"{r['us']:8.1f} us  grad rel err {r['grad_rel_err']:.1e}"
+            print(f"bwd_configs {name:7s} {r['config']:12s} {what}")
+        if p.returncode:
+            print(f"bwd_configs {name} exit {p.returncode}: {' | '.join(res[name]['err'])[:300]}")
+    out["bwd_configs"] = {"clock": _clock(), "shape": "8x512 2b", "kernels": res}
+
+
 def lab_kkt_configs(out: dict) -> None:
     """fla's kkt_solve kernel (the delta rule's intra-chunk solve) at each of fla's six candidate
     configs, at the fused path's shapes (2b and 4b heads). fla's autotuner keys it by head counts
@@ -423,9 +521,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="kernel_lab.json")
     p.add_argument("--only", default="delta_ho,conv_parts")
     p.add_argument("--config-child", help=argparse.SUPPRESS)  # delta_configs' per-config process
+    p.add_argument("--bwd-child", help=argparse.SUPPRESS)  # bwd_configs' per-kernel process
     a = p.parse_args(argv)
     if a.config_child:
         _config_child(a.config_child)
+        return 0
+    if a.bwd_child:
+        _bwd_child(a.bwd_child)
         return 0
     out: dict = {}
     for name in a.only.split(","):
