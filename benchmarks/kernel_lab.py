@@ -366,24 +366,30 @@ def _config_child(spec: str) -> None:
                               "rel_err": err, "us": us}), flush=True)
 
 
-def lab_delta_configs(out: dict) -> None:
+def _child(flag: str, arg: str, timeout: int) -> dict:
+    """This file run again as one experiment's child (`flag arg`): its JSON lines, exit code and, if
+    it failed, the end of its stderr. A config that faults takes only the child's CUDA context."""
     import sys
 
+    p = subprocess.run([sys.executable, __file__, flag, arg], capture_output=True, text=True, timeout=timeout,
+                       check=False)
+    return {"rc": p.returncode, "runs": [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")],
+            "err": p.stderr.strip().splitlines()[-3:] if p.returncode else []}
+
+
+def lab_delta_configs(out: dict) -> None:
     from dohnuts.ops._delta_h_kernel import _O_CONFIGS
 
     specs = [f"{c.kwargs['BV']},{c.num_warps},{c.num_stages}" for c in _O_CONFIGS] + [
         "32,4,1", "64,8,2", "64,8,1", "128,8,1", "128,8,2", "128,4,1", "64,2,2", "32,2,2"]
     res = {}
     for spec in specs:
-        p = subprocess.run([sys.executable, __file__, "--config-child", spec], capture_output=True, text=True,
-                           timeout=180, check=False)
-        rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-        res[spec] = {"rc": p.returncode, "runs": rows, "err": p.stderr.strip().splitlines()[-2:] if p.returncode else []}
-        for r in rows:
+        res[spec] = _child("--config-child", spec, timeout=180)
+        for r in res[spec]["runs"]:
             print(f"delta_configs BV,w,s={spec:8s} {r['variant']:8s} {r['shape']:14s} {r['us']:8.1f} us  "
                   f"rel err {r['rel_err']:.1e}")
-        if p.returncode:
-            print(f"delta_configs BV,w,s={spec:8s} exit {p.returncode}: {' | '.join(res[spec]['err'])[:200]}")
+        if res[spec]["rc"]:
+            print(f"delta_configs BV,w,s={spec:8s} exit {res[spec]['rc']}: {' | '.join(res[spec]['err'])[:200]}")
     out["delta_configs"] = {"clock": _clock(), "configs": res}
 
 
@@ -465,19 +471,14 @@ def _bwd_child(name: str) -> None:
 
 
 def lab_bwd_configs(out: dict) -> None:
-    import sys
-
     res = {}
     for name in _BWD_KERNELS:
-        p = subprocess.run([sys.executable, __file__, "--bwd-child", name], capture_output=True, text=True,
-                           timeout=240, check=False)
-        rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-        res[name] = {"rc": p.returncode, "runs": rows, "err": p.stderr.strip().splitlines()[-3:] if p.returncode else []}
-        for r in rows:
+        res[name] = _child("--bwd-child", name, timeout=240)
+        for r in res[name]["runs"]:
             what = r.get("error") or f"{r['us']:8.1f} us  grad rel err {r['grad_rel_err']:.1e}"
             print(f"bwd_configs {name:7s} {r['config']:12s} {what}")
-        if p.returncode:
-            print(f"bwd_configs {name} exit {p.returncode}: {' | '.join(res[name]['err'])[:300]}")
+        if res[name]["rc"]:
+            print(f"bwd_configs {name} exit {res[name]['rc']}: {' | '.join(res[name]['err'])[:300]}")
     out["bwd_configs"] = {"clock": _clock(), "shape": "8x512 2b", "kernels": res}
 
 
