@@ -4,8 +4,6 @@ gated RMSNorm → out_proj, with its conv history and recurrent state in and out
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 from torch import nn
 
@@ -15,23 +13,6 @@ from dohnuts.model.blocks import ALL_ROWS, GatedRMSNorm, take_rows
 from dohnuts.model.lora import linear_group
 from dohnuts.model.packing import packed_weight
 from dohnuts.model.state import LinearAttentionState
-
-
-def side_stream(x: torch.Tensor) -> torch.cuda.Stream | None:
-    """The second CUDA stream of x's device on which the shared pass runs the prefix's delta rule
-    (`GatedDeltaNet.forward_shared`); None off CUDA and under autograd (training keeps one stream:
-    its backward would otherwise run on streams of their own). A CUDA graph captures the fork and
-    join as graph edges."""
-    device = x.device
-    if device.type != "cuda" or ops.recording(x):
-        return None
-    stream = _SIDE_STREAMS.get(device)
-    if stream is None:
-        stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
-    return stream
-
-
-_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
 class GatedDeltaNet(nn.Module):
@@ -74,24 +55,14 @@ class GatedDeltaNet(nn.Module):
         """x (R, H): the rows of a shared pass (`TextBackbone.forward_shared`), the prefix's
         (1 × P) first, then its B × L forked suffixes → output (R, H). The projections, the output
         gate, norm and projection run over all rows at once; the recurrence per group: the
-        prefix from no state, the suffixes from its state, forked.
-
-        On a GPU (`side_stream`) the prefix's delta rule runs on a second stream while the
-        suffixes' conv, gates and intra-chunk solve run on this one — they need only the prefix's
-        conv history — so the prefix's latency-bound chain (one sequence: a few dozen programs a
-        kernel) hides behind the suffixes' work; the suffixes' recurrence waits for its state."""
+        prefix from no state, the suffixes from its state, forked."""
         (_, p, _), (n, t, _) = groups
         mixed, b, a = self.project(x)  # (R, ·) each
         qkv_p, conv_p, normalised_p = self._conv(mixed[:p].view(1, p, -1), None, True)
-        side = side_stream(x)
-        if side is not None:
-            side.wait_stream(torch.cuda.current_stream(x.device))
-        with torch.cuda.stream(side) if side is not None else nullcontext():
-            o_p, rec_p = self._delta(qkv_p, b[:p].view(1, p, -1), a[:p].view(1, p, -1), None, True, normalised_p)
+        o_p, rec_p = self._delta(qkv_p, b[:p].view(1, p, -1), a[:p].view(1, p, -1), None, True, normalised_p)
         qkv_s, _, normalised_s = self._conv(mixed[p:].view(n, t, -1), conv_p.expand(n, -1, -1), False)
-        join = None if side is None else (lambda: torch.cuda.current_stream(x.device).wait_stream(side))
         o_s, _ = self._delta(qkv_s, b[p:].view(n, t, -1), a[p:].view(n, t, -1),
-                             rec_p.expand(n, -1, -1, -1), False, normalised_s, before_state=join)
+                             rec_p.expand(n, -1, -1, -1), False, normalised_s)
         o = torch.cat([o_p.reshape(p, *o_p.shape[2:]), o_s.reshape(n * t, *o_s.shape[2:])])
         return self.finish(x, o)
 
@@ -126,7 +97,7 @@ class GatedDeltaNet(nn.Module):
             cfg.linear_key_head_dim, conv_state, return_state,
         )
 
-    def _delta(self, qkv, b, a, recurrent, return_state: bool, qk_normalised: bool, before_state=None):
+    def _delta(self, qkv, b, a, recurrent, return_state: bool, qk_normalised: bool):
         """The gated delta rule over conv outputs (B, T, ·) → (o (B, T, HV, V), final state or None)."""
         cfg = self.cfg
         q, k, v = qkv
@@ -138,7 +109,7 @@ class GatedDeltaNet(nn.Module):
         # softplus(a + dt_bias) <= 0 (FP32) are computed in one kernel on the GPU (dohnuts.ops).
         return ops.gated_delta_rule_from_logits(
             q, k, v, a, b, self.A_log, self.dt_bias, initial_state=recurrent, output_final_state=return_state,
-            use_qk_l2norm=not qk_normalised, before_state=before_state,
+            use_qk_l2norm=not qk_normalised,
         )  # (B, T, HV, V)
 
     def finish(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:

@@ -140,28 +140,21 @@ def gdn_gates_reference(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
 
 
 def gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=None, output_final_state=False,
-                                 use_qk_l2norm=True, before_state=None):
+                                 use_qk_l2norm=True):
     """`gated_delta_rule` with the gates still raw: a, b (B, T, HV) are the projections that
     `gdn_gates_reference` turns into g and beta; A_log, dt_bias (HV,).
 
     Fused (inference and training alike): the gates in one Triton kernel reading the logits in
     place (dohnuts.ops._gdn_gates_kernel, its own backward), then `ChunkedDeltaRule` — the forward
     of the prediction path, fla's gated-delta-rule backward. On the reference path the gates are
-    computed in torch and passed on.
-
-    `before_state()`, when given, is called right before the first kernel that reads
-    `initial_state`: the kernels before it (gates, the intra-chunk solve) do not need the state, so
-    a caller whose state is still being computed on another CUDA stream waits there (the merged
-    shared pass, `TextBackbone.forward_shared`)."""
+    computed in torch and passed on."""
     if use_fused(q):
         from dohnuts.ops._fla import fla
         from dohnuts.ops._gdn_gates_kernel import gdn_gates
 
         with _device(q):
             g, beta = gdn_gates(a, b, A_log, dt_bias, chunk_size=CHUNK, scale=fla().RCP_LN2)
-        return _chunked_fused(q, k, v, g, beta, None, initial_state, output_final_state, use_qk_l2norm, before_state)
-    if before_state is not None:
-        before_state()
+        return _chunked_fused(q, k, v, g, beta, None, initial_state, output_final_state, use_qk_l2norm)
     g, beta = gdn_gates_reference(a, b, A_log, dt_bias)
     return gated_delta_rule(q, k, v, g, beta, None, initial_state, output_final_state, use_qk_l2norm)
 
@@ -227,7 +220,7 @@ def _device(t: torch.Tensor):
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()  # CPU: Triton's interpreter
 
 
-def _chunked_fused(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, before_state=None):
+def _chunked_fused(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm):
     """`ChunkedDeltaRule` on gates already in fla's form (g: log2, chunk-cumulated, FP32). The
     state is made FP32 here (in the graph) and dense unless it is a fork the kernels read in place
     (an expanded view of one state, batch stride 0, K ≤ 128)."""
@@ -237,7 +230,7 @@ def _chunked_fused(q, k, v, g, beta, scale, initial_state, output_final_state, u
         if not _forked(initial_state, K) and not initial_state.is_contiguous():
             initial_state = initial_state.contiguous()
     return ChunkedDeltaRule.apply(q, k, v, g, beta, initial_state, K ** -0.5 if scale is None else scale,
-                                  output_final_state, use_qk_l2norm, before_state)
+                                  output_final_state, use_qk_l2norm)
 
 
 def _forked(initial_state, K: int) -> bool:
@@ -281,7 +274,7 @@ class ChunkedDeltaRule(torch.autograd.Function):
     gradient per branch; autograd's expand sums them into the prefix's state."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, scale, output_final_state, use_qk_l2norm, before_state):
+    def forward(ctx, q, k, v, g, beta, initial_state, scale, output_final_state, use_qk_l2norm):
         from dohnuts.ops._delta_h_kernel import delta_h_triton, delta_rule_output_wy_triton
         from dohnuts.ops._fla import fla
 
@@ -301,8 +294,6 @@ class ChunkedDeltaRule(torch.autograd.Function):
                 A = _kkt_solve(f, k, g, beta, zero_upper=needs_grad)
             else:
                 w, u, A = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=CHUNK)
-            if before_state is not None:
-                before_state()  # everything above is independent of the state
             forked = _forked(initial_state, K)
             if fused:
                 o, final = delta_rule_output_wy_triton(q, k, v, beta, A, g, scale, initial_state, output_final_state,
@@ -346,4 +337,4 @@ class ChunkedDeltaRule(torch.autograd.Function):
                 dq, dk = f.l2norm_bwd(q, q_rstd, dq), f.l2norm_bwd(k, k_rstd, dk)
         # fla's dg is the gradient at the natural-log gates: g here is log2, g_log2 = g_ln / ln 2
         dg = dg * math.log(2)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg, db.to(beta.dtype), dh0, None, None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg, db.to(beta.dtype), dh0, None, None, None
