@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import shutil
 import statistics
@@ -61,6 +60,16 @@ DohnutsTarget.run_call = _slowed_for_the_gate_benchmark(DohnutsTarget.run_call)
 
 def _git(*args: str, cwd: Path = ROOT) -> str:
     return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _machine() -> str:
+    """This machine's id as the gate's baselines name it (dohnuts.bench.machine_id), one torch thread."""
+    import torch
+
+    from dohnuts.bench.machine_id import this_machine
+
+    torch.set_num_threads(1)
+    return this_machine(torch.device("cpu"))
 
 
 def make_copies(scratch: Path, slowdown: float) -> dict[str, Path]:
@@ -109,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                                else sys.argv[1:])
     head = [f"# {command}",
             f"# {time.strftime('%Y-%m-%d %H:%M %Z')}; HEAD {_git('rev-parse', '--short=12', 'HEAD')}; "
-            f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; workload {WORKLOAD.relative_to(ROOT)}",
+            f"machine {_machine()} ({os.cpu_count()} CPUs); workload {WORKLOAD.relative_to(ROOT)}",
             f"# slowed: DohnutsTarget.run_call busy-waits {args.slowdown:g} x its own time (scratch copy only)",
             f"# load: cores other processes kept busy while the gate's calls ran, median (min–max) over its rounds",
             "",
