@@ -14,14 +14,17 @@ from what the hardware allows.
     dohnuts-bench store import RUN_DIR ...   finished runs into the store
     dohnuts-bench baseline                   this machine's gate baseline: runs spread over time, into
                                              results/baselines/<machine>/
-    dohnuts-bench gate CURRENT               this build against this machine's baseline (or --baseline B ...;
-                                             exit 0 passed, 1 regression, 2 bad input)
+    dohnuts-bench gate --against REV         this work tree against revision REV, both timed here in
+                                             interleaved rounds (exit 0 passed, 1 regression, 2 bad input)
+    dohnuts-bench gate CURRENT               a finished run against this machine's baseline (or --baseline
+                                             B ...): the coarse gate, across days
     dohnuts-bench report RUN --html          one self-contained HTML page (every run writes one)
     dohnuts-bench calibrate --write OUT.yaml this device's ceilings into the measured: section of a
                                              copy of its hwspec (--hwspec NAME; the run kit's first step)
 
 The commands live beside this module: dohnuts.bench.run_command (`run`), dohnuts.bench.offline
-(`analyze`, `compare`), dohnuts.bench.baseline and dohnuts.bench.gate (`baseline`, `gate`).
+(`analyze`, `compare`), dohnuts.bench.baseline and dohnuts.bench.gate (`baseline`, `gate`; the interleaved gate's driver
+is dohnuts.bench.interleave).
 Reports go to stdout; status, progress and warnings to stderr through `logging`
 (dohnuts.bench.status).
 

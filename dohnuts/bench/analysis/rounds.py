@@ -15,7 +15,8 @@ turns call by call, a fresh pair of processes each round. The statistics follow 
 - across rounds, the effects differ by what one process pair does that another does not (memory
   layout, which core, a load that stayed for one round): the rounds are the independent samples.
   The estimate is their mean, exp(mean) the ratio; its interval is Student's t over the rounds,
-  two-sided at `confidence` (scipy.stats.ttest_1samp): n rounds give n − 1 degrees of freedom;
+  two-sided at `confidence`, mean ± t(n − 1) · s / √n (scipy.stats.ttest_1samp's): n rounds give
+  n − 1 degrees of freedom;
 - the verdict (alpha = 1 − confidence, m = min_effect):
 
       "slower"  when the whole interval lies above 1 + m
@@ -98,18 +99,13 @@ def smallest_detectable(spread: float, rounds: int, *, confidence: float, min_ef
 def judge_rounds(name: str, effects, *, confidence: float = 0.95, min_effect: float = 0.05,
                  power: float = DEFAULT_POWER) -> RoundsVerdict:
     """The verdict on one workload · target from its rounds' effects (round_effect, one a round)."""
-    from scipy import stats
-
     d = np.asarray(list(effects), dtype=float)
     _check(confidence, min_effect, d.size)
     if not np.all(np.isfinite(d)):
         raise ValueError("every round's effect must be finite")
     mean, spread = float(d.mean()), float(d.std(ddof=1))
-    if spread == 0.0:  # identical rounds: the estimate is exact (ttest_1samp would give NaN)
-        lo = hi = mean
-    else:
-        ci = stats.ttest_1samp(d, 0.0).confidence_interval(confidence_level=confidence)
-        lo, hi = float(ci.low), float(ci.high)
+    half = _t_crit(confidence, d.size) * spread / math.sqrt(d.size)  # scipy.stats.ttest_1samp's interval
+    lo, hi = mean - half, mean + half
     if lo > math.log1p(min_effect):
         verdict = SLOWER
     elif hi < -math.log1p(min_effect):
