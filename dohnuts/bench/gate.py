@@ -303,7 +303,8 @@ def cmd_gate_rounds(args) -> int:
         log.info("gate: %s (%s) against the work tree %s: %d rounds of %d call pairs a workload · target",
                  _printable(args.against), commit[:12], candidate, rounds, calls)
         result = interleave.run_rounds(rounds, calls, lambda side, r: interleave.WorkerProcess.start(
-            sides[side], files, scratch, r, threads=DEFAULT_CPU_THREADS, trees=(base_tree, candidate)))
+            sides[side], files, scratch, r, threads=DEFAULT_CPU_THREADS, trees=(base_tree, candidate),
+            cpu=interleave.round_cpu(r)))
     finally:
         interleave.remove_scratch(scratch)
     if not result.groups:

@@ -6,8 +6,11 @@ take turns call by call. The same file drives both sides (the gate's own copy, r
 `runpy`): the protocol and the clock around a call are the same on both; everything it imports
 from `dohnuts` — the workload kinds, the targets, the model — is the side's own.
 
-Protocol: one JSON object a line. The worker first writes `{"ready": [group, ...], "dohnuts":
-PATH, "skipped": [why, ...]}` (its groups, "workload · target", in order); then it answers each
+Arguments: torch threads (a CPU run's), the CPU both sides of this round run on (-1: any; only a
+run whose workloads are all on the CPU is pinned), a folder for generated inputs, the workload
+files. Protocol: one JSON object a line. The worker first writes `{"ready": [group, ...], "dohnuts":
+PATH, "skipped": [why, ...], "cpus": [...]}` (its groups, "workload · target", in order; the CPUs
+it may run on); then it answers each
 command on stdin:
 
     {"open": k}   build group k's target and warm it up    → {"opened": k}
@@ -75,7 +78,7 @@ def main(argv: list[str]) -> int:
     def say(obj) -> None:
         reply.write(json.dumps(obj) + "\n")
 
-    threads, workdir, files = int(argv[0]), argv[1], argv[2:]
+    threads, cpu, workdir, files = int(argv[0]), int(argv[1]), argv[2], argv[3:]
     try:
         import random
         from pathlib import Path
@@ -93,8 +96,11 @@ def main(argv: list[str]) -> int:
         groups, skipped = _groups(files)
         if any(g[4].type == "cpu" for g in groups):
             torch.set_num_threads(threads)
+        if cpu >= 0 and all(g[4].type == "cpu" for g in groups) and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, {cpu})  # both sides of a round on one CPU (dohnuts.bench.interleave: why)
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         say({"ready": [f"{spec.name} · {tspec.label}" for spec, tspec, *_ in groups],
-             "dohnuts": str(Path(dohnuts.__file__).resolve()), "skipped": skipped})
+             "dohnuts": str(Path(dohnuts.__file__).resolve()), "skipped": skipped, "cpus": cpus})
         target = calls = device = None
         for line in sys.stdin:
             cmd = json.loads(line)

@@ -1,21 +1,32 @@
 """The interleaved gate's driver: a base revision and this work tree, timed in turns on this machine.
 
     base = export_revision(candidate, "main", scratch / "base")           # `git archive`, no checkout
-    sides = [Side("base", base), Side("candidate", candidate)]
-    result = run_rounds(10, 20, lambda side, r: WorkerProcess.start(sides[side], files, scratch, r))
+    sides = [Side("base", base, commit), Side("candidate", candidate, "work tree")]
+    result = run_rounds(10, 50, lambda side, r: WorkerProcess.start(sides[side], files, scratch, r, ...))
 
 A round starts one process a side (dohnuts.bench.gate_worker: the same driver file, each side's
 own `dohnuts` first on PYTHONPATH, one Python environment for both), then for each workload ·
-target both sides build and warm the target, and take turns: call j of the base, call j of the
-candidate, back to back, the first of the pair alternating with j and with the round (so neither
-side always follows the other, and a slow drift adds as much to one as to the other). Only one
-side runs at a time; the other waits on its stdin. The next round starts fresh processes: what
-one process pair does that another would not (memory layout, a core, a load that stayed) is
-sampled again, and the rounds are the independent samples of the statistics
-(dohnuts.bench.analysis.rounds).
+target both sides build and warm the target, and take turns, one call each: base, candidate,
+base, candidate, ... (the candidate first in odd rounds). Every call but a round's first follows a
+call of the other side, so each meets the same cold start (caches, branch predictors, the core
+handed back by the scheduler); a pair (call j of each side, back to back) meets the same machine.
+Only one side runs at a time; the other waits on its stdin. (Pairs in alternating order — B C C B
+B C — were tried: the call that follows the other side's ran 5–10 % slower than the one that
+follows its own, a bimodal noise on every pair.)
 
-While the calls run, the load other processes put on the machine is measured (the cores they kept
-busy: every CPU's busy time less this process's and the two workers'), one value a round.
+On a CPU both sides of a round run on the same CPU (`round_cpu`: the next one each round; a GPU
+run is not pinned). Left to the scheduler, on a quiet 2-core machine each process tended to keep
+a CPU of its own, and a CPU that ran slower (a neighbour on the host, invisible inside the
+machine) made one side slower for a whole round: rounds at 0.78× and 1.18× of unchanged code, a
+spread over rounds of 6–8 %, against 1–5 % with both on one CPU, whose pairs' log ratios were
+also half as scattered (A/A runs of 10 rounds × 50 pairs; with one busy-looping process beside
+them both ways gave 1–3 %).
+
+The next round starts fresh processes: what one process pair does that another would not (memory
+layout, a CPU, a load that stayed) is sampled again, and the rounds are the independent samples of
+the statistics (dohnuts.bench.analysis.rounds). While the calls run, the load other processes put
+on the machine is measured (the cores they kept busy: every CPU's busy time less this process's
+and the two workers'), one value a round.
 """
 
 from __future__ import annotations
@@ -67,6 +78,15 @@ class RoundsResult:
     first: list[str]                                    # the side that started each round's first pair
     load: list[float | None]                            # other processes' cores, one value a round
     only_in: dict[str, list[str]] = field(default_factory=dict)  # side name → groups the other lacks
+
+
+def round_cpu(round_index: int) -> int | None:
+    """The CPU both sides of a round run on, this process's CPUs taken in turn (None where the
+    system cannot pin a process)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus[round_index % len(cpus)]
 
 
 def first_side(round_index: int) -> int:
@@ -225,6 +245,7 @@ class WorkerProcess:
         self._ps = psutil.Process(proc.pid)
         ready = self._reply("ready")
         self.groups: list[str] = [str(g) for g in ready["ready"]]
+        self.cpus: list[int] | None = ready.get("cpus")
         for line in ready.get("skipped") or ():
             log.info("%s: skipped %s", side.name, line)
         where = Path(str(ready.get("dohnuts"))).resolve()
@@ -235,7 +256,7 @@ class WorkerProcess:
 
     @classmethod
     def start(cls, side: Side, files: list[Path], scratch: Path, round_index: int, *, threads: int,
-              trees: tuple[Path, ...]) -> WorkerProcess:
+              trees: tuple[Path, ...], cpu: int | None = None) -> WorkerProcess:
         from dohnuts.bench import gate_worker
 
         folder = scratch / f"round-{round_index + 1}" / side.name
@@ -245,7 +266,8 @@ class WorkerProcess:
         log_path = folder / "stderr.txt"
         with open(log_path, "wb") as err:
             proc = subprocess.Popen(
-                [sys.executable, "-c", boot, gate_worker.__file__, str(threads), str(folder / "inputs"),
+                [sys.executable, "-c", boot, gate_worker.__file__, str(threads), str(-1 if cpu is None else cpu),
+                 str(folder / "inputs"),
                  *[str(f) for f in files]],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, cwd=folder, env=env, text=True, bufsize=1)
         return cls(side, proc, log_path)

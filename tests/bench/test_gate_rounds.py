@@ -342,3 +342,27 @@ def test_a_worker_that_cannot_time_its_side_says_why_in_one_line(tmp_path):
     with pytest.raises(DohnutsError, match="the candidate process imported dohnuts from .*, not from its tree"):
         WorkerProcess.start(Side("candidate", elsewhere, "work tree"), [w], tmp_path / "s2", 0, threads=1,
                             trees=(elsewhere,))
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_getaffinity"), reason="this system cannot pin a process")
+@pytest.mark.slow(seconds=10)
+def test_a_worker_times_calls_on_the_cpu_it_is_given(tmp_path):
+    """The protocol with a real worker of this tree: ready (its groups, pinned to the CPU asked
+    for, as the gate pins both sides of a round), open, calls with positive wall times, close."""
+    import os
+
+    from dohnuts.bench.interleave import Side, WorkerProcess
+
+    w = tmp_path / "w.yaml"
+    w.write_text(SMALL)
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    worker = WorkerProcess.start(Side("candidate", ROOT, "work tree"), [w], tmp_path / "s", 0, threads=1,
+                                 trees=(ROOT,), cpu=cpu)
+    try:
+        assert worker.groups == ["w · dohnuts"] and worker.cpus == [cpu]
+        worker.open(0)
+        assert all(worker.call(i) > 0 for i in range(3))
+        worker.close(0)
+    finally:
+        worker.stop()
+    assert worker.proc.returncode == 0
