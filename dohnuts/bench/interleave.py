@@ -243,16 +243,25 @@ class WorkerProcess:
 
         self.side, self.proc, self.log_path = side, proc, log_path
         self._ps = psutil.Process(proc.pid)
-        ready = self._reply("ready")
-        self.groups: list[str] = [str(g) for g in ready["ready"]]
-        self.cpus: list[int] | None = ready.get("cpus")
-        for line in ready.get("skipped") or ():
-            log.info("%s: skipped %s", side.name, line)
-        where = Path(str(ready.get("dohnuts"))).resolve()
-        if not where.is_relative_to(side.tree.resolve()):
-            self.stop()
-            raise DohnutsError(f"the {side.name} process imported dohnuts from {where}, not from its tree "
-                               f"{side.tree} (an installed, non-editable dohnuts comes before PYTHONPATH?)")
+        self._groups: list[str] | None = None
+        self.cpus: list[int] | None = None
+
+    @property
+    def groups(self) -> list[str]:
+        """The worker's workload · target groups, from its ready line (waited for on first use, so
+        both sides of a round start up in parallel)."""
+        if self._groups is None:
+            ready = self._reply("ready")
+            for line in ready.get("skipped") or ():
+                log.info("%s: skipped %s", self.side.name, line)
+            where = Path(str(ready.get("dohnuts"))).resolve()
+            if not where.is_relative_to(self.side.tree.resolve()):
+                self.stop()
+                raise DohnutsError(f"the {self.side.name} process imported dohnuts from {where}, not from its "
+                                   f"tree {self.side.tree} (an installed, non-editable dohnuts comes before "
+                                   "PYTHONPATH?)")
+            self._groups, self.cpus = [str(g) for g in ready["ready"]], ready.get("cpus")
+        return self._groups
 
     @classmethod
     def start(cls, side: Side, files: list[Path], scratch: Path, round_index: int, *, threads: int,

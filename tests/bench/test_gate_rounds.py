@@ -287,7 +287,7 @@ def test_the_interleaved_gate_refuses_bad_input(tmp_path, capsys, monkeypatch):
 
 
 @needs_git
-@pytest.mark.slow(seconds=30)
+@pytest.mark.slow(seconds=20)
 def test_the_gate_runs_real_workers_against_head_and_reports(tmp_path, monkeypatch, capsys):
     """Both sides as real processes (the exported HEAD and this tree), 3 rounds of 3 call pairs:
     the command ends 0 or 1 (what the timings say is the benchmark's question, not this test's),
@@ -334,14 +334,14 @@ def test_a_worker_that_cannot_time_its_side_says_why_in_one_line(tmp_path):
 
     with pytest.raises(DohnutsError, match=r"the base \(abc\) could not be timed: .*missing\.yaml"):
         WorkerProcess.start(Side("base", ROOT, "abc"), [tmp_path / "missing.yaml"], tmp_path / "s1", 0, threads=1,
-                            trees=(ROOT,))
+                            trees=(ROOT,)).groups  # the ready line is read on first use
     w = tmp_path / "w.yaml"
     w.write_text(SMALL)
     elsewhere = tmp_path / "empty-tree"
     elsewhere.mkdir()
     with pytest.raises(DohnutsError, match="the candidate process imported dohnuts from .*, not from its tree"):
         WorkerProcess.start(Side("candidate", elsewhere, "work tree"), [w], tmp_path / "s2", 0, threads=1,
-                            trees=(elsewhere,))
+                            trees=(elsewhere,)).groups
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "sched_getaffinity"), reason="this system cannot pin a process")
