@@ -1,13 +1,14 @@
 """Does the interleaved gate catch a 15 % slowdown, and pass unchanged code, on this machine?
 
     PYTHONPATH=$PWD python benchmarks/gate_detection.py --trials 10 [--rounds 10] [--calls 50] \\
-        [--slowdown 0.15] [--out results/cpu/DATE-gate-detection.txt]
+        [--slowdown 0.15] [--out results/cpu/DATE-gate-detection.txt] [--note TEXT]
 
 Two scratch copies of HEAD (`git clone --shared` into a temporary folder, HEAD checked out
-detached, removed at the end: the repository is not touched; commit what is to be measured first): "unchanged", and "slowed", in whose copy of
-dohnuts/bench/builtin/targets/dohnuts_target.py `DohnutsTarget.run_call` is wrapped to busy-wait
-`--slowdown` × its own time after each call (the CPU kept busy, as slower code would keep it). The
-product code is not touched: the wrapper exists only in that scratch copy. Each trial is one
+detached, removed at the end: the repository is not touched; commit what is to be measured
+first): "unchanged", and "slowed", in whose copy of dohnuts/bench/builtin/targets/dohnuts_target.py
+`DohnutsTarget.run_call` is wrapped to busy-wait `--slowdown` × its own time after each call (the
+CPU kept busy, as slower code would keep it). The product code is not touched: the wrapper exists
+only in that scratch copy. Each trial is one
 `dohnuts-bench gate --against HEAD benchmarks/gate_detection.yaml` run from one copy; the trials
 alternate unchanged, slowed, unchanged, ... so both meet the same hours of load. A trial records
 the gate's exit status (0 passed, 1 regression), the ratio and interval it found, the smallest
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=50, help="the gate's --calls (default: 50)")
     p.add_argument("--slowdown", type=float, default=0.15, help="injected slowdown, a fraction (default: 0.15)")
     p.add_argument("--out", help="also write the report to this text file")
+    p.add_argument("--note", help="one line for the report's head (e.g. what else the machine ran)")
     args = p.parse_args(argv)
     command = "PYTHONPATH=$PWD python benchmarks/gate_detection.py " + shlex.join(argv if argv is not None
                                                                                else sys.argv[1:])
@@ -121,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             f"machine {_machine()} ({os.cpu_count()} CPUs); workload {WORKLOAD.relative_to(ROOT)}",
             f"# slowed: DohnutsTarget.run_call busy-waits {args.slowdown:g} x its own time (scratch copy only)",
             f"# load: cores other processes kept busy while the gate's calls ran, median (min–max) over its rounds",
+            *([f"# note: {' '.join(args.note.split())}"] if args.note else []),
             "",
             "trial  copy       exit  verdict               ratio  interval     spread  detectable  load               "
             "    s"]
