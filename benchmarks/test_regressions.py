@@ -6,8 +6,9 @@ Measure this build and gate it against saved pytest-benchmark baselines of this 
         --benchmark-json=/tmp/current.json
     dohnuts-bench gate /tmp/current.json --baseline results/baselines/h200-2b-*.json
 
-(The per-machine gate of the product's workloads — `dohnuts-bench baseline`, then `dohnuts-bench
-gate RUN` — is the README's; these are the hot paths timed on their own.)
+(The gate of the product's workloads — `dohnuts-bench gate --against REV`, both builds timed in
+interleaved rounds, or `dohnuts-bench baseline` then `dohnuts-bench gate RUN` — is the README's;
+these are the hot paths timed on their own, against saved files: the coarse way.)
 
 `dohnuts-bench gate` (dohnuts/bench/gate.py) compares every benchmark's raw timings with the
 pooled baseline runs': a bootstrap confidence interval of the ratio of medians and a rank test (dohnuts.bench.analysis.compare),

@@ -18,7 +18,7 @@ On a CPU both sides of a round run on the same CPU (`round_cpu`: the next one ea
 run is not pinned). Left to the scheduler, on a quiet 2-core machine each process tended to keep
 a CPU of its own, and a CPU that ran slower (a neighbour on the host, invisible inside the
 machine) made one side slower for a whole round: rounds at 0.78× and 1.18× of unchanged code, a
-spread over rounds of 6–8 %, against 1–5 % with both on one CPU, whose pairs' log ratios were
+spread over rounds of 6–10 %, against 1–5 % with both on one CPU, whose pairs' log ratios were
 also half as scattered (A/A runs of 10 rounds × 50 pairs; with one busy-looping process beside
 them both ways gave 1–3 %).
 
