@@ -117,12 +117,25 @@ class DohnutsTarget:
     def run_stream(self, calls, timer_for) -> list[dict] | None:
         """The calls as one pipelined stream (`Predictor.run`, as `dohnuts predict` runs a file):
         per request its decisions, work counts and trace (submitted / started / done, host
-        clock). None for workloads a stream cannot reproduce (training; a cache cleared per call)."""
-        if self.train or any(not isinstance(c, PredictCall) or c.cold_cache for c in calls):
+        clock). None for workloads a stream cannot reproduce (training).
+
+        A cold-cache workload streams as a user's stream of new images does: the feature cache is
+        emptied as each request enters the pipeline, so the workers decode its image while the
+        device runs the requests before it, and its features are encoded when it reaches the device
+        (each row's work counts say whether it encoded; a workload whose in-flight requests share
+        an image would show hits)."""
+        if self.train or any(not isinstance(c, PredictCall) for c in calls):
             return None
+        cache = self.model.image_cache
+
+        def entering():
+            for c in calls:
+                if c.cold_cache and cache is not None:
+                    cache.clear()
+                yield c.request.id, c.request
+
         trace: dict[int, dict] = {}
-        results = list(self.predictor.run(((c.request.id, c.request) for c in calls), timer_for=timer_for,
-                                          trace=trace))
+        results = list(self.predictor.run(entering(), timer_for=timer_for, trace=trace))
         return [{"decisions": len(getattr(r, "questions", ())), "work": trace[i].get("work"),
                  "submitted": trace[i]["submitted"], "started": trace[i].get("started"), "done": trace[i]["done"]}
                 for i, r in enumerate(results)]
