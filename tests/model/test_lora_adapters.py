@@ -70,6 +70,23 @@ def test_adapter_roundtrip_and_identity(tmp_path):
         api.load("tiny", adapter=path, seed=1)  # same architecture, other weights
 
 
+def test_the_same_adapter_saves_to_the_same_bytes(tmp_path):
+    """Same weights, same bytes: saved again, and re-exported after a load (safetensors itself
+    writes the metadata in its hash map's order, which changes from save to save)."""
+    import hashlib
+
+    model = api.load("tiny", lora=LoRAConfig(rank=4))
+    _randomize_adapters(model, seed=5)
+    digests = set()
+    for i in range(8):
+        save_adapter(model, tmp_path / f"a{i}.safetensors", extra={"update": 3, "dev_accuracy": 0.5})
+        digests.add(hashlib.sha256((tmp_path / f"a{i}.safetensors").read_bytes()).hexdigest())
+    again = api.load("tiny", adapter=tmp_path / "a0.safetensors", merge=False)
+    save_adapter(again, tmp_path / "re-export.safetensors", extra={"update": 3, "dev_accuracy": 0.5})
+    digests.add(hashlib.sha256((tmp_path / "re-export.safetensors").read_bytes()).hexdigest())
+    assert len(digests) == 1
+
+
 def test_corrupt_adapter(tmp_path):
     path = tmp_path / "bad.safetensors"
     path.write_bytes(b"not a safetensors file")
