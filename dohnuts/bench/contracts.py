@@ -244,7 +244,7 @@ class TargetFactoryCapabilities:
     # why. Absent: it can always run.
     unavailable: Callable[[], str | None] = _optional_member(_available, "a function", callable)
     # (options) -> options: the options of this factory's FP32 reference path for a target built with
-    # `options` (built at FP32 and run inside dohnuts.ops.reference()); the harness scores the
+    # `options` (built at FP32 and run inside dohnuts.ops._dispatch.reference()); the harness scores the
     # workload's first requests on both and records the probability gap. Absent: None, no check.
     reference_options: Callable[[Any], Any] | None = _optional_member(None, "a function or None", _callable_or_none)
 

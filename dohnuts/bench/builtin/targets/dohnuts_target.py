@@ -57,7 +57,7 @@ class DohnutsTarget:
     def reference_options(options: Options) -> Options:
         """The FP32 reference path of a target built with `options`: the same weights and adapter,
         one batched pass a request (no sharing), eager passes; the harness builds it at FP32 inside
-        dohnuts.ops.reference() (the plain-torch ops)."""
+        dohnuts.ops._dispatch.reference() (the plain-torch ops)."""
         import dataclasses
 
         return dataclasses.replace(options, share_prefix=False, cuda_graphs=False)
