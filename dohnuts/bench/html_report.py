@@ -1,8 +1,12 @@
 """The HTML report of a run: one self-contained file that works offline (no external script, font
 or style; the charts are inline SVG, dohnuts.bench.svg).
 
-It shows what the text report shows — the summary, each stage's bound and efficiency, the critical
-path, stream against single calls, the serving scenarios (latency and throughput against offered
+It opens, as the text report does, on the headline (dohnuts.bench.analysis.headline): one table and
+one figure — per workload dohnuts against its peer (the speed-up with its interval), its efficiency
+against the measured bound, the verdict against the target and the peer's fast paths (a fallback
+marked FALLBACK) — and on a CPU what such a run can and cannot show. Then what the text report
+shows — the summary, each stage's bound and efficiency (never above 100 %: bound-suspect with the
+reason), the critical path, stream against single calls, the serving scenarios (latency and throughput against offered
 load with the bound's floor and ceiling, the SLO search's answer) and quality (accuracy, the
 reference check; a target that disagrees with the FP32 reference is flagged beside its speed) — plus
 a roofline a workload (steady calls apart from first calls, each point numbered and named in a
@@ -17,7 +21,7 @@ from html import escape
 from typing import Any
 
 from dohnuts.bench.analysis.records import overhead_text
-from dohnuts.bench.svg import latency_curve, roofline, throughput_curve, trend
+from dohnuts.bench.svg import headline_chart, latency_curve, roofline, throughput_curve, trend
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:1200px}
@@ -30,6 +34,7 @@ svg.chart text.tick{font-size:9px;fill:#555}svg.chart text.axis{font-size:10px;f
 svg.chart text.num{font-size:10px;font-weight:bold}ol.legend{font-size:.8em;margin:.2em 0 0 1.2em;max-width:520px}
 .meets{color:#070}.misses{color:#a00}.note{color:#666;font-size:.85em}
 .flag{color:#a00;font-weight:bold}ul.legend{font-size:.8em;margin:.2em 0 0 1.2em}
+.suspect{color:#a60}.cpu{background:#f6f6f0;padding:.4em .8em;border-left:3px solid #bb9;max-width:1000px}
 """
 
 SCRIPT = """
@@ -48,6 +53,15 @@ def _ms(x) -> str:
 
 def _pct(x) -> str:
     return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def _eff_cell(value, suspect: str | None, key: str | None = None, group: str | None = None, note: str = "") -> str:
+    """An efficiency: a percentage up to 100 %, or bound-suspect with its reason (no number);
+    `note` follows it (the basis, where not the usual one)."""
+    if suspect:
+        attrs = f' data-key="{escape(key)}" data-group="{escape(group or "")}"' if key else ""
+        return f'<td class="n suspect" title="{escape(suspect)}"{attrs}>bound-suspect{escape(note)}</td>'
+    return _cell(_pct(value) + note, key, group)
 
 
 def _cell(value: str, key: str | None = None, group: str | None = None, cls: str = "n") -> str:
@@ -183,8 +197,10 @@ def _efficiency(groups: list[dict], target_fraction: float) -> str:
         cls = "first-call" if "first-call" in g["target"] else ""
         bases = g.get("bases") or []
         call = g["call"]
-        effs = " · ".join(f"{b}: <b data-key='efficiency.{b}' data-group='{escape(group)}'>{_pct(call['efficiency'].get(b))}"
-                          f"</b>" for b in bases)
+        suspect = call.get("suspect") or {}
+        effs = " · ".join(f"{b}: <b data-key='efficiency.{b}' data-group='{escape(group)}'"
+                          + (f" class='suspect' title='{escape(suspect[b])}'>bound-suspect" if suspect.get(b)
+                             else f">{_pct(call['efficiency'].get(b))}") + "</b>" for b in bases)
         crit = call["bound"].get(bases[0], {}) if bases else {}
         out.append(f"<div class='eff {cls}'><h3>{escape(g['workload'])} · {escape(g['target'])} "
                    f"({g['calls']} calls)</h3><p>wall {_ms(call['wall_ms'])} ms; critical-path bound "
@@ -195,11 +211,90 @@ def _efficiency(groups: list[dict], target_fraction: float) -> str:
         rows = ["<table class='stages'><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"]
         for s in g["stages"]:
             cells = [_cell(s["stage"], cls=""), _cell(_ms(s["measured_ms"]))]
-            cells += [_cell(_ms(s["bound_ms"].get(b)) if s.get("modelled") else "no model") for b in bases]
-            cells += [_cell(_pct(s["efficiency"].get(b))) for b in bases]
+            cells += [_cell(_ms(s["bound_ms"].get(b)) if s.get("modelled") else (s.get("unbounded") or "no model"))
+                      for b in bases]
+            cells += [_eff_cell(s["efficiency"].get(b), (s.get("suspect") or {}).get(b)) for b in bases]
             cells.append(_cell(str((s.get("limiter") or {}).get(bases[0], "")) if bases else "", cls=""))
             rows.append("<tr>" + "".join(cells) + "</tr>")
-        out.append("".join(rows) + "</table></div>")
+        out.append("".join(rows) + "</table>")
+        out += [f"<p class='note suspect'>bound-suspect ({escape(b)}): {escape(why)}</p>"
+                for b, why in suspect.items()]
+        out.append("</div>")
+    return "".join(out)
+
+
+def _fast_paths(row: dict) -> str:
+    """A peer's fast paths, each fallback marked FALLBACK (flagged); "—" for no peer."""
+    if row.get("role") != "peer":
+        return "—"
+    peer = row.get("peer")
+    if not peer:
+        return escape(str(row.get("fast_paths") or "fast paths not recorded"))
+    fallbacks = set(peer.get("fallbacks") or ())
+    items = [escape(f"{path} {impl or '—'}") + (" <span class='flag'>FALLBACK</span>" if path in fallbacks else "")
+             for path, impl in (peer.get("paths") or {}).items()]
+    items += [escape(path) + " <span class='flag'>FALLBACK</span>" for path in fallbacks
+              if path not in (peer.get("paths") or {})]
+    library = str(peer.get("library", "?")) + (f" {peer['version']}" if peer.get("version") else "")
+    return escape(library) + ": " + (" · ".join(items) if items else "no paths recorded")
+
+
+def _headline(data: dict | None) -> str:
+    """The headline: its table (every number keyed for the browser test), its figure, the reasons
+    behind a bound-suspect, the peers' own fallback warnings, the machine's caveats and, on a CPU,
+    what the run can and cannot show."""
+    if not data:
+        return "<p class='note'>No headline in this summary (a run analysed before it existed).</p>"
+    fraction = data.get("target_fraction", 0.8)
+    head = ("workload", "against", "dohnuts ms", "efficiency (measured bound)", f"{fraction:.0%} target", "its ms",
+            "its efficiency", "dohnuts speed-up", "95 % interval", "difference", "peer's fast paths")
+    out = ["<table id='headline'><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"]
+    notes: dict[str, None] = {}
+    for r in data.get("rows", []):
+        d, a, sp = r.get("dohnuts") or {}, r.get("against") or {}, r.get("speedup") or {}
+        group = f"{r['workload']}|{d.get('target', '')}"
+        pair = f"{r['workload']}|{a.get('target', r.get('role', ''))}"
+        verdict = d.get("verdict") or "—"
+
+        def eff(s: dict, key: str, grp: str) -> str:
+            if not s:
+                return _cell("—")
+            if s.get("basis") is None:
+                return _cell("no bound", key, grp)
+            if s.get("suspect"):
+                notes[f"{r['workload']} · {s['target']} ({s['basis']} basis): {s['suspect']}"] = None
+            basis = "" if s["basis"] == data.get("preferred_basis", "measured") else f" ({s['basis']})"
+            return _eff_cell(s.get("efficiency"), s.get("suspect"), key, grp, basis)
+
+        interval = "—" if sp.get("low") is None or sp.get("high") is None else f"{sp['low']:.2f}–{sp['high']:.2f}"
+        out.append("<tr>" + "".join([
+            _cell(r["workload"], cls=""),
+            _cell("no peer" if r.get("role") == "no peer" else a.get("target", "—"), cls=""),
+            _cell("not measured" if not d else f"{d['wall_ms']:.2f}", "headline.wall_ms", group if d else None),
+            eff(d, "headline.efficiency", group),
+            _cell(verdict, cls={"meets": "meets", "misses": "misses", "bound-suspect": "suspect"}.get(verdict, "")),
+            _cell("—" if not a else f"{a['wall_ms']:.2f}"),
+            eff(a, "headline.against_efficiency", pair),
+            _cell("—" if sp.get("ratio") is None else f"{sp['ratio']:.2f}×", "headline.speedup", pair),
+            _cell(interval, "headline.interval", pair),
+            _cell(sp.get("verdict") or "—", cls=""),
+            f"<td data-key='headline.fast_paths' data-group='{escape(pair)}'>{_fast_paths(r)}</td>"]) + "</tr>")
+    out.append("</table>")
+    out.append("<p class='note'>speed-up: the other target's median call over dohnuts' (above 1×: dohnuts is "
+               "faster), with its bootstrap 95 % interval and the verdict of <code>dohnuts-bench compare</code>'s "
+               "rule; efficiency: the critical-path bound over the median call, never above 100 % (a call faster "
+               "than its bound reads bound-suspect, with the reason).</p>")
+    out.append("<div class='panel'>" + headline_chart(data.get("rows", []), fraction) + "</div>")
+    cpu = data.get("cpu")
+    if cpu:
+        cores = f" of {cpu['cpus']} cores" if cpu.get("cpus") else ""
+        out.append(f"<div class='cpu' id='cpu-run'><p><b>This is a CPU run</b> ({escape(str(cpu.get('device')))}, "
+                   f"{escape(str(cpu.get('threads') or '?'))} torch thread(s){escape(cores)}).</p>"
+                   f"<p>{escape(str(cpu.get('shows', '')))}</p><p>{escape(str(cpu.get('cannot', '')))}</p></div>")
+    out += [f"<p class='note suspect'>bound-suspect: {escape(n)}</p>" for n in notes]
+    out += [f"<p class='note flag'>peer fallback: {escape(m)}</p>" for m in data.get("peer_messages") or []]
+    out += [f"<p class='note suspect'>caveat: {escape(c)} (“This run's machine” in the text report)</p>"
+            for c in data.get("caveats") or []]
     return "".join(out)
 
 
@@ -298,6 +393,7 @@ def render(summary: dict, *, title: str, meta: dict | None = None, comparison: d
             f"hwspec {escape(str(hwspec.get('name', meta.get('hwspec') or 'none')))} · revision "
             f"{escape(str(prov.get('git', '?')))}</p>")
     body = [f"<h1>dohnuts-bench: {escape(title)}</h1>", head,
+            "<h2>Headline</h2>", _headline((summary.get("sections") or {}).get("headline")),
             "<label><input type='checkbox' id='show-first' checked> show first calls (compilation, tuning, "
             "capture: reported apart)</label>",
             "<h2>Summary</h2>", _summary_table(rows),

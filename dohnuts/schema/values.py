@@ -12,6 +12,12 @@ def one_line(text: Any) -> str:
     return " ".join(str(text).split())
 
 
+def printable(text: Any) -> str:
+    """`text` on one line with every unprintable character (ESC, NUL, ...) written as its escape: a
+    string from a file (a library's warning a record kept) reaches a terminal as text only."""
+    return _escape(one_line(text))
+
+
 def short(value: Any, limit: int = 80, convert=repr) -> str:
     """convert(value) (repr by default) on one line, cut to `limit` characters: an error message
     stays one readable line."""

@@ -1,6 +1,6 @@
-"""The conditions a run measured in, for its report: how busy the machine was, how steady the
-ceilings measured at the start of the run were, and — for a CPU run — what such a run can and
-cannot show.
+"""The conditions a run measured in, for its report: how busy the machine was and how steady the
+ceilings measured at the start of the run were. (What a CPU run can and cannot show opens the
+report: dohnuts.bench.analysis.headline.)
 
 Load: the `load` telemetry of every record (dohnuts.bench.builtin.analyzers.load: the cores other
 processes kept busy during the call, the load average) and the machine as the run found it
@@ -24,18 +24,6 @@ from dataclasses import asdict, dataclass
 from dohnuts.bench.analysis.records import group_key
 
 BUSY_OTHERS = 0.25  # cores other processes used while measuring, above which the report warns
-
-CPU_RUN_SHOWS = (
-    "A CPU run shows: every workload running end to end through the harness; where a call's time "
-    "goes, stage by stage; numbers measured side by side in one run (dohnuts beside transformers on the "
-    "same weights, the shared prefix against no sharing, a warm image cache against a cold one); each "
-    "stage against this CPU's own ceilings, measured at the start of the run.")
-CPU_RUN_CANNOT = (
-    "It cannot show: anything about a GPU (the fused fla and Triton kernels, CUDA graphs, the transfer "
-    "pipeline and the 2b sizes run only there; a CPU runs every op's plain-torch reference path); what "
-    "the tiny preset's random weights answer (its times are of the harness and the reference paths, "
-    "not of a trained model); and times on a shared machine move with the other processes (the load "
-    "below).")
 
 
 @dataclass(frozen=True)
@@ -178,7 +166,7 @@ def timing_line(t: dict | None) -> str | None:
 
 
 def machine_renderables(c: MachineConditions) -> list:
-    """The report's section: the CPU run's scope, the load, the ceilings' stability, the warnings."""
+    """The report's section: the load, the ceilings' stability, the warnings."""
     from rich.text import Text
 
     from dohnuts.bench.analysis.render import Col, FitTable
@@ -186,8 +174,8 @@ def machine_renderables(c: MachineConditions) -> list:
     parts: list = [Text("This run's machine", style="bold")]
     if c.device_type == "cpu":
         cores = f" of {c.cpus} cores" if c.cpus else ""
-        parts += [Text(f"{c.device}: a CPU run with {c.threads or '?'} torch thread(s){cores} (dohnuts-bench run "
-                       "--threads)."), Text(CPU_RUN_SHOWS), Text(CPU_RUN_CANNOT)]
+        parts.append(Text(f"{c.device}: a CPU run with {c.threads or '?'} torch thread(s){cores} (dohnuts-bench run "
+                          "--threads); what a CPU run can and cannot show opens the report (the headline)."))
     if c.before:
         others, load1 = _number(c.before.get("others_cores")), _number(c.before.get("load1"))
         parts.append(Text("When the run started, other processes kept "

@@ -23,7 +23,9 @@ One record per measured call, schema 1 (the harness writes them, append-only):
      "harness_overhead": {...},      #   "harness_overhead", see dohnuts.bench.runner.harness_overhead)
      "agreement": {"max_abs_gap", "choice_agreement", "tolerance", "within", ...} | null,  # optional:
                                      #   the target against the FP32 reference path (dohnuts.bench.quality)
-     "extra": {"stream": {...}, "serving": {...}, "accuracy": {...}, ...}}  # optional, per phase
+     "extra": {"stream": {...}, "serving": {...}, "accuracy": {...},   # optional, per phase
+               "peer": {"library", "version", "paths", "fallbacks", "messages"}, ...}}  # a peer target's
+                                     #   fast paths (`PeerPaths`: what the headline shows of a peer)
 
 The schema is declared once, below, as msgspec Structs: `Record` (what the analysis reads) and
 `ReportedRecord` (also what the run report reads); `SCHEMA` is the one version constant, which the
@@ -168,10 +170,23 @@ class AccuracyCount(msgspec.Struct):
     correct: NonNegative
 
 
+class PeerPaths(msgspec.Struct, frozen=True):
+    """A peer target's `extra.peer`: which implementation ran each path of the model (`paths`:
+    delta_rule → "fla", conv → "causal_conv1d", ...), the paths that fell back to the library's
+    slow reference code (`fallbacks`), and the library's own fallback warnings (`messages`)."""
+
+    library: str
+    version: str | None = None
+    paths: dict[str, str | None] = {}
+    fallbacks: list[str] = []
+    messages: list[str] = []
+
+
 class Extra(msgspec.Struct):
     stream: StreamTimes | None = None
     serving: ServingTimes | None = None
     accuracy: AccuracyCount | None = None
+    peer: PeerPaths | None = None
 
 
 class Agreement(msgspec.Struct):
@@ -390,6 +405,27 @@ def workload_label(rec: dict) -> str:
     """The workload's name, with ` ×N` when N processes measured it."""
     name, n = str(rec["workload"]["name"]), world_size(rec)
     return name if n == 1 else f"{name} ×{n}"
+
+
+def peer_paths(rec: dict) -> PeerPaths | None:
+    """The record's `extra.peer` (`PeerPaths`), or None where it has none (the product, a peer
+    recorded before the field existed); a malformed one is a RecordError naming the field."""
+    peer = (rec.get("extra") or {}).get("peer") if isinstance(rec.get("extra"), dict) else None
+    if peer is None:
+        return None
+    return convert(peer, PeerPaths, source=where(rec), error=RecordError, prefix="extra.peer")
+
+
+def is_dohnuts(rec: dict) -> bool:
+    """A record of the dohnuts target: the product or one of its measurement-only variants
+    (`variant_of`). Records written before `target_name` existed are read from their label."""
+    name = rec.get("target_name")
+    return name == "dohnuts" if isinstance(name, str) else str(rec.get("target", "")).startswith("dohnuts")
+
+
+def is_product(rec: dict) -> bool:
+    """A record of dohnuts as users run it: the dohnuts target, no measurement-only variant."""
+    return is_dohnuts(rec) and variant_of(rec) is None
 
 
 def work_of(rec: dict) -> WorkCounts:

@@ -1,5 +1,6 @@
-"""Built-in reporters: the per-stage timing summary (median, p10/p90, spread, throughput,
-memory), the analyzers' sections, and `report.txt` / `summary.json` in the run directory.
+"""Built-in reporters: the headline first (a section that `leads`: dohnuts against its peer and
+the bound), the per-stage timing summary (median, p10/p90, spread, throughput, memory), the
+analyzers' other sections, and `report.txt` / `summary.json` in the run directory.
 
 Width: the tables are `dohnuts.bench.analysis.render.FitTable`s, which pick their layout from the
 width they are printed at (its module docstring has the rule). On the console that is the
@@ -50,7 +51,10 @@ def summarize(records: list[dict]) -> list[dict]:
     spread is too large for the claimed precision, and for a pipelined stream its latency,
     queueing and throughput."""
     from dohnuts.bench.analysis.compare import aa_noise, spread_warning
-    from dohnuts.bench.analysis.records import overhead_summary, per_call_records, valid_records, validity_summary
+    from dohnuts.bench.analysis.headline import peer_dict
+    from dohnuts.bench.analysis.records import (
+        overhead_summary, peer_paths, per_call_records, valid_records, validity_summary,
+    )
     from dohnuts.bench.telemetry import clock_summary
 
     records = per_call_records(records)  # load points and accuracy: their own section (analysis.serving)
@@ -90,6 +94,8 @@ def summarize(records: list[dict]) -> list[dict]:
             "spread_warning": spread_warning(walls, CLAIMED_PRECISION) if len(walls) >= 2 else None,
             # the target against the FP32 reference path (dohnuts.bench.quality); None: not checked
             "agreement": next((r["agreement"] for r in recs if isinstance(r.get("agreement"), dict)), None),
+            # a peer target's fast paths (`extra.peer`, a fallback marked FALLBACK); None: not recorded
+            "peer": peer_dict(next((p for p in map(peer_paths, recs) if p is not None), None)),
         }
         halves = [r.get("aa_half") for r in recs]
         if halves.count(0) >= 3 and halves.count(1) >= 3:
@@ -246,8 +252,9 @@ def full_width(renderables: list, minimum: int = 80) -> int:
 def dohnuts_bench_report(console, records, sections, run_dir):
     rows = summarize(records)
     streams = stream_table(rows)
-    report = [summary_table(rows), stage_table(rows), *([streams] if streams else []), quality_table(rows),
-              *(s.renderable for s in sections)]
+    report = [*(s.renderable for s in sections if s.leads),  # the headline first
+              summary_table(rows), stage_table(rows), *([streams] if streams else []), quality_table(rows),
+              *(s.renderable for s in sections if not s.leads)]
     file_console = Console(record=True, width=full_width(report), file=io.StringIO())
     for c in (console, file_console):
         for renderable in report:
