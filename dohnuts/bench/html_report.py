@@ -113,7 +113,8 @@ def _serving(section: dict | None) -> str:
             captures = served.get("graph_captures")
             what = (f"a varied set of {served['set_size']} requests (serving.vary) in a seeded random order"
                     if served.get("varied") else f"the workload's {served['set_size']} request(s) in order")
-            graphs = ("no CUDA graphs counted (a CPU, an eager target)" if captures is None else
+            graphs = ("graph captures not counted: the target runs without CUDA graphs here (a CPU, an eager target)"
+                      if captures is None else
                       f"<b data-key='graph_captures' data-group='{escape(group)}'>{captures}</b> graph capture(s) "
                       "while measuring (warm-up excluded)")
             out.append(f"<p>served: {escape(what)}; <b data-key='shapes' data-group='{escape(group)}'>"
@@ -124,6 +125,12 @@ def _serving(section: dict | None) -> str:
             out.append(f"<p>max rate at {pct} ≤ {c['slo_ms']:g} ms: <b data-key='max_rate_rps' "
                        f"data-group='{escape(group)}'>{'none' if rate is None else f'{rate:.4g}'}</b> req/s — "
                        f"{escape(search['words'])}</p>")
+            failing = next((p for p in c["points"] if search.get("failing_rate_rps") is not None
+                            and p["rate_rps"] == search["failing_rate_rps"]), None)
+            captured = ((failing or {}).get("extra") or {}).get("served_set") or {}
+            if captured.get("graph_captures"):
+                out.append(f"<p class='note'>the failing point captured {captured['graph_captures']} graph(s) while "
+                           "measured (new shapes: a cost paid once)</p>")
         bound = c.get("bound")
         if bound:
             ceiling = bound.get("throughput_ceiling_rps")

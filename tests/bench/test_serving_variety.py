@@ -221,6 +221,7 @@ def test_a_cpu_run_states_the_shapes_it_served(tmp_path):
     assert all(p["extra"]["served_set"]["shapes"] == 6 for p in curve["points"])
     text = (run_dir / "report.txt").read_text()
     assert "a varied set of 6 requests" in text and "6 distinct pass shapes" in text
+    assert "graph captures not counted" in text
     assert "data-key='shapes'" in (run_dir / "report.html").read_text()
 
 
@@ -240,19 +241,23 @@ def test_graph_captures_inside_measured_points_are_counted(tmp_path, monkeypatch
         self.model.graphs = PassGraphs(self.model.model, emulate=True)
 
     monkeypatch.setattr(DohnutsTarget, "__init__", with_graphs)
-    records, run_dir = _run(tmp_path, RUN + "scenario: server\nserving: {rates: [20, 40], min_requests: 18, "
+    # an SLO no point meets: the lowest failing point, the first, is the search's bracket
+    records, run_dir = _run(tmp_path, RUN + "scenario: server\nserving: {rates: [20, 40], slo_ms: 0.001, "
+                                             "search: {low_rps: 30, points: 1}, min_requests: 18, "
                                              f"min_duration_s: 0, {VARY}}}\n")
     sizes = draw_sizes(VaryFields(distinct=6, seq_tokens=(40, 100), questions=(1, 3)), seq_tokens=64, questions=2,
                        resolutions=None, seed=0)
     warm = {_bucket(2, 64)}
     points = _points(records)
-    first, second = (points[k] for k in sorted(points))
+    first, *later = (points[k] for k in sorted(points))  # the fixed rates, then the search's probe
+    assert len(later) == 2
     served = {_bucket(sizes[r["extra"]["serving"]["set_index"]].questions,
                       sizes[r["extra"]["serving"]["set_index"]].seq_tokens) for r in first}
     f1 = first[0]["extra"]["serving"]["point"]["served_set"]
-    f2 = second[0]["extra"]["serving"]["point"]["served_set"]
     assert f1["shapes"] == len(served) and f1["graph_captures"] == len(served - warm) > 0
-    assert f2["shapes"] == len(served) and f2["graph_captures"] == 0
+    for recs in later:
+        facts = recs[0]["extra"]["serving"]["point"]["served_set"]
+        assert facts["shapes"] == len(served) and facts["graph_captures"] == 0
     assert f1["graph_eager"] == 0 and f1["graph_capture_ms"] > 0
     for r in first:  # the bucketed pass each request ran
         size = sizes[r["extra"]["serving"]["set_index"]]
@@ -262,6 +267,8 @@ def test_graph_captures_inside_measured_points_are_counted(tmp_path, monkeypatch
     assert curve["served_set"]["graph_captures"] == len(served - warm)
     text = (run_dir / "report.txt").read_text()
     assert f"{len(served - warm)} graph captures while measuring" in text
+    assert f"the failing point captured {len(served - warm)} graph" in text
+    assert f"the failing point captured {len(served - warm)} graph(s)" in (run_dir / "report.html").read_text()
 
 
 @pytest.mark.slow

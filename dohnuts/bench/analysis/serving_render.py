@@ -100,7 +100,8 @@ def served_words(c: LoadCurve) -> str | None:
     what = (f"a varied set of {size} requests (serving.vary) in a seeded random order" if c.varied
             else f"the workload's {size} request{'s' if size != 1 else ''} in order, one shape each (no serving.vary)")
     captures = c.graph_captures
-    graphs = ("no CUDA graphs counted (a CPU, an eager target)" if captures is None
+    graphs = ("graph captures not counted: the target runs without CUDA graphs here (a CPU, an eager target)"
+              if captures is None
               else f"{captures} graph capture{'s' if captures != 1 else ''} while measuring (warm-up excluded)")
     return f"served: {what}; {c.shapes} distinct pass shape{'s' if c.shapes != 1 else ''} over its points; {graphs}"
 
@@ -116,6 +117,11 @@ def curve_lines(c: LoadCurve) -> Text:
         p = f"p{100 * c.percentile:g}"
         out.append(f"max rate at {p} ≤ {c.slo_ms:g} ms: ", style="bold")
         out.append(s.words() + "\n")
+        captured = ((s.failing.extra.get("served_set") or {}).get("graph_captures") if s.failing else None)
+        if captured:  # a one-time cost of new shapes can be what failed it
+            out.append(f"the failing point captured {captured} graph{'s' if captured != 1 else ''} while measured "
+                       "(new shapes: a cost paid once); its neighbours' captures are in the table\n",
+                       style="yellow")
     if c.bound is not None:
         b = c.bound
         ceiling = "—" if b.throughput_ceiling_rps is None else f"{b.throughput_ceiling_rps:.4g} req/s"
