@@ -6,8 +6,9 @@ one figure — per workload dohnuts against its peer (the speed-up with its inte
 against the measured bound, the verdict against the target and the peer's fast paths (a fallback
 marked FALLBACK) — and on a CPU what such a run can and cannot show. Then what the text report
 shows — the summary, each stage's bound and efficiency (never above 100 %: bound-suspect with the
-reason), the critical path, stream against single calls, the serving scenarios (latency and throughput against offered
-load with the bound's floor and ceiling, the SLO search's answer) and quality (accuracy, the
+reason), the critical path, stream against single calls, the serving scenarios (latency and
+throughput against offered load with the bound's floor and ceiling, the SLO search's answer, the
+distinct pass shapes served and the graph captures while measuring) and quality (accuracy, the
 reference check; a target that disagrees with the FP32 reference is flagged beside its speed) — plus
 a roofline a workload (steady calls apart from first calls, each point numbered and named in a
 legend), the comparison with a second run when given, and trend charts from the run store. Every number a test checks carries `data-key`: the page is
@@ -21,6 +22,7 @@ from html import escape
 from typing import Any
 
 from dohnuts.bench.analysis.records import overhead_text
+from dohnuts.bench.analysis.serving import served_cells
 from dohnuts.bench.svg import headline_chart, latency_curve, roofline, throughput_curve, trend
 
 STYLE = """
@@ -120,12 +122,29 @@ def _serving(section: dict | None) -> str:
         group = f"{c['workload']}|{c['target']}|{c['scenario']}"
         pct = f"p{100 * c['percentile']:g}"
         out.append(f"<h3>{escape(c['workload'])} · {escape(c['target'])}: {escape(c['scenario'])} scenario</h3>")
+        served = c.get("served_set") or {}
+        if served.get("set_size"):
+            captures = served.get("graph_captures")
+            what = (f"a varied set of {served['set_size']} requests (serving.vary) in a seeded random order"
+                    if served.get("varied") else f"the workload's {served['set_size']} request(s) in order")
+            graphs = ("graph captures not counted: the target runs without CUDA graphs here (a CPU, an eager target)"
+                      if captures is None else
+                      f"<b data-key='graph_captures' data-group='{escape(group)}'>{captures}</b> graph capture(s) "
+                      "while measuring (warm-up excluded)")
+            out.append(f"<p>served: {escape(what)}; <b data-key='shapes' data-group='{escape(group)}'>"
+                       f"{served['shapes']}</b> distinct pass shape(s) over its points; {graphs}</p>")
         search = c.get("search")
         if search:
             rate = search.get("max_rate_rps")
             out.append(f"<p>max rate at {pct} ≤ {c['slo_ms']:g} ms: <b data-key='max_rate_rps' "
                        f"data-group='{escape(group)}'>{'none' if rate is None else f'{rate:.4g}'}</b> req/s — "
                        f"{escape(search['words'])}</p>")
+            failing = next((p for p in c["points"] if search.get("failing_rate_rps") is not None
+                            and p["rate_rps"] == search["failing_rate_rps"]), None)
+            captured = ((failing or {}).get("extra") or {}).get("served_set") or {}
+            if captured.get("graph_captures"):
+                out.append(f"<p class='note'>the failing point captured {captured['graph_captures']} graph(s) while "
+                           "measured (new shapes: a cost paid once)</p>")
         bound = c.get("bound")
         if bound:
             ceiling = bound.get("throughput_ceiling_rps")
@@ -139,31 +158,36 @@ def _serving(section: dict | None) -> str:
         out.append("<div class='panels'><div class='panel'>" + latency_curve(c) + "</div><div class='panel'>"
                    + throughput_curve(c) + "</div></div>")
         head = ("offered req/s", "served / offered", "refused / abandoned", "throughput req/s", "goodput req/s",
-                "p50 ms", "p99 ms", f"{pct} ms (95 % interval)", "verdict", "valid", "probe")
+                "p50 ms", "p99 ms", f"{pct} ms (95 % interval)", "verdict", "valid", "probe", "shapes",
+                "graph captures")
         rows = ["<table class='points'><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"]
         for p in sorted(c["points"], key=lambda p: p["rate_rps"] if p["rate_rps"] is not None else float("inf")):
             key = f"{group}|{p['rate_rps']}"
             rate = "all" if p["rate_rps"] is None else f"{p['rate_rps']:.4g}"
             interval = f"{_ms(p['latency_ms'])} ({_ms(p['latency_low_ms'])}–{_ms(p['latency_high_ms'])})"
             valid = "yes" if p["valid"] else "INVALID: " + "; ".join(p["reasons"])
+            shapes, captures = served_cells((p.get("extra") or {}).get("served_set"))
             rows.append("<tr>" + "".join([
                 _cell(rate), _cell(f"{p['served']}/{p['offered']}"), _cell(f"{p['dropped']}/{p['abandoned']}"),
                 _cell(f"{p['throughput_rps']:.4g}", "throughput_rps", key),
                 _cell("—" if p["goodput_rps"] is None else f"{p['goodput_rps']:.4g}", "goodput_rps", key),
                 _cell(_ms(p["p50_ms"])), _cell(_ms(p["p99_ms"])), _cell(interval),
                 _cell(p["verdict"], cls={"meets": "meets", "misses": "misses"}.get(p["verdict"], "")),
-                _cell(valid, cls="" if p["valid"] else "flag"), _cell(p["role"], cls="")]) + "</tr>")
+                _cell(valid, cls="" if p["valid"] else "flag"), _cell(p["role"], cls=""),
+                _cell(shapes, "shapes", key), _cell(captures, "graph_captures", key)]) + "</tr>")
         out.append("".join(rows) + "</table>")
     streams = section.get("streams") or []
     if streams:
         out.append("<h3>Stream scenario</h3><table id='stream-scenario'><tr><th>workload</th><th>target</th>"
-                   "<th>requests</th><th>seconds</th><th>req/s</th><th>valid</th></tr>")
+                   "<th>requests</th><th>seconds</th><th>req/s</th><th>valid</th><th>shapes</th>"
+                   "<th>graph captures</th></tr>")
         for r in streams:
             valid = "yes" if r["valid"] else "INVALID: " + "; ".join(r["reasons"])
             out.append("<tr>" + "".join([_cell(r["workload"], cls=""), _cell(r["target"], cls=""),
                                          _cell(str(r["requests"])), _cell(f"{r['total_ms'] / 1e3:.3g}"),
                                          _cell(f"{r['throughput_rps']:.4g}"),
-                                         _cell(valid, cls="" if r["valid"] else "flag")]) + "</tr>")
+                                         _cell(valid, cls="" if r["valid"] else "flag"),
+                                         *(_cell(x) for x in served_cells(r.get("served_set")))]) + "</tr>")
         out.append("</table>")
     quality = section.get("quality") or []
     if quality:
@@ -307,14 +331,18 @@ def _streams(rows: list[dict]) -> str:
         base = single.get((r["workload"], r["target"].removesuffix(" · stream")))
         if base is None:
             continue
-        gain = base["wall_median_ms"] / r["wall_median_ms"] if r["wall_median_ms"] else None
+        varied = ((r.get("stream") or {}).get("served_set") or {}).get("varied")  # other requests: no gain
+        gain = base["wall_median_ms"] / r["wall_median_ms"] if r["wall_median_ms"] and not varied else None
         out.append("<tr>" + "".join([_cell(r["workload"], cls=""), _cell(base["target"], cls=""),
                                      _cell(_ms(base["wall_median_ms"])), _cell(_ms(r["wall_median_ms"])),
-                                     _cell("—" if gain is None else f"{gain:.2f}×")]) + "</tr>")
+                                     _cell("varied set" if varied else "—" if gain is None else f"{gain:.2f}×"),
+                                     *(_cell(x) for x in served_cells((r.get("stream") or {}).get("served_set")))])
+                   + "</tr>")
     if not out:
         return "<p class='note'>No pipelined stream in this run.</p>"
     return ("<table id='streams'><tr><th>workload</th><th>target</th><th>single call ms</th>"
-            "<th>stream ms a request</th><th>stream gain</th></tr>" + "".join(out) + "</table>")
+            "<th>stream ms a request</th><th>stream gain</th><th>shapes</th><th>graph captures</th></tr>"
+            + "".join(out) + "</table>")
 
 
 def _rooflines(groups: list[dict], hwspec: dict) -> str:

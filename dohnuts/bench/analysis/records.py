@@ -122,6 +122,22 @@ class Validity(msgspec.Struct):
     reasons: list[Any] | None = None
 
 
+Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class ServedSetFacts(msgspec.Struct):
+    """What a load point or stream served of its set (dohnuts.bench.serving.variety.ServedFacts);
+    absent from records written before it."""
+
+    varied: bool
+    set_size: Annotated[int, msgspec.Meta(ge=1)]
+    requests: Count  # distinct requests of the set served
+    shapes: Count  # distinct pass shapes served
+    graph_captures: Count | None = None  # None: the target runs without graphs
+    graph_capture_ms: Ms | None = None
+    graph_eager: Count | None = None
+
+
 class StreamTimes(msgspec.Struct):
     """A stream record's `extra.stream` (dohnuts.bench.measure.measure_stream)."""
 
@@ -129,6 +145,14 @@ class StreamTimes(msgspec.Struct):
     queue_ms: Ms
     total_ms: PositiveMs
     energy_j: NonNegative | None = None  # the whole stream's energy (a request's alone is not measurable)
+    served_set: ServedSetFacts | None = None
+
+
+class PointFacts(msgspec.Struct):
+    """A load point's facts (`extra.serving.point`): the served set typed, the rest read by the
+    serving analysis as it goes (dohnuts.bench.analysis.serving)."""
+
+    served_set: ServedSetFacts | None = None
 
 
 class EnergyWindow(msgspec.Struct):
@@ -159,7 +183,7 @@ class ServingTimes(msgspec.Struct):
     latency_ms: Ms | None = None
     queue_ms: Ms | None = None
     service_ms: Ms | None = None
-    point: dict[str, Any] | None = None
+    point: PointFacts | None = None
     rules: dict[str, Any] | None = None
 
 

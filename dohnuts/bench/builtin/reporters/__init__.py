@@ -107,13 +107,16 @@ def summarize(records: list[dict]) -> list[dict]:
                              "throughput_rps": len(streams) / (streams[0]["total_ms"] / 1e3),
                              "latency_p50_ms": _quantile(lat, 0.5), "latency_p90_ms": _quantile(lat, 0.9),
                              "latency_p99_ms": _quantile(lat, 0.99),
-                             "queue_p50_ms": _quantile([x["queue_ms"] for x in streams], 0.5)}
+                             "queue_p50_ms": _quantile([x["queue_ms"] for x in streams], 0.5),
+                             # what it served of its set (dohnuts.bench.serving.variety; None: older records)
+                             "served_set": streams[0].get("served_set")}
         out.append(row)
-    # A stream's per-request time against the same target's single calls: the overlap measured.
+    # A stream's per-request time against the same target's single calls: the overlap measured
+    # (not for a varied served set: its requests are not the single calls').
     single = {(r["workload"], r["target"]): r["wall_median_ms"] for r in out if "stream" not in r}
     for r in out:
         base = single.get((r["workload"], r["target"].removesuffix(" · stream")))
-        if "stream" in r and base:
+        if "stream" in r and base and not (r["stream"]["served_set"] or {}).get("varied"):
             r["stream"]["single_call_ms"] = base
             r["stream"]["overlap"] = 1.0 - r["wall_median_ms"] / base
     return out
@@ -177,18 +180,23 @@ def stream_table(rows: list[dict]) -> FitTable | None:
     rows = [r for r in rows if "stream" in r]
     if not rows:
         return None
-    t = FitTable("Pipelined streams (Predictor.run: prefetch, copy stream, overlapped serialization)",
+    from dohnuts.bench.analysis.serving import served_cells
+
+    t = FitTable("Pipelined streams (Predictor.run: prefetch, copy stream, overlapped serialization); overlap "
+                 "against the single calls (none for a varied served set: other requests)",
                  [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("requests"),
                   Col("ms / request"), Col("requests/s"), Col("latency p50/p90/p99 ms"), Col("queue p50 ms"),
-                  Col("single call ms"), Col("overlap")],
-                 sections=1, groups=[(2,), (3, 4), (5,), (6,), (7, 8)], title_justify="center")
+                  Col("single call ms"), Col("overlap"), Col("shapes"), Col("graph\ncaptures")],
+                 sections=1, groups=[(2,), (3, 4), (5,), (6,), (7, 8), (9, 10)], title_justify="center")
     for r in rows:
         s = r["stream"]
+        varied = (s.get("served_set") or {}).get("varied")
         t.add_row(r["workload"], r["target"], str(s["requests"]), f"{r['wall_median_ms']:.2f}",
                   f"{s['throughput_rps']:.1f}",
                   f"{s['latency_p50_ms']:.1f}/{s['latency_p90_ms']:.1f}/{s['latency_p99_ms']:.1f}",
                   f"{s['queue_p50_ms']:.2f}", f"{s['single_call_ms']:.2f}" if "single_call_ms" in s else "—",
-                  f"{100 * s['overlap']:.0f}%" if "overlap" in s else "—")
+                  f"{100 * s['overlap']:.0f}%" if "overlap" in s else ("varied set" if varied else "—"),
+                  *served_cells(s.get("served_set")))
     return t
 
 

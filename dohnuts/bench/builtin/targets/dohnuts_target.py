@@ -12,7 +12,8 @@ record — `variant` — and report):
     cuda_graphs: false      the inference passes and training microbatches launched eagerly (`eager`)
 
 Each record's `extra.graphs` counts the call's graph replays (inference passes, or training
-microbatches), captures and eager passes.
+microbatches), captures and eager passes; `graph_stats` gives the totals so far, so a serving
+point states the captures that happened while it was measured.
 
 Serving scenarios run through the pipelined predictor (`serve`: dohnuts.bench.serving.pipelined);
 the reference check builds the FP32 reference path from `reference_options` (no sharing, eager,
@@ -154,6 +155,12 @@ class DohnutsTarget:
     def _graph_stats(self):
         graphs = self.updater.graphs if self.train else self.model.graphs
         return graphs.stats() if graphs is not None else None
+
+    def graph_stats(self) -> dict | None:
+        """The CUDA graph counts so far (captures, capture_ms, replays, eager passes by reason, ...);
+        None where passes run eagerly (a CPU, the `eager` variant)."""
+        stats = self._graph_stats()
+        return None if stats is None else stats.to_dict()
 
     def _graph_delta(self, before) -> dict:
         """What this call did with CUDA graphs: replays, captures (and their time), eager passes."""
