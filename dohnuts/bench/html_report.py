@@ -268,10 +268,13 @@ def _trends(series: list[Any] | None) -> str:
     panels = []
     for s in series:
         labels = [f"{p.run_id} ({(p.revision or '?')[:10]}{'+dirty' if p.dirty else ''})" for p in s.points]
+        flags = [None] * len(s.points)  # the first run of each flagged level shift
+        for step in s.changes:
+            flags[step.at] = step.verdict
         panels.append(f"<div class='panel'><h3>{escape(s.workload)} · {escape(s.target)} · {escape(s.stage)}</h3>"
-                      + trend([p.median_ms for p in s.points], labels, [p.verdict if p.flagged else None
-                                                                        for p in s.points],
-                              title=f"{s.workload} · {s.target}") + "</div>")
+                      f"<p class='note'>{escape(s.key.context)}</p>"
+                      + trend([p.median_ms for p in s.points], labels, flags, title=f"{s.workload} · {s.target}")
+                      + "</div>")
     return "<div class='panels'>" + "".join(panels) + "</div>"
 
 
