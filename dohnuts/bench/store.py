@@ -31,7 +31,8 @@ Tables:
 
 Schema 2 added the serving and quality columns, schema 3 the machine and the series and load
 columns; an older file is migrated when opened (the columns added, filled from the records' and
-run.json's JSON). Records are kept as compact JSON (orjson): the store holds what the JSONL holds.
+run.json's JSON). Records are kept as compact JSON (dohnuts.schema.dumps): the store holds what
+the JSONL holds.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
+import msgspec
 
 from dohnuts.bench.machine_id import recorded_machine
 from dohnuts.errors import DohnutsError
@@ -251,7 +252,7 @@ class RunStore:
                 sql += f" AND records.{column} = ?"
                 args.append(value)
         sql += " ORDER BY runs.started, runs.run_id, records.seq"
-        return [orjson.loads(r[0]) for r in self.db.execute(sql, args)]
+        return [msgspec.json.decode(r[0]) for r in self.db.execute(sql, args)]
 
     def steady_calls(self, *, workload: str | None = None, target: str | None = None, machine: str | None = None,
                      with_record: bool = False) -> list[dict[str, Any]]:
@@ -275,18 +276,13 @@ class RunStore:
         for row in self.db.execute(sql, args):
             item = dict(zip(names, row))
             if with_record:
-                item["record"] = orjson.loads(row[-1])
+                item["record"] = msgspec.json.decode(row[-1])
             out.append(item)
         return out
 
     def summary(self, run_id: str) -> dict | None:
         row = self.db.execute("SELECT summary FROM summaries WHERE run_id = ?", (run_id,)).fetchone()
         return None if row is None else json.loads(row[0])
-
-    def groups(self) -> list[tuple[str, str]]:
-        """Every (workload, target) with steady-state records."""
-        return [tuple(r) for r in self.db.execute(
-            "SELECT DISTINCT workload, target FROM records WHERE phase = 'steady' ORDER BY workload, target")]
 
     def integrity(self) -> str:
         return self.db.execute("PRAGMA integrity_check").fetchone()[0]
