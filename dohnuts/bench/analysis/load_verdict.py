@@ -11,9 +11,14 @@ machine, not about the code. So a verdict between a slower run S and a faster ru
        (own_S + others_S >= cpus - 0.5);
     2. S's process got less of a core: own_S <= 0.9 * own_F;
     3. the other processes took more: others_S >= others_F + 0.25 cores;
-    4. the share lost accounts for the change: slowdown <= 1.25 * own_F / own_S
-       (slowdown = the ratio of medians, or its inverse for "faster"; contention costs a little
-       more than the share alone — caches, migrations — hence the 1.25).
+    4. the share lost accounts for the change: slowdown <= 2 * own_F / own_S (slowdown = the
+       ratio of medians, or its inverse for "faster"). Put otherwise, the CPU time a call took
+       (its wall time times its share of a core) at most doubled: a busy machine costs more than
+       the share alone — another process on the same core's second hardware thread, caches,
+       migrations. Measured on the 2-core machine, a run beside two CPU-bound processes against
+       one without them: the share 0.75 → 0.32, the calls 3.88× (dohnuts) and 2.70× (transformers)
+       slower, their CPU time 1.66× and 1.29× — a code change that does more work than that shows
+       as more.
 
 Then "slower" reads `slower, explained by load` (and "faster" `faster, explained by load`) with the
 reason ("this process got 0.52 of a core in B against 0.98 in A; other processes kept 1.45 of 2
@@ -43,7 +48,7 @@ EXPLAINED = (SLOWER_BY_LOAD, FASTER_BY_LOAD)
 IDLE_LEFT = 0.5        # 1: at most this much of a core left idle on the slower run's machine
 SHARE_DROP = 0.9       # 2: the slower run's share at most this fraction of the faster run's
 OTHERS_RISE = 0.25     # 3: other processes used at least this many more cores in the slower run
-CONTENTION_SLACK = 1.25  # 4: a slowdown up to this factor above the share lost is still explained
+CONTENTION_SLACK = 2.0  # 4: a call's CPU time may grow by this much under contention and still be explained
 
 
 @dataclass(frozen=True)
