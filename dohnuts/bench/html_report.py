@@ -196,8 +196,8 @@ def _efficiency(groups: list[dict], target_fraction: float) -> str:
         cls = "first-call" if "first-call" in g["target"] else ""
         bases = g.get("bases") or []
         call = g["call"]
-        effs = " · ".join(f"{b}: <b data-key='efficiency.{b}' data-group='{escape(group)}'>{_eff(call['efficiency'].get(b))}"
-                          f"</b>" for b in bases)
+        effs = " · ".join(f"{b}: <b data-key='efficiency.{b}' data-group='{escape(group)}'>"
+                          f"{_eff(call['efficiency'].get(b))}</b>" for b in bases)
         verdicts = " · ".join(f"{b}: <span data-key='verdict' data-group='{escape(group)}'>"
                               f"{escape(str((call.get('verdict') or {}).get(b) or '—'))}</span>" for b in bases)
         crit = call["bound"].get(bases[0], {}) if bases else {}
@@ -215,7 +215,8 @@ def _efficiency(groups: list[dict], target_fraction: float) -> str:
             if bases:
                 cells.append(_cell(str((s.get("limiter") or {}).get(bases[0], "")), cls=""))
                 verdict = (s.get("verdict") or {}).get(bases[0])
-                cells.append(_cell(verdict or "—", "verdict", group, cls="flag" if verdict == "bound-suspect" else ""))
+                flag = "flag" if verdict == "bound-suspect" else ""
+                cells.append(_cell(verdict or "—", "verdict", group, cls=flag))
             else:
                 cells.append(_cell("", cls=""))
             rows.append("<tr>" + "".join(cells) + "</tr>")
@@ -367,7 +368,8 @@ def _machine(m: dict | None) -> str:
             stable = c.get("stable") if isinstance(c.get("stable"), bool) else None
             out.append("<tr>" + "".join([
                 _cell(c["name"], cls=""), _cell(f"{c['value']:.3g}"), _cell(str(c.get("unit", "")), cls=""),
-                _cell(str(c.get("repeats") or "—")), _cell("—" if c.get("spread") is None else f"{c['spread']:.1%}"),
+                _cell(str(c.get("repeats") or "—")),
+                _cell("—" if c.get("spread") is None else f"{c['spread']:.1%}"),
                 _cell(STABLE_WORDS[stable], "ceiling-stable", c["name"], cls="flag" if stable is False else "")])
                 + "</tr>")
         out.append("</table>")
