@@ -22,11 +22,14 @@ revision), every run is its own level: each run is judged against the one before
 Each place a new level starts is a candidate shift, judged by the statistics of `dohnuts-bench
 compare`: the calls of the runs of the level before against those of the level after (ratio of
 medians, bootstrap interval, rank test: dohnuts.bench.analysis.compare), with a smallest change
-given a verdict that comes from measured noise — the largest of `min_effect`, the A/A noise of the
-two runs beside the shift (each run measures its calls as two interleaved halves), and the noise
-between runs, which no run's own calls show: on a shared machine unchanged code moves by more
-between processes than within one. That noise is measured from the series itself, robustly to its
-shifts: sigma = 1.4826 * median |y[i+1] - y[i]| / sqrt(2) over the log medians (at least 4 runs);
+given a verdict that comes from measured noise: the larger of `min_effect` and the noise between
+runs, which no run's own calls show (on a shared machine unchanged code moves by more between
+processes than within one; a run's median scatters by its calls' noise and by that). Where the
+series cannot measure it (2 or 3 runs, none of one clean revision), the A/A noise of the two runs
+beside the shift stands in for it, as it did when history compared neighbours (each run measures
+its calls as two interleaved halves: the distance of that half-over-half interval from 1 is what
+the run cannot tell from noise). The noise between runs is measured from the series itself,
+robustly to its shifts: sigma = 1.4826 * median |y[i+1] - y[i]| / sqrt(2) over the log medians (at least 4 runs);
 where consecutive runs measured one clean revision (the same commit, no uncommitted change), their
 differences are that noise by definition — the code did not change — and measure it directly (the
 same estimate over those pairs alone; the larger of the two is used). A shift between levels of
@@ -296,9 +299,11 @@ def _series(key: SeriesKey, runs: list[_Run], confidence: float, min_effect: flo
     steps = []
     for j, at in enumerate(starts):
         before, after = runs[bounds[j]:at], runs[at:bounds[j + 2]]
-        noise = [aa_halfwidth(r.samples, r.halves, confidence) for r in (runs[at - 1], runs[at])]
-        threshold = max([min_effect, between_runs_effect(sigma, len(before), len(after), len(runs) - 1, confidence)]
-                        + [x for x in noise if x is not None])
+        if sigma is not None:
+            noise = [between_runs_effect(sigma, len(before), len(after), len(runs) - 1, confidence)]
+        else:  # not measured: each run's own A/A noise, as for two runs compared
+            noise = [x for r in (runs[at - 1], runs[at]) if (x := aa_halfwidth(r.samples, r.halves, confidence))]
+        threshold = max([min_effect] + noise)
         pooled_before = [x for r in before for x in r.samples]
         pooled_after = [x for r in after for x in r.samples]
         c = compare_samples(f"{key.workload} · {key.target} · {key.stage}", pooled_before, pooled_after,
