@@ -42,6 +42,7 @@ core explains reads "slower, explained by load" and is not flagged.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,9 +117,17 @@ class Series:
     steps: tuple[Step, ...] = ()        # every place a new level starts, flagged or not
     noise: float | None = None           # how far runs scatter (relative, one sigma), where measured
 
-    workload = property(lambda self: self.key.workload)
-    target = property(lambda self: self.key.target)
-    stage = property(lambda self: self.key.stage)
+    @property
+    def workload(self) -> str:
+        return self.key.workload
+
+    @property
+    def target(self) -> str:
+        return self.key.target
+
+    @property
+    def stage(self) -> str:
+        return self.key.stage
 
     @property
     def changes(self) -> list[Step]:
@@ -232,21 +241,19 @@ def hwspec_name(value) -> str:
     return _builtin_names().get(text, text)
 
 
-_BUILTIN_NAMES: dict[str, str] | None = None
-
-
+@functools.cache
 def _builtin_names() -> dict[str, str]:
-    global _BUILTIN_NAMES
-    if _BUILTIN_NAMES is None:
-        from dohnuts.bench.analysis.hwspec import BUILTIN_DIR, load_hwspec
+    """Each built-in hwspec's `name` → its file's stem (read once)."""
+    from dohnuts.bench.analysis.hwspec import BUILTIN_DIR, load_hwspec
+    from dohnuts.errors import DohnutsError
 
-        _BUILTIN_NAMES = {}
-        for path in sorted(BUILTIN_DIR.glob("*.yaml")):
-            try:
-                _BUILTIN_NAMES[load_hwspec(path).name] = path.stem
-            except Exception:  # noqa: BLE001 — a broken built-in spec only loses its alias here
-                continue
-    return _BUILTIN_NAMES
+    names = {}
+    for path in sorted(BUILTIN_DIR.glob("*.yaml")):
+        try:
+            names[load_hwspec(path).name] = path.stem
+        except DohnutsError:  # a broken built-in spec only loses its alias here
+            continue
+    return names
 
 
 def history(store, *, machine: str | None = None, device: str | None = None, model: str | None = None,

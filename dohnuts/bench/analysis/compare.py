@@ -58,12 +58,16 @@ import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from statistics import NormalDist
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dohnuts.bench.analysis.records import RecordError, Timing, stage_ms, target_label, where, workload_label
 from dohnuts.errors import DohnutsError
 from dohnuts.schema import convert
+
+if TYPE_CHECKING:
+    from dohnuts.bench.analysis.load_verdict import Load  # (it imports this module's verdicts)
 
 FASTER = "faster"
 SLOWER = "slower"
@@ -160,7 +164,7 @@ def _key(rec: dict) -> tuple[str, str]:
     return workload_label(rec), target_label(rec)
 
 
-def steady_loads(records: list[dict]) -> dict[tuple[str, str], object]:
+def steady_loads(records: list[dict]) -> dict[tuple[str, str], Load]:
     """{(workload, target): load_verdict.Load} over the steady-state records that recorded a load."""
     from dohnuts.bench.analysis.load_verdict import load_of, record_load
 
@@ -309,9 +313,9 @@ def compare_runs(records_a: list[dict], records_b: list[dict], *, confidence: fl
                 # A shift of a tiny stage (a few µs between processes) is real but immaterial: a
                 # stage verdict needs a change of at least 1 % of the whole call.
                 row = dataclasses.replace(row, verdict=NO_CHANGE)
-            verdict_, reason = weigh(row.verdict, row.ratio, loads_a.get((workload, target)),
-                                     loads_b.get((workload, target)))
-            rows.append(dataclasses.replace(row, verdict=verdict_, load=reason))
+            weighed, reason = weigh(row.verdict, row.ratio, loads_a.get((workload, target)),
+                                    loads_b.get((workload, target)))
+            rows.append(dataclasses.replace(row, verdict=weighed, load=reason))
         if min_effect > 0:
             for label, s in ((label_a, sa), (label_b, sb)):
                 walls = s[(workload, target)][WALL]
