@@ -7,10 +7,12 @@ from what the hardware allows.
     dohnuts-bench compare RUN_A RUN_B        B against A per workload, target and stage: ratio of
                                              medians, bootstrap interval, rank test, verdict
                                              (run directories or results.jsonl; --json OUT);
-                                             exit 1 when a whole call is slower in B
+                                             exit 1 when a whole call is slower in B (0 when
+                                             the machine's load explains it, and why)
     dohnuts-bench list                       plugins, workload kinds, targets, telemetry
-    dohnuts-bench history                    per workload, target and stage: runs over revisions,
-                                             changes flagged (the run store, results/store.sqlite)
+    dohnuts-bench history                    per machine, workload, target and stage: runs over
+                                             revisions, level shifts flagged (the run store,
+                                             results/store.sqlite; one line a series, --tables)
     dohnuts-bench store import RUN_DIR ...   finished runs into the store
     dohnuts-bench baseline                   this machine's gate baseline: runs spread over time, into
                                              results/baselines/<machine>/

@@ -14,6 +14,14 @@ a roofline a workload (steady calls apart from first calls, each point numbered 
 legend), the comparison with a second run when given, and trend charts from the run store. Every number a test checks carries `data-key`: the page is
 checked in a real headless browser (tests/bench/test_html_report.py). A few lines of script only
 hide or show the first-call rows and mark the page ready; the page reads fully without them.
+
+Every caveat the text report gives is on the page too (tests/bench/test_report_caveats.py compares
+the two): the warnings of the analysis and of the machine section (other processes' load, ceilings
+that moved between their repeats, stages faster than their bound) listed first under "Caveats",
+each workload · target's measurement note (a spread too large for the claimed precision, the
+harness's overhead above 1 %) and calls left out, the machine section (a CPU run's scope, the load
+while measuring, each ceiling's stability — "NO: moved"), and the target verdicts, "bound-suspect"
+where a measurement beat its bound (whose efficiency, above 100 %, is never shown as a number).
 """
 
 from __future__ import annotations
@@ -225,20 +233,28 @@ def _efficiency(groups: list[dict], target_fraction: float) -> str:
         effs = " · ".join(f"{b}: <b data-key='efficiency.{b}' data-group='{escape(group)}'"
                           + (f" class='suspect' title='{escape(suspect[b])}'>bound-suspect" if suspect.get(b)
                              else f">{_pct(call['efficiency'].get(b))}") + "</b>" for b in bases)
+        verdicts = " · ".join(f"{b}: <span data-key='verdict' data-group='{escape(group)}'>"
+                              f"{escape(str((call.get('verdict') or {}).get(b) or '—'))}</span>" for b in bases)
         crit = call["bound"].get(bases[0], {}) if bases else {}
         out.append(f"<div class='eff {cls}'><h3>{escape(g['workload'])} · {escape(g['target'])} "
                    f"({g['calls']} calls)</h3><p>wall {_ms(call['wall_ms'])} ms; critical-path bound "
                    f"{_ms(crit.get('critical_ms'))} ms over {' → '.join(crit.get('critical_stages') or [])}; "
-                   f"efficiency {effs} (target {target_fraction:.0%})</p>")
-        head = ["stage", "measured ms"] + [f"bound ms ({b})" for b in bases] + [f"efficiency ({b})" for b in bases] + \
-            ["limiter"]
+                   f"efficiency {effs} (target {target_fraction:.0%}); target verdict {verdicts}</p>")
+        head = (["stage", "measured ms"] + [f"bound ms ({b})" for b in bases] + [f"efficiency ({b})" for b in bases]
+                + ["limiter"] + ([f"{target_fraction:.0%} target ({bases[0]})"] if bases else []))
         rows = ["<table class='stages'><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"]
         for s in g["stages"]:
             cells = [_cell(s["stage"], cls=""), _cell(_ms(s["measured_ms"]))]
             cells += [_cell(_ms(s["bound_ms"].get(b)) if s.get("modelled") else (s.get("unbounded") or "no model"))
                       for b in bases]
             cells += [_eff_cell(s["efficiency"].get(b), (s.get("suspect") or {}).get(b)) for b in bases]
-            cells.append(_cell(str((s.get("limiter") or {}).get(bases[0], "")) if bases else "", cls=""))
+            if bases:
+                cells.append(_cell(str((s.get("limiter") or {}).get(bases[0], "")), cls=""))
+                verdict = (s.get("verdict") or {}).get(bases[0])
+                flag = "flag" if verdict == "bound-suspect" else ""
+                cells.append(_cell(verdict or "—", "verdict", group, cls=flag))
+            else:
+                cells.append(_cell("", cls=""))
             rows.append("<tr>" + "".join(cells) + "</tr>")
         out.append("".join(rows) + "</table>")
         out += [f"<p class='note suspect'>bound-suspect ({escape(b)}): {escape(why)}</p>"
@@ -381,7 +397,8 @@ def _comparison(comparison: dict | None) -> str:
         out.append("<tr>" + "".join([_cell(r["workload"], cls=""), _cell(r["target"], cls=""), _cell(r["stage"], cls=""),
                                      _cell(_ms(r.get("median_a"))), _cell(_ms(r.get("median_b"))),
                                      _cell("—" if r.get("ratio") is None else f"{r['ratio']:.3f}×"),
-                                     _cell(interval), _cell(r["verdict"], cls="")]) + "</tr>")
+                                     _cell(interval), _cell(r["verdict"] + (f": {r['load']}" if r.get("load") else ""),
+                                                            cls="")]) + "</tr>")
     return "".join(out) + "</table>"
 
 
@@ -391,11 +408,92 @@ def _trends(series: list[Any] | None) -> str:
     panels = []
     for s in series:
         labels = [f"{p.run_id} ({(p.revision or '?')[:10]}{'+dirty' if p.dirty else ''})" for p in s.points]
+        flags = [None] * len(s.points)  # the first run of each flagged level shift
+        for step in s.changes:
+            flags[step.at] = step.verdict
         panels.append(f"<div class='panel'><h3>{escape(s.workload)} · {escape(s.target)} · {escape(s.stage)}</h3>"
-                      + trend([p.median_ms for p in s.points], labels, [p.verdict if p.flagged else None
-                                                                        for p in s.points],
-                              title=f"{s.workload} · {s.target}") + "</div>")
+                      f"<p class='note'>{escape(s.key.context)}</p>"
+                      + trend([p.median_ms for p in s.points], labels, flags, title=f"{s.workload} · {s.target}")
+                      + "</div>")
     return "<div class='panels'>" + "".join(panels) + "</div>"
+
+
+def caveats(summary: dict) -> list[str]:
+    """Every caveat report.txt gives, worded as it words them: the analysis's warnings and the
+    machine section's (each a "warning: ..." line there), and each workload · target's measurement
+    note (the last column of its quality table)."""
+    from dohnuts.bench.builtin.reporters import quality_cells
+
+    sections = summary.get("sections") or {}
+    warnings = [w for name in ("efficiency", "machine") for w in (sections.get(name) or {}).get("warnings") or []]
+    notes = [f"{r['workload']} · {r['target']}: {note}" for r in summary.get("summary", [])
+             if (note := quality_cells(r)[4])]
+    return [f"warning: {w}" for w in warnings] + notes
+
+
+def _caveats(summary: dict) -> str:
+    items = caveats(summary)
+    if not items:
+        return "<p class='note'>None: no warning, every spread within the claimed precision.</p>"
+    return ("<ul id='caveats'>" + "".join(f"<li class='caveat' data-key='caveat'>{escape(c)}</li>" for c in items)
+            + "</ul>")
+
+
+def _quality(rows: list[dict]) -> str:
+    """The measurement quality of each workload · target, as report.txt's table gives it."""
+    from dohnuts.bench.builtin.reporters import quality_cells
+
+    head = ("workload", "target", "excluded", "GPU clock MHz median (min) / max", "A/A noise ±", "harness overhead",
+            "note")
+    out = ["<table id='quality-of-measurement'><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"]
+    for r in rows:
+        excluded, clock, aa, over, note = quality_cells(r)
+        out.append(f"<tr{_row_class(r['target'])}>" + "".join(
+            [_cell(r["workload"], cls=""), _cell(r["target"], cls=""), _cell(excluded, cls=""), _cell(clock), _cell(aa),
+             _cell(over, cls=""), _cell(note, "quality-note", f"{r['workload']}|{r['target']}", cls="flag" if note
+                                        else "")]) + "</tr>")
+    return "".join(out) + "</table>"
+
+
+def _machine(m: dict | None) -> str:
+    """The run's conditions (summary.json's `machine` section: dohnuts.bench.analysis.machine): a
+    CPU run's scope, the load when the run started and while each workload was measured, each
+    measured ceiling's stability, the run's clock; its warnings are under "Caveats"."""
+    if not m:
+        return "<p class='note'>This run recorded no machine section.</p>"
+    from dohnuts.bench.analysis.machine import STABLE_WORDS, opening_lines, timing_line
+
+    out = [f"<p>{escape(line)}</p>" for line in opening_lines(m)]
+    groups = m.get("groups") or []
+    if groups:
+        out.append("<h3>Load while measuring: cores kept busy by other processes (telemetry load)</h3><table id='load'>"
+                   "<tr><th>workload</th><th>target</th><th>samples</th><th>others median</th><th>others max</th>"
+                   "<th>this process</th><th>load avg max</th></tr>")
+        for g in groups:
+            own, load1 = g.get("own_cores_median"), g.get("load1_max")
+            out.append(f"<tr{_row_class(g['target'])}>" + "".join([
+                _cell(g["workload"], cls=""), _cell(g["target"], cls=""), _cell(str(g["samples"])),
+                _cell(f"{g['others_cores_median']:.2f}", "others_cores", f"{g['workload']}|{g['target']}"),
+                _cell(f"{g['others_cores_max']:.2f}"), _cell("—" if own is None else f"{own:.2f}"),
+                _cell("—" if load1 is None else f"{load1:.2f}")]) + "</tr>")
+        out.append("</table>")
+    ceilings = m.get("ceilings") or []
+    if ceilings:
+        out.append("<h3>Measured ceilings and their stability (spread = (fastest − slowest) / fastest over the "
+                   "repeats)</h3><table id='ceilings'><tr><th>ceiling</th><th>value</th><th>unit</th><th>repeats</th>"
+                   "<th>spread</th><th>stable</th></tr>")
+        for c in ceilings:
+            stable = c.get("stable") if isinstance(c.get("stable"), bool) else None
+            out.append("<tr>" + "".join([
+                _cell(c["name"], cls=""), _cell(f"{c['value']:.3g}"), _cell(str(c.get("unit", "")), cls=""),
+                _cell(str(c.get("repeats") or "—")),
+                _cell("—" if c.get("spread") is None else f"{c['spread']:.1%}"),
+                _cell(STABLE_WORDS[stable], "ceiling-stable", c["name"], cls="flag" if stable is False else "")])
+                + "</tr>")
+        out.append("</table>")
+    if line := timing_line(m.get("timing")):
+        out.append(f"<p>{escape(line)}</p>")
+    return "".join(out)
 
 
 def _traces(traces: list | None) -> str:
@@ -424,13 +522,16 @@ def render(summary: dict, *, title: str, meta: dict | None = None, comparison: d
             "<h2>Headline</h2>", _headline((summary.get("sections") or {}).get("headline")),
             "<label><input type='checkbox' id='show-first' checked> show first calls (compilation, tuning, "
             "capture: reported apart)</label>",
+            "<h2>Caveats</h2>", _caveats(summary),
             "<h2>Summary</h2>", _summary_table(rows),
+            "<h2>Measurement quality</h2>", _quality(rows),
             "<h2>Bounds, efficiency and the critical path</h2>", _efficiency(groups, eff.get("hwspec", {}).get(
                 "target_fraction", 0.8) if isinstance(eff.get("hwspec"), dict) else 0.8),
             "<h2>Stream against single calls</h2>", _streams(rows),
             "<h2>Serving: latency and throughput against load; quality</h2>",
             _serving((summary.get("sections") or {}).get("serving")),
             "<h2>Roofline, a workload a panel</h2>", _rooflines(groups, hwspec),
+            "<h2>This run's machine</h2>", _machine((summary.get("sections") or {}).get("machine")),
             "<h2>Comparison</h2>", _comparison(comparison),
             "<h2>Trends (the run store)</h2>", _trends(trends),
             "<h2>Profiler traces</h2>", _traces(meta.get("traces"))]

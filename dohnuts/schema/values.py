@@ -75,6 +75,13 @@ def _escape(text: str | None) -> str | None:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
+def printable(text: Any) -> str:
+    """`text` safe for a terminal line: every unprintable character (a newline, an escape
+    sequence's ESC, NUL) written as its escape — a user's workload name or path cannot move the
+    cursor or recolour the screen (rich markup is a matter of `rich.text.Text`, which never reads it)."""
+    return _escape(str(text)) or ""
+
+
 def one_line_error(exc: DohnutsError) -> DohnutsError:
     """`exc` as one line: a key, path or value holding a newline or another control character
     (a YAML key may hold anything) is written with escapes. Same class, same fields."""
