@@ -1,7 +1,6 @@
 """report.html carries every caveat report.txt carries: on a committed default CPU run (the 2-core
 CI machine's baseline, measured while other sessions loaded it: busy-machine warnings, ceilings
-that moved between their repeats, stages faster than their bound, spreads too large for the
-claimed precision), each caveat of the text is on the page, worded the same, and as many of each."""
+that moved between their repeats, spreads too large for the claimed precision), each caveat of the text is on the page, worded the same, and as many of each."""
 
 from __future__ import annotations
 
@@ -71,10 +70,12 @@ def test_every_caveat_of_report_txt_is_on_the_page(reports):
     flat = _flat(text)
     caveats = page.texts("caveat")
     warnings = [c for c in caveats if c.startswith("warning: ")]
-    # the run has all the kinds: the machine's load, moved ceilings, stages faster than their bound
+    # the run has these kinds: the machine's load, moved ceilings (its stages faster than their bound
+    # were host-to-host "transfers", which have no bound on a CPU since the headline work; a bound
+    # beaten everywhere is tests/bench/test_headline.py's case)
     assert any("other processes kept cores busy" in w for w in warnings)
     assert any("not stable: the bounds and efficiencies they set are uncertain" in w for w in warnings)
-    assert any("ran faster than its measured bound" in w for w in warnings)
+    assert sum("bound-suspect against" in w for w in warnings) == flat.count("bound-suspect against")
     for c in caveats:  # worded as the text words them (a note there sits in its workload · target's row)
         assert (c if c in warnings else c.split(": ", 1)[1]) in flat, c
     assert len(warnings) == flat.count("warning: ") > 0
@@ -90,7 +91,8 @@ def test_moved_ceilings_and_bound_suspect_verdicts_are_on_the_page(reports):
     stable = page.texts("ceiling-stable")
     assert stable.count("NO: moved") == text.count("NO: moved") > 0
     verdicts = page.texts("verdict")
-    assert verdicts.count("bound-suspect") == text.count("bound-suspect") > 0
+    in_tables = sum(line.count("bound-suspect") for line in text.splitlines() if "│" in line)  # cells, not prose
+    assert verdicts.count("bound-suspect") == in_tables
     # an efficiency above 100 % is never a number on the page
     efficiencies = [t for key, items in page.by_key.items() if key.startswith("efficiency.") for t in page.texts(key)]
     assert efficiencies and all(not t.endswith("%") or float(t[:-1]) <= 100.0 for t in efficiencies)
@@ -98,7 +100,7 @@ def test_moved_ceilings_and_bound_suspect_verdicts_are_on_the_page(reports):
 
 def test_the_machine_section_says_what_the_text_says(reports):
     text, page = reports
-    from dohnuts.bench.analysis.machine import CPU_RUN_CANNOT, CPU_RUN_SHOWS
+    from dohnuts.bench.analysis.headline import CPU_RUN_CANNOT, CPU_RUN_SHOWS
 
     flat = _flat(text)
     assert CPU_RUN_SHOWS in flat and CPU_RUN_CANNOT in flat

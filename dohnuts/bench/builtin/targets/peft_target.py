@@ -20,6 +20,7 @@ Options:
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -81,11 +82,13 @@ class TransformersPeftTarget:
         lora = LoRAConfig(rank=options.lora_rank)
         if backbone.config.use_cache:
             backbone.config.use_cache = False
-        if options.gradient_checkpointing:
-            backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.model = peft.get_peft_model(backbone, peft.LoraConfig(
-            r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.targets),
-            bias="none"))
+        with warnings.catch_warnings():  # transformers 5.2x renamed these; the old names (5.17's) warn there
+            warnings.filterwarnings("ignore", category=FutureWarning, message=".*checkpointing.*")
+            if options.gradient_checkpointing:
+                backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.model = peft.get_peft_model(backbone, peft.LoraConfig(
+                r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.targets),
+                bias="none"))
         if device.type == "cuda" and facts["paths"]["delta_rule"] == "fla":
             # fla refuses its gated delta rule's backward on Hopper with some Tritons (fla #640);
             # transformers' path runs the same backward kernels dohnuts does, at the same key head
