@@ -270,9 +270,11 @@ def patchify(pixels: np.ndarray, patch_size: int, merge_size: int) -> torch.Tens
     H, W, C = pixels.shape
     P, m = patch_size, merge_size
     gh, gw = H // P, W // P
-    x = torch.from_numpy(pixels).reshape(gh // m, m, P, gw // m, m, P, C)
-    x = x.permute(0, 3, 1, 4, 6, 2, 5)  # (gh/m, gw/m, m, m, C, P, P)
-    return x.reshape(gh * gw, C * P * P)  # one copy of the uint8 pixels
+    x = pixels.reshape(gh // m, m, P, gw // m, m, P, C)
+    x = x.transpose(0, 3, 1, 4, 6, 2, 5)  # (gh/m, gw/m, m, m, C, P, P)
+    # One copy of the uint8 pixels, in numpy: torch's copy of this strided view runs on its intra-op
+    # threads, which on a loaded host (or beside the run's other threads) cost milliseconds a call.
+    return torch.from_numpy(np.ascontiguousarray(x).reshape(gh * gw, C * P * P))
 
 
 def pixel_values(patches: torch.Tensor, temporal_patch_size: int) -> torch.Tensor:
@@ -304,7 +306,7 @@ def prepare_image(source: str | Path | bytes, vision: VisionConfig, *, name: str
     except ValueError as exc:
         raise ImageError(f"cannot be resized ({exc})", source=where) from None
     resized = rgb if (tw, th) == rgb.size else rgb.resize((tw, th), resample=Image.Resampling.BICUBIC)
-    patches = patchify(np.array(resized), vision.patch_size, vision.spatial_merge_size)  # (N, C·P·P) uint8
+    patches = patchify(np.asarray(resized), vision.patch_size, vision.spatial_merge_size)  # (N, C·P·P) uint8
     grid = (1, th // vision.patch_size, tw // vision.patch_size)
     m = vision.spatial_merge_size
     return PreparedImage(key=key, patches=patches, grid_thw=grid,
