@@ -69,9 +69,11 @@ EXAMPLES = {
     ("README.md", "dohnuts-bench calibrate --hwspec rx7900xtx --write"): "test_examples_checked_not_run",
     ("docs/measurement.md", '"energy": {"joules": 1.234'): "test_examples_checked_not_run",
     ("docs/measurement.md", "scenario: server"): "test_examples_checked_not_run",
+    ("docs/measurement.md", "distinct: 64"): "test_examples_checked_not_run",
     ("docs/gpu.md", "workloads/serving/text-2b-server.yaml"): "test_examples_checked_not_run",
     ("hwspecs/README.md", "method: dohnuts-bench calibrate"): "test_examples_checked_not_run",
-    ("docs/gpu.md", "pip download"): "test_gpu_session_examples",
+    ("docs/gpu.md", "pip download --no-deps fla-core"): "test_gpu_session_examples",
+    ("docs/gpu.md", "CAUSAL_CONV1D_FORCE_BUILD"): "test_gpu_session_examples",
     ("docs/gpu.md", "TESTS=all"): "test_gpu_session_examples",
     ("docs/gpu.md", "cat triton_cache.tgz"): "test_gpu_session_examples",
 }
@@ -321,7 +323,7 @@ def test_gpu_session_examples():
     pyproject.toml's."""
     import tomllib
 
-    download = example("docs/gpu.md", "pip download")
+    download = example("docs/gpu.md", "pip download --no-deps fla-core")
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     for pin in re.findall(r"(fla-core==[\d.]+)", download):
         assert pin in deps
@@ -331,7 +333,9 @@ def test_gpu_session_examples():
         assert f"${{{var}" in script or f"${var}" in script, var
     for path in re.findall(r"workloads/[\w/.-]+\.yaml", session):
         assert (ROOT / path).is_file(), path
-    for text in (session, example("docs/gpu.md", "cat triton_cache.tgz")):
+    build = example("docs/gpu.md", "CAUSAL_CONV1D_FORCE_BUILD")  # the peer's causal-conv1d wheel, built here
+    assert "torch==2.11.0" in build and "causal-conv1d==1.7.0" in build and "arch=compute_90,code=sm_90" in build
+    for text in (session, example("docs/gpu.md", "cat triton_cache.tgz"), build):
         code = " ".join(line for line in command_lines(text.replace("... ", "")))
         assert subprocess.run(["bash", "-n", "-c", code]).returncode == 0
     assert subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "gpu_session.sh")]).returncode == 0
@@ -357,6 +361,10 @@ def test_examples_checked_not_run():
         convert(json.loads("{" + line + "}")["energy"], Energy, source="docs/measurement.md")
     serving = yaml.safe_load(example("docs/measurement.md", "scenario: server"))
     assert serving["scenario"] == "server" and serving["serving"]["slo_ms"] == 100
+    from dohnuts.bench.serving.config import ServingFields
+
+    vary = yaml.safe_load(example("docs/measurement.md", "distinct: 64"))
+    assert convert(vary["serving"], ServingFields, source="docs/measurement.md").vary.distinct == 64
     for word in example("docs/gpu.md", "workloads/serving/text-2b-server.yaml").split():
         if word.strip("'").startswith("workloads/"):
             assert (ROOT / word.split("=")[-1].strip("'")).is_file(), word
