@@ -57,6 +57,7 @@ EXAMPLES = {
     ("README.md", "python -m dohnuts.train.digits data/digits"): "test_readme_digits",
     ("README.md", '{"id": "r1"'): "test_readme_request_line",
     ("README.md", "torchrun --nproc-per-node 2"): "test_readme_several_processes",
+    ("README.md", "python scripts/benchmark.py dohnuts"): "test_readme_benchmark_a_trained_model",
     ("docs/architecture.md", "lifecycle  dohnuts/train/"): "test_the_maps_name_what_exists",
     ("docs/architecture.md", "request (JSON line)"): "test_the_maps_name_what_exists",
     ("docs/measurement.md", "workloads/scaling/"): "test_measurement_scaling_command",
@@ -136,6 +137,7 @@ def sandbox(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("docs")
     (root / "workloads").symlink_to(ROOT / "workloads")
+    (root / "scripts").symlink_to(ROOT / "scripts")
     (root / ".venv").symlink_to(Path(sys.prefix))  # the README's `.venv/bin/...`: this test's venv
     (root / "requests.jsonl").write_text(example("README.md", '{"id": "r1"'), encoding="utf-8")
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(root / "photo.png")
@@ -267,6 +269,17 @@ def test_readme_several_processes(sandbox):
     assert (sandbox / "runs" / "digits-3" / "summary.json").is_file()
     out = (sandbox / "test-out.jsonl").read_text().splitlines()
     assert len(out) == len((sandbox / "data" / "digits" / "test.jsonl").read_text().splitlines())
+
+
+@pytest.mark.slow(seconds=90)
+def test_readme_benchmark_a_trained_model(sandbox):
+    """Train, then the specification's benchmark command on the run, as printed."""
+    for line in command_lines(example("README.md", "python scripts/benchmark.py dohnuts")):
+        run(line, sandbox)
+    records = [json.loads(x) for x in (sandbox / "runs" / "v1" / "benchmarks" / "dohnuts.jsonl").read_text().splitlines()]
+    kinds = {r["workload"]["kind"] for r in records}
+    assert {"text", "shared-prefix", "image", "image-cache"} <= kinds and "train-step" not in kinds
+    assert all(r["target_options"]["adapter"].endswith("runs/v1/best.safetensors") for r in records)
 
 
 # -- docs/ -----------------------------------------------------------------------------------------

@@ -118,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "measured (default: no profiling)")
     r.add_argument("--store", help="the run store every record also goes to (default: store.sqlite beside the "
                                    "--out folder: results/store.sqlite)")
+    r.add_argument("--checkpoint", metavar="PATH",
+                   help="benchmark a trained model: a `dohnuts train --out` directory, one of its checkpoints or an "
+                        "adapter file; the prediction workloads run on its base with the adapter merged, dohnuts "
+                        "alone (default: the workloads' own models)")
+    r.add_argument("--output", metavar="FILE.jsonl",
+                   help="also write the run's raw records (results.jsonl) to FILE.jsonl when it ends, its folder "
+                        "made if needed (default: the run directory only)")
     r.set_defaults(func=cmd_run)
     a = sub.add_parser("analyze", help="re-analyse a results.jsonl")
     a.add_argument("results", help="a results.jsonl (or the run directory holding it)")

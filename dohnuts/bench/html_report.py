@@ -422,7 +422,7 @@ def caveats(summary: dict) -> list[str]:
     """Every caveat report.txt gives, worded as it words them: the analysis's warnings and the
     machine section's (each a "warning: ..." line there), and each workload · target's measurement
     note (the last column of its quality table)."""
-    from dohnuts.bench.builtin.reporters import quality_cells
+    from dohnuts.bench.analysis.records import quality_cells
 
     sections = summary.get("sections") or {}
     warnings = [w for name in ("efficiency", "machine") for w in (sections.get(name) or {}).get("warnings") or []]
@@ -441,7 +441,7 @@ def _caveats(summary: dict) -> str:
 
 def _quality(rows: list[dict]) -> str:
     """The measurement quality of each workload · target, as report.txt's table gives it."""
-    from dohnuts.bench.builtin.reporters import quality_cells
+    from dohnuts.bench.analysis.records import quality_cells
 
     head = ("workload", "target", "excluded", "GPU clock MHz median (min) / max", "A/A noise ±", "harness overhead",
             "note")

@@ -111,7 +111,9 @@ def test_bench_target_serves_an_adapter_merged(tmp_path):
         kind, model, seed, file = "text", "tiny", 0, "w.yaml"
 
     target = DohnutsTarget(Spec(), torch.device("cpu"), torch.float32, DohnutsTarget.Options(adapter=str(path)))
-    assert target.model.lora is None and target.model.temperature == 0.7 and target.lora_info is None
+    assert target.model.lora is None and target.model.temperature == 0.7  # merged: the session has no adapters
+    # ... and its records say which were merged (the cost model counts no adapter FLOPs for them)
+    assert target.lora_info == {"rank": 4, "targets": list(model.lora.targets), "merged": True}
     assert not any(isinstance(m, LoRALinear) for m in target.model.model.modules())
     (req,) = synthetic_requests(1, seed=6)
     result = target.run_call(PredictCall(req), NULL_TIMER)

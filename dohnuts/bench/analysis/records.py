@@ -627,3 +627,24 @@ def _paired_overhead(pairs: list[tuple[float, float]], confidence: float = 0.95,
     low, high = (float(v) for v in np.quantile(boot, [(1 - confidence) / 2, (1 + confidence) / 2]))
     med = float(np.median(diff))
     return {"pairs": len(pairs), "median_ms": med, "fraction": med / base, "low": low, "high": high}
+
+
+def quality_cells(r: dict) -> tuple[str, str, str, str, str]:
+    """A summary row's measurement quality as both reports write it (report.txt's quality table,
+    report.html's): calls left out (and power-capped calls kept), the GPU clock, the A/A noise, the
+    harness's overhead, and the note — the spread too large for the claimed precision, or the
+    harness overhead above 1 %."""
+    o = r.get("harness_overhead")
+    over = overhead_text(o)
+    aa = "—" if r.get("aa_noise_halfwidth") is None else f"{100 * r['aa_noise_halfwidth']:.1f}%"
+    excluded = str(r.get("excluded_calls", 0))
+    if r.get("excluded_calls"):
+        excluded += " (" + ", ".join(f"{k}: {v}" for k, v in (r.get("excluded_reasons") or {}).items()) + ")"
+    if r.get("power_capped_calls"):
+        excluded += f"; {r['power_capped_calls']} power-capped, kept"
+    note = r.get("spread_warning") or (f"harness overhead above 1 % ({o['basis']})" if o and not o["within_target"]
+                                       else "")
+    c = r.get("gpu_clock")
+    clock = "—" if not c else (f"{c['median_mhz']:.0f} ({c['min_mhz']:.0f})"
+                               + (f" / {c['max_mhz']:.0f}" if c["max_mhz"] else ""))
+    return excluded, clock, aa, over, note or ""

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.text import Text
 
-from dohnuts.bench.analysis.records import group_key, overhead_text
+from dohnuts.bench.analysis.records import group_key, overhead_text, quality_cells
 from dohnuts.bench.analysis.render import UNBOUNDED, Col, FitTable
 from dohnuts.bench.hookspecs import hookimpl
 from dohnuts.bench.status import log
@@ -160,27 +160,6 @@ def quality_table(rows: list[dict]) -> FitTable:
     for r in rows:
         t.add_row(r["workload"], r["target"], *quality_cells(r))
     return t
-
-
-def quality_cells(r: dict) -> tuple[str, str, str, str, str]:
-    """A summary row's measurement quality as both reports write it (report.txt's quality table,
-    report.html's): calls left out (and power-capped calls kept), the GPU clock, the A/A noise, the
-    harness's overhead, and the note — the spread too large for the claimed precision, or the
-    harness overhead above 1 %."""
-    o = r.get("harness_overhead")
-    over = overhead_text(o)  # dohnuts.bench.analysis.records
-    aa = "—" if r.get("aa_noise_halfwidth") is None else f"{100 * r['aa_noise_halfwidth']:.1f}%"
-    excluded = str(r.get("excluded_calls", 0))
-    if r.get("excluded_calls"):
-        excluded += " (" + ", ".join(f"{k}: {v}" for k, v in (r.get("excluded_reasons") or {}).items()) + ")"
-    if r.get("power_capped_calls"):
-        excluded += f"; {r['power_capped_calls']} power-capped, kept"
-    note = r.get("spread_warning") or (f"harness overhead above 1 % ({o['basis']})" if o and not o["within_target"]
-                                       else "")
-    c = r.get("gpu_clock")
-    clock = "—" if not c else (f"{c['median_mhz']:.0f} ({c['min_mhz']:.0f})"
-                               + (f" / {c['max_mhz']:.0f}" if c["max_mhz"] else ""))
-    return excluded, clock, aa, over, note or ""
 
 
 def stream_table(rows: list[dict]) -> FitTable | None:

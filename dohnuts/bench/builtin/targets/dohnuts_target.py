@@ -78,6 +78,11 @@ class DohnutsTarget:
                               merge=adapter is not None and not self.train, _policy=policy)
         cfg = self.model.lora
         self.lora_info = {"rank": cfg.rank, "targets": list(cfg.targets), "merged": False} if cfg else None
+        if cfg is None and adapter is not None:  # merged into the base for prediction: the file says what it was
+            from dohnuts.adapters import read_adapter_meta
+
+            meta = read_adapter_meta(adapter).lora
+            self.lora_info = {"rank": meta.rank, "targets": list(meta.targets), "merged": True}
         if self.train:
             from dohnuts.runtime.collectives import gradient_bytes
             from dohnuts.runtime.process_group import current_world
