@@ -112,8 +112,29 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, metadat
         text = " ".join(str(exc).split())
         code = errno.ENOSPC if "No space left" in text else errno.EFBIG if "too large" in text else errno.EIO
         raise OSError(code, f"{os.strerror(code)} (safetensors: {short(text, 160, str)})") from None
+    _sort_metadata(path)
     os.chmod(path, created_mode())  # not safetensors' 0600: the mode of every other file written
     fsync_file(path)
+
+
+def _sort_metadata(path: str | Path) -> None:
+    """The header's `__metadata__` keys in sorted order, so the same tensors and metadata always
+    give the same bytes: safetensors writes them in its hash map's order, which varies from
+    process to process (three saves of one adapter gave three SHA-256s). Rewritten in place; the
+    header keeps its length (the same keys and values, reordered), so the data is never moved."""
+    with open(path, "r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        raw = f.read(n)
+        header = json.loads(raw, object_pairs_hook=dict)
+        meta = header.get("__metadata__")
+        if not meta:
+            return
+        header["__metadata__"] = dict(sorted(meta.items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) > n:  # a different escaping than safetensors' own: leave the file as written
+            return
+        f.seek(8)
+        f.write(text + b" " * (n - len(text)))  # safetensors pads its header with spaces
 
 
 MAX_ADAPTER_BYTES = 4 * GIB  # an adapter of a 9B model at rank 64 is ≈ 1.3 GB

@@ -57,6 +57,7 @@ EXAMPLES = {
     ("README.md", "python -m dohnuts.train.digits data/digits"): "test_readme_digits",
     ("README.md", '{"id": "r1"'): "test_readme_request_line",
     ("README.md", "torchrun --nproc-per-node 2"): "test_readme_several_processes",
+    ("README.md", "python scripts/benchmark.py dohnuts"): "test_readme_benchmark_a_trained_model",
     ("docs/architecture.md", "lifecycle  dohnuts/train/"): "test_the_maps_name_what_exists",
     ("docs/architecture.md", "request (JSON line)"): "test_the_maps_name_what_exists",
     ("docs/measurement.md", "workloads/scaling/"): "test_measurement_scaling_command",
@@ -69,9 +70,11 @@ EXAMPLES = {
     ("README.md", "dohnuts-bench calibrate --hwspec rx7900xtx --write"): "test_examples_checked_not_run",
     ("docs/measurement.md", '"energy": {"joules": 1.234'): "test_examples_checked_not_run",
     ("docs/measurement.md", "scenario: server"): "test_examples_checked_not_run",
+    ("docs/measurement.md", "distinct: 64"): "test_examples_checked_not_run",
     ("docs/gpu.md", "workloads/serving/text-2b-server.yaml"): "test_examples_checked_not_run",
     ("hwspecs/README.md", "method: dohnuts-bench calibrate"): "test_examples_checked_not_run",
-    ("docs/gpu.md", "pip download"): "test_gpu_session_examples",
+    ("docs/gpu.md", "pip download --no-deps fla-core"): "test_gpu_session_examples",
+    ("docs/gpu.md", "CAUSAL_CONV1D_FORCE_BUILD"): "test_gpu_session_examples",
     ("docs/gpu.md", "TESTS=all"): "test_gpu_session_examples",
     ("docs/gpu.md", "cat triton_cache.tgz"): "test_gpu_session_examples",
 }
@@ -134,6 +137,7 @@ def sandbox(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("docs")
     (root / "workloads").symlink_to(ROOT / "workloads")
+    (root / "scripts").symlink_to(ROOT / "scripts")
     (root / ".venv").symlink_to(Path(sys.prefix))  # the README's `.venv/bin/...`: this test's venv
     (root / "requests.jsonl").write_text(example("README.md", '{"id": "r1"'), encoding="utf-8")
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(root / "photo.png")
@@ -267,6 +271,17 @@ def test_readme_several_processes(sandbox):
     assert len(out) == len((sandbox / "data" / "digits" / "test.jsonl").read_text().splitlines())
 
 
+@pytest.mark.slow(seconds=90)
+def test_readme_benchmark_a_trained_model(sandbox):
+    """Train, then the specification's benchmark command on the run, as printed."""
+    for line in command_lines(example("README.md", "python scripts/benchmark.py dohnuts")):
+        run(line, sandbox)
+    records = [json.loads(x) for x in (sandbox / "runs" / "v1" / "benchmarks" / "dohnuts.jsonl").read_text().splitlines()]
+    kinds = {r["workload"]["kind"] for r in records}
+    assert {"text", "shared-prefix", "image", "image-cache"} <= kinds and "train-step" not in kinds
+    assert all(r["target_options"]["adapter"].endswith("runs/v1/best.safetensors") for r in records)
+
+
 # -- docs/ -----------------------------------------------------------------------------------------
 
 
@@ -321,7 +336,7 @@ def test_gpu_session_examples():
     pyproject.toml's."""
     import tomllib
 
-    download = example("docs/gpu.md", "pip download")
+    download = example("docs/gpu.md", "pip download --no-deps fla-core")
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     for pin in re.findall(r"(fla-core==[\d.]+)", download):
         assert pin in deps
@@ -331,7 +346,9 @@ def test_gpu_session_examples():
         assert f"${{{var}" in script or f"${var}" in script, var
     for path in re.findall(r"workloads/[\w/.-]+\.yaml", session):
         assert (ROOT / path).is_file(), path
-    for text in (session, example("docs/gpu.md", "cat triton_cache.tgz")):
+    build = example("docs/gpu.md", "CAUSAL_CONV1D_FORCE_BUILD")  # the peer's causal-conv1d wheel, built here
+    assert "torch==2.11.0" in build and "causal-conv1d==1.7.0" in build and "arch=compute_90,code=sm_90" in build
+    for text in (session, example("docs/gpu.md", "cat triton_cache.tgz"), build):
         code = " ".join(line for line in command_lines(text.replace("... ", "")))
         assert subprocess.run(["bash", "-n", "-c", code]).returncode == 0
     assert subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "gpu_session.sh")]).returncode == 0
@@ -357,6 +374,10 @@ def test_examples_checked_not_run():
         convert(json.loads("{" + line + "}")["energy"], Energy, source="docs/measurement.md")
     serving = yaml.safe_load(example("docs/measurement.md", "scenario: server"))
     assert serving["scenario"] == "server" and serving["serving"]["slo_ms"] == 100
+    from dohnuts.bench.serving.config import ServingFields
+
+    vary = yaml.safe_load(example("docs/measurement.md", "distinct: 64"))
+    assert convert(vary["serving"], ServingFields, source="docs/measurement.md").vary.distinct == 64
     for word in example("docs/gpu.md", "workloads/serving/text-2b-server.yaml").split():
         if word.strip("'").startswith("workloads/"):
             assert (ROOT / word.split("=")[-1].strip("'")).is_file(), word

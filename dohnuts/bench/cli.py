@@ -7,10 +7,12 @@ from what the hardware allows.
     dohnuts-bench compare RUN_A RUN_B        B against A per workload, target and stage: ratio of
                                              medians, bootstrap interval, rank test, verdict
                                              (run directories or results.jsonl; --json OUT);
-                                             exit 1 when a whole call is slower in B
+                                             exit 1 when a whole call is slower in B (0 when
+                                             the machine's load explains it, and why)
     dohnuts-bench list                       plugins, workload kinds, targets, telemetry
-    dohnuts-bench history                    per workload, target and stage: runs over revisions,
-                                             changes flagged (the run store, results/store.sqlite)
+    dohnuts-bench history                    per machine, workload, target and stage: runs over
+                                             revisions, level shifts flagged (the run store,
+                                             results/store.sqlite; one line a series, --tables)
     dohnuts-bench store import RUN_DIR ...   finished runs into the store
     dohnuts-bench baseline                   this machine's gate baseline: runs spread over time, into
                                              results/baselines/<machine>/
@@ -119,6 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "measured (default: no profiling)")
     r.add_argument("--store", help="the run store every record also goes to (default: store.sqlite beside the "
                                    "--out folder: results/store.sqlite)")
+    r.add_argument("--checkpoint", metavar="PATH",
+                   help="benchmark a trained model: a `dohnuts train --out` directory, one of its checkpoints or an "
+                        "adapter file; the prediction workloads run on its base with the adapter merged, dohnuts "
+                        "alone (default: the workloads' own models)")
+    r.add_argument("--output", metavar="FILE.jsonl",
+                   help="also write the run's raw records (results.jsonl) to FILE.jsonl when it ends, its folder "
+                        "made if needed (default: the run directory only)")
     r.set_defaults(func=cmd_run)
     a = sub.add_parser("analyze", help="re-analyse a results.jsonl")
     a.add_argument("results", help="a results.jsonl (or the run directory holding it)")

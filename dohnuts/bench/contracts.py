@@ -181,6 +181,10 @@ class WorkloadKindCapabilities:
     # (shape, model_cfg, *, source) -> int: the longest sequence its calls hold, checked against the
     # model's context when the file is validated. Absent: not checked.
     sequence_tokens: Callable[..., int] | None = _optional_member(None, "a method or None", _callable_or_none)
+    # (ctx, vary) -> list of calls: the varied served set a workload's `serving.vary` asks for
+    # (dohnuts.bench.serving.variety.draw_sizes draws the sizes; `ctx.rng` the text); its Shape has
+    # `seq_tokens` and `questions` (and `resolution` for images). Absent: None, `serving.vary` is refused.
+    varied_calls: Callable[..., list] | None = _optional_member(None, "a method or None", _callable_or_none)
     # (spec) -> bool: warm every distinct call once (e.g. a warm cache). Absent: never.
     warmup_every_call: Callable[[WorkloadSpec], bool] = _optional_member(_never, "a method", callable)
     # Several processes share each call (the train step's update). Absent: False, the ranks shard the calls.
@@ -219,6 +223,10 @@ class TargetCapabilities:
     # users (dohnuts.bench.serving.pipelined). Absent: the harness serves them one at a time through
     # `run_call` (dohnuts.bench.serving.server.serve_serial).
     serve: Callable[..., list] | None = _optional_member(None, "a method or None", _callable_or_none)
+    # () -> {"captures", "capture_ms", "replays", "eager": {reason: passes}} | None: the target's CUDA
+    # graph counts so far (None: it captures none, e.g. eager or on a CPU); a serving point or stream
+    # states the captures that happened while it was measured. Absent: no graphs ("—" in the report).
+    graph_stats: Callable[[], dict | None] | None = _optional_member(None, "a method or None", _callable_or_none)
 
 
 class TargetFactory(Protocol):
@@ -244,7 +252,7 @@ class TargetFactoryCapabilities:
     # why. Absent: it can always run.
     unavailable: Callable[[], str | None] = _optional_member(_available, "a function", callable)
     # (options) -> options: the options of this factory's FP32 reference path for a target built with
-    # `options` (built at FP32 and run inside dohnuts.ops.reference()); the harness scores the
+    # `options` (built at FP32 and run inside dohnuts.ops._dispatch.reference()); the harness scores the
     # workload's first requests on both and records the probability gap. Absent: None, no check.
     reference_options: Callable[[Any], Any] | None = _optional_member(None, "a function or None", _callable_or_none)
 

@@ -36,7 +36,11 @@ is as wide as the samples' own spread makes it, and the smallest slowdown called
 the larger of --min-effect and the drift between the baseline's own runs (max / min of their
 medians − 1). Runs taken at other times meet other loads: on the shared 2-core CI machine that
 drift is 20–254 %, so this gate fails only a slowdown near 2× there; it is for comparing across
-days where the interleaved gate cannot run the old build.
+days where the interleaved gate cannot run the old build. A benchmark is a regression when the
+whole interval lies above 1 + tolerance and the rank test agrees — unless the loads the baseline
+runs and this run measured under explain it (dohnuts.bench.analysis.load_verdict: this run's
+process got less of a core while other processes saturated the machine): then the line says
+"slower, explained by load" and why, and the gate passes.
 
 Exit status: 0 passed, 1 a regression, 2 bad input (one line naming the file).
 """
@@ -100,6 +104,21 @@ def run_load(path: str | Path) -> float | None:
     return statistics.median(others) if others else None
 
 
+def run_loads(paths: list[str | Path]) -> dict:
+    """Per benchmark (`workload · target`), the load (load_verdict.Load) the steady calls of these
+    dohnuts-bench runs measured under, pooled; empty for pytest-benchmark files."""
+    from dohnuts.bench.analysis.compare import steady_loads
+    from dohnuts.bench.analysis.records import read_jsonl
+
+    records = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            path = next((path / n for n in ("results.jsonl", "results.jsonl.gz") if (path / n).is_file()), path)
+        if path.name.startswith("results.jsonl") and path.is_file():
+            records += read_jsonl(path)
+    return {f"{wl} · {tg}": load for (wl, tg), load in steady_loads(records).items()}
+
+
 def load_note(bases: list[Path], current: str | Path) -> str | None:
     """One line comparing the load the baseline runs and this run measured under, when known."""
     loads = [run_load(b) for b in bases]
@@ -115,10 +134,13 @@ def load_note(bases: list[Path], current: str | Path) -> str | None:
 
 
 def gate(baselines: list[dict[str, list[float]]], current: dict[str, list[float]], *, min_effect: float = 0.1,
-         confidence: float = 0.99) -> tuple[bool, list[str]]:
+         confidence: float = 0.99, base_loads: dict | None = None, current_loads: dict | None = None
+         ) -> tuple[bool, list[str]]:
     """(passed, one line per benchmark) — the verdicts of compare_samples, B = current over A = the
-    pooled baseline runs, with the tolerance of the module docstring."""
+    pooled baseline runs, with the tolerance of the module docstring, weighed by the loads each
+    measured under (`run_loads`; none known: the plain verdict)."""
     from dohnuts.bench.analysis.compare import SLOWER, compare_samples
+    from dohnuts.bench.analysis.load_verdict import weigh
 
     ok, lines = True, []
     names = sorted({n for b in baselines for n in b} | set(current))
@@ -131,10 +153,12 @@ def gate(baselines: list[dict[str, list[float]]], current: dict[str, list[float]
         tolerance = max(min_effect, max(medians) / min(medians) - 1.0)
         row = compare_samples(name, [x for r in runs for x in r], current[name], confidence=confidence,
                               min_effect=tolerance)
+        verdict, reason = weigh(row.verdict, row.ratio, (base_loads or {}).get(name), (current_loads or {}).get(name),
+                                label_a="the baseline", label_b="this run")
         interval = "" if row.ci_low is None else f", {confidence:.0%} interval {row.ci_low:.3f}–{row.ci_high:.3f}"
         lines.append(f"{name}: median {row.median_a:.4g} → {row.median_b:.4g}, ratio {row.ratio:.3f}"
-                     f"{interval}, tolerance {tolerance:.0%}: {row.verdict}")
-        ok &= row.verdict != SLOWER
+                     f"{interval}, tolerance {tolerance:.0%}: {verdict}" + (f" ({reason})" if reason else ""))
+        ok &= verdict != SLOWER
     return ok, lines
 
 
@@ -203,7 +227,8 @@ def cmd_gate(args) -> int:
         log.warning("one baseline run (%s): no drift between runs measured, the tolerance is --min-effect alone",
                     bases[0])
     ok, lines = gate(baselines, current, min_effect=_or(args.min_effect, BASELINE_MIN_EFFECT),
-                     confidence=_or(args.confidence, BASELINE_CONFIDENCE))
+                     confidence=_or(args.confidence, BASELINE_CONFIDENCE),
+                     base_loads=run_loads(bases), current_loads=run_loads([path]))
     note = load_note(bases, path)
     print("\n".join(lines + ([note] if note else [])))
     print("gate: " + ("passed" if ok else "REGRESSION"), file=sys.stderr)

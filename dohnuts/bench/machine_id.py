@@ -53,3 +53,31 @@ def this_machine(device) -> str:
     if device.type == "cuda":
         return machine_id("cuda", gpu_name=torch.cuda.get_device_name(device))
     return machine_id("cpu", cores=psutil.cpu_count(), threads=torch.get_num_threads())
+
+
+def recorded_machine(meta: dict) -> str:
+    """The machine a run measured on, from its run.json: the id it recorded (`measured.machine.id`),
+    or — for runs made before run.json recorded one — the id of what it does record: a GPU's name
+    (the same id a run records now), a CPU's cores and threads under the model `unrecorded` (the
+    CPU's model was not kept), `unknown` when it names no device."""
+    measured = meta.get("measured") if isinstance(meta.get("measured"), dict) else {}
+    machine = measured.get("machine") if isinstance(measured.get("machine"), dict) else {}
+    if isinstance(machine.get("id"), str) and machine["id"]:
+        return slug(machine["id"])
+    provenance = meta.get("provenance") if isinstance(meta.get("provenance"), dict) else {}
+    device = provenance.get("device") if isinstance(provenance.get("device"), dict) else {}
+    kind, name = device.get("type"), device.get("name")
+    if kind not in ("cpu", None) and isinstance(name, str):
+        return machine_id(str(kind), gpu_name=name)
+    if kind != "cpu":
+        return "unknown"
+
+    def count(x) -> int | None:
+        return x if isinstance(x, int) and not isinstance(x, bool) and x > 0 else None
+
+    parts = ["cpu", "unrecorded"]
+    if cores := count(machine.get("cpus")):
+        parts.append(f"{cores}cores")
+    if threads := count(machine.get("threads")) or count(device.get("threads")):
+        parts.append(f"{threads}thread" + ("s" if threads > 1 else ""))
+    return "-".join(parts)

@@ -17,6 +17,7 @@ import torch
 from dohnuts.bench.calls import CallResult
 from dohnuts.bench.contracts import Target, TargetCapabilities
 from dohnuts.bench.record import CallMeasurement, TargetContext, call_record, stages_dict
+from dohnuts.bench.serving.variety import ServedFacts, ServedSet, graph_counts
 from dohnuts.bench.sink import RecordSink
 from dohnuts.bench.telemetry import call_energy
 from dohnuts.runtime.timing import NULL_TIMER, StageTimer, empty_stage_cost
@@ -115,26 +116,36 @@ def measure_call(ctx: TargetContext, target: Target, call, iteration: int, phase
     return record
 
 
-def measure_stream(ctx: TargetContext, capabilities: TargetCapabilities, calls: list, out: RecordSink) -> int:
-    """The calls as one pipelined stream (prefetch, transfer stream, overlapped serialization, as
-    users run a request file): one record per request with `phase: stream`, whose `wall_ms` is the
-    time since the previous result (the first: since the stream started), so the analysis sets the
-    pipelined per-request time against the critical-path bound. `extra.stream` holds each
-    request's latency (entered the pipeline → result) and queueing (entered → device work issued).
-    Targets without `run_stream` (or workloads a stream cannot reproduce) write nothing."""
+def measure_stream(ctx: TargetContext, capabilities: TargetCapabilities, served: ServedSet, n: int,
+                   out: RecordSink) -> int:
+    """`n` requests of the served set (in its issue order) as one pipelined stream (prefetch,
+    transfer stream, overlapped serialization, as users run a request file): one record per
+    request with `phase: stream`, whose `wall_ms` is the time since the previous result (the first:
+    since the stream started), so the analysis sets the pipelined per-request time against the
+    critical-path bound. `extra.stream` holds each request's latency (entered the pipeline →
+    result), queueing (entered → device work issued) and place in the set (`set_index`), and what
+    the whole stream served of its set (`served_set`: distinct requests and pass shapes, graph
+    captures while it ran; dohnuts.bench.serving.variety). Targets without `run_stream` (or
+    workloads a stream cannot reproduce) write nothing."""
     if capabilities.run_stream is None:
         return 0
     device = ctx.device
+    order = served.issue(n)
     timers, timer_for = stage_timers(device)
+    graphs = capabilities.graph_stats
+    g0 = graph_counts(graphs()) if graphs is not None else None
     synchronize(device)
     e0 = ctx.telemetry.energy()
     t0 = time.perf_counter()
-    rows = capabilities.run_stream(calls, timer_for)
+    rows = capabilities.run_stream([served.calls[k] for k in order], timer_for)
     synchronize(device)
     t1 = time.perf_counter()
     e1 = ctx.telemetry.energy()
     if rows is None:
         return 0
+    g1 = graph_counts(graphs()) if graphs is not None else None
+    done = [j for j, row in enumerate(rows) if row["work"] is not None]
+    facts = ServedFacts.of(served, [order[j] for j in done], [rows[j]["work"] for j in done], g0, g1).to_dict()
     window, validity = ctx.telemetry.window_and_validity(t0, t1)
     # Streamed requests overlap one another: the counter measures the whole stream, not a request.
     stream_energy = call_energy(e0, e1)
@@ -148,7 +159,8 @@ def measure_stream(ctx: TargetContext, capabilities: TargetCapabilities, calls: 
         stream = {"index": j, "requests": len(rows), "total_ms": (t1 - t0) * 1e3,
                   "energy_j": stream_energy["joules"],
                   "latency_ms": (row["done"] - row["submitted"]) * 1e3,
-                  "queue_ms": ((row["started"] or row["done"]) - row["submitted"]) * 1e3}
+                  "queue_ms": ((row["started"] or row["done"]) - row["submitted"]) * 1e3,
+                  "set_index": order[j], "served_set": facts}
         record = call_record(ctx, CallMeasurement(
             iteration=j, phase="stream", stages=stages_dict(timer), wall_ms=(row["done"] - previous) * 1e3,
             decisions=row["decisions"], work=row["work"], window=window, validity=validity, energy=energy,

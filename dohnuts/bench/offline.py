@@ -178,8 +178,10 @@ def cmd_analyze(args) -> int:
 
 def cmd_compare(args) -> int:
     """`compare RUN_A RUN_B`: the table of dohnuts.bench.analysis.compare (its docstring has the rule)."""
-    from dohnuts.bench.analysis.compare import compare_runs
-    from dohnuts.bench.analysis.compare_table import comparison_dict, comparison_table
+    from rich.text import Text
+
+    from dohnuts.bench.analysis.compare import SLOWER, WALL, compare_runs
+    from dohnuts.bench.analysis.compare_table import comparison_dict, comparison_table, load_lines
     from dohnuts.bench.analysis.records import read_jsonl
 
     console = make_console()
@@ -202,13 +204,18 @@ def cmd_compare(args) -> int:
         raise DohnutsError(f"no (workload, target) measured in both runs ({', '.join(only)})",
                            source=f"{paths[0]} vs {paths[1]}")
     console.print(comparison_table(comparison))
-    for note in comparison.warnings:
-        console.print(f"[yellow]warning[/]: {note}")
+    for note in comparison.warnings:  # (names are the user's: never read as markup)
+        console.print(Text.assemble(("warning", "yellow"), f": {note}"))
+    explained = load_lines(comparison)
+    for line in explained:  # not a regression: the machine's load accounts for the change
+        console.print(Text.assemble(("load", "yellow"), f": {line}"))
     if json_out is not None:
         write_json(json_out, comparison_dict(comparison), indent=2)
         log.info("wrote %s", json_out)
-    from dohnuts.bench.analysis.compare import SLOWER, WALL
-
+    if explained:
+        names = [f"{r.workload} · {r.target}" for r in comparison.rows if r.stage == WALL and r.load]
+        log.warning("changed, explained by the machine's load (not a regression; measure both runs on a quiet "
+                    "machine to judge the code): %s", ", ".join(names))
     slower = [f"{r.workload} · {r.target}" for r in comparison.rows if r.stage == WALL and r.verdict == SLOWER]
     if slower:
         log.warning("slower in B (whole call): %s", ", ".join(slower))

@@ -3,7 +3,7 @@
 Reference check (every target whose factory has `reference_options`: the dohnuts product and its
 measurement-only variants). Before a workload's targets are built, its FP32 reference path —
 the factory's reference options (no sharing, eager), built at FP32 and run inside
-`dohnuts.ops.reference()` (the plain-torch ops), over the same weights and adapter — scores the
+`dohnuts.ops._dispatch.reference()` (the plain-torch ops), over the same weights and adapter — scores the
 workload's first `agreement.sample` requests. After each target's warm-up the target scores the
 same requests, and its records carry `agreement`: the largest absolute gap between its
 probabilities and the reference's, the share of questions where both chose the same candidate,
@@ -55,10 +55,10 @@ def reference_outputs(spec, entry, tspec, device: torch.device, calls: list[Pred
                       dtype: torch.dtype = torch.float32) -> list:
     """The reference path's outputs (RequestResults) for `calls`, for target entry `tspec`: FP32,
     or at `dtype` for the yardstick."""
-    import dohnuts.ops
+    from dohnuts.ops._dispatch import reference
 
     options = entry.reference_options(entry.options(tspec.options, source=spec.file))
-    with dohnuts.ops.reference():
+    with reference():
         target, _ = entry.build(spec, device, dtype, options)
         try:
             outputs = [target.run_call(c, NULL_TIMER).output for c in calls]

@@ -25,8 +25,10 @@ def _read(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def trends_for(store_path: str | Path | None, summary: dict) -> list:
-    """The store's history of the workloads and targets of `summary` (steady calls, wall time)."""
+def trends_for(store_path: str | Path | None, summary: dict, run_id: str | None = None) -> list:
+    """The store's history of the workloads and targets of `summary` (steady calls, wall time): the
+    series this run belongs to (its machine, device, model, precision and hwspec), or, for a run the
+    store does not hold, every machine's series of those workloads."""
     if store_path is None or not Path(store_path).is_file():
         return []
     from dohnuts.bench.history import history
@@ -34,7 +36,9 @@ def trends_for(store_path: str | Path | None, summary: dict) -> list:
 
     wanted = {(r["workload"], r["target"]) for r in summary.get("summary", []) if "·" not in r["target"]}
     with RunStore(store_path) as store:
-        return [s for s in history(store) if (s.workload, s.target) in wanted]
+        series = [s for s in history(store) if (s.workload, s.target) in wanted]
+    mine = [s for s in series if any(p.run_id == run_id for p in s.points)]
+    return mine or series
 
 
 def write_html(run_dir: Path, *, store: str | Path | None = None, against: Path | None = None,
@@ -59,7 +63,7 @@ def write_html(run_dir: Path, *, store: str | Path | None = None, against: Path 
                             label_b=str(run_dir))
         comparison = comparison_dict(comp) | {"rule": RULE, "label_a": against.name, "label_b": run_dir.name}
     page = render(summary, title=str(meta.get("run_id") or run_dir.name), meta=meta, comparison=comparison,
-                  trends=trends_for(store, summary))
+                  trends=trends_for(store, summary, str(meta.get("run_id") or run_dir.name)))
     out = out or run_dir / "report.html"
     write_text_atomic(out, page)  # a failed write is one line; the previous page (if any) stays
     return out

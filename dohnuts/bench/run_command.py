@@ -179,6 +179,15 @@ def _run(args, console=None) -> int:
     launchers = collect(pm, "dohnuts_bench_register_launchers")
     files = [Path(f) for f in args.workloads] or standard_files()
     specs = [load_workload(f, kinds, targets) for f in files]  # validate everything before measuring
+    output = _check_output_file(args.output) if getattr(args, "output", None) else None
+    if getattr(args, "checkpoint", None):
+        from dohnuts.bench.trained_model import serving_specs, trained_model
+
+        trained = trained_model(args.checkpoint)
+        if output is not None and output.resolve() == trained.adapter.resolve():
+            raise ConfigError("names the adapter it benchmarks: it would be overwritten", source=str(args.output),
+                              field="--output")
+        specs = serving_specs(specs, trained)
     for spec in specs:
         check_target_options(spec, targets)
     runnable = runnable_here(specs, targets, launchers)
@@ -285,6 +294,8 @@ def _run(args, console=None) -> int:
         print("dohnuts-bench: interrupted while writing the report; results.jsonl holds every completed call "
               f"(`dohnuts-bench analyze {results}` writes the report)", file=sys.stderr)
         return 130
+    if output is not None and measured_any:
+        _copy_records(results, output)
     if error is not None:
         raise error
     if interrupted:
@@ -296,6 +307,36 @@ def _run(args, console=None) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _check_output_file(name: str) -> Path:
+    """--output: a regular file to write (absent, its folder made when the run ends); a device, a FIFO,
+    a folder or a symlink is refused now, before anything is measured."""
+    from dohnuts.schema.user_files import check_output
+
+    path = Path(name)
+    if path.is_symlink():
+        raise ConfigError("is a symbolic link: name the file itself", source=name, field="--output")
+    if path.parent.exists():
+        check_output(path, error=ConfigError, field="--output")
+    return path
+
+
+def _copy_records(results: Path, output: Path) -> None:
+    """results.jsonl to --output, whole or not at all (a temporary file renamed into place)."""
+    import tempfile
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
+    try:
+        with os.fdopen(fd, "wb") as dst, open(results, "rb") as src:
+            shutil.copyfileobj(src, dst)
+        os.replace(tmp, output)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        log.warning("--output %s was not written (%s); %s holds the records", output, exc, results)
+        return
+    log.info("records: %s", output)
 
 
 def _set_threads(threads: int) -> None:

@@ -33,6 +33,7 @@ from dohnuts.bench.quality import (
 from dohnuts.bench.record import TargetContext
 from dohnuts.bench.rundir import safe_name
 from dohnuts.bench.serving.scenario import measure_scenario
+from dohnuts.bench.serving.variety import ServedSet
 from dohnuts.bench.status import log
 from dohnuts.bench.trace import PROFILED_CALLS, profile_calls, trace_path
 from dohnuts.runtime.collectives import any_rank, barrier, max_over_ranks
@@ -67,11 +68,13 @@ def resolve_dtype(spec: WorkloadSpec, device: torch.device) -> torch.dtype:
 @dataclass(frozen=True)
 class Schedule:
     """The calls every target of one workload runs, in order, and how many warm it up first; the
-    reference check's sample and the FP32 reference's outputs on it (by `reference_key`); the
-    accuracy mode's labelled set (name, requests)."""
+    varied served set of `serving.vary` (None: the scenario serves `calls`); the reference check's
+    sample and the FP32 reference's outputs on it (by `reference_key`); the accuracy mode's
+    labelled set (name, requests)."""
 
     calls: list
     warmup: int
+    varied: list | None = None
     sample: list = dataclasses.field(default_factory=list)
     references: dict = dataclasses.field(default_factory=dict)
     labelled: tuple | None = None
@@ -99,13 +102,20 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict[str, R
     workdir = run.run_dir / "inputs" / safe_name(spec.name)
     workdir.mkdir(parents=True, exist_ok=True)
     kind = kinds[spec.kind]
-    calls = kind.calls(WorkloadContext(spec, tokenizer_for(cfg, ckpt), cfg, workdir, random.Random(spec.seed)))
+    tokenizer = tokenizer_for(cfg, ckpt)
+    calls = kind.calls(WorkloadContext(spec, tokenizer, cfg, workdir, random.Random(spec.seed)))
+    varied = None
+    if spec.serving.vary is not None:  # the served set (its text from a stream of its own)
+        varied = kind.varied_calls(WorkloadContext(spec, tokenizer, cfg, workdir, random.Random(f"served {spec.seed}")),
+                                   spec.serving.vary)
     if world.distributed and not kind.collective:  # this rank's share, in the same cyclic order
         calls = [calls[(j * world.size + world.rank) % len(calls)] for j in range(len(calls))]
+        if varied is not None:
+            varied = [varied[(j * world.size + world.rank) % len(varied)] for j in range(len(varied))]
     warmup = spec.warmup
     if kind.warmup_every_call(spec):
         warmup = max(warmup, len(calls))  # e.g. a warm cache: every distinct call seen once
-    schedule = Schedule(calls, warmup)
+    schedule = Schedule(calls, warmup, varied)
     if not world.distributed:  # quality checks: one process (a launcher's ranks shard the calls)
         schedule = _quality_inputs(run, spec, targets, schedule, device, dtype, workdir)
     prov = provenance(device, telemetry)
@@ -244,8 +254,10 @@ def _measure_target(pm, ctx: TargetContext, entry: RegisteredTarget, schedule: S
         barrier(world)
         if ctx.run.profile and not world.distributed:
             _profile_target(ctx, target, [calls[(warmup + j) % len(calls)] for j in range(PROFILED_CALLS)])
-        scenario_calls = [calls[(warmup + j) % len(calls)] for j in range(max(spec.repeat, len(calls)))]
-        written += measure_scenario(ctx, target, capabilities, scenario_calls, walls, out)
+        served = (ServedSet(calls, varied=False, offset=warmup) if schedule.varied is None else
+                  ServedSet(schedule.varied, varied=True, seed=spec.serving.seed if spec.serving.seed is not None
+                            else spec.seed))
+        written += measure_scenario(ctx, target, capabilities, served, walls, out)
         if schedule.labelled is not None and not world.distributed:
             name, requests = schedule.labelled
             reason = can_score(entry, requests)

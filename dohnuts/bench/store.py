@@ -15,17 +15,24 @@ line naming it.
 
 Tables:
     runs      one row a run: id, start, git revision and dirty flag, device, driver, power limit,
-              hwspec, versions and workload hashes (JSON), the whole run.json
+              hwspec, versions and workload hashes (JSON), the whole run.json, and the machine it
+              measured on (dohnuts.bench.machine_id.recorded_machine)
     records   one row a record: run, order, workload, target (as reports name it), phase, wall
               time, the whole record (JSON); and, to query serving and quality across runs without
               reading the JSON: the scenario (single | stream | server | offline; NULL before
               schema 2), a load point's offered rate and a served request's latency (arrival →
               completion), an accuracy record's correct and asked questions, and the target's
-              probability gap to the FP32 reference path (NULL where a record has none)
+              probability gap to the FP32 reference path (NULL where a record has none); and, for
+              `history` (a series is one machine, device, model, precision and hwspec): the
+              device's name, the model (preset or checkpoint), the precision, the A/A half, and
+              the call's load (this process's share of a core, the cores other processes kept
+              busy, the machine's cores: dohnuts.bench.analysis.load_verdict.record_load)
     summaries one row a run: its summary.json
 
-Schema 2 added the serving and quality columns; a schema-1 file is migrated when opened (the
-columns added, filled from the records' JSON).
+Schema 2 added the serving and quality columns, schema 3 the machine and the series and load
+columns; an older file is migrated when opened (the columns added, filled from the records' and
+run.json's JSON). Records are kept as compact JSON (dohnuts.schema.dumps): the store holds what
+the JSONL holds.
 """
 
 from __future__ import annotations
@@ -38,11 +45,14 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from dohnuts.bench.machine_id import recorded_machine
 from dohnuts.errors import DohnutsError
 from dohnuts.schema import dumps
 
 APPLICATION_ID = 0x646F686E  # "dohn"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_STORE = Path("results/store.sqlite")
 BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another to commit
 
@@ -50,12 +60,14 @@ _TABLES = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, started TEXT, git_revision TEXT, git_dirty INTEGER, device TEXT,
-    driver TEXT, power_limit_w REAL, hwspec TEXT, versions TEXT, workloads TEXT, run_json TEXT NOT NULL
+    driver TEXT, power_limit_w REAL, hwspec TEXT, versions TEXT, workloads TEXT, run_json TEXT NOT NULL,
+    machine TEXT
 );
 CREATE TABLE IF NOT EXISTS records (
     run_id TEXT NOT NULL, seq INTEGER NOT NULL, workload TEXT NOT NULL, target TEXT NOT NULL,
     phase TEXT NOT NULL, wall_ms REAL, record TEXT NOT NULL, scenario TEXT, rate_rps REAL, latency_ms REAL,
-    correct INTEGER, questions INTEGER, agreement_gap REAL, PRIMARY KEY (run_id, seq)
+    correct INTEGER, questions INTEGER, agreement_gap REAL, device TEXT, model TEXT, precision TEXT,
+    aa_half INTEGER, own_cores REAL, others_cores REAL, cpus INTEGER, PRIMARY KEY (run_id, seq)
 );
 CREATE INDEX IF NOT EXISTS records_by_group ON records (workload, target, phase);
 CREATE TABLE IF NOT EXISTS summaries (run_id TEXT PRIMARY KEY, summary TEXT NOT NULL);
@@ -110,22 +122,33 @@ class RunStore:
         if version > SCHEMA_VERSION:
             raise StoreError(f"has schema version {version}, newer than this dohnuts reads ({SCHEMA_VERSION})",
                              source=str(self.path))
-        if version < 2:
-            self._migrate_to_2()
+        if version < SCHEMA_VERSION:
+            self._migrate(version)
 
-    def _migrate_to_2(self) -> None:
-        """Schema 1 → 2: the serving and quality columns, filled from each record's JSON."""
+    def _migrate(self, version: int) -> None:
+        """An older schema → this one, in one transaction: schema 1 → 2 the serving and quality
+        columns, 2 → 3 the machine (runs) and the series and load columns (records), each filled
+        from the JSON the rows hold."""
         with self._transaction():
-            have = {r[1] for r in self.db.execute("PRAGMA table_info(records)")}
-            for column, kind in SERVING_COLUMNS:
-                if column not in have:
-                    self.db.execute(f"ALTER TABLE records ADD COLUMN {column} {kind}")
+            added = []
+            for table, columns in (("records", SERVING_COLUMNS + SERIES_COLUMNS), ("runs", RUN_COLUMNS)):
+                have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
+                for column, kind in columns:
+                    if column not in have:
+                        self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            fill = (SERVING_COLUMNS if version < 2 else ()) + SERIES_COLUMNS
+            sets = ", ".join(f"{c} = ?" for c, _ in fill)
             rows = self.db.execute("SELECT run_id, seq, record FROM records").fetchall()
             for run_id, seq, text in rows:
-                values = serving_columns(json.loads(text))
-                self.db.execute(f"UPDATE records SET {', '.join(f'{c} = ?' for c, _ in SERVING_COLUMNS)} "
-                                "WHERE run_id = ? AND seq = ?", (*values, run_id, seq))
-            self.db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+                rec = json.loads(text)
+                values = (serving_columns(rec) if version < 2 else ()) + series_columns(rec)
+                added.append((*values, run_id, seq))
+            self.db.executemany(f"UPDATE records SET {sets} WHERE run_id = ? AND seq = ?", added)
+            for run_id, text in self.db.execute("SELECT run_id, run_json FROM runs").fetchall():
+                meta = json.loads(text)
+                self.db.execute("UPDATE runs SET machine = ? WHERE run_id = ?",
+                                (recorded_machine(meta if isinstance(meta, dict) else {}), run_id))
+            self.db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -158,9 +181,10 @@ class RunStore:
                dumps(prov.get("packages") or prov.get("versions") or {}),
                dumps([{"name": w.get("name"), "file_hash": w.get("file_hash")} for w in meta.get("workloads") or []
                       if isinstance(w, dict)]),
-               dumps(meta))
+               dumps(meta), recorded_machine(meta))
         with self._transaction():
-            self.db.execute("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+            self.db.execute(f"INSERT OR REPLACE INTO runs ({', '.join(RUN_FIELDS)}) "
+                            f"VALUES ({', '.join('?' * len(RUN_FIELDS))})", row)
 
     def add_records(self, run_id: str, records: Iterable[dict], *, start: int | None = None) -> int:
         """Append records of a run (numbered after those it holds); returns how many."""
@@ -169,14 +193,12 @@ class RunStore:
         with self._transaction():
             seq = start if start is not None else self.db.execute(
                 "SELECT COALESCE(MAX(seq) + 1, 0) FROM records WHERE run_id = ?", (run_id,)).fetchone()[0]
-            n = 0
-            for rec in records:
-                wall = rec.get("wall_ms")
-                self.db.execute("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                (run_id, seq + n, workload_label(rec), target_label(rec), str(rec.get("phase", "steady")),
-                                 _number(wall), dumps(rec), *serving_columns(rec)))
-                n += 1
-        return n
+            rows = [(run_id, seq + n, workload_label(rec), target_label(rec), str(rec.get("phase", "steady")),
+                     _number(rec.get("wall_ms")), dumps(rec, compact=True), *serving_columns(rec), *series_columns(rec))
+                    for n, rec in enumerate(records)]
+            self.db.executemany(f"INSERT OR REPLACE INTO records ({', '.join(RECORD_FIELDS)}) "
+                                f"VALUES ({', '.join('?' * len(RECORD_FIELDS))})", rows)
+        return len(rows)
 
     def add_summary(self, run_id: str, summary: dict) -> None:
         with self._transaction():
@@ -230,16 +252,37 @@ class RunStore:
                 sql += f" AND records.{column} = ?"
                 args.append(value)
         sql += " ORDER BY runs.started, runs.run_id, records.seq"
-        return [json.loads(r[0]) for r in self.db.execute(sql, args)]
+        return [msgspec.json.decode(r[0]) for r in self.db.execute(sql, args)]
+
+    def steady_calls(self, *, workload: str | None = None, target: str | None = None, machine: str | None = None,
+                     with_record: bool = False) -> list[dict[str, Any]]:
+        """The steady-state calls, oldest run first, as the columns `history` reads (no record JSON
+        is parsed unless `with_record`: a stage's times are in it): the run's id, start, revision,
+        dirty flag, machine and hwspec, the record's workload, target, device, model, precision,
+        wall time, A/A half and load."""
+        names = ("run_id", "started", "revision", "dirty", "machine", "hwspec", "workload", "target", "device",
+                 "model", "precision", "wall_ms", "aa_half", "own_cores", "others_cores", "cpus")
+        sql = ("SELECT r.run_id, runs.started, runs.git_revision, runs.git_dirty, runs.machine, runs.hwspec, "
+               "r.workload, r.target, r.device, r.model, r.precision, r.wall_ms, r.aa_half, r.own_cores, "
+               "r.others_cores, r.cpus" + (", r.record" if with_record else "")
+               + " FROM records r JOIN runs USING (run_id) WHERE r.phase = 'steady'")
+        args: list = []
+        for column, value in (("r.workload", workload), ("r.target", target), ("runs.machine", machine)):
+            if value is not None:
+                sql += f" AND {column} = ?"
+                args.append(value)
+        sql += " ORDER BY runs.started, runs.run_id, r.seq"
+        out = []
+        for row in self.db.execute(sql, args):
+            item = dict(zip(names, row))
+            if with_record:
+                item["record"] = msgspec.json.decode(row[-1])
+            out.append(item)
+        return out
 
     def summary(self, run_id: str) -> dict | None:
         row = self.db.execute("SELECT summary FROM summaries WHERE run_id = ?", (run_id,)).fetchone()
         return None if row is None else json.loads(row[0])
-
-    def groups(self) -> list[tuple[str, str]]:
-        """Every (workload, target) with steady-state records."""
-        return [tuple(r) for r in self.db.execute(
-            "SELECT DISTINCT workload, target FROM records WHERE phase = 'steady' ORDER BY workload, target")]
 
     def integrity(self) -> str:
         return self.db.execute("PRAGMA integrity_check").fetchone()[0]
@@ -247,6 +290,13 @@ class RunStore:
 
 SERVING_COLUMNS = (("scenario", "TEXT"), ("rate_rps", "REAL"), ("latency_ms", "REAL"), ("correct", "INTEGER"),
                    ("questions", "INTEGER"), ("agreement_gap", "REAL"))
+SERIES_COLUMNS = (("device", "TEXT"), ("model", "TEXT"), ("precision", "TEXT"), ("aa_half", "INTEGER"),
+                  ("own_cores", "REAL"), ("others_cores", "REAL"), ("cpus", "INTEGER"))
+RUN_COLUMNS = (("machine", "TEXT"),)
+RECORD_FIELDS = ("run_id", "seq", "workload", "target", "phase", "wall_ms", "record",
+                 *(c for c, _ in SERVING_COLUMNS + SERIES_COLUMNS))
+RUN_FIELDS = ("run_id", "started", "git_revision", "git_dirty", "device", "driver", "power_limit_w", "hwspec",
+              "versions", "workloads", "run_json", *(c for c, _ in RUN_COLUMNS))
 
 
 def serving_columns(rec: dict) -> tuple:
@@ -261,6 +311,23 @@ def serving_columns(rec: dict) -> tuple:
     return (scenario, _number(point.get("rate_rps")), _number(serving.get("latency_ms")),
             _integer(accuracy.get("correct")), _integer(accuracy.get("questions")),
             _number(agreement.get("max_abs_gap")))
+
+
+def series_columns(rec: dict) -> tuple:
+    """A record's values of `SERIES_COLUMNS`: its device's name, model (the preset or checkpoint it
+    names, else its config's name), precision, A/A half and load (None where it has none)."""
+    from dohnuts.bench.analysis.load_verdict import record_load
+
+    device = rec.get("device") if isinstance(rec.get("device"), dict) else {}
+    model = rec.get("model_source")
+    if not isinstance(model, str):
+        config = rec.get("model") if isinstance(rec.get("model"), dict) else {}
+        model = config.get("name") if isinstance(config.get("name"), str) else None
+    half = rec.get("aa_half")
+    own, others, cpus = record_load(rec)
+    return (device.get("name") if isinstance(device.get("name"), str) else None, model,
+            rec.get("precision") if isinstance(rec.get("precision"), str) else None,
+            half if half in (0, 1) and not isinstance(half, bool) else None, own, others, cpus)
 
 
 def _integer(value) -> int | None:

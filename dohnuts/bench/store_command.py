@@ -2,11 +2,15 @@
 
     dohnuts-bench store import RUN_DIR ...   put finished run directories into the store
     dohnuts-bench store archive RUN_DIR DEST  the compact copy of a run to commit under results/
-    dohnuts-bench history [--workload W] [--target T] [--stage S] [--json OUT]
+    dohnuts-bench history [--machine M] [--device D] [--model P] [--precision X] [--hwspec H]
+                          [--workload W] [--target T] [--stage S] [--tables] [--json OUT]
 
-Without a store file, `history` first builds one from the run archives committed under `results/`
-(every folder holding a results.jsonl or results.jsonl.gz), so the project's own GPU history can
-be queried from a fresh clone.
+`history` prints one line a series (a machine · device · model · precision · hwspec heading, then
+each workload · target · stage: its runs, its first and last median, how far its runs scatter, and
+its flagged level shifts: dohnuts.bench.history); `--tables` adds every series' table, a row a
+run. Without a store file, `history` first builds one from the run archives committed under
+`results/` (every folder holding a results.jsonl or results.jsonl.gz), so the project's own GPU
+history can be queried from a fresh clone (a few seconds).
 """
 
 from __future__ import annotations
@@ -85,10 +89,14 @@ def cmd_store_archive(args) -> int:
     return 0
 
 
+FILTERS = ("machine", "device", "model", "precision", "hwspec", "workload", "target")
+
+
 def cmd_history(args) -> int:
     from dohnuts.bench.cli import console_for_output
-    from dohnuts.bench.history import history, history_tables
+    from dohnuts.bench.history import history, history_dict, history_lines, history_tables
     from dohnuts.schema import write_json
+    from dohnuts.schema.values import printable
 
     if args.json:  # a device, a FIFO, a directory or a name too long is refused before any work
         from dohnuts.schema import check_output
@@ -104,34 +112,49 @@ def cmd_history(args) -> int:
     if not path.exists():
         raise DohnutsError("does not exist (a run store: `dohnuts-bench run` writes one, `dohnuts-bench store "
                            "import` fills one)", source=str(path))
+    chosen = {f: getattr(args, f) for f in FILTERS if getattr(args, f) is not None}
     with RunStore(path) as store:
-        series = history(store, workload=args.workload, target=args.target, stage=args.stage,
-                         min_effect=args.min_effect)
-    if not series:
-        raise DohnutsError("holds no steady-state records" + (" of that workload / target" if args.workload or
-                                                              args.target else ""), source=str(path))
+        series = history(store, stage=args.stage, min_effect=args.min_effect, **chosen)
+        if not series:
+            machines = sorted({m for (m,) in store.db.execute("SELECT DISTINCT machine FROM runs") if m})
+            said = ", ".join(f"--{f} {printable(v)}" for f, v in chosen.items())
+            raise DohnutsError("holds no steady-state records" + (f" of {said}" if said else "")
+                               + (f" (machines: {', '.join(machines)})" if machines else ""), source=str(path))
     console = console_for_output()
-    for table in history_tables(series):
-        console.print(table)
+    for line in history_lines(series):
+        console.print(line)
+    if args.tables:
+        for table in history_tables(series):
+            console.print(table)
     changes = sum(len(s.changes) for s in series)
-    print(f"dohnuts-bench: {len(series)} series, {changes} flagged change(s)", file=sys.stderr)
+    machines = len({s.key.machine for s in series})
+    print(f"dohnuts-bench: {len(series)} series on {machines} machine(s), {changes} flagged level shift(s)"
+          + ("" if args.tables else " (--tables: every run of each series)"), file=sys.stderr)
     if args.json:
-        write_json(args.json, {"stage": args.stage, "series": [
-            {"workload": s.workload, "target": s.target, "stage": s.stage,
-             "points": [p.__dict__ | {"flagged": p.flagged} for p in s.points]} for s in series]}, indent=2)
+        write_json(args.json, history_dict(series, args.stage), indent=2)
     return 0
 
 
 def add_parsers(sub) -> None:
-    h = sub.add_parser("history", help="per workload, target and stage: the runs in the store over revisions, "
-                                       "changes between consecutive runs flagged")
+    h = sub.add_parser("history", help="per machine, workload, target and stage: the runs in the store over "
+                                       "revisions, level shifts flagged (one line a series; --tables for every run)")
     h.add_argument("--store", default=str(DEFAULT_STORE), help=f"the run store (default: {DEFAULT_STORE})")
+    h.add_argument("--machine", help="only this machine id (run.json measured.machine.id, e.g. nvidia-h200; "
+                                     "default: all)")
+    h.add_argument("--device", help="only this device name (e.g. 'NVIDIA H200'; default: all)")
+    h.add_argument("--model", help="only this model preset or checkpoint (e.g. qwen3.5-2b; default: all)")
+    h.add_argument("--precision", help="only this precision (bf16, fp32; default: all)")
+    h.add_argument("--hwspec", help="only this hwspec (its name, e.g. h200, or none; default: all)")
     h.add_argument("--workload", help="only this workload (as reports name it; default: all)")
     h.add_argument("--target", help="only this target (as reports name it; default: all)")
     h.add_argument("--stage", default="wall", help="a stage, or wall for the whole call (default: wall)")
     h.add_argument("--min-effect", type=float, default=0.02,
-                   help="smallest relative change flagged, raised to each run's own measured noise (default: 0.02)")
-    h.add_argument("--json", metavar="OUT", help="also write the series as JSON to OUT (default: the tables only)")
+                   help="smallest relative change flagged, raised to the noise measured within and between runs "
+                        "(default: 0.02)")
+    h.add_argument("--tables", action="store_true",
+                   help="also print every series' table: a row a run, its load and the level shifts (default: "
+                        "one line a series)")
+    h.add_argument("--json", metavar="OUT", help="also write the series as JSON to OUT (default: the lines only)")
     h.set_defaults(func=cmd_history)
     s = sub.add_parser("store", help="the run store: import finished run directories")
     ssub = s.add_subparsers(dest="store_command", required=True)

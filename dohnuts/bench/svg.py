@@ -262,3 +262,91 @@ def throughput_curve(curve: dict) -> str:
                            + ('<li style="color:#9467bd">goodput: requests within the SLO a second</li>'
                               if good else "")
                            + '<li style="color:#2ca02c">ceiling: the critical-path bound</li></ul>')
+
+
+def headline_chart(rows: list[dict], target_fraction: float = 0.8) -> str:
+    """The headline as one figure (summary.json's `sections.headline.rows`): a line a comparison,
+    on the left dohnuts' speed-up against the other target with its 95 % interval (log scale, 1× =
+    as fast), on the right dohnuts' whole-call efficiency against the bound with the target line;
+    a bound-suspect call is named, never drawn as a bar (no efficiency above 100 % is shown)."""
+    if not rows:
+        return '<p class="empty">no workload to show.</p>'
+    row_h, top, bottom = 24, 36, 30
+    label_r, s0, s1, e0, e1 = 322, 334, 594, 624, 864
+    width, height = 900, top + row_h * len(rows) + bottom
+    ratios = [x for r in rows if r.get("speedup") for x in (r["speedup"].get("ratio"), r["speedup"].get("low"),
+                                                             r["speedup"].get("high"))
+              if isinstance(x, (int, float)) and 0 < x < math.inf]
+    lo = min([0.5] + [x / 1.25 for x in ratios])
+    hi = max([2.0] + [x * 1.25 for x in ratios])
+
+    def sx(v: float) -> float:
+        v = min(max(v, lo), hi)
+        return s0 + (math.log(v) - math.log(lo)) / (math.log(hi) - math.log(lo)) * (s1 - s0)
+
+    def ex(v: float) -> float:
+        return e0 + min(max(v, 0.0), 1.0) * (e1 - e0)
+
+    title = "dohnuts against its peer and against the bound"
+    out = [f'<svg class="chart headline" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+           f'role="img" aria-label="{escape(title)}"><title>{escape(title)}</title>',
+           f'<text x="{(s0 + s1) / 2}" y="14" text-anchor="middle" class="axis">dohnuts speed-up, 95 % interval '
+           '(log scale)</text>',
+           f'<text x="{(e0 + e1) / 2}" y="14" text-anchor="middle" class="axis">dohnuts efficiency against the '
+           'bound</text>',
+           f'<rect x="{s0}" y="{top - 6}" width="{s1 - s0}" height="{row_h * len(rows) + 6}" fill="none" stroke="#999"/>',
+           f'<rect x="{e0}" y="{top - 6}" width="{e1 - e0}" height="{row_h * len(rows) + 6}" fill="none" stroke="#999"/>']
+    bottom_y = top + row_h * len(rows)
+    k = 2.0 ** math.floor(math.log2(lo))
+    while k <= hi:
+        if lo <= k <= hi:
+            out.append(f'<text x="{sx(k):.1f}" y="{bottom_y + 14}" text-anchor="middle" class="tick">{k:g}×</text>')
+        k *= 2
+    out.append(f'<line x1="{sx(1.0):.1f}" y1="{top - 6}" x2="{sx(1.0):.1f}" y2="{bottom_y}" stroke="#444" '
+               'stroke-dasharray="4 3"><title>1×: as fast as the other target</title></line>')
+    for pct in range(0, 101, 20):
+        out.append(f'<text x="{ex(pct / 100):.1f}" y="{bottom_y + 14}" text-anchor="middle" class="tick">{pct}%</text>')
+    out += [f'<line x1="{ex(target_fraction):.1f}" y1="{top - 6}" x2="{ex(target_fraction):.1f}" y2="{bottom_y}" '
+            f'stroke="#2ca02c" stroke-dasharray="6 3"><title>target: {target_fraction:.0%} of the bound</title></line>',
+            f'<text x="{ex(target_fraction):.1f}" y="{top - 9}" text-anchor="middle" class="tick" fill="#2ca02c">'
+            'target</text>',
+            f'<text x="{sx(1.0):.1f}" y="{top - 9}" text-anchor="middle" class="tick">as fast</text>']
+    said: set[tuple[str, str]] = set()
+    for i, r in enumerate(rows):
+        y = top + row_h * i + row_h / 2
+        against = r.get("against") or {}
+        label = r["workload"] + (f" · {against['target']}" if against.get("target") else "")
+        out.append(f'<text x="{label_r}" y="{y + 4:.1f}" text-anchor="end" class="tick">{escape(label)}</text>')
+        sp = r.get("speedup") or {}
+        ratio = sp.get("ratio")
+        if isinstance(ratio, (int, float)) and ratio > 0:
+            colour = {"dohnuts faster": "#2ca02c", "dohnuts slower": "#d62728"}.get(sp.get("verdict"), "#555")
+            words = f"{ratio:.2f}×" + (f" ({sp['low']:.2f}–{sp['high']:.2f})" if sp.get("low") is not None
+                                       and sp.get("high") is not None else "")
+            if sp.get("low") is not None and sp.get("high") is not None:
+                out.append(f'<line x1="{sx(sp["low"]):.1f}" y1="{y:.1f}" x2="{sx(sp["high"]):.1f}" y2="{y:.1f}" '
+                           f'stroke="{colour}" stroke-width="2"/>')
+            out.append(f'<circle cx="{sx(ratio):.1f}" cy="{y:.1f}" r="4.5" fill="{colour}" class="point"><title>'
+                       f'{escape(label)}: {escape(words)}, {escape(str(sp.get("verdict", "")))}</title></circle>')
+        else:
+            out.append(f'<text x="{(s0 + s1) / 2}" y="{y + 4:.1f}" text-anchor="middle" class="tick">'
+                       f'{escape("no peer" if r.get("role") == "no peer" else "—")}</text>')
+        d = r.get("dohnuts") or {}
+        key = (r["workload"], str(d.get("target")))
+        if not d or key in said:
+            continue
+        said.add(key)
+        if d.get("suspect"):
+            out.append(f'<text x="{e0 + 6}" y="{y + 4:.1f}" class="tick" fill="#a60">bound-suspect<title>'
+                       f'{escape(d["suspect"])}</title></text>')
+        elif d.get("efficiency") is None:
+            out.append(f'<text x="{e0 + 6}" y="{y + 4:.1f}" class="tick">no bound</text>')
+        else:
+            eff = d["efficiency"]
+            colour = "#2ca02c" if d.get("verdict") == "meets" else "#1f77b4"
+            out.append(f'<rect x="{e0}" y="{y - 7:.1f}" width="{ex(eff) - e0:.1f}" height="14" fill="{colour}">'
+                       f'<title>{escape(r["workload"])} · dohnuts: {100 * eff:.1f}% of the bound '
+                       f'({escape(str(d.get("basis")))} basis), {escape(str(d.get("verdict")))}</title></rect>')
+            out.append(f'<text x="{ex(eff) + 4:.1f}" y="{y + 4:.1f}" class="tick">{100 * eff:.1f}%</text>')
+    out.append("</svg>")
+    return "".join(out)

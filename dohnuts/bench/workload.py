@@ -282,6 +282,7 @@ def _build_spec(path: Path, source: str, raw_bytes: bytes, data: dict, kinds: di
         kind.validate(shape, source=source)
     cfg = model_config(common.model, source)
     check_context(kind, shape, cfg, common.model, source)
+    check_vary(kind, shape, common.serving.vary, cfg, common.model, source)
     if common.hwspec:
         _check_hwspec(common.hwspec, source)
     processes = common.process_counts()
@@ -353,6 +354,52 @@ def check_context(kind, shape, cfg, model: str, source: str) -> None:
             f"{what}: over the {context}-token context of model {model!r} (the smaller of its "
             f"max_position_embeddings {cfg.text.max_position_embeddings} and the runtime's max_len "
             f"{runtime_max_len()})", source=source, field="shape.seq_tokens")
+
+
+VARIED_FIELDS = {"seq_tokens": "serving.vary.seq_tokens", "questions": "serving.vary.questions",
+                 "requests": "serving.vary.distinct", "resolution": "serving.vary.images.resolutions",
+                 "distinct_images": "serving.vary.images"}
+
+
+def check_vary(kind, shape, vary, cfg, model: str, source: str) -> None:
+    """`serving.vary` against the kind: it must build varied sets (`varied_calls`), and every corner
+    of the ranges — the shortest and longest sequences with the fewest and most questions, the set's
+    images — must be a valid shape of the kind (its bounds and checks, with `requests` the set's
+    size) whose longest sequence fits the model's context. An error names the `serving.vary` field."""
+    if vary is None:
+        return
+    if kind.varied_calls is None:
+        raise ConfigError(f"{kind.name!r} workloads cannot vary their requests (the kind has no `varied_calls`)",
+                          source=source, field="serving.vary")
+    fields = type(shape).__struct_fields__
+    if vary.images is not None and "resolution" not in fields:
+        raise ConfigError(f"{kind.name!r} requests carry no image: vary images in an image kind", source=source,
+                          field="serving.vary.images")
+    for name in ("seq_tokens", "questions"):
+        if name not in fields:
+            raise ConfigError(f"the {kind.name!r} shape has no `{name}` to vary", source=source,
+                              field=f"serving.vary.{name}" if getattr(vary, name) else "serving.vary")
+    base = msgspec.to_builtins(shape)
+    seqs = vary.seq_tokens or (shape.seq_tokens,) * 2
+    questions = vary.questions or (shape.questions,) * 2
+    images = {}
+    if "resolution" in fields:
+        fraction = vary.images.fraction if vary.images is not None else 1.0
+        if vary.images is not None and vary.images.resolutions:
+            images["resolution"] = [list(r) for r in vary.images.resolutions]
+        images["distinct_images"] = max(1, round(fraction * vary.distinct))  # the set's images: its pixel budget
+    for seq in seqs:
+        for q in questions:
+            try:
+                corner = convert(base | images | {"seq_tokens": seq, "questions": q, "requests": vary.distinct},
+                                 kind.Shape, source=source, prefix="shape")
+                if kind.validate is not None:
+                    kind.validate(corner, source=source)
+                check_context(kind, corner, cfg, model, source)
+            except ConfigError as exc:
+                field = (exc.field or "").removeprefix("shape.").split("[")[0]
+                raise ConfigError(f"at {seq} tokens and {q} questions a request, {field or 'the shape'} {exc.message}",
+                                  source=source, field=VARIED_FIELDS.get(field, "serving.vary")) from None
 
 
 def _check_hwspec(name: str, source: str) -> None:

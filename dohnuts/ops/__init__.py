@@ -3,19 +3,20 @@
 Each op has a fused path (`*_fused`) and a plain-torch reference path (`*_reference`) with the
 same signature; the un-suffixed function picks by device — a GPU whose probe shows no working
 fused kernels takes the reference paths too (`kernel_status` says which, dohnuts.ops._dispatch).
-Tests compare the two, and `with dohnuts.ops.reference():` runs a whole model on the reference
-paths (parity tests, benchmarks); nothing in the runtime switches paths.
+Tests compare the two; the parity tooling (the tests, the bench's FP32 reference check, the
+benchmarks) runs a whole model on the reference paths inside `dohnuts.ops._dispatch.reference()`,
+which is private: nothing a user calls switches paths.
 """
 
-from dohnuts.ops._dispatch import kernel_status, recording, reference
+from dohnuts.ops._dispatch import kernel_status, recording
 from dohnuts.ops.activation import swiglu, swiglu_packed
 from dohnuts.ops.attention import attention_at, causal_attention, gated_output
 from dohnuts.ops.copy import copy4d
 from dohnuts.ops.conv import causal_conv1d, causal_conv1d_parts, causal_conv1d_qkv
-from dohnuts.ops.delta_rule import gated_delta_rule, gated_delta_rule_from_logits
+from dohnuts.ops.delta_rule import gated_delta_rule, gated_delta_rule_from_logits, prepare_delta_rule_backward
 from dohnuts.ops.norm import add_rms_norm, gated_rms_norm, rms_norm
 from dohnuts.ops.rope import apply_rotary, norm_rope
 
 __all__ = ["add_rms_norm", "apply_rotary", "attention_at", "causal_attention", "causal_conv1d", "causal_conv1d_parts",
            "causal_conv1d_qkv", "copy4d", "gated_delta_rule", "gated_delta_rule_from_logits", "gated_output", "gated_rms_norm",
-           "kernel_status", "norm_rope", "recording", "reference", "rms_norm", "swiglu", "swiglu_packed"]
+           "kernel_status", "norm_rope", "prepare_delta_rule_backward", "recording", "rms_norm", "swiglu", "swiglu_packed"]

@@ -15,10 +15,11 @@ tests/ops/test_kernels_compile.py, catch that for sm_90 and gfx1100 before a GPU
 fused call of a process also seeds Triton's cache from the tuned-configuration table
 (dohnuts.ops._tuned).
 
-`reference()` is the one explicit switch: inside the block every op runs its plain-torch
-reference, on any device. It exists for parity tests and benchmarks (fused vs reference on the
-same tensors); the runtime never uses it. It is a context variable, so it applies to the thread
-(and async task) that entered it and nowhere else.
+`reference()` is the one explicit switch, private to the parity tooling (the tests, the bench's
+FP32 reference check, the benchmarks; `dohnuts.ops` does not export it): inside the block every op
+runs its plain-torch reference, on any device, to compare fused and reference paths on the same
+tensors. The runtime never uses it. It is a context variable, so it applies to the thread (and
+async task) that entered it and nowhere else.
 """
 
 from __future__ import annotations

@@ -238,8 +238,11 @@ def _forked(initial_state, K: int) -> bool:
             and initial_state[0].is_contiguous())
 
 
-def _hopper_guard(K: int) -> None:
-    """Before a forward whose backward will run: fla's #640 guard (docs/known-issues.md KI-1)."""
+def prepare_delta_rule_backward(K: int) -> None:
+    """Before a forward whose backward will run through fla's gated delta-rule backward at key head
+    dim K: fla's #640 guard lifted where dohnuts' GPU gradient-parity tests prove that backward
+    (block size BK=128 on Hopper), refused elsewhere (docs/known-issues.md KI-1). The training
+    peer (transformers + PEFT) calls it too: its backward is the same fla kernels."""
     from dohnuts.ops._fla import allow_hopper_backward_for_bk128, hopper_backward_hazard
 
     if hopper_backward_hazard():
@@ -282,7 +285,7 @@ class ChunkedDeltaRule(torch.autograd.Function):
         K = k.shape[-1]
         needs_grad = any(ctx.needs_input_grad)
         if needs_grad and q.is_cuda:
-            _hopper_guard(K)
+            prepare_delta_rule_backward(K)
         with _device(q):
             q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))  # fla's input guard did the same
             q_rstd = k_rstd = None

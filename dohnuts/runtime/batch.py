@@ -30,7 +30,7 @@ class Batch:
     prefix_ids: torch.Tensor | None = None  # (1, P) long: the shared prefix, computed once
     positions: torch.Tensor | None = None  # (3, 1, P + L) long: MRoPE positions (images only)
     rewards: torch.Tensor | None = None  # (Q, Kmax) float32: training targets, 0 where no candidate
-    pixel_patches: torch.Tensor | None = None  # (N, C·Tp·P·P) float32: the image's patches
+    pixel_patches: torch.Tensor | None = None  # (N, C·P·P) uint8: the image's patches (runtime.images)
     image_tokens: int = 0  # image placeholders at absolute positions 1..image_tokens of every sequence
     prefix_next_position: int | None = None  # rotary position after the prefix (host-known: no sync)
     score_rows: torch.Tensor | None = None  # (B, Kmax) long: each row's scored positions (ScoreInputs)

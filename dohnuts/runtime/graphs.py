@@ -7,6 +7,12 @@ docs/history/evolution.md M5, M8). Here each pass shape is captured once and rep
     shared   (1, P) + (B_b, L_b) → hidden states of the prefix and its forked suffixes in one
                                    pass (`TextBackbone.forward_shared`)   key (P, B_b, L_b, Q, image)
     forward  (B_b, L_b)          → hidden states of one batched pass      key (B_b, L_b, Q, image)
+    vision   (N, C·P·P) uint8    → merged image features: the pixels normalised and the whole tower
+                                   (`encode`)                             key (the images' grids)
+
+The vision tower of one 448² image is ≈ 500 small launches, host-bound as the text passes were;
+its graph is keyed by the exact grids (attention spans a whole image, so patches cannot be
+padded to a bucket): one graph a resolution, within the same budget.
 
 Which pass a request runs is `dohnuts.model.scorer.choose_pass`'s answer: a graph captures the
 pass it names and never decides again.
@@ -49,6 +55,7 @@ import torch
 from dohnuts.model.inputs import ScoreInputs
 from dohnuts.model.lora import refresh_adapter_copies
 from dohnuts.model.scorer import ScoringModel, choose_pass, no_stage
+from dohnuts.runtime.images import pixel_values
 
 
 @dataclass(frozen=True)
@@ -211,6 +218,19 @@ class PassGraphs:
             xs = self._static(x)
             g = self._replay((kind, x.prefix_len, B, L, Q, img), lambda: self.model.run_pass(kind, xs))
         return None if g is None else g.output
+
+    def encode(self, patches: torch.Tensor, grids: torch.Tensor) -> torch.Tensor:
+        """Merged features (Σ tokens, H) of uint8 patches (N, C·P·P) on the device, by replaying the
+        tower's graph for these grids ((n, 3) long, on the host), eagerly where there is none. The
+        result is the caller's own (the image cache keeps it), never the graph's static output."""
+        temporal = self.model.cfg.vision.temporal_patch_size
+        key = ("vision", tuple(tuple(int(v) for v in g) for g in grids.tolist()))
+        static = self._buffer("patches", patches)
+        static.copy_(patches)
+        g = self._replay(key, lambda: self.model.encode_images(pixel_values(static, temporal), grids))
+        if g is None:
+            return self.model.encode_images(pixel_values(patches, temporal), grids)
+        return g.output.clone()
 
     def _replay(self, key: tuple, fn: Callable[[], object]) -> _Captured | None:
         """Replay the graph of `key` (captured from `fn` on first use); None, counted as eager,

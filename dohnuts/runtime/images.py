@@ -18,6 +18,13 @@ Policy v1 (the Qwen3-VL image processor's arithmetic, with a smaller pixel budge
 5. Repeat the frame temporal_patch_size times and flatten into (N, C·Tp·P·P) patches in
    spatial-merge-block order — exactly the rows of transformers' Qwen2-VL image processor.
 
+Where each step runs: the host decodes, keys, resizes and cuts the uint8 pixels into patches
+(`PreparedImage.patches`, (N, C·P·P) uint8: a quarter of a float frame's bytes, and no frame
+repeat); steps 4 and 5 run on the device, where the tower reads them (`pixel_values`, the same
+arithmetic element by element, so the values equal the reference processor's bit for bit). On the
+H200's host the float steps and the copy into pinned memory had been half of a cold image's
+preparation (docs/history/evolution.md M32).
+
 The content key is sha256 over the policy identity, the patch geometry, the original width and
 height and the decoded RGB bytes: the same pixels hit under any file name or lossless format,
 different pixels never do.
@@ -56,7 +63,7 @@ MAX_IMAGE_BYTES = 256 * 1024 * 1024
 # Refuse larger images from the header alone. 8192² stays below Pillow's own bomb warning
 # threshold (≈ 89.5 M pixels), so an image we accept never trips Pillow's check first.
 MAX_DECODE_PIXELS = 8192 * 8192
-IMAGE_MEAN = (0.5, 0.5, 0.5)
+IMAGE_MEAN = (0.5, 0.5, 0.5)  # one value for every channel: `pixel_values` relies on it
 IMAGE_STD = (0.5, 0.5, 0.5)
 
 
@@ -64,8 +71,9 @@ IMAGE_STD = (0.5, 0.5, 0.5)
 class PreparedImage:
     """One image ready for the tower. `key` identifies its pixels under this policy.
 
-    patches (N, C·Tp·P·P) float32 in merge-block order — or None when the image was recognised by
-    its file bytes (`ImageKeyMemo`) and its features were cached, so nothing was decoded;
+    patches (N, C·P·P) uint8 pixels in merge-block order (`pixel_values` makes the tower's
+    (N, C·Tp·P·P) float input of them) — or None when the image was recognised by its file bytes
+    (`ImageKeyMemo`) and its features were cached, so nothing was decoded;
     grid_thw = (1, H/P, W/P) patches; token_count = merged tokens it occupies in the text;
     width/height are the decoded size.
     """
@@ -251,19 +259,36 @@ def content_key(rgb: Image.Image, vision: VisionConfig) -> str:
     return digest.hexdigest()
 
 
-def patchify(pixels: torch.Tensor, patch_size: int, merge_size: int, temporal_patch_size: int) -> torch.Tensor:
-    """pixels (C, H, W) → (H/P · W/P, C·Tp·P·P) in merge-block order (Qwen2-VL processor layout).
+def patchify(pixels: np.ndarray, patch_size: int, merge_size: int) -> torch.Tensor:
+    """uint8 pixels (H, W, C) → (H/P · W/P, C·P·P) uint8 in merge-block order (Qwen2-VL processor
+    layout, before its frame repeat).
 
     Row r is patch (block_row, block_col, in_row, in_col) in that nesting order; within a row the
-    values run over (channel, frame, pixel row, pixel column) — the Conv3d kernel's order.
+    values run over (channel, pixel row, pixel column) — the Conv3d kernel's order without its
+    frame axis.
     """
-    C, H, W = pixels.shape
+    H, W, C = pixels.shape
     P, m = patch_size, merge_size
     gh, gw = H // P, W // P
-    x = pixels.reshape(C, gh // m, m, P, gw // m, m, P)
-    x = x.permute(1, 4, 2, 5, 0, 3, 6)  # (gh/m, gw/m, m, m, C, P, P)
-    x = x.unsqueeze(5).expand(*x.shape[:5], temporal_patch_size, P, P)  # (gh/m, gw/m, m, m, C, Tp, P, P)
-    return x.reshape(gh * gw, C * temporal_patch_size * P * P)
+    x = pixels.reshape(gh // m, m, P, gw // m, m, P, C)
+    x = x.transpose(0, 3, 1, 4, 6, 2, 5)  # (gh/m, gw/m, m, m, C, P, P)
+    # One copy of the uint8 pixels, in numpy: torch's copy of this strided view runs on its intra-op
+    # threads, which on a loaded host (or beside the run's other threads) cost milliseconds a call.
+    return torch.from_numpy(np.ascontiguousarray(x).reshape(gh * gw, C * P * P))
+
+
+def pixel_values(patches: torch.Tensor, temporal_patch_size: int) -> torch.Tensor:
+    """uint8 patches (N, C·P·P) → the tower's float32 input (N, C·Tp·P·P), on their device:
+    x / 255 in float64 rounded to float32, normalised in float32 ((x − mean) / std), the frame
+    repeated Tp times — the reference processor's arithmetic element by element, so the result
+    equals its `pixel_values` bit for bit. A few elementwise kernels on the GPU, and capturable
+    in a CUDA graph (no host tensor is read)."""
+    N, row = patches.shape
+    x = (patches.double() * (1 / 255)).float()  # (N, C·P·P)
+    C = len(IMAGE_MEAN)
+    x = (x - IMAGE_MEAN[0]) / IMAGE_STD[0]  # the policy's mean and std are one value for every channel
+    x = x.view(N, C, 1, row // C)
+    return x.expand(N, C, temporal_patch_size, row // C).reshape(N, C * temporal_patch_size * (row // C))
 
 
 def prepare_image(source: str | Path | bytes, vision: VisionConfig, *, name: str | None = None) -> PreparedImage:
@@ -280,14 +305,10 @@ def prepare_image(source: str | Path | bytes, vision: VisionConfig, *, name: str
         th, tw = smart_resize(height, width, factor)
     except ValueError as exc:
         raise ImageError(f"cannot be resized ({exc})", source=where) from None
-    resized = rgb.resize((tw, th), resample=Image.Resampling.BICUBIC)
-    # Rescale in float64 then round to float32, normalise in float32 (the reference's arithmetic).
-    pixels = torch.from_numpy((np.asarray(resized, dtype=np.float64) * (1 / 255)).astype(np.float32))  # (H, W, C)
-    mean, std = torch.tensor(IMAGE_MEAN), torch.tensor(IMAGE_STD)
-    pixels = ((pixels - mean) / std).permute(2, 0, 1)  # (C, H, W)
-    patches = patchify(pixels, vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size)
+    resized = rgb if (tw, th) == rgb.size else rgb.resize((tw, th), resample=Image.Resampling.BICUBIC)
+    patches = patchify(np.asarray(resized), vision.patch_size, vision.spatial_merge_size)  # (N, C·P·P) uint8
     grid = (1, th // vision.patch_size, tw // vision.patch_size)
     m = vision.spatial_merge_size
-    return PreparedImage(key=key, patches=patches.contiguous(), grid_thw=grid,
+    return PreparedImage(key=key, patches=patches, grid_thw=grid,
                          token_count=grid[0] * grid[1] * grid[2] // (m * m),
                          width=width, height=height, source=where)

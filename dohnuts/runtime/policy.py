@@ -20,7 +20,7 @@ Measurement needs a few comparison variants: the same model without sharing (`UN
 eager launches instead of graphs (`EAGER`), or both. They exist for the benchmark's targets and
 for tests only — reached through the private `_policy` argument of `dohnuts.api.load` and
 `Session` — and every record and report of the benchmark labels them measurement-only. The plain
-reference ops (`dohnuts.ops.reference()`) are the third such variant: parity tests only.
+reference ops (`dohnuts.ops._dispatch.reference()`, private) are the third such variant: parity tests only.
 """
 
 from __future__ import annotations

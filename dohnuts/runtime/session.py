@@ -29,7 +29,7 @@ from dohnuts.model.scorer import ScoringModel, decide, no_stage
 from dohnuts.runtime.batch import Batch, HostBatch, collate, without_patches
 from dohnuts.runtime.graphs import PassGraphs, ShapeBuckets
 from dohnuts.runtime.image_cache import ImageFeatureCache
-from dohnuts.runtime.images import ImageKeyMemo, PreparedImage, prepare_image
+from dohnuts.runtime.images import ImageKeyMemo, PreparedImage, pixel_values, prepare_image
 from dohnuts.runtime.plan import plan_request
 from dohnuts.runtime.policy import PRODUCT, ExecutionPolicy
 from dohnuts.runtime.requests import Request
@@ -195,7 +195,12 @@ class Session:
             seen.add(img.key)
 
         def encode(patches: torch.Tensor, grids: torch.Tensor) -> torch.Tensor:
-            return self.model.encode_images(patches.to(self.device, non_blocking=True), grids.to(self.device))
+            # uint8 patches, made the tower's float input on the device; the grids stay on the host
+            # (the tower reads them for shapes only: no device read, so the pass can be captured)
+            patches = patches.to(self.device, non_blocking=True)
+            if self.graphs is not None:
+                return self.graphs.encode(patches, grids)
+            return self.model.encode_images(pixel_values(patches, self.cfg.vision.temporal_patch_size), grids)
 
         with torch.no_grad():
             feats = iter(zip(self.image_cache.features(imgs, encode, staged), encodes, imgs))

@@ -23,7 +23,7 @@ refuses into the project's one error line, `FILE: field 'PATH': problem` (`Dohnu
 Also here, because every reader and writer shares them: `read_yaml` (refuses duplicate keys, one
 line for every YAML failure), `read_json` (a user's JSON file, bounded and checked by its stat),
 `dumps` / `write_json` (the one strict-JSON writer: never a bare NaN or Infinity), and the small
-helpers their checks use (`short`, `one_line`, `why_not_finite`, `first_nonfinite`, `median`).
+helpers their checks use (`short`, `one_line`, `printable`, `why_not_finite`, `first_nonfinite`, `median`).
 """
 
 from dohnuts.schema.decode import (
@@ -36,7 +36,7 @@ from dohnuts.schema.user_files import (
     GIB, KIB, MIB, check_dir, check_file, check_output, kind_of, open_file, read_file, size_words, stat_path,
 )
 from dohnuts.schema.values import (
-    first_nonfinite, is_finite, median, one_line, one_line_error, short, why_not_finite,
+    first_nonfinite, is_finite, median, one_line, one_line_error, printable, short, why_not_finite,
 )
 
 __all__ = [

@@ -12,6 +12,12 @@ def one_line(text: Any) -> str:
     return " ".join(str(text).split())
 
 
+def printable(text: Any) -> str:
+    """`text` on one line with every unprintable character (ESC, NUL, ...) written as its escape: a
+    string from a file (a library's warning a record kept) reaches a terminal as text only."""
+    return _escape(one_line(text))
+
+
 def short(value: Any, limit: int = 80, convert=repr) -> str:
     """convert(value) (repr by default) on one line, cut to `limit` characters: an error message
     stays one readable line."""
@@ -67,6 +73,13 @@ def _escape(text: str | None) -> str | None:
     if text is None or text.isprintable():
         return text
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def printable(text: Any) -> str:
+    """`text` safe for a terminal line: every unprintable character (a newline, an escape
+    sequence's ESC, NUL) written as its escape — a user's workload name or path cannot move the
+    cursor or recolour the screen (rich markup is a matter of `rich.text.Text`, which never reads it)."""
+    return _escape(str(text)) or ""
 
 
 def one_line_error(exc: DohnutsError) -> DohnutsError:

@@ -112,8 +112,13 @@ def test_a_cpu_run_or_another_device_is_flagged():
 def test_a_stage_faster_than_its_lower_bound_is_flagged():
     rec = json.loads(_lines(1)[0])
     rec["stages"]["suffix"]["device_ms"] = 1e-9  # impossible: below any lower bound
-    warnings = analyze_records([rec], find_hwspec("rx7900xtx")).warnings
-    assert any("stage suffix ran faster than its datasheet bound" in w for w in warnings)
+    analysis = analyze_records([rec], find_hwspec("rx7900xtx"))
+    (w,) = [w for w in analysis.warnings if "stage suffix" in w]
+    assert "stage suffix is bound-suspect against its datasheet bound: measured 1e-09 ms, under its" in w
+    assert "%" not in w  # the impossible efficiency is never written as a number
+    suffix = next(r for r in analysis.groups[0].stages if r.stage == "suffix")
+    assert suffix.efficiency["datasheet"] is None and suffix.verdict["datasheet"] == "bound-suspect"
+    assert suffix.suspect["datasheet"].startswith("measured 1e-09 ms, under its")
 
 
 def test_a_training_step_timed_as_one_forward_gets_the_bound_of_its_parts():

@@ -88,6 +88,12 @@ def test_quickstart_runs_on_cpu_and_records_every_call(tmp_path, capsys):
     train = [r for r in records if r["workload"]["kind"] == "train-step"]
     assert all({"forward", "backward", "optimizer"} <= set(r["stages"]) for r in train)
     assert (run_dir / "report.txt").exists() and (run_dir / "summary.json").exists()
+    # an honest report: no efficiency above 100 % anywhere, the headline first (tests/bench/test_headline.py)
+    from tests.bench.report_checks import html_cells, impossible_figures, text_tables
+
+    assert impossible_figures(run_dir) == []
+    assert text_tables((run_dir / "report.txt").read_text())[0]["title"].startswith("Headline")
+    assert html_cells((run_dir / "report.html").read_text()).table_ids[0] == "headline"
 
 
 BAD = {

@@ -43,11 +43,14 @@ class _Keys(HTMLParser):
         self.body_ready = False
         self.svgs = 0
         self.shapes = 0
+        self.tables: list[str] = []  # the tables' ids, in page order
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
         if tag == "body" and a.get("data-ready") == "1":
             self.body_ready = True
+        if tag == "table":
+            self.tables.append(a.get("id") or a.get("class") or "")
         if tag == "svg":
             self.svgs += 1
         if tag in ("circle", "polyline", "line", "path"):
@@ -120,9 +123,23 @@ def test_the_page_loads_renders_and_shows_the_summary_numbers(report):
     for g in summary["sections"]["efficiency"]["groups"]:
         group = f"{g['workload']}|{g['target']}"
         for base in g.get("bases") or []:
-            value = g["call"]["efficiency"].get(base)
+            value, suspect = g["call"]["efficiency"].get(base), g["call"]["suspect"].get(base)
             text = shown[(f"efficiency.{base}", group)]
-            assert text == ("—" if value is None else f"{100 * value:.1f}%")
+            assert text == ("bound-suspect" if suspect else "—" if value is None else f"{100 * value:.1f}%")
+    # the headline opens the page: its first table, every number that of summary.json
+    assert dom.tables[0] == "headline"
+    rows = summary["sections"]["headline"]["rows"]
+    assert rows
+    for r in rows:
+        d, sp = r["dohnuts"], r["speedup"]
+        group = f"{r['workload']}|{d['target']}"
+        assert float(shown[("headline.wall_ms", group)]) == pytest.approx(d["wall_ms"], abs=0.006)
+        assert shown[("headline.efficiency", group)] == (
+            "bound-suspect" if d["suspect"] else f"{100 * d['efficiency']:.1f}%")
+        if sp is not None:
+            pair = f"{r['workload']}|{r['against']['target']}"
+            assert shown[("headline.speedup", pair)] == f"{sp['ratio']:.2f}×"
+            assert shown[("headline.interval", pair)] == f"{sp['low']:.2f}–{sp['high']:.2f}"
     assert "comparison" in done.stdout and "No history in the run store" not in done.stdout
 
 

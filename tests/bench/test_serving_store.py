@@ -1,12 +1,13 @@
-"""The run store's schema 2 (serving and quality columns): a schema-1 file is migrated when opened,
-its columns filled from the records' JSON, and new records fill them as they are added."""
+"""The run store's schema 2 (serving and quality columns): a schema-1 file is migrated when opened
+(to today's schema, 3), its columns filled from the records' JSON, and new records fill them as
+they are added."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
 
-from dohnuts.bench.store import APPLICATION_ID, RunStore
+from dohnuts.bench.store import APPLICATION_ID, SCHEMA_VERSION, RunStore
 
 V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -44,7 +45,7 @@ def test_a_schema_1_store_is_migrated_and_filled(tmp_path):
     db.commit()
     db.close()
     with RunStore(path) as store:
-        assert store.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
+        assert store.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (str(SCHEMA_VERSION),)
         rows = store.db.execute(f"SELECT {COLUMNS} FROM records ORDER BY seq").fetchall()
         assert rows == [(None,) * 6, ("server", 40.0, 12.5, None, None, 0.002)]
         assert store.records("r") == [OLD, SERVED]  # the records themselves untouched
@@ -52,5 +53,5 @@ def test_a_schema_1_store_is_migrated_and_filled(tmp_path):
         assert store.db.execute(f"SELECT {COLUMNS} FROM records WHERE seq = 2").fetchone() == (
             "single", None, None, 1, 1, None)
         assert store.integrity() == "ok"
-    with RunStore(path) as again:  # opening a schema-2 store changes nothing
+    with RunStore(path) as again:  # opening a migrated store changes nothing
         assert again.db.execute("SELECT COUNT(*) FROM records").fetchone() == (3,)

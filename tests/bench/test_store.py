@@ -122,7 +122,7 @@ def _run_records(run_id: str, rev: str, wall: float, rng: random.Random, calls: 
 
 def test_history_flags_the_injected_step_and_nothing_else(tmp_path):
     """Six revisions of one workload, 1 % noise, the wall time doubled from the fourth on: history
-    flags exactly revision 4, as slower, on the whole call and on the stage."""
+    flags exactly one level shift, at revision 4, as slower, on the whole call and on the stage."""
     rng = random.Random(0)
     with RunStore(tmp_path / "s.sqlite") as store:
         for k in range(6):
@@ -133,8 +133,9 @@ def test_history_flags_the_injected_step_and_nothing_else(tmp_path):
         for stage in ("wall", "forward"):
             (series,) = history(store, stage=stage)
             assert [p.revision for p in series.points] == [f"rev{k:02d}" for k in range(6)]
-            assert [(p.revision, p.verdict) for p in series.changes] == [("rev03", "slower")]
-            assert series.points[3].ratio == pytest.approx(2.0, rel=0.05)
+            assert [(series.points[c.at].revision, c.verdict) for c in series.changes] == [("rev03", "slower")]
+            (step,) = series.changes
+            assert (step.runs_before, step.runs_after) == (3, 3) and step.ratio == pytest.approx(2.0, rel=0.05)
 
 
 def test_history_command_on_a_store(tmp_path, capsys):

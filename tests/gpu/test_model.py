@@ -7,11 +7,26 @@ import pytest
 import torch
 
 from dohnuts import ops
+from dohnuts.ops._dispatch import reference as reference_ops  # private: the parity tooling's switch
 from dohnuts.runtime.policy import EAGER
 from tests.gpu.helpers import BF16_TOL, DEV, _wide_tiny
 from tests.reference import relative_error, two_passes
 
 pytestmark = pytest.mark.gpu
+
+# The BF16 gates below are set from the measured distribution of BF16 drift, not from one run:
+# `benchmarks/bf16_drift.py` on the H200 (2026-12-04, results/h200/2026-12-04-s20-cold-prepare/
+# bf16_drift.json), a 4-layer backbone at 2b widths over 8 weight seeds × 4 shapes (B × L: 4 × 333,
+# 8 × 128, 2 × 1000, 16 × 64), relative error of the hidden states against FP32:
+#   fused BF16 2.85e-2 … 2.93e-2 (median 2.88e-2, n = 32); plain-torch ops in BF16 3.08e-2 … 3.16e-2;
+#   fused / plain 0.915 … 0.934;
+#   packed projections (8 seeds × the full and the prefix-then-suffix pass, n = 16): 2.83e-2 … 2.92e-2
+#   against FP32, exactly the unpacked run's (packed / unpacked 1.000, their difference 0.0).
+# These replace an absolute gate that had been widened to twice its first value after one run
+# measured just above it (commit 41255c7). Never widen them to get green: measure the distribution.
+BF16_DRIFT = 3.5e-2  # above every run's drift against FP32 (max 3.16e-2, the plain ops)
+ONLY_ROUNDING = 1.05  # fused (or packed) within this factor of the plain BF16 run (max 0.934; packed 1.000)
+PACKING_IS_EXACT = 1e-3  # packed against unpacked, both fused BF16 (measured 0.0 in 16 of 16)
 
 
 def test_backbone_pruned_to_scored_rows_bf16():
@@ -48,21 +63,21 @@ def test_backbone_fused_bf16_matches_reference_fp32():
     ids = torch.randint(0, 20000, (4, 333), device=DEV)
     with torch.no_grad():
         h_fused, _ = fused(ids)
-        with ops.reference():
+        with reference_ops():
             h_ref16, _ = fused(ids)  # same BF16 weights, plain-torch ops
             h_ref32, _ = ref32(ids)
     err_fused = relative_error(h_fused.float(), h_ref32)
     err_ref16 = relative_error(h_ref16.float(), h_ref32)
-    assert err_fused < 6e-2 and err_ref16 < 6e-2
-    assert err_fused < 1.5 * err_ref16, f"fused BF16 {err_fused:.3e} vs plain BF16 {err_ref16:.3e}"
+    assert err_fused < BF16_DRIFT and err_ref16 < BF16_DRIFT, (err_fused, err_ref16)
+    assert err_fused < ONLY_ROUNDING * err_ref16, f"fused BF16 {err_fused:.3e} vs plain BF16 {err_ref16:.3e}"
 
 
 def test_packed_backbone_bf16_keeps_the_mathematics():
     """A 4-layer model at Qwen3.5-2b widths (3 Gated DeltaNet layers, 1 attention layer), BF16 on
     the fused ops: packed projections against the same weights unpacked, for one pass and for a
     batch-1 prefix state forked to 3 suffixes. Both are measured against an FP32 reference run of
-    the same weights; the packed run may not be further from it than 1.5× the unpacked run (the
-    BF16 gate of test_backbone_fused_bf16_matches_reference_fp32: only rounding may differ)."""
+    the same weights; the packed run may not be further from it than the unpacked run by more than
+    the gates above allow (only rounding may differ; measured: not at all)."""
     import copy
     from dataclasses import replace
 
@@ -92,13 +107,13 @@ def test_packed_backbone_bf16_keeps_the_mathematics():
 
     with torch.no_grad():
         got, want = passes(packed), passes(plain)
-        with ops.reference():
+        with reference_ops():
             truth = passes(ref32)
     for name, g, w, t in zip(("full", "prefix+suffix"), got, want, truth):
         err_packed, err_plain = relative_error(g, t), relative_error(w, t)
-        assert err_packed < 6e-2, f"{name}: packed BF16 {err_packed:.3e} from FP32"
-        assert err_packed < 1.5 * err_plain, f"{name}: packed {err_packed:.3e} vs unpacked {err_plain:.3e}"
-        assert relative_error(g, w) < 6e-2, name
+        assert err_packed < BF16_DRIFT, f"{name}: packed BF16 {err_packed:.3e} from FP32"
+        assert err_packed < ONLY_ROUNDING * err_plain, f"{name}: packed {err_packed:.3e} vs unpacked {err_plain:.3e}"
+        assert relative_error(g, w) < PACKING_IS_EXACT, name
 
 
 @pytest.mark.parametrize("pruned", [True, False])

@@ -114,3 +114,34 @@ def test_the_microbenchmark_timings_are_the_stage_timer_s():
     each = timer.device_ms_each("sleep")
     assert len(each) == 2 and each[0] > 1.0 and each[1] > each[0] + 0.5
     assert timer.result()["sleep"].device_ms == pytest.approx(sum(each))
+
+
+def test_vision_graph_replays_the_eager_tower(tmp_path):
+    """The vision tower's graph (uint8 patches normalised on the device, then the tower) against
+    the eager tower, two images of one size in turn (a stale static buffer fails), the first
+    result untouched by the second replay (the image cache keeps it), at 2b's vision widths."""
+    import numpy as np
+    from PIL import Image
+
+    import dohnuts.api as api
+    from dohnuts.runtime.images import pixel_values, prepare_image
+
+    session = api.load("qwen3.5-2b", device=DEV, dtype=torch.bfloat16)
+    vision = session.cfg.vision
+    rng = np.random.default_rng(0)
+    imgs = []
+    for i in range(2):
+        path = tmp_path / f"{i}.png"
+        Image.fromarray(rng.integers(0, 256, (448, 448, 3), dtype=np.uint8)).save(path)
+        imgs.append(prepare_image(path, vision))
+    grids = torch.tensor([imgs[0].grid_thw])
+    with torch.no_grad():
+        eager = [session.model.encode_images(pixel_values(img.patches.to(DEV), vision.temporal_patch_size), grids)
+                 for img in imgs]
+        first = session.graphs.encode(imgs[0].patches.to(DEV), grids)
+        kept = first.clone()
+        second = session.graphs.encode(imgs[1].patches.to(DEV), grids)
+    assert relative_error(first, eager[0]) < 1e-3 and relative_error(second, eager[1]) < 1e-3
+    assert torch.equal(first, kept) and relative_error(first, second) > 1e-2
+    stats = session.graphs.stats()
+    assert stats.captures == 1 and stats.replays == 2 and not stats.eager

@@ -70,6 +70,23 @@ def test_adapter_roundtrip_and_identity(tmp_path):
         api.load("tiny", adapter=path, seed=1)  # same architecture, other weights
 
 
+def test_the_same_adapter_saves_to_the_same_bytes(tmp_path):
+    """Same weights, same bytes: saved again, and re-exported after a load (safetensors itself
+    writes the metadata in its hash map's order, which changes from save to save)."""
+    import hashlib
+
+    model = api.load("tiny", lora=LoRAConfig(rank=4))
+    _randomize_adapters(model, seed=5)
+    digests = set()
+    for i in range(8):
+        save_adapter(model, tmp_path / f"a{i}.safetensors", extra={"update": 3, "dev_accuracy": 0.5})
+        digests.add(hashlib.sha256((tmp_path / f"a{i}.safetensors").read_bytes()).hexdigest())
+    again = api.load("tiny", adapter=tmp_path / "a0.safetensors", merge=False)
+    save_adapter(again, tmp_path / "re-export.safetensors", extra={"update": 3, "dev_accuracy": 0.5})
+    digests.add(hashlib.sha256((tmp_path / "re-export.safetensors").read_bytes()).hexdigest())
+    assert len(digests) == 1
+
+
 def test_corrupt_adapter(tmp_path):
     path = tmp_path / "bad.safetensors"
     path.write_bytes(b"not a safetensors file")
@@ -94,7 +111,9 @@ def test_bench_target_serves_an_adapter_merged(tmp_path):
         kind, model, seed, file = "text", "tiny", 0, "w.yaml"
 
     target = DohnutsTarget(Spec(), torch.device("cpu"), torch.float32, DohnutsTarget.Options(adapter=str(path)))
-    assert target.model.lora is None and target.model.temperature == 0.7 and target.lora_info is None
+    assert target.model.lora is None and target.model.temperature == 0.7  # merged: the session has no adapters
+    # ... and its records say which were merged (the cost model counts no adapter FLOPs for them)
+    assert target.lora_info == {"rank": 4, "targets": list(model.lora.targets), "merged": True}
     assert not any(isinstance(m, LoRALinear) for m in target.model.model.modules())
     (req,) = synthetic_requests(1, seed=6)
     result = target.run_call(PredictCall(req), NULL_TIMER)

@@ -100,8 +100,8 @@ class _FakeCuda:
 def test_reference_switch_is_explicit_scoped_and_per_thread(monkeypatch):
     import threading
 
-    from dohnuts import ops
     from dohnuts.ops import _dispatch
+    from dohnuts.ops._dispatch import reference as reference_ops
     from dohnuts.ops._dispatch import use_fused
 
     monkeypatch.setattr(_dispatch, "_KERNELS", _dispatch.DeviceKernels(probe=lambda device: None))  # a GPU with kernels
@@ -110,9 +110,9 @@ def test_reference_switch_is_explicit_scoped_and_per_thread(monkeypatch):
     x = _FakeCuda()
     assert use_fused(x)  # a CUDA tensor takes the fused path by default
     seen_in_thread = []
-    with ops.reference():
+    with reference_ops():
         assert not use_fused(x)
-        with ops.reference():  # nests
+        with reference_ops():  # nests
             assert not use_fused(x)
         assert not use_fused(x)
         t = threading.Thread(target=lambda: seen_in_thread.append(use_fused(x)))
@@ -120,7 +120,7 @@ def test_reference_switch_is_explicit_scoped_and_per_thread(monkeypatch):
         t.join()
     assert use_fused(x)
     assert seen_in_thread == [True]  # another thread is not switched
-    with pytest.raises(RuntimeError), ops.reference():
+    with pytest.raises(RuntimeError), reference_ops():
         raise RuntimeError("boom")
     assert use_fused(x)  # restored after an exception
     assert not use_fused(torch.zeros(1))  # CPU tensors always take the reference path

@@ -80,8 +80,30 @@ def test_image_requests_replay_with_the_prefix_cutting_the_image(tmp_path):
     for share in (True, False):
         for w, g in zip(_scores(eager, reqs, share), _scores(graphed, reqs, share)):
             assert relative_error(g, w) < 1e-5
-    # the shared pass and one full pass
-    assert graphed.graphs.stats().captures == 2
+    # the vision tower (one resolution), the shared pass and one full pass
+    assert graphed.graphs.stats().captures == 3
+
+
+def test_vision_graph_encodes_each_image_and_hands_out_its_own_tensor(tmp_path):
+    """The tower's graph reads uint8 patches from its static buffer: a second image of the same
+    size gets its own features (a stale buffer fails), and the first result stays intact (the cache
+    keeps it, so it must not be the graph's static output)."""
+    from dohnuts.runtime.images import pixel_values, prepare_image
+
+    graphed = _graphed(api.load("tiny"))
+    vision = graphed.cfg.vision
+    imgs = [prepare_image(_png(tmp_path / f"{i}.png", i), vision) for i in range(2)]
+    grids = torch.tensor([imgs[0].grid_thw])
+    with torch.no_grad():
+        eager = [graphed.model.encode_images(pixel_values(img.patches, vision.temporal_patch_size), grids)
+                 for img in imgs]
+        first = graphed.graphs.encode(imgs[0].patches, grids)
+        kept = first.clone()
+        second = graphed.graphs.encode(imgs[1].patches, grids)
+    assert torch.equal(first, eager[0]) and torch.equal(second, eager[1])
+    assert torch.equal(first, kept)  # not overwritten by the second replay
+    assert not torch.equal(first, second)
+    assert graphed.graphs.stats().captures == 1 and graphed.graphs.stats().replays == 2
 
 
 def test_bucket_padding_is_counted_as_padded_work():

@@ -12,7 +12,7 @@ from PIL import Image
 from dohnuts.config import preset
 from dohnuts.model.vision import build_vision_tower
 from dohnuts.runtime.image_cache import DEFAULT_MAX_BYTES, ImageFeatureCache
-from dohnuts.runtime.images import PreparedImage, prepare_image
+from dohnuts.runtime.images import PreparedImage, pixel_values, prepare_image
 
 WIDTH = 8  # patch row width of the fake images
 HIDDEN = 16  # feature width of the fake encoder
@@ -92,7 +92,7 @@ def test_hit_returns_exactly_what_the_miss_computed():
     def encode(patches, grid_thw):
         calls.append(grid_thw.tolist())
         with torch.no_grad():
-            return tower(patches, grid_thw)
+            return tower(pixel_values(patches, vision.temporal_patch_size), grid_thw)
 
     cold = cache.features(images, encode)
     warm = cache.features(images[::-1], encode)

@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 import dohnuts.api as api
+from dohnuts.runtime.images import pixel_values
 from dohnuts.runtime.predict import Predictor
 from dohnuts.runtime.requests import Question, Request
 from tests.reference import hf_full_config, relative_error, unshared
@@ -45,7 +46,8 @@ def test_scores_equal_transformers_features_spliced(tmp_path):
     with unshared(model):
         hb = model.prepare(req)
     with torch.no_grad():
-        feats = hf.visual(hb.image.patches, grid_thw=torch.tensor([hb.image.grid_thw])).pooler_output
+        values = pixel_values(hb.image.patches, model.cfg.vision.temporal_patch_size)  # the processor's pixel_values
+        feats = hf.visual(values, grid_thw=torch.tensor([hb.image.grid_thw])).pooler_output
         scores = model.model(hb.tensors.score_inputs(feats))
     assert relative_error(ours, scores) < 1e-4
     # and the image really matters

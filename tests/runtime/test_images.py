@@ -14,7 +14,7 @@ from PIL import Image
 
 from dohnuts.config import preset
 from dohnuts.errors import ImageError
-from dohnuts.runtime.images import MAX_PIXELS, MIN_PIXELS, prepare_image, smart_resize
+from dohnuts.runtime.images import MAX_PIXELS, MIN_PIXELS, pixel_values, prepare_image, smart_resize
 
 VISION = preset("tiny").vision  # patch 16, temporal 2, merge 2 (the public sizes' geometry)
 FACTOR = VISION.patch_size * VISION.spatial_merge_size
@@ -55,8 +55,9 @@ def test_patches_equal_transformers_processor(h, w, mode):
     ours = prepare_image(data, VISION, name="x.png")
     ref = _hf_processor()(images=[Image.open(io.BytesIO(data))], return_tensors="pt")
     assert list(ours.grid_thw) == ref["image_grid_thw"][0].tolist()
-    assert ours.patches.dtype == torch.float32
-    assert torch.equal(ours.patches, ref["pixel_values"])
+    assert ours.patches.dtype == torch.uint8  # the host's part: pixels cut into patches
+    values = pixel_values(ours.patches, VISION.temporal_patch_size)  # the device's part
+    assert values.dtype == torch.float32 and torch.equal(values, ref["pixel_values"])  # bit for bit
     assert ours.token_count == ours.patches.shape[0] // VISION.spatial_merge_size ** 2
 
 
@@ -75,9 +76,12 @@ def test_patch_order_by_hand(tmp_path):
         return torch.stack([block, block], dim=1).flatten()  # (C, Tp, P, P): the frame twice
 
     # Row index = ((block_row · blocks_per_row + block_col) · 2 + in_row) · 2 + in_col.
+    values = pixel_values(prepared.patches, VISION.temporal_patch_size)
+    raw = torch.from_numpy(np.array(im))  # (H, W, C) uint8
     for index, (r, c) in {0: (0, 0), 1: (0, 1), 2: (1, 0), 3: (1, 1), 4: (0, 2), 4 * (gw // 2): (2, 0),
                           4 * (gw // 2) + 7: (3, 3)}.items():
-        assert torch.allclose(prepared.patches[index], expected(r, c), atol=1e-6), (index, r, c)
+        assert torch.allclose(values[index], expected(r, c), atol=1e-6), (index, r, c)
+        assert torch.equal(prepared.patches[index], raw[r * P:(r + 1) * P, c * P:(c + 1) * P].permute(2, 0, 1).flatten())
     assert prepared.grid_thw == (1, 16, 20) and prepared.width == 320 and prepared.height == 256
 
 

@@ -104,6 +104,12 @@ def test_no_public_argument_switches_the_policy():
         assert not [n for n in public if banned.search(n)], (fn.__qualname__, public)
     assert "_policy" in inspect.signature(api.load).parameters
     assert not [f for f in OptimConfig.__struct_fields__ if banned.search(f)]
+    # the ops package exports no switch either: the reference paths' switch is private to the
+    # parity tooling (dohnuts.ops._dispatch.reference)
+    import dohnuts.ops
+
+    assert not [n for n in dir(dohnuts.ops) if not n.startswith("_") and n in ("reference", "fused", "backend")]
+    assert not [n for n in dohnuts.ops.__all__ if n in ("reference", "fused", "backend")]
 
 
 def test_the_cli_has_no_policy_flag():

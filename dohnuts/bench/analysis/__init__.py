@@ -8,7 +8,8 @@ path over the call pipeline, and reports over raw JSONL records.
 
 Modules: hwspec (YAML ceilings with their derivation), flops (counting rules), cost (stage costs
 of one call from its WorkCounts), bounds (T_lower, efficiency, verdict), critical_path (the
-pipeline model), records (JSONL reading), report (analyze_records), render (tables, roofline).
+pipeline model), records (JSONL reading), report (analyze_records), render (tables, roofline),
+headline (the table that opens every report: dohnuts against its peer and against the bound).
 """
 
 from dohnuts.bench.analysis.bounds import CallBounds, StageBound, combine, efficiency, stage_bound, target_verdict

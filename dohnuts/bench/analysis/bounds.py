@@ -10,15 +10,17 @@ for the run's precision and a basis (datasheet or measured):
               = max_k F_k / P_k    if it can (Hopper: tensor cores and FP32 pipes are separate).
     T_lower   = max(T_compute, Q / W, Q_link / W_link)
 
-Compute and memory always combine by max (docs/measurement.md: different constraints, not two readings
-that must hold at once). Efficiency = T_lower / T_measured. The limiter is the term that sets
-T_lower, named with its ceiling. The target verdict (`target_verdict`) is "meets" when
-T_measured <= T_lower / fraction (0.8), compared with a relative tolerance of 1e-9 so a
-measurement written in decimals exactly at the boundary (12.5 ms against a 10 ms bound) passes;
-"misses" above it; and "bound-suspect" when the measurement is faster than the lower bound itself
-(efficiency above 100 %): a bound a measurement beats is wrong (the cost model overstates the work,
-or a ceiling — e.g. one measured while other processes loaded the machine — understates the
-hardware), so it supports no verdict, never "meets". Padded and repeated work never enter T_lower.
+Compute and memory always combine by max (docs/measurement.md: different constraints, not two
+readings that must hold at once). Efficiency = T_lower / T_measured, shown only up to 100 %
+(`shown_efficiency`). The limiter is the term that sets T_lower, named with its ceiling. The
+target verdict (`target_verdict`) is "meets" when T_measured <= T_lower / fraction (0.8),
+compared with a relative tolerance of 1e-9 so a measurement written in decimals exactly at the
+boundary (12.5 ms against a 10 ms bound) passes; "misses" above it; and "bound-suspect" when the
+measurement is faster than the lower bound itself (efficiency above 100 %): a bound a
+measurement beats is wrong (the cost model overstates the work, or a ceiling — e.g. one measured
+while other processes loaded the machine — understates the hardware), so it supports no verdict,
+never "meets", and no efficiency is shown for it, only the reason. Padded and repeated work
+never enter T_lower.
 
 Whole call: the plain sum of stage bounds (no overlap), the single maximum (ideal overlap) and
 the critical path of critical_path.CallGraph (max <= critical path <= sum, proved there).
@@ -79,13 +81,31 @@ def stage_bound(cost: StageCost, spec: HwSpec, precision: str, basis: str = "dat
 
 
 def efficiency(bound_ms: float | None, measured_ms: float | None) -> float | None:
-    """T_lower / T_measured; None when either is unknown or nothing was measured."""
+    """T_lower / T_measured; None when either is unknown or nothing was measured. Above 1 it is no
+    efficiency but a broken bound: reports show `shown_efficiency`, never this raw ratio."""
     if bound_ms is None or not measured_ms or measured_ms <= 0:
         return None
     return bound_ms / measured_ms
 
 
 MEETS, MISSES, BOUND_SUSPECT = "meets", "misses", "bound-suspect"
+
+
+def shown_efficiency(bound_ms: float | None, measured_ms: float | None,
+                     limiter: str = "") -> tuple[float | None, str | None]:
+    """(efficiency, None), or (None, why) where the measurement beat its lower bound.
+
+    An efficiency above 100 % is impossible: the bound is wrong, so no report (text, HTML,
+    summary.json) shows it as a number; it reads bound-suspect with this reason. A ratio above 1
+    only by the verdict's tolerance (VERDICT_RTOL) is the bound itself: 1."""
+    eff = efficiency(bound_ms, measured_ms)
+    if eff is None or eff <= 1.0:
+        return eff, None
+    if target_verdict(measured_ms, bound_ms) != BOUND_SUSPECT:
+        return 1.0, None
+    ceiling = f" ({limiter})" if limiter and limiter != "—" else ""
+    return None, (f"measured {measured_ms:.3g} ms, under its {bound_ms:.3g} ms lower bound{ceiling}: the bound is "
+                  "wrong (the cost model overstates the work, or a ceiling understates the hardware)")
 
 
 def target_verdict(measured_ms: float | None, bound_ms: float | None, fraction: float = 0.8) -> str | None:

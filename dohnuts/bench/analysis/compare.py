@@ -22,6 +22,11 @@ each stage (`stage_ms`: device time where recorded, else host time), a row holds
       "no detectable change" otherwise
       "too few calls" when either run has fewer than 3 calls of that group/stage
 
+  Where the two runs' loads explain a "slower" or "faster" (the machine was saturated by other
+  processes in the slower run, whose process got less of a core: the rule and its thresholds are
+  in dohnuts.bench.analysis.load_verdict), the verdict reads "slower, explained by load" (or
+  "faster, ...") and the row's `load` says why; it is not a regression.
+
   Why: a bootstrap interval of medians is unreliable on a handful of calls (the resampled
   medians can only take the observed values, so 3 fully separated calls per run already give a
   tight interval, e.g. 2.3-3.5 for a p of 0.1); the rank test holds its level (exact p for small
@@ -53,12 +58,16 @@ import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from statistics import NormalDist
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dohnuts.bench.analysis.records import RecordError, Timing, stage_ms, target_label, where, workload_label
 from dohnuts.errors import DohnutsError
 from dohnuts.schema import convert
+
+if TYPE_CHECKING:
+    from dohnuts.bench.analysis.load_verdict import Load  # (it imports this module's verdicts)
 
 FASTER = "faster"
 SLOWER = "slower"
@@ -90,6 +99,7 @@ class StageComparison:
     ci_high: float | None
     p_value: float | None
     verdict: str
+    load: str | None = None         # why the loads explain the verdict (load_verdict), else None
 
 
 @dataclass(frozen=True)
@@ -152,6 +162,17 @@ def _key(rec: dict) -> tuple[str, str]:
     """(workload, target) of a record whose times compare can read (`Timing`), else RecordError."""
     convert(rec, Timing, source=where(rec), error=RecordError)
     return workload_label(rec), target_label(rec)
+
+
+def steady_loads(records: list[dict]) -> dict[tuple[str, str], Load]:
+    """{(workload, target): load_verdict.Load} over the steady-state records that recorded a load."""
+    from dohnuts.bench.analysis.load_verdict import load_of, record_load
+
+    per: dict[tuple[str, str], list] = defaultdict(list)
+    for rec in records:
+        if _steady(rec):
+            per[_key(rec)].append(record_load(rec))
+    return {k: load for k, v in per.items() if (load := load_of(v)) is not None}
 
 
 def steady_samples(records: list[dict]) -> dict[tuple[str, str], dict[str, list[float]]]:
@@ -270,10 +291,14 @@ def compare_runs(records_a: list[dict], records_b: list[dict], *, confidence: fl
                  resamples: int = DEFAULT_RESAMPLES, seed: int = 0, min_effect: float = DEFAULT_MIN_EFFECT,
                  method: str = "percentile", label_a: str = "A", label_b: str = "B") -> Comparison:
     """B against A per (workload, target) measured in both, for "wall" and every stage (rule:
-    module docstring). Deterministic for a given seed. Warnings (one line each) name groups whose
-    spread is too large to resolve a change of `min_effect` with the calls measured."""
+    module docstring; the loads each run measured under weighed by load_verdict). Deterministic
+    for a given seed. Warnings (one line each) name groups whose spread is too large to resolve a
+    change of `min_effect` with the calls measured."""
+    from dohnuts.bench.analysis.load_verdict import weigh
+
     _check_options(confidence, resamples, min_effect, method)
     sa, sb = steady_samples(records_a), steady_samples(records_b)
+    loads_a, loads_b = steady_loads(records_a), steady_loads(records_b)
     common = [k for k in sa if k in sb]
     rows, notes = [], []
     for workload, target in common:
@@ -288,7 +313,9 @@ def compare_runs(records_a: list[dict], records_b: list[dict], *, confidence: fl
                 # A shift of a tiny stage (a few µs between processes) is real but immaterial: a
                 # stage verdict needs a change of at least 1 % of the whole call.
                 row = dataclasses.replace(row, verdict=NO_CHANGE)
-            rows.append(row)
+            weighed, reason = weigh(row.verdict, row.ratio, loads_a.get((workload, target)),
+                                    loads_b.get((workload, target)))
+            rows.append(dataclasses.replace(row, verdict=weighed, load=reason))
         if min_effect > 0:
             for label, s in ((label_a, sa), (label_b, sb)):
                 walls = s[(workload, target)][WALL]

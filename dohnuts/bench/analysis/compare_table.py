@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 
-from dohnuts.bench.analysis.compare import FASTER, RULE, SLOWER, Comparison
+from dohnuts.bench.analysis.compare import FASTER, RULE, SLOWER, WALL, Comparison
 from dohnuts.schema import json_safe
 
 
@@ -42,7 +42,9 @@ def comparison_table(comparison: Comparison):
 
     from dohnuts.bench.analysis.render import Col, FitTable
 
-    colour = {SLOWER: "red", FASTER: "green"}
+    from dohnuts.bench.analysis.load_verdict import FASTER_BY_LOAD, SLOWER_BY_LOAD
+
+    colour = {SLOWER: "red", FASTER: "green", SLOWER_BY_LOAD: "yellow", FASTER_BY_LOAD: "yellow"}
     t = FitTable(f"B over A (A = {comparison.label_a}, B = {comparison.label_b}); median ms; "
                  f"{100 * comparison.confidence:g}% bootstrap interval of the ratio; Mann-Whitney p; "
                  f"changes under {100 * comparison.min_effect:g}% (or under 1% of the call) are not verdicts",
@@ -58,3 +60,10 @@ def comparison_table(comparison: Comparison):
     for (w, tg), where_ in [*((k, "A") for k in comparison.only_in_a), *((k, "B") for k in comparison.only_in_b)]:
         t.add_row(w, tg, "—", "—", "—", "—", "—", "—", f"only in {where_}")
     return t
+
+
+def load_lines(comparison: Comparison) -> list[str]:
+    """One line a workload · target whose whole-call verdict the loads explain
+    (dohnuts.bench.analysis.load_verdict): the verdict, the ratio and why."""
+    return [f"{r.workload} · {r.target}: {r.verdict} ({_num(r.ratio, '{:.3f}×')}): {r.load}"
+            for r in comparison.rows if r.stage == WALL and r.load]

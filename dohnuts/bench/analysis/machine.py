@@ -1,6 +1,6 @@
-"""The conditions a run measured in, for its report: how busy the machine was, how steady the
-ceilings measured at the start of the run were, and — for a CPU run — what such a run can and
-cannot show.
+"""The conditions a run measured in, for its report: how busy the machine was and how steady the
+ceilings measured at the start of the run were. (What a CPU run can and cannot show opens the
+report: dohnuts.bench.analysis.headline.)
 
 Load: the `load` telemetry of every record (dohnuts.bench.builtin.analyzers.load: the cores other
 processes kept busy during the call, the load average) and the machine as the run found it
@@ -24,18 +24,6 @@ from dataclasses import asdict, dataclass
 from dohnuts.bench.analysis.records import group_key
 
 BUSY_OTHERS = 0.25  # cores other processes used while measuring, above which the report warns
-
-CPU_RUN_SHOWS = (
-    "A CPU run shows: every workload running end to end through the harness; where a call's time "
-    "goes, stage by stage; numbers measured side by side in one run (dohnuts beside transformers on the "
-    "same weights, the shared prefix against no sharing, a warm image cache against a cold one); each "
-    "stage against this CPU's own ceilings, measured at the start of the run.")
-CPU_RUN_CANNOT = (
-    "It cannot show: anything about a GPU (the fused fla and Triton kernels, CUDA graphs, the transfer "
-    "pipeline and the 2b sizes run only there; a CPU runs every op's plain-torch reference path); what "
-    "the tiny preset's random weights answer (its times are of the harness and the reference paths, "
-    "not of a trained model); and times on a shared machine move with the other processes (the load "
-    "below).")
 
 
 @dataclass(frozen=True)
@@ -177,22 +165,41 @@ def timing_line(t: dict | None) -> str | None:
     return "Time from the process's start: " + "; ".join(said) + "." if said else None
 
 
+NO_LOAD = "Load: not recorded by this run (recorded since the `load` telemetry)."
+
+
+def opening_lines(c: dict) -> list[str]:
+    """The section's sentences before its tables, from `MachineConditions.to_dict()` (summary.json's
+    `machine` section, which the HTML report reads): a CPU run's scope, the load the run started
+    under, or that no load was recorded."""
+    lines = []
+    if c.get("device_type") == "cpu":
+        cores = f" of {c['cpus']} cores" if c.get("cpus") else ""
+        lines.append(f"{c.get('device', '?')}: a CPU run with {c.get('threads') or '?'} torch thread(s){cores} "
+                     "(dohnuts-bench run --threads); what a CPU run can and cannot show opens the report (the "
+                     "headline).")
+    before = c.get("before") if isinstance(c.get("before"), dict) else None
+    if before:
+        others, load1 = _number(before.get("others_cores")), _number(before.get("load1"))
+        lines.append("When the run started, other processes kept "
+                     + ("? cores" if others is None else f"{others:.2f} cores") + " busy"
+                     + ("" if load1 is None else f" (load average {load1:.2f})") + ".")
+    if not c.get("groups") and before is None:
+        lines.append(NO_LOAD)
+    return lines
+
+
+STABLE_WORDS = {None: "—", True: "yes", False: "NO: moved"}  # a ceiling's `stable`, as both reports say it
+
+
 def machine_renderables(c: MachineConditions) -> list:
-    """The report's section: the CPU run's scope, the load, the ceilings' stability, the warnings."""
+    """The report's section: the load, the ceilings' stability, the warnings."""
     from rich.text import Text
 
     from dohnuts.bench.analysis.render import Col, FitTable
 
     parts: list = [Text("This run's machine", style="bold")]
-    if c.device_type == "cpu":
-        cores = f" of {c.cpus} cores" if c.cpus else ""
-        parts += [Text(f"{c.device}: a CPU run with {c.threads or '?'} torch thread(s){cores} (dohnuts-bench run "
-                       "--threads)."), Text(CPU_RUN_SHOWS), Text(CPU_RUN_CANNOT)]
-    if c.before:
-        others, load1 = _number(c.before.get("others_cores")), _number(c.before.get("load1"))
-        parts.append(Text("When the run started, other processes kept "
-                          + ("? cores" if others is None else f"{others:.2f} cores") + " busy"
-                          + ("" if load1 is None else f" (load average {load1:.2f})") + "."))
+    parts += [Text(line) for line in opening_lines(c.to_dict())]
     if c.groups:
         t = FitTable("Load while measuring: cores kept busy by other processes (telemetry `load`)",
                      [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("samples"),
@@ -202,15 +209,12 @@ def machine_renderables(c: MachineConditions) -> list:
                       "—" if g.own_cores_median is None else f"{g.own_cores_median:.2f}",
                       "—" if g.load1_max is None else f"{g.load1_max:.2f}")
         parts.append(t)
-    elif c.before is None:
-        parts.append(Text("Load: not recorded by this run (recorded since the `load` telemetry)."))
     if c.ceilings:
         t = FitTable("Measured ceilings and their stability (spread = (fastest − slowest) / fastest over the repeats)",
                      [Col("ceiling", "left", wrap=True), Col("value"), Col("unit", "left"), Col("repeats"),
                       Col("spread"), Col("stable", "center")])
         for s in c.ceilings:
-            flag = Text("—") if s.stable is None else (Text("yes", style="green") if s.stable
-                                                       else Text("NO: moved", style="red"))
+            flag = Text(STABLE_WORDS[s.stable], style={True: "green", False: "red"}.get(s.stable, ""))
             t.add_row(s.name, f"{s.value:.3g}", s.unit, str(s.repeats or "—"),
                       "—" if s.spread is None else f"{s.spread:.1%}", flag)
         parts.append(t)

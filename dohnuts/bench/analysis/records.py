@@ -23,7 +23,9 @@ One record per measured call, schema 1 (the harness writes them, append-only):
      "harness_overhead": {...},      #   "harness_overhead", see dohnuts.bench.runner.harness_overhead)
      "agreement": {"max_abs_gap", "choice_agreement", "tolerance", "within", ...} | null,  # optional:
                                      #   the target against the FP32 reference path (dohnuts.bench.quality)
-     "extra": {"stream": {...}, "serving": {...}, "accuracy": {...}, ...}}  # optional, per phase
+     "extra": {"stream": {...}, "serving": {...}, "accuracy": {...},   # optional, per phase
+               "peer": {"library", "version", "paths", "fallbacks", "messages"}, ...}}  # a peer target's
+                                     #   fast paths (`PeerPaths`: what the headline shows of a peer)
 
 The schema is declared once, below, as msgspec Structs: `Record` (what the analysis reads) and
 `ReportedRecord` (also what the run report reads); `SCHEMA` is the one version constant, which the
@@ -120,6 +122,22 @@ class Validity(msgspec.Struct):
     reasons: list[Any] | None = None
 
 
+Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class ServedSetFacts(msgspec.Struct):
+    """What a load point or stream served of its set (dohnuts.bench.serving.variety.ServedFacts);
+    absent from records written before it."""
+
+    varied: bool
+    set_size: Annotated[int, msgspec.Meta(ge=1)]
+    requests: Count  # distinct requests of the set served
+    shapes: Count  # distinct pass shapes served
+    graph_captures: Count | None = None  # None: the target runs without graphs
+    graph_capture_ms: Ms | None = None
+    graph_eager: Count | None = None
+
+
 class StreamTimes(msgspec.Struct):
     """A stream record's `extra.stream` (dohnuts.bench.measure.measure_stream)."""
 
@@ -127,6 +145,14 @@ class StreamTimes(msgspec.Struct):
     queue_ms: Ms
     total_ms: PositiveMs
     energy_j: NonNegative | None = None  # the whole stream's energy (a request's alone is not measurable)
+    served_set: ServedSetFacts | None = None
+
+
+class PointFacts(msgspec.Struct):
+    """A load point's facts (`extra.serving.point`): the served set typed, the rest read by the
+    serving analysis as it goes (dohnuts.bench.analysis.serving)."""
+
+    served_set: ServedSetFacts | None = None
 
 
 class EnergyWindow(msgspec.Struct):
@@ -157,7 +183,7 @@ class ServingTimes(msgspec.Struct):
     latency_ms: Ms | None = None
     queue_ms: Ms | None = None
     service_ms: Ms | None = None
-    point: dict[str, Any] | None = None
+    point: PointFacts | None = None
     rules: dict[str, Any] | None = None
 
 
@@ -168,10 +194,23 @@ class AccuracyCount(msgspec.Struct):
     correct: NonNegative
 
 
+class PeerPaths(msgspec.Struct, frozen=True):
+    """A peer target's `extra.peer`: which implementation ran each path of the model (`paths`:
+    delta_rule → "fla", conv → "causal_conv1d", ...), the paths that fell back to the library's
+    slow reference code (`fallbacks`), and the library's own fallback warnings (`messages`)."""
+
+    library: str
+    version: str | None = None
+    paths: dict[str, str | None] = {}
+    fallbacks: list[str] = []
+    messages: list[str] = []
+
+
 class Extra(msgspec.Struct):
     stream: StreamTimes | None = None
     serving: ServingTimes | None = None
     accuracy: AccuracyCount | None = None
+    peer: PeerPaths | None = None
 
 
 class Agreement(msgspec.Struct):
@@ -247,7 +286,7 @@ def _read_jsonl(path: Path) -> list[dict]:
     out, other_schema = [], {}
     for pos, (n, raw) in enumerate(lines):
         try:
-            rec = _parse_line(raw)
+            rec, strict = _parse_line(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             if pos == len(lines) - 1:
                 warnings.warn(f"{path}:{n}: skipped a truncated last line ({_reason(exc)})", RecordWarning,
@@ -259,7 +298,7 @@ def _read_jsonl(path: Path) -> list[dict]:
             raise RecordError(f"line {n} cannot be read ({exc})", source=str(path), field=f"line {n}") from None
         if not isinstance(rec, dict):
             raise RecordError(f"line {n} is not a JSON object", source=str(path), field=f"line {n}")
-        bad = first_nonfinite(rec)
+        bad = None if strict else first_nonfinite(rec)
         if bad is not None:
             raise RecordError(f"line {n} holds a number that is not finite (NaN or infinite) at {bad}",
                               source=str(path), field=f"line {n}")
@@ -275,13 +314,16 @@ def _read_jsonl(path: Path) -> list[dict]:
     return out
 
 
-def _parse_line(raw: bytes) -> Any:
-    """One line as JSON: msgspec's strict decoder, and Python's where it refuses the line (a NaN
-    token, a number out of range, nesting), so the error says what and where, as it always has."""
+def _parse_line(raw: bytes) -> tuple[Any, bool]:
+    """One line as JSON, and whether msgspec's strict decoder read it: it refuses NaN, Infinity and
+    every number out of a float's range, so what it reads holds no non-finite number and needs no
+    search for one (the search over every record once took most of the time `history` spent
+    importing the committed runs). Where it refuses the line (a NaN token, a number out of range,
+    nesting), Python's reader takes it, so the error says what and where, as it always has."""
     try:
-        return msgspec.json.decode(raw)
+        return msgspec.json.decode(raw), True
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-        return json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8")), False
 
 
 def _reason(exc: Exception) -> str:
@@ -390,6 +432,27 @@ def workload_label(rec: dict) -> str:
     """The workload's name, with ` ×N` when N processes measured it."""
     name, n = str(rec["workload"]["name"]), world_size(rec)
     return name if n == 1 else f"{name} ×{n}"
+
+
+def peer_paths(rec: dict) -> PeerPaths | None:
+    """The record's `extra.peer` (`PeerPaths`), or None where it has none (the product, a peer
+    recorded before the field existed); a malformed one is a RecordError naming the field."""
+    peer = (rec.get("extra") or {}).get("peer") if isinstance(rec.get("extra"), dict) else None
+    if peer is None:
+        return None
+    return convert(peer, PeerPaths, source=where(rec), error=RecordError, prefix="extra.peer")
+
+
+def is_dohnuts(rec: dict) -> bool:
+    """A record of the dohnuts target: the product or one of its measurement-only variants
+    (`variant_of`). Records written before `target_name` existed are read from their label."""
+    name = rec.get("target_name")
+    return name == "dohnuts" if isinstance(name, str) else str(rec.get("target", "")).startswith("dohnuts")
+
+
+def is_product(rec: dict) -> bool:
+    """A record of dohnuts as users run it: the dohnuts target, no measurement-only variant."""
+    return is_dohnuts(rec) and variant_of(rec) is None
 
 
 def work_of(rec: dict) -> WorkCounts:
@@ -564,3 +627,24 @@ def _paired_overhead(pairs: list[tuple[float, float]], confidence: float = 0.95,
     low, high = (float(v) for v in np.quantile(boot, [(1 - confidence) / 2, (1 + confidence) / 2]))
     med = float(np.median(diff))
     return {"pairs": len(pairs), "median_ms": med, "fraction": med / base, "low": low, "high": high}
+
+
+def quality_cells(r: dict) -> tuple[str, str, str, str, str]:
+    """A summary row's measurement quality as both reports write it (report.txt's quality table,
+    report.html's): calls left out (and power-capped calls kept), the GPU clock, the A/A noise, the
+    harness's overhead, and the note — the spread too large for the claimed precision, or the
+    harness overhead above 1 %."""
+    o = r.get("harness_overhead")
+    over = overhead_text(o)
+    aa = "—" if r.get("aa_noise_halfwidth") is None else f"{100 * r['aa_noise_halfwidth']:.1f}%"
+    excluded = str(r.get("excluded_calls", 0))
+    if r.get("excluded_calls"):
+        excluded += " (" + ", ".join(f"{k}: {v}" for k, v in (r.get("excluded_reasons") or {}).items()) + ")"
+    if r.get("power_capped_calls"):
+        excluded += f"; {r['power_capped_calls']} power-capped, kept"
+    note = r.get("spread_warning") or (f"harness overhead above 1 % ({o['basis']})" if o and not o["within_target"]
+                                       else "")
+    c = r.get("gpu_clock")
+    clock = "—" if not c else (f"{c['median_mhz']:.0f} ({c['min_mhz']:.0f})"
+                               + (f" / {c['max_mhz']:.0f}" if c["max_mhz"] else ""))
+    return excluded, clock, aa, over, note or ""

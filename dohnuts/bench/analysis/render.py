@@ -212,6 +212,12 @@ def _pct(x: float | None) -> str:
 VERDICT_STYLE = {"meets": "green", "misses": "red", "bound-suspect": "yellow"}
 
 
+def efficiency_cell(value: float | None, suspect: str | None = None) -> Text:
+    """An efficiency as a report shows it: a percentage up to 100 %, or "bound-suspect" where the
+    measurement beat its bound (`suspect` holds why; the analysis warnings say it in words)."""
+    return Text("bound-suspect", style=VERDICT_STYLE["bound-suspect"]) if suspect else Text(_pct(value))
+
+
 def _verdict(x: str | None) -> Text:
     """A target verdict (bounds.target_verdict); "bound-suspect": faster than its bound, no verdict."""
     return Text("—") if x is None else Text(x, style=VERDICT_STYLE.get(x, ""))
@@ -237,7 +243,8 @@ def stage_table(g: GroupAnalysis, target_fraction: float = 0.8) -> FitTable:
     for r in g.stages:
         cells: list[str | Text] = [r.stage, _ms(r.measured_ms)]
         for b in g.bases:
-            cells += [_ms(r.bound_ms[b]) if r.modelled else "no model", _pct(r.efficiency[b])]
+            cells += [_ms(r.bound_ms[b]) if r.modelled else (r.unbounded or "no model"),
+                      efficiency_cell(r.efficiency[b], r.suspect.get(b))]
         cells += [r.limiter[first], _verdict(r.verdict[first]),
                   _gflop(sum(r.useful_flops.values())), _gflop(r.padded_flops), _gflop(r.repeated_flops)]
         t.add_row(*cells)
@@ -255,7 +262,8 @@ def call_table(g: GroupAnalysis) -> FitTable:
                         ("critical path ms (pipelined)", "critical_ms"), ("single-call latency ms", "latency_ms")):
         t.add_row(label, *[_ms(getattr(c.bound[b], attr)) for b in g.bases], _ms(getattr(c.measured, attr)))
     t.add_row("wall ms", *["" for _ in g.bases], _ms(c.wall_ms))
-    t.add_row("efficiency (critical-path bound / wall)", *[_pct(c.efficiency[b]) for b in g.bases], "")
+    t.add_row("efficiency (critical-path bound / wall)",
+              *[efficiency_cell(c.efficiency[b], c.suspect.get(b)) for b in g.bases], "")
     t.add_row("target verdict", *[_verdict(c.verdict[b]) for b in g.bases], "")
     t.add_row("decisions / s", *[f"{c.ceiling_decisions_per_s[b]:.1f}" if c.ceiling_decisions_per_s[b] else "—"
                                  for b in g.bases], f"{c.decisions_per_s:.1f}" if c.decisions_per_s else "—")

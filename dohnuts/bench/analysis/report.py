@@ -4,12 +4,16 @@ Records are grouped by (workload name, target). Per record: the stage costs of i
 (cost.py) and their bounds under the hwspec's datasheet ceilings and, when the spec has them
 for the run's precision, its measured ceilings (bounds.py). Per group and stage: the median
 measured time (device time when recorded, else host time), the median bound, efficiency =
-median bound / median measured, the limiter, the 80%-target verdict. Per call: stage medians
+median bound / median measured (never above 100 %: a measurement faster than its bound leaves the
+efficiency empty and says why in `suspect`: bounds.shown_efficiency), the limiter, the 80%-target
+verdict. Per call: stage medians
 combined over the pipeline graph (sum, max, critical path, single-call latency) for bounds
 and for measurements, the median wall time, whole-call efficiency = critical-path bound /
 measured wall, decisions per second measured and at the bound, and the useful / padded /
 repeated tokens and FLOPs. Stages without a cost model (CPU preparation, serialization) are
-reported with their measurements and bound 0: no analytic bound exists for them.
+reported with their measurements and bound 0: no analytic bound exists for them. On a CPU the
+host-to-device and device-to-host stages are not transfers (host and device memory are one): they
+get no bound either (`NOT_A_TRANSFER`), never one a copy in the same memory beats.
 
 When a target times one `forward` interval and none of prefix / suffix / head (the training
 step, a peer implementation), those cost stages are folded into `forward` so the comparison is
@@ -24,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from dohnuts.bench.analysis.bounds import CallBounds, combine, efficiency, stage_bound, target_verdict
+from dohnuts.bench.analysis.bounds import CallBounds, combine, shown_efficiency, stage_bound, target_verdict
 from dohnuts.bench.analysis.cost import (
     StageCost, allreduce_cost, call_totals, fold_stages, stage_costs, token_counts,
 )
@@ -42,6 +46,11 @@ FOLDED_INTO_FORWARD = ("prefix", "suffix", "head", "forward")
 # A call that runs its shared prefix and forked suffixes as one pass (`shared`, dohnuts'
 # merged pass) is compared with the bound of the prefix and suffix work together.
 FOLDED_INTO_SHARED = ("prefix", "suffix")
+# Stages that move data over the host link; on a CPU, where host and device memory are one, they
+# move nothing and have no bound.
+TRANSFER_RESOURCES = ("h2d", "d2h")
+NO_MODEL = "no model"  # a stage no cost model bounds (CPU preparation, serialization)
+NOT_A_TRANSFER = "not a transfer"  # h2d / d2h of a CPU run
 
 
 @dataclass(frozen=True)
@@ -58,8 +67,11 @@ class StageRow:
     repeated_flops: float
     useful_bytes: float  # device memory
     link_bytes: float  # host link
-    modelled: bool  # False: no cost model for this stage (bound 0, measured only)
+    modelled: bool  # False: no bound for this stage (bound 0, measured only); `unbounded` says why
     notes: tuple[str, ...] = ()
+    # basis → why no efficiency is shown: the measurement beat the bound (bounds.shown_efficiency)
+    suspect: dict[str, str] = dataclasses.field(default_factory=dict)
+    unbounded: str = ""  # NO_MODEL or NOT_A_TRANSFER when not modelled
 
     @property
     def intensity(self) -> float | None:
@@ -73,13 +85,14 @@ class CallRow:
     wall_ms: float  # median measured wall time of a call
     bound: dict[str, CallBounds]  # basis → stage bounds combined
     measured: CallBounds  # measured stage medians combined over the same graph
-    efficiency: dict[str, float | None]  # basis → critical-path bound / wall
+    efficiency: dict[str, float | None]  # basis → critical-path bound / wall (None above 100 %: `suspect`)
     verdict: dict[str, str | None]  # basis → bounds.target_verdict of the whole call
     decisions: float  # median decisions per call
     decisions_per_s: float | None  # measured
     ceiling_decisions_per_s: dict[str, float | None]  # decisions / critical-path bound
     tokens: dict[str, float]  # useful, padded, repeated, recomputed (median call)
     flops: dict[str, float]  # useful, padded, repeated (median call, all stages)
+    suspect: dict[str, str] = dataclasses.field(default_factory=dict)  # basis → why no efficiency is shown
 
 
 @dataclass(frozen=True)
@@ -127,7 +140,7 @@ def _group_dict(g: GroupAnalysis) -> dict:
         "stages": [dataclasses.asdict(r) | {"intensity": r.intensity} for r in g.stages],
         "call": {"wall_ms": c.wall_ms, "bound": {b: dataclasses.asdict(x) for b, x in c.bound.items()},
                  "measured": dataclasses.asdict(c.measured), "efficiency": c.efficiency,
-                 "verdict": c.verdict, "decisions": c.decisions, "decisions_per_s": c.decisions_per_s,
+                 "suspect": c.suspect, "verdict": c.verdict, "decisions": c.decisions, "decisions_per_s": c.decisions_per_s,
                  "ceiling_decisions_per_s": c.ceiling_decisions_per_s, "tokens": c.tokens, "flops": c.flops},
         "graph": {"stages": [list(s) for s in g.graph.stages],
                   "dependencies": [dataclasses.asdict(d) for d in g.graph.dependencies]},
@@ -175,6 +188,8 @@ def _group(key: tuple[str, str], recs: list[dict], spec: HwSpec, buffers: int) -
                           field="precision")
     lora = lora_of(first)
 
+    # On a CPU host and device memory are one: h2d / d2h copy nothing, and no link bounds them.
+    one_memory = first["device"].get("type") == "cpu"
     timed = {n for r in recs for n in r["stages"]}
     fold = "forward" in timed and not timed & set(FOLDED_INTO_FORWARD[:-1])
     costs: list[dict[str, StageCost]] = []
@@ -185,6 +200,8 @@ def _group(key: tuple[str, str], recs: list[dict], spec: HwSpec, buffers: int) -
             raise RecordError(str(exc), source=where(rec), field="work") from None
         c = fold_stages(c, "forward", FOLDED_INTO_FORWARD) if fold else c
         c = fold_stages(c, "shared", FOLDED_INTO_SHARED) if "shared" in timed else c
+        if one_memory:
+            c = {n: x for n, x in c.items() if x.resource not in TRANSFER_RESOURCES}
         grad_bytes = (rec.get("extra") or {}).get("allreduce_bytes")
         if world_size(rec) > 1 and isinstance(grad_bytes, (int, float)) and not isinstance(grad_bytes, bool):
             c = c | {"allreduce": allreduce_cost(grad_bytes, world_size(rec))}
@@ -212,9 +229,10 @@ def _group(key: tuple[str, str], recs: list[dict], spec: HwSpec, buffers: int) -
         # The representative call (median datasheet bound) names the limiter and the FLOP split.
         mid = sorted(have, key=lambda c: stage_bound(c, spec, precision, bases[0]).ms)[len(have) // 2] if have else None
         limiter = {b: stage_bound(mid, spec, precision, b).describe() if mid else "—" for b in bases}
+        shown = {b: shown_efficiency(bound[b], measured, limiter[b]) if have else (None, None) for b in bases}
         rows.append(StageRow(
             stage=name, resource=resource[name], measured_ms=measured, bound_ms=bound,
-            efficiency={b: efficiency(bound[b], measured) if have else None for b in bases},
+            efficiency={b: shown[b][0] for b in bases},
             limiter=limiter,
             verdict={b: target_verdict(measured, bound[b], spec.target_fraction) if have else None for b in bases},
             useful_flops=mid.useful.kinds() if mid else {},
@@ -222,25 +240,30 @@ def _group(key: tuple[str, str], recs: list[dict], spec: HwSpec, buffers: int) -
             repeated_flops=median(c.repeated.total_flops for c in have) if have else 0.0,
             useful_bytes=median(c.useful.device_bytes for c in have) if have else 0.0,
             link_bytes=median(c.useful.link_bytes for c in have) if have else 0.0,
-            modelled=bool(have), notes=mid.notes if mid else ()))
-        for b, eff in rows[-1].efficiency.items():
-            if eff is not None and eff > 1.0 + 1e-9:  # a lower bound above a measurement is a wrong bound
-                warnings.append(f"{workload} ({target}): stage {name} ran faster than its {b} bound "
-                                f"({eff:.0%}): the cost model overstates its work or the hwspec a ceiling")
+            modelled=bool(have), notes=mid.notes if mid else (),
+            suspect={b: why for b, (_, why) in shown.items() if why},
+            unbounded="" if have else (NOT_A_TRANSFER if one_memory and resource[name] in TRANSFER_RESOURCES
+                                       else NO_MODEL)))
+        for b, why in rows[-1].suspect.items():  # a lower bound above a measurement is a wrong bound
+            warnings.append(f"{workload} ({target}): stage {name} is bound-suspect against its {b} bound: {why}")
         if measured is not None:
             measured_med[name] = measured
         for b in bases:
             bound_med[b][name] = bound[b]
+    call = _call_row(recs, costs, graph, bases, measured_med, bound_med, spec)
+    for b, why in call.suspect.items():
+        warnings.append(f"{workload} ({target}): the whole call is bound-suspect against its {b} bound: {why}")
     return GroupAnalysis(workload, target, precision, device, model.name, len(recs),
-                         tuple(sorted({str(r["run_id"]) for r in recs})), bases, tuple(rows),
-                         _call_row(recs, costs, graph, bases, measured_med, bound_med, spec), graph, tuple(warnings))
+                         tuple(sorted({str(r["run_id"]) for r in recs})), bases, tuple(rows), call, graph,
+                         tuple(warnings))
 
 
 def _call_row(recs, costs, graph, bases, measured_med, bound_med, spec) -> CallRow:
     wall = median(float(r["wall_ms"]) for r in recs)
     decisions = median(float(r.get("decisions") or 0) for r in recs)
     bound = {b: combine(bound_med[b], graph) for b in bases}
-    eff = {b: efficiency(bound[b].critical_ms, wall) for b in bases}
+    shown = {b: shown_efficiency(bound[b].critical_ms, wall, "critical path") for b in bases}
+    eff = {b: shown[b][0] for b in bases}
     works = [work_of(r) for r in recs]
     tokens = [token_counts(w) for w in works]
     totals = [call_totals(c) for c in costs]
@@ -253,4 +276,5 @@ def _call_row(recs, costs, graph, bases, measured_med, bound_med, spec) -> CallR
         tokens={"useful": median(t["useful"] for t in tokens), "padded": median(t["padded"] for t in tokens),
                 "repeated": median(t["repeated"] for t in tokens),
                 "recomputed": median(w.recomputed_tokens for w in works)},
-        flops={k: median(t[k].total_flops for t in totals) for k in ("useful", "padded", "repeated")})
+        flops={k: median(t[k].total_flops for t in totals) for k in ("useful", "padded", "repeated")},
+        suspect={b: why for b, (_, why) in shown.items() if why})

@@ -6,6 +6,10 @@ bound at load, the stream scenario's validity, accuracy and the reference check.
   the run used (dohnuts.bench.serving.stats.summarize_point): latency percentiles with their
   intervals, throughput, goodput (requests within the SLO a second), the verdict, validity (the
   point's minimums, its deadline, the telemetry's gate).
+- What a point served of its set (`extra.serving.point.served_set`, dohnuts.bench.serving.variety):
+  whether the set was varied, the distinct requests and pass shapes served, and the graph
+  captures while it was measured; per curve the distinct pass shapes over all its points (from
+  the records' work counts) and the captures summed.
 - The search's answer (dohnuts.bench.serving.search.search_result): the highest valid rate that
   met the SLO below the lowest valid one that missed it.
 - The bound at load: the critical-path bound of the same target's single calls (the efficiency
@@ -24,9 +28,10 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-from dohnuts.bench.analysis.records import target_label, workload_label
+from dohnuts.bench.analysis.records import target_label, work_of, workload_label
 from dohnuts.bench.serving.search import SearchResult, search_result
 from dohnuts.bench.serving.stats import PointSummary, Rules, nearest_rank, summarize_point, wilson_interval
+from dohnuts.bench.serving.variety import pass_shape
 from dohnuts.schema import median
 
 SERVING_PHASES = ("server", "offline")
@@ -57,6 +62,22 @@ class LoadCurve:
     bound: Bound | None = None
     single_call_ms: float | None = None
     agreement: dict | None = None
+    shapes: int = 0  # distinct pass shapes over all points (from the records' work counts)
+
+    @property
+    def served_sets(self) -> list[dict]:
+        """Each point's served-set facts (records before they were written have none)."""
+        return [p.extra["served_set"] for p in self.points if p.extra.get("served_set")]
+
+    @property
+    def varied(self) -> bool:
+        return any(s["varied"] for s in self.served_sets)
+
+    @property
+    def graph_captures(self) -> int | None:
+        """Captures while its points were measured, summed (None: no point counted graphs)."""
+        counted = [s["graph_captures"] for s in self.served_sets if s["graph_captures"] is not None]
+        return sum(counted) if counted else None
 
     @property
     def search(self) -> SearchResult | None:
@@ -74,7 +95,10 @@ class LoadCurve:
                                                   "verdict": s.point.verdict if s.point else None},
                 "bound": None if self.bound is None else vars(self.bound) | {"critical_stages":
                                                                              list(self.bound.critical_stages)},
-                "single_call_ms": self.single_call_ms, "agreement": self.agreement}
+                "single_call_ms": self.single_call_ms, "agreement": self.agreement,
+                "served_set": {"varied": self.varied, "set_size": max((s["set_size"] for s in self.served_sets),
+                                                                      default=None),
+                               "shapes": self.shapes, "graph_captures": self.graph_captures}}
 
 
 def load_curves(records: list[dict]) -> list[LoadCurve]:
@@ -89,7 +113,9 @@ def load_curves(records: list[dict]) -> list[LoadCurve]:
                facts.get("point", 0))
         points[key].append(r)
     curves: dict[tuple, LoadCurve] = {}
+    shapes: dict[tuple, set] = defaultdict(set)
     for (workload, target, scenario, _run, _k), recs in points.items():
+        shapes[(workload, target, scenario)].update(record_shape(r) for r in recs)
         facts = recs[0]["extra"]["serving"]["point"]
         curve = curves.setdefault((workload, target, scenario), LoadCurve(
             workload, target, scenario, float(facts.get("percentile", 99.0)) / 100.0, facts.get("slo_ms"),
@@ -97,7 +123,23 @@ def load_curves(records: list[dict]) -> list[LoadCurve]:
         curve.points.append(point_summary(recs))
         curve.roles.append(str(facts.get("role", "fixed")))
         curve.servers.append(str(facts.get("server", "?")))
+    for key, curve in curves.items():
+        curve.shapes = len(shapes[key])
     return list(curves.values())
+
+
+def served_cells(facts: dict | None) -> tuple[str, str]:
+    """A point's or stream's distinct pass shapes and graph captures while measured, as report
+    cells ("—": not counted — records before the facts, or a target without graphs)."""
+    if not facts:
+        return "—", "—"
+    captures = facts.get("graph_captures")
+    return str(facts["shapes"]), "—" if captures is None else str(captures)
+
+
+def record_shape(record: dict) -> tuple:
+    """The pass shape a served request's record ran (dohnuts.bench.serving.variety.pass_shape)."""
+    return pass_shape(work_of(record))
 
 
 def point_summary(recs: list[dict]) -> PointSummary:
@@ -118,7 +160,7 @@ def point_summary(recs: list[dict]) -> PointSummary:
             if (r.get("validity") or {}).get("valid") is False]
     first_byte = sorted((t["first_byte_ms"] - t["arrival_ms"]) for t in times if "first_byte_ms" in t)
     extra = {"first_byte_p50_ms": nearest_rank(first_byte, 0.5) if first_byte else None,
-             "arrivals": facts.get("arrivals"), "queue": facts.get("queue")}
+             "arrivals": facts.get("arrivals"), "queue": facts.get("queue"), "served_set": facts.get("served_set")}
     if gate:
         return replace(summary, valid=False, reasons=summary.reasons + tuple(gate), extra=extra)
     return replace(summary, extra=extra)
@@ -151,6 +193,7 @@ class StreamScenario:
     rules: dict
     valid: bool
     reasons: tuple[str, ...]
+    served_set: dict | None = None  # dohnuts.bench.serving.variety.ServedFacts (None: records before them)
 
 
 def stream_scenarios(records: list[dict]) -> list[StreamScenario]:
@@ -171,7 +214,8 @@ def stream_scenarios(records: list[dict]) -> list[StreamScenario]:
         if total / 1e3 < rules.get("min_duration_s", 0):
             reasons.append(f"{total / 1e3:.3g} s < the minimum {rules['min_duration_s']:g} s")
         out.append(StreamScenario(workload, target, len(recs), total, len(recs) / (total / 1e3),
-                                  nearest_rank(lat, 0.5), nearest_rank(lat, 0.99), rules, not reasons, tuple(reasons)))
+                                  nearest_rank(lat, 0.5), nearest_rank(lat, 0.99), rules, not reasons, tuple(reasons),
+                                  recs[0]["extra"]["stream"].get("served_set")))
     return out
 
 

@@ -2,10 +2,11 @@
 
 Per target under a serving scenario: a table of its load points (offered rate and its share of
 the throughput ceiling, served/offered, refused, throughput, goodput, latency p50/p99 and the
-SLO's percentile with its interval, the verdict, validity), the latency-against-load curve drawn
-in text (one row a point: p50 ▒ and the percentile █ on a log scale, the SLO ┃, the floor │),
-the search's answer with its bracket, and the bound at load (floor and ceiling). Then the stream
-scenario's validity and the quality table (accuracy beside speed, the reference check).
+SLO's percentile with its interval, the verdict, validity, the distinct pass shapes served and
+the graph captures while it was measured), the latency-against-load curve drawn in text (one row
+a point: p50 ▒ and the percentile █ on a log scale, the SLO ┃, the floor │), the served set in
+words, the search's answer with its bracket, and the bound at load (floor and ceiling). Then the
+stream scenario's validity and the quality table (accuracy beside speed, the reference check).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from rich.console import Group
 from rich.text import Text
 
 from dohnuts.bench.analysis.render import Col, FitTable
-from dohnuts.bench.analysis.serving import LoadCurve, QualityRow, StreamScenario
+from dohnuts.bench.analysis.serving import LoadCurve, QualityRow, StreamScenario, served_cells
 from dohnuts.bench.report import Section
 
 CHART_WIDTH = 48
@@ -37,8 +38,8 @@ def points_table(c: LoadCurve) -> FitTable:
                  [Col("offered\nreq/s"), Col("of ceiling"), Col("served /\noffered"), Col("refused /\nabandoned"),
                   Col("throughput\nreq/s"), Col("goodput\nreq/s"), Col("p50 ms"), Col("p99 ms"),
                   Col(f"{p} ms\n(95 % interval)"), Col("verdict"), Col("valid", "left", wrap=True),
-                  Col("probe", "left")],
-                 groups=[(1, 2), (3, 4), (5,), (6, 7), (8, 9), (10,), (11,)])
+                  Col("probe", "left"), Col("shapes"), Col("graph\ncaptures")],
+                 groups=[(1, 2), (3, 4), (5,), (6, 7), (8, 9), (10,), (11,), (12, 13)])
     ceiling = c.bound.throughput_ceiling_rps if c.bound else None
     for point, role in sorted(zip(c.points, c.roles), key=lambda x: x[0].rate_rps):
         share = f"{point.rate_rps / ceiling:.0%}" if ceiling and math.isfinite(point.rate_rps) else "—"
@@ -48,7 +49,7 @@ def points_table(c: LoadCurve) -> FitTable:
         t.add_row(_rate(point.rate_rps), share, f"{point.served}/{point.offered}",
                   f"{point.dropped}/{point.abandoned}", f"{point.throughput_rps:.3g}",
                   "—" if point.goodput_rps is None else f"{point.goodput_rps:.3g}", _ms(point.p50_ms),
-                  _ms(point.p99_ms), interval, verdict, valid, role)
+                  _ms(point.p99_ms), interval, verdict, valid, role, *served_cells(point.extra.get("served_set")))
     return t
 
 
@@ -90,14 +91,37 @@ def latency_chart(c: LoadCurve) -> Text:
     return out
 
 
+def served_words(c: LoadCurve) -> str | None:
+    """The served set and what the curve met of it, in words (None: records without the facts)."""
+    sets = c.served_sets
+    if not sets:
+        return None
+    size = max(s["set_size"] for s in sets)
+    what = (f"a varied set of {size} requests (serving.vary) in a seeded random order" if c.varied
+            else f"the workload's {size} request{'s' if size != 1 else ''} in order, one shape each (no serving.vary)")
+    captures = c.graph_captures
+    graphs = ("graph captures not counted: the target runs without CUDA graphs here (a CPU, an eager target)"
+              if captures is None
+              else f"{captures} graph capture{'s' if captures != 1 else ''} while measuring (warm-up excluded)")
+    return f"served: {what}; {c.shapes} distinct pass shape{'s' if c.shapes != 1 else ''} over its points; {graphs}"
+
+
 def curve_lines(c: LoadCurve) -> Text:
-    """The search's answer and the bound at load, in words."""
+    """The served set, the search's answer and the bound at load, in words."""
     out = Text()
+    served = served_words(c)
+    if served is not None:
+        out.append(served + "\n")
     s = c.search
     if s is not None:
         p = f"p{100 * c.percentile:g}"
         out.append(f"max rate at {p} ≤ {c.slo_ms:g} ms: ", style="bold")
         out.append(s.words() + "\n")
+        captured = ((s.failing.extra.get("served_set") or {}).get("graph_captures") if s.failing else None)
+        if captured:  # a one-time cost of new shapes can be what failed it
+            out.append(f"the failing point captured {captured} graph{'s' if captured != 1 else ''} while measured "
+                       "(new shapes: a cost paid once); its neighbours' captures are in the table\n",
+                       style="yellow")
     if c.bound is not None:
         b = c.bound
         ceiling = "—" if b.throughput_ceiling_rps is None else f"{b.throughput_ceiling_rps:.4g} req/s"
@@ -120,12 +144,13 @@ def streams_table(rows: list[StreamScenario]) -> FitTable:
     t = FitTable("Stream scenario (the pipelined stream sized by its minimums)",
                  [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("requests"),
                   Col("seconds"), Col("req/s"), Col("latency p50/p99 ms"), Col("minimums"),
-                  Col("valid", "left", wrap=True)], sections=1)
+                  Col("valid", "left", wrap=True), Col("shapes"), Col("graph\ncaptures")], sections=1)
     for r in rows:
         t.add_row(r.workload, r.target, str(r.requests), f"{r.total_ms / 1e3:.3g}", f"{r.throughput_rps:.3g}",
                   f"{r.latency_p50_ms:.3g}/{r.latency_p99_ms:.3g}",
                   f"{r.rules.get('min_requests')} req, {r.rules.get('min_duration_s', 0):g} s",
-                  "yes" if r.valid else Text("INVALID: " + "; ".join(r.reasons), style="bold red"))
+                  "yes" if r.valid else Text("INVALID: " + "; ".join(r.reasons), style="bold red"),
+                  *served_cells(r.served_set))
     return t
 
 

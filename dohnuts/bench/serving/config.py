@@ -17,7 +17,14 @@
       max_duration_s: 120       # a point issues no arrival past this (then it is marked, and invalid when
                                 #   short of its minimums): a point far past the capacity still ends
       budget_s: 0               # the search starts no probe past this many seconds (0: no limit)
-      seed: null                # the arrivals' seed (default: the workload's)
+      seed: null                # the arrivals' and the varied set's issue order's seed (default: the workload's)
+      vary:                     # served requests that vary (absent: the workload's calls, cycled in order)
+        distinct: 64            #   requests drawn into the served set (1..1024), from the workload's seed
+        seq_tokens: [384, 640]  #   [min, max] tokens a question sequence (absent: shape.seq_tokens)
+        questions: [2, 6]       #   [min, max] questions a request (absent: shape.questions)
+        images:                 #   image kinds only (absent there: every request has an image, shape.resolution)
+          fraction: 0.5         #     share of the requests that carry an image
+          resolutions: [[224, 224], [448, 448]]   # [width, height] each (absent: shape.resolution)
     accuracy:                   # accuracy mode, in the same run: every target scores a labelled set
       set: digits               # digits (scikit-learn's handwritten digits, written into the run) or a
                                 #   labelled request file (JSONL with `answer`/`rewards`, relative to this file)
@@ -26,6 +33,12 @@
     agreement:                  # every target with an FP32 reference path (the dohnuts variants)
       sample: 2                 # the workload's first N requests, scored by both (0: no check)
       tolerance: 0              # the largest probability gap allowed (0: 1e-4 at fp32, 0.05 at bf16)
+
+`vary` draws the served set (dohnuts.bench.serving.variety): `distinct` requests whose sizes
+spread evenly over the ranges (both ends drawn), paired at random, issued in a seeded random order
+(each request once before any comes round again) to the server, offline and stream scenarios and
+the stream beside single calls. The single calls keep `shape:` (their bounds are the curve's floor).
+Each corner of the ranges must be a valid `shape:` of the kind and fit the model's context.
 
 A run that did not meet a point's minimums is marked invalid in its records and the report, never
 silently short. Every problem is one ConfigError naming the workload file and the field.
@@ -60,6 +73,30 @@ class SearchFields(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     first_rps: Annotated[float, Meta(ge=0, le=MAX_RATE, description="the first probe (0: M/D/1 estimate)")] = 0.0
 
 
+Resolution = tuple[Annotated[int, Meta(ge=1, le=8192)], Annotated[int, Meta(ge=1, le=8192)]]
+Range = Annotated[tuple[Annotated[int, Meta(ge=1, le=2**18)], Annotated[int, Meta(ge=1, le=2**18)]],
+                  Meta(description="[min, max], both included")]
+
+
+class ImageVary(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    fraction: Annotated[float, Meta(ge=0, le=1, description="share of the requests with an image")] = 1.0
+    resolutions: Annotated[list[Resolution], Meta(max_length=1024,
+                                                  description="[width, height] each (empty: the shape's)")] = []
+
+
+class VaryFields(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    distinct: Annotated[int, Meta(ge=1, le=1024, description="requests in the served set")] = 64
+    seq_tokens: Range | None = None
+    questions: Range | None = None
+    images: ImageVary | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("seq_tokens", "questions"):
+            span = getattr(self, name)
+            if span is not None and span[0] > span[1]:
+                raise Invalid(f"is [{span[0]}, {span[1]}]: the minimum is above the maximum", field=name)
+
+
 class ServingFields(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     rates: Annotated[list[Annotated[float, Meta(gt=0, le=MAX_RATE)]], Meta(max_length=256)] = []
     slo_ms: Annotated[float, Meta(gt=0, le=DAY * 1e3)] | None = None
@@ -72,6 +109,7 @@ class ServingFields(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     max_duration_s: Annotated[float, Meta(gt=0, le=DAY)] = 120.0
     budget_s: Annotated[float, Meta(ge=0, le=DAY)] = 0.0
     seed: Annotated[int, Meta(ge=0, le=2**32 - 1)] | None = None
+    vary: VaryFields | None = None
 
     def __post_init__(self) -> None:
         if self.max_duration_s < self.min_duration_s:

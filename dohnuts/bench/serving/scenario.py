@@ -1,7 +1,8 @@
 """The run loop's side of a scenario: load points measured, one record a served request.
 
 After a target's single calls (dohnuts.bench.runner), `measure_scenario` runs the workload's
-scenario on the same target and calls:
+scenario on the same target, issuing its served set (dohnuts.bench.serving.variety: the
+workload's calls in order, or the varied set of `serving.vary` in a seeded order):
 
 - single: the pipelined stream beside the single calls, as the harness always did
   (dohnuts.bench.measure.measure_stream).
@@ -18,15 +19,17 @@ so writing never delays a request); one record a served request, `wall_ms` its s
 (start → completion) and `extra.serving` its times (ms since the point started: arrival, start,
 first byte, completion; latency = completion − arrival, queue = start − arrival) and the point's
 facts (`extra.serving.point`: rate, offered, served, dropped, abandoned, duration, rules, SLO,
-validity). A refused or abandoned request has no record; the point's counts hold it. The
-telemetry of the whole point is on its first record; every record carries the point's validity.
+validity, and what it served of its set — distinct requests and pass shapes, the graph captures
+while it ran: variety.ServedFacts); `extra.serving.set_index` is the request's place in the set.
+A refused or abandoned request has no record; the point's counts hold it. The telemetry of the
+whole point is on its first record; every record carries the point's validity.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from types import SimpleNamespace
 
 from dohnuts.bench.measure import measure_stream, stage_timers, synchronize
 from dohnuts.bench.record import CallMeasurement, TargetContext, call_record, stages_dict
@@ -37,6 +40,7 @@ from dohnuts.bench.serving.queueing import md1_max_rate
 from dohnuts.bench.serving.search import SearchPlan, search_result, slo_search
 from dohnuts.bench.serving.server import ServedRequest, serve_serial
 from dohnuts.bench.serving.stats import PointSummary, Rules, summarize_point
+from dohnuts.bench.serving.variety import ServedFacts, ServedSet, graph_counts
 from dohnuts.bench.status import log
 from dohnuts.bench.telemetry import call_energy
 from dohnuts.runtime.timing import StageTimer
@@ -45,22 +49,22 @@ from dohnuts.schema import median
 MAX_SIZED_REQUESTS = 100_000  # a stream or offline set sized from the single calls, at most
 
 
-def measure_scenario(ctx: TargetContext, target, capabilities, calls: list, single_walls_ms: list[float],
+def measure_scenario(ctx: TargetContext, target, capabilities, served: ServedSet, single_walls_ms: list[float],
                      out) -> int:
     """Run the workload's scenario on a built target; returns the records written."""
     spec = ctx.spec
-    if spec.scenario == "single":
-        return measure_stream(ctx, capabilities, calls[:spec.repeat], out)
+    if spec.scenario == "single":  # the stream beside the single calls: `repeat` calls, or the varied set once
+        return measure_stream(ctx, capabilities, served, spec.repeat if not served.varied else len(served.calls), out)
     service_s = median(single_walls_ms) / 1e3 if single_walls_ms else 0.0
     serving = spec.serving
     rules = Rules(min_requests(spec.scenario, serving), serving.min_duration_s)
     if spec.scenario == "stream":
         n = sized(rules, service_s)
         stamp = {"scenario": "stream", "rules": vars(rules)}
-        streamer = capabilities if capabilities.run_stream is not None else SimpleNamespace(
-            run_stream=lambda cs, timer_for: _back_to_back(ctx, target, cs, timer_for))
-        return measure_stream(ctx, streamer, [calls[j % len(calls)] for j in range(n)], _Stamped(out, stamp))
-    runner = PointRunner(ctx, target, capabilities, calls, out, rules)
+        streamer = capabilities if capabilities.run_stream is not None else dataclasses.replace(
+            capabilities, run_stream=lambda cs, timer_for: _back_to_back(ctx, target, cs, timer_for))
+        return measure_stream(ctx, streamer, served, n, _Stamped(out, stamp))
+    runner = PointRunner(ctx, target, capabilities, served, out, rules)
     if spec.scenario == "offline":
         runner.measure(all_at_once(sized(rules, service_s)), role="offline", capacity=None)
         return runner.written
@@ -138,9 +142,9 @@ def run_server(runner: PointRunner, service_s: float) -> None:
 class PointRunner:
     """Measures load points on one target and writes their records."""
 
-    def __init__(self, ctx: TargetContext, target, capabilities, calls: list, out, rules: Rules):
-        self.ctx, self.target, self.capabilities, self.calls, self.out, self.rules = (
-            ctx, target, capabilities, calls, out, rules)
+    def __init__(self, ctx: TargetContext, target, capabilities, served: ServedSet, out, rules: Rules):
+        self.ctx, self.target, self.capabilities, self.served, self.out, self.rules = (
+            ctx, target, capabilities, served, out, rules)
         self.points = 0
         self.written = 0
 
@@ -155,39 +159,53 @@ class PointRunner:
         timers, timer_for = stage_timers(device)
         synchronize(device)
         e0 = ctx.telemetry.energy()
+        order = self.served.issue(len(arrivals))  # request i is calls[order[i]]
+        calls = [self.served.calls[k] for k in order]
+        graphs_before = self._graph_counts()
         t0 = time.perf_counter()
         served = None
         if self.capabilities.serve is not None:
-            served = self.capabilities.serve(self.calls, arrivals.times_s, capacity=capacity, timer_for=timer_for,
+            served = self.capabilities.serve(calls, arrivals.times_s, capacity=capacity, timer_for=timer_for,
                                              deadline=serving.max_duration_s)
         server = "pipelined"
         if served is None:
             server = "serial"
-            served = serve_serial(self._run_one(timer_for), arrivals.times_s, capacity=capacity,
+            served = serve_serial(self._run_one(calls, timer_for), arrivals.times_s, capacity=capacity,
                                   clock=MonotonicClock(), deadline=serving.max_duration_s)
         t1 = time.perf_counter()
         e1 = ctx.telemetry.energy()
+        graphs_after = self._graph_counts()
         window, validity = ctx.telemetry.window_and_validity(t0, t1)
         summary, facts = self._summary(arrivals, served, role, server, capacity)
+        done = [r for r in served if r.outcome == "served" and r.completion is not None]
+        facts["served_set"] = ServedFacts.of(self.served, [order[r.index] for r in done],
+                                             [_work(r.result) for r in done], graphs_before, graphs_after).to_dict()
         point_energy = call_energy(e0, e1)
         facts["energy_j"] = point_energy["joules"]  # the whole point's, from the device's counter
         if not validity.get("valid", True):
             facts["valid"] = False
             facts["reasons"] = list(facts["reasons"]) + [str(r) for r in validity.get("reasons") or []]
-        self._write(served, timers, facts, window, validity, point_energy)
+        self._write(served, order, timers, facts, window, validity, point_energy)
         self.points += 1
         lat = "∞" if summary.latency_ms is None else f"{summary.latency_ms:.3g} ms"
+        met = facts["served_set"]
+        captures = "" if met["graph_captures"] is None else f", {met['graph_captures']} graph captures"
         self.say(f"{role} {_rate(arrivals.rate_rps)}: {summary.served}/{summary.offered} served, "
                  f"{summary.throughput_rps:.3g} req/s, p{serving.percentile:g} {lat}"
                  + (f" ({summary.verdict})" if summary.slo_ms is not None else "")
+                 + f"; {met['shapes']} shapes{captures}"
                  + ("" if facts["valid"] else f" — INVALID: {'; '.join(facts['reasons'])}"), warning=not facts["valid"])
         return summary
 
-    def _run_one(self, timer_for):
-        device, target, calls = self.ctx.device, self.target, self.calls
+    def _graph_counts(self) -> dict | None:
+        stats = self.capabilities.graph_stats
+        return graph_counts(stats()) if stats is not None else None
+
+    def _run_one(self, calls: list, timer_for):
+        device, target = self.ctx.device, self.target
 
         def run_one(req: ServedRequest):
-            result = target.run_call(calls[req.index % len(calls)], timer_for(req.index))
+            result = target.run_call(calls[req.index], timer_for(req.index))
             synchronize(device)
             return result, 0.0  # the first byte is placed from the serialize stage's time (_summary)
 
@@ -216,8 +234,8 @@ class PointRunner:
                  "percentile": serving.percentile, "valid": summary.valid, "reasons": list(summary.reasons)}
         return summary, facts
 
-    def _write(self, served: list[ServedRequest], timers: dict, facts: dict, window: list, validity: dict,
-               point_energy: dict) -> None:
+    def _write(self, served: list[ServedRequest], order: list[int], timers: dict, facts: dict, window: list,
+               validity: dict, point_energy: dict) -> None:
         ctx, first = self.ctx, True
         # Served requests overlap one another: the counter measures the point, not a request.
         energy = {"joules": None, "source": point_energy["source"],
@@ -229,11 +247,12 @@ class PointRunner:
                 continue
             res = r.result
             decisions = res["decisions"] if isinstance(res, dict) else res.decisions
-            work = res["work"] if isinstance(res, dict) else res.work
+            work = _work(res)
             stages = stages_dict(timers.get(r.index) or StageTimer(ctx.device))
             if facts["server"] == "serial" and "serialize" in stages:  # its first byte: before serializing
                 r.first_byte = max(r.start, r.completion - stages["serialize"]["host_ms"] / 1e3)
-            times = {"scenario": facts["scenario"], "request": r.index, "arrival_ms": r.arrival * 1e3,
+            times = {"scenario": facts["scenario"], "request": r.index, "set_index": order[r.index],
+                     "arrival_ms": r.arrival * 1e3,
                      "start_ms": r.start * 1e3,
                      "first_byte_ms": r.first_byte * 1e3, "completion_ms": r.completion * 1e3,
                      "latency_ms": (r.completion - r.arrival) * 1e3, "queue_ms": (r.start - r.arrival) * 1e3,
@@ -246,6 +265,11 @@ class PointRunner:
             self.out.write(record | ctx.ranks)
             self.written += 1
             first = False
+
+
+def _work(result):
+    """The work counts of a served request's result (the pipelined server's row, or a CallResult)."""
+    return result["work"] if isinstance(result, dict) else result.work
 
 
 def _back_to_back(ctx: TargetContext, target, calls: list, timer_for) -> list[dict]:

@@ -1,9 +1,11 @@
 """Built-in analyzers: the machine at the start of a run (its load, its measured ceilings) and
-the machine's load as telemetry while it runs; the efficiency analysis — per stage and whole
+the machine's load as telemetry while it runs; the headline that opens the report (dohnuts against
+its peer and against the measured bound, a CPU run's scope: dohnuts.bench.analysis.headline); the
+efficiency analysis — per stage and whole
 call, against the hwspec's datasheet and measured ceilings —, the serving section (load points,
 the SLO search, the bound at load, accuracy and the reference check:
-dohnuts.bench.analysis.serving) and the run's conditions (load, the ceilings' stability, what a
-CPU run can and cannot show: dohnuts.bench.analysis.machine)."""
+dohnuts.bench.analysis.serving) and the run's conditions (load, the ceilings' stability:
+dohnuts.bench.analysis.machine)."""
 
 from __future__ import annotations
 
@@ -55,7 +57,8 @@ def dohnuts_bench_analyze(records, hwspec, measured, run_dir):
         # what this machine measured at the start of the run, and say so.
         spec = measured_hwspec(device, ceilings)
         if spec is None:
-            return [Section("efficiency", Text(f"efficiency: no hardware spec for device {device!r} and no measured "
+            return [_headline(records, None, measured),
+                    Section("efficiency", Text(f"efficiency: no hardware spec for device {device!r} and no measured "
                                                "ceilings in this run; pass --hwspec NAME or a path"))] + \
                 _serving(records, None) + [_machine(records, measured)]
     else:
@@ -66,8 +69,17 @@ def dohnuts_bench_analyze(records, hwspec, measured, run_dir):
     parts = [Text(f"{spec.name}: bounds and efficiency ({origin})", style="bold")]
     parts += analysis_tables(analysis)
     parts += [Text(f"warning: {w}", style="yellow") for w in analysis.warnings]
-    return ([Section("efficiency", Group(*parts), data=analysis.to_dict(), files=[str(png)])]
+    return ([_headline(records, analysis, measured),
+             Section("efficiency", Group(*parts), data=analysis.to_dict(), files=[str(png)])]
             + _scaling(records, run_dir) + _serving(records, analysis) + [_machine(records, measured)])
+
+
+def _headline(records, analysis, measured) -> Section:
+    """The headline: per workload dohnuts against its peer and the measured bound (leads the report)."""
+    from dohnuts.bench.analysis.headline import build_headline, headline_renderables
+
+    headline = build_headline(records, analysis, measured)
+    return Section("headline", Group(*headline_renderables(headline)), data=headline.to_dict(), leads=True)
 
 
 def _serving(records, analysis) -> list:

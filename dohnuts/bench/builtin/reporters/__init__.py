@@ -1,5 +1,6 @@
-"""Built-in reporters: the per-stage timing summary (median, p10/p90, spread, throughput,
-memory), the analyzers' sections, and `report.txt` / `summary.json` in the run directory.
+"""Built-in reporters: the headline first (a section that `leads`: dohnuts against its peer and
+the bound), the per-stage timing summary (median, p10/p90, spread, throughput, memory), the
+analyzers' other sections, and `report.txt` / `summary.json` in the run directory.
 
 Width: the tables are `dohnuts.bench.analysis.render.FitTable`s, which pick their layout from the
 width they are printed at (its module docstring has the rule). On the console that is the
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.text import Text
 
-from dohnuts.bench.analysis.records import group_key, overhead_text
+from dohnuts.bench.analysis.records import group_key, overhead_text, quality_cells
 from dohnuts.bench.analysis.render import UNBOUNDED, Col, FitTable
 from dohnuts.bench.hookspecs import hookimpl
 from dohnuts.bench.status import log
@@ -50,7 +51,10 @@ def summarize(records: list[dict]) -> list[dict]:
     spread is too large for the claimed precision, and for a pipelined stream its latency,
     queueing and throughput."""
     from dohnuts.bench.analysis.compare import aa_noise, spread_warning
-    from dohnuts.bench.analysis.records import overhead_summary, per_call_records, valid_records, validity_summary
+    from dohnuts.bench.analysis.headline import peer_dict
+    from dohnuts.bench.analysis.records import (
+        overhead_summary, peer_paths, per_call_records, valid_records, validity_summary,
+    )
     from dohnuts.bench.telemetry import clock_summary
 
     records = per_call_records(records)  # load points and accuracy: their own section (analysis.serving)
@@ -90,6 +94,8 @@ def summarize(records: list[dict]) -> list[dict]:
             "spread_warning": spread_warning(walls, CLAIMED_PRECISION) if len(walls) >= 2 else None,
             # the target against the FP32 reference path (dohnuts.bench.quality); None: not checked
             "agreement": next((r["agreement"] for r in recs if isinstance(r.get("agreement"), dict)), None),
+            # a peer target's fast paths (`extra.peer`, a fallback marked FALLBACK); None: not recorded
+            "peer": peer_dict(next((p for p in map(peer_paths, recs) if p is not None), None)),
         }
         halves = [r.get("aa_half") for r in recs]
         if halves.count(0) >= 3 and halves.count(1) >= 3:
@@ -101,13 +107,16 @@ def summarize(records: list[dict]) -> list[dict]:
                              "throughput_rps": len(streams) / (streams[0]["total_ms"] / 1e3),
                              "latency_p50_ms": _quantile(lat, 0.5), "latency_p90_ms": _quantile(lat, 0.9),
                              "latency_p99_ms": _quantile(lat, 0.99),
-                             "queue_p50_ms": _quantile([x["queue_ms"] for x in streams], 0.5)}
+                             "queue_p50_ms": _quantile([x["queue_ms"] for x in streams], 0.5),
+                             # what it served of its set (dohnuts.bench.serving.variety; None: older records)
+                             "served_set": streams[0].get("served_set")}
         out.append(row)
-    # A stream's per-request time against the same target's single calls: the overlap measured.
+    # A stream's per-request time against the same target's single calls: the overlap measured
+    # (not for a varied served set: its requests are not the single calls').
     single = {(r["workload"], r["target"]): r["wall_median_ms"] for r in out if "stream" not in r}
     for r in out:
         base = single.get((r["workload"], r["target"].removesuffix(" · stream")))
-        if "stream" in r and base:
+        if "stream" in r and base and not (r["stream"]["served_set"] or {}).get("varied"):
             r["stream"]["single_call_ms"] = base
             r["stream"]["overlap"] = 1.0 - r["wall_median_ms"] / base
     return out
@@ -149,20 +158,7 @@ def quality_table(rows: list[dict]) -> FitTable:
                   Col("note", "left", wrap=True)],
                  sections=1, groups=[(2,), (3,), (4,), (5,), (6,)], title_justify="center")
     for r in rows:
-        over = overhead_text(r["harness_overhead"])  # dohnuts.bench.analysis.records
-        aa = "—" if r["aa_noise_halfwidth"] is None else f"{100 * r['aa_noise_halfwidth']:.1f}%"
-        excluded = str(r["excluded_calls"])
-        if r["excluded_calls"]:
-            excluded += " (" + ", ".join(f"{k}: {v}" for k, v in r["excluded_reasons"].items()) + ")"
-        if r.get("power_capped_calls"):
-            excluded += f"; {r['power_capped_calls']} power-capped, kept"
-        o = r["harness_overhead"]
-        note = r["spread_warning"] or (f"harness overhead above 1 % ({o['basis']})" if o and not o["within_target"]
-                                       else "")
-        c = r.get("gpu_clock")
-        clock = "—" if not c else (f"{c['median_mhz']:.0f} ({c['min_mhz']:.0f})"
-                                   + (f" / {c['max_mhz']:.0f}" if c["max_mhz"] else ""))
-        t.add_row(r["workload"], r["target"], excluded, clock, aa, over, note)
+        t.add_row(r["workload"], r["target"], *quality_cells(r))
     return t
 
 
@@ -171,18 +167,23 @@ def stream_table(rows: list[dict]) -> FitTable | None:
     rows = [r for r in rows if "stream" in r]
     if not rows:
         return None
-    t = FitTable("Pipelined streams (Predictor.run: prefetch, copy stream, overlapped serialization)",
+    from dohnuts.bench.analysis.serving import served_cells
+
+    t = FitTable("Pipelined streams (Predictor.run: prefetch, copy stream, overlapped serialization); overlap "
+                 "against the single calls (none for a varied served set: other requests)",
                  [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("requests"),
                   Col("ms / request"), Col("requests/s"), Col("latency p50/p90/p99 ms"), Col("queue p50 ms"),
-                  Col("single call ms"), Col("overlap")],
-                 sections=1, groups=[(2,), (3, 4), (5,), (6,), (7, 8)], title_justify="center")
+                  Col("single call ms"), Col("overlap"), Col("shapes"), Col("graph\ncaptures")],
+                 sections=1, groups=[(2,), (3, 4), (5,), (6,), (7, 8), (9, 10)], title_justify="center")
     for r in rows:
         s = r["stream"]
+        varied = (s.get("served_set") or {}).get("varied")
         t.add_row(r["workload"], r["target"], str(s["requests"]), f"{r['wall_median_ms']:.2f}",
                   f"{s['throughput_rps']:.1f}",
                   f"{s['latency_p50_ms']:.1f}/{s['latency_p90_ms']:.1f}/{s['latency_p99_ms']:.1f}",
                   f"{s['queue_p50_ms']:.2f}", f"{s['single_call_ms']:.2f}" if "single_call_ms" in s else "—",
-                  f"{100 * s['overlap']:.0f}%" if "overlap" in s else "—")
+                  f"{100 * s['overlap']:.0f}%" if "overlap" in s else ("varied set" if varied else "—"),
+                  *served_cells(s.get("served_set")))
     return t
 
 
@@ -246,8 +247,9 @@ def full_width(renderables: list, minimum: int = 80) -> int:
 def dohnuts_bench_report(console, records, sections, run_dir):
     rows = summarize(records)
     streams = stream_table(rows)
-    report = [summary_table(rows), stage_table(rows), *([streams] if streams else []), quality_table(rows),
-              *(s.renderable for s in sections)]
+    report = [*(s.renderable for s in sections if s.leads),  # the headline first
+              summary_table(rows), stage_table(rows), *([streams] if streams else []), quality_table(rows),
+              *(s.renderable for s in sections if not s.leads)]
     file_console = Console(record=True, width=full_width(report), file=io.StringIO())
     for c in (console, file_console):
         for renderable in report:

@@ -1,13 +1,15 @@
-"""Built-in targets: `dohnuts` (the product) and `transformers` (the same weights run by
-transformers' own Qwen3.5 implementation), measured on the same calls in the same run."""
+"""Built-in targets: `dohnuts` (the product), and its peers at their best on the same weights,
+measured on the same calls in the same run: `transformers` (transformers' own Qwen3.5
+implementation, for prediction) and `transformers+peft` (that model trained with PEFT LoRA)."""
 
 from __future__ import annotations
 
 from dohnuts.bench.builtin.targets.dohnuts_target import DohnutsTarget
+from dohnuts.bench.builtin.targets.peft_target import TransformersPeftTarget
 from dohnuts.bench.builtin.targets.transformers_target import TransformersTarget
 from dohnuts.bench.hookspecs import hookimpl
 
 
 @hookimpl
 def dohnuts_bench_register_targets():
-    return {"dohnuts": DohnutsTarget, "transformers": TransformersTarget}
+    return {"dohnuts": DohnutsTarget, "transformers": TransformersTarget, "transformers+peft": TransformersPeftTarget}

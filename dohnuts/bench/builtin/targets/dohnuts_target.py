@@ -12,7 +12,8 @@ record — `variant` — and report):
     cuda_graphs: false      the inference passes and training microbatches launched eagerly (`eager`)
 
 Each record's `extra.graphs` counts the call's graph replays (inference passes, or training
-microbatches), captures and eager passes.
+microbatches), captures and eager passes; `graph_stats` gives the totals so far, so a serving
+point states the captures that happened while it was measured.
 
 Serving scenarios run through the pipelined predictor (`serve`: dohnuts.bench.serving.pipelined);
 the reference check builds the FP32 reference path from `reference_options` (no sharing, eager,
@@ -57,7 +58,7 @@ class DohnutsTarget:
     def reference_options(options: Options) -> Options:
         """The FP32 reference path of a target built with `options`: the same weights and adapter,
         one batched pass a request (no sharing), eager passes; the harness builds it at FP32 inside
-        dohnuts.ops.reference() (the plain-torch ops)."""
+        dohnuts.ops._dispatch.reference() (the plain-torch ops)."""
         import dataclasses
 
         return dataclasses.replace(options, share_prefix=False, cuda_graphs=False)
@@ -77,6 +78,11 @@ class DohnutsTarget:
                               merge=adapter is not None and not self.train, _policy=policy)
         cfg = self.model.lora
         self.lora_info = {"rank": cfg.rank, "targets": list(cfg.targets), "merged": False} if cfg else None
+        if cfg is None and adapter is not None:  # merged into the base for prediction: the file says what it was
+            from dohnuts.adapters import read_adapter_meta
+
+            meta = read_adapter_meta(adapter).lora
+            self.lora_info = {"rank": meta.rank, "targets": list(meta.targets), "merged": True}
         if self.train:
             from dohnuts.runtime.collectives import gradient_bytes
             from dohnuts.runtime.process_group import current_world
@@ -117,12 +123,25 @@ class DohnutsTarget:
     def run_stream(self, calls, timer_for) -> list[dict] | None:
         """The calls as one pipelined stream (`Predictor.run`, as `dohnuts predict` runs a file):
         per request its decisions, work counts and trace (submitted / started / done, host
-        clock). None for workloads a stream cannot reproduce (training; a cache cleared per call)."""
-        if self.train or any(not isinstance(c, PredictCall) or c.cold_cache for c in calls):
+        clock). None for workloads a stream cannot reproduce (training).
+
+        A cold-cache workload streams as a user's stream of new images does: the feature cache is
+        emptied as each request enters the pipeline, so the workers decode its image while the
+        device runs the requests before it, and its features are encoded when it reaches the device
+        (each row's work counts say whether it encoded; a workload whose in-flight requests share
+        an image would show hits)."""
+        if self.train or any(not isinstance(c, PredictCall) for c in calls):
             return None
+        cache = self.model.image_cache
+
+        def entering():
+            for c in calls:
+                if c.cold_cache and cache is not None:
+                    cache.clear()
+                yield c.request.id, c.request
+
         trace: dict[int, dict] = {}
-        results = list(self.predictor.run(((c.request.id, c.request) for c in calls), timer_for=timer_for,
-                                          trace=trace))
+        results = list(self.predictor.run(entering(), timer_for=timer_for, trace=trace))
         return [{"decisions": len(getattr(r, "questions", ())), "work": trace[i].get("work"),
                  "submitted": trace[i]["submitted"], "started": trace[i].get("started"), "done": trace[i]["done"]}
                 for i, r in enumerate(results)]
@@ -141,6 +160,12 @@ class DohnutsTarget:
     def _graph_stats(self):
         graphs = self.updater.graphs if self.train else self.model.graphs
         return graphs.stats() if graphs is not None else None
+
+    def graph_stats(self) -> dict | None:
+        """The CUDA graph counts so far (captures, capture_ms, replays, eager passes by reason, ...);
+        None where passes run eagerly (a CPU, the `eager` variant)."""
+        stats = self._graph_stats()
+        return None if stats is None else stats.to_dict()
 
     def _graph_delta(self, before) -> dict:
         """What this call did with CUDA graphs: replays, captures (and their time), eager passes."""

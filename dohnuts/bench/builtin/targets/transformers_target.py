@@ -4,13 +4,22 @@ It is the plain peer a user would write: tokenise with dohnuts' planner (no shar
 pad, one `model(input_ids, attention_mask)` forward over every full sequence, gather the
 hidden states at the SCORE tokens, and the same scalar head. The backbone tensors are shared
 with a dohnuts model built from the same source, so both targets score with identical weights.
-On the GPU transformers picks its own kernels (fla's, when importable); on the CPU it must not
-see fla (it would try fla's GPU kernels), so this target hides fla there before importing it.
+
+The peer runs at its best: transformers binds each of Qwen3.5's hot ops, when its module is
+imported, to the fast package it recommends if that imports — fla's chunked gated delta rule,
+the `causal_conv1d` package's convolution — and otherwise to its own reference PyTorch code,
+with a warning. `peer_facts` reads which implementation each op was bound to and every record
+carries it (`extra.peer`); a reference path is a `fallback`, labelled so in every report.
+transformers' own "falling back" warnings are kept out of the run's output: the recorded facts
+say it once. On the CPU transformers must not see fla (it would try fla's GPU kernels), so this
+target hides fla there before importing it: its delta rule and conv fall back, as recorded.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
+import logging
 import sys
 
 import torch
@@ -24,16 +33,118 @@ from dohnuts.runtime.predict import Predictor
 TEXT_KINDS = ("text", "shared-prefix")
 
 
+MODELING = "transformers.models.qwen3_5.modeling_qwen3_5"
+# The module functions transformers binds to a fast package at import (hub_kernels'
+# `use_kernel_func_from_hub_with_fallback`), by the op they compute.
+BOUND_OPS = {"delta_rule": "torch_chunk_gated_delta_rule", "conv": "causal_conv1d_fn"}
+FAST_PACKAGE = {"delta_rule": "fla", "conv": "causal_conv1d"}  # what transformers recommends for each
+FALLBACK_WARNING = "is falling back to its reference PyTorch implementation"
+
+
 def _import_transformers(device: torch.device):
-    if device.type != "cuda" and "transformers.models.qwen3_5.modeling_qwen3_5" not in sys.modules:
+    if device.type != "cuda" and MODELING not in sys.modules:
         sys.modules.setdefault("fla", None)  # type: ignore[assignment]
+    _quiet_fallback_warnings()
     try:
         from transformers import Qwen3_5TextConfig, Qwen3_5TextModel
-        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
+        from transformers.models.qwen3_5 import modeling_qwen3_5
     except ImportError as exc:
         raise ConfigError(f"the transformers target needs transformers with Qwen3.5 ({exc}); "
                           "install dohnuts[peer]", field="targets") from None
-    return Qwen3_5TextConfig, Qwen3_5TextModel, Qwen3_5TextRotaryEmbedding
+    return Qwen3_5TextConfig, Qwen3_5TextModel, modeling_qwen3_5
+
+
+class _FallbackWarnings(logging.Filter):
+    """Drops transformers' "falling back to its reference PyTorch implementation" warnings: the
+    peer's recorded facts (`peer_facts`) say the same once per run instead of once per process."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return FALLBACK_WARNING not in record.getMessage()
+
+
+def _quiet_fallback_warnings() -> None:
+    """Installs `_FallbackWarnings` on the logger transformers warns through (once)."""
+    logger = logging.getLogger("transformers.integrations.hub_kernels")
+    if not any(isinstance(f, _FallbackWarnings) for f in logger.filters):
+        logger.addFilter(_FallbackWarnings())
+
+
+def _bound_implementation(fn) -> tuple[object, bool] | None:
+    """(the implementation transformers bound `fn` to, whether it is a fast package's rather than
+    its own reference code), read from the closure of hub_kernels' wrapper — found through any
+    wrapper around it (`__wrapped__`, closures, the module the `kernels` package makes of a
+    function, whose `forward` closes over it); None where this transformers binds its functions
+    some other way."""
+    todo, seen = [fn], set()
+    while todo:
+        f = todo.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        code, closure = getattr(f, "__code__", None), getattr(f, "__closure__", None)
+        if code is not None and closure:
+            cells = dict(zip(code.co_freevars, closure))
+            if "implementation" in cells and "torch_function" in cells:
+                impl = cells["implementation"].cell_contents
+                return impl, impl is not cells["torch_function"].cell_contents
+            todo += [c.cell_contents for c in closure if callable(c.cell_contents)]
+        if callable(getattr(f, "__wrapped__", None)):
+            todo.append(f.__wrapped__)
+        if code is None and callable(getattr(type(f), "forward", None)):
+            todo.append(type(f).forward)
+    return None
+
+
+def _package_of(impl) -> str:
+    module = getattr(impl, "__module__", None) or "?"
+    return module.split(".")[0]
+
+
+def peer_facts(modeling, attention: str, device: torch.device) -> dict:
+    """Which implementation transformers runs each hot op of Qwen3.5 with: a package name (`fla`,
+    `causal_conv1d`), `torch` for transformers' own reference code (a fallback when a fast package
+    exists for the op), or `unknown`. `attention` is the attention implementation the model was
+    configured with; RMSNorm and the gated RMSNorm are plain PyTorch in transformers' Qwen3.5
+    (its hub kernels are downloaded at run time, which a benchmark does not do)."""
+    paths, fallbacks = {}, []
+    for op, name in BOUND_OPS.items():
+        bound = _bound_implementation(getattr(modeling, name, None))
+        if bound is None:
+            paths[op] = "unknown"
+            continue
+        impl, fast = bound
+        paths[op] = _package_of(impl) if fast else "torch"
+        if not fast:
+            fallbacks.append(op)
+    paths["attention"] = attention
+    paths["norms"] = "torch"
+    why = "runs on CUDA GPUs only" if device.type != "cuda" else "is not installed or does not import"
+    messages = [f"{op}: transformers' reference PyTorch code ({FAST_PACKAGE[op]} {why})" for op in fallbacks]
+    return {"library": "transformers", "version": _version("transformers"), "paths": paths,
+            "fallbacks": fallbacks, "messages": messages}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def build_peer_backbone(ours, device: torch.device):
+    """transformers' Qwen3_5TextModel over the backbone tensors of the dohnuts session `ours`
+    (shared, not copied), with SDPA attention, and the peer facts of how it runs."""
+    from dohnuts.hf_config import to_hf_text_config
+
+    Config, Model, modeling = _import_transformers(device)
+    hf_cfg = Config(**to_hf_text_config(ours.cfg.text))
+    hf_cfg._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        model = Model(hf_cfg)
+    model.load_state_dict(ours.model.backbone.state_dict(), assign=True)  # the same tensors
+    # non-persistent buffers are not in the state dict
+    model.rotary_emb = modeling.Qwen3_5TextRotaryEmbedding(config=hf_cfg).to(device)
+    return model, peer_facts(modeling, "sdpa", device)
 
 
 class TransformersTarget:
@@ -55,19 +166,12 @@ class TransformersTarget:
             raise ConfigError(f"the transformers target runs text workloads only ({', '.join(TEXT_KINDS)}), "
                               f"not {spec.kind!r}", source=spec.file, field="targets")
         import dohnuts.api as api
-        from dohnuts.hf_config import to_hf_text_config
 
-        Config, Model, Rotary = _import_transformers(device)
         self.device = device
         # dohnuts' planner and head over the same weights, planning plain batches (no shared prefix)
         self.ours = api.load(spec.model, device=device, dtype=dtype, seed=spec.seed,
                              _policy=ExecutionPolicy(share_prefix=False, cuda_graphs=False))
-        hf_cfg = Config(**to_hf_text_config(self.ours.cfg.text))
-        hf_cfg._attn_implementation = "sdpa"
-        with torch.device("meta"):
-            model = Model(hf_cfg)
-        model.load_state_dict(self.ours.model.backbone.state_dict(), assign=True)  # the same tensors
-        model.rotary_emb = Rotary(config=hf_cfg).to(device)  # non-persistent buffers are not in the state dict
+        model, self.peer = build_peer_backbone(self.ours, device)
         self.model = model.eval()
 
     @torch.inference_mode()
@@ -94,7 +198,7 @@ class TransformersTarget:
             result.to_json()
         # transformers computes every position of its last layer: no pruned rows (WorkCounts).
         return CallResult(decisions=len(result.questions), work=dataclasses.replace(hb.work, scored_rows=0),
-                          output=result)
+                          extra={"peer": self.peer}, output=result)
 
     def close(self) -> None:
         del self.model, self.ours

@@ -9,6 +9,10 @@ Every kind generates its requests itself (seeded, no downloads), sized in model 
     candidates       candidates per question; candidate_tokens long each
     requests         distinct requests, cycled through warm-up and measured calls
 
+A workload's `serving.vary` asks the text and image kinds for a varied served set as well
+(`varied_calls`: one request a size drawn by dohnuts.bench.serving.variety.draw_sizes, the shape's
+other fields kept); the single calls keep `shape:`.
+
 With the byte tokenizer of the presets the sizes are exact; with a checkpoint's tokenizer they
 are met within a few tokens (the records carry the exact counts).
 
@@ -152,22 +156,42 @@ class TrainStepShape(TextShape, frozen=True, forbid_unknown_fields=True, kw_only
     requests: Annotated[int, Meta(ge=4, le=1024, description="distinct requests, 4 per update")] = 8
 
 
-def text_requests(ctx, *, image_for=None, answers: bool = False) -> list[Request]:
-    shape, rng, tok = ctx.spec.shape, ctx.rng, ctx.tokenizer
+def text_request(ctx, shape: TextShape, request_id: str, *, image: str | None = None,
+                 answers: bool = False) -> Request:
+    """One request of `shape`'s sizes, its text drawn from `ctx.rng`."""
+    rng, tok = ctx.rng, ctx.tokenizer
     q_tokens = question_text_tokens(shape)
+    prefix = filler(tok, shape.prefix_tokens, rng)
+    qs = []
+    for q in range(shape.questions):
+        cands = tuple(filler(tok, shape.candidate_tokens, rng) for _ in range(shape.candidates))
+        rewards = None
+        if answers:
+            right = rng.randrange(len(cands))
+            rewards = tuple(1.0 if i == right else 0.0 for i in range(len(cands)))
+        qs.append(Question(id=f"q{q}", text=filler(tok, q_tokens, rng), candidates=cands, rewards=rewards))
+    return Request(id=request_id, questions=tuple(qs), prefix=prefix, image=image)
+
+
+def text_requests(ctx, *, image_for=None, answers: bool = False) -> list[Request]:
+    shape = ctx.spec.shape
+    return [text_request(ctx, shape, f"{ctx.spec.name}-{r}", image=image_for(r) if image_for is not None else None,
+                         answers=answers) for r in range(shape.requests)]
+
+
+def varied_requests(ctx, vary, *, resolutions: list[tuple[int, int]] | None = None, image_for=None) -> list[Request]:
+    """The served set of `serving.vary` (dohnuts.bench.serving.variety): one request a drawn size,
+    the shape's other fields kept; `image_for(r, (width, height))` the image of request r."""
+    from dohnuts.bench.serving.variety import draw_sizes
+
+    shape = ctx.spec.shape
+    sizes = draw_sizes(vary, seq_tokens=shape.seq_tokens, questions=shape.questions, resolutions=resolutions,
+                       seed=ctx.spec.seed)
     out = []
-    for r in range(shape.requests):
-        prefix = filler(tok, shape.prefix_tokens, rng)
-        qs = []
-        for q in range(shape.questions):
-            cands = tuple(filler(tok, shape.candidate_tokens, rng) for _ in range(shape.candidates))
-            rewards = None
-            if answers:
-                right = rng.randrange(len(cands))
-                rewards = tuple(1.0 if i == right else 0.0 for i in range(len(cands)))
-            qs.append(Question(id=f"q{q}", text=filler(tok, q_tokens, rng), candidates=cands, rewards=rewards))
-        image = image_for(r) if image_for is not None else None
-        out.append(Request(id=f"{ctx.spec.name}-{r}", questions=tuple(qs), prefix=prefix, image=image))
+    for r, size in enumerate(sizes):
+        one = msgspec.structs.replace(shape, seq_tokens=size.seq_tokens, questions=size.questions, requests=1)
+        image = image_for(r, size.resolution) if size.resolution is not None else None
+        out.append(text_request(ctx, one, f"{ctx.spec.name}-served-{r}", image=image))
     return out
 
 
@@ -180,6 +204,9 @@ class TextKind:
 
     def calls(self, ctx) -> list:
         return [PredictCall(r) for r in text_requests(ctx)]
+
+    def varied_calls(self, ctx, vary) -> list:
+        return [PredictCall(r) for r in varied_requests(ctx, vary)]
 
 
 class SharedPrefixKind(TextKind):
@@ -229,6 +256,17 @@ def image_tokens(width: int, height: int, vision) -> int:
     return (th // vision.patch_size) * (tw // vision.patch_size) // (m * m)
 
 
+def _write_image(path, size: tuple[int, int], gen) -> str:
+    """A generated PNG of `size` (width, height): a smooth random colour field, not noise — it
+    compresses like a photo, so decode time is realistic."""
+    from PIL import Image
+
+    w, h = size
+    small = gen.integers(0, 256, (max(1, h // 32), max(1, w // 32), 3), dtype=np.uint8)
+    Image.fromarray(small).resize((w, h), Image.BILINEAR).save(path)
+    return str(path)
+
+
 class ImageKind:
     name = "image"
     Shape = ImageShape
@@ -248,20 +286,11 @@ class ImageKind:
         return shape.seq_tokens + most + 2
 
     def _images(self, ctx) -> list[str]:
-        from PIL import Image
-
         shape = ctx.spec.shape
         res = _resolutions(shape)
         gen = np.random.default_rng(ctx.spec.seed)
-        paths = []
-        for i in range(shape.distinct_images):
-            w, h = res[i % len(res)]
-            path = ctx.workdir / f"image{i}.png"
-            # Smooth random colour fields, not noise: they compress like photos, so decode time is realistic.
-            small = gen.integers(0, 256, (max(1, h // 32), max(1, w // 32), 3), dtype=np.uint8)
-            Image.fromarray(small).resize((w, h), Image.BILINEAR).save(path)
-            paths.append(str(path))
-        return paths
+        return [_write_image(ctx.workdir / f"image{i}.png", res[i % len(res)], gen)
+                for i in range(shape.distinct_images)]
 
     def _assignment(self, ctx, n_images: int) -> list[int]:
         """Image index per request: new images in order, or (duplicate_ratio) an earlier one."""
@@ -280,6 +309,14 @@ class ImageKind:
         which = self._assignment(ctx, len(paths))
         return [PredictCall(r) for r in text_requests(ctx, image_for=lambda r: paths[which[r]])]
 
+    def varied_calls(self, ctx, vary) -> list:
+        """The served set: each request with an image has its own (the feature cache hits when the
+        set comes round again, as long as it holds them)."""
+        gen = np.random.default_rng((ctx.spec.seed, 3))  # apart from the pool's images
+        return [PredictCall(r) for r in varied_requests(
+            ctx, vary, resolutions=_resolutions(ctx.spec.shape),
+            image_for=lambda r, size: _write_image(ctx.workdir / f"served-image{r}.png", size, gen))]
+
 
 class ImageCacheKind(ImageKind):
     """Image requests under a controlled cache state: `cold` empties the image-feature cache
@@ -295,6 +332,10 @@ class ImageCacheKind(ImageKind):
     def calls(self, ctx) -> list:
         cold = ctx.spec.shape.cache == "cold"
         return [PredictCall(c.request, cold_cache=cold) for c in super().calls(ctx)]
+
+    def varied_calls(self, ctx, vary) -> list:
+        cold = ctx.spec.shape.cache == "cold"
+        return [PredictCall(c.request, cold_cache=cold) for c in super().varied_calls(ctx, vary)]
 
 
 class TrainStepKind:
