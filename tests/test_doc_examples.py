@@ -179,7 +179,8 @@ def test_readme_the_two_commands(sandbox):
     first, second = command_lines(example("README.md", "# the main job"))
     install, _, main_job = first.rpartition(" && ")
     assert install.startswith("python3 -m venv .venv && .venv/bin/pip install torch==")
-    assert main_job == ".venv/bin/dohnuts-bench run" and second.endswith('.venv/bin/python -m pytest -n auto --dist worksteal -m "not timing" && .venv/bin/python -m pytest -m timing')
+    assert main_job == ".venv/bin/dohnuts-bench run" and second.endswith('.venv/bin/python -m pytest -n auto --dist worksteal -m "not timing and not full" && '
+                                                                  '.venv/bin/python -m pytest -m timing')
     done = run(main_job, sandbox)
     assert "Measured calls" in done.stdout and "This run's machine" in done.stdout
     for name in ("text", "shared-prefix", "image", "image-cache-cold", "image-cache-warm", "train-step"):
@@ -240,7 +241,16 @@ def test_readme_predict_and_train(sandbox):
     assert "holds a finished run" in outputs[2].stderr  # --resume of the finished run says so
 
 
+def at_a_test_s_size(line: str, updates: int) -> str:
+    """A training line of an example at a size a test affords: `--updates` set (replaced where the
+    line gives it, appended where it takes the default). The full size runs in the `full` lane."""
+    if "--updates " in line:
+        return re.sub(r"--updates \d+", f"--updates {updates}", line)
+    return f"{line} --updates {updates}"
+
+
 @pytest.mark.slow(seconds=960)
+@pytest.mark.full
 def test_readme_digits(sandbox):
     """The digits example at its defaults, and the accuracy the README states (82.1 %; chance 10 %)."""
     pytest.importorskip("sklearn")
@@ -252,7 +262,24 @@ def test_readme_digits(sandbox):
     assert "82.1 % test accuracy" in readme
 
 
+@pytest.mark.slow(seconds=60)
+def test_readme_digits_at_a_test_s_size(tmp_path):
+    """The digits example as printed but for its length (12 updates; the full 200 are
+    test_readme_digits, in the `full` lane): the data as the README makes it, a run that trains,
+    selects, calibrates and tests on it. That the task is learned: tests/train/test_digits_training.py."""
+    pytest.importorskip("sklearn")
+    make, train = command_lines(example("README.md", "python -m dohnuts.train.digits data/digits"))
+    run(make, tmp_path)
+    assert train.startswith("dohnuts train ") and "--updates" not in train  # the README runs the defaults
+    run(at_a_test_s_size(train, 12), tmp_path)
+    summary = json.loads((tmp_path / "runs" / "digits" / "summary.json").read_text())
+    tests = len((tmp_path / "data" / "digits" / "test.jsonl").read_text().splitlines())
+    assert summary["test_questions"] == tests and 0.0 <= summary["test_accuracy"] <= 1.0
+    assert summary["best_update"] in (0, 12) and summary["temperature"] > 0
+
+
 @pytest.mark.slow(seconds=200)
+@pytest.mark.full
 def test_readme_several_processes(sandbox):
     pytest.importorskip("sklearn")
     if not (sandbox / "data" / "digits" / "test.jsonl").exists():  # the digits example's data, as printed
@@ -274,6 +301,22 @@ def test_readme_benchmark_a_trained_model(sandbox):
     kinds = {r["workload"]["kind"] for r in records}
     assert {"text", "shared-prefix", "image", "image-cache"} <= kinds and "train-step" not in kinds
     assert all(r["target_options"]["adapter"].endswith("runs/v1/best.safetensors") for r in records)
+
+
+@pytest.mark.slow(seconds=90)
+def test_readme_several_processes_at_a_test_s_size(tmp_path):
+    """The several-processes example as printed but for its length (2 updates where it says 20; the
+    full size is test_readme_several_processes, in the `full` lane): both ways of starting torchrun
+    train and finish, and two processes predict every line in order."""
+    pytest.importorskip("sklearn")
+    run(command_lines(example("README.md", "python -m dohnuts.train.digits data/digits"))[0], tmp_path)
+    for line in command_lines(example("README.md", "torchrun --nproc-per-node 2")):
+        run(at_a_test_s_size(line, 2) if "--updates" in line else line, tmp_path)
+    assert (tmp_path / "runs" / "digits-2" / "summary.json").is_file()
+    assert (tmp_path / "runs" / "digits-3" / "summary.json").is_file()
+    out = [json.loads(x)["id"] for x in (tmp_path / "test-out.jsonl").read_text().splitlines()]
+    ids = [json.loads(x)["id"] for x in (tmp_path / "data" / "digits" / "test.jsonl").read_text().splitlines()]
+    assert out == ids
 
 
 # -- docs/ -----------------------------------------------------------------------------------------

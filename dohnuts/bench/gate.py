@@ -370,7 +370,7 @@ def add_parser(sub) -> None:
                                                f"default: {DEFAULT_ROUNDS})")
     g.add_argument("--calls", type=int, help=f"--against: call pairs a workload · target a round (1 to {MAX_CALLS}; "
                                               f"default: {DEFAULT_CALLS})")
-    g.add_argument("--json", metavar="OUT", help="--against: also write the verdicts, rounds and loads as JSON to OUT")
+    g.add_argument("--json", metavar="OUT", help="--against: also write the verdicts, rounds and loads as JSON to OUT (default: none written)")
     g.add_argument("--baseline", nargs="+", metavar="BASE",
                    help="baseline folders (dohnuts-bench baseline), runs or pytest-benchmark files of the same kind "
                         "(default: this machine's, results/baselines/<machine id>/)")

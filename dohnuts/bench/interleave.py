@@ -101,8 +101,8 @@ def first_side(round_index: int) -> int:
 
 class ExternalLoad:
     """Cores other processes kept busy while the calls ran: every CPU's busy time less the time of
-    this process and of the workers, over the wall time measured (dohnuts.bench.builtin.analyzers
-    .load's rule, with the two workers counted as ours)."""
+    this process and of the workers, over the wall time measured (the load telemetry's rule, with
+    the two workers counted as ours)."""
 
     def __init__(self):
         self.busy = self.wall = 0.0
@@ -111,7 +111,7 @@ class ExternalLoad:
     def _read(workers) -> tuple[float, float]:
         import psutil
 
-        from dohnuts.bench.builtin.analyzers.load import BUSY_FIELDS
+        from dohnuts.bench.telemetry import BUSY_FIELDS
 
         own, every = psutil.Process().cpu_times(), psutil.cpu_times()
         busy = sum(getattr(every, f, 0.0) for f in BUSY_FIELDS)

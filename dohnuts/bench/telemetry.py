@@ -48,6 +48,9 @@ CLOCK_KEYS = (("sm_clock_mhz", "max_sm_clock_mhz", "SM"), ("gfx_clock_mhz", "max
 # Reasons earlier versions listed under `throttling` that today's rule calls the power cap (NVML's
 # software power cap; amdsmi's PVIOL residency): read as such in samples without `power_capped`.
 LEGACY_POWER_CAP = ("sw_power_cap", "ppt_pwr")
+# the CPU time fields that count as busy (psutil.cpu_times; guest time is inside user/nice): the
+# load sampler and the interleaved gate's external load read the same ones
+BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
 NO_ENERGY_COUNTER = "no telemetry sampler reads an energy counter here (no GPU sampler is available)"
 
 

@@ -15,7 +15,7 @@ import re
 from html.parser import HTMLParser
 from pathlib import Path
 
-PERCENT = re.compile(r"(?<![\w.])(\d+(?:,\d{3})*(?:\.\d+)?)\s?%")
+PERCENT = re.compile(r"(?<![\w.])(-?\d+(?:,\d{3})*(?:\.\d+)?)\s?%")
 # columns whose percentages are not efficiencies (and may pass 100 %)
 NOT_EFFICIENCY = ("spread", "note", "harness overhead", "noise", "of ceiling", "share of wall")
 

@@ -316,3 +316,11 @@ def test_the_headline_fits_a_narrow_console_and_keeps_every_number(width):
     assert sorted(numbers.findall(wide)) == sorted(numbers.findall(narrow))
     if width == 80:  # split: each part keyed by workload and the compared target
         assert narrow.count("┏") > 1 and narrow.count("(measurement-only)") == narrow.count("┏")
+
+
+def test_the_figure_checker_reads_a_sign_and_still_flags_an_efficiency_over_100():
+    """A negative overlap (a stream slower per request than the single call, as on a loaded CPU) is
+    a possible figure; 104 % efficiency is not. The checker tells them apart by the sign."""
+    from tests.bench.report_checks import percents
+
+    assert percents("overlap -104% · efficiency 104 % · 1,250.5%") == [-104.0, 104.0, 1250.5]

@@ -151,6 +151,7 @@ def test_conv_and_delta_h_kernels_compile_at_their_main_config(target):
 
 
 @pytest.mark.slow
+@pytest.mark.full
 @pytest.mark.parametrize("target", TARGETS)
 def test_conv_kernel_compiles_with_every_flag_and_config(target):
     from dohnuts.ops._conv_kernel import _CONFIGS
@@ -161,6 +162,7 @@ def test_conv_kernel_compiles_with_every_flag_and_config(target):
 
 
 @pytest.mark.slow
+@pytest.mark.full
 @pytest.mark.parametrize("target", TARGETS)
 def test_delta_h_kernel_compiles_with_every_flag_and_config(target):
     from dohnuts.ops._delta_h_kernel import _CONFIGS, _O_CONFIGS
@@ -224,6 +226,7 @@ def test_conv_and_gates_backward_kernels_compile(target):
 
 
 @pytest.mark.slow
+@pytest.mark.full
 @pytest.mark.parametrize("target", TARGETS)
 def test_conv_backward_kernels_compile_with_every_flag_and_config(target):
     from dohnuts.ops._conv_bwd_kernel import _DU_CONFIGS
@@ -334,7 +337,7 @@ def _fla_training(f, torch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", [pytest.param(t, marks=pytest.mark.full) if t == "gfx1100" else t for t in TARGETS])
 def test_fla_kernels_compile(target, fla_entry_points):
     import torch
 

@@ -18,9 +18,7 @@ import time
 
 import psutil
 
-from dohnuts.bench.telemetry import Sampler
-
-BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")  # guest time is inside user/nice
+from dohnuts.bench.telemetry import BUSY_FIELDS, Sampler
 
 
 def _busy_s(times) -> float:
