@@ -170,3 +170,134 @@ def test_the_documented_factory_arity_is_the_contracts():
     assert params == "spec, device, dtype, options"
     assert f"factory({params})" in (ROOT / "docs" / "plugins.md").read_text()
     assert f"factory({params})" in hookspecs.dohnuts_bench_register_targets.__doc__
+
+
+# -- the ledger (docs/history/evolution.md) and the known issues ---------------------------------------
+
+HISTORY = ROOT / "docs" / "history"
+DIMENSIONS = ["algorithm", "model architecture", "infra", "dataset"]
+LEVER_STATUSES = ("fixed", "closed by measurement", "to do")
+KI_HEADING = re.compile(r"^## KI-(\d+)\b", re.M)
+
+
+def _tables(text: str) -> list[list[list[str]]]:
+    """Each markdown table of a text as rows of stripped cells, the header first (separator left out)."""
+    tables, rows = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            if not re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", line.strip()):
+                rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif rows:
+            tables.append(rows)
+            rows = []
+    return tables
+
+
+def _section(text: str, heading: str) -> str:
+    m = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", text, flags=re.M | re.S)
+    return m.group(1) if m else ""
+
+
+def ledger_problems(text: str, open_kis: set[int], older_kis: set[int]) -> list[str]:
+    """What keeps a ledger from the sibling log's shape: every milestone (M1, M2, ... in order) opens
+    with a table of the four dimensions (algorithm, model architecture, infra, dataset: each row a
+    change and a measured result, none empty) and has no second one; before M1, the cumulative view
+    names every dimension, and the lever ledger gives each lever a status (fixed, closed by
+    measurement, to do; each used) and the milestone or KI that holds it — a milestone of the
+    ledger, an open KI, or a KI of the history file when it says "history"."""
+    problems = []
+    parts = re.split(r"^## (M\d+)\b.*$", text, flags=re.M)
+    head, entries = parts[0], list(zip(parts[1::2], parts[2::2]))
+    names = [m for m, _ in entries]
+    if not names or names != [f"M{i}" for i in range(1, len(names) + 1)]:
+        problems.append(f"milestones not M1 ... Mn in order: {names}")
+    for m, body in entries:
+        tables = _tables(body)
+        if not tables or tables[0][0] != ["dimension", "change", "measured"]:
+            problems.append(f"{m}: does not open with its four dimensions")
+            continue
+        rows = tables[0][1:]
+        if [r[0] for r in rows] != DIMENSIONS:
+            problems.append(f"{m}: dimensions {[r[0] for r in rows]}")
+        if any(len(r) != 3 or not all(r) for r in rows):
+            problems.append(f"{m}: a dimension without its change or result")
+        if any(t[0][0] == "dimension" for t in tables[1:]):
+            problems.append(f"{m}: a second table of dimensions (details are by part)")
+    view = _section(head, "Where each dimension stands")
+    for d in DIMENSIONS:
+        if f"**{d.capitalize()}.**" not in view:
+            problems.append(f"the cumulative view has no {d}")
+    levers = [t for t in _tables(_section(head, "Lever ledger")) if t[0] == ["lever", "status", "measured", "where"]]
+    if len(levers) != 1:
+        return problems + ["no lever ledger"]
+    statuses = set()
+    for lever, status, measured, where in (r + [""] * (4 - len(r)) for r in levers[0][1:]):
+        statuses.add(status)
+        if status not in LEVER_STATUSES:
+            problems.append(f"lever '{lever}': status {status!r}")
+        if not measured:
+            problems.append(f"lever '{lever}': nothing measured or known")
+        cited = re.findall(r"(history )?(M|KI-)(\d+)", where)
+        if not cited:
+            problems.append(f"lever '{lever}': held by no milestone or KI")
+        for history, kind, n in cited:
+            known = names if kind == "M" else (open_kis | older_kis) if history else open_kis
+            if (f"M{n}" if kind == "M" else int(n)) not in known:
+                problems.append(f"lever '{lever}': {kind}{n} is not {'in the ledger' if kind == 'M' else 'a KI there'}")
+    if statuses != set(LEVER_STATUSES):
+        problems.append(f"lever statuses used: {sorted(statuses)}")
+    return problems
+
+
+def _kis(path: Path) -> set[int]:
+    return {int(n) for n in KI_HEADING.findall(path.read_text())}
+
+
+def test_the_ledger_gives_every_milestone_its_four_dimensions_a_cumulative_view_and_a_lever_ledger():
+    text = (HISTORY / "evolution.md").read_text()
+    assert ledger_problems(text, _kis(ROOT / "docs" / "known-issues.md"), _kis(HISTORY / "known-issues-2026-12-01.md")) == []
+
+
+def test_the_ledger_check_can_fail():
+    good = (HISTORY / "evolution.md").read_text()
+    open_kis, older = _kis(ROOT / "docs" / "known-issues.md"), _kis(HISTORY / "known-issues-2026-12-01.md")
+    dataset_row = re.search(r"^\| dataset \|.*\n", good[good.index("## M1 "):], flags=re.M).group(0)
+    cases = {
+        "M1: dimensions": good.replace(dataset_row, "", 1),
+        "lever 'CUDA graphs": good.replace("| CUDA graphs of every pass and of training's microbatches | fixed |",
+                                           "| CUDA graphs of every pass and of training's microbatches | maybe |"),
+        "is not in the ledger": good.replace("| M8 (history KI-2) |", "| M99 |", 1),
+        "is not a KI there": good.replace("| KI-16 |", "| KI-3 |", 1),  # KI-3 is closed: only the history file holds it
+        "the cumulative view has no dataset": good.replace("**Dataset.**", "**Data.**"),
+        "a second table of dimensions": good.replace("| part | change | result |", "| dimension | change | result |", 1),
+    }
+    for expected, text in cases.items():
+        assert text != good, expected
+        assert any(expected in p for p in ledger_problems(text, open_kis, older)), expected
+
+
+RESULTS_PATH = re.compile(r"results/[\w./*-]*")
+WRITTEN_BY_THE_TOOLS = ("results/runs/", "results/store.sqlite", "results/hwspecs/")  # outputs a command makes
+
+
+def missing_results(text: str) -> list[str]:
+    """The `results/...` paths a text names (a glob matching something) that do not exist; paths with
+    placeholders (`<machine>`) and the tools' own outputs left out. A path wrapped after a slash counts whole."""
+    text = re.sub(r"(results/[\w./*-]*/)\n\s*", r"\1", text)
+    missing = []
+    for m in RESULTS_PATH.finditer(text):
+        path = m.group(0).rstrip(".")
+        if text[m.end():m.end() + 1] == "<" or path.startswith(WRITTEN_BY_THE_TOOLS):
+            continue
+        if not (any(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()):
+            missing.append(path)
+    return missing
+
+
+def test_the_documents_of_the_present_cite_only_results_that_exist():
+    """docs/measurement.md once cited the removed `cpu-tiny-*` baselines: every results path the README
+    and docs/*.md name exists (the history keeps its paths as they were)."""
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        assert missing_results(doc.read_text()) == [], doc.name
+    assert missing_results("the baselines `results/baselines/cpu-tiny-*.json` and `results/h200/\n  2026-11-30`") == [
+        "results/baselines/cpu-tiny-*.json"]
