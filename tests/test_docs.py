@@ -1,4 +1,5 @@
-"""Documentation stays true: every hook is documented; README's test command is .ci/run's."""
+"""Documentation stays true: every hook is documented; README's test command is .ci/run's; the ledger keeps its
+four dimensions and its lever ledger; the documents of the present cite only results that exist."""
 
 from __future__ import annotations
 
