@@ -3,8 +3,11 @@ tests (tests/bench/test_regression_gate.py) and its demonstration inject a regre
 
     python -m tests.bench.slowdown 2 run workloads/text.yaml --out /tmp/slowed    # 2× slower calls
 
-Each built-in target's `run_call` sleeps (factor − 1) × its own duration after it returns: inside
-the measured wall time, so a measured call takes `factor` times as long."""
+Each built-in target's `run_call` keeps its core busy for (factor − 1) × its own duration after it
+returns: inside the measured wall time, so a measured call takes `factor` times as long. Busy, not
+asleep: a regression in code does more work, and a sleeping process would read in its `load`
+telemetry as one that got less of a core — what the load rule (dohnuts.bench.analysis.load_verdict)
+takes for a busy machine."""
 
 from __future__ import annotations
 
@@ -25,7 +28,9 @@ def slowed_targets(factor: float):
         def run_call_slowly(self, call, timer):
             t0 = time.perf_counter()
             result = run_call(self, call, timer)
-            time.sleep((time.perf_counter() - t0) * (factor - 1.0))
+            end = time.perf_counter() + (time.perf_counter() - t0) * (factor - 1.0)
+            while time.perf_counter() < end:  # busy (module docstring)
+                pass
             return result
         return run_call_slowly
 
