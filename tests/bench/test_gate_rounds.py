@@ -6,7 +6,6 @@ benchmarks/gate_detection.py's to measure."""
 
 from __future__ import annotations
 
-import json
 import math
 import subprocess
 from pathlib import Path
@@ -286,29 +285,8 @@ def test_the_interleaved_gate_refuses_bad_input(tmp_path, capsys, monkeypatch):
         assert "names no commit" in refused("--against", "no-such-revision-xyz", str(w))
 
 
-@needs_git
-@pytest.mark.slow(seconds=20)
-def test_the_gate_runs_real_workers_against_head_and_reports(tmp_path, monkeypatch, capsys):
-    """Both sides as real processes (the exported HEAD and this tree), 3 rounds of 3 call pairs:
-    the command ends 0 or 1 (what the timings say is the benchmark's question, not this test's),
-    prints a verdict line, the smallest detectable slowdown and the rounds' loads, and writes
-    its JSON."""
-    from dohnuts.bench.cli import main
-
-    w = tmp_path / "w.yaml"
-    w.write_text(SMALL)
-    monkeypatch.chdir(ROOT)
-    out = tmp_path / "gate.json"
-    assert main(["gate", "--against", "HEAD", str(w), "--rounds", "3", "--calls", "3", "--json", str(out)]) in (0, 1)
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("w · dohnuts: ratio ") and "over 3 rounds" in lines[0]
-    assert lines[1].startswith("smallest slowdown this run detects 9 times in 10: ")
-    assert lines[2].startswith("load (cores kept busy by other processes) per round: ")
-    data = json.loads(out.read_text())
-    assert data["rounds"] == 3 and data["calls"] == 3 and len(data["load"]) == 3
-    assert data["first"] == ["base", "candidate", "base"]
-    (group,) = data["groups"]
-    assert group["name"] == "w · dohnuts" and len(group["round_ratios"]) == 3 and group["ratio"] > 0
+# Both sides as real processes, against HEAD, with the JSON it writes: tests/test_doc_examples.py's
+# test_readme_regression_gate (the README's gate line at 3 rounds of 3 call pairs).
 
 
 def test_a_side_that_cannot_start_leaves_no_worker_running():

@@ -481,11 +481,28 @@ def _small_data():
                       calib=synthetic_requests(2, questions=1, seed=3), test=synthetic_requests(2, questions=1, seed=4))
 
 
+def _interruption_points(steps: list[str], every: bool) -> list[int]:
+    """The k (1-based) at which to interrupt a checkpoint write of `steps` file operations: every
+    k (the `full` lane), or the first and last operation of each kind (save_file, fsync, replace,
+    link, mkdir…) and the very first and last — each kind of operation cut before and after the
+    others of its kind (the test's size for the test command)."""
+    if every:
+        return list(range(1, len(steps) + 1))
+    points = {1, len(steps)}
+    for kind in set(steps):
+        at = [k for k, s in enumerate(steps, 1) if s == kind]
+        points.update((at[0], at[-1]))
+    return sorted(points)
+
+
 @pytest.mark.slow(seconds=100)
-def test_interrupting_a_checkpoint_at_every_step_resumes_consistently(tmp_path, monkeypatch):
+@pytest.mark.parametrize("every", [pytest.param(False, id="each-kind-of-operation"),
+                                   pytest.param(True, id="every-operation", marks=pytest.mark.full)])
+def test_interrupting_a_checkpoint_at_every_step_resumes_consistently(tmp_path, monkeypatch, every):
     """Checkpoints at updates 0 (before anything else), 2 and 4 (the last). The write of the
     checkpoint of update 4 (and then of the very first one) is interrupted at its k-th file
-    operation, for every k; --resume then starts from update 2 or 4 (0 or none for the first),
+    operation, for every k (the `full` lane; the test command: each kind of operation at its first
+    and last occurrence, _interruption_points); --resume then starts from update 2 or 4 (0 or none for the first),
     with adapters, optimizer, scheduler, best.safetensors and log all of that update, and ends
     with the adapters, selection and log of the uninterrupted run."""
     original = Trainer._save_checkpoint
@@ -533,7 +550,7 @@ def test_interrupting_a_checkpoint_at_every_step_resumes_consistently(tmp_path, 
         t.train(stop_at=at_update)
         t.close()
         assert {"save_file", "fsync", "replace", "link" if at_update else "mkdir"} <= set(steps)
-        for k in range(1, len(steps) + 1):
+        for k in _interruption_points(steps, every):
             out = tmp_path / f"crash{at_update}-{k}"
             seen: list = []
             monkeypatch.setattr(Trainer, "_save_checkpoint", crashing(at_update, k, seen))
@@ -838,3 +855,9 @@ def test_a_hostile_manifest_is_refused_naming_the_field(checkpointed, tmp_path, 
         Trainer(_cfg(run, 4), _data(), log=lambda m: None).resume()
     text = str(info.value)
     assert text.startswith(f"{mpath}: ") and why in text and "\n" not in text, text
+
+
+def test_the_interruption_points_cover_each_kind_of_operation_first_and_last():
+    steps = ["mkdir", "save_file", "fsync", "save_file", "fsync", "replace", "fsync", "link"]
+    assert _interruption_points(steps, every=True) == list(range(1, 9))
+    assert _interruption_points(steps, every=False) == [1, 2, 3, 4, 6, 7, 8]
