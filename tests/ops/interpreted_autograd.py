@@ -68,7 +68,7 @@ def _backward(outputs, grads):
 
 # ---- the conv (dohnuts.ops._conv_kernel.ConvSiluParts) -------------------------------------------
 
-def check_conv() -> None:
+def check_conv(full: bool) -> None:
     import torch.nn.functional as F
 
     from dohnuts.ops._conv_kernel import conv_silu_parts
@@ -90,7 +90,9 @@ def check_conv() -> None:
     # T: partial blocks, fewer tokens than the conv width, three blocks; states: none, one per row,
     # a forked (batch-broadcast, stride 0) view of a state in the graph, and one (1, C, W) state
     # read by every row
-    for T, bt in ((45, 32), (2, 32), (70, 32), (70, 64)):
+    # a partial block and fewer tokens than the conv's width; the `full` lane adds two blocks of 32
+    # and one of 64 over 70 tokens
+    for T, bt in ((45, 32), (2, 32)) + (((70, 32), (70, 64)) if full else ()):
         for kind in ("none", "rows", "forked", "one"):
             packed0 = torch.randn(B, T, C + 8, generator=g)  # x is a column slice of it, strided
             w0 = torch.randn(C, W, generator=g) * 0.5
@@ -141,7 +143,7 @@ def check_conv() -> None:
 
 # ---- the gates (dohnuts.ops._gdn_gates_kernel.GdnGates) ------------------------------------------
 
-def check_gates() -> None:
+def check_gates(full: bool) -> None:
     import torch.nn.functional as F
 
     from dohnuts.ops._gdn_gates_kernel import gdn_gates
@@ -189,7 +191,7 @@ def _delta_inputs(g, B, T, H, HV, K, V, state):
             torch.randn(HV, generator=g), s0]
 
 
-def check_delta_rule() -> None:
+def check_delta_rule(full: bool) -> None:
     from dohnuts.ops import delta_rule
     from dohnuts.ops._fla import fla
     from dohnuts.ops.delta_rule import (
@@ -209,8 +211,10 @@ def check_delta_rule() -> None:
         return p[..., :HV], p[..., HV:2 * HV]
 
     # (the output kernel, the state, whether q and k arrive normalised as from the conv kernel)
-    for path, state, normalised in (("fused", "none", False), ("fused", "rows", False), ("fused", "forked", True),
-                                    ("split", "none", True), ("split", "forked", False)):
+    # the test command: each output kernel, each state and both arrivals of q and k once; the `full`
+    # lane: five combinations
+    cases = (("fused", "rows", False), ("fused", "forked", True), ("split", "none", True))
+    for path, state, normalised in cases + ((("fused", "none", False), ("split", "forked", False)) if full else ()):
         delta_rule._multiprocessors = lambda device, mp=1 if path == "fused" else 10 ** 9: mp
         inputs = _delta_inputs(g, B, T, H, HV, K, V, state)
         if normalised:
@@ -275,7 +279,7 @@ def check_delta_rule() -> None:
 
 # ---- Gated DeltaNet's shared pass: the forked conv and recurrent states in the graph ------------
 
-def check_shared_mixer() -> None:
+def check_shared_mixer(full: bool) -> None:
     """`GatedDeltaNet.forward_shared` (a prefix, then its suffixes from its forked conv and recurrent
     states, both expanded views) with the fused conv and delta rule against the same module on the
     reference ops: output and every gradient, so gradients of all branches reach the prefix."""
@@ -308,9 +312,11 @@ def check_shared_mixer() -> None:
 CHECKS = {"conv": check_conv, "gates": check_gates, "delta_rule": check_delta_rule, "shared_mixer": check_shared_mixer}
 
 
-def main(name: str) -> None:
+def main(name: str, full: bool = True) -> None:
+    """`full`: every combination a check has (the `full` lane); else the covering subset the test
+    command runs."""
     patch_interpreter_for_fla()
-    CHECKS[name]()
+    CHECKS[name](full)
     print("ok")
 
 
