@@ -61,3 +61,31 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def made_once(tmp_path_factory):
+    """`made_once(name, make)`: a folder that `make(folder)` fills once for the whole test command.
+    Under pytest-xdist a module-scoped fixture runs once per worker process — a multi-process
+    benchmark run made twice, 40–50 s each on the 2-core machine — so the first worker to ask makes
+    it under a file lock (the recipe of pytest-xdist's documentation) in the folder all workers
+    share, and the others wait for it and read it. The folder is the tests' to read, never to change."""
+    import shutil
+
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # every worker's basetemp sits in the run's one folder
+
+    def made(name: str, make):
+        folder = root / f"made-once-{name}"
+        with FileLock(f"{folder}.lock"):
+            if not (folder / ".made").exists():
+                shutil.rmtree(folder, ignore_errors=True)  # a make that failed in another worker
+                folder.mkdir()
+                make(folder)
+                (folder / ".made").touch()
+        return folder
+
+    return made

@@ -45,9 +45,12 @@ def _records(run: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def two_process_run(tmp_path_factory):
-    proc, run = _bench(tmp_path_factory.mktemp("launch"), TRAIN, TEXT)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def two_process_run(made_once):
+    def make(folder):
+        proc, _ = _bench(folder, TRAIN, TEXT)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    (run,) = sorted((made_once("two-process-run", make) / "runs").iterdir())
     return run, _records(run)
 
 

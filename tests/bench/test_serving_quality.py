@@ -61,9 +61,16 @@ FAULTY = textwrap.dedent('''
 
 
 @pytest.fixture(scope="module")
-def digits_run(tmp_path_factory):
-    """One run of the digits requests: dohnuts, dohnuts with an adapter, and the faulty plugin."""
-    tmp = tmp_path_factory.mktemp("digits")
+def digits_run(made_once):
+    """One run of the digits requests: dohnuts, dohnuts with an adapter, and the faulty plugin
+    (made once for every test process: tests/conftest.py's made_once)."""
+    tmp = made_once("digits-run", _make_digits_run)
+    (run_dir,) = list((tmp / "runs").iterdir())
+    records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    return tmp, run_dir, records
+
+
+def _make_digits_run(tmp):
     adapted = api.load("tiny", device="cpu", lora=LoRAConfig(rank=4))
     with torch.no_grad():  # a head unlike the base's: another model with its own answers
         adapted.model.head.weight.copy_(torch.randn(adapted.model.head.weight.shape,
@@ -99,9 +106,6 @@ def digits_run(tmp_path_factory):
     finally:
         sys.path.remove(str(site))
         sys.modules.pop("acme_faulty", None)
-    (run_dir,) = list((tmp / "runs").iterdir())
-    records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
-    return tmp, run_dir, records
 
 
 def _accuracy_records(records, target):

@@ -73,11 +73,12 @@ def _records(run_dir: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def server_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("serve")
-    assert main(["run", str(ROOT / "workloads" / "serving" / "text-tiny-server.yaml"), "--out", str(out / "runs"),
-                 "--quiet"]) == 0
-    (run_dir,) = list((out / "runs").iterdir())
+def server_run(made_once):
+    def make(out):
+        assert main(["run", str(ROOT / "workloads" / "serving" / "text-tiny-server.yaml"), "--out",
+                     str(out / "runs"), "--quiet"]) == 0
+
+    (run_dir,) = list((made_once("server-run", make) / "runs").iterdir())
     return run_dir
 
 
