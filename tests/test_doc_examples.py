@@ -61,6 +61,7 @@ EXAMPLES = {
     ("docs/architecture.md", "lifecycle  dohnuts/train/"): "test_the_maps_name_what_exists",
     ("docs/architecture.md", "request (JSON line)"): "test_the_maps_name_what_exists",
     ("docs/measurement.md", "workloads/scaling/"): "test_measurement_scaling_command",
+    ("docs/measurement.md", "--format pytest-benchmark results/h200"): "test_measurement_export_commands",
     ("docs/plugins.md", "[project.entry-points.dohnuts_bench]"): "test_plugins_example",
     ("docs/plugins.md", "class Haystack"): "test_plugins_example",
     ("docs/plugins.md", "kind: haystack"): "test_plugins_example",
@@ -332,6 +333,23 @@ def test_measurement_scaling_command(sandbox):
     (line,) = command_lines(example("docs/measurement.md", "workloads/scaling/"))
     done = run(line, sandbox)
     assert done.stderr.count("needs a CUDA GPU") == 2 and "nothing to run on this machine" in done.stderr
+
+
+@pytest.mark.slow  # five new processes, two with torch
+def test_measurement_export_commands(tmp_path):
+    """The export block run as printed on the committed H200 run (linked into a folder of its own,
+    so nothing is written beside the repository's results); each output read as its format."""
+    run_dir = "results/h200/2026-12-04-s20-peers-at-best"
+    (tmp_path / run_dir).parent.mkdir(parents=True)
+    (tmp_path / run_dir).symlink_to(ROOT / run_dir)
+    outputs = []
+    for line in command_lines(example("docs/measurement.md", "--format pytest-benchmark results/h200")):
+        outputs.append(run(line, tmp_path))
+    assert "text[dohnuts]" in outputs[1].stdout and "Failed to load" not in outputs[1].stdout + outputs[1].stderr
+    assert json.loads((tmp_path / "h200-suite.json").read_text())["benchmarks"]
+    assert json.loads((tmp_path / "h200-suite.pytorch.json").read_text())[0]["benchmark"]["name"] == "dohnuts-bench"
+    assert (tmp_path / "h200-suite.csv").read_text().startswith("run_id,workload,")
+    assert json.loads((tmp_path / "record.schema.json").read_text())["$defs"]["ReportedRecord"]
 
 
 @pytest.mark.slow
