@@ -70,7 +70,8 @@ EXAMPLES = {
     ("README.md", "download.pytorch.org/whl/rocm"): "test_examples_checked_not_run",
     ("README.md", "dohnuts-bench calibrate --hwspec rx7900xtx --write"): "test_examples_checked_not_run",
     ("docs/measurement.md", '"energy": {"joules": 1.234'): "test_examples_checked_not_run",
-    ("docs/measurement.md", "scenario: server"): "test_examples_checked_not_run",
+    ("docs/measurement.md", "fixed load points"): "test_examples_checked_not_run",
+    ("docs/measurement.md", "burstiness: 0.5"): "test_examples_checked_not_run",
     ("docs/measurement.md", "distinct: 64"): "test_examples_checked_not_run",
     ("docs/measurement.md", "--json gate.json"): "test_examples_checked_not_run",
     ("docs/gpu.md", "workloads/serving/text-2b-server.yaml"): "test_examples_checked_not_run",
@@ -427,9 +428,15 @@ def test_examples_checked_not_run():
 
     for line in example("docs/measurement.md", '"energy": {"joules": 1.234').strip().splitlines():
         convert(json.loads("{" + line + "}")["energy"], Energy, source="docs/measurement.md")
-    serving = yaml.safe_load(example("docs/measurement.md", "scenario: server"))
+    serving = yaml.safe_load(example("docs/measurement.md", "fixed load points"))
     assert serving["scenario"] == "server" and serving["serving"]["slo_ms"] == 100
-    from dohnuts.bench.serving.config import ServingFields
+    from dohnuts.bench.serving.config import ServingFields, check_serving
+
+    loads = yaml.safe_load(example("docs/measurement.md", "burstiness: 0.5"))
+    fields = convert(loads["serving"], ServingFields, source="docs/measurement.md")
+    assert fields.concurrency == [1, 2, 4, 8] and fields.search.over == "concurrency" and fields.burstiness == 0.5
+    check_serving("server", fields, ROOT / "docs" / "measurement.md", source="docs/measurement.md", processes=(1,),
+                  kind_is_train=False)
 
     from dohnuts.bench.cli import build_parser
 

@@ -127,9 +127,11 @@ def _serving(section: dict | None) -> str:
         return "<p class='note'>No serving scenario, accuracy mode or reference check in this run.</p>"
     out = []
     for c in section.get("curves", []):
-        group = f"{c['workload']}|{c['target']}|{c['scenario']}"
+        closed = bool(c.get("closed_loop"))
+        group = f"{c['workload']}|{c['target']}|{c['scenario']}" + ("|closed-loop" if closed else "")
         pct = f"p{100 * c['percentile']:g}"
-        out.append(f"<h3>{escape(c['workload'])} · {escape(c['target'])}: {escape(c['scenario'])} scenario</h3>")
+        loop = f", closed loop (think {c.get('think_ms') or 0:g} ms)" if closed else ""
+        out.append(f"<h3>{escape(c['workload'])} · {escape(c['target'])}: {escape(c['scenario'])} scenario{loop}</h3>")
         served = c.get("served_set") or {}
         if served.get("set_size"):
             captures = served.get("graph_captures")
@@ -142,7 +144,12 @@ def _serving(section: dict | None) -> str:
             out.append(f"<p>served: {escape(what)}; <b data-key='shapes' data-group='{escape(group)}'>"
                        f"{served['shapes']}</b> distinct pass shape(s) over its points; {graphs}</p>")
         search = c.get("search")
-        if search:
+        if search and closed:
+            most = search.get("max_concurrency")
+            out.append(f"<p>most clients at {pct} ≤ {c['slo_ms']:g} ms: <b data-key='max_concurrency' "
+                       f"data-group='{escape(group)}'>{'none' if most is None else most}</b> — "
+                       f"{escape(search['words'])}</p>")
+        elif search:
             rate = search.get("max_rate_rps")
             out.append(f"<p>max rate at {pct} ≤ {c['slo_ms']:g} ms: <b data-key='max_rate_rps' "
                        f"data-group='{escape(group)}'>{'none' if rate is None else f'{rate:.4g}'}</b> req/s — "
@@ -165,13 +172,14 @@ def _serving(section: dict | None) -> str:
             out.append(f"<p class='flag'>{escape(_disagreement(c['agreement']))}: its speed is not the product's</p>")
         out.append("<div class='panels'><div class='panel'>" + latency_curve(c) + "</div><div class='panel'>"
                    + throughput_curve(c) + "</div></div>")
-        head = ("offered req/s", "served / offered", "refused / abandoned", "throughput req/s", "goodput req/s",
-                "p50 ms", "p99 ms", f"{pct} ms (95 % interval)", "verdict", "valid", "probe", "shapes",
+        head = ("clients" if closed else "offered req/s", "served / offered", "refused / abandoned",
+                "throughput req/s", "goodput req/s", "p50 ms", "p99 ms", f"{pct} ms (95 % interval)", "verdict", "valid", "probe", "shapes",
                 "graph captures")
         rows = ["<table class='points'><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"]
-        for p in sorted(c["points"], key=lambda p: p["rate_rps"] if p["rate_rps"] is not None else float("inf")):
-            key = f"{group}|{p['rate_rps']}"
-            rate = "all" if p["rate_rps"] is None else f"{p['rate_rps']:.4g}"
+        x = "concurrency" if closed else "rate_rps"
+        for p in sorted(c["points"], key=lambda p: p[x] if p[x] is not None else float("inf")):
+            key = f"{group}|{p[x]}"
+            rate = "all" if p[x] is None else f"{p[x]:.4g}"
             interval = f"{_ms(p['latency_ms'])} ({_ms(p['latency_low_ms'])}–{_ms(p['latency_high_ms'])})"
             valid = "yes" if p["valid"] else "INVALID: " + "; ".join(p["reasons"])
             shapes, captures = served_cells((p.get("extra") or {}).get("served_set"))

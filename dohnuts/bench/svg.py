@@ -202,22 +202,33 @@ def _x_range(rates: list[float], extra: list[float]) -> float:
     return max([top] + near) * 1.1
 
 
+def _load_axis(curve: dict) -> tuple[str, str]:
+    """(the points' key, the axis label) of a serving curve: clients for a closed loop, else the
+    offered rate."""
+    if curve.get("closed_loop"):
+        return "concurrency", "concurrent clients (closed loop)"
+    return "rate_rps", "offered rate (requests / s)"
+
+
 def latency_curve(curve: dict) -> str:
-    """Latency against offered load (a serving curve of summary.json): p50 and the SLO's
-    percentile a point (unserved requests make it unbounded: drawn at the top), the SLO, and the
-    critical-path bound's latency floor (horizontal) and throughput ceiling (vertical)."""
-    pts = sorted((p for p in curve["points"] if p.get("rate_rps") is not None), key=lambda p: p["rate_rps"])
+    """Latency against offered load (a serving curve of summary.json; a closed loop's against its
+    clients): p50 and the SLO's percentile a point (unserved requests make it unbounded: drawn at
+    the top), the SLO, and the critical-path bound's latency floor (horizontal) and throughput
+    ceiling (vertical, on a rate axis)."""
+    key, label = _load_axis(curve)
+    pts = sorted((p for p in curve["points"] if p.get(key) is not None), key=lambda p: p[key])
     if not pts:
         return '<p class="empty">no load point at an offered rate</p>'
     bound = curve.get("bound") or {}
-    floor, ceiling, slo = bound.get("latency_floor_ms"), bound.get("throughput_ceiling_rps"), curve.get("slo_ms")
+    floor, slo = bound.get("latency_floor_ms"), curve.get("slo_ms")
+    ceiling = None if curve.get("closed_loop") else bound.get("throughput_ceiling_rps")
     values = [v for p in pts for v in (p.get("p50_ms"), p.get("latency_ms")) if v]
     marks = [v for v in (floor, slo) if v]
     lo, hi = min(values + marks) / 2, max(values + marks) * 2
-    ax = _Axes(_x_range([p["rate_rps"] for p in pts], [ceiling]), lo, hi, log_y=True)
+    ax = _Axes(_x_range([p[key] for p in pts], [ceiling]), lo, hi, log_y=True)
     pct = f"p{100 * curve['percentile']:g}"
     title = f"{curve['workload']} · {curve['target']}: latency against load"
-    out = ax.frame(title, "offered rate (requests / s)", "latency (ms)")
+    out = ax.frame(title, label, "latency (ms)")
     if slo:
         out.append(ax.hline(slo, "#d62728", "6 3", f"SLO: {pct} ≤ {slo:g} ms"))
     if floor:
@@ -225,8 +236,8 @@ def latency_curve(curve: dict) -> str:
     if ceiling and ceiling <= ax.xhi:
         out.append(ax.vline(ceiling, "#2ca02c", "6 3", f"throughput ceiling (critical-path bound): {ceiling:.4g} "
                                                          "req/s"))
-    out += ax.series([(p["rate_rps"], p["p50_ms"] or hi) for p in pts], "#1f77b4", "p50 ms")
-    out += ax.series([(p["rate_rps"], p["latency_ms"] or hi) for p in pts], "#ff7f0e", f"{pct} ms")
+    out += ax.series([(p[key], p["p50_ms"] or hi) for p in pts], "#1f77b4", "p50 ms")
+    out += ax.series([(p[key], p["latency_ms"] or hi) for p in pts], "#ff7f0e", f"{pct} ms")
     out.append("</svg>")
     legend = [f'<li style="color:#1f77b4">p50</li><li style="color:#ff7f0e">{pct} (unbounded: at the top)</li>']
     if slo:
@@ -239,23 +250,27 @@ def latency_curve(curve: dict) -> str:
 
 
 def throughput_curve(curve: dict) -> str:
-    """Throughput and goodput against offered load, under the bound's throughput ceiling."""
-    pts = sorted((p for p in curve["points"] if p.get("rate_rps") is not None), key=lambda p: p["rate_rps"])
+    """Throughput and goodput against offered load (a closed loop's: against its clients), under
+    the bound's throughput ceiling."""
+    key, label = _load_axis(curve)
+    closed = bool(curve.get("closed_loop"))
+    pts = sorted((p for p in curve["points"] if p.get(key) is not None), key=lambda p: p[key])
     if not pts:
         return ""
     ceiling = (curve.get("bound") or {}).get("throughput_ceiling_rps")
-    xhi = _x_range([p["rate_rps"] for p in pts], [ceiling])
-    top = max([p["throughput_rps"] for p in pts] + [xhi] + ([ceiling] if ceiling and ceiling <= 2.5 * xhi else []))
+    xhi = _x_range([p[key] for p in pts], [] if closed else [ceiling])
+    top = max([p["throughput_rps"] for p in pts] + ([] if closed else [xhi])
+              + ([ceiling] if ceiling and (closed or ceiling <= 2.5 * xhi) else []))
     ax = _Axes(xhi, 0.0, top * 1.1, log_y=False)
-    out = ax.frame(f"{curve['workload']} · {curve['target']}: throughput against load", "offered rate (requests / s)",
-                   "requests / s")
-    out.append(f'<line x1="{ax.x(0):.1f}" y1="{ax.y(0):.1f}" x2="{ax.x(xhi):.1f}" y2="{ax.y(min(xhi, top * 1.1)):.1f}" '
-               'stroke="#bbb"><title>served = offered</title></line>')
+    out = ax.frame(f"{curve['workload']} · {curve['target']}: throughput against load", label, "requests / s")
+    if not closed:  # a closed loop's x is clients, not requests a second
+        out.append(f'<line x1="{ax.x(0):.1f}" y1="{ax.y(0):.1f}" x2="{ax.x(xhi):.1f}" '
+                   f'y2="{ax.y(min(xhi, top * 1.1)):.1f}" stroke="#bbb"><title>served = offered</title></line>')
     if ceiling and ceiling <= top * 1.1:
         out.append(ax.hline(ceiling, "#2ca02c", "6 3", f"throughput ceiling (critical-path bound): {ceiling:.4g} "
                                                          "req/s"))
-    out += ax.series([(p["rate_rps"], p["throughput_rps"]) for p in pts], "#1f77b4", "throughput req/s")
-    good = [(p["rate_rps"], p["goodput_rps"]) for p in pts if p.get("goodput_rps") is not None]
+    out += ax.series([(p[key], p["throughput_rps"]) for p in pts], "#1f77b4", "throughput req/s")
+    good = [(p[key], p["goodput_rps"]) for p in pts if p.get("goodput_rps") is not None]
     out += ax.series(good, "#9467bd", "goodput (within the SLO) req/s")
     out.append("</svg>")
     return "".join(out) + ('<ul class="legend"><li style="color:#1f77b4">throughput</li>'

@@ -107,6 +107,14 @@ class PointSummary:
     reasons: tuple[str, ...] = ()
     stopped: bool = False  # cut at the deadline (max_duration_s)
     extra: dict = field(default_factory=dict)
+    # a closed loop's clients (None: an open schedule); its `rate_rps` is then the rate its clients
+    # sent at (offered / duration), a result rather than a setting
+    concurrency: int | None = None
+
+    @property
+    def load(self) -> float:
+        """What the point set: its clients (a closed loop), else its offered rate."""
+        return float(self.concurrency) if self.concurrency is not None else self.rate_rps
 
     def to_dict(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
@@ -118,7 +126,8 @@ def _ms(x: float) -> float | None:
 
 def summarize_point(rate_rps: float, latencies_s: Sequence[float], queue_s: Sequence[float],
                     service_s: Sequence[float], *, offered: int, dropped: int, abandoned: int, duration_s: float,
-                    percentile: float, slo_ms: float | None, rules: Rules, stopped: bool = False) -> PointSummary:
+                    percentile: float, slo_ms: float | None, rules: Rules, stopped: bool = False,
+                    concurrency: int | None = None) -> PointSummary:
     """A load point from its served requests' latencies (arrival → completion), queueing
     (arrival → start) and service (start → completion) times, in seconds, and its counts.
     Unserved requests (dropped, abandoned) enter the percentiles as infinite latencies."""
@@ -159,4 +168,4 @@ def summarize_point(rate_rps: float, latencies_s: Sequence[float], queue_s: Sequ
         p99_ms=_ms(nearest_rank(lat, 0.99)) if lat else None,
         queue_p50_ms=_ms(nearest_rank(q, 0.5)) if q else None, service_p50_ms=_ms(nearest_rank(s, 0.5)) if s else None,
         slo_ms=slo_ms, meets_slo=meets, verdict=verdict or "—", valid=not reasons, reasons=tuple(reasons),
-        stopped=stopped)
+        stopped=stopped, concurrency=concurrency)
