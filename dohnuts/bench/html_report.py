@@ -92,7 +92,7 @@ def _row_class(target: str) -> str:
 
 def _summary_table(rows: list[dict]) -> str:
     head = ("workload", "target", "calls", "wall ms", "p10–p90 ms", "decisions / s", "tokens / s", "energy / call",
-            "harness overhead")
+            "harness overhead", "mean ms", "std ms")
     out = ["<table id='summary'><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
     for r in rows:
         group = f"{r['workload']}|{r['target']}"
@@ -108,7 +108,9 @@ def _summary_table(rows: list[dict]) -> str:
             _cell(f"{r['decisions_per_s']:.1f}", "decisions_per_s", group),
             _cell(f"{r.get('useful_tokens_per_s', 0):.0f}"),
             _cell("no energy counter" if energy is None else f"{energy:.3g} J", "energy_j_per_call", group),
-            _cell(overhead_text(r.get("harness_overhead")), "harness_overhead", group, cls="")]) + "</tr>")
+            _cell(overhead_text(r.get("harness_overhead")), "harness_overhead", group, cls=""),
+            _cell(_ms(r.get("wall_mean_ms")), "wall_mean_ms", group),
+            _cell(_ms(r.get("wall_std_ms")), "wall_std_ms", group)]) + "</tr>")
     return "".join(out) + "</table>"
 
 
@@ -173,8 +175,8 @@ def _serving(section: dict | None) -> str:
         out.append("<div class='panels'><div class='panel'>" + latency_curve(c) + "</div><div class='panel'>"
                    + throughput_curve(c) + "</div></div>")
         head = ("clients" if closed else "offered req/s", "served / offered", "refused / abandoned",
-                "throughput req/s", "goodput req/s", "p50 ms", "p99 ms", f"{pct} ms (95 % interval)", "verdict", "valid", "probe", "shapes",
-                "graph captures")
+                "throughput req/s", "goodput req/s", "p50 ms", "p99 ms", f"{pct} ms (95 % interval)", "verdict",
+                "valid", "probe", "shapes", "graph captures", "e2el mean ms", "e2el std ms")
         rows = ["<table class='points'><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"]
         x = "concurrency" if closed else "rate_rps"
         for p in sorted(c["points"], key=lambda p: p[x] if p[x] is not None else float("inf")):
@@ -190,7 +192,9 @@ def _serving(section: dict | None) -> str:
                 _cell(_ms(p["p50_ms"])), _cell(_ms(p["p99_ms"])), _cell(interval),
                 _cell(p["verdict"], cls={"meets": "meets", "misses": "misses"}.get(p["verdict"], "")),
                 _cell(valid, cls="" if p["valid"] else "flag"), _cell(p["role"], cls=""),
-                _cell(shapes, "shapes", key), _cell(captures, "graph_captures", key)]) + "</tr>")
+                _cell(shapes, "shapes", key), _cell(captures, "graph_captures", key),
+                _cell(_ms(p.get("mean_e2el_ms")), "mean_e2el_ms", key),
+                _cell(_ms(p.get("std_e2el_ms")), "std_e2el_ms", key)]) + "</tr>")
         out.append("".join(rows) + "</table>")
     streams = section.get("streams") or []
     if streams:

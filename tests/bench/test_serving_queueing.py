@@ -16,7 +16,7 @@ from dohnuts.bench.serving.queueing import md1_latency_quantile, md1_max_rate, m
 from dohnuts.bench.serving.search import SearchPlan, next_rate, search_result, slo_search
 from dohnuts.bench.serving.server import serve_serial
 from dohnuts.bench.serving.stats import (
-    Rules, min_requests_for, nearest_rank, quantile_interval, summarize_point, wilson_interval,
+    Rules, min_requests_for, quantile_interval, summarize_point, wilson_interval,
 )
 
 D = 0.010  # the fake target's service time: 10 ms, always
@@ -95,7 +95,6 @@ def test_quantile_interval_and_the_minimum_count():
     xs = list(range(1, 368 + 1))
     assert quantile_interval(xs, 0.99)[1] == 368  # bounded at the minimum...
     assert quantile_interval(xs[:-1], 0.99)[1] is None  # ...not below it
-    assert nearest_rank(list(range(1, 101)), 0.99) == 99 and nearest_rank([5.0], 0.5) == 5.0
     # coverage: the 95 % interval of the p90 of uniform samples holds 0.9 in >= 95 % of seeded trials
     rng = np.random.default_rng(0)
     hits = 0

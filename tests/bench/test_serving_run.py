@@ -302,3 +302,33 @@ def test_closed_loop_and_bursty_points_end_to_end(concurrency_run):
     closed_rows = [r for r in rows if r["concurrency"]]
     assert len(closed_rows) == sum(1 for r in served if "client" in r["extra"]["serving"])
     assert {r["concurrency"] for r in closed_rows} >= {"1", "3"}
+
+
+@pytest.mark.slow
+def test_a_point_s_metrics_carry_vllms_names(concurrency_run):
+    """Each load point of summary.json names its latencies as `vllm bench serve` does — mean_, median_,
+    std_ and pNN_ of e2el_ms (arrival → response), ttft_ms (arrival → scores on the host) and queue_ms
+    — each equal to what the point's records give by the one quantile method."""
+    import numpy as np
+
+    records = [r for r in _records(concurrency_run) if r["phase"] == "server"]
+    summary = json.loads((concurrency_run / "summary.json").read_text())["sections"]["serving"]
+    checked = 0
+    for c in summary["curves"]:
+        for p in c["points"]:
+            mine = [r["extra"]["serving"] for r in records if r["target"] == c["target"]
+                    and r["extra"]["serving"]["point"].get("concurrency") == p["concurrency"]
+                    and r["extra"]["serving"]["point"]["role"] == p["role"]
+                    and r["extra"]["serving"]["point"]["rate_rps"] == p["rate_rps"]]
+            e2el = [s["latency_ms"] for s in mine]
+            ttft = [s["first_byte_ms"] - s["arrival_ms"] for s in mine]
+            assert p["served"] == len(mine) and p["dropped"] == 0
+            assert p["mean_e2el_ms"] == pytest.approx(np.mean(e2el)) and p["std_e2el_ms"] == pytest.approx(
+                np.std(e2el, ddof=1))
+            assert p["median_e2el_ms"] == pytest.approx(np.quantile(e2el, 0.5)) == p["p50_ms"]
+            assert p["p99_e2el_ms"] == pytest.approx(np.quantile(e2el, 0.99)) == pytest.approx(p["p99_ms"])
+            assert p["p90_ttft_ms"] == pytest.approx(np.quantile(ttft, 0.9))
+            assert p["mean_queue_ms"] == pytest.approx(np.mean([s["queue_ms"] for s in mine]))
+            assert 0 <= p["median_ttft_ms"] <= p["median_e2el_ms"]
+            checked += 1
+    assert checked >= 6

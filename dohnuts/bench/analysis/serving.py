@@ -31,7 +31,8 @@ from dataclasses import dataclass, field, replace
 
 from dohnuts.bench.analysis.records import target_label, work_of, workload_label
 from dohnuts.bench.serving.search import SearchResult, search_result
-from dohnuts.bench.serving.stats import PointSummary, Rules, nearest_rank, summarize_point, wilson_interval
+from dohnuts.bench.analysis.quantiles import quantiles
+from dohnuts.bench.serving.stats import METRIC_PERCENTILES, PointSummary, Rules, summarize_point, wilson_interval
 from dohnuts.bench.serving.variety import pass_shape
 from dohnuts.schema import median
 
@@ -156,6 +157,8 @@ def point_summary(recs: list[dict]) -> PointSummary:
     times = [r["extra"]["serving"] for r in recs]
     rules = facts.get("rules") or {}
     rate = facts.get("rate_rps")
+    first_byte = [(t["first_byte_ms"] - t["arrival_ms"]) for t in times if "first_byte_ms" in t]
+    percentiles = [float(p) / 100 for p in facts.get("metric_percentiles") or [100 * p for p in METRIC_PERCENTILES]]
     summary = summarize_point(
         math.inf if rate is None else float(rate), [t["latency_ms"] / 1e3 for t in times],
         [t["queue_ms"] / 1e3 for t in times], [t["service_ms"] / 1e3 for t in times],
@@ -164,11 +167,12 @@ def point_summary(recs: list[dict]) -> PointSummary:
         percentile=float(facts.get("percentile", 99.0)) / 100.0, slo_ms=facts.get("slo_ms"),
         rules=Rules(int(rules.get("min_requests", 1)), float(rules.get("min_duration_s", 0.0))),
         stopped=bool(facts.get("stopped", False)),
-        concurrency=int(facts["concurrency"]) if facts.get("concurrency") is not None else None)
+        concurrency=int(facts["concurrency"]) if facts.get("concurrency") is not None else None,
+        first_byte_s=[x / 1e3 for x in first_byte] if len(first_byte) == len(times) else None,
+        metric_percentiles=percentiles)
     gate = [str(x) for r in recs[:1] for x in ((r.get("validity") or {}).get("reasons") or [])
             if (r.get("validity") or {}).get("valid") is False]
-    first_byte = sorted((t["first_byte_ms"] - t["arrival_ms"]) for t in times if "first_byte_ms" in t)
-    extra = {"first_byte_p50_ms": nearest_rank(first_byte, 0.5) if first_byte else None,
+    extra = {"first_byte_p50_ms": quantiles(first_byte, [0.5])[0] if first_byte else None,
              "arrivals": facts.get("arrivals"), "queue": facts.get("queue"), "served_set": facts.get("served_set")}
     if gate:
         return replace(summary, valid=False, reasons=summary.reasons + tuple(gate), extra=extra)
@@ -216,14 +220,14 @@ def stream_scenarios(records: list[dict]) -> list[StreamScenario]:
     for (workload, target, _run), recs in groups.items():
         rules = recs[0]["extra"]["serving"].get("rules") or {}
         total = float(recs[0]["extra"]["stream"]["total_ms"])
-        lat = sorted(float(r["extra"]["stream"]["latency_ms"]) for r in recs)
+        lat = [float(r["extra"]["stream"]["latency_ms"]) for r in recs]
         reasons = []
         if len(recs) < rules.get("min_requests", 0):
             reasons.append(f"{len(recs)} requests < the minimum {rules['min_requests']}")
         if total / 1e3 < rules.get("min_duration_s", 0):
             reasons.append(f"{total / 1e3:.3g} s < the minimum {rules['min_duration_s']:g} s")
         out.append(StreamScenario(workload, target, len(recs), total, len(recs) / (total / 1e3),
-                                  nearest_rank(lat, 0.5), nearest_rank(lat, 0.99), rules, not reasons, tuple(reasons),
+                                  *quantiles(lat, [0.5, 0.99]), rules, not reasons, tuple(reasons),
                                   recs[0]["extra"]["stream"].get("served_set")))
     return out
 

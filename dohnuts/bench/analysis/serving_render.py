@@ -1,11 +1,11 @@
 """The serving and quality section of the text report (and its summary.json data).
 
-Per target under a serving scenario: a table of its load points (offered rate and its share of
-the throughput ceiling, served/offered, refused, throughput, goodput, latency p50/p99 and the
-SLO's percentile with its interval, the verdict, validity, the distinct pass shapes served and
-the graph captures while it was measured), the latency-against-load curve drawn in text (one row
-a point: p50 ▒ and the percentile █ on a log scale, the SLO ┃, the floor │), the served set in
-words, the search's answer with its bracket, and the bound at load (floor and ceiling). Then the
+Per target under a serving scenario: a table of its load points (offered rate — or a closed
+loop's clients — and its share of the throughput ceiling, served/offered, refused, throughput,
+goodput, latency p50/p99 and the SLO's percentile with its interval, the verdict, validity, the
+distinct pass shapes served and the graph captures while it was measured, the end-to-end latency's
+mean and standard deviation), the latency-against-load curve drawn in text (one row a point: p50 ▒
+and the percentile █ on a log scale, the SLO ┃, the floor │), the served set in words, the search's answer with its bracket, and the bound at load (floor and ceiling). Then the
 stream scenario's validity and the quality table (accuracy beside speed, the reference check).
 """
 
@@ -31,6 +31,12 @@ def _rate(x: float) -> str:
     return "all" if not math.isfinite(x) else f"{x:.3g}"
 
 
+def _mean_std(metrics: dict) -> str:
+    """A point's end-to-end latency, mean/sample standard deviation over its served requests."""
+    mean, std = metrics.get("mean_e2el_ms"), metrics.get("std_e2el_ms")
+    return "—" if mean is None else f"{mean:.3g}/" + ("—" if std is None else f"{std:.3g}")
+
+
 def _load(c: LoadCurve, point) -> str:
     """A point's load as its curve's rows name it: clients (a closed loop), else the offered rate."""
     return str(point.concurrency) if c.closed_loop else _rate(point.rate_rps)
@@ -49,8 +55,8 @@ def points_table(c: LoadCurve) -> FitTable:
                   Col("served /\noffered"), Col("refused /\nabandoned"),
                   Col("throughput\nreq/s"), Col("goodput\nreq/s"), Col("p50 ms"), Col("p99 ms"),
                   Col(f"{p} ms\n(95 % interval)"), Col("verdict"), Col("valid", "left", wrap=True),
-                  Col("probe", "left"), Col("shapes"), Col("graph\ncaptures")],
-                 groups=[(1, 2), (3, 4), (5,), (6, 7), (8, 9), (10,), (11,), (12, 13)])
+                  Col("probe", "left"), Col("shapes"), Col("graph\ncaptures"), Col("e2el mean/std\nms")],
+                 groups=[(1, 2), (3, 4), (5,), (6, 7), (8, 9), (10,), (11,), (12, 13), (14,)])
     ceiling = c.bound.throughput_ceiling_rps if c.bound else None
     for point, role in sorted(zip(c.points, c.roles), key=lambda x: x[0].load):
         share = f"{point.rate_rps / ceiling:.0%}" if ceiling and math.isfinite(point.rate_rps) else "—"
@@ -60,7 +66,8 @@ def points_table(c: LoadCurve) -> FitTable:
         t.add_row(_load(c, point), share, f"{point.served}/{point.offered}",
                   f"{point.dropped}/{point.abandoned}", f"{point.throughput_rps:.3g}",
                   "—" if point.goodput_rps is None else f"{point.goodput_rps:.3g}", _ms(point.p50_ms),
-                  _ms(point.p99_ms), interval, verdict, valid, role, *served_cells(point.extra.get("served_set")))
+                  _ms(point.p99_ms), interval, verdict, valid, role, *served_cells(point.extra.get("served_set")),
+                  _mean_std(point.metrics))
     return t
 
 

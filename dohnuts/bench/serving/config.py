@@ -10,6 +10,8 @@
                                 #   mean 1/rate; 1: Poisson; below 1 burstier, above 1 more even
       slo_ms: 100               # server: search the highest load whose latency percentile is within this
       percentile: 99            # that percentile of the latency (arrival → response serialized)
+      metric_percentiles: [50, 90, 99]   # the pNN_ metrics a point reports under vLLM's names (p99_e2el_ms,
+                                #   p90_ttft_ms, p50_queue_ms; vLLM's --metric-percentiles); 1 to 16 of them
       search: {over: rate, low_rps: 1, high_rps: 0, points: 6, resolution: 0.05, step: 1.25, first_rps: 0,
                low_clients: 1, high_clients: 0, first_clients: 0}
                                 # over: rate (open points) | concurrency (closed-loop points, think_ms);
@@ -121,6 +123,8 @@ class ServingFields(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     burstiness: Annotated[float, Meta(ge=0.01, le=1000)] = 1.0
     slo_ms: Annotated[float, Meta(gt=0, le=DAY * 1e3)] | None = None
     percentile: Annotated[float, Meta(gt=0, lt=100)] = 99.0
+    metric_percentiles: Annotated[list[Annotated[float, Meta(gt=0, lt=100)]], Meta(min_length=1, max_length=16)] = \
+        msgspec.field(default_factory=lambda: [50.0, 90.0, 99.0])
     search: SearchFields = SearchFields()
     arrivals: str = "poisson"
     queue: Annotated[int, Meta(ge=0, le=MAX_REQUESTS)] = 64

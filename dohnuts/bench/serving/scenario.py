@@ -234,6 +234,11 @@ class PointRunner:
         e1 = ctx.telemetry.energy()
         graphs_after = self._graph_counts()
         window, validity = ctx.telemetry.window_and_validity(t0, t1)
+        if server == "serial":  # its first byte: before its serialize stage
+            for r in served:
+                stages = stages_dict(timers[r.index]) if r.completion is not None and r.index in timers else {}
+                if "serialize" in stages:
+                    r.first_byte = max(r.start, r.completion - stages["serialize"]["host_ms"] / 1e3)
         summary, facts = self._summary(arrivals, served, role, server, capacity)
         done = [r for r in served if r.outcome == "served" and r.completion is not None]
         facts["served_set"] = ServedFacts.of(self.served, [order[r.index % len(order)] for r in done],
@@ -290,7 +295,9 @@ class PointRunner:
             rate, [r.completion - r.arrival for r in done], [r.start - r.arrival for r in done],
             [r.completion - r.start for r in done], offered=len(served), dropped=dropped, abandoned=abandoned,
             duration_s=duration, percentile=percentile_fraction(serving), slo_ms=slo, rules=self.rules,
-            stopped=stopped, concurrency=arrivals.clients if closed else None)
+            stopped=stopped, concurrency=arrivals.clients if closed else None,
+            first_byte_s=[r.first_byte - r.arrival for r in done],
+            metric_percentiles=[p / 100 for p in serving.metric_percentiles])
         facts = {"scenario": self.ctx.spec.scenario, "point": self.points, "role": role, "server": server,
                  "rate_rps": rate if math.isfinite(rate) else None,
                  "arrivals": arrivals.source, "seed": arrivals.seed, "scheduled": len(served) if closed
@@ -298,7 +305,8 @@ class PointRunner:
                  "offered": len(served), "served": len(done), "dropped": dropped, "abandoned": abandoned,
                  "duration_s": duration, "stopped": stopped, "queue": capacity,
                  "max_duration_s": serving.max_duration_s, "rules": vars(self.rules), "slo_ms": slo,
-                 "percentile": serving.percentile, "valid": summary.valid, "reasons": list(summary.reasons)}
+                 "percentile": serving.percentile, "metric_percentiles": list(serving.metric_percentiles),
+                 "valid": summary.valid, "reasons": list(summary.reasons)}
         if closed:
             facts |= {"concurrency": arrivals.clients, "think_ms": arrivals.think_s * 1e3}
         return summary, facts
@@ -318,8 +326,6 @@ class PointRunner:
             decisions = res["decisions"] if isinstance(res, dict) else res.decisions
             work = _work(res)
             stages = stages_dict(timers.get(r.index) or StageTimer(ctx.device))
-            if facts["server"] == "serial" and "serialize" in stages:  # its first byte: before serializing
-                r.first_byte = max(r.start, r.completion - stages["serialize"]["host_ms"] / 1e3)
             times = {"scenario": facts["scenario"], "request": r.index, "set_index": order[r.index % len(order)],
                      "arrival_ms": r.arrival * 1e3,
                      "start_ms": r.start * 1e3,
