@@ -31,7 +31,7 @@ from typing import Any
 
 from dohnuts.bench.analysis.records import overhead_text
 from dohnuts.bench.analysis.serving import served_cells
-from dohnuts.bench.svg import headline_chart, latency_curve, roofline, throughput_curve, trend
+from dohnuts.bench.svg import headline_chart, latency_curve, throughput_curve, trend
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:1200px}
@@ -373,28 +373,26 @@ def _streams(rows: list[dict]) -> str:
             + "".join(out) + "</table>")
 
 
-def _rooflines(groups: list[dict], hwspec: dict) -> str:
-    ceilings = (hwspec or {}).get("ceilings") or {}
-    compute = {k: c["value"] for k, c in ceilings.items() if c.get("kind") == "compute" and c.get("value")}
-    bandwidths = [c["value"] for c in ceilings.values() if c.get("kind") == "bandwidth" and c.get("value")]
-    bandwidth = max(bandwidths) if bandwidths else None
+def _rooflines(groups: list[dict], rooflines: dict | None) -> str:
+    """A roofline panel a workload and phase (steady calls, first calls), drawn by the run's
+    roofline figure (dohnuts.bench.analysis.roofline: the roofs of summary.json's `rooflines`)."""
+    from dohnuts.bench.analysis.roofline import roofline_svg, stage_points
+
+    if not rooflines:
+        return ("<p class='note'>No roofline: this summary.json holds no roofs (written before they were "
+                "recorded; <code>dohnuts-bench analyze</code> writes it anew).</p>")
+    precision = {g["workload"]: g.get("precision") for g in groups}
     panels = []
-    for workload in dict.fromkeys(g["workload"] for g in groups):
-        for phase, keep in (("steady calls", lambda t: "first-call" not in t), ("first calls", lambda t: "first-call" in t)):
-            points = []
-            for g in groups:
-                if g["workload"] != workload or not keep(g["target"]):
-                    continue
-                for s in g["stages"]:
-                    flops = sum((s.get("useful_flops") or {}).values())
-                    if s.get("modelled") and s.get("intensity") and s.get("measured_ms") and flops:
-                        points.append({"label": f"{g['target']} · {s['stage']}", "intensity": s["intensity"],
-                                       "flops": flops / (s["measured_ms"] / 1e3)})
-            if points:
-                cls = " first-call" if phase == "first calls" else ""
-                panels.append(f"<div class='panel{cls}'><h3>{escape(workload)}: {phase}</h3>"
-                              + roofline(points, compute, bandwidth, title=f"{workload}: {phase}") + "</div>")
-    return "<div class='panels'>" + "".join(panels) + "</div>" if panels else "<p class='note'>No roofline.</p>"
+    for phase, first in (("steady calls", False), ("first calls", True)):
+        for workload, points in stage_points(groups, first_calls=first).items():
+            roofs = rooflines.get(precision.get(workload)) or next(iter(rooflines.values()))
+            cls = " first-call" if first else ""
+            panels.append((workload, first, f"<div class='panel{cls}'><h3>{escape(workload)}: {phase}</h3>"
+                           + roofline_svg(points, roofs, f"{workload}: {phase}") + "</div>"))
+    order = list(dict.fromkeys(g["workload"] for g in groups))
+    panels.sort(key=lambda p: (order.index(p[0]), p[1]))
+    return "<div class='panels'>" + "".join(p[2] for p in panels) + "</div>" if panels else \
+        "<p class='note'>No roofline.</p>"
 
 
 def _comparison(comparison: dict | None) -> str:
@@ -542,7 +540,7 @@ def render(summary: dict, *, title: str, meta: dict | None = None, comparison: d
             "<h2>Stream against single calls</h2>", _streams(rows),
             "<h2>Serving: latency and throughput against load; quality</h2>",
             _serving((summary.get("sections") or {}).get("serving")),
-            "<h2>Roofline, a workload a panel</h2>", _rooflines(groups, hwspec),
+            "<h2>Roofline, a workload a panel</h2>", _rooflines(groups, eff.get("rooflines")),
             "<h2>This run's machine</h2>", _machine((summary.get("sections") or {}).get("machine")),
             "<h2>Comparison</h2>", _comparison(comparison),
             "<h2>Trends (the run store)</h2>", _trends(trends),
