@@ -27,6 +27,9 @@ groups them; load points and accuracy records are not per-call groups).
   `model.backend` the target; the metrics a group are `wall_ms` (every call, measured order),
   `median_wall_ms`, `mean_wall_ms`, `std_wall_ms` and `decisions_per_s`, named with the phase
   first for a target's first call and its stream (`first_call_wall_ms`, `stream_wall_ms`, ...).
+  Load points follow as `vllm bench serve` uploads them: benchmark `dohnuts-bench serving`, the
+  point's rate or clients in its extra_info, a record a metric under vLLM's names (`mean_e2el_ms`,
+  `p99_ttft_ms`, `median_queue_ms`, ..., `request_throughput`, `request_goodput`, `completed`).
   No `target_value` is written: the bound a call is judged by lives in the report, not in the
   records.
 - `csv`: one row a record (every phase, the load points' served requests included), the columns
@@ -297,6 +300,33 @@ def pytorch_records(records: list[dict], meta: dict) -> list[dict]:
                             "metric": {"name": prefix + name, "benchmark_values": values,
                                        "extra_info": {"unit": unit, "statistic": what, "calls": len(recs)}},
                             "runners": [runner]})
+    return out + _serving_records(records, runner)
+
+
+def _serving_records(records: list[dict], runner: dict) -> list[dict]:
+    """The load points as vLLM uploads a serving run: a record a metric a point, the metrics under
+    vLLM's names (`mean_e2el_ms`, `p99_ttft_ms`, ..., dohnuts.bench.serving.stats) and
+    `request_throughput`, `request_goodput`, `completed`; the point's rate or clients in
+    `benchmark.extra_info`."""
+    from dohnuts.bench.analysis.records import target_label, workload_label
+    from dohnuts.bench.analysis.serving import load_curves
+
+    precision = {(workload_label(r), target_label(r)): r["precision"] for r in records}
+    out = []
+    for c in load_curves(records):
+        model = {"name": c.workload, "type": "serving", "backend": c.target, "origins": ["dohnuts"], "extra_info": {}}
+        dtype = {"bf16": "bfloat16", "fp32": "float32"}.get(precision.get((c.workload, c.target)))
+        for p, role in zip(c.points, c.roles):
+            load = ({"concurrency": p.concurrency, "think_ms": c.think_ms} if c.closed_loop
+                    else {"request_rate": p.rate_rps if math.isfinite(p.rate_rps) else None})
+            benchmark = {"name": f"{BENCHMARK_NAME} serving", "mode": "inference", "dtype": dtype,
+                         "extra_info": {"scenario": c.scenario, "role": role, "valid": p.valid,
+                                        "arrivals": p.extra.get("arrivals"), **load}}
+            metrics = dict(p.metrics) | {"request_throughput": p.throughput_rps, "request_goodput": p.goodput_rps,
+                                         "completed": p.served}
+            out += [{"benchmark": benchmark, "model": model,
+                     "metric": {"name": name, "benchmark_values": [float(value)], "extra_info": {}},
+                     "runners": [runner]} for name, value in metrics.items() if value is not None]
     return out
 
 

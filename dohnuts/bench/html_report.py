@@ -132,8 +132,12 @@ def _serving(section: dict | None) -> str:
         closed = bool(c.get("closed_loop"))
         group = f"{c['workload']}|{c['target']}|{c['scenario']}" + ("|closed-loop" if closed else "")
         pct = f"p{100 * c['percentile']:g}"
-        loop = f", closed loop (think {c.get('think_ms') or 0:g} ms)" if closed else ""
-        out.append(f"<h3>{escape(c['workload'])} · {escape(c['target'])}: {escape(c['scenario'])} scenario{loop}</h3>")
+        arrivals = sorted({str((p.get("extra") or {}).get("arrivals")) for p in c["points"]
+                           if (p.get("extra") or {}).get("arrivals") not in (None, "poisson")})
+        loop = (f", closed loop (think {c.get('think_ms') or 0:g} ms)" if closed
+                else f", arrivals {', '.join(arrivals)}" if arrivals else "")
+        out.append(f"<h3>{escape(c['workload'])} · {escape(c['target'])}: {escape(c['scenario'])} "
+                   f"scenario{escape(loop)}</h3>")
         served = c.get("served_set") or {}
         if served.get("set_size"):
             captures = served.get("graph_captures")

@@ -165,8 +165,8 @@ def latency_curve(curve: dict) -> str:
     if slo:
         legend.append(f'<li style="color:#d62728">SLO {pct} ≤ {slo:g} ms</li>')
     if floor:
-        legend.append(f'<li style="color:#2ca02c">floor {floor:.3g} ms, ceiling '
-                      f'{"—" if not ceiling else f"{ceiling:.4g} req/s"} (critical-path bound, '
+        roof = "" if curve.get("closed_loop") else f', ceiling {"—" if not ceiling else f"{ceiling:.4g} req/s"}'
+        legend.append(f'<li style="color:#2ca02c">floor {floor:.3g} ms{roof} (critical-path bound, '
                       f'{escape(str(bound.get("basis", "")))} basis)</li>')
     return "".join(out) + f'<ul class="legend">{"".join(legend)}</ul>'
 

@@ -332,3 +332,24 @@ def test_a_point_s_metrics_carry_vllms_names(concurrency_run):
             assert 0 <= p["median_ttft_ms"] <= p["median_e2el_ms"]
             checked += 1
     assert checked >= 6
+
+
+@pytest.mark.slow
+def test_the_pytorch_export_carries_the_points_vllm_metrics(concurrency_run):
+    import msgspec
+
+    from dohnuts.bench.analysis.records import read_jsonl
+    from dohnuts.bench.export import PyTorchRecord, pytorch_records
+
+    got = msgspec.convert(pytorch_records(read_jsonl(concurrency_run / "results.jsonl"), {}), list[PyTorchRecord])
+    summary = json.loads((concurrency_run / "summary.json").read_text())["sections"]["serving"]
+    served = [r for r in got if r.benchmark.name == "dohnuts-bench serving"]
+    for c in summary["curves"]:
+        for p in c["points"]:
+            mine = {r.metric.name: r.metric.benchmark_values[0] for r in served if r.model.backend == c["target"]
+                    and r.benchmark.extra_info.get("concurrency") == p["concurrency"]
+                    and r.benchmark.extra_info["role"] == p["role"]
+                    and r.benchmark.extra_info.get("request_rate", p["rate_rps"]) == p["rate_rps"]}
+            assert mine["mean_e2el_ms"] == p["mean_e2el_ms"] and mine["p99_ttft_ms"] == p["p99_ttft_ms"]
+            assert mine["request_throughput"] == p["throughput_rps"] and mine["completed"] == p["served"]
+    assert {r.benchmark.extra_info.get("concurrency") for r in served} >= {1, 3}

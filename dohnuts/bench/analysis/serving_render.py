@@ -5,8 +5,9 @@ loop's clients — and its share of the throughput ceiling, served/offered, refu
 goodput, latency p50/p99 and the SLO's percentile with its interval, the verdict, validity, the
 distinct pass shapes served and the graph captures while it was measured, the end-to-end latency's
 mean and standard deviation), the latency-against-load curve drawn in text (one row a point: p50 ▒
-and the percentile █ on a log scale, the SLO ┃, the floor │), the served set in words, the search's answer with its bracket, and the bound at load (floor and ceiling). Then the
-stream scenario's validity and the quality table (accuracy beside speed, the reference check).
+and the percentile █ on a log scale, the SLO ┃, the floor │), the served set (and bursty or traced
+arrivals) in words, the search's answer with its bracket, and the bound at load (floor and
+ceiling). Then the stream scenario's validity and the quality table (accuracy beside speed, the reference check).
 """
 
 from __future__ import annotations
@@ -133,7 +134,9 @@ def curve_lines(c: LoadCurve) -> Text:
         out.append(served + "\n")
     arrivals = sorted({str(p.extra.get("arrivals")) for p in c.points if p.extra.get("arrivals")})
     if arrivals and arrivals != ["poisson"] and not c.closed_loop:  # bursty (gamma) or a trace
-        out.append(f"arrivals: {', '.join(arrivals)}\n")
+        from dohnuts.schema import printable
+
+        out.append(f"arrivals: {printable(', '.join(arrivals))}\n")  # a trace's file name is the user's
     s = c.search
     if s is not None:
         p = f"p{100 * c.percentile:g}"
