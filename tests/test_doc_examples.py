@@ -61,6 +61,7 @@ EXAMPLES = {
     ("docs/architecture.md", "lifecycle  dohnuts/train/"): "test_the_maps_name_what_exists",
     ("docs/architecture.md", "request (JSON line)"): "test_the_maps_name_what_exists",
     ("docs/measurement.md", "workloads/scaling/"): "test_measurement_scaling_command",
+    ("docs/measurement.md", "--format pytest-benchmark results/h200"): "test_measurement_export_commands",
     ("docs/plugins.md", "[project.entry-points.dohnuts_bench]"): "test_plugins_example",
     ("docs/plugins.md", "class Haystack"): "test_plugins_example",
     ("docs/plugins.md", "kind: haystack"): "test_plugins_example",
@@ -69,7 +70,8 @@ EXAMPLES = {
     ("README.md", "download.pytorch.org/whl/rocm"): "test_examples_checked_not_run",
     ("README.md", "dohnuts-bench calibrate --hwspec rx7900xtx --write"): "test_examples_checked_not_run",
     ("docs/measurement.md", '"energy": {"joules": 1.234'): "test_examples_checked_not_run",
-    ("docs/measurement.md", "scenario: server"): "test_examples_checked_not_run",
+    ("docs/measurement.md", "fixed load points"): "test_examples_checked_not_run",
+    ("docs/measurement.md", "burstiness: 0.5"): "test_examples_checked_not_run",
     ("docs/measurement.md", "distinct: 64"): "test_examples_checked_not_run",
     ("docs/measurement.md", "--json gate.json"): "test_examples_checked_not_run",
     ("docs/gpu.md", "workloads/serving/text-2b-server.yaml"): "test_examples_checked_not_run",
@@ -352,6 +354,23 @@ def test_measurement_scaling_command(sandbox):
     assert done.stderr.count("needs a CUDA GPU") == 2 and "nothing to run on this machine" in done.stderr
 
 
+@pytest.mark.slow  # five new processes, two with torch
+def test_measurement_export_commands(tmp_path):
+    """The export block run as printed on the committed H200 run (linked into a folder of its own,
+    so nothing is written beside the repository's results); each output read as its format."""
+    run_dir = "results/h200/2026-12-04-s20-peers-at-best"
+    (tmp_path / run_dir).parent.mkdir(parents=True)
+    (tmp_path / run_dir).symlink_to(ROOT / run_dir)
+    outputs = []
+    for line in command_lines(example("docs/measurement.md", "--format pytest-benchmark results/h200")):
+        outputs.append(run(line, tmp_path))
+    assert "text[dohnuts]" in outputs[1].stdout and "Failed to load" not in outputs[1].stdout + outputs[1].stderr
+    assert json.loads((tmp_path / "h200-suite.json").read_text())["benchmarks"]
+    assert json.loads((tmp_path / "h200-suite.pytorch.json").read_text())[0]["benchmark"]["name"] == "dohnuts-bench"
+    assert (tmp_path / "h200-suite.csv").read_text().startswith("run_id,workload,")
+    assert json.loads((tmp_path / "record.schema.json").read_text())["$defs"]["ReportedRecord"]
+
+
 @pytest.mark.slow
 def test_plugins_example(sandbox, tmp_path):
     """The guide's plugin, installed as its TOML declares it, registers its kind; its workload runs."""
@@ -427,9 +446,15 @@ def test_examples_checked_not_run():
 
     for line in example("docs/measurement.md", '"energy": {"joules": 1.234').strip().splitlines():
         convert(json.loads("{" + line + "}")["energy"], Energy, source="docs/measurement.md")
-    serving = yaml.safe_load(example("docs/measurement.md", "scenario: server"))
+    serving = yaml.safe_load(example("docs/measurement.md", "fixed load points"))
     assert serving["scenario"] == "server" and serving["serving"]["slo_ms"] == 100
-    from dohnuts.bench.serving.config import ServingFields
+    from dohnuts.bench.serving.config import ServingFields, check_serving
+
+    loads = yaml.safe_load(example("docs/measurement.md", "burstiness: 0.5"))
+    fields = convert(loads["serving"], ServingFields, source="docs/measurement.md")
+    assert fields.concurrency == [1, 2, 4, 8] and fields.search.over == "concurrency" and fields.burstiness == 0.5
+    check_serving("server", fields, ROOT / "docs" / "measurement.md", source="docs/measurement.md", processes=(1,),
+                  kind_is_train=False)
 
     from dohnuts.bench.cli import build_parser
 

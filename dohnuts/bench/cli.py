@@ -23,10 +23,14 @@ from what the hardware allows.
     dohnuts-bench report RUN --html          one self-contained HTML page (every run writes one)
     dohnuts-bench calibrate --write OUT.yaml this device's ceilings into the measured: section of a
                                              copy of its hwspec (--hwspec NAME; the run kit's first step)
+    dohnuts-bench export --format F RUN      a run as pytest-benchmark JSON, PyTorch benchmark-database
+                                             records or CSV (--out FILE, never one of the run's own files)
+    dohnuts-bench schema [record|workload]   the JSON Schemas of a results.jsonl record and a workload
+                                             file, generated from the types that read them
 
 The commands live beside this module: dohnuts.bench.run_command (`run`), dohnuts.bench.offline
 (`analyze`, `compare`), dohnuts.bench.baseline and dohnuts.bench.gate (`baseline`, `gate`; the interleaved gate's driver
-is dohnuts.bench.interleave).
+is dohnuts.bench.interleave), dohnuts.bench.export (`export`), dohnuts.bench.schema_command (`schema`).
 Reports go to stdout; status, progress and warnings to stderr through `logging`
 (dohnuts.bench.status).
 
@@ -149,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="list plugins, workload kinds, targets and telemetry")
     ls.set_defaults(func=cmd_list)
     from dohnuts.bench.calibrate import add_parser as add_calibrate
+    from dohnuts.bench.export import add_parser as add_export
+    from dohnuts.bench.schema_command import add_parser as add_schema
     from dohnuts.bench.baseline import add_parser as add_baseline
     from dohnuts.bench.gate import add_parser as add_gate
     from dohnuts.bench.report_command import add_parser as add_report
@@ -159,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_gate(sub)
     add_report(sub)
     add_calibrate(sub)
+    add_export(sub)
+    add_schema(sub)
     return p
 
 

@@ -219,7 +219,8 @@ class TargetCapabilities:
     run_stream: Callable[..., list[StreamRow] | None] | None = _optional_member(
         None, "a method or None", _callable_or_none)
     # (calls, arrivals, *, capacity, timer_for, deadline) -> [ServedRequest]: serve requests arriving
-    # at `arrivals` (seconds from now) through a bounded queue of `capacity`, as the target serves
+    # at `arrivals` (seconds from now, or a closed loop of clients: take them from
+    # dohnuts.bench.serving.server.admission) through a bounded queue of `capacity`, as the target serves
     # users (dohnuts.bench.serving.pipelined). Absent: the harness serves them one at a time through
     # `run_call` (dohnuts.bench.serving.server.serve_serial).
     serve: Callable[..., list] | None = _optional_member(None, "a method or None", _callable_or_none)

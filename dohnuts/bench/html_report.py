@@ -31,7 +31,7 @@ from typing import Any
 
 from dohnuts.bench.analysis.records import overhead_text
 from dohnuts.bench.analysis.serving import served_cells
-from dohnuts.bench.svg import headline_chart, latency_curve, roofline, throughput_curve, trend
+from dohnuts.bench.svg import headline_chart, latency_curve, throughput_curve, trend
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:1200px}
@@ -92,7 +92,7 @@ def _row_class(target: str) -> str:
 
 def _summary_table(rows: list[dict]) -> str:
     head = ("workload", "target", "calls", "wall ms", "p10–p90 ms", "decisions / s", "tokens / s", "energy / call",
-            "harness overhead")
+            "harness overhead", "mean ms", "std ms")
     out = ["<table id='summary'><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
     for r in rows:
         group = f"{r['workload']}|{r['target']}"
@@ -108,7 +108,9 @@ def _summary_table(rows: list[dict]) -> str:
             _cell(f"{r['decisions_per_s']:.1f}", "decisions_per_s", group),
             _cell(f"{r.get('useful_tokens_per_s', 0):.0f}"),
             _cell("no energy counter" if energy is None else f"{energy:.3g} J", "energy_j_per_call", group),
-            _cell(overhead_text(r.get("harness_overhead")), "harness_overhead", group, cls="")]) + "</tr>")
+            _cell(overhead_text(r.get("harness_overhead")), "harness_overhead", group, cls=""),
+            _cell(_ms(r.get("wall_mean_ms")), "wall_mean_ms", group),
+            _cell(_ms(r.get("wall_std_ms")), "wall_std_ms", group)]) + "</tr>")
     return "".join(out) + "</table>"
 
 
@@ -127,9 +129,15 @@ def _serving(section: dict | None) -> str:
         return "<p class='note'>No serving scenario, accuracy mode or reference check in this run.</p>"
     out = []
     for c in section.get("curves", []):
-        group = f"{c['workload']}|{c['target']}|{c['scenario']}"
+        closed = bool(c.get("closed_loop"))
+        group = f"{c['workload']}|{c['target']}|{c['scenario']}" + ("|closed-loop" if closed else "")
         pct = f"p{100 * c['percentile']:g}"
-        out.append(f"<h3>{escape(c['workload'])} · {escape(c['target'])}: {escape(c['scenario'])} scenario</h3>")
+        arrivals = sorted({str((p.get("extra") or {}).get("arrivals")) for p in c["points"]
+                           if (p.get("extra") or {}).get("arrivals") not in (None, "poisson")})
+        loop = (f", closed loop (think {c.get('think_ms') or 0:g} ms)" if closed
+                else f", arrivals {', '.join(arrivals)}" if arrivals else "")
+        out.append(f"<h3>{escape(c['workload'])} · {escape(c['target'])}: {escape(c['scenario'])} "
+                   f"scenario{escape(loop)}</h3>")
         served = c.get("served_set") or {}
         if served.get("set_size"):
             captures = served.get("graph_captures")
@@ -142,7 +150,12 @@ def _serving(section: dict | None) -> str:
             out.append(f"<p>served: {escape(what)}; <b data-key='shapes' data-group='{escape(group)}'>"
                        f"{served['shapes']}</b> distinct pass shape(s) over its points; {graphs}</p>")
         search = c.get("search")
-        if search:
+        if search and closed:
+            most = search.get("max_concurrency")
+            out.append(f"<p>most clients at {pct} ≤ {c['slo_ms']:g} ms: <b data-key='max_concurrency' "
+                       f"data-group='{escape(group)}'>{'none' if most is None else most}</b> — "
+                       f"{escape(search['words'])}</p>")
+        elif search:
             rate = search.get("max_rate_rps")
             out.append(f"<p>max rate at {pct} ≤ {c['slo_ms']:g} ms: <b data-key='max_rate_rps' "
                        f"data-group='{escape(group)}'>{'none' if rate is None else f'{rate:.4g}'}</b> req/s — "
@@ -165,13 +178,14 @@ def _serving(section: dict | None) -> str:
             out.append(f"<p class='flag'>{escape(_disagreement(c['agreement']))}: its speed is not the product's</p>")
         out.append("<div class='panels'><div class='panel'>" + latency_curve(c) + "</div><div class='panel'>"
                    + throughput_curve(c) + "</div></div>")
-        head = ("offered req/s", "served / offered", "refused / abandoned", "throughput req/s", "goodput req/s",
-                "p50 ms", "p99 ms", f"{pct} ms (95 % interval)", "verdict", "valid", "probe", "shapes",
-                "graph captures")
+        head = ("clients" if closed else "offered req/s", "served / offered", "refused / abandoned",
+                "throughput req/s", "goodput req/s", "p50 ms", "p99 ms", f"{pct} ms (95 % interval)", "verdict",
+                "valid", "probe", "shapes", "graph captures", "e2el mean ms", "e2el std ms")
         rows = ["<table class='points'><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"]
-        for p in sorted(c["points"], key=lambda p: p["rate_rps"] if p["rate_rps"] is not None else float("inf")):
-            key = f"{group}|{p['rate_rps']}"
-            rate = "all" if p["rate_rps"] is None else f"{p['rate_rps']:.4g}"
+        x = "concurrency" if closed else "rate_rps"
+        for p in sorted(c["points"], key=lambda p: p[x] if p[x] is not None else float("inf")):
+            key = f"{group}|{p[x]}"
+            rate = "all" if p[x] is None else f"{p[x]:.4g}"
             interval = f"{_ms(p['latency_ms'])} ({_ms(p['latency_low_ms'])}–{_ms(p['latency_high_ms'])})"
             valid = "yes" if p["valid"] else "INVALID: " + "; ".join(p["reasons"])
             shapes, captures = served_cells((p.get("extra") or {}).get("served_set"))
@@ -182,7 +196,9 @@ def _serving(section: dict | None) -> str:
                 _cell(_ms(p["p50_ms"])), _cell(_ms(p["p99_ms"])), _cell(interval),
                 _cell(p["verdict"], cls={"meets": "meets", "misses": "misses"}.get(p["verdict"], "")),
                 _cell(valid, cls="" if p["valid"] else "flag"), _cell(p["role"], cls=""),
-                _cell(shapes, "shapes", key), _cell(captures, "graph_captures", key)]) + "</tr>")
+                _cell(shapes, "shapes", key), _cell(captures, "graph_captures", key),
+                _cell(_ms(p.get("mean_e2el_ms")), "mean_e2el_ms", key),
+                _cell(_ms(p.get("std_e2el_ms")), "std_e2el_ms", key)]) + "</tr>")
         out.append("".join(rows) + "</table>")
     streams = section.get("streams") or []
     if streams:
@@ -361,28 +377,26 @@ def _streams(rows: list[dict]) -> str:
             + "".join(out) + "</table>")
 
 
-def _rooflines(groups: list[dict], hwspec: dict) -> str:
-    ceilings = (hwspec or {}).get("ceilings") or {}
-    compute = {k: c["value"] for k, c in ceilings.items() if c.get("kind") == "compute" and c.get("value")}
-    bandwidths = [c["value"] for c in ceilings.values() if c.get("kind") == "bandwidth" and c.get("value")]
-    bandwidth = max(bandwidths) if bandwidths else None
+def _rooflines(groups: list[dict], rooflines: dict | None) -> str:
+    """A roofline panel a workload and phase (steady calls, first calls), drawn by the run's
+    roofline figure (dohnuts.bench.analysis.roofline: the roofs of summary.json's `rooflines`)."""
+    from dohnuts.bench.analysis.roofline import roofline_svg, stage_points
+
+    if not rooflines:
+        return ("<p class='note'>No roofline: this summary.json holds no roofs (written before they were "
+                "recorded; <code>dohnuts-bench analyze</code> writes it anew).</p>")
+    precision = {g["workload"]: g.get("precision") for g in groups}
     panels = []
-    for workload in dict.fromkeys(g["workload"] for g in groups):
-        for phase, keep in (("steady calls", lambda t: "first-call" not in t), ("first calls", lambda t: "first-call" in t)):
-            points = []
-            for g in groups:
-                if g["workload"] != workload or not keep(g["target"]):
-                    continue
-                for s in g["stages"]:
-                    flops = sum((s.get("useful_flops") or {}).values())
-                    if s.get("modelled") and s.get("intensity") and s.get("measured_ms") and flops:
-                        points.append({"label": f"{g['target']} · {s['stage']}", "intensity": s["intensity"],
-                                       "flops": flops / (s["measured_ms"] / 1e3)})
-            if points:
-                cls = " first-call" if phase == "first calls" else ""
-                panels.append(f"<div class='panel{cls}'><h3>{escape(workload)}: {phase}</h3>"
-                              + roofline(points, compute, bandwidth, title=f"{workload}: {phase}") + "</div>")
-    return "<div class='panels'>" + "".join(panels) + "</div>" if panels else "<p class='note'>No roofline.</p>"
+    for phase, first in (("steady calls", False), ("first calls", True)):
+        for workload, points in stage_points(groups, first_calls=first).items():
+            roofs = rooflines.get(precision.get(workload)) or next(iter(rooflines.values()))
+            cls = " first-call" if first else ""
+            panels.append((workload, first, f"<div class='panel{cls}'><h3>{escape(workload)}: {phase}</h3>"
+                           + roofline_svg(points, roofs, f"{workload}: {phase}") + "</div>"))
+    order = list(dict.fromkeys(g["workload"] for g in groups))
+    panels.sort(key=lambda p: (order.index(p[0]), p[1]))
+    return "<div class='panels'>" + "".join(p[2] for p in panels) + "</div>" if panels else \
+        "<p class='note'>No roofline.</p>"
 
 
 def _comparison(comparison: dict | None) -> str:
@@ -530,7 +544,7 @@ def render(summary: dict, *, title: str, meta: dict | None = None, comparison: d
             "<h2>Stream against single calls</h2>", _streams(rows),
             "<h2>Serving: latency and throughput against load; quality</h2>",
             _serving((summary.get("sections") or {}).get("serving")),
-            "<h2>Roofline, a workload a panel</h2>", _rooflines(groups, hwspec),
+            "<h2>Roofline, a workload a panel</h2>", _rooflines(groups, eff.get("rooflines")),
             "<h2>This run's machine</h2>", _machine((summary.get("sections") or {}).get("machine")),
             "<h2>Comparison</h2>", _comparison(comparison),
             "<h2>Trends (the run store)</h2>", _trends(trends),

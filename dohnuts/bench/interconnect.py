@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from dohnuts.bench.analysis.quantiles import quantile
 from dohnuts.runtime.collectives import collective_device
 from dohnuts.runtime.process_group import World
 
@@ -34,7 +35,7 @@ def allreduce_busbw(world: World, nbytes: int = 64 << 20, repeat: int = 10) -> d
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         times.append(time.perf_counter() - t0)
-    t = sorted(times)[len(times) // 2]
+    t = quantile(times, 0.5)  # the median (dohnuts.bench.analysis.quantiles)
     n = world.size
     busbw = nbytes / t * 2 * (n - 1) / n
     if not world.is_main:

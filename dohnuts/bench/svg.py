@@ -1,10 +1,11 @@
-"""Small self-contained SVG charts for the HTML report: a roofline panel, a trend line, and a
+"""Small self-contained SVG charts for the HTML report: a trend line, the headline's figure, and a
 serving curve's latency and throughput against offered load with the critical-path bound's floor
-and ceiling.
+and ceiling. (The roofline is drawn once, by matplotlib, for the PNG and the page alike:
+dohnuts.bench.analysis.roofline.)
 
 No library and no script draws them: the SVG is written here, so the report works offline and
-renders the same everywhere. Labels never overlap: points are numbered and named in a legend
-beside the plot, never written next to the marks.
+renders the same everywhere. Labels never overlap: series are named in a legend beside the plot,
+never written next to the marks.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from html import escape
 
 W, H = 520, 300  # plot box in px
 PAD_L, PAD_R, PAD_T, PAD_B = 64, 16, 20, 44
-COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
-           "#bcbd22")
 
 
 def _log_ticks(lo: float, hi: float) -> list[float]:
@@ -27,83 +26,6 @@ def _si(x: float) -> str:
         if abs(x) >= scale:
             return f"{x / scale:.3g}{unit}"
     return f"{x:.3g}"
-
-
-class _LogAxes:
-    def __init__(self, xlo: float, xhi: float, ylo: float, yhi: float):
-        self.x0, self.x1 = math.log10(xlo), math.log10(xhi)
-        self.y0, self.y1 = math.log10(ylo), math.log10(yhi)
-
-    def x(self, v: float) -> float:
-        return PAD_L + (math.log10(v) - self.x0) / (self.x1 - self.x0) * (W - PAD_L - PAD_R)
-
-    def y(self, v: float) -> float:
-        return H - PAD_B - (math.log10(v) - self.y0) / (self.y1 - self.y0) * (H - PAD_T - PAD_B)
-
-
-def _free_spot(placed: list, x: float, y: float, *, width: float, height: float) -> tuple[float, float]:
-    """Where a label of that size goes near (x, y) (its baseline) without overlapping a label
-    placed before: stepped down a line at a time, then to the right. The spot is recorded."""
-    for dx in (0, 14, 28, 42):
-        for k in range(12):
-            box = (x + dx, y + k * height - height, x + dx + width, y + k * height)
-            if all(box[2] <= b[0] or box[0] >= b[2] or box[3] <= b[1] or box[1] >= b[3] for b in placed):
-                placed.append(box)
-                return box[0], box[3]
-    placed.append((x, y - height, x + width, y))
-    return x, y
-
-
-def roofline(points: list[dict], ceilings: dict[str, float], bandwidth: float | None, *, title: str) -> str:
-    """A log-log roofline: `points` are {label, intensity (FLOP/B), flops (FLOP/s)}; `ceilings`
-    {name: FLOP/s} horizontal roofs, `bandwidth` (B/s) the slanted one. Returns an <svg> element
-    followed by its legend (an ordered list naming each numbered point)."""
-    pts = [p for p in points if p.get("intensity") and p.get("flops") and p["intensity"] > 0 and p["flops"] > 0]
-    roofs = [v for v in ceilings.values() if v and v > 0]
-    xs = [p["intensity"] for p in pts] + [1e-1, 1e3]
-    ys = [p["flops"] for p in pts] + roofs
-    if not ys:
-        return f'<p class="empty">{escape(title)}: no modelled stage to place on a roofline.</p>'
-    ax = _LogAxes(min(xs) / 2, max(xs) * 2, min(ys) / 4, max(ys) * 2)
-    out = [f'<svg class="chart roofline" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" '
-           f'aria-label="{escape(title)}"><title>{escape(title)}</title>']
-    out.append(f'<rect x="{PAD_L}" y="{PAD_T}" width="{W - PAD_L - PAD_R}" height="{H - PAD_T - PAD_B}" '
-               'fill="none" stroke="#999"/>')
-    for t in _log_ticks(10 ** ax.x0, 10 ** ax.x1):
-        if 10 ** ax.x0 <= t <= 10 ** ax.x1:
-            out.append(f'<text x="{ax.x(t):.1f}" y="{H - PAD_B + 14}" text-anchor="middle" class="tick">{_si(t)}</text>')
-    for t in _log_ticks(10 ** ax.y0, 10 ** ax.y1):
-        if 10 ** ax.y0 <= t <= 10 ** ax.y1:
-            out.append(f'<text x="{PAD_L - 4}" y="{ax.y(t) + 3:.1f}" text-anchor="end" class="tick">{_si(t)}</text>')
-    out.append(f'<text x="{(W + PAD_L) / 2}" y="{H - 6}" text-anchor="middle" class="axis">arithmetic intensity '
-               '(FLOP / byte)</text>')
-    out.append(f'<text x="12" y="{H / 2}" text-anchor="middle" class="axis" transform="rotate(-90 12 {H / 2})">'
-               'FLOP / s</text>')
-    xlo, xhi = 10 ** ax.x0, 10 ** ax.x1
-    for name, value in ceilings.items():
-        if not value or value <= 0:
-            continue
-        start = xlo if not bandwidth else max(xlo, value / bandwidth)  # where the roof meets the slope
-        out.append(f'<line x1="{ax.x(start):.1f}" y1="{ax.y(value):.1f}" x2="{ax.x(xhi):.1f}" y2="{ax.y(value):.1f}" '
-                   f'stroke="#444" stroke-dasharray="4 3"><title>{escape(name)}: {_si(value)}FLOP/s</title></line>')
-    if bandwidth:
-        top = max(roofs) if roofs else bandwidth * xhi
-        x_end = min(xhi, top / bandwidth)
-        out.append(f'<line x1="{ax.x(xlo):.1f}" y1="{ax.y(max(bandwidth * xlo, 10 ** ax.y0)):.1f}" '
-                   f'x2="{ax.x(x_end):.1f}" y2="{ax.y(bandwidth * x_end):.1f}" stroke="#444">'
-                   f'<title>memory bandwidth: {_si(bandwidth)}B/s</title></line>')
-    legend, placed = [], []  # placed: the number labels' boxes so far (x0, y0, x1, y1)
-    for i, p in enumerate(pts, 1):
-        colour = COLOURS[(i - 1) % len(COLOURS)]
-        cx, cy = ax.x(p["intensity"]), ax.y(p["flops"])
-        out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="5" fill="{colour}" class="point"><title>{i}. '
-                   f'{escape(p["label"])}: {p["intensity"]:.3g} FLOP/B, {_si(p["flops"])}FLOP/s</title></circle>')
-        lx, ly = _free_spot(placed, cx + 7, cy - 5, width=7 * len(str(i)), height=11)
-        out.append(f'<text x="{lx:.1f}" y="{ly:.1f}" class="num" fill="{colour}">{i}</text>')
-        legend.append(f'<li style="color:{colour}"><span>{escape(p["label"])}: {p["intensity"]:.3g} FLOP/B, '
-                      f'{_si(p["flops"])}FLOP/s</span></li>')
-    out.append("</svg>")
-    return "".join(out) + f'<ol class="legend">{"".join(legend)}</ol>'
 
 
 def trend(values: list[float], labels: list[str], flags: list[str | None], *, title: str, unit: str = "ms") -> str:
@@ -202,22 +124,33 @@ def _x_range(rates: list[float], extra: list[float]) -> float:
     return max([top] + near) * 1.1
 
 
+def _load_axis(curve: dict) -> tuple[str, str]:
+    """(the points' key, the axis label) of a serving curve: clients for a closed loop, else the
+    offered rate."""
+    if curve.get("closed_loop"):
+        return "concurrency", "concurrent clients (closed loop)"
+    return "rate_rps", "offered rate (requests / s)"
+
+
 def latency_curve(curve: dict) -> str:
-    """Latency against offered load (a serving curve of summary.json): p50 and the SLO's
-    percentile a point (unserved requests make it unbounded: drawn at the top), the SLO, and the
-    critical-path bound's latency floor (horizontal) and throughput ceiling (vertical)."""
-    pts = sorted((p for p in curve["points"] if p.get("rate_rps") is not None), key=lambda p: p["rate_rps"])
+    """Latency against offered load (a serving curve of summary.json; a closed loop's against its
+    clients): p50 and the SLO's percentile a point (unserved requests make it unbounded: drawn at
+    the top), the SLO, and the critical-path bound's latency floor (horizontal) and throughput
+    ceiling (vertical, on a rate axis)."""
+    key, label = _load_axis(curve)
+    pts = sorted((p for p in curve["points"] if p.get(key) is not None), key=lambda p: p[key])
     if not pts:
         return '<p class="empty">no load point at an offered rate</p>'
     bound = curve.get("bound") or {}
-    floor, ceiling, slo = bound.get("latency_floor_ms"), bound.get("throughput_ceiling_rps"), curve.get("slo_ms")
+    floor, slo = bound.get("latency_floor_ms"), curve.get("slo_ms")
+    ceiling = None if curve.get("closed_loop") else bound.get("throughput_ceiling_rps")
     values = [v for p in pts for v in (p.get("p50_ms"), p.get("latency_ms")) if v]
     marks = [v for v in (floor, slo) if v]
     lo, hi = min(values + marks) / 2, max(values + marks) * 2
-    ax = _Axes(_x_range([p["rate_rps"] for p in pts], [ceiling]), lo, hi, log_y=True)
+    ax = _Axes(_x_range([p[key] for p in pts], [ceiling]), lo, hi, log_y=True)
     pct = f"p{100 * curve['percentile']:g}"
     title = f"{curve['workload']} · {curve['target']}: latency against load"
-    out = ax.frame(title, "offered rate (requests / s)", "latency (ms)")
+    out = ax.frame(title, label, "latency (ms)")
     if slo:
         out.append(ax.hline(slo, "#d62728", "6 3", f"SLO: {pct} ≤ {slo:g} ms"))
     if floor:
@@ -225,37 +158,41 @@ def latency_curve(curve: dict) -> str:
     if ceiling and ceiling <= ax.xhi:
         out.append(ax.vline(ceiling, "#2ca02c", "6 3", f"throughput ceiling (critical-path bound): {ceiling:.4g} "
                                                          "req/s"))
-    out += ax.series([(p["rate_rps"], p["p50_ms"] or hi) for p in pts], "#1f77b4", "p50 ms")
-    out += ax.series([(p["rate_rps"], p["latency_ms"] or hi) for p in pts], "#ff7f0e", f"{pct} ms")
+    out += ax.series([(p[key], p["p50_ms"] or hi) for p in pts], "#1f77b4", "p50 ms")
+    out += ax.series([(p[key], p["latency_ms"] or hi) for p in pts], "#ff7f0e", f"{pct} ms")
     out.append("</svg>")
     legend = [f'<li style="color:#1f77b4">p50</li><li style="color:#ff7f0e">{pct} (unbounded: at the top)</li>']
     if slo:
         legend.append(f'<li style="color:#d62728">SLO {pct} ≤ {slo:g} ms</li>')
     if floor:
-        legend.append(f'<li style="color:#2ca02c">floor {floor:.3g} ms, ceiling '
-                      f'{"—" if not ceiling else f"{ceiling:.4g} req/s"} (critical-path bound, '
+        roof = "" if curve.get("closed_loop") else f', ceiling {"—" if not ceiling else f"{ceiling:.4g} req/s"}'
+        legend.append(f'<li style="color:#2ca02c">floor {floor:.3g} ms{roof} (critical-path bound, '
                       f'{escape(str(bound.get("basis", "")))} basis)</li>')
     return "".join(out) + f'<ul class="legend">{"".join(legend)}</ul>'
 
 
 def throughput_curve(curve: dict) -> str:
-    """Throughput and goodput against offered load, under the bound's throughput ceiling."""
-    pts = sorted((p for p in curve["points"] if p.get("rate_rps") is not None), key=lambda p: p["rate_rps"])
+    """Throughput and goodput against offered load (a closed loop's: against its clients), under
+    the bound's throughput ceiling."""
+    key, label = _load_axis(curve)
+    closed = bool(curve.get("closed_loop"))
+    pts = sorted((p for p in curve["points"] if p.get(key) is not None), key=lambda p: p[key])
     if not pts:
         return ""
     ceiling = (curve.get("bound") or {}).get("throughput_ceiling_rps")
-    xhi = _x_range([p["rate_rps"] for p in pts], [ceiling])
-    top = max([p["throughput_rps"] for p in pts] + [xhi] + ([ceiling] if ceiling and ceiling <= 2.5 * xhi else []))
+    xhi = _x_range([p[key] for p in pts], [] if closed else [ceiling])
+    top = max([p["throughput_rps"] for p in pts] + ([] if closed else [xhi])
+              + ([ceiling] if ceiling and (closed or ceiling <= 2.5 * xhi) else []))
     ax = _Axes(xhi, 0.0, top * 1.1, log_y=False)
-    out = ax.frame(f"{curve['workload']} · {curve['target']}: throughput against load", "offered rate (requests / s)",
-                   "requests / s")
-    out.append(f'<line x1="{ax.x(0):.1f}" y1="{ax.y(0):.1f}" x2="{ax.x(xhi):.1f}" y2="{ax.y(min(xhi, top * 1.1)):.1f}" '
-               'stroke="#bbb"><title>served = offered</title></line>')
+    out = ax.frame(f"{curve['workload']} · {curve['target']}: throughput against load", label, "requests / s")
+    if not closed:  # a closed loop's x is clients, not requests a second
+        out.append(f'<line x1="{ax.x(0):.1f}" y1="{ax.y(0):.1f}" x2="{ax.x(xhi):.1f}" '
+                   f'y2="{ax.y(min(xhi, top * 1.1)):.1f}" stroke="#bbb"><title>served = offered</title></line>')
     if ceiling and ceiling <= top * 1.1:
         out.append(ax.hline(ceiling, "#2ca02c", "6 3", f"throughput ceiling (critical-path bound): {ceiling:.4g} "
                                                          "req/s"))
-    out += ax.series([(p["rate_rps"], p["throughput_rps"]) for p in pts], "#1f77b4", "throughput req/s")
-    good = [(p["rate_rps"], p["goodput_rps"]) for p in pts if p.get("goodput_rps") is not None]
+    out += ax.series([(p[key], p["throughput_rps"]) for p in pts], "#1f77b4", "throughput req/s")
+    good = [(p[key], p["goodput_rps"]) for p in pts if p.get("goodput_rps") is not None]
     out += ax.series(good, "#9467bd", "goodput (within the SLO) req/s")
     out.append("</svg>")
     return "".join(out) + ('<ul class="legend"><li style="color:#1f77b4">throughput</li>'

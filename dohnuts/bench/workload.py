@@ -25,8 +25,9 @@
     scenario: single            # single | stream | server | offline: how the calls are issued after the
                                 #   single calls (dohnuts.bench.serving; default: as always, single calls
                                 #   and a pipelined stream)
-    serving: {...}              # the scenario's settings: rates, slo_ms, percentile, search, arrivals,
-                                #   queue, minimums (dohnuts/bench/serving/config.py documents them)
+    serving: {...}              # the scenario's settings: rates, concurrency (closed loops), burstiness,
+                                #   slo_ms, percentile, search, arrivals, queue, minimums
+                                #   (dohnuts/bench/serving/config.py documents them)
     accuracy: {set: digits}     # optional: every target also scores a labelled request set (accuracy mode)
     agreement: {sample: 2}      # every dohnuts variant against the FP32 reference path (sample 0: off)
     on_gpu:                     # optional: what changes when the workload runs on a GPU, so one

@@ -84,3 +84,65 @@ def test_a_bad_trace_is_refused_naming_the_line(tmp_path, text, problem):
     with pytest.raises(ConfigError) as err:
         read_trace(path)
     assert str(path) in str(err.value) and problem in str(err.value)
+
+
+def test_burstiness_one_is_the_poisson_schedule_as_it_always_was():
+    a = poisson_arrivals(20.0, seed=5, min_requests=300)
+    assert a.times_s == poisson_arrivals(20.0, seed=5, min_requests=300, burstiness=1.0).times_s
+    expected = np.cumsum(np.random.default_rng(5).standard_exponential(4096))[:300] / 20.0  # the draws of before
+    assert np.array_equal(np.asarray(a.times_s), expected) and a.source == "poisson"
+
+
+@pytest.mark.parametrize("k", [0.25, 4.0])
+def test_bursty_gaps_are_gamma_with_the_rate_asked_for(k):
+    """vLLM's --burstiness: gaps Gamma(shape k, scale 1/(k·rate)): mean 1/rate, squared coefficient of
+    variation 1/k — bursts and lulls below 1, evener than Poisson above; rates stretch one pattern."""
+    rate, n = 50.0, 40_000
+    a = poisson_arrivals(rate, seed=2, min_requests=n, burstiness=k)
+    gaps = np.diff((0.0,) + a.times_s)
+    assert a.source == f"gamma(burstiness={k:g})" and len(a) == n
+    sd = math.sqrt(1 / k) / rate  # a gap's standard deviation
+    assert abs(gaps.mean() - 1 / rate) < 4 * sd / math.sqrt(n)
+    assert gaps.var(ddof=1) * rate**2 == pytest.approx(1 / k, rel=0.05)
+    assert stats.kstest(gaps, "gamma", args=(k, 0, 1 / (k * rate))).pvalue > 0.01
+    assert stats.kstest(gaps, "expon", args=(0, 1 / rate)).pvalue < 1e-6  # not Poisson
+    counts = np.bincount(np.floor(np.asarray(a.times_s)).astype(int))[:-1]  # per second: dispersion ≈ 1/k
+    assert (counts.var(ddof=1) / counts.mean() > 2) if k < 1 else (counts.var(ddof=1) / counts.mean() < 0.5)
+    b = poisson_arrivals(2 * rate, seed=2, min_requests=n, burstiness=k)
+    assert np.allclose(np.asarray(b.times_s) * 2, a.times_s, rtol=1e-12)  # common random numbers
+
+
+@pytest.mark.parametrize("serving, field, problem", [
+    ("{burstiness: 0.5, arrivals: t.jsonl}", "serving.burstiness", "a trace's arrivals are its own"),
+    ("{rates: [4], think_ms: 5}", "serving.think_ms", "closed-loop client's think time"),
+    ("{concurrency: [2, 2]}", "serving.concurrency", "lists a count of clients twice"),
+    ("{concurrency: [0]}", "serving.concurrency[0]", ">= 1"),
+    ("{concurrency: [5000]}", "serving.concurrency[0]", "<= 4096"),
+    ("{rates: [4], burstiness: 0}", "serving.burstiness", ">= 0.01"),
+    ("{slo_ms: 100, search: {over: clients}}", "serving.search.over", "rate"),
+])
+def test_closed_loop_and_burstiness_fields_are_checked(tmp_path, serving, field, problem):
+    from dohnuts.bench.plugins import collect, plugin_manager
+    from dohnuts.bench.workload import load_workload
+
+    (tmp_path / "t.jsonl").write_text('{"arrival_s": 0}\n')
+    path = tmp_path / "w.yaml"
+    path.write_text("kind: text\nscenario: server\nshape: {requests: 1, questions: 1, seq_tokens: 64, candidates: 2, "
+                    f"candidate_tokens: 2}}\nserving: {serving}\n")
+    pm = plugin_manager()
+    with pytest.raises(ConfigError) as err:
+        load_workload(path, collect(pm, "dohnuts_bench_register_workload_kinds"),
+                      collect(pm, "dohnuts_bench_register_targets"), gpu=False)
+    assert f"field '{field}'" in str(err.value) and problem in str(err.value), str(err.value)
+
+
+def test_concurrency_belongs_to_the_server_scenario(tmp_path):
+    from dohnuts.bench.plugins import collect, plugin_manager
+    from dohnuts.bench.workload import load_workload
+
+    path = tmp_path / "w.yaml"
+    path.write_text("kind: text\nscenario: offline\nserving: {concurrency: [2]}\n")
+    pm = plugin_manager()
+    with pytest.raises(ConfigError, match="field 'serving.concurrency': applies to the server scenario"):
+        load_workload(path, collect(pm, "dohnuts_bench_register_workload_kinds"),
+                      collect(pm, "dohnuts_bench_register_targets"), gpu=False)

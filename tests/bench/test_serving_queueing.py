@@ -16,7 +16,7 @@ from dohnuts.bench.serving.queueing import md1_latency_quantile, md1_max_rate, m
 from dohnuts.bench.serving.search import SearchPlan, next_rate, search_result, slo_search
 from dohnuts.bench.serving.server import serve_serial
 from dohnuts.bench.serving.stats import (
-    Rules, min_requests_for, nearest_rank, quantile_interval, summarize_point, wilson_interval,
+    Rules, min_requests_for, quantile_interval, summarize_point, wilson_interval,
 )
 
 D = 0.010  # the fake target's service time: 10 ms, always
@@ -95,7 +95,6 @@ def test_quantile_interval_and_the_minimum_count():
     xs = list(range(1, 368 + 1))
     assert quantile_interval(xs, 0.99)[1] == 368  # bounded at the minimum...
     assert quantile_interval(xs[:-1], 0.99)[1] is None  # ...not below it
-    assert nearest_rank(list(range(1, 101)), 0.99) == 99 and nearest_rank([5.0], 0.5) == 5.0
     # coverage: the 95 % interval of the p90 of uniform samples holds 0.9 in >= 95 % of seeded trials
     rng = np.random.default_rng(0)
     hits = 0
@@ -132,7 +131,7 @@ def test_slo_search_converges_to_the_md1_answer():
     best = md1_max_rate(D, slo, 0.99)
     assert md1_latency_quantile(0.99, best, D) == pytest.approx(slo, rel=1e-4)
     assert 50 < best < 60  # ρ ≈ 0.56: a p99 of five service times leaves little room
-    plan = SearchPlan(low_rps=1.0, high_rps=1 / D, points=12, resolution=0.01, step=1.25)
+    plan = SearchPlan(low=1.0, high=1 / D, points=12, resolution=0.01, step=1.25)
     tried = slo_search(_md1_point, 0.6 * best, plan)  # a poor first guess: the search climbs
     result = search_result(tried)
     assert result.max_rate_rps == pytest.approx(best, rel=0.04)
@@ -141,7 +140,7 @@ def test_slo_search_converges_to_the_md1_answer():
 
 
 def test_search_steps():
-    plan = SearchPlan(low_rps=1.0, high_rps=100.0, points=8, resolution=0.05, step=2.0)
+    plan = SearchPlan(low=1.0, high=100.0, points=8, resolution=0.05, step=2.0)
     assert next_rate(10.0, None, plan) == 20.0 and next_rate(80.0, None, plan) == 100.0
     assert next_rate(100.0, None, plan) is None  # passed at the top: done
     assert next_rate(None, 10.0, plan) == 5.0 and next_rate(None, 1.0, plan) is None
@@ -189,3 +188,99 @@ def test_a_slow_target_s_search_starts_at_the_lowest_rate_its_budget_allows():
         scenario.run_server(Runner(), 0.05146)
     assert measured and measured[0][0] == "search" and 38 < measured[0][1] <= 40
     assert any("would outlast budget_s 60 s or max_duration_s 40 s" in s for s in said)
+
+
+# -- closed loop ------------------------------------------------------------------------------------
+
+
+def closed_server(clients, *, think=0.0, seed=0, min_requests=1, min_duration=0.0, deadline=None, service=D):
+    from dohnuts.bench.serving.arrivals import ClosedLoop
+
+    return fake_server(ClosedLoop(clients, think, seed, min_requests, min_duration), deadline=deadline,
+                       service=service)
+
+
+def test_a_closed_loop_by_hand():
+    # 3 clients, no think time, 10 ms a request: all three send at 0 and are served at 0, 10, 20 ms;
+    # each sends again as it is answered, so from then on every request waits for the other two
+    reqs = closed_server(3, min_requests=7)
+    assert len(reqs) == 7 and all(r.outcome == "served" for r in reqs)
+    assert [r.client for r in reqs] == [0, 1, 2, 0, 1, 2, 0]
+    assert [r.arrival for r in reqs] == pytest.approx([0, 0, 0, 0.010, 0.020, 0.030, 0.040])
+    assert [r.start for r in reqs] == pytest.approx([0, 0.010, 0.020, 0.030, 0.040, 0.050, 0.060])
+    assert [r.latency for r in reqs] == pytest.approx([0.010, 0.020, 0.030] + [0.030] * 4)  # N·D in steady state
+    # a client never has two requests in flight
+    for c in range(3):
+        mine = [r for r in reqs if r.client == c]
+        assert all(b.arrival >= a.completion - 1e-12 for a, b in zip(mine, mine[1:]))
+
+
+@pytest.mark.parametrize("clients, think", [(1, 0.02), (4, 0.02), (8, 0.005)])
+def test_a_closed_loop_obeys_the_response_time_law(clients, think):
+    """N = X · (R + Z) (the interactive response-time law, exact up to the last cycles) and the
+    asymptotic bounds of a closed queue: X ≤ min(N / (D + Z), 1 / D), R ≥ max(D, N·D − Z)."""
+    reqs = closed_server(clients, think=think, seed=4, min_requests=6000)
+    span = max(r.completion for r in reqs)
+    x = len(reqs) / span
+    r_mean = np.mean([r.latency for r in reqs])
+    z = [b.arrival - a.completion for c in range(clients)
+         for a, b in zip(*(lambda m: (m, m[1:]))([r for r in reqs if r.client == c]))]
+    z_mean = float(np.mean(z))
+    assert z_mean == pytest.approx(think, rel=0.06)  # exponential think times of the mean asked
+    assert x * (r_mean + z_mean) == pytest.approx(clients, rel=0.01)
+    assert x <= min(clients / (D + z_mean), 1 / D) * 1.001
+    assert r_mean >= max(D, clients * D - z_mean) * 0.999
+
+
+def test_think_times_are_seeded_per_client():
+    a = closed_server(4, think=0.01, seed=9, min_requests=200)
+    b = closed_server(4, think=0.01, seed=9, min_requests=200)
+    c = closed_server(4, think=0.01, seed=10, min_requests=200)
+    assert [r.arrival for r in a] == [r.arrival for r in b]  # reproducible
+    assert [r.arrival for r in a] != [r.arrival for r in c]
+    from dohnuts.bench.serving.arrivals import ClosedLoop
+
+    loop = ClosedLoop(4, 0.01, seed=9)
+    assert _take(loop.think_times(2), 5) == _take(ClosedLoop(4, 0.01, seed=9).think_times(2), 5)  # its own stream,
+    assert _take(loop.think_times(0), 5) != _take(loop.think_times(1), 5)  # not its neighbour's
+    assert all(x > 0 for x in _take(loop.think_times(3), 100))
+    assert _take(ClosedLoop(4, 0.0).think_times(0), 3) == [0.0] * 3  # no think time
+
+
+def _take(gen, n):
+    return [next(gen) for _ in range(n)]
+
+
+def test_a_closed_loop_meets_both_minimums_and_stops_at_its_deadline():
+    reqs = closed_server(2, min_requests=4, min_duration=0.1)  # the duration decides: sent until 100 ms
+    assert max(r.arrival for r in reqs) >= 0.1 and sorted(r.arrival for r in reqs)[-2] < 0.1
+    cut = closed_server(4, min_requests=1000, deadline=0.055)
+    assert {r.outcome for r in cut} == {"served", "abandoned"}
+    assert max(r.start for r in cut if r.start is not None) <= 0.055 + 1e-12
+    assert all(r.arrival <= 0.055 + 1e-12 for r in cut)
+
+
+def _closed_point(clients: float, slo_ms: float = 55.0):
+    reqs = closed_server(int(clients), min_requests=400)
+    return summarize_point(0.0, [r.latency for r in reqs], [r.start - r.arrival for r in reqs],
+                           [r.completion - r.start for r in reqs], offered=len(reqs), dropped=0, abandoned=0,
+                           duration_s=max(r.completion for r in reqs), percentile=0.99, slo_ms=slo_ms,
+                           rules=Rules(368, 0.0), concurrency=int(clients))
+
+
+def test_the_slo_search_over_clients_finds_the_closed_loop_answer():
+    # without think time N clients see N·D: p99 ≤ 55 ms holds for 5 clients (50 ms), not for 6 (60 ms)
+    plan = SearchPlan(low=1, high=64, points=10, resolution=0.01, step=2.0, clients=True)
+    tried = slo_search(_closed_point, 2, plan)
+    assert [p.concurrency for p in tried][:3] == [2, 4, 8]  # doubling, then bisection on whole clients
+    result = search_result(tried)
+    assert result.clients and result.max_concurrency == 5 and result.max_rate_rps is None
+    assert result.failing.concurrency == 6 and result.point.latency_ms == pytest.approx(50.0)
+    assert "5 clients" in result.words() and "6 clients fails" in result.words()
+
+
+def test_search_steps_over_clients():
+    plan = SearchPlan(low=1, high=100, points=8, resolution=0.0, step=1.25, clients=True)
+    assert next_rate(1.0, None, plan) == 2.0 and next_rate(8.0, None, plan) == 10.0  # at least one client more
+    assert next_rate(None, 2.0, plan) == 1.0 and next_rate(None, 1.0, plan) is None
+    assert next_rate(4.0, 9.0, plan) == 6.0 and next_rate(5.0, 6.0, plan) is None  # neighbours: the exact answer

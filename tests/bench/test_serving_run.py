@@ -229,3 +229,128 @@ def test_stream_and_offline_scenarios_and_a_point_short_of_its_minimums(tmp_path
     assert replay["reasons"] == ["5 requests < the minimum 10"]  # marked invalid, not silently short
     assert math.isclose(replay["rate_rps"], 5 / 0.2)
     assert "INVALID: 5 requests < the minimum 10" in (run_dir / "report.txt").read_text()
+
+
+@pytest.fixture(scope="module")
+def concurrency_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("closed")
+    assert main(["run", str(ROOT / "workloads" / "serving" / "text-tiny-concurrency.yaml"), "--out",
+                 str(out / "runs"), "--quiet"]) == 0
+    (run_dir,) = list((out / "runs").iterdir())
+    return run_dir
+
+
+@pytest.mark.slow
+def test_closed_loop_and_bursty_points_end_to_end(concurrency_run):
+    """workloads/serving/text-tiny-concurrency.yaml: a bursty open point (gamma gaps) and closed loops
+    of 1 and 3 clients, then the search over clients, on dohnuts' pipelined server and transformers'
+    serial one: every client waits for its answer before it sends again, nothing is refused, and the
+    report, summary.json, the HTML page and the CSV export name the clients."""
+    records = _records(concurrency_run)
+    served = [r for r in records if r["phase"] == "server"]
+    points: dict = {}
+    for r in served:
+        s = r["extra"]["serving"]
+        points.setdefault((r["target"], s["point"]["point"]), []).append(r)
+    closed_seen = set()
+    for (target, _), recs in points.items():
+        facts = recs[0]["extra"]["serving"]["point"]
+        assert facts["dropped"] == 0 and facts["served"] == len(recs)
+        if facts.get("concurrency") is None:
+            assert facts["arrivals"] == "gamma(burstiness=0.5)" and facts["rate_rps"] == 4.0
+            assert all("client" not in r["extra"]["serving"] for r in recs)
+            continue
+        n = facts["concurrency"]
+        closed_seen.add((target, n, facts["role"]))
+        assert facts["arrivals"] == "closed-loop" and facts["think_ms"] == 20.0 and facts["queue"] is None
+        clients = {r["extra"]["serving"]["client"] for r in recs}
+        assert clients <= set(range(n)) and len(clients) == n
+        for c in clients:  # a client's next request leaves after its previous answer
+            mine = sorted((r["extra"]["serving"] for r in recs if r["extra"]["serving"]["client"] == c),
+                          key=lambda s: s["arrival_ms"])
+            assert all(b["arrival_ms"] >= a["completion_ms"] - 1e-6 for a, b in zip(mine, mine[1:]))
+        assert facts["rate_rps"] == pytest.approx(facts["offered"] / facts["duration_s"])
+    for target in ("dohnuts", "transformers"):
+        assert {(target, 1, "fixed"), (target, 3, "fixed")} <= closed_seen
+        assert any(t == target and role == "search" for t, _, role in closed_seen)
+    summary = json.loads((concurrency_run / "summary.json").read_text())["sections"]["serving"]
+    curves = {(c["target"], c["closed_loop"]): c for c in summary["curves"]}
+    assert set(curves) == {("dohnuts", False), ("dohnuts", True), ("transformers", False), ("transformers", True)}
+    page_keys = _data_keys((concurrency_run / "report.html").read_text())
+    for target in ("dohnuts", "transformers"):
+        closed = curves[(target, True)]
+        assert [p["concurrency"] for p in closed["points"] if p["role"] == "fixed"] == [1, 3]
+        most = closed["search"]["max_concurrency"]
+        assert closed["search"]["max_rate_rps"] is None and (most is None or isinstance(most, int))
+        assert "client" in closed["search"]["words"]
+        group = f"text-tiny-concurrency|{target}|server|closed-loop"
+        assert page_keys[("max_concurrency", group)] == ("none" if most is None else str(most))
+        for p in closed["points"]:
+            assert float(page_keys[("throughput_rps", f"{group}|{p['concurrency']}")]) == pytest.approx(
+                p["throughput_rps"], rel=1e-3)
+        assert [p["concurrency"] for p in curves[(target, False)]["points"]] == [None]
+    text = (concurrency_run / "report.txt").read_text()
+    assert "closed loop (think 20 ms), latency against clients" in text and "most clients at p90 ≤ 400 ms" in text
+    assert "arrivals: gamma(burstiness=0.5)" in text
+    assert (concurrency_run / "report.html").read_text().count('class="chart load"') == 2 * len(curves)
+    import csv
+    import io
+
+    from dohnuts.bench.export import csv_text
+    from dohnuts.bench.analysis.records import read_jsonl
+
+    rows = list(csv.DictReader(io.StringIO(csv_text(read_jsonl(concurrency_run / "results.jsonl")))))
+    closed_rows = [r for r in rows if r["concurrency"]]
+    assert len(closed_rows) == sum(1 for r in served if "client" in r["extra"]["serving"])
+    assert {r["concurrency"] for r in closed_rows} >= {"1", "3"}
+
+
+@pytest.mark.slow
+def test_a_point_s_metrics_carry_vllms_names(concurrency_run):
+    """Each load point of summary.json names its latencies as `vllm bench serve` does — mean_, median_,
+    std_ and pNN_ of e2el_ms (arrival → response), ttft_ms (arrival → scores on the host) and queue_ms
+    — each equal to what the point's records give by the one quantile method."""
+    import numpy as np
+
+    records = [r for r in _records(concurrency_run) if r["phase"] == "server"]
+    summary = json.loads((concurrency_run / "summary.json").read_text())["sections"]["serving"]
+    checked = 0
+    for c in summary["curves"]:
+        for p in c["points"]:
+            mine = [r["extra"]["serving"] for r in records if r["target"] == c["target"]
+                    and r["extra"]["serving"]["point"].get("concurrency") == p["concurrency"]
+                    and r["extra"]["serving"]["point"]["role"] == p["role"]
+                    and r["extra"]["serving"]["point"]["rate_rps"] == p["rate_rps"]]
+            e2el = [s["latency_ms"] for s in mine]
+            ttft = [s["first_byte_ms"] - s["arrival_ms"] for s in mine]
+            assert p["served"] == len(mine) and p["dropped"] == 0
+            assert p["mean_e2el_ms"] == pytest.approx(np.mean(e2el)) and p["std_e2el_ms"] == pytest.approx(
+                np.std(e2el, ddof=1))
+            assert p["median_e2el_ms"] == pytest.approx(np.quantile(e2el, 0.5)) == p["p50_ms"]
+            assert p["p99_e2el_ms"] == pytest.approx(np.quantile(e2el, 0.99)) == pytest.approx(p["p99_ms"])
+            assert p["p90_ttft_ms"] == pytest.approx(np.quantile(ttft, 0.9))
+            assert p["mean_queue_ms"] == pytest.approx(np.mean([s["queue_ms"] for s in mine]))
+            assert 0 <= p["median_ttft_ms"] <= p["median_e2el_ms"]
+            checked += 1
+    assert checked >= 6
+
+
+@pytest.mark.slow
+def test_the_pytorch_export_carries_the_points_vllm_metrics(concurrency_run):
+    import msgspec
+
+    from dohnuts.bench.analysis.records import read_jsonl
+    from dohnuts.bench.export import PyTorchRecord, pytorch_records
+
+    got = msgspec.convert(pytorch_records(read_jsonl(concurrency_run / "results.jsonl"), {}), list[PyTorchRecord])
+    summary = json.loads((concurrency_run / "summary.json").read_text())["sections"]["serving"]
+    served = [r for r in got if r.benchmark.name == "dohnuts-bench serving"]
+    for c in summary["curves"]:
+        for p in c["points"]:
+            mine = {r.metric.name: r.metric.benchmark_values[0] for r in served if r.model.backend == c["target"]
+                    and r.benchmark.extra_info.get("concurrency") == p["concurrency"]
+                    and r.benchmark.extra_info["role"] == p["role"]
+                    and r.benchmark.extra_info.get("request_rate", p["rate_rps"]) == p["rate_rps"]}
+            assert mine["mean_e2el_ms"] == p["mean_e2el_ms"] and mine["p99_ttft_ms"] == p["p99_ttft_ms"]
+            assert mine["request_throughput"] == p["throughput_rps"] and mine["completed"] == p["served"]
+    assert {r.benchmark.extra_info.get("concurrency") for r in served} >= {1, 3}

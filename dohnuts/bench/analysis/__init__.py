@@ -8,7 +8,8 @@ path over the call pipeline, and reports over raw JSONL records.
 
 Modules: hwspec (YAML ceilings with their derivation), flops (counting rules), cost (stage costs
 of one call from its WorkCounts), bounds (T_lower, efficiency, verdict), critical_path (the
-pipeline model), records (JSONL reading), report (analyze_records), render (tables, roofline),
+pipeline model), records (JSONL reading), report (analyze_records), render (tables), roofline (the
+one roofline drawing: PNG and HTML), quantiles (the one quantile method, mean and deviation),
 headline (the table that opens every report: dohnuts against its peer and against the bound).
 """
 
@@ -18,7 +19,8 @@ from dohnuts.bench.analysis.critical_path import CallGraph, Dependency, default_
 from dohnuts.bench.analysis.flops import LoraShape
 from dohnuts.bench.analysis.hwspec import Ceiling, HwSpec, find_hwspec, load_hwspec, parse_hwspec
 from dohnuts.bench.analysis.records import RecordError, RecordWarning, read_jsonl
-from dohnuts.bench.analysis.render import analysis_tables, call_table, print_analysis, roofline_png, stage_table
+from dohnuts.bench.analysis.render import analysis_tables, call_table, print_analysis, stage_table
+from dohnuts.bench.analysis.roofline import roofline_png
 from dohnuts.bench.analysis.report import Analysis, CallRow, GroupAnalysis, StageRow, analyze_records
 
 __all__ = [

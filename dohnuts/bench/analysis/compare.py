@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dohnuts.bench.analysis.quantiles import quantiles
 from dohnuts.bench.analysis.records import RecordError, Timing, stage_ms, target_label, where, workload_label
 from dohnuts.errors import DohnutsError
 from dohnuts.schema import convert
@@ -346,7 +347,7 @@ def _spread_parts(samples) -> tuple[np.ndarray, float, float]:
     med = float(np.median(x))
     if med <= 0:
         raise ValueError(f"needs a positive median, got {med}")
-    p10, p90 = (float(v) for v in np.quantile(x, [0.1, 0.9]))   # linear interpolation, as the reports
+    p10, p90 = quantiles(x, [0.1, 0.9])   # the reports' quantile (dohnuts.bench.analysis.quantiles)
     return x, med, p90 - p10
 
 

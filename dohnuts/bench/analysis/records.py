@@ -610,10 +610,14 @@ AB_MIN_PAIRS = 5
 
 def _paired_overhead(pairs: list[tuple[float, float]], confidence: float = 0.95, resamples: int = 2000) -> dict | None:
     """The timer's cost from (timed wall, untimed wall) pairs of the same call: the median paired
-    difference as a fraction of the untimed median, with a bootstrap interval (fixed seed)."""
+    difference as a fraction of the untimed median, with its percentile bootstrap interval
+    (`scipy.stats.bootstrap` over the differences, the untimed median held fixed; seeded)."""
     if len(pairs) < AB_MIN_PAIRS:
         return None
     import numpy as np
+    from scipy import stats
+
+    from dohnuts.bench.analysis.compare import _rng_kwargs  # scipy's `rng` (>= 1.15) or `random_state`
 
     timed = np.array([t for t, _ in pairs])
     untimed = np.array([u for _, u in pairs])
@@ -621,10 +625,9 @@ def _paired_overhead(pairs: list[tuple[float, float]], confidence: float = 0.95,
     if base <= 0:
         return None
     diff = timed - untimed
-    rng = np.random.default_rng(0)
-    idx = rng.integers(0, len(diff), size=(resamples, len(diff)))
-    boot = np.median(diff[idx], axis=1) / base
-    low, high = (float(v) for v in np.quantile(boot, [(1 - confidence) / 2, (1 + confidence) / 2]))
+    boot = stats.bootstrap((diff,), lambda x, axis=-1: np.median(x, axis=axis) / base, n_resamples=resamples,
+                           method="percentile", confidence_level=confidence, vectorized=True, **_rng_kwargs([0]))
+    low, high = float(boot.confidence_interval.low), float(boot.confidence_interval.high)
     med = float(np.median(diff))
     return {"pairs": len(pairs), "median_ms": med, "fraction": med / base, "low": low, "high": high}
 

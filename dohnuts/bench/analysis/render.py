@@ -1,12 +1,10 @@
-"""Reports of an Analysis: rich terminal tables and a roofline plot.
+"""Reports of an Analysis: rich terminal tables.
 
 Tables: per workload and target, one row per stage (measured, bound, efficiency, limiter,
 target verdict, useful / padded / repeated GFLOP), then the call summary (sum, max, critical
 path and latency of bounds and of measurements, wall time, whole-call efficiency, decisions/s).
-The roofline places each stage at its arithmetic intensity (useful FLOPs per necessary byte)
-and achieved rate (useful FLOPs per measured second) under the device's roofs, datasheet solid,
-measured dashed and sustained (where the run measured it) dotted. matplotlib is used through its object API on the Agg canvas: no pyplot, no
-global backend switch, nothing opened on screen.
+The roofline plot is dohnuts.bench.analysis.roofline's (the PNG and the HTML page's panels, one
+drawing).
 
 Layout rule (`FitTable`, also used by the built-in reporter): a table chooses its layout when
 it is printed, from the width it is given (the console's width; `report.txt` is written at the
@@ -35,7 +33,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import groupby
-from pathlib import Path
 
 from rich.console import Console, ConsoleOptions, RenderableType
 from rich.measure import Measurement
@@ -294,81 +291,3 @@ def print_analysis(analysis: Analysis, console: Console | None = None) -> None:
         console.print(table)
     for w in analysis.warnings:
         console.print(f"[yellow]warning:[/] {w}")
-
-
-def roofline_png(analysis: Analysis, path: str | Path, precision: str | None = None) -> Path:
-    """Write the roofline plot (PNG): one panel per workload (steady calls only: first calls are
-    never in an analysis group), each target a marker, each stage a labelled point; the roofs are
-    drawn in every panel and named once, in a legend below the panels, so no legend covers data."""
-    import math
-
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    spec = analysis.hwspec
-    precision = precision or (analysis.groups[0].precision if analysis.groups else spec.precisions()[0])
-    points: dict[str, list] = {}  # workload → [(target, stage, intensity, FLOP/s)]
-    targets: list[str] = []
-    for g in analysis.groups:
-        if "first-call" in g.target:  # first calls (compilation, tuning, capture) are not steady work
-            continue
-        for r in g.stages:
-            if r.intensity is None or not r.measured_ms:
-                continue
-            points.setdefault(g.workload, []).append(
-                (g.target, r.stage, r.intensity, sum(r.useful_flops.values()) / (r.measured_ms / 1e3)))
-            if g.target not in targets:
-                targets.append(g.target)
-    workloads = list(points) or ["(no measured stage)"]
-    xs = [p[2] for ps in points.values() for p in ps] or [1.0]
-    lo, hi = min(xs + [1.0]) / 4, max(xs + [1e4]) * 4
-    grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-    cols = min(3, len(workloads))
-    rows = math.ceil(len(workloads) / cols)
-    fig = Figure(figsize=(4.6 * cols, 3.6 * rows + 1.2), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
-    bases = spec.bases(precision)  # a spec measured on this machine has no datasheet roofs
-    styles = {"datasheet": "-", "measured": "--", "sustained": ":"}  # a measured-only spec draws dashed
-    markers = "osD^v<>p*h"
-    offsets = ((4, 4), (4, -10), (-8, 8), (-8, -12))  # stage labels alternate around their points
-    for i, ax in enumerate(axes.flat):
-        if i >= len(workloads):
-            ax.set_visible(False)
-            continue
-        first_panel = i == 0
-        for basis in bases:
-            mem = spec.ceiling("memory", precision, basis)
-            for role, colour in (("matrix", "black"), ("vector", "grey")):
-                peak = spec.ceiling(role, precision, basis)
-                ax.plot(grid, [min(peak.value, x * mem.value) for x in grid], styles[basis], color=colour,
-                        linewidth=1,
-                        label=(f"{role} roof: {peak.name} {peak.value / 1e12:.4g} TFLOP/s, {mem.name} "
-                               f"{mem.value / 1e9:.4g} GB/s ({basis})") if first_panel else None)
-        labelled: list[tuple[str, float, float]] = []
-        for target, stage, x, y in points.get(workloads[i], []):
-            k = targets.index(target)
-            ax.scatter([x], [y], marker=markers[k % len(markers)], color=f"C{k % 10}", zorder=3, s=22)
-            # a stage is named once where its points of several targets sit together (within 2×)
-            if any(st == stage and 0.5 < x / lx < 2 and 0.5 < y / ly < 2 for st, lx, ly in labelled):
-                continue
-            ax.annotate(stage, (x, y), textcoords="offset points", xytext=offsets[len(labelled) % len(offsets)],
-                        fontsize=7)
-            labelled.append((stage, x, y))
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_title(workloads[i], fontsize=9)
-        ax.grid(True, which="both", alpha=0.3)
-        if i % cols == 0:
-            ax.set_ylabel("achieved useful FLOP/s")
-        if i >= len(workloads) - cols:
-            ax.set_xlabel("useful FLOP / necessary byte")
-    for k, target in enumerate(targets):  # one legend entry a target, drawn off the axes
-        axes.flat[0].scatter([], [], marker=markers[k % len(markers)], color=f"C{k % 10}", label=target)
-    fig.suptitle(f"Roofline · {spec.name} · {precision} · steady calls", fontsize=10)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path

@@ -120,6 +120,8 @@ class Analysis:
 
     def to_dict(self) -> dict:
         """A JSON-serialisable summary (for the run's summary file; raw records stay the source)."""
+        from dohnuts.bench.analysis.roofline import roofs
+
         spec = self.hwspec
         return {
             "hwspec": {"name": spec.name, "source": spec.source, "target_fraction": spec.target_fraction,
@@ -128,6 +130,8 @@ class Analysis:
                                              "provenance": c.provenance, "factors": dict(c.factors),
                                              "source": c.source, "date": c.date} for c in spec.ceilings.values()}},
             "groups": [_group_dict(g) for g in self.groups],
+            # per precision the roofs the roofline draws (dohnuts.bench.analysis.roofline), PNG and page alike
+            "rooflines": {p: roofs(spec, p) for p in dict.fromkeys(g.precision for g in self.groups)},
             "warnings": list(self.warnings),
         }
 

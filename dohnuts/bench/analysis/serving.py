@@ -11,7 +11,8 @@ bound at load, the stream scenario's validity, accuracy and the reference check.
   captures while it was measured; per curve the distinct pass shapes over all its points (from
   the records' work counts) and the captures summed.
 - The search's answer (dohnuts.bench.serving.search.search_result): the highest valid rate that
-  met the SLO below the lowest valid one that missed it.
+  met the SLO below the lowest valid one that missed it — or, for closed-loop points (a curve of
+  their own, `closed_loop`: x is the clients), the most clients.
 - The bound at load: the critical-path bound of the same target's single calls (the efficiency
   analysis of this run) is the *floor* of the latency curve (`latency_ms`: one call alone, the
   longest within-call path) and its reciprocal the *ceiling* of the throughput (`critical_ms`:
@@ -30,7 +31,8 @@ from dataclasses import dataclass, field, replace
 
 from dohnuts.bench.analysis.records import target_label, work_of, workload_label
 from dohnuts.bench.serving.search import SearchResult, search_result
-from dohnuts.bench.serving.stats import PointSummary, Rules, nearest_rank, summarize_point, wilson_interval
+from dohnuts.bench.analysis.quantiles import quantiles
+from dohnuts.bench.serving.stats import METRIC_PERCENTILES, PointSummary, Rules, summarize_point, wilson_interval
 from dohnuts.bench.serving.variety import pass_shape
 from dohnuts.schema import median
 
@@ -63,6 +65,8 @@ class LoadCurve:
     single_call_ms: float | None = None
     agreement: dict | None = None
     shapes: int = 0  # distinct pass shapes over all points (from the records' work counts)
+    closed_loop: bool = False  # its points are closed loops of clients (`concurrency`), not offered rates
+    think_ms: float | None = None  # a closed loop's mean think time
 
     @property
     def served_sets(self) -> list[dict]:
@@ -90,8 +94,11 @@ class LoadCurve:
                 "percentile": self.percentile, "slo_ms": self.slo_ms,
                 "points": [p.to_dict() | {"role": r, "server": sv} for p, r, sv in zip(self.points, self.roles,
                                                                                         self.servers)],
-                "search": None if s is None else {"max_rate_rps": s.max_rate_rps, "words": s.words(),
+                "closed_loop": self.closed_loop, "think_ms": self.think_ms,
+                "search": None if s is None else {"max_rate_rps": s.max_rate_rps, "max_concurrency": s.max_concurrency,
+                                                  "words": s.words(),
                                                   "failing_rate_rps": s.failing.rate_rps if s.failing else None,
+                                                  "failing_concurrency": s.failing.concurrency if s.failing else None,
                                                   "verdict": s.point.verdict if s.point else None},
                 "bound": None if self.bound is None else vars(self.bound) | {"critical_stages":
                                                                              list(self.bound.critical_stages)},
@@ -109,17 +116,19 @@ def load_curves(records: list[dict]) -> list[LoadCurve]:
             continue
         s = (r.get("extra") or {}).get("serving") or {}
         facts = s.get("point") or {}
-        key = (workload_label(r), target_label(r), facts.get("scenario", r["phase"]), str(r.get("run_id")),
+        closed = facts.get("concurrency") is not None
+        key = (workload_label(r), target_label(r), facts.get("scenario", r["phase"]), closed, str(r.get("run_id")),
                facts.get("point", 0))
         points[key].append(r)
     curves: dict[tuple, LoadCurve] = {}
     shapes: dict[tuple, set] = defaultdict(set)
-    for (workload, target, scenario, _run, _k), recs in points.items():
-        shapes[(workload, target, scenario)].update(record_shape(r) for r in recs)
+    for (workload, target, scenario, closed, _run, _k), recs in points.items():
+        shapes[(workload, target, scenario, closed)].update(record_shape(r) for r in recs)
         facts = recs[0]["extra"]["serving"]["point"]
-        curve = curves.setdefault((workload, target, scenario), LoadCurve(
+        curve = curves.setdefault((workload, target, scenario, closed), LoadCurve(
             workload, target, scenario, float(facts.get("percentile", 99.0)) / 100.0, facts.get("slo_ms"),
-            agreement=next((r["agreement"] for r in recs if isinstance(r.get("agreement"), dict)), None)))
+            agreement=next((r["agreement"] for r in recs if isinstance(r.get("agreement"), dict)), None),
+            closed_loop=closed, think_ms=facts.get("think_ms") if closed else None))
         curve.points.append(point_summary(recs))
         curve.roles.append(str(facts.get("role", "fixed")))
         curve.servers.append(str(facts.get("server", "?")))
@@ -148,6 +157,8 @@ def point_summary(recs: list[dict]) -> PointSummary:
     times = [r["extra"]["serving"] for r in recs]
     rules = facts.get("rules") or {}
     rate = facts.get("rate_rps")
+    first_byte = [(t["first_byte_ms"] - t["arrival_ms"]) for t in times if "first_byte_ms" in t]
+    percentiles = [float(p) / 100 for p in facts.get("metric_percentiles") or [100 * p for p in METRIC_PERCENTILES]]
     summary = summarize_point(
         math.inf if rate is None else float(rate), [t["latency_ms"] / 1e3 for t in times],
         [t["queue_ms"] / 1e3 for t in times], [t["service_ms"] / 1e3 for t in times],
@@ -155,11 +166,13 @@ def point_summary(recs: list[dict]) -> PointSummary:
         abandoned=int(facts.get("abandoned", 0)), duration_s=float(facts.get("duration_s", 0.0)),
         percentile=float(facts.get("percentile", 99.0)) / 100.0, slo_ms=facts.get("slo_ms"),
         rules=Rules(int(rules.get("min_requests", 1)), float(rules.get("min_duration_s", 0.0))),
-        stopped=bool(facts.get("stopped", False)))
+        stopped=bool(facts.get("stopped", False)),
+        concurrency=int(facts["concurrency"]) if facts.get("concurrency") is not None else None,
+        first_byte_s=[x / 1e3 for x in first_byte] if len(first_byte) == len(times) else None,
+        metric_percentiles=percentiles)
     gate = [str(x) for r in recs[:1] for x in ((r.get("validity") or {}).get("reasons") or [])
             if (r.get("validity") or {}).get("valid") is False]
-    first_byte = sorted((t["first_byte_ms"] - t["arrival_ms"]) for t in times if "first_byte_ms" in t)
-    extra = {"first_byte_p50_ms": nearest_rank(first_byte, 0.5) if first_byte else None,
+    extra = {"first_byte_p50_ms": quantiles(first_byte, [0.5])[0] if first_byte else None,
              "arrivals": facts.get("arrivals"), "queue": facts.get("queue"), "served_set": facts.get("served_set")}
     if gate:
         return replace(summary, valid=False, reasons=summary.reasons + tuple(gate), extra=extra)
@@ -207,14 +220,14 @@ def stream_scenarios(records: list[dict]) -> list[StreamScenario]:
     for (workload, target, _run), recs in groups.items():
         rules = recs[0]["extra"]["serving"].get("rules") or {}
         total = float(recs[0]["extra"]["stream"]["total_ms"])
-        lat = sorted(float(r["extra"]["stream"]["latency_ms"]) for r in recs)
+        lat = [float(r["extra"]["stream"]["latency_ms"]) for r in recs]
         reasons = []
         if len(recs) < rules.get("min_requests", 0):
             reasons.append(f"{len(recs)} requests < the minimum {rules['min_requests']}")
         if total / 1e3 < rules.get("min_duration_s", 0):
             reasons.append(f"{total / 1e3:.3g} s < the minimum {rules['min_duration_s']:g} s")
         out.append(StreamScenario(workload, target, len(recs), total, len(recs) / (total / 1e3),
-                                  nearest_rank(lat, 0.5), nearest_rank(lat, 0.99), rules, not reasons, tuple(reasons),
+                                  *quantiles(lat, [0.5, 0.99]), rules, not reasons, tuple(reasons),
                                   recs[0]["extra"]["stream"].get("served_set")))
     return out
 

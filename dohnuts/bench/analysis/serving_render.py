@@ -1,12 +1,13 @@
 """The serving and quality section of the text report (and its summary.json data).
 
-Per target under a serving scenario: a table of its load points (offered rate and its share of
-the throughput ceiling, served/offered, refused, throughput, goodput, latency p50/p99 and the
-SLO's percentile with its interval, the verdict, validity, the distinct pass shapes served and
-the graph captures while it was measured), the latency-against-load curve drawn in text (one row
-a point: p50 ▒ and the percentile █ on a log scale, the SLO ┃, the floor │), the served set in
-words, the search's answer with its bracket, and the bound at load (floor and ceiling). Then the
-stream scenario's validity and the quality table (accuracy beside speed, the reference check).
+Per target under a serving scenario: a table of its load points (offered rate — or a closed
+loop's clients — and its share of the throughput ceiling, served/offered, refused, throughput,
+goodput, latency p50/p99 and the SLO's percentile with its interval, the verdict, validity, the
+distinct pass shapes served and the graph captures while it was measured, the end-to-end latency's
+mean and standard deviation), the latency-against-load curve drawn in text (one row a point: p50 ▒
+and the percentile █ on a log scale, the SLO ┃, the floor │), the served set (and bursty or traced
+arrivals) in words, the search's answer with its bracket, and the bound at load (floor and
+ceiling). Then the stream scenario's validity and the quality table (accuracy beside speed, the reference check).
 """
 
 from __future__ import annotations
@@ -31,31 +32,49 @@ def _rate(x: float) -> str:
     return "all" if not math.isfinite(x) else f"{x:.3g}"
 
 
+def _mean_std(metrics: dict) -> str:
+    """A point's end-to-end latency, mean/sample standard deviation over its served requests."""
+    mean, std = metrics.get("mean_e2el_ms"), metrics.get("std_e2el_ms")
+    return "—" if mean is None else f"{mean:.3g}/" + ("—" if std is None else f"{std:.3g}")
+
+
+def _load(c: LoadCurve, point) -> str:
+    """A point's load as its curve's rows name it: clients (a closed loop), else the offered rate."""
+    return str(point.concurrency) if c.closed_loop else _rate(point.rate_rps)
+
+
+def _mode(c: LoadCurve) -> str:
+    return (f"closed loop (think {c.think_ms or 0:g} ms), latency against clients" if c.closed_loop
+            else "latency against load")
+
+
 def points_table(c: LoadCurve) -> FitTable:
     p = f"p{100 * c.percentile:g}"
-    t = FitTable(f"{c.workload} · {c.target}: {c.scenario} scenario, latency against load"
+    t = FitTable(f"{c.workload} · {c.target}: {c.scenario} scenario, {_mode(c)}"
                  + (f" (SLO {p} ≤ {c.slo_ms:g} ms)" if c.slo_ms is not None else ""),
-                 [Col("offered\nreq/s"), Col("of ceiling"), Col("served /\noffered"), Col("refused /\nabandoned"),
+                 [Col("clients") if c.closed_loop else Col("offered\nreq/s"), Col("of ceiling"),
+                  Col("served /\noffered"), Col("refused /\nabandoned"),
                   Col("throughput\nreq/s"), Col("goodput\nreq/s"), Col("p50 ms"), Col("p99 ms"),
                   Col(f"{p} ms\n(95 % interval)"), Col("verdict"), Col("valid", "left", wrap=True),
-                  Col("probe", "left"), Col("shapes"), Col("graph\ncaptures")],
-                 groups=[(1, 2), (3, 4), (5,), (6, 7), (8, 9), (10,), (11,), (12, 13)])
+                  Col("probe", "left"), Col("shapes"), Col("graph\ncaptures"), Col("e2el mean/std\nms")],
+                 groups=[(1, 2), (3, 4), (5,), (6, 7), (8, 9), (10,), (11,), (12, 13), (14,)])
     ceiling = c.bound.throughput_ceiling_rps if c.bound else None
-    for point, role in sorted(zip(c.points, c.roles), key=lambda x: x[0].rate_rps):
+    for point, role in sorted(zip(c.points, c.roles), key=lambda x: x[0].load):
         share = f"{point.rate_rps / ceiling:.0%}" if ceiling and math.isfinite(point.rate_rps) else "—"
         interval = f"{_ms(point.latency_ms)} ({_ms(point.latency_low_ms)}–{_ms(point.latency_high_ms)})"
         verdict = Text(point.verdict, style={"meets": "green", "misses": "red"}.get(point.verdict, ""))
         valid = Text("yes") if point.valid else Text("INVALID: " + "; ".join(point.reasons), style="bold red")
-        t.add_row(_rate(point.rate_rps), share, f"{point.served}/{point.offered}",
+        t.add_row(_load(c, point), share, f"{point.served}/{point.offered}",
                   f"{point.dropped}/{point.abandoned}", f"{point.throughput_rps:.3g}",
                   "—" if point.goodput_rps is None else f"{point.goodput_rps:.3g}", _ms(point.p50_ms),
-                  _ms(point.p99_ms), interval, verdict, valid, role, *served_cells(point.extra.get("served_set")))
+                  _ms(point.p99_ms), interval, verdict, valid, role, *served_cells(point.extra.get("served_set")),
+                  _mean_std(point.metrics))
     return t
 
 
 def latency_chart(c: LoadCurve) -> Text:
     """The latency-against-load curve in text: one row a point, log-scaled latency."""
-    pts = sorted(c.points, key=lambda p: p.rate_rps)
+    pts = sorted(c.points, key=lambda p: p.load)
     values = [v for p in pts for v in (p.p50_ms, p.latency_ms) if v]
     floor = c.bound.latency_floor_ms if c.bound else None
     marks = [v for v in (floor, c.slo_ms) if v]
@@ -69,7 +88,8 @@ def latency_chart(c: LoadCurve) -> Text:
         return max(0, min(CHART_WIDTH, round(math.log(max(v, lo) / lo) / span * CHART_WIDTH)))
 
     p = f"p{100 * c.percentile:g}"
-    out = Text(f"{c.workload} · {c.target}: latency against offered load (log scale {lo:.3g}–{hi:.3g} ms; "
+    against = "clients (closed loop)" if c.closed_loop else "offered load"
+    out = Text(f"{c.workload} · {c.target}: latency against {against} (log scale {lo:.3g}–{hi:.3g} ms; "
                f"▒ p50, █ {p}, ┃ SLO, │ floor: the critical-path bound)\n", style="bold")
     for point in pts:
         row = [" "] * (CHART_WIDTH + 1)
@@ -77,7 +97,7 @@ def latency_chart(c: LoadCurve) -> Text:
             row[i] = "▒" if i < col(point.p50_ms) else "█"
         if point.latency_ms is None:
             row[CHART_WIDTH] = "»"
-        line = Text(f"{_rate(point.rate_rps):>8} req/s ")
+        line = Text(f"{_load(c, point):>8} {'clients' if c.closed_loop else 'req/s'} ")
         for i, ch in enumerate(row):
             if c.slo_ms is not None and i == col(c.slo_ms):
                 line.append("┃", style="red")
@@ -112,10 +132,15 @@ def curve_lines(c: LoadCurve) -> Text:
     served = served_words(c)
     if served is not None:
         out.append(served + "\n")
+    arrivals = sorted({str(p.extra.get("arrivals")) for p in c.points if p.extra.get("arrivals")})
+    if arrivals and arrivals != ["poisson"] and not c.closed_loop:  # bursty (gamma) or a trace
+        from dohnuts.schema import printable
+
+        out.append(f"arrivals: {printable(', '.join(arrivals))}\n")  # a trace's file name is the user's
     s = c.search
     if s is not None:
         p = f"p{100 * c.percentile:g}"
-        out.append(f"max rate at {p} ≤ {c.slo_ms:g} ms: ", style="bold")
+        out.append(f"{'most clients' if c.closed_loop else 'max rate'} at {p} ≤ {c.slo_ms:g} ms: ", style="bold")
         out.append(s.words() + "\n")
         captured = ((s.failing.extra.get("served_set") or {}).get("graph_captures") if s.failing else None)
         if captured:  # a one-time cost of new shapes can be what failed it

@@ -1,4 +1,5 @@
-"""When requests arrive: a seeded Poisson process, or the times of a trace file.
+"""When requests arrive: a seeded Poisson process or its bursty kin (gamma gaps), the times of a trace
+file, or a closed loop of clients.
 
 A schedule is the arrival times of one load point, in seconds from its start, non-decreasing.
 
@@ -7,6 +8,20 @@ chunks, divided by the rate. Every rate of one seed therefore sees the *same* pa
 (common random numbers): two rates of a search differ by their rate, not by their luck, so the
 latency percentile moves with the rate alone. Enough arrivals are drawn for the point's minimums
 (LoadGen's rule: at least `min_requests` requests and at least `min_duration_s` of arrivals).
+
+Bursty (`burstiness` k ≠ 1, vLLM's `--burstiness`): the gaps are gamma-distributed with shape k and
+mean 1/rate (unit-mean Gamma(k, 1/k) draws divided by the rate, common random numbers as above):
+their squared coefficient of variation is 1/k, so k < 1 sends requests in bursts separated by
+lulls, k > 1 more evenly than Poisson, and k = 1 is the Poisson process itself (drawn as before:
+the same seed gives the same schedule it always gave).
+
+Closed loop (`ClosedLoop`, vLLM's `--max-concurrency`, LoadGen's MultiStream in spirit): N clients,
+each sending its next request when its previous one returned plus a think time (exponential with
+mean `think_s`, each client its own seeded stream; 0: none). The schedule is not known in advance:
+it unfolds with the server's responses (dohnuts.bench.serving.server.ClosedLoopAdmission). A closed
+loop measures what a fixed user population sees — its latency includes no waiting a client has
+not caused — and its throughput is what the server gives N users; an open schedule (the rest of
+this module) measures latency at an offered rate, queueing included.
 
 Trace: a JSONL file, one object a line, `{"arrival_s": 0.0137}` (seconds from the trace's start,
 finite, non-negative, non-decreasing; other keys are ignored). Replayed as written, or stretched
@@ -29,6 +44,7 @@ from dohnuts.schema import why_not_finite
 CHUNK = 4096  # gaps drawn per call of the generator: the draws do not depend on how many are needed
 MAX_ARRIVALS = 10_000_000  # one load point; a typo cannot ask for a schedule that never ends
 MAX_TRACE_BYTES = 1 << 30
+THINK_STREAM = 2  # numpy SeedSequence streams: a client's think times (variety.ORDER_STREAM is 1)
 
 
 @dataclass(frozen=True)
@@ -48,29 +64,74 @@ class Arrivals:
         return self.times_s[-1] if self.times_s else 0.0
 
 
-def poisson_arrivals(rate_rps: float, *, seed: int, min_requests: int, min_duration_s: float = 0.0) -> Arrivals:
-    """A Poisson process of `rate_rps` arrivals a second, drawn until it holds at least
-    `min_requests` arrivals and its last arrival is at least `min_duration_s` in."""
+def poisson_arrivals(rate_rps: float, *, seed: int, min_requests: int, min_duration_s: float = 0.0,
+                     burstiness: float = 1.0) -> Arrivals:
+    """A Poisson process of `rate_rps` arrivals a second (with `burstiness` k ≠ 1: gamma gaps of
+    shape k, the same mean), drawn until it holds at least `min_requests` arrivals and its last
+    arrival is at least `min_duration_s` in."""
     if not (math.isfinite(rate_rps) and rate_rps > 0):
         raise ValueError(f"a Poisson rate must be a positive number of requests a second, got {rate_rps!r}")
     if min_requests < 1 or not (math.isfinite(min_duration_s) and min_duration_s >= 0):
         raise ValueError(f"needs min_requests >= 1 and a finite min_duration_s >= 0, got {min_requests}, "
                          f"{min_duration_s}")
+    if not (math.isfinite(burstiness) and burstiness > 0):
+        raise ValueError(f"burstiness must be a positive gamma shape, got {burstiness!r}")
     rng = np.random.default_rng(seed)
+
+    def unit_gaps() -> np.ndarray:  # mean 1: exponential (Poisson), or Gamma(k, 1/k)
+        if burstiness == 1.0:
+            return rng.standard_exponential(CHUNK)
+        return rng.standard_gamma(burstiness, CHUNK) / burstiness
+
     unit = min_duration_s * rate_rps  # the span in unit-rate time
     times = np.empty(0)
     total = 0.0
     while len(times) < min_requests or total < unit:
         if len(times) >= MAX_ARRIVALS:
             raise ValueError(f"{rate_rps} requests/s for {min_duration_s} s needs more than {MAX_ARRIVALS} arrivals")
-        chunk = total + np.cumsum(rng.standard_exponential(CHUNK))
+        chunk = total + np.cumsum(unit_gaps())
         times = np.concatenate([times, chunk])
         total = float(times[-1])
     # the first index that meets both minimums
     by_count = min_requests - 1
     by_time = int(np.searchsorted(times, unit, side="left"))
     last = max(by_count, min(by_time, len(times) - 1))
-    return Arrivals(tuple(float(t) for t in times[: last + 1] / rate_rps), float(rate_rps), "poisson", seed)
+    source = "poisson" if burstiness == 1.0 else f"gamma(burstiness={burstiness:g})"
+    return Arrivals(tuple(float(t) for t in times[: last + 1] / rate_rps), float(rate_rps), source, seed)
+
+
+@dataclass(frozen=True)
+class ClosedLoop:
+    """A closed-loop load point (module docstring): `clients` users, each sending its next request
+    when its previous one returned plus a think time; issuing stops once the point holds at least
+    `min_requests` requests and one was issued at least `min_duration_s` in (LoadGen's minimums, as
+    an open schedule meets them)."""
+
+    clients: int
+    think_s: float = 0.0  # mean think time (exponential), 0: none
+    seed: int = 0
+    min_requests: int = 1
+    min_duration_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.clients < 1 or self.min_requests < 1:
+            raise ValueError(f"a closed loop needs clients >= 1 and min_requests >= 1, got {self.clients}, "
+                             f"{self.min_requests}")
+        for name in ("think_s", "min_duration_s"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {getattr(self, name)!r}")
+
+    @property
+    def source(self) -> str:
+        return "closed-loop"
+
+    def think_times(self, client: int):
+        """The think times of one client, in order (seconds): its own seeded stream, so a
+        client's pauses do not depend on the order in which the others' responses came back."""
+        rng = np.random.default_rng((self.seed, THINK_STREAM, client))
+        while True:
+            for x in rng.standard_exponential(64):
+                yield float(x) * self.think_s
 
 
 def all_at_once(n: int) -> Arrivals:

@@ -3,11 +3,22 @@
     scenario: server            # single (default) | stream | server | offline (package docstring)
     serving:                    # the scenario's settings; every field has a default
       rates: [20, 40]           # server: offered rates to measure, requests/s (fixed load points)
-      slo_ms: 100               # server: search the highest rate whose latency percentile is within this
+      concurrency: [1, 2, 4]    # server: closed-loop points, N clients each (1..4096): a client sends its
+                                #   next request when its previous one returned plus its think time
+      think_ms: 0               # a closed-loop client's mean think time (exponential, seeded; 0: none)
+      burstiness: 1             # open points' gamma shape k (vLLM's --burstiness): gaps Gamma(k, 1/(k·rate)),
+                                #   mean 1/rate; 1: Poisson; below 1 burstier, above 1 more even
+      slo_ms: 100               # server: search the highest load whose latency percentile is within this
       percentile: 99            # that percentile of the latency (arrival → response serialized)
-      search: {low_rps: 1, high_rps: 0, points: 6, resolution: 0.05, step: 1.25, first_rps: 0}
+      metric_percentiles: [50, 90, 99]   # the pNN_ metrics a point reports under vLLM's names (p99_e2el_ms,
+                                #   p90_ttft_ms, p50_queue_ms; vLLM's --metric-percentiles); 1 to 16 of them
+      search: {over: rate, low_rps: 1, high_rps: 0, points: 6, resolution: 0.05, step: 1.25, first_rps: 0,
+               low_clients: 1, high_clients: 0, first_clients: 0}
+                                # over: rate (open points) | concurrency (closed-loop points, think_ms);
                                 # high_rps 0: the throughput ceiling of the measured single call × 1.5;
-                                # first_rps 0: the M/D/1 rate of the measured single call (search.py)
+                                # first_rps 0: the M/D/1 rate of the measured single call (search.py);
+                                # high_clients 0: 4 × the first; first_clients 0: the clients at which
+                                # one server with the single call's time D reaches the SLO, (SLO + think) / D
       arrivals: poisson         # poisson | a trace file (JSONL of {"arrival_s": s}, relative to this file)
       queue: 64                 # requests waiting at most; an arrival finding it full is refused (a miss).
                                 #   0: unbounded
@@ -56,6 +67,7 @@ from dohnuts.errors import ConfigError
 from dohnuts.schema import Invalid
 
 SCENARIOS = ("single", "stream", "server", "offline")
+MAX_CLIENTS = 4096  # a closed loop's clients, at most
 DEFAULT_MIN_REQUESTS = {"stream": 64, "offline": 256}  # server: stats.min_requests_for(percentile)
 DEFAULT_TOLERANCE = {"fp32": 1e-4, "bf16": 0.05}  # the reference check's stated tolerance
 MAX_RATE = 1e6
@@ -64,6 +76,13 @@ DAY = 86_400.0
 
 
 class SearchFields(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    over: Annotated[Literal["rate", "concurrency"], Meta(description="what the search varies: the offered rate "
+                                                                      "or the closed loop's clients")] = "rate"
+    low_clients: Annotated[int, Meta(ge=1, le=MAX_CLIENTS, description="the fewest clients probed")] = 1
+    high_clients: Annotated[int, Meta(ge=0, le=MAX_CLIENTS, description="the most clients probed (0: 4 × the "
+                                                                         "first probe)")] = 0
+    first_clients: Annotated[int, Meta(ge=0, le=MAX_CLIENTS, description="the first probe (0: (SLO + think) / "
+                                                                          "the single call's time)")] = 0
     low_rps: Annotated[float, Meta(gt=0, le=MAX_RATE, description="the lowest rate probed")] = 1.0
     high_rps: Annotated[float, Meta(ge=0, le=MAX_RATE, description="the highest rate probed (0: 1.5 × the "
                                                                    "single call's ceiling)")] = 0.0
@@ -99,8 +118,13 @@ class VaryFields(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
 
 class ServingFields(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     rates: Annotated[list[Annotated[float, Meta(gt=0, le=MAX_RATE)]], Meta(max_length=256)] = []
+    concurrency: Annotated[list[Annotated[int, Meta(ge=1, le=MAX_CLIENTS)]], Meta(max_length=256)] = []
+    think_ms: Annotated[float, Meta(ge=0, le=DAY * 1e3)] = 0.0
+    burstiness: Annotated[float, Meta(ge=0.01, le=1000)] = 1.0
     slo_ms: Annotated[float, Meta(gt=0, le=DAY * 1e3)] | None = None
     percentile: Annotated[float, Meta(gt=0, lt=100)] = 99.0
+    metric_percentiles: Annotated[list[Annotated[float, Meta(gt=0, lt=100)]], Meta(min_length=1, max_length=16)] = \
+        msgspec.field(default_factory=lambda: [50.0, 90.0, 99.0])
     search: SearchFields = SearchFields()
     arrivals: str = "poisson"
     queue: Annotated[int, Meta(ge=0, le=MAX_REQUESTS)] = 64
@@ -117,6 +141,10 @@ class ServingFields(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
                           "could be valid", field="max_duration_s")
         if self.search.high_rps and self.search.high_rps < self.search.low_rps:
             raise Invalid(f"is below search.low_rps {self.search.low_rps}", field="search.high_rps")
+        if self.search.high_clients and self.search.high_clients < self.search.low_clients:
+            raise Invalid(f"is below search.low_clients {self.search.low_clients}", field="search.high_clients")
+        if len(set(self.concurrency)) < len(self.concurrency):
+            raise Invalid("lists a count of clients twice", field="concurrency")
 
 
 class AccuracyFields(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -160,7 +188,17 @@ def check_serving(scenario: str, serving: ServingFields, workload_file: Path, *,
     if max(processes) > 1:
         raise ConfigError(f"scenario {scenario!r} runs in one process (processes lists {max(processes)})",
                           source=source, field="scenario")
+    closed = bool(serving.concurrency) or (serving.slo_ms is not None and serving.search.over == "concurrency")
+    if scenario != "server" and (serving.concurrency or serving.burstiness != 1.0):
+        field = "serving.concurrency" if serving.concurrency else "serving.burstiness"
+        raise ConfigError(f"applies to the server scenario, not {scenario!r}", source=source, field=field)
+    if serving.think_ms and not closed:
+        raise ConfigError("is a closed-loop client's think time: give `concurrency` points (or search over "
+                          "concurrency)", source=source, field="serving.think_ms")
     arrivals = serving.arrivals
+    if arrivals != "poisson" and serving.burstiness != 1.0:
+        raise ConfigError("shapes generated arrivals; a trace's arrivals are its own (leave burstiness at 1)",
+                          source=source, field="serving.burstiness")
     if arrivals != "poisson":
         from dohnuts.bench.serving.arrivals import read_trace
 
@@ -172,9 +210,10 @@ def check_serving(scenario: str, serving: ServingFields, workload_file: Path, *,
                               field="serving.arrivals")
         read_trace(path)  # a ConfigError naming the trace file and its line
         serving = msgspec.structs.replace(serving, arrivals=str(path.resolve()))
-    if scenario == "server" and not serving.rates and serving.slo_ms is None and arrivals == "poisson":
-        raise ConfigError("the server scenario needs `rates`, `slo_ms` (a search) or a trace to replay",
-                          source=source, field="serving")
+    if scenario == "server" and not serving.rates and not serving.concurrency and serving.slo_ms is None \
+            and arrivals == "poisson":
+        raise ConfigError("the server scenario needs `rates`, `concurrency`, `slo_ms` (a search) or a trace to "
+                          "replay", source=source, field="serving")
     return serving
 
 

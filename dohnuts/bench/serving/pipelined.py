@@ -20,22 +20,23 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from dohnuts.bench.serving.arrivals import ClosedLoop
 from dohnuts.bench.serving.clock import Clock, MonotonicClock
-from dohnuts.bench.serving.server import Admission, ServedRequest
+from dohnuts.bench.serving.server import ServedRequest, admission
 from dohnuts.runtime.predict import Predictor
 from dohnuts.runtime.requests import Request
 
 DEPTH = 3  # requests prepared ahead, as Predictor.run keeps
 
 
-def serve_pipelined(predictor: Predictor, requests: Sequence[Request], arrivals: Sequence[float], *,
+def serve_pipelined(predictor: Predictor, requests: Sequence[Request], arrivals: Sequence[float] | ClosedLoop, *,
                     capacity: int | None, timer_for: Callable[[int], object], deadline: float | None = None,
                     clock: Clock | None = None, depth: int = DEPTH) -> list[ServedRequest]:
-    """Serve `arrivals` (request i is `requests[i % len(requests)]`) through the pipeline; every
-    request of the point in arrival order. `result` of a served request: {"decisions", "work",
-    "output"} (the RequestResult)."""
+    """Serve `arrivals` (times, or a closed loop: dohnuts.bench.serving.server.admission; request i
+    is `requests[i % len(requests)]`) through the pipeline; every request of the point in arrival
+    order. `result` of a served request: {"decisions", "work", "output"} (the RequestResult)."""
     clock = clock or MonotonicClock()
-    adm = Admission(arrivals, capacity, deadline)
+    adm = admission(arrivals, capacity, deadline)
     inflight: deque = deque()  # (request, future of its HostBatch), in order
     previous = None  # (request, host batch, host tensors, done event, work): awaiting serialization
     t0 = clock.now()
@@ -49,6 +50,7 @@ def serve_pipelined(predictor: Predictor, requests: Sequence[Request], arrivals:
         result.to_json()
         req.completion = clock.now() - t0
         req.result = {"decisions": len(result.questions), "work": work, "output": result}
+        adm.complete(req, req.completion)  # a closed loop's client sends its next request
 
     while True:
         now = clock.now() - t0

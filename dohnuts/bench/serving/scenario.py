@@ -11,8 +11,10 @@ workload's calls in order, or the varied set of `serving.vary` in a seeded order
   stream`, each stamped with the rules (`extra.serving`).
 - offline: every request handed over at time 0 (an unbounded queue), served by the target's
   `serve` (the dohnuts pipeline) or one at a time; records `phase: offline`.
-- server: load points at fixed `rates`, a replayed trace, and/or the SLO search
-  (dohnuts.bench.serving.search); records `phase: server`.
+- server: load points at fixed `rates` (Poisson arrivals, or gamma with `burstiness`), a replayed
+  trace, closed-loop points of `concurrency` clients (each sending again when answered, after its
+  `think_ms`), and/or the SLO search over rates or clients (dohnuts.bench.serving.search); records
+  `phase: server`.
 
 A point's records are written when it ends (nothing is written while requests are in flight,
 so writing never delays a request); one record a served request, `wall_ms` its service time
@@ -20,7 +22,9 @@ so writing never delays a request); one record a served request, `wall_ms` its s
 first byte, completion; latency = completion − arrival, queue = start − arrival) and the point's
 facts (`extra.serving.point`: rate, offered, served, dropped, abandoned, duration, rules, SLO,
 validity, and what it served of its set — distinct requests and pass shapes, the graph captures
-while it ran: variety.ServedFacts); `extra.serving.set_index` is the request's place in the set.
+while it ran: variety.ServedFacts; a closed loop's `concurrency` and `think_ms`, its `rate_rps` the
+rate its clients sent at); `extra.serving.set_index` is the request's place in the set, and
+`client` the closed loop's client that sent it.
 A refused or abandoned request has no record; the point's counts hold it. The telemetry of the
 whole point is on its first record; every record carries the point's validity.
 """
@@ -33,9 +37,11 @@ import time
 
 from dohnuts.bench.measure import measure_stream, stage_timers, synchronize
 from dohnuts.bench.record import CallMeasurement, TargetContext, call_record, stages_dict
-from dohnuts.bench.serving.arrivals import Arrivals, all_at_once, poisson_arrivals, read_trace, trace_arrivals
+from dohnuts.bench.serving.arrivals import (
+    Arrivals, ClosedLoop, all_at_once, poisson_arrivals, read_trace, trace_arrivals,
+)
 from dohnuts.bench.serving.clock import MonotonicClock
-from dohnuts.bench.serving.config import min_requests, percentile_fraction
+from dohnuts.bench.serving.config import MAX_CLIENTS, min_requests, percentile_fraction
 from dohnuts.bench.serving.queueing import md1_max_rate
 from dohnuts.bench.serving.search import SearchPlan, search_result, slo_search
 from dohnuts.bench.serving.server import ServedRequest, serve_serial
@@ -47,6 +53,9 @@ from dohnuts.runtime.timing import StageTimer
 from dohnuts.schema import median
 
 MAX_SIZED_REQUESTS = 100_000  # a stream or offline set sized from the single calls, at most
+# The calls a closed loop issues are drawn ahead (its count is not known in advance): at least this
+# many, a whole number of rounds of the served set; a loop that issues more goes round them again.
+CLOSED_LOOP_CALLS = 10_000
 
 
 def measure_scenario(ctx: TargetContext, target, capabilities, served: ServedSet, single_walls_ms: list[float],
@@ -90,20 +99,29 @@ def run_server(runner: PointRunner, service_s: float) -> None:
         if trace is not None:
             return trace_arrivals(trace, name, rate)
         return poisson_arrivals(rate, seed=seed, min_requests=runner.rules.min_requests,
-                                min_duration_s=runner.rules.min_duration_s)
+                                min_duration_s=runner.rules.min_duration_s, burstiness=serving.burstiness)
+
+    def loop(clients: float) -> ClosedLoop:
+        return ClosedLoop(int(clients), serving.think_ms / 1e3, seed, runner.rules.min_requests,
+                          runner.rules.min_duration_s)
 
     queue = serving.queue or None
     for rate in serving.rates:
         runner.measure(arrivals(rate), role="fixed", capacity=queue)
+    for clients in serving.concurrency:
+        runner.measure(loop(clients), role="fixed", capacity=None)
     if trace is not None and not serving.rates and serving.slo_ms is None:
         runner.measure(arrivals(None), role="replay", capacity=queue)
     if serving.slo_ms is None:
+        return
+    if serving.search.over == "concurrency":
+        search_clients(runner, service_s, loop)
         return
     search = serving.search
     p = percentile_fraction(serving)
     high = search.high_rps or (2.0 / service_s if service_s > 0 else search.low_rps * 1e3)
     first = search.first_rps or (md1_max_rate(service_s, serving.slo_ms / 1e3, p) if service_s > 0 else 0.0)
-    plan = SearchPlan(low_rps=search.low_rps, high_rps=max(high, search.low_rps), points=search.points,
+    plan = SearchPlan(low=search.low_rps, high=max(high, search.low_rps), points=search.points,
                       resolution=search.resolution, step=search.step)
     start = time.perf_counter()
 
@@ -115,19 +133,19 @@ def run_server(runner: PointRunner, service_s: float) -> None:
             return False
         return not serving.budget_s or span <= serving.budget_s - (time.perf_counter() - start)
 
-    first = min(plan.high_rps, max(plan.low_rps, first or plan.low_rps))
+    first = min(plan.high, max(plan.low, first or plan.low))
     if not fits(first):  # too slow a first probe for the budget: the lowest rate that fits instead
-        if not fits(plan.high_rps):
+        if not fits(plan.high):
             runner.say(f"no search probe fits budget_s {serving.budget_s:g} s and max_duration_s "
                        f"{serving.max_duration_s:g} s", warning=True)
             return
-        wanted, lo, hi = first, first, plan.high_rps
+        wanted, lo, hi = first, first, plan.high
         for _ in range(30):
             mid = math.sqrt(lo * hi)
             lo, hi = (lo, mid) if fits(mid) else (mid, hi)
         # 2 % above the boundary: at the boundary itself the arrivals fit only at the instant of the
         # bisection, and the search (checking again a moment later) would start nothing
-        first = min(plan.high_rps, hi * 1.02)
+        first = min(plan.high, hi * 1.02)
         runner.say(f"the first probe ({wanted:.3g} req/s) would outlast budget_s {serving.budget_s:g} s or "
                    f"max_duration_s {serving.max_duration_s:g} s: starting at {first:.3g} req/s, near the lowest "
                    "rate whose arrivals fit")
@@ -137,6 +155,40 @@ def run_server(runner: PointRunner, service_s: float) -> None:
                    f"{serving.max_duration_s:g} s", warning=True)
         return
     runner.say(f"max rate at p{serving.percentile:g} ≤ {serving.slo_ms:g} ms: {search_result(tried).words()}")
+
+
+def search_clients(runner: PointRunner, service_s: float, loop) -> None:
+    """The SLO search over closed-loop clients (dohnuts.bench.serving.search). Its first probe: the
+    clients at which one server taking D = the single call's time a request reaches the SLO — N
+    clients wait for each other, so a response takes about N·D − think (the asymptotic bound of a
+    closed queue): N = (SLO + think) / D. A probe is started only when its estimated length (its
+    minimums at that server's throughput, min(N / (D + think), 1 / D)) fits the budget."""
+    serving = runner.ctx.spec.serving
+    search, think = serving.search, serving.think_ms / 1e3
+    slo = serving.slo_ms / 1e3
+    guess = max(1.0, math.floor((slo + think) / service_s)) if service_s > 0 else float(search.low_clients)
+    first = float(search.first_clients or guess)
+    high = search.high_clients or min(MAX_CLIENTS, max(4 * first, search.low_clients))
+    plan = SearchPlan(low=search.low_clients, high=max(high, search.low_clients), points=search.points,
+                      resolution=search.resolution, step=search.step, clients=True)
+    start = time.perf_counter()
+
+    def fits(clients: float) -> bool:
+        if service_s <= 0:
+            return True
+        throughput = min(clients / (service_s + think), 1 / service_s)
+        span = max(runner.rules.min_duration_s, runner.rules.min_requests / throughput)
+        if span > serving.max_duration_s:
+            return False
+        return not serving.budget_s or span <= serving.budget_s - (time.perf_counter() - start)
+
+    tried = slo_search(lambda clients: runner.measure(loop(clients), role="search", capacity=None), first, plan,
+                       fits)
+    if not tried:
+        runner.say(f"no search probe started: none fits budget_s {serving.budget_s:g} s and max_duration_s "
+                   f"{serving.max_duration_s:g} s", warning=True)
+        return
+    runner.say(f"most clients at p{serving.percentile:g} ≤ {serving.slo_ms:g} ms: {search_result(tried).words()}")
 
 
 class PointRunner:
@@ -152,33 +204,44 @@ class PointRunner:
         """A status line on the bench's log (stderr; the report alone goes to stdout)."""
         (log.warning if warning else log.info)("%s · %s: %s", self.ctx.spec.name, self.ctx.target.label, text)
 
-    def measure(self, arrivals: Arrivals, *, role: str, capacity: int | None) -> PointSummary:
-        """One load point: `arrivals` into a queue of `capacity` (None: unbounded) before the target."""
+    def measure(self, arrivals: Arrivals | ClosedLoop, *, role: str, capacity: int | None) -> PointSummary:
+        """One load point: `arrivals` into a queue of `capacity` (None: unbounded) before the target,
+        or a closed loop of clients."""
         ctx, serving = self.ctx, self.ctx.spec.serving
         device = ctx.device
         timers, timer_for = stage_timers(device)
         synchronize(device)
         e0 = ctx.telemetry.energy()
-        order = self.served.issue(len(arrivals))  # request i is calls[order[i]]
+        closed = isinstance(arrivals, ClosedLoop)
+        n_set = len(self.served.calls)
+        # request i is calls[i % len(calls)] = served.calls[order[i % len(order)]]
+        order = self.served.issue(-(-max(CLOSED_LOOP_CALLS, arrivals.min_requests) // n_set) * n_set if closed
+                                  else len(arrivals))
         calls = [self.served.calls[k] for k in order]
+        schedule = arrivals if closed else arrivals.times_s
         graphs_before = self._graph_counts()
         t0 = time.perf_counter()
         served = None
         if self.capabilities.serve is not None:
-            served = self.capabilities.serve(calls, arrivals.times_s, capacity=capacity, timer_for=timer_for,
+            served = self.capabilities.serve(calls, schedule, capacity=capacity, timer_for=timer_for,
                                              deadline=serving.max_duration_s)
         server = "pipelined"
         if served is None:
             server = "serial"
-            served = serve_serial(self._run_one(calls, timer_for), arrivals.times_s, capacity=capacity,
+            served = serve_serial(self._run_one(calls, timer_for), schedule, capacity=capacity,
                                   clock=MonotonicClock(), deadline=serving.max_duration_s)
         t1 = time.perf_counter()
         e1 = ctx.telemetry.energy()
         graphs_after = self._graph_counts()
         window, validity = ctx.telemetry.window_and_validity(t0, t1)
+        if server == "serial":  # its first byte: before its serialize stage
+            for r in served:
+                stages = stages_dict(timers[r.index]) if r.completion is not None and r.index in timers else {}
+                if "serialize" in stages:
+                    r.first_byte = max(r.start, r.completion - stages["serialize"]["host_ms"] / 1e3)
         summary, facts = self._summary(arrivals, served, role, server, capacity)
         done = [r for r in served if r.outcome == "served" and r.completion is not None]
-        facts["served_set"] = ServedFacts.of(self.served, [order[r.index] for r in done],
+        facts["served_set"] = ServedFacts.of(self.served, [order[r.index % len(order)] for r in done],
                                              [_work(r.result) for r in done], graphs_before, graphs_after).to_dict()
         point_energy = call_energy(e0, e1)
         facts["energy_j"] = point_energy["joules"]  # the whole point's, from the device's counter
@@ -190,7 +253,8 @@ class PointRunner:
         lat = "∞" if summary.latency_ms is None else f"{summary.latency_ms:.3g} ms"
         met = facts["served_set"]
         captures = "" if met["graph_captures"] is None else f", {met['graph_captures']} graph captures"
-        self.say(f"{role} {_rate(arrivals.rate_rps)}: {summary.served}/{summary.offered} served, "
+        load = f"{arrivals.clients} clients" if closed else _rate(arrivals.rate_rps)
+        self.say(f"{role} {load}: {summary.served}/{summary.offered} served, "
                  f"{summary.throughput_rps:.3g} req/s, p{serving.percentile:g} {lat}"
                  + (f" ({summary.verdict})" if summary.slo_ms is not None else "")
                  + f"; {met['shapes']} shapes{captures}"
@@ -205,33 +269,46 @@ class PointRunner:
         device, target = self.ctx.device, self.target
 
         def run_one(req: ServedRequest):
-            result = target.run_call(calls[req.index], timer_for(req.index))
+            result = target.run_call(calls[req.index % len(calls)], timer_for(req.index))
             synchronize(device)
             return result, 0.0  # the first byte is placed from the serialize stage's time (_summary)
 
         return run_one
 
-    def _summary(self, arrivals: Arrivals, served: list[ServedRequest], role: str, server: str,
+    def _summary(self, arrivals: Arrivals | ClosedLoop, served: list[ServedRequest], role: str, server: str,
                  capacity) -> tuple[PointSummary, dict]:
         serving = self.ctx.spec.serving
         done = [r for r in served if r.outcome == "served" and r.completion is not None]
         duration = max((r.completion for r in done), default=0.0)
         dropped = sum(r.outcome == "dropped" for r in served)
         abandoned = sum(r.outcome == "abandoned" for r in served)
-        stopped = len(served) < len(arrivals) or abandoned > 0
+        closed = isinstance(arrivals, ClosedLoop)
+        if closed:  # the rate its clients sent at; stopped: its deadline came before its minimums
+            rate = len(served) / duration if duration > 0 else math.inf
+            stopped = abandoned > 0 or len(served) < arrivals.min_requests or \
+                max((r.arrival for r in served), default=0.0) < arrivals.min_duration_s
+        else:
+            rate = arrivals.rate_rps
+            stopped = len(served) < len(arrivals) or abandoned > 0
         slo = serving.slo_ms if role != "offline" else None
         summary = summarize_point(
-            arrivals.rate_rps, [r.completion - r.arrival for r in done], [r.start - r.arrival for r in done],
+            rate, [r.completion - r.arrival for r in done], [r.start - r.arrival for r in done],
             [r.completion - r.start for r in done], offered=len(served), dropped=dropped, abandoned=abandoned,
             duration_s=duration, percentile=percentile_fraction(serving), slo_ms=slo, rules=self.rules,
-            stopped=stopped)
+            stopped=stopped, concurrency=arrivals.clients if closed else None,
+            first_byte_s=[r.first_byte - r.arrival for r in done],
+            metric_percentiles=[p / 100 for p in serving.metric_percentiles])
         facts = {"scenario": self.ctx.spec.scenario, "point": self.points, "role": role, "server": server,
-                 "rate_rps": arrivals.rate_rps if math.isfinite(arrivals.rate_rps) else None,
-                 "arrivals": arrivals.source, "seed": arrivals.seed, "scheduled": len(arrivals),
+                 "rate_rps": rate if math.isfinite(rate) else None,
+                 "arrivals": arrivals.source, "seed": arrivals.seed, "scheduled": len(served) if closed
+                 else len(arrivals),
                  "offered": len(served), "served": len(done), "dropped": dropped, "abandoned": abandoned,
                  "duration_s": duration, "stopped": stopped, "queue": capacity,
                  "max_duration_s": serving.max_duration_s, "rules": vars(self.rules), "slo_ms": slo,
-                 "percentile": serving.percentile, "valid": summary.valid, "reasons": list(summary.reasons)}
+                 "percentile": serving.percentile, "metric_percentiles": list(serving.metric_percentiles),
+                 "valid": summary.valid, "reasons": list(summary.reasons)}
+        if closed:
+            facts |= {"concurrency": arrivals.clients, "think_ms": arrivals.think_s * 1e3}
         return summary, facts
 
     def _write(self, served: list[ServedRequest], order: list[int], timers: dict, facts: dict, window: list,
@@ -249,14 +326,14 @@ class PointRunner:
             decisions = res["decisions"] if isinstance(res, dict) else res.decisions
             work = _work(res)
             stages = stages_dict(timers.get(r.index) or StageTimer(ctx.device))
-            if facts["server"] == "serial" and "serialize" in stages:  # its first byte: before serializing
-                r.first_byte = max(r.start, r.completion - stages["serialize"]["host_ms"] / 1e3)
-            times = {"scenario": facts["scenario"], "request": r.index, "set_index": order[r.index],
+            times = {"scenario": facts["scenario"], "request": r.index, "set_index": order[r.index % len(order)],
                      "arrival_ms": r.arrival * 1e3,
                      "start_ms": r.start * 1e3,
                      "first_byte_ms": r.first_byte * 1e3, "completion_ms": r.completion * 1e3,
                      "latency_ms": (r.completion - r.arrival) * 1e3, "queue_ms": (r.start - r.arrival) * 1e3,
                      "service_ms": (r.completion - r.start) * 1e3}
+            if r.client is not None:
+                times["client"] = r.client
             record = call_record(ctx, CallMeasurement(
                 iteration=r.index, phase=phase, stages=stages,
                 wall_ms=max((r.completion - r.start) * 1e3, 1e-6), decisions=decisions, work=work,

@@ -1,8 +1,18 @@
 """Latency percentiles with their intervals, and what one load point measured.
 
-Percentile: the nearest-rank value x₍⌈p·n⌉₎ of the n offered requests' latencies — a latency that
-was observed, never an interpolation — with a request that was never served (refused by a full
-queue, abandoned at the deadline) counted as an infinite latency: it missed every objective.
+Percentile: the p-quantile of the n offered requests' latencies by the project's one method
+(dohnuts.bench.analysis.quantiles: numpy.quantile, method "linear", as `vllm bench serve` computes
+its percentiles), with a request that was never served (refused by a full queue, abandoned at the
+deadline) counted as an infinite latency: it missed every objective, and a percentile that reaches
+one is unbounded.
+
+The metrics under vLLM's names (`metrics_of`): for the end-to-end latency (`e2el_ms`: arrival →
+response serialized), the time to the first byte (`ttft_ms`: arrival → the scores on the host,
+before serialization: a scoring model's first and only "token") and the wait in the queue
+(`queue_ms`: arrival → service start), each `mean_`, `median_`, `std_` and `pNN_` for the chosen
+percentiles (`serving.metric_percentiles`, default 50, 90, 99) — `mean_e2el_ms`, `p99_ttft_ms`, as
+vLLM prints them. The median and the percentiles count unserved requests as infinite (None in
+JSON: unbounded), as above; the mean and the (sample) standard deviation are over the served ones.
 
 Interval: the distribution-free 95 % interval of a quantile from order statistics: the number of
 samples at or below the true p-quantile is Binomial(n, p), so [x₍l₎, x₍u₎] with l, u from its
@@ -22,15 +32,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from dohnuts.bench.analysis.quantiles import mean_and_std, percentile_name, quantiles
+
 CONFIDENCE = 0.95
-
-
-def nearest_rank(sorted_values: Sequence[float], p: float) -> float:
-    """x₍⌈p·n⌉₎ of ascending values (p in (0, 1))."""
-    if not sorted_values:
-        raise ValueError("no values")
-    k = max(1, math.ceil(p * len(sorted_values) - 1e-12))
-    return sorted_values[k - 1]
+METRIC_PERCENTILES = (0.5, 0.9, 0.99)  # the pNN_* metrics of a point, by default (vLLM prints p99)
 
 
 def quantile_interval(sorted_values: Sequence[float], p: float, confidence: float = CONFIDENCE
@@ -59,16 +64,33 @@ def min_requests_for(p: float, confidence: float = CONFIDENCE) -> int:
 
 
 def wilson_interval(successes: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """The Wilson score interval of a proportion (accuracy, choice agreement)."""
-    from scipy.stats import norm
+    """The Wilson score interval of a proportion (accuracy, choice agreement):
+    `scipy.stats.binomtest(successes, n).proportion_ci(method="wilson")`; (0, 1) for no trial."""
+    from scipy.stats import binomtest
 
     if n == 0:
         return 0.0, 1.0
-    z = float(norm.ppf(1 - (1 - confidence) / 2))
-    phat = successes / n
-    centre = (phat + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(phat * (1 - phat) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    ci = binomtest(successes, n).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+def metrics_of(name: str, served_ms: Sequence[float], unserved: int,
+               percentiles: Sequence[float] = METRIC_PERCENTILES) -> dict[str, float | None]:
+    """vLLM's metrics of one latency (module docstring): `mean_NAME`, `median_NAME`, `std_NAME` and
+    `pNN_NAME` a percentile, from the served requests' values (ms) and the count never served."""
+    if not served_ms and not unserved:
+        return {}
+    values = list(served_ms) + [math.inf] * unserved
+    mean, std = mean_and_std(served_ms)
+    median, *ps = quantiles(values, [0.5, *percentiles])
+    out = {f"mean_{name}": mean, f"median_{name}": _bounded(median), f"std_{name}": std}
+    out |= {f"{percentile_name(p)}_{name}": _bounded(v) for p, v in zip(percentiles, ps)}
+    return out
+
+
+def _bounded(x: float) -> float | None:
+    """A percentile, or None where it is unbounded (it reached an unserved request)."""
+    return None if math.isinf(x) else x
 
 
 @dataclass(frozen=True)
@@ -107,9 +129,21 @@ class PointSummary:
     reasons: tuple[str, ...] = ()
     stopped: bool = False  # cut at the deadline (max_duration_s)
     extra: dict = field(default_factory=dict)
+    # a closed loop's clients (None: an open schedule); its `rate_rps` is then the rate its clients
+    # sent at (offered / duration), a result rather than a setting
+    concurrency: int | None = None
+    # vLLM's names (`metrics_of`): mean_/median_/std_/pNN_ of e2el_ms, ttft_ms (where first bytes were
+    # timed) and queue_ms; written into the point's dict beside the fields above
+    metrics: dict = field(default_factory=dict)
+
+    @property
+    def load(self) -> float:
+        """What the point set: its clients (a closed loop), else its offered rate."""
+        return float(self.concurrency) if self.concurrency is not None else self.rate_rps
 
     def to_dict(self) -> dict:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+        out = {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items() if k != "metrics"}
+        return out | self.metrics
 
 
 def _ms(x: float) -> float | None:
@@ -118,15 +152,18 @@ def _ms(x: float) -> float | None:
 
 def summarize_point(rate_rps: float, latencies_s: Sequence[float], queue_s: Sequence[float],
                     service_s: Sequence[float], *, offered: int, dropped: int, abandoned: int, duration_s: float,
-                    percentile: float, slo_ms: float | None, rules: Rules, stopped: bool = False) -> PointSummary:
+                    percentile: float, slo_ms: float | None, rules: Rules, stopped: bool = False,
+                    concurrency: int | None = None, first_byte_s: Sequence[float] | None = None,
+                    metric_percentiles: Sequence[float] = METRIC_PERCENTILES) -> PointSummary:
     """A load point from its served requests' latencies (arrival → completion), queueing
-    (arrival → start) and service (start → completion) times, in seconds, and its counts.
-    Unserved requests (dropped, abandoned) enter the percentiles as infinite latencies."""
+    (arrival → start) and service (start → completion) times, in seconds, its counts, and where
+    they were timed its first bytes (arrival → scores on the host). Unserved requests (dropped,
+    abandoned) enter the percentiles as infinite latencies."""
     served = len(latencies_s)
     missing = offered - served
     lat = sorted(list(latencies_s) + [math.inf] * missing)
     p = percentile
-    value = nearest_rank(lat, p) if lat else math.inf
+    value, p50, p90, p99 = quantiles(lat, [p, 0.5, 0.9, 0.99]) if lat else (math.inf,) * 4
     low, high = quantile_interval(lat, p) if lat else (None, None)
     meets = verdict = None
     good = None
@@ -148,15 +185,17 @@ def summarize_point(rate_rps: float, latencies_s: Sequence[float], queue_s: Sequ
     if stopped:
         reasons.append("stopped at its deadline (max_duration_s): waiting requests abandoned, later arrivals "
                        "never issued")
-    q = sorted(queue_s)
-    s = sorted(service_s)
+    metrics = metrics_of("e2el_ms", [x * 1e3 for x in latencies_s], missing, metric_percentiles)
+    if first_byte_s is not None:
+        metrics |= metrics_of("ttft_ms", [x * 1e3 for x in first_byte_s], missing, metric_percentiles)
+    metrics |= metrics_of("queue_ms", [x * 1e3 for x in queue_s], missing, metric_percentiles)
     return PointSummary(
         rate_rps=rate_rps, offered=offered, served=served, dropped=dropped, abandoned=abandoned,
         duration_s=duration_s, throughput_rps=served / duration_s if duration_s > 0 else 0.0, goodput_rps=good,
         percentile=p, latency_ms=_ms(value), latency_low_ms=None if low is None else _ms(low),
         latency_high_ms=None if high is None else _ms(high),
-        p50_ms=_ms(nearest_rank(lat, 0.5)) if lat else None, p90_ms=_ms(nearest_rank(lat, 0.9)) if lat else None,
-        p99_ms=_ms(nearest_rank(lat, 0.99)) if lat else None,
-        queue_p50_ms=_ms(nearest_rank(q, 0.5)) if q else None, service_p50_ms=_ms(nearest_rank(s, 0.5)) if s else None,
+        p50_ms=_ms(p50), p90_ms=_ms(p90), p99_ms=_ms(p99),
+        queue_p50_ms=_ms(quantiles(queue_s, [0.5])[0]) if queue_s else None,
+        service_p50_ms=_ms(quantiles(service_s, [0.5])[0]) if service_s else None,
         slo_ms=slo_ms, meets_slo=meets, verdict=verdict or "—", valid=not reasons, reasons=tuple(reasons),
-        stopped=stopped)
+        stopped=stopped, concurrency=concurrency, metrics=metrics)

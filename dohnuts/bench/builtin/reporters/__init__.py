@@ -1,6 +1,8 @@
 """Built-in reporters: the headline first (a section that `leads`: dohnuts against its peer and
-the bound), the per-stage timing summary (median, p10/p90, spread, throughput, memory), the
-analyzers' other sections, and `report.txt` / `summary.json` in the run directory.
+the bound), the per-stage timing summary (median, p10/p90, spread, mean and standard deviation,
+throughput, memory), the analyzers' other sections, and `report.txt` / `summary.json` in the run
+directory. Quantiles, means and deviations are dohnuts.bench.analysis.quantiles' (one method,
+named there).
 
 Width: the tables are `dohnuts.bench.analysis.render.FitTable`s, which pick their layout from the
 width they are printed at (its module docstring has the rule). On the console that is the
@@ -26,16 +28,6 @@ from dohnuts.bench.status import log
 from dohnuts.schema import write_json
 
 
-def _quantile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    if len(xs) == 1:
-        return xs[0]
-    pos = q * (len(xs) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 def stage_ms(entry: dict) -> float:
     return entry["device_ms"] if entry.get("device_ms") is not None else entry["host_ms"]
 
@@ -52,6 +44,7 @@ def summarize(records: list[dict]) -> list[dict]:
     queueing and throughput."""
     from dohnuts.bench.analysis.compare import aa_noise, spread_warning
     from dohnuts.bench.analysis.headline import peer_dict
+    from dohnuts.bench.analysis.quantiles import mean_and_std, quantiles
     from dohnuts.bench.analysis.records import (
         overhead_summary, peer_paths, per_call_records, valid_records, validity_summary,
     )
@@ -73,13 +66,17 @@ def summarize(records: list[dict]) -> list[dict]:
         stages = {}
         for name in dict.fromkeys(n for r in recs for n in r["stages"]):
             xs = [stage_ms(r["stages"][name]) for r in recs if name in r["stages"]]
-            stages[name] = {"median_ms": statistics.median(xs), "p10_ms": _quantile(xs, 0.1),
-                            "p90_ms": _quantile(xs, 0.9)}
+            p10, p90 = quantiles(xs, [0.1, 0.9])
+            mean, std = mean_and_std(xs)
+            stages[name] = {"median_ms": statistics.median(xs), "p10_ms": p10, "p90_ms": p90, "mean_ms": mean,
+                            "std_ms": std}
         peak = [r["peak_mem_bytes"] for r in recs if r.get("peak_mem_bytes")]
+        p10, p90 = quantiles(walls, [0.1, 0.9])
+        mean, std = mean_and_std(walls)
         row = {
             "workload": workload, "target": target, "calls": len(recs), "wall_median_ms": med,
-            "wall_p10_ms": _quantile(walls, 0.1), "wall_p90_ms": _quantile(walls, 0.9),
-            "spread": (_quantile(walls, 0.9) - _quantile(walls, 0.1)) / med if med else 0.0,
+            "wall_p10_ms": p10, "wall_p90_ms": p90, "wall_mean_ms": mean, "wall_std_ms": std,
+            "spread": (p90 - p10) / med if med else 0.0,
             "decisions_per_s": decisions / (med / 1e3), "useful_tokens_per_s": useful / (med / 1e3),
             "padded_tokens": statistics.median(r["tokens"]["padded"] for r in recs),
             "peak_mem_bytes": max(peak) if peak else None, "stages": stages,
@@ -103,11 +100,13 @@ def summarize(records: list[dict]) -> list[dict]:
         streams = [r["extra"]["stream"] for r in recs if "stream" in (r.get("extra") or {})]
         if streams:
             lat = [x["latency_ms"] for x in streams]
+            p50, p90, p99 = quantiles(lat, [0.5, 0.9, 0.99])
+            mean, std = mean_and_std(lat)
             row["stream"] = {"requests": len(streams), "total_ms": streams[0]["total_ms"],
                              "throughput_rps": len(streams) / (streams[0]["total_ms"] / 1e3),
-                             "latency_p50_ms": _quantile(lat, 0.5), "latency_p90_ms": _quantile(lat, 0.9),
-                             "latency_p99_ms": _quantile(lat, 0.99),
-                             "queue_p50_ms": _quantile([x["queue_ms"] for x in streams], 0.5),
+                             "latency_p50_ms": p50, "latency_p90_ms": p90, "latency_p99_ms": p99,
+                             "latency_mean_ms": mean, "latency_std_ms": std,
+                             "queue_p50_ms": quantiles([x["queue_ms"] for x in streams], [0.5])[0],
                              # what it served of its set (dohnuts.bench.serving.variety; None: older records)
                              "served_set": streams[0].get("served_set")}
         out.append(row)
@@ -173,8 +172,9 @@ def stream_table(rows: list[dict]) -> FitTable | None:
                  "against the single calls (none for a varied served set: other requests)",
                  [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("requests"),
                   Col("ms / request"), Col("requests/s"), Col("latency p50/p90/p99 ms"), Col("queue p50 ms"),
-                  Col("single call ms"), Col("overlap"), Col("shapes"), Col("graph\ncaptures")],
-                 sections=1, groups=[(2,), (3, 4), (5,), (6,), (7, 8), (9, 10)], title_justify="center")
+                  Col("single call ms"), Col("overlap"), Col("shapes"), Col("graph\ncaptures"),
+                  Col("latency mean/std ms")],
+                 sections=1, groups=[(2,), (3, 4), (5,), (6,), (7, 8), (9, 10), (11,)], title_justify="center")
     for r in rows:
         s = r["stream"]
         varied = (s.get("served_set") or {}).get("varied")
@@ -183,27 +183,35 @@ def stream_table(rows: list[dict]) -> FitTable | None:
                   f"{s['latency_p50_ms']:.1f}/{s['latency_p90_ms']:.1f}/{s['latency_p99_ms']:.1f}",
                   f"{s['queue_p50_ms']:.2f}", f"{s['single_call_ms']:.2f}" if "single_call_ms" in s else "—",
                   f"{100 * s['overlap']:.0f}%" if "overlap" in s else ("varied set" if varied else "—"),
-                  *served_cells(s.get("served_set")))
+                  *served_cells(s.get("served_set")), _mean_std(s.get("latency_mean_ms"), s.get("latency_std_ms")))
     return t
+
+
+def _mean_std(mean: float | None, std: float | None) -> str:
+    """`mean/std` (one decimal), "—" for what is not there (no value; one value has no deviation)."""
+    return "—" if mean is None else f"{mean:.1f}/" + ("—" if std is None else f"{std:.1f}")
 
 
 def summary_table(rows: list[dict]) -> FitTable:
     """One row per (workload, target); narrow: a table per workload, split in two if need be.
     Energy: the device's joules per call and per decision (`energy_summary`), or "no energy
     counter" where no call read one."""
-    t = FitTable("Measured calls (median over calls; p10–p90; spread = (p90 − p10) / median)",
+    t = FitTable("Measured calls (median over calls; p10–p90; spread = (p90 − p10) / median; mean and sample "
+                 "standard deviation)",
                  [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("calls"), Col("wall ms"),
                   Col("p10–p90"), Col("spread"), Col("decisions/s"), Col("tokens/s"), Col("peak mem"),
-                  Col("energy / call"), Col("J/decision")],
-                 sections=1, groups=[(2,), (3, 4), (5,), (6,), (7,), (8,), (9, 10)], title_justify="center")
+                  Col("energy / call"), Col("J/decision"), Col("mean ms"), Col("std ms")],
+                 sections=1, groups=[(2,), (3, 4), (5,), (6,), (7,), (8,), (9, 10), (11, 12)], title_justify="center")
     for r in rows:
         mem = f"{r['peak_mem_bytes'] / 2**30:.2f} GiB" if r["peak_mem_bytes"] else "—"
         per_call, per_decision = r.get("energy_j_per_call"), r.get("energy_j_per_decision")
+        mean, std = r.get("wall_mean_ms"), r.get("wall_std_ms")
         t.add_row(r["workload"], flagged_target(r), str(r["calls"]), f"{r['wall_median_ms']:.2f}",
                   f"{r['wall_p10_ms']:.2f}–{r['wall_p90_ms']:.2f}", f"{100 * r['spread']:.1f}%",
                   f"{r['decisions_per_s']:.1f}", f"{r['useful_tokens_per_s']:.0f}", mem,
                   NO_ENERGY if per_call is None else f"{per_call:.3g} J",
-                  "—" if per_decision is None else f"{per_decision:.3g}")
+                  "—" if per_decision is None else f"{per_decision:.3g}",
+                  "—" if mean is None else f"{mean:.2f}", "—" if std is None else f"{std:.2f}")
     return t
 
 
@@ -225,14 +233,16 @@ def flagged_target(row: dict) -> str | Text:
 
 def stage_table(rows: list[dict]) -> FitTable:
     """One row per (workload, target, stage); narrow: a table per workload · target."""
-    t = FitTable("Stages (median ms, device time where measured; p10–p90)",
+    t = FitTable("Stages (median ms, device time where measured; p10–p90; mean and sample standard deviation)",
                  [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("stage", "left", wrap=True),
-                  Col("median ms"), Col("p10–p90"), Col("share of wall")],
-                 sections=2, groups=[(3, 4), (5,)], title_justify="center")
+                  Col("median ms"), Col("p10–p90"), Col("share of wall"), Col("mean ms"), Col("std ms")],
+                 sections=2, groups=[(3, 4), (5,), (6, 7)], title_justify="center")
     for r in rows:
         for name, s in r["stages"].items():
+            mean, std = s.get("mean_ms"), s.get("std_ms")
             t.add_row(r["workload"], r["target"], name, f"{s['median_ms']:.3f}", f"{s['p10_ms']:.3f}–{s['p90_ms']:.3f}",
-                      f"{100 * s['median_ms'] / r['wall_median_ms']:.1f}%")
+                      f"{100 * s['median_ms'] / r['wall_median_ms']:.1f}%", "—" if mean is None else f"{mean:.3f}",
+                      "—" if std is None else f"{std:.3f}")
     return t
 
 

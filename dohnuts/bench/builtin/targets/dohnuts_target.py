@@ -147,9 +147,10 @@ class DohnutsTarget:
                 for i, r in enumerate(results)]
 
     def serve(self, calls, arrivals, *, capacity, timer_for, deadline=None) -> list | None:
-        """Requests arriving at `arrivals` (request i is `calls[i % len(calls)]`) served by the
-        pipelined predictor from a bounded queue (dohnuts.bench.serving.pipelined). None where the
-        workload cannot be served so (training; a cache cleared per call)."""
+        """Requests arriving at `arrivals` (times, or a closed loop of clients; request i is
+        `calls[i % len(calls)]`) served by the pipelined predictor from a bounded queue
+        (dohnuts.bench.serving.pipelined). None where the workload cannot be served so (training; a
+        cache cleared per call)."""
         if self.train or any(not isinstance(c, PredictCall) or c.cold_cache for c in calls):
             return None
         from dohnuts.bench.serving.pipelined import serve_pipelined
