@@ -140,12 +140,14 @@ def _quiet_stdout() -> None:
 
 
 def cmd_predict(args) -> int:
-    from dohnuts.runtime.process_group import launched
-
     if args.nproc_per_node < 1:
         raise DohnutsError(f"must be ≥ 1, got {args.nproc_per_node}", source="--nproc-per-node")
+    # The paths before torch's import (seconds on a busy machine): a typo is one line at once; with
+    # --nproc-per-node, once, before N processes start.
+    src, out_path = _predict_paths(args)
+    from dohnuts.runtime.process_group import launched
+
     if args.nproc_per_node > 1 and not launched():
-        _predict_paths(args)  # bad paths are refused here, once, before N processes start
         _predict_device(args.device)
         return _launch(args, "predict")
     if launched():
@@ -154,7 +156,6 @@ def cmd_predict(args) -> int:
     from dohnuts.runtime.predict import Predictor, RequestFailure
     from dohnuts.runtime.requests import count_requests, read_requests
 
-    src, out_path = _predict_paths(args)
     device = _predict_device(args.device)
     total = count_requests(src) if src.is_file() else None  # a pipe (/dev/stdin) can be read once only
     model = api.load(args.model, adapter=args.adapter, device=device)

@@ -77,11 +77,13 @@ def _resume_defaults(args) -> None:
 def train_command(args, *, launch, progress) -> int:
     """`dohnuts train`: `launch(args, "train", out=...)` starts `--nproc-per-node` processes,
     `progress(enabled=...)` makes the progress bar (dohnuts.cli)."""
+    if args.data:
+        _check_data(Path(args.data))  # before torch's import (seconds): a typo is one line at once
     from dohnuts.adapters import read_adapter_meta
     from dohnuts.api import check_device
     from dohnuts.runtime.process_group import launch_world, launched
     from dohnuts.runtime.requests import read_requests, require_rewards
-    from dohnuts.schema import check_dir, check_file
+    from dohnuts.schema import check_dir
     from dohnuts.train.checkpoints import check_resumable, check_run_dir, data_fingerprint, read_checkpoint
     from dohnuts.train.config import SPLITS, Partitions, train_config
     from dohnuts.train.task import synthetic_requests
@@ -115,12 +117,7 @@ def train_command(args, *, launch, progress) -> int:
     splits = SPLITS
     if args.data:
         root = Path(args.data)
-        check_dir(root, field="--data", what="a directory of train/dev/calib/test.jsonl")
-        for split in splits:
-            if not os.path.lexists(root / f"{split}.jsonl"):
-                raise DohnutsError(f"does not exist (--data needs {', '.join(x + '.jsonl' for x in splits)})",
-                                   source=str(root / f"{split}.jsonl"))
-            check_file(root / f"{split}.jsonl", what="a JSONL file")  # a FIFO would block, a device never end
+        _check_data(root)  # again: --resume may have named the run's own
 
     def load_split(path):
         reqs = []
@@ -155,6 +152,21 @@ def train_command(args, *, launch, progress) -> int:
                       f"in its summary.json): nothing to resume; a larger --updates trains it further", file=sys.stderr)
                 return 0
         return _train(args, cfg, data, progress)
+
+
+SPLIT_FILES = ("train.jsonl", "dev.jsonl", "calib.jsonl", "test.jsonl")  # dohnuts.train.config.SPLITS' files
+
+
+def _check_data(root: Path) -> None:
+    """`--data`: a directory holding the four split files, each a regular file (a FIFO would block,
+    a device never end). Imports no torch, so `train_command` checks it before anything heavy."""
+    from dohnuts.schema import check_dir, check_file
+
+    check_dir(root, field="--data", what="a directory of train/dev/calib/test.jsonl")
+    for name in SPLIT_FILES:
+        if not os.path.lexists(root / name):
+            raise DohnutsError(f"does not exist (--data needs {', '.join(SPLIT_FILES)})", source=str(root / name))
+        check_file(root / name, what="a JSONL file")
 
 
 @contextmanager
