@@ -65,9 +65,9 @@ EXAMPLES = {
     ("docs/plugins.md", "class Haystack"): "test_plugins_example",
     ("docs/plugins.md", "kind: haystack"): "test_plugins_example",
     ("docs/plugins.md", "dohnuts-bench: error: w.yaml"): "test_plugins_error_line",
-    ("README.md", "pip install -e '.[peer,nvidia]'"): "test_examples_checked_not_run",
-    ("README.md", "download.pytorch.org/whl/rocm"): "test_examples_checked_not_run",
-    ("README.md", "dohnuts-bench calibrate --hwspec rx7900xtx --write"): "test_examples_checked_not_run",
+    ("docs/gpu.md", "pip install -e '.[peer,nvidia]'"): "test_examples_checked_not_run",
+    ("docs/gpu.md", "download.pytorch.org/whl/rocm"): "test_examples_checked_not_run",
+    ("docs/gpu.md", "dohnuts-bench calibrate --hwspec rx7900xtx --write"): "test_examples_checked_not_run",
     ("docs/measurement.md", '"energy": {"joules": 1.234'): "test_examples_checked_not_run",
     ("docs/measurement.md", "scenario: server"): "test_examples_checked_not_run",
     ("docs/measurement.md", "distinct: 64"): "test_examples_checked_not_run",
@@ -400,9 +400,9 @@ def test_examples_checked_not_run():
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert {"peer", "nvidia", "amd"} <= set(extras)
-    rocm = example("README.md", "download.pytorch.org/whl/rocm")
+    rocm = example("docs/gpu.md", "download.pytorch.org/whl/rocm")
     assert "bash benchmarks/card_kit.sh" in rocm and (ROOT / "benchmarks" / "card_kit.sh").is_file()
-    kit = example("README.md", "dohnuts-bench calibrate --hwspec rx7900xtx --write")
+    kit = example("docs/gpu.md", "dohnuts-bench calibrate --hwspec rx7900xtx --write")
     assert "dohnuts-bench run --hwspec" in kit and (ROOT / "hwspecs" / "rx7900xtx.yaml").is_file()
     from dohnuts.bench.analysis.records import Energy
     from dohnuts.schema import convert

@@ -7,11 +7,9 @@ kinds and targets, each target's options against its `Options`, the launchers, t
 dohnuts.bench.cli (0; 1: a target failed, out of memory; 2: refused; 130: interrupted).
 
 Status, progress and warnings go to stderr through `logging` (dohnuts.bench.status); the report
-alone goes to stdout. A CPU run measures with `--threads` torch threads (default 1): on a shared
-machine an operator split over more threads than there are free cores waits at every one of its
-barriers for a thread the scheduler has parked — a tiny-preset training update took 0.2–0.4 s
-on one thread and 1.5–18 s on two while other processes kept the 2-core machine busy, and the
-ceilings scattered the same way (docs/measurement.md, "A CPU run").
+alone goes to stdout. A CPU run measures with `--threads` torch threads (default 1, as every
+command's: dohnuts.threads says why; the ceilings scatter on more threads the way the calls do,
+docs/measurement.md, "A CPU run").
 """
 
 from __future__ import annotations
@@ -25,9 +23,9 @@ from pathlib import Path
 
 from dohnuts.bench.status import log
 from dohnuts.errors import ConfigError, DohnutsError
+from dohnuts.threads import check_threads  # shared with `dohnuts train` and `dohnuts predict`
 
 TELEMETRY_INTERVAL_S = (0.001, 60.0)  # bounds of --telemetry-interval
-DEFAULT_CPU_THREADS = 1  # --threads: torch's threads in a CPU run (module docstring)
 
 
 def hwspec_for(name: str | None, device_name: str):
@@ -158,6 +156,7 @@ def check_before_torch(args) -> tuple[Registries, list[Path]]:
     from dohnuts.bench.workload import check_workload_file
 
     check_telemetry_interval(args.telemetry_interval)
+    check_threads(args.threads)
     pm = plugin_manager()
     registries = Registries(pm, collect(pm, "dohnuts_bench_register_workload_kinds"),
                             collect(pm, "dohnuts_bench_register_targets"),
@@ -196,9 +195,6 @@ def _run(args, registries: Registries, files: list[Path], console=None) -> int:
     from dohnuts.bench.telemetry import TelemetryThread
     from dohnuts.bench.workload import load_workload
 
-    from dohnuts.api import check_threads  # shared with `dohnuts train` and `dohnuts predict`
-
-    check_threads(args.threads)
     from dohnuts.bench.telemetry import default_min_clock_fraction
 
     default_min_clock_fraction()  # a garbled DOHNUTS_BENCH_MIN_CLOCK_FRACTION is refused before anything runs
