@@ -20,10 +20,13 @@ from dohnuts.errors import DohnutsError
 
 
 def _progress(enabled: bool = True):
+    """`predict`'s bar in a terminal: the time left labelled, estimated from the mean pace over the
+    last hour rather than rich's last 30 s, so that it does not jump with each request."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                    transient=False, disable=not (enabled and sys.stderr.isatty()))
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("left"),
+                    TimeRemainingColumn(), transient=False, speed_estimate_period=3600.0,
+                    disable=not (enabled and sys.stderr.isatty()))
 
 
 def _launch(args, command: str, out: str | None = None) -> int:

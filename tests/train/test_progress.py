@@ -119,3 +119,15 @@ def test_ctrl_c_before_any_checkpoint_says_there_is_nothing_to_resume(tmp_path, 
     assert main(["train", "--model", "tiny", "--device", "cpu", "--out", str(tmp_path / "run")]) == 130
     assert capsys.readouterr().err.strip() == ("dohnuts: interrupted; no checkpoint was committed: nothing to resume, "
                                                "run the command again")
+
+
+def test_predict_s_bar_labels_its_time_left_and_smooths_it():
+    from rich.progress import TextColumn, TimeRemainingColumn
+
+    from dohnuts.cli import _progress
+
+    bar = _progress()
+    kinds = [type(c) for c in bar.columns]
+    at = kinds.index(TimeRemainingColumn)
+    assert isinstance(bar.columns[at - 1], TextColumn) and bar.columns[at - 1].text_format == "left"
+    assert bar.speed_estimate_period >= 3600  # rich's default, 30 s, follows each request's own time
