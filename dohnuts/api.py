@@ -29,18 +29,6 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-MAX_THREADS = 4096  # far above any CPU's cores: bounds what an argument can ask torch for
-
-
-def check_threads(value: int) -> None:
-    """A `--threads` argument: torch's CPU threads, a number in [1, MAX_THREADS] (one line otherwise)."""
-    from dohnuts.errors import ConfigError
-
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_THREADS:
-        raise ConfigError(f"must be a number of threads in [1, {MAX_THREADS}], got {value!r}", source="command line",
-                          field="--threads")
-
-
 def check_device(spec: str | None) -> str | None:
     """A `--device` argument checked before anything is built: cpu, cuda or cuda:N of a visible GPU;
     anything else (tpu, foo:bar, cuda on a torch without CUDA) is one DohnutsError line."""

@@ -20,10 +20,13 @@ from dohnuts.errors import DohnutsError
 
 
 def _progress(enabled: bool = True):
+    """`predict`'s bar in a terminal: the time left labelled, estimated from the mean pace over the
+    last hour rather than rich's last 30 s, so that it does not jump with each request."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                    transient=False, disable=not (enabled and sys.stderr.isatty()))
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("left"),
+                    TimeRemainingColumn(), transient=False, speed_estimate_period=3600.0,
+                    disable=not (enabled and sys.stderr.isatty()))
 
 
 def _launch(args, command: str, out: str | None = None) -> int:
@@ -140,12 +143,15 @@ def _quiet_stdout() -> None:
 
 
 def cmd_predict(args) -> int:
-    from dohnuts.runtime.process_group import launched
-
     if args.nproc_per_node < 1:
         raise DohnutsError(f"must be ≥ 1, got {args.nproc_per_node}", source="--nproc-per-node")
+    # The paths before torch's import (seconds on a busy machine): a typo is one line at once; with
+    # --nproc-per-node, once, before N processes start.
+    src, out_path = _predict_paths(args)
+    from dohnuts.runtime.process_group import launched
+    from dohnuts.threads import apply_threads
+
     if args.nproc_per_node > 1 and not launched():
-        _predict_paths(args)  # bad paths are refused here, once, before N processes start
         _predict_device(args.device)
         return _launch(args, "predict")
     if launched():
@@ -154,8 +160,8 @@ def cmd_predict(args) -> int:
     from dohnuts.runtime.predict import Predictor, RequestFailure
     from dohnuts.runtime.requests import count_requests, read_requests
 
-    src, out_path = _predict_paths(args)
     device = _predict_device(args.device)
+    apply_threads(args.threads, device)
     total = count_requests(src) if src.is_file() else None  # a pipe (/dev/stdin) can be read once only
     model = api.load(args.model, adapter=args.adapter, device=device)
     if args.adapter:
@@ -207,8 +213,11 @@ def _predict_sharded(args) -> int:
     from dohnuts.runtime.predict import Predictor, RequestFailure
     from dohnuts.runtime.requests import read_requests
 
+    from dohnuts.threads import apply_threads
+
     src, out_path = _predict_paths(args)
     world, device = join(_predict_device(args.device))
+    apply_threads(args.threads, device)
     try:
         model = api.load(args.model, adapter=args.adapter, device=device)
         if args.adapter:
@@ -254,14 +263,43 @@ def _predict_sharded(args) -> int:
 
 
 def cmd_train(args) -> int:
-    """`dohnuts train` (dohnuts/train/command.py), with this module's launcher and progress bar."""
+    """`dohnuts train` (dohnuts/train/command.py), with this module's launcher."""
     from dohnuts.train.command import train_command
 
-    return train_command(args, launch=_launch, progress=_progress)
+    return train_command(args, launch=_launch)
 
 
-THREADS_HELP = ("torch's CPU threads for this process (default: torch's, one per core); 1 keeps a run steady on a "
-                "CPU that other processes share")
+def _how_to_resume(args) -> str:
+    """After Ctrl-C in `dohnuts train`: where the run stands and the exact command that continues
+    it (its other arguments come from the checkpoint; the machine settings given are repeated).
+    "" for another command, or in a rank under torchrun (the command that started it says it)."""
+    import shlex
+
+    from dohnuts.runtime.process_group import launched
+    from dohnuts.schema import printable
+
+    if args.command != "train" or launched():
+        return ""
+    from dohnuts.train.checkpoints import latest_checkpoint
+
+    try:
+        ckpt = latest_checkpoint(args.out)
+    except DohnutsError as exc:
+        return f"; the run's checkpoint cannot be read ({exc})"
+    if ckpt is None:
+        return "; no checkpoint was committed: nothing to resume, run the command again"
+    command = ["dohnuts", "train", "--out", args.out, "--resume"]
+    for flag, value in (("--device", args.device), ("--threads", args.threads),
+                        ("--nproc-per-node", args.nproc_per_node if args.nproc_per_node != 1 else None)):
+        if value is not None:
+            command += [flag, str(value)]
+    return (f"; the checkpoint of update {int(ckpt.name[7:])} is intact — continue with: "
+            f"{printable(shlex.join(command))}")
+
+
+THREADS_HELP = ("torch's CPU threads for this process (default: 1 on a CPU, which keeps a run steady on a machine "
+                "that other processes share — torch's own default, one a core, stalled updates for seconds there: "
+                "docs/measurement.md, 'A CPU run'; a GPU run keeps torch's default)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -334,18 +372,15 @@ def main(argv: list[str] | None = None, *, after_update=None, entry: tuple[str, 
     args.argv, args.after_update, args.entry = argv, after_update, entry
     try:
         if args.threads is not None:  # a machine setting, never stored with a run (--resume may change it)
-            import torch
+            from dohnuts.threads import check_threads
 
-            from dohnuts.api import check_threads
-
-            check_threads(args.threads)
-            torch.set_num_threads(args.threads)
+            check_threads(args.threads)  # applied where the device is known (dohnuts.threads.apply_threads)
         return args.func(args)
     except DohnutsError as exc:
         print(f"dohnuts: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("dohnuts: interrupted", file=sys.stderr)
+        print(f"dohnuts: interrupted{_how_to_resume(args)}", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # The reader of stdout closed it (`dohnuts predict r.jsonl | head -1`): stop without a

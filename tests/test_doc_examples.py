@@ -3,10 +3,10 @@
 Each fenced block of the documents below is claimed by one test (`EXAMPLES`: a text that occurs in
 that block alone → the test); `test_every_example_is_claimed_by_a_test` fails when a block is added
 or edited without its test. A command block runs line by line through `bash -c`, verbatim, in a
-sandbox folder (`workloads/` linked in; the files a line names that a user would have — my.yaml,
-hwspecs/my.yaml, requests.jsonl with photo.png — written by the test, requests.jsonl from the
-README's own request line), with this venv's scripts first on PATH and this checkout first on
-PYTHONPATH. Python blocks run as scripts; the plugin guide's package is installed (a folder on
+sandbox folder (`workloads/`, `hwspecs/` and `scripts/` linked in, as a clone holds them; every
+other file a line names is made by the examples themselves — the README's request block writes its
+image and request file, its workload line copies a workload and a spec), with this venv's scripts
+first on PATH and this checkout first on PYTHONPATH. Python blocks run as scripts; the plugin guide's package is installed (a folder on
 sys.path with its entry point, from the guide's TOML) and its workload run. Only the waiting of
 `dohnuts-bench baseline` (10 minutes between runs) is compressed, by a fake clock: that line runs
 in this process.
@@ -66,9 +66,9 @@ EXAMPLES = {
     ("docs/plugins.md", "class Haystack"): "test_plugins_example",
     ("docs/plugins.md", "kind: haystack"): "test_plugins_example",
     ("docs/plugins.md", "dohnuts-bench: error: w.yaml"): "test_plugins_error_line",
-    ("README.md", "pip install -e '.[peer,nvidia]'"): "test_examples_checked_not_run",
-    ("README.md", "download.pytorch.org/whl/rocm"): "test_examples_checked_not_run",
-    ("README.md", "dohnuts-bench calibrate --hwspec rx7900xtx --write"): "test_examples_checked_not_run",
+    ("docs/gpu.md", "pip install -e '.[peer,nvidia]'"): "test_examples_checked_not_run",
+    ("docs/gpu.md", "download.pytorch.org/whl/rocm"): "test_examples_checked_not_run",
+    ("docs/gpu.md", "dohnuts-bench calibrate --hwspec rx7900xtx --write"): "test_examples_checked_not_run",
     ("docs/measurement.md", '"energy": {"joules": 1.234'): "test_examples_checked_not_run",
     ("docs/measurement.md", "fixed load points"): "test_examples_checked_not_run",
     ("docs/measurement.md", "burstiness: 0.5"): "test_examples_checked_not_run",
@@ -134,34 +134,34 @@ def run(line: str, cwd: Path, *, ok=(0,), extra_path: str | None = None, timeout
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory) -> Path:
-    """A user's folder: the workloads, and the files the examples name that a user brings."""
-    import numpy as np
-    from PIL import Image
-
+    """A user's folder: a clone's workloads, hardware specs and scripts, nothing else — every file
+    an example reads beyond them, an example makes."""
     root = tmp_path_factory.mktemp("docs")
-    (root / "workloads").symlink_to(ROOT / "workloads")
-    (root / "scripts").symlink_to(ROOT / "scripts")
+    for folder in ("workloads", "hwspecs", "scripts"):
+        (root / folder).symlink_to(ROOT / folder)
     (root / ".venv").symlink_to(Path(sys.prefix))  # the README's `.venv/bin/...`: this test's venv
-    (root / "requests.jsonl").write_text(example("README.md", '{"id": "r1"'), encoding="utf-8")
-    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(root / "photo.png")
-    (root / "my.yaml").write_text("kind: text\nmodel: tiny\nrepeat: 4\nshape: {requests: 1, questions: 2, "
-                                  "seq_tokens: 64, candidates: 2, candidate_tokens: 2}\n")
-    (root / "hwspecs").mkdir()
-    (root / "hwspecs" / "my.yaml").write_text((ROOT / "hwspecs" / "h200.yaml").read_text())
     return root
 
 
 # -- README ----------------------------------------------------------------------------------------
 
 
-def test_readme_request_line():
-    """The request example is one line of valid JSONL, a request the reader accepts."""
+def test_readme_request_line(tmp_path):
+    """The request block makes its image and writes one line of valid JSONL, a request the reader
+    accepts with that image (run as printed; the commands after it read the same files)."""
     from dohnuts.runtime.requests import parse_line
 
-    text = example("README.md", '{"id": "r1"')
-    assert text.count("\n") == 1 and text.endswith("}\n")
-    request = parse_line(text.strip(), source="README.md", base_dir=ROOT)
+    lines = command_lines(example("README.md", '{"id": "r1"'))
+    assert len(lines) == 2 and lines[1].startswith("echo '{") and lines[1].endswith("}' > requests.jsonl")
+    for line in lines:
+        run(line, tmp_path)
+    (text,) = (tmp_path / "requests.jsonl").read_text().splitlines()
+    request = parse_line(text, source="requests.jsonl", base_dir=tmp_path)
     assert request.id == "r1" and request.questions[0].candidates == ("red", "green", "blue")
+    from PIL import Image
+
+    with Image.open(tmp_path / "photo.png") as image:
+        assert image.size == (64, 64) and image.getpixel((0, 0)) == (255, 0, 0)
 
 
 def test_the_maps_name_what_exists():
@@ -202,6 +202,9 @@ def test_readme_bench_commands(sandbox):
             assert (sandbox / "after-report" / "report.txt").is_file()
         if " list" in line:
             assert "workload kinds:" in done.stdout
+        if "--hwspec my-card.yaml" in line:  # the copies the line before made, measured against the copied spec
+            (mine,) = (sandbox / "results" / "runs").glob("*-my")
+            assert json.loads((mine / "run.json").read_text())["hwspec"] == str((sandbox / "my-card.yaml").resolve())
     assert len(list((sandbox / "results" / "runs").glob("*-before"))) == 1
 
 
@@ -249,8 +252,10 @@ def test_readme_predict_and_train(sandbox, tmp_path, full):
     in the `full` lane; at 10 updates in the test command (that the tiny preset learns the synthetic
     task: tests/train/test_learning.py)."""
     for given in sandbox.iterdir():  # the user's files, in a folder of this parametrization's own
-        if given.name not in ("runs", "out.jsonl"):
+        if given.name not in ("runs", "out.jsonl", "requests.jsonl", "photo.png"):
             (tmp_path / given.name).symlink_to(given)
+    for line in command_lines(example("README.md", '{"id": "r1"')):  # the request file these commands read
+        run(line, tmp_path)
     lines = command_lines(example("README.md", "dohnuts predict --model tiny requests.jsonl"))
     outputs = [run(line if full or "--updates" not in line else at_a_test_s_size(line, 10), tmp_path)
                for line in lines]
@@ -437,9 +442,9 @@ def test_examples_checked_not_run():
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert {"peer", "nvidia", "amd"} <= set(extras)
-    rocm = example("README.md", "download.pytorch.org/whl/rocm")
+    rocm = example("docs/gpu.md", "download.pytorch.org/whl/rocm")
     assert "bash benchmarks/card_kit.sh" in rocm and (ROOT / "benchmarks" / "card_kit.sh").is_file()
-    kit = example("README.md", "dohnuts-bench calibrate --hwspec rx7900xtx --write")
+    kit = example("docs/gpu.md", "dohnuts-bench calibrate --hwspec rx7900xtx --write")
     assert "dohnuts-bench run --hwspec" in kit and (ROOT / "hwspecs" / "rx7900xtx.yaml").is_file()
     from dohnuts.bench.analysis.records import Energy
     from dohnuts.schema import convert

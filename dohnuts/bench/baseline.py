@@ -90,7 +90,7 @@ def cmd_baseline(args) -> int:
     from dohnuts.bench.gate import timings
     from dohnuts.bench.machine_id import this_machine
     from dohnuts.bench.provenance import git_revision
-    from dohnuts.api import check_threads
+    from dohnuts.threads import check_threads
     from dohnuts.bench.run_command import cmd_run
     from dohnuts.schema import write_json
 
@@ -160,7 +160,7 @@ def cmd_baseline(args) -> int:
 
 
 def add_parser(sub) -> None:
-    from dohnuts.bench.run_command import DEFAULT_CPU_THREADS
+    from dohnuts.threads import DEFAULT_CPU_THREADS
 
     b = sub.add_parser("baseline", help="this machine's gate baseline: the workloads run --runs times, --every "
                                         "seconds apart, into results/baselines/<machine>/")

@@ -55,8 +55,9 @@ from importlib import resources
 from pathlib import Path
 
 from dohnuts.bench.offline import cmd_analyze, cmd_compare
-from dohnuts.bench.run_command import DEFAULT_CPU_THREADS, cmd_run
+from dohnuts.bench.run_command import cmd_run
 from dohnuts.errors import DohnutsError
+from dohnuts.threads import DEFAULT_CPU_THREADS
 
 DEFAULT_RESULTS = Path("results/runs")
 

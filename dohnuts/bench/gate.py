@@ -311,7 +311,7 @@ def cmd_gate_rounds(args) -> int:
     """`gate --against REV [WORKLOAD ...]`: the interleaved gate (module docstring)."""
     from dohnuts.bench import interleave
     from dohnuts.bench.offline import _json_output
-    from dohnuts.bench.run_command import DEFAULT_CPU_THREADS
+    from dohnuts.threads import DEFAULT_CPU_THREADS
     from dohnuts.bench.status import log
 
     _check_rounds_args(args)

@@ -7,11 +7,9 @@ kinds and targets, each target's options against its `Options`, the launchers, t
 dohnuts.bench.cli (0; 1: a target failed, out of memory; 2: refused; 130: interrupted).
 
 Status, progress and warnings go to stderr through `logging` (dohnuts.bench.status); the report
-alone goes to stdout. A CPU run measures with `--threads` torch threads (default 1): on a shared
-machine an operator split over more threads than there are free cores waits at every one of its
-barriers for a thread the scheduler has parked — a tiny-preset training update took 0.2–0.4 s
-on one thread and 1.5–18 s on two while other processes kept the 2-core machine busy, and the
-ceilings scattered the same way (docs/measurement.md, "A CPU run").
+alone goes to stdout. A CPU run measures with `--threads` torch threads (default 1, as every
+command's: dohnuts.threads says why; the ceilings scatter on more threads the way the calls do,
+docs/measurement.md, "A CPU run").
 """
 
 from __future__ import annotations
@@ -25,9 +23,9 @@ from pathlib import Path
 
 from dohnuts.bench.status import log
 from dohnuts.errors import ConfigError, DohnutsError
+from dohnuts.threads import check_threads  # shared with `dohnuts train` and `dohnuts predict`
 
 TELEMETRY_INTERVAL_S = (0.001, 60.0)  # bounds of --telemetry-interval
-DEFAULT_CPU_THREADS = 1  # --threads: torch's threads in a CPU run (module docstring)
 
 
 def hwspec_for(name: str | None, device_name: str):
@@ -138,24 +136,56 @@ def runnable_here(specs: list, targets: dict, launchers: dict) -> list:
     return runnable
 
 
+@dataclasses.dataclass(frozen=True)
+class Registries:
+    """The plugin manager and what its plugins register, built once a run."""
+
+    pm: object
+    kinds: dict
+    targets: dict
+    launchers: dict
+
+
+def check_before_torch(args) -> tuple[Registries, list[Path]]:
+    """What can be checked before torch is imported, checked: the command line's numbers and every
+    workload file's existence, YAML and fields (dohnuts.bench.workload.check_workload_file). Torch's
+    import takes seconds (18–30 s on a busy 2-core machine); a typo is reported before it, in one line.
+    The plugin manager imports no torch (the targets import it where they run)."""
+    from dohnuts.bench.cli import standard_files
+    from dohnuts.bench.plugins import collect, plugin_manager
+    from dohnuts.bench.workload import check_workload_file
+
+    check_telemetry_interval(args.telemetry_interval)
+    check_threads(args.threads)
+    pm = plugin_manager()
+    registries = Registries(pm, collect(pm, "dohnuts_bench_register_workload_kinds"),
+                            collect(pm, "dohnuts_bench_register_targets"),
+                            collect(pm, "dohnuts_bench_register_launchers"))
+    files = [Path(f) for f in args.workloads] or standard_files()
+    for f in files:
+        check_workload_file(f, registries.kinds, registries.targets)
+    return registries, files
+
+
 def cmd_run(args, console=None) -> int:
     """`dohnuts-bench run`; the report goes to `console` (default: stdout)."""
+    registries, files = check_before_torch(args)
     import torch
 
     threads = torch.get_num_threads()
     try:
-        return _run(args, console)
+        return _run(args, registries, files, console)
     finally:
         torch.set_num_threads(threads)  # a CPU run sets its own (--threads); the process gets its own back
 
 
-def _run(args, console=None) -> int:
+def _run(args, registries: Registries, files: list[Path], console=None) -> int:
     from dohnuts.schema import write_json
     from dohnuts.bench.offline import analyze_and_report
-    from dohnuts.bench.cli import console_for_output, standard_files
+    from dohnuts.bench.cli import console_for_output
     from dohnuts.bench.contracts import RunContext
     from dohnuts.bench.machine_id import this_machine
-    from dohnuts.bench.plugins import check_target_options, collect, plugin_manager, samplers
+    from dohnuts.bench.plugins import check_target_options, samplers
     from dohnuts.bench.provenance import device_info
     from dohnuts.bench.rundir import new_run_dir
     from dohnuts.bench.runner import measure_workload, resolve_device
@@ -165,19 +195,11 @@ def _run(args, console=None) -> int:
     from dohnuts.bench.telemetry import TelemetryThread
     from dohnuts.bench.workload import load_workload
 
-    check_telemetry_interval(args.telemetry_interval)
-    from dohnuts.api import check_threads  # shared with `dohnuts train` and `dohnuts predict`
-
-    check_threads(args.threads)
     from dohnuts.bench.telemetry import default_min_clock_fraction
 
     default_min_clock_fraction()  # a garbled DOHNUTS_BENCH_MIN_CLOCK_FRACTION is refused before anything runs
     console = console or console_for_output()  # the report's (stdout); status goes to the log (stderr)
-    pm = plugin_manager()
-    kinds = collect(pm, "dohnuts_bench_register_workload_kinds")
-    targets = collect(pm, "dohnuts_bench_register_targets")
-    launchers = collect(pm, "dohnuts_bench_register_launchers")
-    files = [Path(f) for f in args.workloads] or standard_files()
+    pm, kinds, targets, launchers = registries.pm, registries.kinds, registries.targets, registries.launchers
     specs = [load_workload(f, kinds, targets) for f in files]  # validate everything before measuring
     output = _check_output_file(args.output) if getattr(args, "output", None) else None
     if getattr(args, "checkpoint", None):

@@ -2,7 +2,8 @@
 stdout (so `dohnuts-bench run > report.txt` keeps the report clean and a pipe still sees progress).
 
 In a terminal: rich's `RichHandler` and live progress bars. In a pipe or a file (a CI log): plain
-lines (`HH:MM:SS message`, `HH:MM:SS warning: message`) and, while measuring, a heartbeat line at
+lines (`HH:MM:SS message`, `HH:MM:SS warning: message`; both stamp the local time alone, ISO 8601's
+`HH:MM:SS`, never a date that reads differently in each country) and, while measuring, a heartbeat line at
 least every `HEARTBEAT_S` seconds saying what is measured, how many calls are done and for how
 long — a run is never silent for long. `--quiet` leaves the warnings only.
 
@@ -19,6 +20,7 @@ import time
 
 LOGGER = "dohnuts.bench"
 HEARTBEAT_S = 5.0  # at most this long without a line while measuring, in a pipe
+TIME_FORMAT = "%H:%M:%S"  # every status line's stamp, in a terminal and in a pipe (module docstring)
 
 log = logging.getLogger(LOGGER)
 
@@ -49,7 +51,7 @@ class PlainFormatter(logging.Formatter):
     """`HH:MM:SS message`; warnings and errors say so."""
 
     def format(self, record: logging.LogRecord) -> str:
-        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+        stamp = time.strftime(TIME_FORMAT, time.localtime(record.created))
         level = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
         return f"{stamp} {level}{record.getMessage()}"
 
@@ -67,7 +69,8 @@ def configure_logging(*, quiet: bool = False, terminal: bool | None = None) -> l
         from rich.logging import RichHandler
 
         handler: logging.Handler = RichHandler(console=Console(stderr=True, highlight=False), show_path=False,
-                                               markup=False, omit_repeated_times=False)
+                                               markup=False, omit_repeated_times=False,
+                                               log_time_format=f"[{TIME_FORMAT}]")  # rich's own: [12/04/26 …]
     else:
         handler = _CurrentStderrHandler()
         handler.setFormatter(PlainFormatter())

@@ -1,5 +1,6 @@
-"""The token-parallel building blocks of the text backbone: its norms, the SwiGLU MLP, and the
-helpers every layer shares (`take_rows`, the `ALL_ROWS` default, activation checkpointing).
+"""The token-parallel building blocks of the text backbone: its norms, the SwiGLU MLP, the
+embedding (also the vision tower's), and the helpers every layer shares (`take_rows`, the
+`ALL_ROWS` default, activation checkpointing).
 
 Parameter names equal transformers' Qwen3.5 (dohnuts.model.text)."""
 
@@ -37,6 +38,17 @@ def recomputed(fn, *args):
     never run dropout (dohnuts.train.step)."""
     capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
     return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=not capturing)
+
+
+class Embedding(nn.Embedding):
+    """nn.Embedding, except that a table on the meta device is left uninitialised: the models are
+    built there and then given seeded or checkpoint values (dohnuts.model.build), and torch's
+    normal_ on a meta tensor imports torch._dynamo and Triton — 2 of the 4.5 s `dohnuts.load("tiny")`
+    took on a 2-core CPU, for values that do not exist."""
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
 
 
 class RMSNorm(nn.Module):

@@ -10,7 +10,9 @@ import torch
 
 from dohnuts.config import ModelConfig, preset, preset_aliases, preset_names
 from dohnuts.errors import CheckpointError
-from dohnuts.model.checkpoint import Tensors, checkpoint_files, assign_weights, init_weights, load_state_dicts, read_config
+from dohnuts.model.checkpoint import (
+    Tensors, allocate, assign_weights, checkpoint_files, init_weights, load_state_dicts, read_config,
+)
 from dohnuts.model.text import TextBackbone
 from dohnuts.schema import kind_of, stat_path
 
@@ -40,7 +42,7 @@ def build_text_backbone(cfg: ModelConfig, *, device: torch.device | str = "cpu",
     if checkpoint_dir is None:
         with torch.device("meta"):
             model = TextBackbone(cfg.text).to(dtype=dtype)
-        model.to_empty(device=device)  # allocate once, in the final dtype, on the final device
+        allocate(model, device)  # once, in the final dtype, on the final device
         init_weights(model, seed)
         return model, None
     files = checkpoint_files(checkpoint_dir)

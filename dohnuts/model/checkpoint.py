@@ -33,6 +33,14 @@ _VISION_PREFIXES = ("model.visual.", "visual.")
 _SKIPPED_PREFIXES = ("lm_head.", "mtp.", "model.mtp.")
 
 
+def allocate(module: nn.Module, device: torch.device | str) -> nn.Module:
+    """`module.to_empty(device=device)` for a module built on the meta device: its parameters and
+    buffers allocated, uninitialised, in their dtype. to_empty's `empty_like` of a meta tensor runs
+    torch's Python reference, which imports sympy: 0.4 of the 0.5 s the tiny preset took to build
+    on a 2-core CPU; `torch.empty` of the shape does the same allocation without it."""
+    return module._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+
+
 @torch.no_grad()
 def init_weights(module: nn.Module, seed: int) -> None:
     """Seeded random weights in the style of transformers' Qwen3.5 init (normal 0.02 for matrices,

@@ -34,7 +34,10 @@ class GatedDeltaNet(nn.Module):
         self.conv1d = nn.Conv1d(cfg.linear_conv_dim, cfg.linear_conv_dim, cfg.linear_conv_kernel_dim,
                                 groups=cfg.linear_conv_dim, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(hv))
-        self.A_log = nn.Parameter(torch.empty(hv).uniform_(1, 16).log())
+        self.A_log = nn.Parameter(torch.empty(hv).uniform_(1, 16))
+        if not self.A_log.is_meta:  # log U(1, 16); a meta tensor has no values to take the log of
+            with torch.no_grad():   # (and torch's meta log imports torch._dynamo: blocks.Embedding)
+                self.A_log.log_()
         self.norm = GatedRMSNorm(dv, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(cfg.linear_value_dim, cfg.hidden_size, bias=False)
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from dohnuts.config import TextConfig
 from dohnuts.model.attention import Attention
-from dohnuts.model.blocks import ALL_ROWS, MLP, RMSNorm, recomputed, take_rows
+from dohnuts.model.blocks import ALL_ROWS, MLP, Embedding, RMSNorm, recomputed, take_rows
 from dohnuts.model.deltanet import GatedDeltaNet
 from dohnuts.model.rope import rotary_cos_sin, rotary_tables, text_positions
 from dohnuts.model.state import BackboneState
@@ -72,7 +72,7 @@ class TextBackbone(nn.Module):
     def __init__(self, cfg: TextConfig):
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, t) for t in cfg.layer_types)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # Rotary tables per device, built on first use (not parameters, not in the state dict):

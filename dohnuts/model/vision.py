@@ -23,6 +23,7 @@ from torch import nn
 
 from dohnuts.config import VisionConfig
 from dohnuts.errors import ConfigError
+from dohnuts.model.blocks import Embedding
 
 _ACTIVATIONS = {
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
@@ -168,7 +169,7 @@ class VisionTower(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.patch_embed = VisionPatchEmbed(cfg)
-        self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size)
+        self.pos_embed = Embedding(cfg.num_position_embeddings, cfg.hidden_size)
         self.blocks = nn.ModuleList(VisionBlock(cfg) for _ in range(cfg.depth))
         self.merger = VisionPatchMerger(cfg)
 
@@ -288,7 +289,7 @@ def mrope_position_ids(input_ids: torch.Tensor, image_grid_thw: torch.Tensor | l
 def build_vision_tower(cfg: VisionConfig, *, tensors=None, seed: int = 0, device: torch.device | str = "cpu",
                        dtype: torch.dtype = torch.float32, source: str = "<vision tower>") -> VisionTower:
     """The tower with a checkpoint's vision tensors (`Tensors`, prefix stripped) or seeded random weights."""
-    from dohnuts.model.checkpoint import assign_weights, init_weights
+    from dohnuts.model.checkpoint import allocate, assign_weights, init_weights
 
     with torch.device("meta"):
         tower = VisionTower(cfg)
@@ -296,6 +297,6 @@ def build_vision_tower(cfg: VisionConfig, *, tensors=None, seed: int = 0, device
         assign_weights(tower, tensors, source=source, what="vision")
     else:
         tower = tower.to(dtype=dtype)
-        tower.to_empty(device=device)
+        allocate(tower, device)
         init_weights(tower, seed)
     return tower.to(device=device, dtype=dtype)

@@ -74,14 +74,16 @@ def _resume_defaults(args) -> None:
             args.data = data
 
 
-def train_command(args, *, launch, progress) -> int:
-    """`dohnuts train`: `launch(args, "train", out=...)` starts `--nproc-per-node` processes,
-    `progress(enabled=...)` makes the progress bar (dohnuts.cli)."""
+def train_command(args, *, launch) -> int:
+    """`dohnuts train`: `launch(args, "train", out=...)` starts `--nproc-per-node` processes
+    (dohnuts.cli); progress goes to stderr (dohnuts.train.progress)."""
+    if args.data:
+        _check_data(Path(args.data))  # before torch's import (seconds): a typo is one line at once
     from dohnuts.adapters import read_adapter_meta
     from dohnuts.api import check_device
     from dohnuts.runtime.process_group import launch_world, launched
     from dohnuts.runtime.requests import read_requests, require_rewards
-    from dohnuts.schema import check_dir, check_file
+    from dohnuts.schema import check_dir
     from dohnuts.train.checkpoints import check_resumable, check_run_dir, data_fingerprint, read_checkpoint
     from dohnuts.train.config import SPLITS, Partitions, train_config
     from dohnuts.train.task import synthetic_requests
@@ -115,12 +117,7 @@ def train_command(args, *, launch, progress) -> int:
     splits = SPLITS
     if args.data:
         root = Path(args.data)
-        check_dir(root, field="--data", what="a directory of train/dev/calib/test.jsonl")
-        for split in splits:
-            if not os.path.lexists(root / f"{split}.jsonl"):
-                raise DohnutsError(f"does not exist (--data needs {', '.join(x + '.jsonl' for x in splits)})",
-                                   source=str(root / f"{split}.jsonl"))
-            check_file(root / f"{split}.jsonl", what="a JSONL file")  # a FIFO would block, a device never end
+        _check_data(root)  # again: --resume may have named the run's own
 
     def load_split(path):
         reqs = []
@@ -154,7 +151,22 @@ def train_command(args, *, launch, progress) -> int:
                 print(f"dohnuts: {args.out} holds a finished run (update {cfg.updates} of {cfg.updates}; the result is "
                       f"in its summary.json): nothing to resume; a larger --updates trains it further", file=sys.stderr)
                 return 0
-        return _train(args, cfg, data, progress)
+        return _train(args, cfg, data)
+
+
+SPLIT_FILES = ("train.jsonl", "dev.jsonl", "calib.jsonl", "test.jsonl")  # dohnuts.train.config.SPLITS' files
+
+
+def _check_data(root: Path) -> None:
+    """`--data`: a directory holding the four split files, each a regular file (a FIFO would block,
+    a device never end). Imports no torch, so `train_command` checks it before anything heavy."""
+    from dohnuts.schema import check_dir, check_file
+
+    check_dir(root, field="--data", what="a directory of train/dev/calib/test.jsonl")
+    for name in SPLIT_FILES:
+        if not os.path.lexists(root / name):
+            raise DohnutsError(f"does not exist (--data needs {', '.join(SPLIT_FILES)})", source=str(root / name))
+        check_file(root / name, what="a JSONL file")
 
 
 @contextmanager
@@ -183,13 +195,17 @@ def _run_directory(out: Path, *, hold: bool):
                 pass
 
 
-def _train(args, cfg, data, progress) -> int:
+def _train(args, cfg, data) -> int:
     from dohnuts.runtime.collectives import barrier
     from dohnuts.runtime.process_group import join, leave
+    from dohnuts.train.progress import TrainingProgress
     from dohnuts.train.trainer import Trainer
 
     # Several processes (torchrun): every rank has checked the run directory before rank 0 writes.
+    from dohnuts.threads import apply_threads
+
     world, device = join(args.device)
+    apply_threads(args.threads, device)
     cfg = msgspec.structs.replace(cfg, device=device)
     barrier(world)
     log = (lambda msg: print(f"dohnuts: {msg}", file=sys.stderr)) if world.is_main else (lambda msg: None)
@@ -197,9 +213,8 @@ def _train(args, cfg, data, progress) -> int:
     try:
         if args.resume and trainer.resume():
             log(f"resumed at update {trainer.update}" + (f" on {world.size} processes" if world.distributed else ""))
-        with progress(enabled=world.is_main) as bar:
-            task = bar.add_task("training", total=cfg.updates, completed=trainer.update)
-            trainer.train(progress=lambda u, loss: bar.update(task, completed=u, description=f"loss {loss:.3f}"))
+        with TrainingProgress(cfg.updates, trainer.update, enabled=world.is_main) as progress:
+            trainer.train(progress=progress.update)
         summary = trainer.finish() if world.is_main else None
         barrier(world)  # every rank done before any tears its process group down
     finally:

@@ -61,6 +61,31 @@ def test_warnings_say_so_and_quiet_leaves_only_them(capsys):
     assert logging.getLogger("dohnuts.bench").level == logging.INFO
 
 
+def test_a_terminal_stamps_the_time_alone_never_a_date():
+    """rich's handler stamps `[12/04/26 11:05:57]` by default (month/day or day/month, as the locale
+    reads it); ours stamps the ISO 8601 time alone, as the plain lines do."""
+    import io
+
+    from rich.console import Console
+
+    from dohnuts.bench.status import log
+
+    handler = configure_logging(terminal=True)
+    try:
+        handler.console = Console(file=io.StringIO(), width=100, color_system=None)
+        before = time.localtime()
+        log.info("status line")
+        after = time.localtime()
+        (line,) = handler.console.file.getvalue().splitlines()
+    finally:
+        configure_logging(terminal=False)
+    stamp = re.match(r"^\[(\d\d):(\d\d):(\d\d)\] +INFO +status line", line)
+    assert stamp, line
+    seconds = lambda t: t.tm_hour * 3600 + t.tm_min * 60 + t.tm_sec  # noqa: E731
+    h, m, sec = map(int, stamp.groups())
+    assert seconds(before) <= h * 3600 + m * 60 + sec <= seconds(after) or seconds(after) < seconds(before)  # midnight
+
+
 @pytest.mark.slow
 def test_a_run_in_a_pipe_has_status_and_heartbeats_on_stderr_and_the_report_alone_on_stdout(tmp_path):
     """`dohnuts-bench run | cat`: never more than 10 s without a line on stderr from the first

@@ -18,7 +18,7 @@ What it cannot prove: nothing runs. It says nothing about results on the device 
 compiles — fla #640 on Hopper — passes here), nothing about speed, registers spilled or occupancy,
 and nothing about configurations chosen on the device: an autotuner picks by timing there, and fla
 picks some of its config lists at import from the device it finds (here: a CPU, so its
-small-memory lists). The AMD path has never run: the first run on the card (README, "ROCm (AMD)")
+small-memory lists). The AMD path has never run: the first run on the card (docs/gpu.md, "ROCm (AMD)")
 is what proves it.
 
 Time (2 CPU cores, Triton's cache empty / warm): the fast lane about 25 s / 2 s; the slow lane

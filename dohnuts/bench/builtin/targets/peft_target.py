@@ -23,14 +23,16 @@ import dataclasses
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from dohnuts.bench.builtin.targets.dohnuts_target import DohnutsTarget
 from dohnuts.bench.builtin.targets.transformers_target import build_peer_backbone
 from dohnuts.bench.calls import CallResult, TrainCall
 from dohnuts.errors import ConfigError
 from dohnuts.runtime.policy import ExecutionPolicy
+
+if TYPE_CHECKING:  # torch is imported where it runs (transformers_target says why)
+    import torch
 
 KINDS = ("train-step",)
 
@@ -67,6 +69,7 @@ class TransformersPeftTarget:
             raise ConfigError(f"the transformers+peft target runs train-step workloads only, not {spec.kind!r}",
                               source=spec.file, field="targets")
         import peft
+        import torch
 
         import dohnuts.api as api
         from dohnuts.model.lora import LoRAConfig
@@ -111,6 +114,8 @@ class TransformersPeftTarget:
                          dtype == torch.bfloat16 else nullcontext())
 
     def run_call(self, call, timer) -> CallResult:
+        import torch
+
         from dohnuts.model.scorer import candidate_logits
         from dohnuts.runtime.work import WorkCounts
         from dohnuts.train.objective import rlcd_loss
@@ -156,6 +161,8 @@ class TransformersPeftTarget:
 
 def _padding_mask(hb) -> torch.Tensor | None:
     """(B, L) 1 on real tokens, 0 on right-padding; None when every row is full."""
+    import torch
+
     lengths = torch.tensor(hb.plan.lengths)
     if not bool((lengths != lengths.max()).any()):
         return None

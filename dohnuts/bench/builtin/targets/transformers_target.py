@@ -21,14 +21,15 @@ import dataclasses
 import importlib.metadata
 import logging
 import sys
-
-import torch
+from typing import TYPE_CHECKING
 
 from dohnuts.bench.calls import CallResult, PredictCall
 from dohnuts.bench.contracts import NoOptions
 from dohnuts.errors import ConfigError
 from dohnuts.runtime.policy import ExecutionPolicy
-from dohnuts.runtime.predict import Predictor
+
+if TYPE_CHECKING:  # torch is imported where it runs: the plugin manager imports this module to learn
+    import torch   # the target's name, and `dohnuts-bench run` checks workload files before torch loads
 
 TEXT_KINDS = ("text", "shared-prefix")
 
@@ -134,6 +135,8 @@ def _version(dist: str) -> str | None:
 def build_peer_backbone(ours, device: torch.device):
     """transformers' Qwen3_5TextModel over the backbone tensors of the dohnuts session `ours`
     (shared, not copied), with SDPA attention, and the peer facts of how it runs."""
+    import torch
+
     from dohnuts.hf_config import to_hf_text_config
 
     Config, Model, modeling = _import_transformers(device)
@@ -174,10 +177,19 @@ class TransformersTarget:
         model, self.peer = build_peer_backbone(self.ours, device)
         self.model = model.eval()
 
-    @torch.inference_mode()
     def run_call(self, call, timer) -> CallResult:
+        import torch
+
         if not isinstance(call, PredictCall):
             raise TypeError(f"transformers target cannot run {type(call).__name__}")
+        with torch.inference_mode():
+            return self._run_call(call, timer)
+
+    def _run_call(self, call, timer) -> CallResult:
+        import torch
+
+        from dohnuts.runtime.predict import Predictor
+
         with timer.stage("prepare"):
             hb = self.ours.prepare(call.request)
             lengths = torch.tensor(hb.plan.lengths)
