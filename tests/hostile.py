@@ -17,7 +17,7 @@ LONG_NAME = "x" * 300 + ".png"  # over NAME_MAX (255 bytes) on every common file
 
 
 @contextmanager
-def no_hang(seconds: int = 20):
+def no_hang(seconds: int = 300):
     """Fail (TimeoutError) instead of blocking forever, e.g. on a FIFO opened for reading."""
     def alarm(signum, frame):
         raise TimeoutError(f"blocked for more than {seconds} s")
