@@ -213,7 +213,7 @@ def test_devices_fifos_sockets_and_long_names_as_images_fail_only_their_line(tmp
     from tests.hostile import LONG_NAME, fifo, no_hang, unix_socket
 
     pipe = fifo(tmp_path / "pipe.png")
-    with unix_socket(tmp_path / "sock.png") as sock, no_hang(120):
+    with unix_socket(tmp_path / "sock.png") as sock, no_hang(300):
         src = _jsonl(tmp_path / "r.jsonl", *({**GOOD, "id": f"bad{i}", "image": str(p)} for i, p in
                                              enumerate(["/dev/zero", pipe, sock, LONG_NAME, tmp_path])),
                      {**GOOD, "id": "good"})
@@ -235,7 +235,7 @@ def test_fifo_or_device_as_adapter_output_or_input_is_one_line(tmp_path, capsys)
 
     src = _jsonl(tmp_path / "r.jsonl", GOOD)
     pipe = fifo(tmp_path / "pipe")
-    with no_hang(60):
+    with no_hang(300):
         for args, why in [(["--adapter", str(pipe)], "field '--adapter': is a FIFO (named pipe), not an adapter file"),
                           (["--adapter", "/dev/zero"], "is a character device, not an adapter file"),
                           (["-o", str(pipe)], "field '-o': is a FIFO (named pipe), not a JSONL file to write"),
