@@ -5,7 +5,7 @@
 
 Two scratch copies of HEAD (`git clone --shared` into a temporary folder, HEAD checked out
 detached, removed at the end: the repository is not touched; commit what is to be measured
-first): "unchanged", and "slowed", in whose copy of dohnuts/bench/builtin/targets/dohnuts_target.py
+first): "unchanged", and "slowed", in whose copy of bench_plugins/targets/dohnuts_target.py
 `DohnutsTarget.run_call` is wrapped to busy-wait `--slowdown` × its own time after each call (the
 CPU kept busy, as slower code would keep it). The product code is not touched: the wrapper exists
 only in that scratch copy. Each trial is one
@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = Path(__file__).resolve().with_suffix(".yaml")
-TARGET_FILE = Path("dohnuts/bench/builtin/targets/dohnuts_target.py")
+TARGET_FILE = Path("bench_plugins/targets/dohnuts_target.py")
 
 INJECTION = '''
 

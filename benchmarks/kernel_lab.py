@@ -42,13 +42,14 @@ import subprocess
 def _clock() -> str:
     """The GPU clock and power now, from the harness's sampler of this GPU (NVML or amdsmi)."""
     try:
-        from dohnuts.bench.builtin.telemetry import clock_mhz, own_gpu_sampler
+        from dohnuts.bench.plugins import plugin_manager
 
-        sampler = own_gpu_sampler()
+        telemetry = plugin_manager().get_plugin("telemetry")  # the harness's own samplers
+        sampler = telemetry.own_gpu_sampler()
         if sampler.unavailable:
             return "?"
         reading = sampler.sample()
-        return f"{clock_mhz(reading)} MHz, {reading.get('power_w')} W"
+        return f"{telemetry.clock_mhz(reading)} MHz, {reading.get('power_w')} W"
     except Exception:  # noqa: BLE001 - telemetry is optional here
         return "?"
 

@@ -79,7 +79,10 @@ def graph_busy_ms(g, out: Path, name: str) -> float:
 def clocks_while(fn, seconds: float = 1.0) -> dict:
     """The GPU clock (NVML's SM or amdsmi's GFX clock) and power sampled every 20 ms while `fn`
     runs back to back for `seconds`."""
-    from dohnuts.bench.builtin.telemetry import clock_mhz, own_gpu_sampler  # the harness's own readers
+    from dohnuts.bench.plugins import plugin_manager
+
+    telemetry = plugin_manager().get_plugin("telemetry")  # the harness's own readers
+    clock_mhz, own_gpu_sampler = telemetry.clock_mhz, telemetry.own_gpu_sampler
 
     nvml = own_gpu_sampler()
     if nvml.unavailable:

@@ -129,8 +129,12 @@ class TextConfig:
         # Rotary checks follow what transformers' Qwen3_5TextRotaryEmbedding can run: `rotary_dim`
         # = int(head_dim × partial_rotary_factor) (0 means no rotary at all); an odd rotary_dim has
         # (rotary_dim + 1) // 2 frequencies and rotates rotary_dim + 1 channels, which must fit in
-        # the head (transformers refuses or fails on anything else).
-        if self.rotary_dim < 0 or 2 * ((self.rotary_dim + 1) // 2) > self.head_dim:
+        # the head (transformers refuses or fails on anything else). A negative factor is no
+        # proportion of the head: refused, even where int() would truncate it to 0 channels.
+        if self.partial_rotary_factor < 0:
+            raise ConfigError(f"must not be negative (a proportion of head_dim; 0 means no rotary), got "
+                              f"{self.partial_rotary_factor!r}", source=self.source, field="partial_rotary_factor")
+        if 2 * ((self.rotary_dim + 1) // 2) > self.head_dim:
             raise ConfigError(
                 f"head_dim {self.head_dim} × partial_rotary_factor {self.partial_rotary_factor} gives "
                 f"{self.rotary_dim} rotary channels, outside [0, head_dim] once rounded up to even",

@@ -41,6 +41,13 @@ def _import_reference_without_fla() -> None:
 
 _import_reference_without_fla()
 
+# The tests import the built-in plugins by their installed name, `dohnuts_bench_plugins`: the folder
+# bench_plugins/ of this checkout, as `pip install -e .` maps it, even where the environment has
+# another checkout installed (docs/architecture.md, "Packaging").
+from dohnuts.bench.plugins import import_checkout_packages  # noqa: E402
+
+import_checkout_packages()
+
 
 def pytest_collection_modifyitems(config, items):
     # The longest tests first, longest first (`slow(seconds=N)`: about N s on the 2-core CPU machine),

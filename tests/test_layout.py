@@ -1,6 +1,8 @@
-"""The data path's folders keep one direction: dohnuts/model never imports dohnuts/runtime,
-dohnuts/train or dohnuts/bench (the pure model cannot depend on the session around it), and
-only dohnuts/ops imports fla or Triton."""
+"""The repository's top level is the design card's, and the data path's folders keep one
+direction: dohnuts/model never imports dohnuts/runtime, dohnuts/train, dohnuts/bench or the
+built-in plugins (the pure model cannot depend on the session around it), and only dohnuts/ops
+imports fla or Triton. The rules below cover dohnuts/ and bench_plugins/ (the built-in plugins,
+installed as the package `dohnuts_bench_plugins`)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,25 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parents[1] / "dohnuts"
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "dohnuts"
+PLUGINS = ROOT / "bench_plugins"  # installed as `dohnuts_bench_plugins` (pyproject.toml's package-dir)
+
+
+def _source_files() -> list[Path]:
+    """Every module of the two installed packages: dohnuts/ and bench_plugins/."""
+    return sorted(PKG.rglob("*.py")) + sorted(PLUGINS.rglob("*.py"))
+
+
+def test_the_top_level_is_the_design_cards():
+    """The top level the design card fixes (/work/shared/DESIGN.md, "Layout"), and bench_plugins/
+    holding the card's plugin folders."""
+    for name in ("pyproject.toml", "README.md"):
+        assert (ROOT / name).is_file(), name
+    for name in ("dohnuts", "bench_plugins", "workloads", "hwspecs", "tests", "results"):
+        assert (ROOT / name).is_dir() and not (ROOT / name).is_symlink(), name
+    plugin_folders = {p.parent.name for p in PLUGINS.glob("*/__init__.py")}
+    assert {"workloads", "targets", "telemetry", "analyzers", "reporters"} <= plugin_folders
 
 
 def _imports(path: Path) -> set[str]:
@@ -25,23 +45,28 @@ def _imports(path: Path) -> set[str]:
 @pytest.mark.parametrize("path", sorted((PKG / "model").glob("*.py")), ids=lambda p: p.name)
 def test_model_is_pure(path):
     bad = {n for n in _imports(path) if n.split(".")[:2] in (["dohnuts", "runtime"], ["dohnuts", "train"],
-                                                            ["dohnuts", "bench"])}
+                                                            ["dohnuts", "bench"])
+           or n.split(".")[0] == "dohnuts_bench_plugins"}
     assert not bad, f"dohnuts/model/{path.name} imports {sorted(bad)}"
 
 
 def test_only_ops_imports_kernels():
-    for path in PKG.rglob("*.py"):
-        if path.parent.name == "ops":
+    for path in _source_files():
+        if path.parent == PKG / "ops":
             continue
         kernel = {n for n in _imports(path) if n.split(".")[0] in ("fla", "triton")}
-        assert not kernel, f"{path.relative_to(PKG)} imports {sorted(kernel)}"
+        assert not kernel, f"{path.relative_to(ROOT)} imports {sorted(kernel)}"
 
 
 # -- no import cycles among dohnuts modules ----------------------------------------------------------
 
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    """The name a file is imported as: bench_plugins/ is the package `dohnuts_bench_plugins`."""
+    if PLUGINS in path.parents:
+        parts = ("dohnuts_bench_plugins", *path.relative_to(PLUGINS).with_suffix("").parts)
+    else:
+        parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -75,7 +100,7 @@ def _module_level_imports(path: Path, name: str, known: set[str]) -> set[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    paths = {_module_name(p): p for p in PKG.rglob("*.py")}
+    paths = {_module_name(p): p for p in _source_files()}
     known = set(paths)
     return {name: _module_level_imports(path, name, known) for name, path in paths.items()}
 
@@ -123,6 +148,7 @@ def test_the_cycle_finder_finds_a_circle():
 def test_no_import_cycles_among_dohnuts_modules():
     graph = import_graph()
     assert graph["dohnuts.bench.workload"] and "dohnuts.schema" in graph["dohnuts.bench.workload"]  # it reads imports
+    assert "dohnuts_bench_plugins.targets.peft_target" in graph["dohnuts_bench_plugins.targets"]  # and the plugins'
     cycles = import_cycles(graph)
     assert not cycles, "module-level import cycles: " + "; ".join(" ↔ ".join(c) for c in cycles)
 
@@ -138,7 +164,7 @@ SHARED_HELPERS = {"median", "_median", "short", "_short", "finite", "_finite", "
 
 
 def _python_files():
-    return sorted(PKG.rglob("*.py"))  # the built-in plugins included (dohnuts/bench/builtin)
+    return _source_files()  # the built-in plugins included
 
 
 def test_shared_helpers_are_defined_once():

@@ -3,7 +3,7 @@ section of a copy of its hwspec — the first half of the run kit (benchmarks/ca
 then the standard suite against the copy).
 
 The measurements are the ones every run takes at its start, through the same hook
-(`dohnuts_bench_prepare_run`; dohnuts/bench/builtin/analyzers/microbench.py): on a GPU a BF16 matmul as a
+(`dohnuts_bench_prepare_run`; bench_plugins/analyzers/microbench.py): on a GPU a BF16 matmul as a
 burst and back to back for 2 s (the sustained basis), FP32 multiply-adds in registers, a device
 copy and pinned host↔device copies; on the CPU (the kit's dry run) FP32/BF16 matmuls, an FP32
 vector multiply-add, a memory copy. So the calibrated section and a run's own measured basis mean
@@ -24,7 +24,7 @@ import yaml
 
 from dohnuts.errors import ConfigError
 
-METHOD = "dohnuts-bench calibrate (the run-start microbenchmarks, dohnuts/bench/builtin/analyzers/microbench.py)"
+METHOD = "dohnuts-bench calibrate (the run-start microbenchmarks, bench_plugins/analyzers/microbench.py)"
 # A top-level `measured:` block: its key line and every line after it up to the next top-level key.
 _SECTION = re.compile(r"^measured:.*?(?=^[^\s#]|\Z)", re.M | re.S)
 _NOTE = "# Measured on the device by `dohnuts-bench calibrate`; the datasheet ceilings above stay as they are.\n"
@@ -50,7 +50,7 @@ def with_measured_section(text: str, section: dict) -> str:
 
 
 def measure(device, console) -> dict:
-    """The run-start measurements of `device`, through the prepare hook (dohnuts.bench.builtin.analyzers)."""
+    """The run-start measurements of `device`, through the prepare hook (dohnuts_bench_plugins.analyzers)."""
     from dohnuts.bench.contracts import RunContext
     from dohnuts.bench.plugins import plugin_manager
 

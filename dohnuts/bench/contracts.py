@@ -122,7 +122,7 @@ def _kinds(v) -> bool:
 def capabilities(obj: object, declared: type, what: str):
     """The optional members of `obj` as the dataclass `declared` (e.g. `TargetCapabilities`): each
     field read from `obj` when it has it, else the field's default; a value of the wrong type is a
-    PluginError naming `what` (e.g. "target 'dohnuts' (dohnuts.bench.builtin.targets...)")."""
+    PluginError naming `what` (e.g. "target 'dohnuts' (dohnuts_bench_plugins.targets...)")."""
     values = {}
     for f in dataclasses.fields(declared):
         value = getattr(obj, f.name, f.default)  # the one read of an optional member

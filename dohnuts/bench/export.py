@@ -6,7 +6,7 @@ files (results.jsonl, results.jsonl.gz, run.json, summary.json, or the results f
 refused before anything is read, so an export never overwrites what it exports.
 
 One benchmark a summary row: the per-call groups of summary.json (a workload · target's valid
-steady calls, its first call and its stream apart, as dohnuts.bench.builtin.reporters.summarize
+steady calls, its first call and its stream apart, as dohnuts_bench_plugins.reporters.summarize
 groups them; load points and accuracy records are not per-call groups).
 
 - `pytest-benchmark`: the JSON a `pytest --benchmark-json` run writes (pytest-benchmark 4 and 5):

@@ -9,9 +9,9 @@ from `dohnuts` — the workload kinds, the targets, the model — is the side's 
 Arguments: torch threads (a CPU run's), the CPU both sides of this round run on (-1: any; only a
 run whose workloads are all on the CPU is pinned), a folder for generated inputs, the workload
 files. Protocol: one JSON object a line. The worker first writes `{"ready": [group, ...], "dohnuts":
-PATH, "skipped": [why, ...], "cpus": [...]}` (its groups, "workload · target", in order; the CPUs
-it may run on); then it answers each
-command on stdin:
+PATH, "skipped": [why, ...], "cpus": [...], "plugins": [PATH, ...]}` (its groups, "workload ·
+target", in order; the CPUs it may run on; the files of its built-in workload kinds and targets);
+then it answers each command on stdin:
 
     {"open": k}   build group k's target and warm it up    → {"opened": k}
     {"call": i}   time the open group's call i (wall ms)    → {"ms": 12.3}
@@ -45,8 +45,9 @@ def _timed_ms(target, call, device, timer_cls, synchronize) -> float:
 
 
 def _groups(files: list[str]):
-    """(workload spec, target spec, registered target, device, skipped lines) of every group that
-    can run here, in the order of the files and their targets (as `dohnuts-bench run` measures)."""
+    """(workload spec, target spec, registered target, device) of every group that can run here, in
+    the order of the files and their targets (as `dohnuts-bench run` measures); the skipped lines;
+    the files of the built-in `workloads` and `targets` plugins (the gate checks they are the side's)."""
     from dohnuts.bench.plugins import check_target_options, collect, plugin_manager
     from dohnuts.bench.runner import resolve_device
     from dohnuts.bench.workload import load_workload
@@ -68,7 +69,8 @@ def _groups(files: list[str]):
                 skipped.append(f"{spec.name} · {tspec.label}: {reason}")
             else:
                 groups.append((spec, tspec, targets[tspec.name], kinds[spec.kind], device))
-    return groups, skipped
+    builtins = [pm.get_plugin(name) for name in ("workloads", "targets")]
+    return groups, skipped, [os.path.realpath(b.__file__) for b in builtins if getattr(b, "__file__", None)]
 
 
 def main(argv: list[str]) -> int:
@@ -93,14 +95,15 @@ def main(argv: list[str]) -> int:
         from dohnuts.runtime.timing import StageTimer
         from dohnuts.runtime.tokenizer import tokenizer_for
 
-        groups, skipped = _groups(files)
+        groups, skipped, plugins = _groups(files)
         if any(g[4].type == "cpu" for g in groups):
             torch.set_num_threads(threads)
         if cpu >= 0 and all(g[4].type == "cpu" for g in groups) and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {cpu})  # both sides of a round on one CPU (dohnuts.bench.interleave: why)
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         say({"ready": [f"{spec.name} · {tspec.label}" for spec, tspec, *_ in groups],
-             "dohnuts": str(Path(dohnuts.__file__).resolve()), "skipped": skipped, "cpus": cpus})
+             "dohnuts": str(Path(dohnuts.__file__).resolve()), "skipped": skipped, "cpus": cpus,
+             "plugins": plugins})
         target = calls = device = None
         for line in sys.stdin:
             cmd = json.loads(line)

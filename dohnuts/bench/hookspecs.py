@@ -1,7 +1,7 @@
 """The hooks of dohnuts-bench (pluggy, project name `dohnuts_bench`), grouped by lifecycle.
 
 A plugin is any module or object with functions named like these hooks and decorated with
-`dohnuts.bench.hookspecs.hookimpl`. Built-in plugins (dohnuts/bench/builtin/) and third-party packages
+`dohnuts.bench.hookspecs.hookimpl`. Built-in plugins (bench_plugins/) and third-party packages
 register the same way: an entry point in the `dohnuts_bench` group (see docs/plugins.md). What
 the register hooks return, and what the other hooks are handed, is typed in
 dohnuts.bench.contracts: every object a register hook returns is checked against its contract

@@ -260,6 +260,12 @@ class WorkerProcess:
                 raise DohnutsError(f"the {self.side.name} process imported dohnuts from {where}, not from its "
                                    f"tree {self.side.tree} (an installed, non-editable dohnuts comes before "
                                    "PYTHONPATH?)")
+            for plugin in ready.get("plugins") or ():
+                if not Path(str(plugin)).resolve().is_relative_to(self.side.tree.resolve()):
+                    self.stop()  # a revision from before bench_plugins/ reads the installed entry points
+                    raise DohnutsError(f"the {self.side.name} process imported the built-in plugins from {plugin}, "
+                                       f"not from its tree {self.side.tree} (a revision older than bench_plugins/ "
+                                       "loads the installed ones: compare against a later revision)")
             self._groups, self.cpus = [str(g) for g in ready["ready"]], ready.get("cpus")
         return self._groups
 

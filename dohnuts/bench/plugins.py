@@ -1,10 +1,13 @@
 """The plugin manager, and the registries it yields checked against the contracts.
 
 `plugin_manager()` is built when a command runs (never at import time) and loads every entry point
-of the group `dohnuts_bench`. The built-in plugins (dohnuts/bench/builtin/) are declared there in
-pyproject.toml, exactly as a third-party package declares its own, and found the same way. A source
-checkout that was never installed has no installed metadata: its entry points are then read from
-the checkout's pyproject.toml — the same declarations, loaded the same way (`EntryPoint.load`).
+of the group `dohnuts_bench`. The built-in plugins (the folder bench_plugins/, installed as the
+package `dohnuts_bench_plugins`) are declared there in pyproject.toml, exactly as a third-party
+package declares its own, and found the same way. Code that runs from a source checkout (a clone,
+`pip install -e .`, or PYTHONPATH pointing at a checkout while another copy is installed) reads the
+checkout's own pyproject.toml instead of whatever an install recorded: its entry points, loaded the
+same way (`EntryPoint.load`), and its `package-dir`, so that `dohnuts_bench_plugins` is the
+checkout's bench_plugins/ as an editable install maps it (`import_checkout_packages`).
 
 `collect(pm, hook)` merges what a register hook returns and checks each object against its contract
 (dohnuts.bench.contracts): a missing required member is a `PluginError` naming the object, and the
@@ -16,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import importlib.util
 import inspect
+import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,42 +39,75 @@ from dohnuts.errors import ConfigError, DohnutsError
 
 ENTRY_POINT_GROUP = "dohnuts_bench"
 DISTRIBUTION = "dohnuts"
+# The repository root when dohnuts runs from a source checkout (it holds the pyproject.toml of
+# `dohnuts`); an installed wheel's parent folder holds none.
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def plugin_manager(extra: tuple = ()) -> pluggy.PluginManager:
-    """Every plugin of the `dohnuts_bench` entry points (built-in and third-party), then `extra`."""
+    """Every plugin of the `dohnuts_bench` entry points (built-in and third-party), then `extra`.
+    A source checkout's own declarations come first: an install recorded elsewhere (another
+    checkout's, an older one) registers only the names the checkout does not declare."""
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
-    pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
-    for ep in checkout_entry_points():  # none when dohnuts is installed
-        if not pm.has_plugin(ep.name) and not pm.is_blocked(ep.name):
-            pm.register(ep.load(), name=ep.name)
+    for ep in checkout_entry_points():  # none when dohnuts runs installed (from a wheel)
+        pm.register(ep.load(), name=ep.name)
+    pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)  # skips the names registered above
     for plugin in extra:
         pm.register(plugin)
     return pm
 
 
-def checkout_entry_points(pyproject: Path | None = None) -> list[importlib.metadata.EntryPoint]:
-    """The `dohnuts_bench` entry points a source checkout declares in its pyproject.toml, when the
-    `dohnuts` distribution is not installed (installed, its metadata holds them: [])."""
-    try:
-        importlib.metadata.distribution(DISTRIBUTION)
-        return []
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    pyproject = pyproject or Path(__file__).resolve().parents[2] / "pyproject.toml"
+def checkout_project(pyproject: Path | None = None) -> dict:
+    """The parsed pyproject.toml of the source checkout dohnuts runs from ({} when it runs from an
+    install, whose metadata then holds the declarations)."""
+    pyproject = pyproject or CHECKOUT / "pyproject.toml"
     if not pyproject.is_file():
-        return []
+        return {}
     try:
         import tomllib
-    except ImportError:  # Python 3.10
-        raise PluginError("dohnuts is not installed, and this Python cannot read the entry points of its "
-                          "pyproject.toml (tomllib: Python 3.11): pip install -e .", source=str(pyproject)) from None
-    project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
-    if project.get("name") != DISTRIBUTION:
+    except ImportError:  # Python 3.10: what an install recorded (`pip install -e .` maps the plugins too)
+        try:
+            importlib.metadata.distribution(DISTRIBUTION)
+            return {}
+        except importlib.metadata.PackageNotFoundError:
+            raise PluginError("dohnuts is not installed, and this Python cannot read the entry points of its "
+                              "pyproject.toml (tomllib: Python 3.11): pip install -e .",
+                              source=str(pyproject)) from None
+    parsed = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    return parsed if parsed.get("project", {}).get("name") == DISTRIBUTION else {}
+
+
+def checkout_entry_points(pyproject: Path | None = None) -> list[importlib.metadata.EntryPoint]:
+    """The `dohnuts_bench` entry points the source checkout declares ([] when dohnuts runs
+    installed), its mapped packages made importable first (`import_checkout_packages`)."""
+    pyproject = pyproject or CHECKOUT / "pyproject.toml"
+    parsed = checkout_project(pyproject)
+    if not parsed:
         return []
-    table = project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {})
+    import_checkout_packages(pyproject.parent, parsed)
+    table = parsed["project"].get("entry-points", {}).get(ENTRY_POINT_GROUP, {})
     return [importlib.metadata.EntryPoint(name, value, ENTRY_POINT_GROUP) for name, value in table.items()]
+
+
+def import_checkout_packages(root: Path = CHECKOUT, parsed: dict | None = None) -> None:
+    """Each package the checkout installs under another name than its folder's
+    (`[tool.setuptools] package-dir`: `dohnuts_bench_plugins` is bench_plugins/) importable by
+    that name, from this checkout, as `pip install -e .` maps it: the checkout's plugins, never
+    a copy installed from somewhere else. Nothing when dohnuts runs installed."""
+    parsed = checkout_project(root / "pyproject.toml") if parsed is None else parsed
+    for name, folder in parsed.get("tool", {}).get("setuptools", {}).get("package-dir", {}).items():
+        path = (root / folder).resolve()
+        loaded = sys.modules.get(name)
+        if name == "" or (loaded is not None and [Path(p).resolve() for p in loaded.__path__] == [path]):
+            continue
+        for stale in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[stale]  # a copy from elsewhere (an install of another checkout)
+        spec = importlib.util.spec_from_file_location(name, path / "__init__.py",
+                                                      submodule_search_locations=[str(path)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
 
 
 # -- registries ------------------------------------------------------------------------------------

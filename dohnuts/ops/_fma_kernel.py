@@ -1,5 +1,5 @@
 """Triton kernel: FP32 multiply-adds in registers, the FP32 vector ceiling's microbenchmark
-(dohnuts.ops.fma, dohnuts/bench/builtin/analyzers/microbench.py `fp32_fma`).
+(dohnuts.ops.fma, bench_plugins/analyzers/microbench.py `fp32_fma`).
 
 Each element is read once and written once, and runs 4 independent chains of ITERS fused
 multiply-adds in between: 8 · ITERS FLOPs for 8 bytes, far past any GPU's ridge point, so the time

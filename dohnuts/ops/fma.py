@@ -1,5 +1,5 @@
 """FP32 multiply-add chains: the microbenchmark of a device's FP32 vector ceiling (`fp32_fma`,
-dohnuts/bench/builtin/analyzers/microbench.py), not a model op.
+bench_plugins/analyzers/microbench.py), not a model op.
 
 `fma_chain(x, iters)`: for each element, 4 independent chains a ← a · 0.9999 + 0.0001 of `iters`
 steps, started at x, x + 1, x + 2, x + 3, summed — 8 · iters FLOPs per element (`fma_chain_flops`).

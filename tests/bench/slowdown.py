@@ -19,10 +19,10 @@ import time
 @contextlib.contextmanager
 def slowed_targets(factor: float):
     """Every built-in target's calls `factor` times as long while the context is open."""
-    from dohnuts.bench.builtin.targets.dohnuts_target import DohnutsTarget
-    from dohnuts.bench.builtin.targets.transformers_target import TransformersTarget
+    from dohnuts.bench.plugins import plugin_manager
 
-    originals = {cls: cls.run_call for cls in (DohnutsTarget, TransformersTarget)}
+    targets = plugin_manager().get_plugin("targets")  # the built-in targets, found as the CLI finds them
+    originals = {cls: cls.run_call for cls in (targets.DohnutsTarget, targets.TransformersTarget)}
 
     def slowed(run_call):
         def run_call_slowly(self, call, timer):

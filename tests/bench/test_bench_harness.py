@@ -209,7 +209,7 @@ def test_on_gpu_errors_name_the_field(tmp_path):
 
 @pytest.mark.slow
 def test_a_target_that_cannot_run_here_is_skipped_with_its_reason(tmp_path, capsys, monkeypatch):
-    from dohnuts.bench.builtin.targets.transformers_target import TransformersTarget
+    from dohnuts_bench_plugins.targets.transformers_target import TransformersTarget
 
     monkeypatch.setattr(TransformersTarget, "unavailable", staticmethod(lambda: "transformers is not installed"))
     assert main(["run", str(ROOT / "workloads" / "text.yaml"), "--out", str(tmp_path), "--quiet"]) == 0

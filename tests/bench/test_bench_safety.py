@@ -71,7 +71,7 @@ def _small_ceiling_benchmarks():
     short runs; the numbers only need to exist)."""
     import functools
 
-    from dohnuts.bench.builtin.analyzers import microbench
+    from dohnuts_bench_plugins.analyzers import microbench
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(microbench, "measure_cpu_ceilings",
@@ -224,7 +224,7 @@ class _SubwordTokenizer:
 
 
 def test_filler_is_linear_and_draws_exactly_what_the_quadratic_one_drew():
-    from dohnuts.bench.builtin.workloads import filler
+    from dohnuts_bench_plugins.workloads import filler
 
     for tok in (_CountingTokenizer(), _SubwordTokenizer()):
         for seed in range(4):
@@ -575,7 +575,7 @@ def test_duplicate_keys_in_a_hwspec_are_refused(tmp_path):
 ], ids=["OutOfMemoryError", "RuntimeError"])
 @pytest.mark.slow
 def test_an_out_of_memory_target_is_recorded_as_failed_and_the_run_goes_on(tmp_path, monkeypatch, capsys, error):
-    from dohnuts.bench.builtin.targets.dohnuts_target import DohnutsTarget
+    from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget
     from dohnuts.runtime.timing import NULL_TIMER
 
     real = DohnutsTarget.run_call

@@ -27,7 +27,7 @@ from dohnuts.bench.sink import RecordSink
 from dohnuts.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILTIN = ROOT / "dohnuts" / "bench" / "builtin"  # the built-in plugins
+BUILTIN = ROOT / "bench_plugins"  # the built-in plugins, installed as the package `dohnuts_bench_plugins`
 tomllib = pytest.importorskip("tomllib")  # Python 3.11
 
 
@@ -42,21 +42,18 @@ def _declared_entry_points() -> dict[str, str]:
 def test_every_builtin_is_found_through_its_entry_point():
     declared = _declared_entry_points()
     assert set(declared) == {"workloads", "targets", "telemetry", "analyzers", "reporters", "launchers"}
-    installed = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="dohnuts_bench")}
-    assert installed == declared  # the install registers exactly the declared entry points
-    pm = plugin_manager()
+    pm = plugin_manager()  # a source checkout reads its pyproject (an install's metadata: tests/test_packaging.py)
     for name, module in declared.items():
         assert pm.get_plugin(name) is importlib.import_module(module), name
+        assert BUILTIN in Path(pm.get_plugin(name).__file__).parents, name  # this checkout's, whatever is installed
     # and no code of the core names a built-in module: the entry points are the only path
     for path in sorted((ROOT / "dohnuts").rglob("*.py")):
-        if BUILTIN in path.parents:
-            continue  # the built-ins themselves
         tree = ast.parse(path.read_text())
         named = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-                 and n.value.startswith("dohnuts.bench.builtin.")]
+                 and n.value.split(".")[0] in ("dohnuts_bench_plugins", "bench_plugins")]
         named += [n.lineno for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
-                  and any(m.startswith("dohnuts.bench.builtin") for m in ([getattr(n, "module", None) or ""]
-                                                                          + [a.name for a in n.names]))]
+                  and any(m.split(".")[0] in ("dohnuts_bench_plugins", "bench_plugins")
+                          for m in [getattr(n, "module", None) or ""] + [a.name for a in n.names])]
         assert not named, f"{path.relative_to(ROOT)}:{named}"
 
 
@@ -269,7 +266,7 @@ def test_the_record_sink_writes_strict_json_lines_flushed_at_once(tmp_path):
 def _imported_names(path: Path) -> list[tuple[str, str]]:
     out = []
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dohnuts"):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "dohnuts":
             out += [(node.module, a.name) for a in node.names]
     return out
 
@@ -287,7 +284,7 @@ def test_plugins_import_no_private_name_of_the_core():
 def test_only_the_runtime_timer_records_timing_events():
     """Every CUDA timing event of the project is created by dohnuts/runtime/timing.py."""
     found = []
-    for folder in ("dohnuts", "benchmarks"):  # dohnuts/ holds the built-ins
+    for folder in ("dohnuts", "bench_plugins", "benchmarks"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             if "enable_timing" in path.read_text():
                 found.append(str(path.relative_to(ROOT)))
@@ -303,7 +300,7 @@ def test_optional_members_are_read_only_by_the_contracts():
     """No `getattr(obj, "<optional member>", ...)` outside dohnuts/bench/contracts.py."""
     members = {f for caps in CONTRACTS.values() if caps for f in caps.__dataclass_fields__}
     found = []
-    for folder in ("dohnuts/bench",):  # the built-ins included (dohnuts/bench/builtin)
+    for folder in ("dohnuts/bench", "bench_plugins"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             rel = path.relative_to(ROOT)
             if rel == Path("dohnuts/bench/contracts.py") or rel in PENDING:

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from dohnuts.bench.analysis.records import MAX_MS, check_reportable, read_jsonl, stage_ms
-from dohnuts.bench.builtin.reporters import summarize
+from dohnuts_bench_plugins.reporters import summarize
 from dohnuts.bench.cli import main
 from dohnuts.bench.export import CSV_COLUMNS, PyTorchRecord, per_call_groups
 from dohnuts.bench.schema_command import record_schema, workload_schema

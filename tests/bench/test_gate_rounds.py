@@ -305,8 +305,12 @@ def test_a_side_that_cannot_start_leaves_no_worker_running():
 
 @pytest.mark.slow(seconds=15)
 def test_a_worker_that_cannot_time_its_side_says_why_in_one_line(tmp_path):
-    """A real worker process: a workload file it cannot read, and a tree whose dohnuts is not the
-    one Python imports, are each one DohnutsError naming the side."""
+    """A real worker process: a workload file it cannot read, a tree whose dohnuts is not the
+    one Python imports, and one whose built-in plugins come from elsewhere (a revision older than
+    bench_plugins/ loads the installed ones) are each one DohnutsError naming the side."""
+    import shutil
+    import tomllib
+
     from dohnuts.bench.interleave import Side, WorkerProcess
     from dohnuts.errors import DohnutsError
 
@@ -320,6 +324,16 @@ def test_a_worker_that_cannot_time_its_side_says_why_in_one_line(tmp_path):
     with pytest.raises(DohnutsError, match="the candidate process imported dohnuts from .*, not from its tree"):
         WorkerProcess.start(Side("candidate", elsewhere, "work tree"), [w], tmp_path / "s2", 0, threads=1,
                             trees=(elsewhere,)).groups
+    # its own dohnuts, the built-in plugins of this checkout (its pyproject maps them there)
+    mixed = tmp_path / "mixed-tree"
+    shutil.copytree(ROOT / "dohnuts", mixed / "dohnuts", symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (mixed / "pyproject.toml").write_text(
+        '[project]\nname = "dohnuts"\n[project.entry-points.dohnuts_bench]\n'
+        + "".join(f'{k} = "{v}"\n' for k, v in project["entry-points"]["dohnuts_bench"].items())
+        + f'[tool.setuptools]\npackage-dir = {{"dohnuts_bench_plugins" = "{ROOT / "bench_plugins"}"}}\n')
+    with pytest.raises(DohnutsError, match=r"the base process imported the built-in plugins from .*, not from its"):
+        WorkerProcess.start(Side("base", mixed, "abc"), [w], tmp_path / "s3", 0, threads=1, trees=(mixed,)).groups
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "sched_getaffinity"), reason="this system cannot pin a process")

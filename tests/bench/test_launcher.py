@@ -153,7 +153,7 @@ def test_an_unknown_launcher_is_refused(tmp_path):
 def test_more_processes_than_gpus_are_skipped(monkeypatch):
     import torch
 
-    from dohnuts.bench.builtin.launchers import TorchrunLauncher
+    from dohnuts_bench_plugins.launchers import TorchrunLauncher
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     launcher = TorchrunLauncher()

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from dohnuts.bench.builtin.targets.transformers_target import _bound_implementation, peer_facts
+from dohnuts_bench_plugins.targets.transformers_target import _bound_implementation, peer_facts
 from dohnuts.bench.contracts import WorkloadContext
 from dohnuts.bench.plugins import collect, plugin_manager
 from dohnuts.bench.workload import load_workload

@@ -98,7 +98,7 @@ def small_ceilings(monkeypatch):
     """Small ceiling microbenchmarks: these runs need the numbers to exist, not to be good."""
     import functools
 
-    from dohnuts.bench.builtin.analyzers import microbench
+    from dohnuts_bench_plugins.analyzers import microbench
 
     monkeypatch.setattr(microbench, "measure_cpu_ceilings",
                         functools.partial(microbench.measure_cpu_ceilings, n=128, copy_bytes=1 << 20, vector=1 << 12))

@@ -22,7 +22,7 @@ from rich.console import Console, Group
 
 from dohnuts.bench.analysis import analysis_tables, analyze_records, find_hwspec, read_jsonl
 from dohnuts.bench.analysis.render import Col, FitTable
-from dohnuts.bench.builtin.reporters import dohnuts_bench_report, full_width, summarize, summary_table
+from dohnuts_bench_plugins.reporters import dohnuts_bench_report, full_width, summarize, summary_table
 from dohnuts.bench.report import Section
 
 RUN = Path(__file__).resolve().parents[2] / "results" / "h200" / "2026-11-30-graphs" / "results.jsonl.gz"

@@ -27,7 +27,7 @@ FAULTY = textwrap.dedent('''
     its choice). Its reference options turn the fault off, as a plain reference path would."""
     import dataclasses
 
-    from dohnuts.bench.builtin.targets.dohnuts_target import DohnutsTarget
+    from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget
     from dohnuts.bench.hookspecs import hookimpl
     from dohnuts.runtime.predict import QuestionResult, RequestResult
 

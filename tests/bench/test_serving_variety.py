@@ -98,7 +98,7 @@ TEXT = ("kind: text\ntargets: [dohnuts]\nmodel: tiny\n"
 def test_the_text_kind_builds_the_drawn_requests(tmp_path):
     """Each request of the set has the drawn sizes (exact with the byte tokenizer), and the same
     seed builds the same requests."""
-    from dohnuts.bench.builtin.workloads import TextKind
+    from dohnuts_bench_plugins.workloads import TextKind
     from dohnuts.runtime.plan import plan_request
     from dohnuts.runtime.tokenizer import tokenizer_for
     from dohnuts.config import preset
@@ -120,7 +120,7 @@ def test_the_text_kind_builds_the_drawn_requests(tmp_path):
 def test_the_image_kind_gives_each_image_request_its_own_image(tmp_path):
     from PIL import Image
 
-    from dohnuts.bench.builtin.workloads import ImageKind
+    from dohnuts_bench_plugins.workloads import ImageKind
 
     body = ("kind: image\ntargets: [dohnuts]\nmodel: tiny\n"
             "shape: {requests: 2, questions: 1, seq_tokens: 64, candidates: 2, candidate_tokens: 2, "
@@ -231,7 +231,7 @@ def test_graph_captures_inside_measured_points_are_counted(tmp_path, monkeypatch
     counts, dohnuts.runtime.graphs), the first point captures every bucket of the set that the
     warm-up's single calls (2 questions × 64 tokens) did not, the second none; a stream of the
     same set after them none either."""
-    from dohnuts.bench.builtin.targets.dohnuts_target import DohnutsTarget
+    from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget
     from dohnuts.runtime.graphs import PassGraphs
 
     built = DohnutsTarget.__init__

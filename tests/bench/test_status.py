@@ -159,7 +159,7 @@ def test_a_cpu_run_measures_on_one_thread_by_default_and_gives_the_process_its_t
 
     import torch
 
-    from dohnuts.bench.builtin.analyzers import microbench
+    from dohnuts_bench_plugins.analyzers import microbench
 
     monkeypatch.setattr(microbench, "measure_cpu_ceilings",
                         functools.partial(microbench.measure_cpu_ceilings, n=128, copy_bytes=1 << 20, vector=1 << 12))
@@ -187,7 +187,7 @@ def test_the_report_gives_the_load_and_flags_a_ceiling_that_moved():
     from rich.console import Console, Group
 
     from dohnuts.bench.analysis.machine import machine_conditions, machine_renderables
-    from dohnuts.bench.builtin.analyzers.microbench import stability
+    from dohnuts_bench_plugins.analyzers.microbench import stability
 
     def record(target, others):
         return {"workload": {"name": "text"}, "target": target, "device": {"type": "cpu", "name": "x86_64",

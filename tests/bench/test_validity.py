@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from dohnuts.bench.analysis.records import check_record, valid_records, validity_summary
-from dohnuts.bench.builtin.telemetry import (
+from dohnuts_bench_plugins.telemetry import (
     NVML_CLOCK_EVENT_REASONS,
     NVML_THROTTLING_BITS,
     AmdSmiSampler,
@@ -394,7 +394,7 @@ def test_valid_records_without_validity_fields():
 def test_clock_summary_of_a_group_of_calls():
     """Median and lowest clock over the non-idle samples of every call, the device maximum and the
     power-capped count, from NVML (SM) or amdsmi (GFX) readings; None without any clock."""
-    from dohnuts.bench.builtin.reporters import quality_table, summarize
+    from dohnuts_bench_plugins.reporters import quality_table, summarize
     from dohnuts.bench.telemetry import clock_summary
 
     def rec(*readings):

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from dohnuts.bench.analysis.records import check_reportable, valid_records, validity_summary
-from dohnuts.bench.builtin.telemetry import AmdSmiSampler, NvmlSampler, dohnuts_bench_register_telemetry
+from dohnuts_bench_plugins.telemetry import AmdSmiSampler, NvmlSampler, dohnuts_bench_register_telemetry
 from dohnuts.bench.telemetry import NO_ENERGY_COUNTER, TelemetryThread
 from tests.bench.test_validity import GpuStateTarget, _measure
 from tests.bench.vendor_replay import AmdSmiReplay, NvmlReplay
@@ -209,7 +209,7 @@ def test_energy_per_call_and_per_decision_in_the_summary_and_the_report(tmp_path
     has None for both, and the report says "no energy counter"."""
     from rich.console import Console
 
-    from dohnuts.bench.builtin.reporters import summarize, summary_table
+    from dohnuts_bench_plugins.reporters import summarize, summary_table
 
     records = _call_records(tmp_path, monkeypatch, vendor, ["power-capped", "clean", "idle"])
     recs = [rec for rec, _ in records.values()]
@@ -315,6 +315,6 @@ def test_the_amdsmi_fixture_has_the_shapes_of_the_real_binding():
 def test_amdsmi_temperature_limits_in_degrees_or_millidegrees():
     """The binding returns °C (the library divides by 1000); its header documents millidegrees:
     both read as °C."""
-    from dohnuts.bench.builtin.telemetry.amd import _celsius
+    from dohnuts_bench_plugins.telemetry.amd import _celsius
 
     assert _celsius(110) == 110 and _celsius(110000) == 110 and _celsius("N/A") is None and _celsius(0) is None

@@ -18,13 +18,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from dohnuts.errors import DohnutsError
 from tests.hostile import fifo, no_hang
 
-SETTINGS = dict(deadline=None, database=None, suppress_health_check=[
+# derandomize: the examples are seeded from each test's own hash, the same on every run — a run of the
+# tests never fails on an example the previous one did not draw (issue 46: this file's config fuzz
+# once failed now and then on `partial_rotary_factor: 0.0`).
+SETTINGS = dict(deadline=None, database=None, derandomize=True, suppress_health_check=[
     HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much,
     HealthCheck.data_too_large])
 FUZZ = settings(max_examples=120, **SETTINGS)
@@ -132,8 +135,10 @@ def _check_config(root: Path) -> None:
     t = cfg.text  # what was accepted is finite and within bounds
     for name in ("rms_norm_eps", "rope_theta", "partial_rotary_factor"):
         value = getattr(t, name)
-        # an eps of 0 loads as transformers loads it (tests/model/test_config_compat.py)
-        assert math.isfinite(value) and (value >= 0 if name == "rms_norm_eps" else value > 0), (name, value)
+        # an eps of 0 and a rotary factor of 0 (no rotary at all) load as transformers loads and runs
+        # them (tests/model/test_config_compat.py: hd48-no-rotary's hidden states match)
+        assert math.isfinite(value) and (value > 0 if name == "rope_theta" else value >= 0), (name, value)
+    assert 2 * ((t.rotary_dim + 1) // 2) <= t.head_dim  # the rotated channels fit in the head
     for name in ("vocab_size", "hidden_size", "num_hidden_layers", "max_position_embeddings"):
         value = getattr(t, name)
         assert isinstance(value, int) and not isinstance(value, bool) and value >= 1, (name, value)
@@ -145,12 +150,36 @@ CONFIG_KEYS = ["rms_norm_eps", "rope_theta", "partial_rotary_factor", "rope_para
                "text_config", "vision_config", "num_attention_heads", "num_key_value_heads", "intermediate_size"]
 
 
+def _with_rotary_factor(factor) -> dict:
+    doc = _tiny_hf_config()
+    doc["rope_parameters"] = {**doc["rope_parameters"], "partial_rotary_factor": factor}
+    return doc
+
+
 @FUZZ
 @given(doc=mutated(_tiny_hf_config(), CONFIG_KEYS))
+@example(doc=_with_rotary_factor(0.0))  # the example that once failed: accepted, no rotary
+@example(doc=_with_rotary_factor(-1e-3))  # refused, though int(head_dim × it) is 0
 def test_config_reader_on_near_valid_configs(checkpoint_dir, tmp_path_factory, doc):
     root = tmp_path_factory.mktemp("c")
     (root / "config.json").write_bytes(_json_bytes(doc))
     _check_config(root)
+
+
+@pytest.mark.parametrize("factor, rotary_dim", [(0.0, 0), (0.25, 8), (0.97, 31), (1.0, 32), (-1e-3, None),
+                                                (-0.5, None), (1.05, None)])
+def test_the_rotary_factors_the_reader_takes(tmp_path, factor, rotary_dim):
+    """The bounds the fuzz test checks, at their edges (tiny: head_dim 32): 0 (no rotary) to the
+    head, an odd rotary_dim rounded up to even inside it; a negative factor is refused even where
+    int() would make it 0 channels."""
+    from dohnuts.model.build import resolve_source
+
+    (tmp_path / "config.json").write_text(json.dumps(_with_rotary_factor(factor)))
+    if rotary_dim is None:
+        with pytest.raises(DohnutsError, match=r"field 'partial_rotary_factor'"):
+            resolve_source(str(tmp_path))
+    else:
+        assert resolve_source(str(tmp_path))[0].text.rotary_dim == rotary_dim
 
 
 @FUZZ

@@ -97,7 +97,7 @@ def test_corrupt_adapter(tmp_path):
 def test_bench_target_serves_an_adapter_merged(tmp_path):
     """The bench's dohnuts target with `adapter:` measures the model as `dohnuts predict --adapter`
     serves it: adapters merged into the base, the adapter's temperature, the same scores."""
-    from dohnuts.bench.builtin.targets.dohnuts_target import DohnutsTarget
+    from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget
     from dohnuts.bench.calls import PredictCall
     from dohnuts.runtime.timing import NULL_TIMER
 

@@ -23,7 +23,7 @@ A spec is a YAML file (see hwspecs/README.md; built-in: hwspecs/rx7900xtx.yaml, 
     measured:                             # optional: written by `dohnuts-bench calibrate` on the device
       date: 2026-12-02
       device: AMD Radeon RX 7900 XTX      # as torch names it
-      method: dohnuts-bench calibrate (dohnuts/bench/builtin/analyzers/microbench.py)
+      method: dohnuts-bench calibrate (bench_plugins/analyzers/microbench.py)
       ceilings:                           # microbenchmark → its result, as a run records it
         bf16_matmul: {value: 1.0e14, kind: compute, method: "torch.matmul bf16 8192³ ...", date: 2026-12-02}
 
@@ -239,7 +239,7 @@ SUSTAINED_MEASUREMENTS = {
 def with_measured_ceilings(spec: HwSpec, measured: Mapping[str, Mapping[str, Any]]) -> HwSpec:
     """`spec` plus the ceilings the harness measured on this machine at the start of the run.
 
-    `measured` maps a microbenchmark (dohnuts.bench.builtin.analyzers.microbench: bf16_matmul,
+    `measured` maps a microbenchmark (dohnuts_bench_plugins.analyzers.microbench: bf16_matmul,
     device_copy, h2d_pinned, d2h_pinned, fp32_fma) to {"value", "kind", "method", "date"}. Each
     becomes a measured ceiling `<key>_this_run` that takes its roles in `measured_roles`, replacing
     the file's measured numbers (this machine, now). The two pinned copies share the host-link
@@ -305,7 +305,7 @@ def with_measured_section(spec: HwSpec, section: MeasuredSection) -> HwSpec:
 # --------------------------------------------------------------------------------------------
 # A spec from measurements alone (a device without a datasheet spec: the CPU, an unknown GPU)
 
-# microbenchmark key → roles it meets per precision (dohnuts.bench.builtin.analyzers.microbench)
+# microbenchmark key → roles it meets per precision (dohnuts_bench_plugins.analyzers.microbench)
 SYNTHESIS = {
     "fp32_matmul": {"fp32": ("matrix", "attention", "scan")},
     "bf16_matmul": {"bf16": ("matrix", "attention", "scan")},

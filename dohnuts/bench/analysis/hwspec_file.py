@@ -92,7 +92,7 @@ class CeilingFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 RoleTable = dict[str, dict[str, str | None]]  # precision → role → ceiling name
 
-# The microbenchmarks dohnuts-bench measures (dohnuts/bench/builtin/analyzers/microbench.py) and the kind of
+# The microbenchmarks dohnuts-bench measures (bench_plugins/analyzers/microbench.py) and the kind of
 # each: the keys a `measured:` section may hold (dohnuts.bench.analysis.hwspec maps them to roles).
 MICROBENCHMARKS = {
     "bf16_matmul": "compute", "bf16_matmul_sustained": "compute", "fp32_matmul": "compute", "fp32_fma": "compute",

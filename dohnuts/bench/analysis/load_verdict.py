@@ -1,6 +1,6 @@
 """Whether the machine's load explains a change: the one rule `compare`, `gate` and `history` apply.
 
-Every record carries the `load` telemetry of its call (dohnuts.bench.builtin.analyzers.load):
+Every record carries the `load` telemetry of its call (dohnuts_bench_plugins.analyzers.load):
 `own_cores`, the share of a core this process got (1.0: a whole core), `others_cores`, the cores
 other processes kept busy, and `cpus`. A run whose process waited for the CPU while other
 processes held every core is slower by about the share of a core it lost — a fact about the

@@ -2,13 +2,13 @@
 ceilings measured at the start of the run were. (What a CPU run can and cannot show opens the
 report: dohnuts.bench.analysis.headline.)
 
-Load: the `load` telemetry of every record (dohnuts.bench.builtin.analyzers.load: the cores other
+Load: the `load` telemetry of every record (dohnuts_bench_plugins.analyzers.load: the cores other
 processes kept busy during the call, the load average) and the machine as the run found it
 (`measured["machine"]`). Where other processes used more than `BUSY_OTHERS` cores while a
 workload was measured, its times are slowed and spread by them: the report warns.
 
 Ceilings: each measured ceiling keeps the rate of every repeat (`repeat_values`) and its spread
-(dohnuts.bench.builtin.analyzers.microbench.stability); one that moved by more than its `STABLE_SPREAD`
+(dohnuts_bench_plugins.analyzers.microbench.stability); one that moved by more than its `STABLE_SPREAD`
 between repeats is flagged, and so are the efficiencies it bounds.
 
 Everything is read from the records and run.json's `measured`, so `dohnuts-bench analyze` says it

@@ -220,7 +220,7 @@ class Agreement(msgspec.Struct):
 
 
 class ReportedRecord(Record, kw_only=True):
-    """`Record` and what the run report (dohnuts.bench.builtin.reporters) reads (check_reportable)."""
+    """`Record` and what the run report (dohnuts_bench_plugins.reporters) reads (check_reportable)."""
 
     wall_ms: PositiveMs
     decisions: NonNegative
@@ -357,7 +357,7 @@ def check_record(rec: dict) -> None:
 
 
 def check_reportable(rec: dict) -> None:
-    """`check_record`, and what the run report (dohnuts.bench.builtin.reporters) reads of a record
+    """`check_record`, and what the run report (dohnuts_bench_plugins.reporters) reads of a record
     (`ReportedRecord`): a positive wall time, `decisions`, `tokens.useful` / `tokens.padded`, the
     device's name, and when present `peak_mem_bytes`, `validity`, `energy`, `harness_overhead`,
     `aa_half` and a stream's `extra.stream` times. RecordError names the record and the field, on one line."""

@@ -19,7 +19,7 @@ from dohnuts.bench.status import log
 
 @hookimpl
 def dohnuts_bench_register_telemetry():
-    from dohnuts.bench.builtin.analyzers.load import LoadSampler
+    from dohnuts_bench_plugins.analyzers.load import LoadSampler
 
     return [LoadSampler()]
 
@@ -28,8 +28,8 @@ def dohnuts_bench_register_telemetry():
 def dohnuts_bench_prepare_run(run):
     import torch
 
-    from dohnuts.bench.builtin.analyzers.load import load_before
-    from dohnuts.bench.builtin.analyzers.microbench import measure_ceilings, measure_cpu_ceilings
+    from dohnuts_bench_plugins.analyzers.load import load_before
+    from dohnuts_bench_plugins.analyzers.microbench import measure_ceilings, measure_cpu_ceilings
 
     before = load_before()
     run.measured.setdefault("machine", {}).update(cpus=before["cpus"], threads=torch.get_num_threads(), before=before)

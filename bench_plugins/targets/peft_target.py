@@ -25,8 +25,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dohnuts.bench.builtin.targets.dohnuts_target import DohnutsTarget
-from dohnuts.bench.builtin.targets.transformers_target import build_peer_backbone
+from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget
+from dohnuts_bench_plugins.targets.transformers_target import build_peer_backbone
 from dohnuts.bench.calls import CallResult, TrainCall
 from dohnuts.errors import ConfigError
 from dohnuts.runtime.policy import ExecutionPolicy

@@ -1,5 +1,5 @@
 """Built-in workload kinds: text, shared-prefix, image, image-cache (cold/warm), train-step, and
-requests (a request set as users send it: dohnuts/bench/builtin/workloads/requests.py).
+requests (a request set as users send it: bench_plugins/workloads/requests.py).
 
 Every kind generates its requests itself (seeded, no downloads), sized in model tokens:
 
@@ -355,7 +355,7 @@ class TrainStepKind:
 
 @hookimpl
 def dohnuts_bench_register_workload_kinds():
-    from dohnuts.bench.builtin.workloads.requests import RequestsKind
+    from dohnuts_bench_plugins.workloads.requests import RequestsKind
 
     kinds = (TextKind(), SharedPrefixKind(), ImageKind(), ImageCacheKind(), TrainStepKind(), RequestsKind())
     return {k.name: k for k in kinds}

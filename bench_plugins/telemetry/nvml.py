@@ -10,7 +10,7 @@ energy; `device_facts` the driver, the power limit and the maximum clocks for pr
 
 from __future__ import annotations
 
-from dohnuts.bench.builtin.telemetry.devices import pick_device
+from dohnuts_bench_plugins.telemetry.devices import pick_device
 from dohnuts.bench.telemetry import Sampler
 
 # NVML clock-event ("throttle") reason bits: nvmlClocksEventReason* (= nvmlClocksThrottleReason*)
@@ -62,7 +62,7 @@ def _text(x) -> str:
 
 class NvmlSampler(Sampler):
     """The NVML readings of this process's GPU: torch's device `index`, found by its PCI address
-    `pci` (`DDDD:BB:DD`) when given (dohnuts.bench.builtin.telemetry.devices)."""
+    `pci` (`DDDD:BB:DD`) when given (dohnuts_bench_plugins.telemetry.devices)."""
 
     name = "nvml"
 

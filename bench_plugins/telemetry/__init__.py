@@ -14,9 +14,9 @@ import os
 
 import psutil
 
-from dohnuts.bench.builtin.telemetry.amd import AMD_THROTTLERS, AmdSmiSampler, decode_amd_throttlers  # noqa: F401
-from dohnuts.bench.builtin.telemetry.devices import parse_pci, pick_device, torch_pci_address  # noqa: F401
-from dohnuts.bench.builtin.telemetry.nvml import (  # noqa: F401
+from dohnuts_bench_plugins.telemetry.amd import AMD_THROTTLERS, AmdSmiSampler, decode_amd_throttlers  # noqa: F401
+from dohnuts_bench_plugins.telemetry.devices import parse_pci, pick_device, torch_pci_address  # noqa: F401
+from dohnuts_bench_plugins.telemetry.nvml import (  # noqa: F401
     NVML_CLOCK_EVENT_REASONS,
     NVML_GPU_IDLE,
     NVML_POWER_CAP_BITS,

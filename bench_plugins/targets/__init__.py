@@ -4,9 +4,9 @@ implementation, for prediction) and `transformers+peft` (that model trained with
 
 from __future__ import annotations
 
-from dohnuts.bench.builtin.targets.dohnuts_target import DohnutsTarget
-from dohnuts.bench.builtin.targets.peft_target import TransformersPeftTarget
-from dohnuts.bench.builtin.targets.transformers_target import TransformersTarget
+from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget
+from dohnuts_bench_plugins.targets.peft_target import TransformersPeftTarget
+from dohnuts_bench_plugins.targets.transformers_target import TransformersTarget
 from dohnuts.bench.hookspecs import hookimpl
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 
-from dohnuts.bench.builtin.telemetry.devices import pick_device
+from dohnuts_bench_plugins.telemetry.devices import pick_device
 from dohnuts.bench.telemetry import Sampler
 
 # indep_throttle_status: the Linux driver's ASIC-independent throttler bits (amdgpu_smu.h).
@@ -88,7 +88,7 @@ def _celsius(x) -> float | None:
 
 class AmdSmiSampler(Sampler):
     """The amdsmi readings of this process's GPU: torch's device `index`, found by its PCI address
-    `pci` (`DDDD:BB:DD`) among amdsmi's handles when given (dohnuts.bench.builtin.telemetry.devices)."""
+    `pci` (`DDDD:BB:DD`) among amdsmi's handles when given (dohnuts_bench_plugins.telemetry.devices)."""
 
     name = "amdsmi"
 
