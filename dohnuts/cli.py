@@ -65,7 +65,7 @@ def _predict_paths(args) -> tuple[Path, Path | None]:
     a FIFO or a directory) that is not the input (same file through any path, symlink or hard
     link: opening it for writing would truncate the requests before they are read), the adapter
     a regular file within its size limit."""
-    from dohnuts.schema import check_file, check_output
+    from dohnuts.schema import check_file, check_output_file
 
     src = Path(args.requests)
     check_file(src, what="a JSONL file", streams=True)
@@ -84,11 +84,10 @@ def _predict_paths(args) -> tuple[Path, Path | None]:
             raise DohnutsError("standard output is redirected to this input file; the results would overwrite "
                                "or follow the requests (use -o with another file)", source=str(src))
         return src, None
-    out = Path(args.output)
-    check_output(out, field="-o", what="a JSONL file to write (-o - writes to standard output)")
-    if out.exists() and os.path.samefile(src, out):
-        raise DohnutsError(f"is the input file {src}: writing it would destroy the requests (choose another -o)",
-                           source=str(out))
+    # the one output rule (dohnuts.schema.output_paths): not a symbolic link, not the requests or the
+    # adapter (by any path), not in a benchmark run folder, new or a regular file
+    out = check_output_file(args.output, inputs=[src, args.adapter], field="-o",
+                            what="a JSONL file to write (-o - writes to standard output)")
     return src, out
 
 
@@ -240,14 +239,9 @@ def _predict_sharded(args) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
     else:  # all at once: a temporary file renamed over the output (a full disk leaves the old one)
-        tmp = out_path.with_name(out_path.name + ".tmp")
-        try:
-            tmp.write_text(text, encoding="utf-8")
-            tmp.replace(out_path)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise DohnutsError(f"cannot be written ({exc.strerror or exc}); nothing was written",
-                               source=str(out_path)) from None
+        from dohnuts.schema import write_text_atomic
+
+        write_text_atomic(out_path, text)
     print(f"dohnuts: scored {len(rows) - refused} of {len(rows)} requests on {world.size} processes"
           + (f", refused {refused} (see the error records)" if refused else ""), file=sys.stderr)
     return report_status(world, 2 if refused else 0)

@@ -92,7 +92,7 @@ def cmd_baseline(args) -> int:
     from dohnuts.bench.provenance import git_revision
     from dohnuts.api import check_threads
     from dohnuts.bench.run_command import cmd_run
-    from dohnuts.schema import write_json
+    from dohnuts.schema import check_output_folder, write_json
 
     if args.runs < 2:
         raise ConfigError(f"must be at least 2 (the drift between runs is the tolerance), got {args.runs}",
@@ -107,7 +107,8 @@ def cmd_baseline(args) -> int:
         torch.set_num_threads(args.threads)
     machine = this_machine(device)
     torch.set_num_threads(saved)
-    folder = Path(args.into) / machine
+    into = check_output_folder(args.into, field="--into", error=ConfigError, create=False, holds_new_folders=True)
+    folder = into / machine
     if (folder / MANIFEST).exists() and not args.replace:
         raise ConfigError("holds this machine's baseline already; --replace makes a new one (after an intended "
                           "change)", source=str(folder))

@@ -310,14 +310,15 @@ def _check_rounds_args(args) -> None:
 def cmd_gate_rounds(args) -> int:
     """`gate --against REV [WORKLOAD ...]`: the interleaved gate (module docstring)."""
     from dohnuts.bench import interleave
-    from dohnuts.bench.offline import _json_output
+    from dohnuts.bench.offline import json_output
     from dohnuts.bench.run_command import DEFAULT_CPU_THREADS
     from dohnuts.bench.status import log
 
     _check_rounds_args(args)
     rounds, calls = _or(args.rounds, DEFAULT_ROUNDS), _or(args.calls, DEFAULT_CALLS)
     min_effect, confidence = _or(args.min_effect, ROUNDS_MIN_EFFECT), _or(args.confidence, ROUNDS_CONFIDENCE)
-    json_out = _json_output(args.json) if args.json else None  # refused before any work, in one line
+    json_out = (json_output(args.json, [Path(f) for f in args.inputs]) if args.json  # refused before any work
+                else None)
     files = _workload_files(args.inputs)
     candidate = interleave.work_tree(Path.cwd())
     scratch = interleave.make_scratch()

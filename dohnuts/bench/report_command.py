@@ -62,11 +62,29 @@ def write_html(run_dir: Path, *, store: str | Path | None = None, against: Path 
         comp = compare_runs(read_jsonl(results(against)), read_jsonl(results(run_dir)), label_a=str(against),
                             label_b=str(run_dir))
         comparison = comparison_dict(comp) | {"rule": RULE, "label_a": against.name, "label_b": run_dir.name}
+    out = check_html_output(out or run_dir / "report.html", run_dir, store=store, against=against)
     page = render(summary, title=str(meta.get("run_id") or run_dir.name), meta=meta, comparison=comparison,
                   trends=trends_for(store, summary, str(meta.get("run_id") or run_dir.name)))
-    out = out or run_dir / "report.html"
     write_text_atomic(out, page)  # a failed write is one line; the previous page (if any) stays
     return out
+
+
+def check_html_output(out: str | Path, run_dir: Path, *, store=None, against: Path | None = None) -> Path:
+    """The page's path by the one output rule (dohnuts.schema.output_paths): not a symbolic link, none
+    of the files the page is built from (the run's and `against`'s summary, run.json and records, the
+    store), and in a run folder only as its report.html."""
+    from dohnuts.bench.offline import run_inputs
+    from dohnuts.bench.store import store_files
+    from dohnuts.schema import check_output_file
+
+    inputs = [run_dir / "summary.json"]
+    for d in (run_dir, against):
+        if d is not None:
+            inputs += [d / "summary.json", *run_inputs(d / "results.jsonl"), d / "results.jsonl.gz"]
+    if store is not None:
+        inputs += store_files(store)
+    return check_output_file(out, inputs=inputs, field="--out", what="an HTML file to write",
+                             run_folder_names=("report.html",))
 
 
 def cmd_report(args) -> int:
@@ -75,13 +93,11 @@ def cmd_report(args) -> int:
         raise DohnutsError("is not a run directory", source=str(run_dir))
     if not args.html:
         raise DohnutsError("says nothing to write: add --html", source="dohnuts-bench report")
-    if args.out:  # a device, a FIFO, a directory or a name too long is refused before the page is built
-        from dohnuts.schema import check_output
-
-        check_output(args.out, field="--out", what="an HTML file to write")
     store = args.store or run_dir.resolve().parent.parent / "store.sqlite"  # beside the runs' folder, as `run` puts it
-    out = write_html(run_dir, store=store, against=Path(args.against) if args.against else None,
-                     out=Path(args.out) if args.out else None)
+    against = Path(args.against) if args.against else None
+    # a link, an input, a device, a FIFO, a directory or a name too long is refused before the page is built
+    check_html_output(args.out or run_dir / "report.html", run_dir, store=store, against=against)
+    out = write_html(run_dir, store=store, against=against, out=Path(args.out) if args.out else None)
     print(f"dohnuts-bench: wrote {out}", file=sys.stderr)
     return 0
 

@@ -80,6 +80,13 @@ _CANNOT_WRITE = {sqlite3.SQLITE_PERM, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IO
                  sqlite3.SQLITE_CANTOPEN}
 
 
+def store_files(path: str | Path) -> list[Path]:
+    """The files of a store: the database and SQLite's journal files beside it (what an output must
+    never be: dohnuts.schema.output_paths)."""
+    path = Path(path)
+    return [path, *(path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-journal"))]
+
+
 class StoreError(DohnutsError):
     """The store file cannot be used (corrupt, foreign, newer, unwritable)."""
 

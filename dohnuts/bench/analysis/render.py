@@ -370,5 +370,17 @@ def roofline_png(analysis: Analysis, path: str | Path, precision: str | None = N
     fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    return save_png(fig, path)
+
+
+def save_png(fig, path: Path) -> Path:
+    """`fig` as a PNG at `path`, written whole and renamed into place (dohnuts.schema.write_bytes_atomic):
+    a symbolic link planted at `path` is replaced, never written through."""
+    import io
+
+    from dohnuts.schema import write_bytes_atomic
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    write_bytes_atomic(path, buf.getvalue())
     return path

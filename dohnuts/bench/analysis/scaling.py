@@ -177,6 +177,6 @@ def scaling_png(rows: list[ScalingRow], path: str | Path) -> Path | None:
     ax.set_xticks(sorted({n for pts in lines.values() for n, _ in pts}))
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    return path
+    from dohnuts.bench.analysis.render import save_png
+
+    return save_png(fig, Path(path))

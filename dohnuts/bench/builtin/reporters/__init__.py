@@ -23,7 +23,7 @@ from dohnuts.bench.analysis.records import group_key, overhead_text, quality_cel
 from dohnuts.bench.analysis.render import UNBOUNDED, Col, FitTable
 from dohnuts.bench.hookspecs import hookimpl
 from dohnuts.bench.status import log
-from dohnuts.schema import write_json
+from dohnuts.schema import write_json, write_text_atomic
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -254,7 +254,7 @@ def dohnuts_bench_report(console, records, sections, run_dir):
     for c in (console, file_console):
         for renderable in report:
             c.print(renderable)
-    (run_dir / "report.txt").write_text(file_console.export_text())
+    write_text_atomic(run_dir / "report.txt", file_console.export_text())  # a planted link is replaced, not followed
     summary = {"summary": rows, "sections": {s.title: s.data for s in sections}}
     # Strict JSON (a non-finite number is written as null, never a bare NaN), written atomically:
     # an interrupted report leaves no half-written summary.json.
