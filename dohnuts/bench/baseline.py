@@ -85,7 +85,7 @@ def cmd_baseline(args) -> int:
     import json
 
     import torch
-    from rich.console import Console
+    from dohnuts.bench.terminal import SafeConsole
 
     from dohnuts.bench.gate import timings
     from dohnuts.bench.machine_id import this_machine
@@ -126,7 +126,7 @@ def cmd_baseline(args) -> int:
                 workloads=args.workloads, out=str(staging / "raw"), label=f"baseline-{i}", hwspec=args.hwspec,
                 telemetry_interval=0.1, quiet=args.quiet, profile=False, store=str(staging / "store.sqlite"),
                 threads=args.threads)
-            code = cmd_run(run_args, console=Console(file=io.StringIO(), width=120))  # reports are not wanted
+            code = cmd_run(run_args, console=SafeConsole(file=io.StringIO(), width=120))  # reports are not wanted
             if code != 0:
                 raise DohnutsError(f"baseline run {i} ended with status {code}; no baseline written",
                                    source=str(folder))

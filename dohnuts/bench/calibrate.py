@@ -105,8 +105,10 @@ def cmd_calibrate(args) -> int:
     # may be named (its measured: section is replaced, the rest kept), so it is not counted an input here
     check_output_file(out, field="--write", what="a YAML file to write", error=ConfigError, make_folder="later")
     if not spec.matches(name):
-        console.print(f"[yellow]note[/]: {spec.name} does not describe this device ({name}); its copy gets this "
-                      "device's measurements (a dry run)")
+        from rich.text import Text
+
+        console.print(Text.assemble(("note", "yellow"), f": {spec.name} does not describe this device ({name}); its "
+                                    "copy gets this device's measurements (a dry run)"))
     text = Path(spec.source).read_text(encoding="utf-8")
     ceilings = measure(device, console)
     telemetry = TelemetryThread([s for s in samplers(plugin_manager()) if not s.unavailable])

@@ -31,9 +31,9 @@ MAX_RUN_JSON_BYTES = 64 * MIB
 
 def make_console():
     """The console reports are printed on (stdout, no highlighting of numbers)."""
-    from rich.console import Console
+    from dohnuts.bench.terminal import SafeConsole
 
-    return Console(stderr=False, highlight=False)
+    return SafeConsole(stderr=False)
 
 
 def _stored_hwspec(ref: str):

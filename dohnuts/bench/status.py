@@ -17,6 +17,8 @@ import sys
 import threading
 import time
 
+from dohnuts.schema import printable_lines
+
 LOGGER = "dohnuts.bench"
 HEARTBEAT_S = 5.0  # at most this long without a line while measuring, in a pipe
 
@@ -51,7 +53,7 @@ class PlainFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
         level = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
-        return f"{stamp} {level}{record.getMessage()}"
+        return f"{stamp} {level}{printable_lines(record.getMessage())}"  # a user's name never acts on the terminal
 
 
 def configure_logging(*, quiet: bool = False, terminal: bool | None = None) -> logging.Handler:
@@ -63,10 +65,11 @@ def configure_logging(*, quiet: bool = False, terminal: bool | None = None) -> l
             log.removeHandler(handler)
     terminal = stderr_is_terminal() if terminal is None else terminal
     if terminal:
-        from rich.console import Console
         from rich.logging import RichHandler
 
-        handler: logging.Handler = RichHandler(console=Console(stderr=True, highlight=False), show_path=False,
+        from dohnuts.bench.terminal import SafeConsole
+
+        handler: logging.Handler = RichHandler(console=SafeConsole(stderr=True), show_path=False,
                                                markup=False, omit_repeated_times=False)
     else:
         handler = _CurrentStderrHandler()
@@ -100,9 +103,11 @@ class MeasureProgress:
         console = _rich_console() if enabled else None
         self._bar = None
         if console is not None:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            from dohnuts.bench.terminal import progress_text_column
+
+            self._bar = Progress(progress_text_column(), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=console)
         self._lock = threading.Lock()
         self._tasks: dict[int, dict] = {}

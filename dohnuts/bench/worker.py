@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--telemetry-interval", type=float, default=0.1)
     args = p.parse_args(argv)
 
-    from rich.console import Console
+    from dohnuts.bench.terminal import SafeConsole
 
     from dohnuts.bench.contracts import RunContext
     from dohnuts.bench.interconnect import allreduce_busbw
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     run = RunContext(run_id=args.run_id, run_dir=out_dir / f"rank{world.rank}", device=torch.device(device),
-                     hwspec=None, console=Console(stderr=True, highlight=False, quiet=True),
+                     hwspec=None, console=SafeConsole(stderr=True, quiet=True),
                      before_call=_fault_from_environment())
     busbw = allreduce_busbw(world)
     if busbw is not None:

@@ -38,7 +38,7 @@ from dohnuts.schema.user_files import (
     GIB, KIB, MIB, check_dir, check_file, check_output, kind_of, open_file, read_file, size_words, stat_path,
 )
 from dohnuts.schema.values import (
-    first_nonfinite, is_finite, median, one_line, one_line_error, printable, short, why_not_finite,
+    first_nonfinite, is_finite, median, one_line, one_line_error, printable, printable_lines, short, why_not_finite,
 )
 
 __all__ = [
@@ -46,7 +46,7 @@ __all__ = [
     "open_file", "read_file", "size_words", "stat_path",
     "MAX_FLOAT", "DuplicateKeyError", "Finite", "Invalid", "NonBlank", "NonNegative", "Positive", "StrictLoader",
     "convert", "decode_json", "dumps", "first_nonfinite", "is_finite", "json_safe", "median", "one_line",
-    "one_line_error", "problem", "read_json", "read_yaml", "short", "why_not_finite", "write_json",
-    "write_bytes_atomic", "write_text_atomic", "yaml_error", "check_output_file", "check_output_folder",
-    "is_run_folder", "same_file",
+    "one_line_error", "printable", "printable_lines", "problem", "read_json", "read_yaml", "short",
+    "why_not_finite", "write_json", "write_bytes_atomic", "write_text_atomic", "yaml_error",
+    "check_output_file", "check_output_folder", "is_run_folder", "same_file",
 ]

@@ -9,9 +9,9 @@ An output is refused in one line naming it and its field, before any work, when
   the link points to;
 - it is one of the command's own inputs, by any path (a symlink, a hard link, `..`): compare's
   results, history's store and its journal files, report's run files, analyze's run folder;
-- it is in a run folder — a folder holding run.json or results.jsonl[.gz], or one below it: a run's
-  files are written by the `dohnuts-bench run` that made it (and its report.html by `report`), so a
-  finished run stays as it was made;
+- it is in a run folder — a folder holding run.json or results.jsonl[.gz]: a run's files are
+  written by the `dohnuts-bench run` that made it (and its report.html by `report`), so a finished
+  run stays as it was made (a new folder below one is a folder of its own);
 - it cannot be a regular file (dohnuts.schema.user_files.check_output: a device, a FIFO, a folder,
   a name too long).
 
@@ -37,15 +37,6 @@ RUN_FOLDER_FILES = ("run.json", "results.jsonl", "results.jsonl.gz")  # what mak
 def is_run_folder(path: str | os.PathLike) -> bool:
     """Whether `path` is a run folder: it holds run.json or results.jsonl[.gz]."""
     return any(os.path.lexists(Path(path) / name) for name in RUN_FOLDER_FILES)
-
-
-def run_folder_above(path: str | os.PathLike) -> Path | None:
-    """The run folder `path` is (a folder) or lies in, at any depth (symlinks resolved), or None."""
-    here = Path(os.path.realpath(path))
-    for folder in (here, *here.parents):
-        if folder.is_dir() and is_run_folder(folder):
-            return folder
-    return None
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
@@ -77,17 +68,16 @@ def _refuse_inputs(path: Path, inputs: Iterable, *, error, field) -> None:
 
 
 def _refuse_run_folder(folder: Path, path: Path, *, error, field) -> None:
-    run = run_folder_above(folder)
-    if run is not None:
-        raise _fail(error, f"is in the run folder {short(str(run), 120, str)}: a run's files are written only by "
-                    "the run that made them; choose a path outside it", path, field)
+    if folder.is_dir() and is_run_folder(folder):
+        raise _fail(error, f"is in the run folder {short(str(folder), 120, str)}: a run's files are written only "
+                    "by the run that made them; choose a path outside it", path, field)
 
 
 def check_output_file(path: str | os.PathLike, *, inputs: Iterable = (), field: str | None = None,
                       what: str = "a regular file to write", error: type[DohnutsError] = DohnutsError,
                       run_folder_names: tuple[str, ...] = (), make_folder: bool | str = False) -> Path:
-    """A file a command will write, by the module's rule: not a symbolic link, none of `inputs`,
-    not in a run folder (except a name in `run_folder_names`: report.html for `report`), and new or
+    """A file a command will write, by the module's rule: none of `inputs`, not a symbolic link, not
+    in a run folder (except a name in `run_folder_names`: report.html for `report`), and new or
     a regular file. A missing folder is refused, or with `make_folder` created once every check has
     passed (`make_folder="later"`: left for the command to create when it writes)."""
     path = Path(path)
@@ -95,8 +85,8 @@ def check_output_file(path: str | os.PathLike, *, inputs: Iterable = (), field: 
     _refuse_link(path, error=error, field=field, what="the file")
     folder = path.parent
     existing = next((p for p in (folder, *folder.parents) if os.path.lexists(p)), Path("."))
-    if not (path.name in run_folder_names and is_run_folder(folder)):
-        _refuse_run_folder(existing, path, error=error, field=field)
+    if path.name not in run_folder_names:
+        _refuse_run_folder(folder, path, error=error, field=field)
     if make_folder and not os.path.lexists(folder):
         if not existing.is_dir():
             raise _fail(error, f"cannot be created: {short(str(existing), 120, str)} is not a directory", path, field)
@@ -117,14 +107,14 @@ def check_output_folder(path: str | os.PathLike, *, inputs: Iterable = (), field
                         holds_new_folders: bool = False) -> Path:
     """A folder a command writes files into, by the module's rule: not a symbolic link, holding no
     symbolic link (unless the command writes only new folders into it: `holds_new_folders`), not a
-    run folder nor in one, not the folder of one of `inputs`, and a folder (created with `create`)."""
+    run folder, not the folder of one of `inputs`, and a folder (created with `create`)."""
     path = Path(path)
     _refuse_link(path, error=error, field=field, what="the folder")
     exists = os.path.lexists(path)
     if exists and not path.is_dir():
         raise _fail(error, f"is not a directory (it is {kind_of(os.stat(path).st_mode)})", path, field)
     existing = next((p for p in (path, *path.parents) if os.path.lexists(p)), Path("."))
-    _refuse_run_folder(existing, path, error=error, field=field)
+    _refuse_run_folder(path, path, error=error, field=field)
     for given in inputs:
         if given is not None and same_file(path, Path(given).parent):
             raise _fail(error, f"is the folder of this command's input {short(str(given), 120, str)}: its files "

@@ -91,15 +91,16 @@ def test_an_input_is_never_an_output_by_any_path(tmp_path, how):
 
 def test_nothing_is_written_into_a_run_folder(tmp_path):
     run = _run_folder(tmp_path)
+    (tmp_path / "sub").mkdir()
     assert is_run_folder(run) and not is_run_folder(tmp_path)
-    for path in (run / "report.txt", run / "deeper" / "x.json"):
+    for path in (run / "report.txt", tmp_path / "sub" / ".." / "run" / "x.json"):
         with pytest.raises(DohnutsError, match="is in the run folder"):
             check_output_file(path, field="--out", make_folder=True)
     assert check_output_file(run / "report.html", run_folder_names=("report.html",)) == run / "report.html"
-    for folder in (run, run / "sub"):
-        with pytest.raises(DohnutsError, match="is in the run folder"):
-            check_output_folder(folder, field="--out")
+    with pytest.raises(DohnutsError, match="is in the run folder"):
+        check_output_folder(run, field="--out")
     assert sorted(p.name for p in run.iterdir()) == ["results.jsonl"]  # nothing was created
+    assert check_output_folder(run / "reports", field="--out").is_dir()  # a new folder below one is its own
     plain = tmp_path / "plain"  # records under another name: not a run folder, still the input's folder
     plain.mkdir()
     (plain / "records.jsonl").write_text("")

@@ -44,8 +44,18 @@ from rich.table import Table
 from rich.text import Text
 
 from dohnuts.bench.analysis.report import Analysis, GroupAnalysis
+from dohnuts.schema import printable
 
 UNBOUNDED = 100_000  # the width a table is measured at to get its natural width
+
+
+def _cell_text(cell: str | Text) -> Text:
+    """A cell as Text, its control characters written as escapes (a Text's style kept)."""
+    if not isinstance(cell, Text):
+        return Text(printable(cell))
+    if cell.plain.isprintable():
+        return cell
+    return Text(printable(cell.plain), style=cell.style)
 
 
 @dataclass(frozen=True)
@@ -65,7 +75,9 @@ class FitTable:
     Columns, in the full table's order: `sections` leading name columns (a heading in the narrow
     layouts), then `keys` key columns (repeated in every part of a split), then the value
     columns; `groups` lists tuples of value-column indices kept together (default: each alone).
-    Cells are plain strings or `rich.text.Text` (for colour); strings are never read as markup.
+    Cells are plain strings or `rich.text.Text` (for colour); strings are never read as markup, and
+    a cell's control characters are written as escapes (dohnuts.schema.printable) before it is
+    measured, so a hostile name keeps the table's columns aligned.
     """
 
     def __init__(self, title: str, columns: Sequence[Col], *, keys: int = 1, sections: int = 0,
@@ -81,7 +93,7 @@ class FitTable:
     def add_row(self, *cells: str | Text) -> None:
         if len(cells) != len(self.columns):
             raise ValueError(f"{len(cells)} cells for {len(self.columns)} columns")
-        self.rows.append([c if isinstance(c, Text) else Text(str(c)) for c in cells])
+        self.rows.append([_cell_text(c) for c in cells])
 
     # -- measuring -------------------------------------------------------------------------
     def _extents(self, console: Console, options: ConsoleOptions) -> list[tuple[int, int]]:
@@ -287,13 +299,16 @@ def analysis_tables(analysis: Analysis) -> list[FitTable]:
 
 def print_analysis(analysis: Analysis, console: Console | None = None) -> None:
     """Print every group's tables, then the warnings."""
-    console = console or Console()
+    from dohnuts.bench.terminal import SafeConsole
+
+    console = console or SafeConsole()
     spec = analysis.hwspec
-    console.print(f"[bold]{spec.name}[/] ({spec.source or 'built in'}); target {spec.target_fraction:.0%}")
+    console.print(Text.assemble((spec.name, "bold"), f" ({spec.source or 'built in'}); target "
+                                f"{spec.target_fraction:.0%}"))
     for table in analysis_tables(analysis):
         console.print(table)
     for w in analysis.warnings:
-        console.print(f"[yellow]warning:[/] {w}")
+        console.print(Text.assemble(("warning:", "yellow"), f" {w}"))
 
 
 def roofline_png(analysis: Analysis, path: str | Path, precision: str | None = None) -> Path:
@@ -343,8 +358,8 @@ def roofline_png(analysis: Analysis, path: str | Path, precision: str | None = N
                 peak = spec.ceiling(role, precision, basis)
                 ax.plot(grid, [min(peak.value, x * mem.value) for x in grid], styles[basis], color=colour,
                         linewidth=1,
-                        label=(f"{role} roof: {peak.name} {peak.value / 1e12:.4g} TFLOP/s, {mem.name} "
-                               f"{mem.value / 1e9:.4g} GB/s ({basis})") if first_panel else None)
+                        label=plot_text(f"{role} roof: {peak.name} {peak.value / 1e12:.4g} TFLOP/s, {mem.name} "
+                                        f"{mem.value / 1e9:.4g} GB/s ({basis})") if first_panel else None)
         labelled: list[tuple[str, float, float]] = []
         for target, stage, x, y in points.get(workloads[i], []):
             k = targets.index(target)
@@ -352,25 +367,32 @@ def roofline_png(analysis: Analysis, path: str | Path, precision: str | None = N
             # a stage is named once where its points of several targets sit together (within 2×)
             if any(st == stage and 0.5 < x / lx < 2 and 0.5 < y / ly < 2 for st, lx, ly in labelled):
                 continue
-            ax.annotate(stage, (x, y), textcoords="offset points", xytext=offsets[len(labelled) % len(offsets)],
+            ax.annotate(plot_text(stage), (x, y), textcoords="offset points",
+                        xytext=offsets[len(labelled) % len(offsets)],
                         fontsize=7)
             labelled.append((stage, x, y))
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_title(workloads[i], fontsize=9)
+        ax.set_title(plot_text(workloads[i]), fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         if i % cols == 0:
             ax.set_ylabel("achieved useful FLOP/s")
         if i >= len(workloads) - cols:
             ax.set_xlabel("useful FLOP / necessary byte")
     for k, target in enumerate(targets):  # one legend entry a target, drawn off the axes
-        axes.flat[0].scatter([], [], marker=markers[k % len(markers)], color=f"C{k % 10}", label=target)
-    fig.suptitle(f"Roofline · {spec.name} · {precision} · steady calls", fontsize=10)
+        axes.flat[0].scatter([], [], marker=markers[k % len(markers)], color=f"C{k % 10}", label=plot_text(target))
+    fig.suptitle(plot_text(f"Roofline · {spec.name} · {precision} · steady calls"), fontsize=10)
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     return save_png(fig, path)
+
+
+def plot_text(text: str) -> str:
+    """A user's string as a plot label: control characters as escapes (dohnuts.schema.printable; a
+    missing glyph's warning once carried a raw ESC to stderr) and `$` as a dollar, never mathtext."""
+    return printable(text).replace("$", r"\$")
 
 
 def save_png(fig, path: Path) -> Path:
