@@ -280,14 +280,16 @@ def _workload_files(inputs: list[str]) -> list[Path]:
     before anything is exported or started: a bad file is one line, exit 2."""
     from dohnuts.bench.cli import standard_files
     from dohnuts.bench.plugins import check_target_options, collect, plugin_manager
-    from dohnuts.bench.workload import load_workload
+    from dohnuts.bench.workload import check_unique_names, load_workload
 
     files = [Path(f).resolve() for f in inputs] or standard_files()
     pm = plugin_manager()
     kinds = collect(pm, "dohnuts_bench_register_workload_kinds")
     targets = collect(pm, "dohnuts_bench_register_targets")
-    for f in files:
-        check_target_options(load_workload(f, kinds, targets), targets)
+    specs = [load_workload(f, kinds, targets) for f in files]
+    for spec in specs:
+        check_target_options(spec, targets)
+    check_unique_names(specs)
     return files
 
 

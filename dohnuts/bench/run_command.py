@@ -163,7 +163,7 @@ def _run(args, console=None) -> int:
     from dohnuts.bench.status import MeasureProgress
     from dohnuts.bench.store import RunStore, StoreMirror
     from dohnuts.bench.telemetry import TelemetryThread
-    from dohnuts.bench.workload import load_workload
+    from dohnuts.bench.workload import check_unique_names, load_workload
 
     check_telemetry_interval(args.telemetry_interval)
     from dohnuts.api import check_threads  # shared with `dohnuts train` and `dohnuts predict`
@@ -185,6 +185,7 @@ def _run(args, console=None) -> int:
 
         trained = trained_model(args.checkpoint)
         specs = serving_specs(specs, trained)
+    check_unique_names(specs)  # two workloads of one name would be pooled into one row
     # Every output by the one rule (dohnuts.schema.output_paths), before anything is created: a bad
     # --out, --store or --output leaves nothing behind (not even an empty store).
     out_root = check_output_folder(args.out, field="--out", error=ConfigError, create=False, holds_new_folders=True)

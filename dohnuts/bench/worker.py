@@ -50,14 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--telemetry-interval", type=float, default=0.1)
     args = p.parse_args(argv)
 
-    from dohnuts.bench.terminal import SafeConsole
-
     from dohnuts.bench.contracts import RunContext
     from dohnuts.bench.interconnect import allreduce_busbw
     from dohnuts.bench.plugins import check_target_options, collect, plugin_manager, samplers
     from dohnuts.bench.runner import measure_workload
     from dohnuts.bench.sink import RecordSink
     from dohnuts.bench.telemetry import TelemetryThread
+    from dohnuts.bench.terminal import SafeConsole
     from dohnuts.bench.workload import load_workload
     from dohnuts.runtime.collectives import barrier
     from dohnuts.runtime.process_group import join, leave

@@ -132,10 +132,12 @@ class FitTable:
     # -- rendering -------------------------------------------------------------------------
     def _table(self, idx: Sequence[int], widths: Sequence[int], rows: list[list[Text]],
                title: str | None = None) -> Table:
-        t = Table(title=title, title_justify=self.title_justify)
+        # the title and headers as Text: a path in a title (compare's `A = RUN`) is never markup
+        t = Table(title=None if title is None else _cell_text(title), title_justify=self.title_justify,
+                  title_style="table.title")
         for i, w in zip(idx, widths):
             c = self.columns[i]
-            t.add_column(c.header, justify=c.justify, width=w, no_wrap=not c.wrap, overflow="fold")
+            t.add_column(Text(c.header), justify=c.justify, width=w, no_wrap=not c.wrap, overflow="fold")
         for r in rows:
             t.add_row(*(r[i] for i in idx))
         return t
