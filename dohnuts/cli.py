@@ -139,10 +139,10 @@ def _quiet_stdout() -> None:
 
 
 def cmd_predict(args) -> int:
+    from dohnuts.limits import check_processes
     from dohnuts.runtime.process_group import launched
 
-    if args.nproc_per_node < 1:
-        raise DohnutsError(f"must be ≥ 1, got {args.nproc_per_node}", source="--nproc-per-node")
+    check_processes(args.nproc_per_node)
     if args.nproc_per_node > 1 and not launched():
         _predict_paths(args)  # bad paths are refused here, once, before N processes start
         _predict_device(args.device)
@@ -260,6 +260,7 @@ THREADS_HELP = ("torch's CPU threads for this process (default: torch's, one per
 
 def build_parser() -> argparse.ArgumentParser:
     from dohnuts import __version__
+    from dohnuts.limits import MAX_PROCESSES_PER_NODE, MAX_SEED
 
     p = argparse.ArgumentParser(prog="dohnuts", description=__doc__.split("\n")[0])
     p.add_argument("--version", action="version", version=f"dohnuts {__version__}")
@@ -278,8 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
     pr.add_argument("--threads", type=int, help=THREADS_HELP)
     pr.add_argument("--nproc-per-node", type=int, default=1,
-                    help="score on N processes (one per GPU; gloo processes on a CPU) under torchrun; request k "
-                    "goes to rank k mod N and the output keeps the input order (default 1)")
+                    help=f"score on N processes (1 to {MAX_PROCESSES_PER_NODE}: one per GPU; gloo processes on a CPU) under "
+                    "torchrun; request k goes to rank k mod N and the output keeps the input order (default 1)")
     pr.set_defaults(func=cmd_predict)
 
     tr = sub.add_parser("train", help="train LoRA adapters + head with RLCD")
@@ -302,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--margin-weight", type=float, default=0.5, help="RLCD λ, the margin term's weight (default: 0.5)")
     tr.add_argument("--margin", type=float, default=1.0, help="RLCD m, the margin (default: 1.0)")
     tr.add_argument("--seed", type=int, default=0,
-                    help="seed of the adapters' initialisation, the data order and the synthetic task (default: 0)")
+                    help=f"seed of the adapters' initialisation, the data order and the synthetic task (0 to "
+                    f"{MAX_SEED}: what every generator takes as it is) (default: 0)")
     tr.add_argument("--initialize-from", help="start from a verified adapter file instead of fresh adapters "
                     "(default: fresh adapters)")
     tr.add_argument("--resume", action="store_true",  # (arguments not given again: the run's own)
@@ -312,9 +314,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
     tr.add_argument("--threads", type=int, help=THREADS_HELP)
     tr.add_argument("--nproc-per-node", type=int, default=1,
-                    help="data-parallel training on N processes (one per GPU; gloo processes on a CPU) under "
-                    "torchrun: microbatch i of every update runs on rank i mod N, gradients are all-reduced, rank 0 "
-                    "evaluates and writes (default 1; `torchrun -m dohnuts.cli train ...` does the same)")
+                    help=f"data-parallel training on N processes (1 to {MAX_PROCESSES_PER_NODE}: one per GPU; gloo processes on a "
+                    "CPU) under torchrun: microbatch i of every update runs on rank i mod N, gradients are "
+                    "all-reduced, rank 0 evaluates and writes (default 1; `torchrun -m dohnuts.cli train ...` does "
+                    "the same)")
     tr.set_defaults(func=cmd_train)
     return p
 
