@@ -99,6 +99,16 @@ def cmd_store_archive(args) -> int:
 FILTERS = ("machine", "device", "model", "precision", "hwspec", "workload", "target")
 
 
+def stage_names(store: RunStore) -> list[str]:
+    """Every stage a steady-state record of the store measured, sorted."""
+    names = set()
+    for call in store.steady_calls(with_record=True):
+        stages = call["record"].get("stages")
+        if isinstance(stages, dict):
+            names.update(str(k) for k in stages)
+    return sorted(names)
+
+
 def cmd_history(args) -> int:
     from dohnuts.bench.cli import console_for_output
     from dohnuts.bench.history import history, history_dict, history_lines, history_tables
@@ -120,8 +130,14 @@ def cmd_history(args) -> int:
         raise DohnutsError("does not exist (a run store: `dohnuts-bench run` writes one, `dohnuts-bench store "
                            "import` fills one)", source=str(path))
     chosen = {f: getattr(args, f) for f in FILTERS if getattr(args, f) is not None}
-    with RunStore(path) as store:
+    with RunStore(path, read_only=True) as store:  # read only: a store the user may not write is still read
         series = history(store, stage=args.stage, min_effect=args.min_effect, **chosen)
+        if not series and args.stage != "wall":
+            stages = stage_names(store)
+            if args.stage not in stages:
+                raise DohnutsError(f"is not a stage of any steady-state record in {path} (stages: "
+                                   f"{', '.join(['wall', *map(printable, stages)])})", source="history",
+                                   field="--stage")
         if not series:
             machines = sorted({m for (m,) in store.db.execute("SELECT DISTINCT machine FROM runs") if m})
             said = ", ".join(f"--{f} {printable(v)}" for f, v in chosen.items())
