@@ -31,7 +31,11 @@ Tables:
 
 Schema 2 added the serving and quality columns, schema 3 the machine and the series and load
 columns; an older file is migrated when opened (the columns added, filled from the records' and
-run.json's JSON). Records are kept as compact JSON (dohnuts.schema.dumps): the store holds what
+run.json's JSON; a row whose JSON cannot be read stops the migration, and nothing changes). An
+existing store is checked when opened — its schema version a whole number, every table with every
+column (`TABLE_COLUMNS`) — and never rebuilt in place, so a `run` never measures into a store it
+cannot fill; every value read of it is typed (`SteadyCall`, JSON objects), one line naming the store
+and the record otherwise. Readers (`history`, `report`) open it read-only (`read_only=True`). Records are kept as compact JSON (dohnuts.schema.dumps): the store holds what
 the JSONL holds.
 """
 
