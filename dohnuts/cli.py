@@ -68,7 +68,7 @@ def _predict_paths(args) -> tuple[Path, Path | None]:
     a FIFO or a directory) that is not the input (same file through any path, symlink or hard
     link: opening it for writing would truncate the requests before they are read), the adapter
     a regular file within its size limit."""
-    from dohnuts.schema import check_file, check_output
+    from dohnuts.schema import check_file, check_output_file
 
     src = Path(args.requests)
     check_file(src, what="a JSONL file", streams=True)
@@ -87,11 +87,10 @@ def _predict_paths(args) -> tuple[Path, Path | None]:
             raise DohnutsError("standard output is redirected to this input file; the results would overwrite "
                                "or follow the requests (use -o with another file)", source=str(src))
         return src, None
-    out = Path(args.output)
-    check_output(out, field="-o", what="a JSONL file to write (-o - writes to standard output)")
-    if out.exists() and os.path.samefile(src, out):
-        raise DohnutsError(f"is the input file {src}: writing it would destroy the requests (choose another -o)",
-                           source=str(out))
+    # the one output rule (dohnuts.schema.output_paths): not a symbolic link, not the requests or the
+    # adapter (by any path), not in a benchmark run folder, new or a regular file
+    out = check_output_file(args.output, inputs=[src, args.adapter], field="-o",
+                            what="a JSONL file to write (-o - writes to standard output)")
     return src, out
 
 
@@ -143,8 +142,9 @@ def _quiet_stdout() -> None:
 
 
 def cmd_predict(args) -> int:
-    if args.nproc_per_node < 1:
-        raise DohnutsError(f"must be ≥ 1, got {args.nproc_per_node}", source="--nproc-per-node")
+    from dohnuts.limits import check_processes
+
+    check_processes(args.nproc_per_node)
     # The paths before torch's import (seconds on a busy machine): a typo is one line at once; with
     # --nproc-per-node, once, before N processes start.
     src, out_path = _predict_paths(args)
@@ -249,14 +249,9 @@ def _predict_sharded(args) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
     else:  # all at once: a temporary file renamed over the output (a full disk leaves the old one)
-        tmp = out_path.with_name(out_path.name + ".tmp")
-        try:
-            tmp.write_text(text, encoding="utf-8")
-            tmp.replace(out_path)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise DohnutsError(f"cannot be written ({exc.strerror or exc}); nothing was written",
-                               source=str(out_path)) from None
+        from dohnuts.schema import write_text_atomic
+
+        write_text_atomic(out_path, text)
     print(f"dohnuts: scored {len(rows) - refused} of {len(rows)} requests on {world.size} processes"
           + (f", refused {refused} (see the error records)" if refused else ""), file=sys.stderr)
     return report_status(world, 2 if refused else 0)
@@ -304,6 +299,7 @@ THREADS_HELP = ("torch's CPU threads for this process (default: 1 on a CPU, whic
 
 def build_parser() -> argparse.ArgumentParser:
     from dohnuts import __version__
+    from dohnuts.limits import MAX_PROCESSES_PER_NODE, MAX_SEED
 
     p = argparse.ArgumentParser(prog="dohnuts", description=__doc__.split("\n")[0])
     p.add_argument("--version", action="version", version=f"dohnuts {__version__}")
@@ -322,8 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
     pr.add_argument("--threads", type=int, help=THREADS_HELP)
     pr.add_argument("--nproc-per-node", type=int, default=1,
-                    help="score on N processes (one per GPU; gloo processes on a CPU) under torchrun; request k "
-                    "goes to rank k mod N and the output keeps the input order (default 1)")
+                    help=f"score on N processes (1 to {MAX_PROCESSES_PER_NODE}: one per GPU; gloo processes on a CPU) under "
+                    "torchrun; request k goes to rank k mod N and the output keeps the input order (default 1)")
     pr.set_defaults(func=cmd_predict)
 
     tr = sub.add_parser("train", help="train LoRA adapters + head with RLCD")
@@ -346,7 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--margin-weight", type=float, default=0.5, help="RLCD λ, the margin term's weight (default: 0.5)")
     tr.add_argument("--margin", type=float, default=1.0, help="RLCD m, the margin (default: 1.0)")
     tr.add_argument("--seed", type=int, default=0,
-                    help="seed of the adapters' initialisation, the data order and the synthetic task (default: 0)")
+                    help=f"seed of the adapters' initialisation, the data order and the synthetic task (0 to "
+                    f"{MAX_SEED}: what every generator takes as it is) (default: 0)")
     tr.add_argument("--initialize-from", help="start from a verified adapter file instead of fresh adapters "
                     "(default: fresh adapters)")
     tr.add_argument("--resume", action="store_true",  # (arguments not given again: the run's own)
@@ -356,9 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
     tr.add_argument("--threads", type=int, help=THREADS_HELP)
     tr.add_argument("--nproc-per-node", type=int, default=1,
-                    help="data-parallel training on N processes (one per GPU; gloo processes on a CPU) under "
-                    "torchrun: microbatch i of every update runs on rank i mod N, gradients are all-reduced, rank 0 "
-                    "evaluates and writes (default 1; `torchrun -m dohnuts.cli train ...` does the same)")
+                    help=f"data-parallel training on N processes (1 to {MAX_PROCESSES_PER_NODE}: one per GPU; gloo processes on a "
+                    "CPU) under torchrun: microbatch i of every update runs on rank i mod N, gradients are "
+                    "all-reduced, rank 0 evaluates and writes (default 1; `torchrun -m dohnuts.cli train ...` does "
+                    "the same)")
     tr.set_defaults(func=cmd_train)
     return p
 

@@ -7,7 +7,7 @@ rank runs the ordinary run loop on its own device and writes its own JSONL; when
 the launcher writes every rank's records to the run's record sink (rank 0's first, each
 record stamped with `rank` and `world_size`), adds the all-reduce bandwidth rank 0 measured to
 the run's measured ceilings (`allreduce_busbw`: the interconnect), and keeps torchrun's log in
-`ranks/<workload>-p<N>/torchrun.log`. A failed rank (torchrun then stops the others) becomes one
+`ranks/<workload>-p<N>/torchrun.log` (a new folder each launch, dohnuts.bench.rundir.new_dir). A failed rank (torchrun then stops the others) becomes one
 entry of the run's `failures`, naming the rank and its exit code; the records the ranks
 completed are kept. Counts above the machine's GPUs are skipped with a message.
 """
@@ -41,11 +41,11 @@ class TorchrunLauncher:
 
     def launch(self, run: RunContext, spec, processes: int, out: RecordSink, *, gpu: bool,
                telemetry_interval: float = 0.1) -> int:
-        from dohnuts.bench.rundir import safe_name
+        from dohnuts.bench.rundir import derived_name, new_dir
         from dohnuts.launch import torchrun_failure
 
-        ranks_dir = run.run_dir / "ranks" / f"{safe_name(spec.name)}-p{processes}"
-        ranks_dir.mkdir(parents=True, exist_ok=True)
+        # a new folder a launch: its ranks' records are gathered once, never mixed with another's
+        ranks_dir = new_dir(run.run_dir / "ranks", f"{derived_name(spec.name)}-p{processes}")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
                "-m", "dohnuts.bench.worker", "--workload", str(spec.file), "--dir", str(ranks_dir),
                "--run-id", run.run_id, "--telemetry-interval", str(telemetry_interval)] + (["--gpu"] if gpu else [])

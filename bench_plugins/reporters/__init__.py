@@ -17,15 +17,15 @@ import io
 import statistics
 from collections import defaultdict
 
-from rich.console import Console
 from rich.measure import Measurement
 from rich.text import Text
 
 from dohnuts.bench.analysis.records import group_key, overhead_text, quality_cells
 from dohnuts.bench.analysis.render import UNBOUNDED, Col, FitTable
 from dohnuts.bench.hookspecs import hookimpl
+from dohnuts.bench.terminal import SafeConsole
 from dohnuts.bench.status import log
-from dohnuts.schema import write_json
+from dohnuts.schema import write_json, write_text_atomic
 
 
 def stage_ms(entry: dict) -> float:
@@ -249,7 +249,7 @@ def stage_table(rows: list[dict]) -> FitTable:
 def full_width(renderables: list, minimum: int = 80) -> int:
     """The console width at which every renderable prints at its natural width (nothing wraps
     that would not wrap on an unbounded console): the widest natural width, at least `minimum`."""
-    probe = Console(width=UNBOUNDED, file=io.StringIO())
+    probe = SafeConsole(width=UNBOUNDED, file=io.StringIO())
     return max([minimum] + [Measurement.get(probe, probe.options, r).maximum for r in renderables])
 
 
@@ -260,11 +260,11 @@ def dohnuts_bench_report(console, records, sections, run_dir):
     report = [*(s.renderable for s in sections if s.leads),  # the headline first
               summary_table(rows), stage_table(rows), *([streams] if streams else []), quality_table(rows),
               *(s.renderable for s in sections if not s.leads)]
-    file_console = Console(record=True, width=full_width(report), file=io.StringIO())
+    file_console = SafeConsole(record=True, width=full_width(report), file=io.StringIO())
     for c in (console, file_console):
         for renderable in report:
             c.print(renderable)
-    (run_dir / "report.txt").write_text(file_console.export_text())
+    write_text_atomic(run_dir / "report.txt", file_console.export_text())  # a planted link is replaced, not followed
     summary = {"summary": rows, "sections": {s.title: s.data for s in sections}}
     # Strict JSON (a non-finite number is written as null, never a bare NaN), written atomically:
     # an interrupted report leaves no half-written summary.json.

@@ -33,6 +33,7 @@ from dohnuts.errors import ConfigError, DohnutsError
 DEFAULT_ROOT = Path("results/baselines")
 MANIFEST = "baseline.json"
 MAX_EVERY_S = 24 * 3600
+MAX_RUNS = 100  # --runs: 100 runs 10 minutes apart is 17 hours; a typo's 100,000,000 would never end
 
 
 class BaselineManifest(msgspec.Struct):
@@ -85,18 +86,18 @@ def cmd_baseline(args) -> int:
     import json
 
     import torch
-    from rich.console import Console
+    from dohnuts.bench.terminal import SafeConsole
 
     from dohnuts.bench.gate import timings
     from dohnuts.bench.machine_id import this_machine
     from dohnuts.bench.provenance import git_revision
     from dohnuts.threads import check_threads
     from dohnuts.bench.run_command import cmd_run
-    from dohnuts.schema import write_json
+    from dohnuts.schema import check_output_folder, write_json
 
-    if args.runs < 2:
-        raise ConfigError(f"must be at least 2 (the drift between runs is the tolerance), got {args.runs}",
-                          source="command line", field="--runs")
+    if not 2 <= args.runs <= MAX_RUNS:
+        raise ConfigError(f"must be in 2..{MAX_RUNS} (at least 2: the drift between runs is the tolerance), got "
+                          f"{args.runs}", source="command line", field="--runs")
     if not 0 <= args.every <= MAX_EVERY_S:
         raise ConfigError(f"must be in [0, {MAX_EVERY_S}] seconds, got {args.every:g}", source="command line",
                           field="--every")
@@ -107,7 +108,8 @@ def cmd_baseline(args) -> int:
         torch.set_num_threads(args.threads)
     machine = this_machine(device)
     torch.set_num_threads(saved)
-    folder = Path(args.into) / machine
+    into = check_output_folder(args.into, field="--into", error=ConfigError, create=False, holds_new_folders=True)
+    folder = into / machine
     if (folder / MANIFEST).exists() and not args.replace:
         raise ConfigError("holds this machine's baseline already; --replace makes a new one (after an intended "
                           "change)", source=str(folder))
@@ -125,7 +127,7 @@ def cmd_baseline(args) -> int:
                 workloads=args.workloads, out=str(staging / "raw"), label=f"baseline-{i}", hwspec=args.hwspec,
                 telemetry_interval=0.1, quiet=args.quiet, profile=False, store=str(staging / "store.sqlite"),
                 threads=args.threads)
-            code = cmd_run(run_args, console=Console(file=io.StringIO(), width=120))  # reports are not wanted
+            code = cmd_run(run_args, console=SafeConsole(file=io.StringIO(), width=120))  # reports are not wanted
             if code != 0:
                 raise DohnutsError(f"baseline run {i} ended with status {code}; no baseline written",
                                    source=str(folder))
@@ -165,7 +167,7 @@ def add_parser(sub) -> None:
     b = sub.add_parser("baseline", help="this machine's gate baseline: the workloads run --runs times, --every "
                                         "seconds apart, into results/baselines/<machine>/")
     b.add_argument("workloads", nargs="*", help="workload YAML files (default: the embedded standard suite)")
-    b.add_argument("--runs", type=int, default=3, help="runs of the workloads, at least 2 (default: 3)")
+    b.add_argument("--runs", type=int, default=3, help=f"runs of the workloads, 2 to {MAX_RUNS} (default: 3)")
     b.add_argument("--every", type=float, default=600.0,
                    help="seconds from one run's start to the next's, so the runs span time (default: 600)")
     b.add_argument("--into", default=str(DEFAULT_ROOT),

@@ -89,7 +89,7 @@ def cmd_calibrate(args) -> int:
     from dohnuts.bench.provenance import device_info
     from dohnuts.bench.run_command import hwspec_for
     from dohnuts.bench.telemetry import TelemetryThread
-    from dohnuts.schema import read_yaml
+    from dohnuts.schema import check_output_file, read_yaml, write_text_atomic
 
     console = console_for_output()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -101,22 +101,25 @@ def cmd_calibrate(args) -> int:
     out = Path(args.write)
     if out.is_dir() or out.suffix not in (".yaml", ".yml"):
         raise ConfigError("must be a .yaml file path", source="command line", field="--write")
+    # the one output rule (dohnuts.schema.output_paths), before anything is measured; the spec it copies
+    # may be named (its measured: section is replaced, the rest kept), so it is not counted an input here
+    check_output_file(out, field="--write", what="a YAML file to write", error=ConfigError, make_folder="later")
     if not spec.matches(name):
-        console.print(f"[yellow]note[/]: {spec.name} does not describe this device ({name}); its copy gets this "
-                      "device's measurements (a dry run)")
+        from rich.text import Text
+
+        console.print(Text.assemble(("note", "yellow"), f": {spec.name} does not describe this device ({name}); its "
+                                    "copy gets this device's measurements (a dry run)"))
     text = Path(spec.source).read_text(encoding="utf-8")
     ceilings = measure(device, console)
     telemetry = TelemetryThread([s for s in samplers(plugin_manager()) if not s.unavailable])
     section = section_for(device, ceilings, telemetry.device_facts())
     new = with_measured_section(text, section)
     checked = parse_hwspec(parse_text(new, str(out)), source=str(out))  # a valid spec, or nothing is written
-    tmp = out.with_name(f".{out.name}.tmp")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(new, encoding="utf-8")
-        tmp.replace(out)
     except OSError as exc:
         raise ConfigError(f"cannot be written ({exc.strerror or exc})", source=str(out)) from None
+    write_text_atomic(out, new, error=ConfigError)  # a link planted meanwhile is replaced, never followed
     read_yaml(out)  # what was written reads back
     _print(console, checked, section, out)
     return 0

@@ -64,9 +64,9 @@ DEFAULT_RESULTS = Path("results/runs")
 
 def console_for_output():
     """The console the commands print to (stdout, no automatic highlighting)."""
-    from rich.console import Console
+    from dohnuts.bench.terminal import SafeConsole
 
-    return Console(stderr=False, highlight=False)
+    return SafeConsole(stderr=False)
 
 
 def standard_files() -> list[Path]:

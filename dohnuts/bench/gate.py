@@ -280,14 +280,16 @@ def _workload_files(inputs: list[str]) -> list[Path]:
     before anything is exported or started: a bad file is one line, exit 2."""
     from dohnuts.bench.cli import standard_files
     from dohnuts.bench.plugins import check_target_options, collect, plugin_manager
-    from dohnuts.bench.workload import load_workload
+    from dohnuts.bench.workload import check_unique_names, load_workload
 
     files = [Path(f).resolve() for f in inputs] or standard_files()
     pm = plugin_manager()
     kinds = collect(pm, "dohnuts_bench_register_workload_kinds")
     targets = collect(pm, "dohnuts_bench_register_targets")
-    for f in files:
-        check_target_options(load_workload(f, kinds, targets), targets)
+    specs = [load_workload(f, kinds, targets) for f in files]
+    for spec in specs:
+        check_target_options(spec, targets)
+    check_unique_names(specs)
     return files
 
 
@@ -310,14 +312,15 @@ def _check_rounds_args(args) -> None:
 def cmd_gate_rounds(args) -> int:
     """`gate --against REV [WORKLOAD ...]`: the interleaved gate (module docstring)."""
     from dohnuts.bench import interleave
-    from dohnuts.bench.offline import _json_output
+    from dohnuts.bench.offline import json_output
     from dohnuts.threads import DEFAULT_CPU_THREADS
     from dohnuts.bench.status import log
 
     _check_rounds_args(args)
     rounds, calls = _or(args.rounds, DEFAULT_ROUNDS), _or(args.calls, DEFAULT_CALLS)
     min_effect, confidence = _or(args.min_effect, ROUNDS_MIN_EFFECT), _or(args.confidence, ROUNDS_CONFIDENCE)
-    json_out = _json_output(args.json) if args.json else None  # refused before any work, in one line
+    json_out = (json_output(args.json, [Path(f) for f in args.inputs]) if args.json  # refused before any work
+                else None)
     files = _workload_files(args.inputs)
     candidate = interleave.work_tree(Path.cwd())
     scratch = interleave.make_scratch()

@@ -48,11 +48,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import NormalDist
 
+import msgspec
 import numpy as np
 
 from dohnuts.bench.analysis.compare import DEFAULT_MIN_EFFECT, FASTER, SLOWER, WALL, compare_samples
 from dohnuts.bench.analysis.load_verdict import EXPLAINED, load_of, weigh
-from dohnuts.bench.analysis.records import stage_ms
+from dohnuts.errors import DohnutsError
+from dohnuts.schema import NonNegative, convert
 
 MIN_RUNS_FOR_NOISE = 4   # runs a series needs before the noise between its runs is measured
 STEP_RESAMPLES = 1999    # bootstrap resamples of a shift's interval
@@ -256,6 +258,25 @@ def _builtin_names() -> dict[str, str]:
     return names
 
 
+class StoredStage(msgspec.Struct):
+    """A stage's times in a stored record, as `history` reads them (typed: a hand-edited record is
+    one line naming the store and the record)."""
+
+    host_ms: NonNegative | None = None
+    device_ms: NonNegative | None = None
+
+
+def stored_stage_ms(store, call: dict, stage: str) -> float | None:
+    """The time of `stage` in a steady call's stored record (device time where recorded), or None."""
+    stages = call["record"].get("stages")
+    entry = stages.get(stage) if isinstance(stages, dict) else None
+    if entry is None:
+        return None
+    times = convert(entry, StoredStage, source=str(store.path), error=DohnutsError,
+                    prefix=f"record {call['seq']} of run {call['run_id']}: stages.{stage}")
+    return times.device_ms if times.device_ms is not None else times.host_ms
+
+
 def history(store, *, machine: str | None = None, device: str | None = None, model: str | None = None,
             precision: str | None = None, hwspec: str | None = None, workload: str | None = None,
             target: str | None = None, stage: str = WALL, confidence: float = 0.95,
@@ -274,8 +295,7 @@ def history(store, *, machine: str | None = None, device: str | None = None, mod
         if stage == WALL:
             value = c["wall_ms"]
         else:
-            entry = (c["record"].get("stages") or {}).get(stage)
-            value = stage_ms(entry) if isinstance(entry, dict) else None
+            value = stored_stage_ms(store, c, stage)
         if value is None:
             continue
         run = runs.setdefault(key, {}).setdefault(c["run_id"], _Run(c))

@@ -510,11 +510,44 @@ def _machine(m: dict | None) -> str:
     return "".join(out)
 
 
+WORKLOAD, TARGET = "workload", "target"
+LINK_SCHEMES = ("http", "https", "file")  # and relative paths (no scheme): what a page may link to
+
+
+def link_href(target) -> str | None:
+    """`target` as the href of a link on the page, or None when it may not be one — the one rule for
+    every link the page makes of a string it read (run.json's trace paths): a relative path (quoted,
+    `:` included, so no part of it reads as a scheme) or an http, https or file URL. Any other
+    scheme (`javascript:`, `data:`, `vbscript:`, in any case), a scheme-relative `//host/...`, and a
+    target holding a control character, a tab or a newline or spaces around it (browsers strip
+    those from a URL, so `java\tscript:` would run) are not links."""
+    from urllib.parse import quote, urlsplit
+
+    if not isinstance(target, str) or not target or target != target.strip() or not target.isprintable():
+        return None
+    if target.startswith(("//", "\\", "/\\")):
+        return None
+    scheme = urlsplit(target).scheme.lower()
+    if not scheme:
+        return quote(target, safe="/")
+    return target if scheme in LINK_SCHEMES else None
+
+
+def link(target, text: str, *, key: str) -> str:
+    """A link to `target` labelled `text` (both escaped), or — when `link_href` refuses the target —
+    the label and the target shown as text, never as a link."""
+    href = link_href(target)
+    if href is None:
+        return f"<span data-key='{escape(key)}'>{escape(text)} ({escape(str(target))}: not a link)</span>"
+    return f"<a data-key='{escape(key)}' href='{escape(href)}'>{escape(text)}</a>"
+
+
 def _traces(traces: list | None) -> str:
     if not traces:
         return "<p class='note'>Not profiled (dohnuts-bench run --profile writes a trace a workload and target).</p>"
-    items = "".join(f"<li><a data-key='trace' href='{escape(t['path'])}'>{escape(t['workload'])} · "
-                    f"{escape(t['target'])}</a> ({t['calls']} steady calls, not measured)</li>" for t in traces)
+    items = "".join(
+        f"<li>{link(t.get('path'), f'{t.get(WORKLOAD)} · {t.get(TARGET)}', key='trace')} "
+        f"({escape(str(t.get('calls')))} steady calls, not measured)</li>" for t in traces if isinstance(t, dict))
     return ("<p>torch.profiler traces (gzipped Chrome JSON): open them in Perfetto (ui.perfetto.dev) or "
             "chrome://tracing. Every harness stage is a range named dohnuts:&lt;stage&gt;.</p><ul>" + items + "</ul>")
 

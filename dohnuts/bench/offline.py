@@ -2,7 +2,8 @@
 archive results.jsonl.gz, and the run.json beside it), and the analysis and report `run` ends with.
 
 `analyze` never writes beside its input (a committed run stays as committed): its report files go
-to `--out DIR`, or by default to a new temporary folder, named on stderr. `compare` exits 1 when a
+to `--out DIR`, or by default to a new temporary folder, named on stderr. Every output path follows
+the one rule of dohnuts.schema.output_paths (never a symbolic link, an input or a run folder). `compare` exits 1 when a
 workload · target's whole call is slower in B (a CI can use it), 0 otherwise, 2 on bad input.
 
 A run.json is read as `RunMeta` (dohnuts.schema: one line naming the file and the field when it
@@ -21,16 +22,18 @@ import msgspec
 
 from dohnuts.bench.status import log
 from dohnuts.errors import ConfigError, DohnutsError
-from dohnuts.schema import MIB, check_output, convert, read_file, short, stat_path, write_json
+from dohnuts.schema import (
+    MIB, check_output_file, check_output_folder, convert, read_file, short, stat_path, write_json,
+)
 
 MAX_RUN_JSON_BYTES = 64 * MIB
 
 
 def make_console():
     """The console reports are printed on (stdout, no highlighting of numbers)."""
-    from rich.console import Console
+    from dohnuts.bench.terminal import SafeConsole
 
-    return Console(stderr=False, highlight=False)
+    return SafeConsole(stderr=False)
 
 
 def _stored_hwspec(ref: str):
@@ -102,18 +105,6 @@ def _run_meta(run_json: Path) -> dict:
     return meta
 
 
-def _output_dir(path: Path) -> Path:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise ConfigError("is not a directory (a folder for the report files)", source=str(path),
-                          field="--out") from None
-    except (OSError, ValueError) as exc:  # e.g. a file on the way, no permission
-        raise ConfigError(f"cannot be created ({getattr(exc, 'strerror', None) or exc})", source=str(path),
-                          field="--out") from None
-    return path
-
-
 def _temporary_output(results: Path) -> Path:
     """A new folder for the report files of `analyze` without --out: never the input's folder."""
     import re
@@ -137,19 +128,17 @@ def results_path(arg: str) -> Path:
     return path
 
 
-def _json_output(arg: str) -> Path:
-    """`compare --json OUT`: its folder created if need be, OUT new or a regular file (a directory,
-    /dev/full, a FIFO, a name too long or a read-only place is one line, before the comparison)."""
-    out = Path(arg)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except (OSError, ValueError) as exc:
-        raise DohnutsError(f"cannot be created ({getattr(exc, 'strerror', None) or exc})", source=str(out),
-                           field="--json") from None
-    check_output(out, field="--json", what="a JSON file to write")
-    if not os.access(out.parent, os.W_OK):
-        raise DohnutsError("cannot be written (its folder is not writable)", source=str(out), field="--json")
-    return out
+def json_output(arg: str, inputs: list[Path]) -> Path:
+    """`--json OUT` (compare, the interleaved gate) by the one output rule (dohnuts.schema.output_paths):
+    not a symbolic link, none of the command's `inputs`, not in a run folder, new or a regular file
+    (a directory, /dev/full, a FIFO, a name too long or a read-only place is one line, before any
+    work); its folder created if need be."""
+    return check_output_file(arg, inputs=inputs, field="--json", what="a JSON file to write", make_folder=True)
+
+
+def run_inputs(results: Path) -> list[Path]:
+    """What a command reading a run reads: its results file and the run.json beside it."""
+    return [results, results.parent / "run.json"]
 
 
 def cmd_analyze(args) -> int:
@@ -160,7 +149,10 @@ def cmd_analyze(args) -> int:
     meta = _run_meta(path.parent / "run.json")
     hwspec = find_hwspec(args.hwspec) if args.hwspec else (
         _stored_hwspec(meta["hwspec"]) if meta.get("hwspec") else None)
-    out_dir = _output_dir(Path(args.out)) if args.out else _temporary_output(path)
+    hwspec_file = Path(hwspec.source) if hwspec is not None and hwspec.source else None
+    # the one output rule: never a run folder (nor the input's), never through a planted link
+    out_dir = (check_output_folder(args.out, inputs=[*run_inputs(path), hwspec_file], field="--out", error=ConfigError)
+               if args.out else _temporary_output(path))
     try:
         analyze_and_report(path, hwspec, meta.get("measured") or {}, out_dir, make_console(),
                            revalidate=args.revalidate)
@@ -196,7 +188,8 @@ def cmd_compare(args) -> int:
         if not any(r.get("phase", "steady") == "steady" for r in records):
             raise DohnutsError("holds no steady-state records", source=str(path))
         runs.append(records)
-    json_out = _json_output(args.json) if args.json else None  # refused before any work, in one line
+    inputs = [p for path in paths for p in run_inputs(path)]
+    json_out = json_output(args.json, inputs) if args.json else None  # refused before any work, in one line
     comparison = compare_runs(runs[0], runs[1], confidence=args.confidence, min_effect=args.min_effect,
                               label_a=str(paths[0]), label_b=str(paths[1]))
     if not comparison.rows:

@@ -6,23 +6,10 @@ charts.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 from dohnuts.errors import DohnutsError
-
-
-def _read(path: Path) -> dict | None:
-    """A run's summary.json or run.json (None when there is none): a regular file within bounds,
-    one JSON document (dohnuts.schema.read_json), one line naming it otherwise."""
-    from dohnuts.bench.offline import MAX_RUN_JSON_BYTES
-    from dohnuts.schema import read_json
-
-    if not os.path.lexists(path):
-        return None
-    data = read_json(path, max_bytes=MAX_RUN_JSON_BYTES, error=DohnutsError, what="a run's JSON")
-    return data if isinstance(data, dict) else None
 
 
 def trends_for(store_path: str | Path | None, summary: dict, run_id: str | None = None) -> list:
@@ -35,7 +22,7 @@ def trends_for(store_path: str | Path | None, summary: dict, run_id: str | None 
     from dohnuts.bench.store import RunStore
 
     wanted = {(r["workload"], r["target"]) for r in summary.get("summary", []) if "·" not in r["target"]}
-    with RunStore(store_path) as store:
+    with RunStore(store_path, read_only=True) as store:  # read only: the page never changes the store
         series = [s for s in history(store) if (s.workload, s.target) in wanted]
     mine = [s for s in series if any(p.run_id == run_id for p in s.points)]
     return mine or series
@@ -46,10 +33,12 @@ def write_html(run_dir: Path, *, store: str | Path | None = None, against: Path 
     from dohnuts.bench.html_report import render
     from dohnuts.schema import write_text_atomic
 
-    summary = _read(run_dir / "summary.json")
+    from dohnuts.bench.summary_file import RunFile, SummaryFile, page_error, read_run_json
+
+    summary = read_run_json(run_dir / "summary.json", SummaryFile)  # typed: a hand-edited file is one line
     if summary is None:
         raise DohnutsError("holds no summary.json (`dohnuts-bench analyze` writes it)", source=str(run_dir))
-    meta = _read(run_dir / "run.json") or {}
+    meta = read_run_json(run_dir / "run.json", RunFile) or {}
     comparison = None
     if against is not None:
         from dohnuts.bench.analysis.compare import RULE, compare_runs
@@ -62,11 +51,33 @@ def write_html(run_dir: Path, *, store: str | Path | None = None, against: Path 
         comp = compare_runs(read_jsonl(results(against)), read_jsonl(results(run_dir)), label_a=str(against),
                             label_b=str(run_dir))
         comparison = comparison_dict(comp) | {"rule": RULE, "label_a": against.name, "label_b": run_dir.name}
-    page = render(summary, title=str(meta.get("run_id") or run_dir.name), meta=meta, comparison=comparison,
-                  trends=trends_for(store, summary, str(meta.get("run_id") or run_dir.name)))
-    out = out or run_dir / "report.html"
+    out = check_html_output(out or run_dir / "report.html", run_dir, store=store, against=against)
+    trends = trends_for(store, summary, str(meta.get("run_id") or run_dir.name))
+    try:
+        page = render(summary, title=str(meta.get("run_id") or run_dir.name), meta=meta, comparison=comparison,
+                      trends=trends)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as exc:
+        raise page_error(exc, run_dir / "summary.json") from None  # a section's inside, hand-edited
     write_text_atomic(out, page)  # a failed write is one line; the previous page (if any) stays
     return out
+
+
+def check_html_output(out: str | Path, run_dir: Path, *, store=None, against: Path | None = None) -> Path:
+    """The page's path by the one output rule (dohnuts.schema.output_paths): not a symbolic link, none
+    of the files the page is built from (the run's and `against`'s summary, run.json and records, the
+    store), and in a run folder only as its report.html."""
+    from dohnuts.bench.offline import run_inputs
+    from dohnuts.bench.store import store_files
+    from dohnuts.schema import check_output_file
+
+    inputs = [run_dir / "summary.json"]
+    for d in (run_dir, against):
+        if d is not None:
+            inputs += [d / "summary.json", *run_inputs(d / "results.jsonl"), d / "results.jsonl.gz"]
+    if store is not None:
+        inputs += store_files(store)
+    return check_output_file(out, inputs=inputs, field="--out", what="an HTML file to write",
+                             run_folder_names=("report.html",))
 
 
 def cmd_report(args) -> int:
@@ -75,13 +86,11 @@ def cmd_report(args) -> int:
         raise DohnutsError("is not a run directory", source=str(run_dir))
     if not args.html:
         raise DohnutsError("says nothing to write: add --html", source="dohnuts-bench report")
-    if args.out:  # a device, a FIFO, a directory or a name too long is refused before the page is built
-        from dohnuts.schema import check_output
-
-        check_output(args.out, field="--out", what="an HTML file to write")
     store = args.store or run_dir.resolve().parent.parent / "store.sqlite"  # beside the runs' folder, as `run` puts it
-    out = write_html(run_dir, store=store, against=Path(args.against) if args.against else None,
-                     out=Path(args.out) if args.out else None)
+    against = Path(args.against) if args.against else None
+    # a link, an input, a device, a FIFO, a directory or a name too long is refused before the page is built
+    check_html_output(args.out or run_dir / "report.html", run_dir, store=store, against=against)
+    out = write_html(run_dir, store=store, against=against, out=Path(args.out) if args.out else None)
     print(f"dohnuts-bench: wrote {out}", file=sys.stderr)
     return 0
 

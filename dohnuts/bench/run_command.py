@@ -180,7 +180,7 @@ def cmd_run(args, console=None) -> int:
 
 
 def _run(args, registries: Registries, files: list[Path], console=None) -> int:
-    from dohnuts.schema import write_json
+    from dohnuts.schema import check_output_file, check_output_folder, write_json
     from dohnuts.bench.offline import analyze_and_report
     from dohnuts.bench.cli import console_for_output
     from dohnuts.bench.contracts import RunContext
@@ -193,7 +193,7 @@ def _run(args, registries: Registries, files: list[Path], console=None) -> int:
     from dohnuts.bench.status import MeasureProgress
     from dohnuts.bench.store import RunStore, StoreMirror
     from dohnuts.bench.telemetry import TelemetryThread
-    from dohnuts.bench.workload import load_workload
+    from dohnuts.bench.workload import check_unique_names, load_workload
 
     from dohnuts.bench.telemetry import default_min_clock_fraction
 
@@ -201,15 +201,26 @@ def _run(args, registries: Registries, files: list[Path], console=None) -> int:
     console = console or console_for_output()  # the report's (stdout); status goes to the log (stderr)
     pm, kinds, targets, launchers = registries.pm, registries.kinds, registries.targets, registries.launchers
     specs = [load_workload(f, kinds, targets) for f in files]  # validate everything before measuring
-    output = _check_output_file(args.output) if getattr(args, "output", None) else None
+    trained = None
     if getattr(args, "checkpoint", None):
         from dohnuts.bench.trained_model import serving_specs, trained_model
 
         trained = trained_model(args.checkpoint)
-        if output is not None and output.resolve() == trained.adapter.resolve():
-            raise ConfigError("names the adapter it benchmarks: it would be overwritten", source=str(args.output),
-                              field="--output")
         specs = serving_specs(specs, trained)
+    check_unique_names(specs)  # two workloads of one name would be pooled into one row
+    # Every output by the one rule (dohnuts.schema.output_paths), before anything is created: a bad
+    # --out, --store or --output leaves nothing behind (not even an empty store).
+    out_root = check_output_folder(args.out, field="--out", error=ConfigError, create=False, holds_new_folders=True)
+    store_path = Path(args.store) if args.store else out_root.parent / "store.sqlite"
+    inputs = [*files, trained.adapter if trained else None]
+    check_output_file(store_path, inputs=inputs, field="--store", what="a run store", error=ConfigError,
+                      make_folder="later")
+    output = None
+    if getattr(args, "output", None):
+        from dohnuts.bench.store import store_files
+
+        output = check_output_file(args.output, inputs=[*inputs, *store_files(store_path)], field="--output",
+                                   what="a JSONL file to write", error=ConfigError, make_folder="later")
     for spec in specs:
         check_target_options(spec, targets)
     runnable = runnable_here(specs, targets, launchers)
@@ -225,9 +236,8 @@ def _run(args, registries: Registries, files: list[Path], console=None) -> int:
             raise
         raise ConfigError(f"cannot be used: {exc}", source=named_by.file, field="hwspec") from None
     # a corrupt or foreign store is refused here, before anything is measured
-    store = RunStore(args.store or Path(args.out).parent / "store.sqlite")
+    store = RunStore(store_path)
     label = args.label or (runnable[0].name if len(runnable) == 1 else "run")
-    out_root = Path(args.out)
     created_root = not os.path.lexists(out_root)
     if device.type == "cpu":
         _set_threads(args.threads)
@@ -331,31 +341,15 @@ def _run(args, registries: Registries, files: list[Path], console=None) -> int:
     return 0
 
 
-def _check_output_file(name: str) -> Path:
-    """--output: a regular file to write (absent, its folder made when the run ends); a device, a FIFO,
-    a folder or a symlink is refused now, before anything is measured."""
-    from dohnuts.schema.user_files import check_output
-
-    path = Path(name)
-    if path.is_symlink():
-        raise ConfigError("is a symbolic link: name the file itself", source=name, field="--output")
-    if path.parent.exists():
-        check_output(path, error=ConfigError, field="--output")
-    return path
-
-
 def _copy_records(results: Path, output: Path) -> None:
-    """results.jsonl to --output, whole or not at all (a temporary file renamed into place)."""
-    import tempfile
+    """results.jsonl to --output, whole or not at all (a temporary file renamed into place: a link
+    planted meanwhile is replaced, never followed)."""
+    from dohnuts.schema import write_bytes_atomic
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
     try:
-        with os.fdopen(fd, "wb") as dst, open(results, "rb") as src:
-            shutil.copyfileobj(src, dst)
-        os.replace(tmp, output)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(output, results.read_bytes())
+    except (OSError, DohnutsError) as exc:
         log.warning("--output %s was not written (%s); %s holds the records", output, exc, results)
         return
     log.info("records: %s", output)

@@ -1,8 +1,15 @@
 """Run directories: `<root>/<YYYYmmdd-HHMMSS>-<label>[-N]`, one per `dohnuts-bench run`, and the
-path-safe names of workloads and labels inside them."""
+path-safe names of workloads and labels inside them.
+
+What a run derives from a name inside its folder — a workload's `inputs/` folder, a launch's
+`ranks/` folder, a profiler trace — cannot collide: `derived_name` keeps a safe name as it is and
+gives any other its readable part plus a digest of the whole name (`a b` → `a-b~…`, `a/b` →
+`a-b~…`, never one file), and `new_dir` / `new_file` create the path exclusively, with `-N` on a
+clash, so no two workloads or launches ever share (or re-read) one folder or file."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from pathlib import Path
@@ -15,6 +22,49 @@ def safe_name(name: str) -> str:
     '-' (a workload name or label never reaches outside the run directory)."""
     out = re.sub(r"[^A-Za-z0-9._+-]+", "-", str(name)).strip(".-")[:100]
     return out or "run"
+
+
+SAFE = re.compile(r"[A-Za-z0-9._+-]{1,100}")
+
+
+def derived_name(name: str) -> str:
+    """`name` as one path component, one to one: a name that is already safe (letters, digits and
+    `._+-`, not dots alone, at most 100 characters) is kept; any other becomes its `safe_name` and
+    `~` and 12 hex digits of its SHA-256 (`~` is never in a kept name, so the two kinds never meet)."""
+    name = str(name)
+    if SAFE.fullmatch(name) and name.strip("."):
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{safe_name(name)[:80]}~{digest}"
+
+
+def new_dir(parent: Path, name: str) -> Path:
+    """A new, empty folder `parent/name[-N]` (parents made), created atomically: never one that
+    another launch or workload made before."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        path = parent / (name if n == 1 else f"{name}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{parent} already holds 9999 folders named {name}[-N]")
+
+
+def new_file(parent: Path, stem: str, suffix: str) -> Path:
+    """A path `parent/stem[-N]suffix` that no file holds yet, reserved by creating it empty (O_EXCL)."""
+    import os
+
+    parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        path = parent / (f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}")
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{parent} already holds 9999 files named {stem}[-N]{suffix}")
 
 
 def new_run_dir(root: Path, label: str) -> tuple[str, Path]:

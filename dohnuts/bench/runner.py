@@ -31,7 +31,7 @@ from dohnuts.bench.quality import (
     can_score, check_agreement, labelled_set, measure_accuracy, reference_key, reference_outputs, sample_calls,
 )
 from dohnuts.bench.record import TargetContext
-from dohnuts.bench.rundir import safe_name
+from dohnuts.bench.rundir import derived_name
 from dohnuts.bench.serving.scenario import measure_scenario
 from dohnuts.bench.serving.variety import ServedSet
 from dohnuts.bench.status import log
@@ -99,7 +99,7 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict[str, R
         device = torch.device("cuda", world.local_rank)  # one GPU per rank
     dtype = resolve_dtype(spec, device)
     cfg, ckpt = resolve_source(spec.model)
-    workdir = run.run_dir / "inputs" / safe_name(spec.name)
+    workdir = run.run_dir / "inputs" / derived_name(spec.name)  # one to one: `a b` and `a/b` never share
     workdir.mkdir(parents=True, exist_ok=True)
     kind = kinds[spec.kind]
     tokenizer = tokenizer_for(cfg, ckpt)

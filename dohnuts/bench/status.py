@@ -18,6 +18,8 @@ import sys
 import threading
 import time
 
+from dohnuts.schema import printable_lines
+
 LOGGER = "dohnuts.bench"
 HEARTBEAT_S = 5.0  # at most this long without a line while measuring, in a pipe
 TIME_FORMAT = "%H:%M:%S"  # every status line's stamp, in a terminal and in a pipe (module docstring)
@@ -53,7 +55,7 @@ class PlainFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime(TIME_FORMAT, time.localtime(record.created))
         level = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
-        return f"{stamp} {level}{record.getMessage()}"
+        return f"{stamp} {level}{printable_lines(record.getMessage())}"  # a user's name never acts on the terminal
 
 
 def configure_logging(*, quiet: bool = False, terminal: bool | None = None) -> logging.Handler:
@@ -65,10 +67,11 @@ def configure_logging(*, quiet: bool = False, terminal: bool | None = None) -> l
             log.removeHandler(handler)
     terminal = stderr_is_terminal() if terminal is None else terminal
     if terminal:
-        from rich.console import Console
         from rich.logging import RichHandler
 
-        handler: logging.Handler = RichHandler(console=Console(stderr=True, highlight=False), show_path=False,
+        from dohnuts.bench.terminal import SafeConsole
+
+        handler: logging.Handler = RichHandler(console=SafeConsole(stderr=True), show_path=False,
                                                markup=False, omit_repeated_times=False,
                                                log_time_format=f"[{TIME_FORMAT}]")  # rich's own: [12/04/26 …]
     else:
@@ -103,9 +106,11 @@ class MeasureProgress:
         console = _rich_console() if enabled else None
         self._bar = None
         if console is not None:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            from dohnuts.bench.terminal import progress_text_column
+
+            self._bar = Progress(progress_text_column(), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=console)
         self._lock = threading.Lock()
         self._tasks: dict[int, dict] = {}

@@ -31,14 +31,17 @@ Tables:
 
 Schema 2 added the serving and quality columns, schema 3 the machine and the series and load
 columns; an older file is migrated when opened (the columns added, filled from the records' and
-run.json's JSON). Records are kept as compact JSON (dohnuts.schema.dumps): the store holds what
+run.json's JSON; a row whose JSON cannot be read stops the migration, and nothing changes). An
+existing store is checked when opened — its schema version a whole number, every table with every
+column (`TABLE_COLUMNS`) — and never rebuilt in place, so a `run` never measures into a store it
+cannot fill; every value read of it is typed (`SteadyCall`, JSON objects), one line naming the store
+and the record otherwise. Readers (`history`, `report`) open it read-only (`read_only=True`). Records are kept as compact JSON (dohnuts.schema.dumps): the store holds what
 the JSONL holds.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator
@@ -49,7 +52,7 @@ import msgspec
 
 from dohnuts.bench.machine_id import recorded_machine
 from dohnuts.errors import DohnutsError
-from dohnuts.schema import dumps
+from dohnuts.schema import convert, dumps, short
 
 APPLICATION_ID = 0x646F686E  # "dohn"
 SCHEMA_VERSION = 3
@@ -80,30 +83,63 @@ _CANNOT_WRITE = {sqlite3.SQLITE_PERM, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IO
                  sqlite3.SQLITE_CANTOPEN}
 
 
+def store_files(path: str | Path) -> list[Path]:
+    """The files of a store: the database and SQLite's journal files beside it (what an output must
+    never be: dohnuts.schema.output_paths)."""
+    path = Path(path)
+    return [path, *(path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-journal"))]
+
+
 class StoreError(DohnutsError):
     """The store file cannot be used (corrupt, foreign, newer, unwritable)."""
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """`path` opened for reading only (SQLite's `mode=ro`). A WAL store whose journal files are gone (a
+    copied or committed store, or one in a folder the user may not write) cannot be opened so — SQLite
+    would create its `-shm` — and is read as it stands in the file (`immutable=1`: with no `-wal`
+    beside it, every committed transaction is in the file)."""
+    if not path.is_file():
+        raise StoreError("does not exist (a run store)", source=str(path))
+    uri = path.resolve().as_uri()
+    try:
+        db = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        return db
+    except sqlite3.OperationalError:
+        if os.path.lexists(f"{path}-wal"):
+            raise
+    return sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, isolation_level=None)
 
 
 class RunStore:
     """One store file. Every method commits what it writes; several processes may share a file."""
 
-    def __init__(self, path: str | Path = DEFAULT_STORE):
-        self.path = Path(path)
+    def __init__(self, path: str | Path = DEFAULT_STORE, *, read_only: bool = False):
+        """Open (and create, migrate) the store at `path`; with `read_only` open it for reading only
+        (`history`, `report`: SQLite's read-only mode, so a store the user may not write is read, and
+        nothing is created or migrated)."""
+        self.path, self.read_only = Path(path), read_only
         where = str(self.path)
         try:
             if self.path.exists() and not self.path.is_file():
                 raise StoreError("is not a file (a run store)", source=where)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            if read_only:
+                self.db = _connect_read_only(self.path)
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot be opened ({exc})", source=where) from None
         try:
             self._prepare()
-        except sqlite3.DatabaseError as exc:
+        except BaseException as exc:
             self.db.close()
-            if getattr(exc, "sqlite_errorcode", 0) & 0xFF in _CANNOT_WRITE:  # a full disk is not a foreign file
-                raise StoreError(f"cannot be written ({exc})", source=where) from None
-            raise StoreError(f"is not a dohnuts run store ({exc})", source=where) from None
+            if isinstance(exc, sqlite3.DatabaseError):
+                if getattr(exc, "sqlite_errorcode", 0) & 0xFF in _CANNOT_WRITE:  # a full disk is not a foreign file
+                    raise StoreError(f"cannot be written ({exc})", source=where) from None
+                raise StoreError(f"is not a dohnuts run store ({exc})", source=where) from None
+            raise
 
     def _prepare(self) -> None:
         app = self.db.execute("PRAGMA application_id").fetchone()[0]
@@ -111,24 +147,60 @@ class RunStore:
         if app not in (0, APPLICATION_ID) or (app == 0 and tables):
             raise StoreError("is an SQLite database of something else, not a dohnuts run store",
                              source=str(self.path))
-        self.db.execute("PRAGMA journal_mode = WAL")
-        self.db.execute("PRAGMA synchronous = NORMAL")
-        with self._transaction():
-            for statement in filter(str.strip, _TABLES.split(";")):
-                self.db.execute(statement)
-            self.db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        version = int(self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
+        if app == 0 and self.read_only:
+            raise StoreError("is an empty SQLite file, not a run store yet", source=str(self.path))
+        if app == 0:  # a new store: its tables made (an existing one is checked, never rebuilt in place)
+            self.db.execute("PRAGMA journal_mode = WAL")
+            with self._transaction():
+                for statement in filter(str.strip, _TABLES.split(";")):
+                    self.db.execute(statement)
+                self.db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                # (OR IGNORE: another process may have made the same new store meanwhile)
+                self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        if not self.read_only:
+            self.db.execute("PRAGMA synchronous = NORMAL")
+        version = self._version()
         if version > SCHEMA_VERSION:
             raise StoreError(f"has schema version {version}, newer than this dohnuts reads ({SCHEMA_VERSION})",
                              source=str(self.path))
         if version < SCHEMA_VERSION:
+            if self.read_only:
+                raise StoreError(f"has schema version {version}, older than this dohnuts reads ({SCHEMA_VERSION}); "
+                                 "a command that writes the store (e.g. `dohnuts-bench store import`) migrates it",
+                                 source=str(self.path))
             self._migrate(version)
+        self._check_columns()
+
+    def _version(self) -> int:
+        """The schema version the meta table holds: a whole number, or one line saying what it is."""
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        text = None if row is None else row[0]
+        try:
+            version = int(text) if isinstance(text, (str, int)) and not isinstance(text, bool) else None
+        except ValueError:
+            version = None
+        if version is None or version < 1:
+            raise StoreError(f"has a schema version of {short(text, 40)}, not a whole number ≥ 1: the store is "
+                             "damaged; rebuild it (`dohnuts-bench store import RUN_DIR ...` into a new file)",
+                             source=str(self.path))
+        return version
+
+    def _check_columns(self) -> None:
+        """Every table with every column this dohnuts reads and writes (a renamed or dropped column
+        is refused here, when the store is opened: a `run` never measures into a store it cannot fill)."""
+        for table, columns in TABLE_COLUMNS.items():
+            have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
+            missing = [c for c in columns if c not in have]
+            if missing:
+                what = f"no table {table}" if not have else f"table {table} lacks column(s) {', '.join(missing)}"
+                raise StoreError(f"is not a dohnuts run store of schema {SCHEMA_VERSION} ({what}): rebuild it "
+                                 "(`dohnuts-bench store import RUN_DIR ...` into a new file)", source=str(self.path))
 
     def _migrate(self, version: int) -> None:
         """An older schema → this one, in one transaction: schema 1 → 2 the serving and quality
         columns, 2 → 3 the machine (runs) and the series and load columns (records), each filled
-        from the JSON the rows hold."""
+        from the JSON the rows hold. A row whose JSON cannot be read stops it, and nothing changes."""
+        self.db.execute("PRAGMA journal_mode = WAL")  # as a new store has it: several writers at once
         with self._transaction():
             added = []
             for table, columns in (("records", SERVING_COLUMNS + SERIES_COLUMNS), ("runs", RUN_COLUMNS)):
@@ -140,15 +212,27 @@ class RunStore:
             sets = ", ".join(f"{c} = ?" for c, _ in fill)
             rows = self.db.execute("SELECT run_id, seq, record FROM records").fetchall()
             for run_id, seq, text in rows:
-                rec = json.loads(text)
+                rec = self._json_object(text, f"record {seq} of run {run_id}", "migrated")
                 values = (serving_columns(rec) if version < 2 else ()) + series_columns(rec)
                 added.append((*values, run_id, seq))
             self.db.executemany(f"UPDATE records SET {sets} WHERE run_id = ? AND seq = ?", added)
             for run_id, text in self.db.execute("SELECT run_id, run_json FROM runs").fetchall():
-                meta = json.loads(text)
+                meta = self._json_object(text, f"the run.json of run {run_id}", "migrated")
                 self.db.execute("UPDATE runs SET machine = ? WHERE run_id = ?",
                                 (recorded_machine(meta if isinstance(meta, dict) else {}), run_id))
             self.db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+
+    def _json_object(self, text, what: str, doing: str = "read") -> dict:
+        """A JSON object the store holds (a record, a run.json, a summary), or one line naming it:
+        nothing is changed (a migration is rolled back)."""
+        try:
+            value = msgspec.json.decode(text) if isinstance(text, (str, bytes)) else None
+        except (msgspec.DecodeError, RecursionError):
+            value = None
+        if not isinstance(value, dict):
+            raise StoreError(f"holds {what}, which is not a JSON object: the store cannot be {doing}; rebuild it "
+                             "(`dohnuts-bench store import RUN_DIR ...` into a new file)", source=str(self.path))
+        return value
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -221,7 +305,9 @@ class RunStore:
         if results is None:
             raise DohnutsError("holds no results.jsonl or results.jsonl.gz", source=str(run_dir))
         records = [{k: v for k, v in r.items() if k != "_source"} for r in read_jsonl(results)]  # (where each came from)
-        meta = _read_json(run_dir / "run.json") or {}
+        from dohnuts.bench.summary_file import RunFile, SummaryFile, read_run_json
+
+        meta = read_run_json(run_dir / "run.json", RunFile) or {}  # typed: a hand-edited file is one line
         run_id = str(meta.get("run_id") or (records[0].get("run_id") if records else None) or run_dir.name)
         meta.setdefault("run_id", run_id)
         if not meta.get("provenance") and records:
@@ -230,7 +316,7 @@ class RunStore:
         with self._transaction():
             self.db.execute("DELETE FROM records WHERE run_id = ?", (run_id,))
         n = self.add_records(run_id, records, start=0)
-        summary = _read_json(run_dir / "summary.json")
+        summary = read_run_json(run_dir / "summary.json", SummaryFile)
         if summary is not None:
             self.add_summary(run_id, summary)
         return run_id, n
@@ -239,20 +325,20 @@ class RunStore:
 
     def runs(self) -> list[dict[str, Any]]:
         """Every run, oldest first: id, start, revision, dirty flag, device, hwspec."""
-        rows = self.db.execute("SELECT run_id, started, git_revision, git_dirty, device, hwspec FROM runs "
-                               "ORDER BY started, run_id").fetchall()
+        rows = self._query("SELECT run_id, started, git_revision, git_dirty, device, hwspec FROM runs "
+                           "ORDER BY started, run_id")
         return [dict(zip(("run_id", "started", "revision", "dirty", "device", "hwspec"), r)) for r in rows]
 
     def records(self, run_id: str | None = None, *, workload: str | None = None, target: str | None = None,
                 phase: str | None = None) -> list[dict]:
         """The records, in their run's order, filtered by run, workload, target and phase."""
-        sql, args = "SELECT record FROM records JOIN runs USING (run_id) WHERE 1", []
+        sql, args = "SELECT record, run_id, seq FROM records JOIN runs USING (run_id) WHERE 1", []
         for column, value in (("run_id", run_id), ("workload", workload), ("target", target), ("phase", phase)):
             if value is not None:
                 sql += f" AND records.{column} = ?"
                 args.append(value)
         sql += " ORDER BY runs.started, runs.run_id, records.seq"
-        return [msgspec.json.decode(r[0]) for r in self.db.execute(sql, args)]
+        return [self._json_object(text, f"record {seq} of run {run}") for text, run, seq in self._query(sql, args)]
 
     def steady_calls(self, *, workload: str | None = None, target: str | None = None, machine: str | None = None,
                      with_record: bool = False) -> list[dict[str, Any]]:
@@ -260,11 +346,10 @@ class RunStore:
         is parsed unless `with_record`: a stage's times are in it): the run's id, start, revision,
         dirty flag, machine and hwspec, the record's workload, target, device, model, precision,
         wall time, A/A half and load."""
-        names = ("run_id", "started", "revision", "dirty", "machine", "hwspec", "workload", "target", "device",
-                 "model", "precision", "wall_ms", "aa_half", "own_cores", "others_cores", "cpus")
+        names = SteadyCall.__struct_fields__
         sql = ("SELECT r.run_id, runs.started, runs.git_revision, runs.git_dirty, runs.machine, runs.hwspec, "
                "r.workload, r.target, r.device, r.model, r.precision, r.wall_ms, r.aa_half, r.own_cores, "
-               "r.others_cores, r.cpus" + (", r.record" if with_record else "")
+               "r.others_cores, r.cpus, r.seq" + (", r.record" if with_record else "")
                + " FROM records r JOIN runs USING (run_id) WHERE r.phase = 'steady'")
         args: list = []
         for column, value in (("r.workload", workload), ("r.target", target), ("runs.machine", machine)):
@@ -273,16 +358,25 @@ class RunStore:
                 args.append(value)
         sql += " ORDER BY runs.started, runs.run_id, r.seq"
         out = []
-        for row in self.db.execute(sql, args):
-            item = dict(zip(names, row))
+        for row in self._query(sql, args):
+            what = f"record {row[16]} of run {row[0]}"
+            item = msgspec.structs.asdict(convert(dict(zip(names, row)), SteadyCall, source=str(self.path),
+                                                  error=StoreError, prefix=what))
             if with_record:
-                item["record"] = msgspec.json.decode(row[-1])
+                item["record"] = self._json_object(row[-1], what)
             out.append(item)
         return out
 
+    def _query(self, sql: str, args=()) -> list[tuple]:
+        """Rows of a query; an SQLite error (a store damaged after it was opened) is one line."""
+        try:
+            return self.db.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot be read ({exc})", source=str(self.path)) from None
+
     def summary(self, run_id: str) -> dict | None:
-        row = self.db.execute("SELECT summary FROM summaries WHERE run_id = ?", (run_id,)).fetchone()
-        return None if row is None else json.loads(row[0])
+        rows = self._query("SELECT summary FROM summaries WHERE run_id = ?", (run_id,))
+        return None if not rows else self._json_object(rows[0][0], f"the summary of run {run_id}")
 
     def integrity(self) -> str:
         return self.db.execute("PRAGMA integrity_check").fetchone()[0]
@@ -297,6 +391,32 @@ RECORD_FIELDS = ("run_id", "seq", "workload", "target", "phase", "wall_ms", "rec
                  *(c for c, _ in SERVING_COLUMNS + SERIES_COLUMNS))
 RUN_FIELDS = ("run_id", "started", "git_revision", "git_dirty", "device", "driver", "power_limit_w", "hwspec",
               "versions", "workloads", "run_json", *(c for c, _ in RUN_COLUMNS))
+TABLE_COLUMNS = {"meta": ("key", "value"), "runs": RUN_FIELDS, "records": RECORD_FIELDS,
+                 "summaries": ("run_id", "summary")}  # what `_check_columns` requires of a store
+Number = float | None
+
+
+class SteadyCall(msgspec.Struct, frozen=True):
+    """A steady-state call as `history` reads it from the store's columns (`RunStore.steady_calls`):
+    typed, so a hand-edited cell (text where a time belongs) is one line naming the record."""
+
+    run_id: str
+    started: str | None
+    revision: str | None
+    dirty: int | None
+    machine: str | None
+    hwspec: str | None
+    workload: str
+    target: str
+    device: str | None
+    model: str | None
+    precision: str | None
+    wall_ms: Number
+    aa_half: int | None
+    own_cores: Number
+    others_cores: Number
+    cpus: int | None
+    seq: int
 
 
 def serving_columns(rec: dict) -> tuple:
@@ -354,17 +474,6 @@ def _git(value) -> tuple[str | None, int | None]:
 
 def _number(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _read_json(path: Path) -> dict | None:
-    """A run's run.json or summary.json (None when there is none), bounded and checked by its stat."""
-    from dohnuts.bench.offline import MAX_RUN_JSON_BYTES
-    from dohnuts.schema import read_json
-
-    if not os.path.lexists(path):
-        return None
-    data = read_json(path, max_bytes=MAX_RUN_JSON_BYTES, error=DohnutsError, what="a run's JSON")
-    return data if isinstance(data, dict) else None
 
 
 class StoreMirror:

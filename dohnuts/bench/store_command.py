@@ -18,8 +18,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from dohnuts.bench.store import DEFAULT_STORE, RunStore
+from dohnuts.bench.store import DEFAULT_STORE, RunStore, store_files
 from dohnuts.errors import DohnutsError
+from dohnuts.schema.output_paths import RUN_FOLDER_FILES
 
 ARCHIVE_ROOT = Path("results")
 
@@ -44,10 +45,14 @@ def import_dirs(store: RunStore, dirs: list[Path], log=lambda msg: None) -> int:
 
 
 def cmd_store_import(args) -> int:
+    from dohnuts.schema import check_output_file
+
     dirs = [Path(d) for d in args.run_dirs]
     for d in dirs:
         if not d.is_dir():
             raise DohnutsError("is not a run directory", source=str(d))
+    check_output_file(args.store, inputs=[d / n for d in dirs for n in RUN_FOLDER_FILES], field="--store",
+                      what="a run store", make_folder=True)
     with RunStore(args.store) as store:
         n = import_dirs(store, dirs, log=lambda m: print(f"dohnuts-bench: {m}", file=sys.stderr))
     print(f"dohnuts-bench: {n} of {len(dirs)} runs in {args.store}", file=sys.stderr)
@@ -64,13 +69,15 @@ def archive_run(run_dir: Path, dest: Path) -> Path:
     import gzip
     import shutil
 
+    from dohnuts.schema import check_output_folder
+
     src = run_dir / "results.jsonl"
     gz = run_dir / "results.jsonl.gz"
     if not (run_dir / "run.json").is_file() or not (src.is_file() or gz.is_file()):
         raise DohnutsError("is not a finished run directory (needs run.json and results.jsonl)", source=str(run_dir))
-    if dest.exists() and any(dest.iterdir()):
+    if dest.is_dir() and not dest.is_symlink() and any(dest.iterdir()):
         raise DohnutsError("exists and is not empty: an archive is never overwritten", source=str(dest))
-    dest.mkdir(parents=True, exist_ok=True)
+    check_output_folder(dest, inputs=[src], field="DEST")  # not a link, not in a run folder (the one output rule)
     shutil.copyfile(run_dir / "run.json", dest / "run.json")
     if gz.is_file():
         shutil.copyfile(gz, dest / "results.jsonl.gz")
@@ -92,17 +99,27 @@ def cmd_store_archive(args) -> int:
 FILTERS = ("machine", "device", "model", "precision", "hwspec", "workload", "target")
 
 
+def stage_names(store: RunStore) -> list[str]:
+    """Every stage a steady-state record of the store measured, sorted."""
+    names = set()
+    for call in store.steady_calls(with_record=True):
+        stages = call["record"].get("stages")
+        if isinstance(stages, dict):
+            names.update(str(k) for k in stages)
+    return sorted(names)
+
+
 def cmd_history(args) -> int:
     from dohnuts.bench.cli import console_for_output
     from dohnuts.bench.history import history, history_dict, history_lines, history_tables
     from dohnuts.schema import write_json
     from dohnuts.schema.values import printable
 
-    if args.json:  # a device, a FIFO, a directory or a name too long is refused before any work
-        from dohnuts.schema import check_output
-
-        check_output(args.json, field="--json", what="a JSON file to write")
     path = Path(args.store)
+    if args.json:  # the one output rule: a link, the store, a run folder, a device, a FIFO refused before any work
+        from dohnuts.schema import check_output_file
+
+        check_output_file(args.json, inputs=store_files(path), field="--json", what="a JSON file to write")
     if not path.exists() and Path(args.store) == DEFAULT_STORE and ARCHIVE_ROOT.is_dir():
         dirs = run_dirs(ARCHIVE_ROOT)
         print(f"dohnuts-bench: no store at {path}: building it from the {len(dirs)} runs committed under "
@@ -113,8 +130,14 @@ def cmd_history(args) -> int:
         raise DohnutsError("does not exist (a run store: `dohnuts-bench run` writes one, `dohnuts-bench store "
                            "import` fills one)", source=str(path))
     chosen = {f: getattr(args, f) for f in FILTERS if getattr(args, f) is not None}
-    with RunStore(path) as store:
+    with RunStore(path, read_only=True) as store:  # read only: a store the user may not write is still read
         series = history(store, stage=args.stage, min_effect=args.min_effect, **chosen)
+        if not series and args.stage != "wall":
+            stages = stage_names(store)
+            if args.stage not in stages:
+                raise DohnutsError(f"is not a stage of any steady-state record in {path} (stages: "
+                                   f"{', '.join(['wall', *map(printable, stages)])})", source="history",
+                                   field="--stage")
         if not series:
             machines = sorted({m for (m,) in store.db.execute("SELECT DISTINCT machine FROM runs") if m})
             said = ", ".join(f"--{f} {printable(v)}" for f, v in chosen.items())

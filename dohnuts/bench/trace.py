@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from dohnuts.bench.rundir import safe_name
+from dohnuts.bench.rundir import derived_name, new_file
 from dohnuts.runtime.timing import StageTimer
 
 PROFILED_CALLS = 3  # enough to see a steady call whole, short enough to keep the trace small
@@ -35,7 +35,9 @@ STAGE_KERNELS = 8  # kernels named per stage
 
 
 def trace_path(run_dir: Path, workload: str, target: str) -> Path:
-    return run_dir / "traces" / f"{safe_name(workload)}__{safe_name(target)}.json.gz"
+    """A new trace file of this workload and target (dohnuts.bench.rundir: derived names never collide,
+    `a b` and `a/b` included; a clash left anyway takes `-N`)."""
+    return new_file(run_dir / "traces", f"{derived_name(workload)}__{derived_name(target)}", ".json.gz")
 
 
 def ops_path(trace: Path) -> Path:

@@ -50,14 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--telemetry-interval", type=float, default=0.1)
     args = p.parse_args(argv)
 
-    from rich.console import Console
-
     from dohnuts.bench.contracts import RunContext
     from dohnuts.bench.interconnect import allreduce_busbw
     from dohnuts.bench.plugins import check_target_options, collect, plugin_manager, samplers
     from dohnuts.bench.runner import measure_workload
     from dohnuts.bench.sink import RecordSink
     from dohnuts.bench.telemetry import TelemetryThread
+    from dohnuts.bench.terminal import SafeConsole
     from dohnuts.bench.workload import load_workload
     from dohnuts.runtime.collectives import barrier
     from dohnuts.runtime.process_group import join, leave
@@ -73,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     run = RunContext(run_id=args.run_id, run_dir=out_dir / f"rank{world.rank}", device=torch.device(device),
-                     hwspec=None, console=Console(stderr=True, highlight=False, quiet=True),
+                     hwspec=None, console=SafeConsole(stderr=True, quiet=True),
                      before_call=_fault_from_environment())
     busbw = allreduce_busbw(world)
     if busbw is not None:

@@ -325,6 +325,25 @@ def _build_spec(path: Path, source: str, raw_bytes: bytes, data: dict, kinds: di
     )
 
 
+def check_unique_names(specs: list[WorkloadSpec]) -> None:
+    """The workloads of one run name themselves apart: a name is what identifies a workload in the
+    records, the reports and the store, so two files (or one file given twice) of one name — or a
+    name that reads as another's at N processes (`text ×2`) — would be pooled into one row without a
+    word. Refused in one line naming both files, before anything is measured."""
+    seen: dict[str, WorkloadSpec] = {}
+    for spec in specs:
+        labels = [spec.name] + [f"{spec.name} ×{n}" for n in spec.processes if n > 1]
+        for label in labels:
+            other = seen.get(label)
+            if other is not None:
+                same = " (the same file given twice)" if other.file == spec.file else ""
+                raise ConfigError(f"names its workload {short(label, 120, str)}, as {other.file} does{same}: the "
+                                  "workloads of one run need names of their own (set `name:` in one of them)",
+                                  source=spec.file, field="name")
+        for label in labels:
+            seen[label] = spec
+
+
 def model_config(model: str, source: str):
     """The ModelConfig of a workload's `model` (a preset, or a checkpoint directory's config.json);
     a ConfigError naming the workload file and its `model` field otherwise."""

@@ -20,6 +20,7 @@ import torch
 
 from dohnuts.errors import DohnutsError, RequestError
 from dohnuts.runtime.batch import HostBatch
+from dohnuts.runtime.memory_guard import check_request_memory, is_out_of_memory
 from dohnuts.runtime.pipeline import Pipeline
 from dohnuts.runtime.requests import Request
 from dohnuts.runtime.timing import NULL_TIMER
@@ -107,6 +108,13 @@ class Predictor:
             ))
         return RequestResult(hb.plan.request.id, results)
 
+    def _out_of_memory(self, hb: HostBatch, source: str | None) -> RequestError:
+        """A failed allocation as the request's own error (its memory given back first)."""
+        if self.pipeline.cuda:
+            torch.cuda.empty_cache()
+        return RequestError(f"ran out of memory in its one pass ({hb.work.sequences} questions, "
+                            f"{hb.work.computed_tokens} tokens); split it into several requests", source=source)
+
     # -- whole calls --------------------------------------------------------------------------
 
     def call(self, req: Request, timer=NULL_TIMER, source: str | None = None) -> tuple[RequestResult, WorkCounts]:
@@ -126,8 +134,10 @@ class Predictor:
         """Pipelined prediction over (source, request-or-error) items, results in input order.
 
         While the device scores request i, a worker prepares i+1 and i+2, the copy stream moves
-        i+1, and the host serializes i−1. A request that fails validation or preparation yields a
-        `RequestFailure` in its place; the others are still scored.
+        i+1, and the host serializes i−1. A request that fails validation or preparation, or whose
+        pass would not fit in the memory the device has free (dohnuts.runtime.memory_guard: estimated
+        before the pass, and an allocation that fails in it), yields a `RequestFailure` in its place;
+        the others are still scored.
 
         `timer_for(i)` times request i's stages; `trace` (a dict) receives per request i the host
         clock (time.perf_counter) when it entered the pipeline (`submitted`), when its device work
@@ -167,11 +177,17 @@ class Predictor:
                 if fut is None:
                     raise req
                 hb = fut.result()
+                check_request_memory(self.session, hb.work, source)  # too large for the machine: its line only
                 timer = timer_for(index) if timer_for else NULL_TIMER
                 if trace is not None:
                     trace[index]["started"] = time.perf_counter()
-                dev, ready = self.pipeline.transfer(hb, timer)
-                host, done, work = self.compute(hb, dev, ready, timer)
+                try:
+                    dev, ready = self.pipeline.transfer(hb, timer)
+                    host, done, work = self.compute(hb, dev, ready, timer)
+                except (RuntimeError, MemoryError) as exc:  # an allocation the estimate let through
+                    if not is_out_of_memory(exc):
+                        raise
+                    raise self._out_of_memory(hb, source) from None
                 if trace is not None:
                     trace[index]["work"] = work
             except DohnutsError as exc:

@@ -31,6 +31,7 @@ import msgspec
 from msgspec import Meta
 
 from dohnuts.errors import RequestError
+from dohnuts.limits import MAX_CANDIDATES_PER_QUESTION, MAX_QUESTIONS_PER_REQUEST
 from dohnuts.schema import Invalid, convert, open_file, short, size_words, why_not_finite
 
 
@@ -67,7 +68,7 @@ def require_rewards(request: Request, source: str | None = None) -> None:
 
 class QuestionLine(msgspec.Struct, frozen=True):
     text: str
-    candidates: Annotated[list[str], Meta(min_length=1)]
+    candidates: Annotated[list[str], Meta(min_length=1, max_length=MAX_CANDIDATES_PER_QUESTION)]
     id: str | int | None = None  # default: the question's path, questions[i]
     rewards: list[float] | None = None  # graded rewards, one per candidate (wins over `answer`)
     answer: int | None = None  # the index of the right candidate
@@ -95,7 +96,9 @@ class QuestionLine(msgspec.Struct, frozen=True):
 
 
 class RequestLine(msgspec.Struct, frozen=True):
-    questions: Annotated[list[QuestionLine], Meta(min_length=1)]
+    # bounded (dohnuts.limits): a request is one batched pass, so 60,000 questions in a line once asked
+    # a pass for more memory than the machine had and ended the run; now that line alone is refused
+    questions: Annotated[list[QuestionLine], Meta(min_length=1, max_length=MAX_QUESTIONS_PER_REQUEST)]
     id: str | int | None = None  # default: the line's source, file:line
     prefix: str | None = None
     image: str | None = None

@@ -1,9 +1,10 @@
 """Every file the project reads or writes: typed decoding with one-line errors, strict YAML, strict JSON,
 user paths checked before they are opened, JSONL written whole records at a time.
 
-One import point (`from dohnuts.schema import ...`) over six small modules: `decode` (msgspec
+One import point (`from dohnuts.schema import ...`) over seven small modules: `decode` (msgspec
 conversion and its errors), `strict_yaml`, `strict_json`, `user_files` (a path a user names:
-refused by type and size before any read), `jsonl_file` (records written whole or not at all) and
+refused by type and size before any read), `jsonl_file` (records written whole or not at all), `output_paths` (the one rule for where a
+command may write) and
 `values` (helpers for messages and numbers). Every reader of the project uses it: workloads (dohnuts.bench.workload and the kinds'
 `Shape`s), hwspecs (dohnuts.bench.analysis.hwspec_file), benchmark records
 (dohnuts.bench.analysis.records), run.json (dohnuts.bench.offline), requests
@@ -30,13 +31,14 @@ from dohnuts.schema.decode import (
     MAX_FLOAT, Finite, Invalid, NonBlank, NonNegative, Positive, convert, decode_json, problem, read_json,
 )
 from dohnuts.schema.jsonl_file import JsonlFile, append_line
-from dohnuts.schema.strict_json import dumps, json_safe, write_json, write_text_atomic
+from dohnuts.schema.output_paths import check_output_file, check_output_folder, is_run_folder, same_file
+from dohnuts.schema.strict_json import dumps, json_safe, write_bytes_atomic, write_json, write_text_atomic
 from dohnuts.schema.strict_yaml import DuplicateKeyError, StrictLoader, read_yaml, yaml_error
 from dohnuts.schema.user_files import (
     GIB, KIB, MIB, check_dir, check_file, check_output, kind_of, open_file, read_file, size_words, stat_path,
 )
 from dohnuts.schema.values import (
-    first_nonfinite, is_finite, median, one_line, one_line_error, printable, short, why_not_finite,
+    first_nonfinite, is_finite, median, one_line, one_line_error, printable, printable_lines, short, why_not_finite,
 )
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "open_file", "read_file", "size_words", "stat_path",
     "MAX_FLOAT", "DuplicateKeyError", "Finite", "Invalid", "NonBlank", "NonNegative", "Positive", "StrictLoader",
     "convert", "decode_json", "dumps", "first_nonfinite", "is_finite", "json_safe", "median", "one_line",
-    "one_line_error", "problem", "read_json", "read_yaml", "short", "why_not_finite", "write_json",
-    "write_text_atomic", "yaml_error",
+    "one_line_error", "printable", "printable_lines", "problem", "read_json", "read_yaml", "short",
+    "why_not_finite", "write_json", "write_bytes_atomic", "write_text_atomic", "yaml_error",
+    "check_output_file", "check_output_folder", "is_run_folder", "same_file",
 ]

@@ -1,6 +1,7 @@
 """JSONL files written whole record by whole record: a full disk (or any write error) leaves the file
 valid up to its last complete record, never a cut line.
 
+The file is opened with O_NOFOLLOW: a symbolic link in its place is refused (dohnuts.schema.output_paths).
 Each record is one `os.write` of the complete line to an O_APPEND descriptor. A short write (the
 disk filled during it) or an error cuts the file back to where the line began (`ftruncate`), then
 raises the caller's one-line error naming the file and the cause. `prediction results`,
@@ -25,11 +26,14 @@ class JsonlFile:
 
     def __init__(self, path: str | Path, *, truncate: bool = False, error: type[DohnutsError] = DohnutsError):
         self.path, self.error = str(path), error
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0) | (os.O_TRUNC if truncate else 0)
+        flags = (os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0) | (os.O_TRUNC if truncate else 0)
+                 | getattr(os, "O_NOFOLLOW", 0))  # a symbolic link planted in its place is refused, never followed
         try:
             self.fd: int | None = os.open(self.path, flags, 0o644)
         except OSError as exc:
-            raise one_line_error(error(f"cannot be written ({exc.strerror or exc})", source=self.path)) from None
+            why = ("is a symbolic link: records are never written through one" if os.path.islink(self.path)
+                   else f"cannot be written ({exc.strerror or exc})")
+            raise one_line_error(error(why, source=self.path)) from None
         self.written = 0  # lines written through this object
 
     def write_line(self, text: str) -> None:

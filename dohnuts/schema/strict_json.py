@@ -1,5 +1,6 @@
 """The one strict-JSON writer of the project: never a bare NaN or Infinity (a non-finite number is
-written as null), atomic files (a temporary file renamed over the old one: `write_text_atomic`)."""
+written as null), atomic files (a temporary file renamed over the old one: `write_text_atomic`,
+`write_bytes_atomic`; a symbolic link in the place of the file is replaced, never followed)."""
 
 from __future__ import annotations
 
@@ -60,19 +61,32 @@ def write_json(path: str | Path, obj: Any, *, error: type[DohnutsError] = Dohnut
 
 
 def write_text_atomic(path: str | Path, text: str, *, error: type[DohnutsError] = DohnutsError) -> None:
-    """Write `text` atomically: a temporary file beside `path`, then a rename, so an interrupted
-    write (or a full disk) leaves the previous file (or none), never half of one. A write that fails
-    is one `error` line naming the file and the cause."""
+    """Write `text` atomically (`write_bytes_atomic`, UTF-8)."""
+    write_bytes_atomic(path, text.encode("utf-8"), error=error)
+
+
+def write_bytes_atomic(path: str | Path, data: bytes, *, error: type[DohnutsError] = DohnutsError) -> None:
+    """Write `data` atomically: a new temporary file beside `path` (created exclusively, so no link
+    planted under its name is followed), then a rename, so an interrupted write (or a full disk)
+    leaves the previous file (or none), never half of one — and a symbolic link at `path` is
+    replaced, never written through. A write that fails is one `error` line naming the file."""
+    import tempfile
+
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = None
     try:
-        tmp.write_text(text, encoding="utf-8")
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:80]}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
+        tmp = None
     except OSError as exc:
         raise one_line_error(error(f"cannot be written ({exc.strerror or exc}); nothing was written",
                                    source=str(path))) from None
     finally:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass

@@ -12,12 +12,6 @@ def one_line(text: Any) -> str:
     return " ".join(str(text).split())
 
 
-def printable(text: Any) -> str:
-    """`text` on one line with every unprintable character (ESC, NUL, ...) written as its escape: a
-    string from a file (a library's warning a record kept) reaches a terminal as text only."""
-    return _escape(one_line(text))
-
-
 def short(value: Any, limit: int = 80, convert=repr) -> str:
     """convert(value) (repr by default) on one line, cut to `limit` characters: an error message
     stays one readable line."""
@@ -76,10 +70,17 @@ def _escape(text: str | None) -> str | None:
 
 
 def printable(text: Any) -> str:
-    """`text` safe for a terminal line: every unprintable character (a newline, an escape
-    sequence's ESC, NUL) written as its escape — a user's workload name or path cannot move the
-    cursor or recolour the screen (rich markup is a matter of `rich.text.Text`, which never reads it)."""
+    """`text` safe for a terminal line — the one sanitiser of user strings on display: every
+    unprintable character (a newline, an escape sequence's ESC, BEL, NUL, a C1 control, a bidi
+    override) written as its escape, so a user's workload name or path cannot move the cursor,
+    recolour the screen or write the clipboard. Rich markup is a matter of the console:
+    dohnuts.bench.terminal.SafeConsole never reads it, and writes its text through this."""
     return _escape(str(text)) or ""
+
+
+def printable_lines(text: Any) -> str:
+    """`printable` line by line: the line breaks kept, every other control character escaped."""
+    return "\n".join(printable(line) for line in str(text).split("\n"))
 
 
 def one_line_error(exc: DohnutsError) -> DohnutsError:

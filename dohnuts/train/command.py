@@ -88,8 +88,9 @@ def train_command(args, *, launch) -> int:
     from dohnuts.train.config import SPLITS, Partitions, train_config
     from dohnuts.train.task import synthetic_requests
 
-    if args.nproc_per_node < 1:
-        raise DohnutsError(f"must be ≥ 1, got {args.nproc_per_node}", source="--nproc-per-node")
+    from dohnuts.limits import check_processes
+
+    check_processes(args.nproc_per_node)
     main_rank = launch_world().is_main  # garbled torchrun variables: one line, before anything
     if args.nproc_per_node > 1 and not launched():
         return launch(args, "train", out=args.out)

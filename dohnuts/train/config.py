@@ -24,6 +24,7 @@ import msgspec
 from msgspec import Meta
 
 from dohnuts.errors import ConfigError
+from dohnuts.limits import MAX_SEED
 from dohnuts.model.lora import LoRAConfig
 from dohnuts.runtime.requests import require_rewards
 from dohnuts.schema import is_finite, problem
@@ -45,7 +46,7 @@ class TrainConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     updates: Annotated[int, Meta(ge=0)] = 200
     eval_every: Annotated[int, Meta(ge=1)] = 25
     warmup: Annotated[int, Meta(ge=0)] = 10
-    seed: int = 0
+    seed: Annotated[int, Meta(ge=0, le=MAX_SEED)] = 0  # dohnuts.limits: what every generator takes
     lora: LoRAConfig = msgspec.field(default_factory=LoRAConfig)
     optim: OptimConfig = msgspec.field(default_factory=OptimConfig)
     objective: RLCDConfig = msgspec.field(default_factory=RLCDConfig)

@@ -54,7 +54,7 @@ def test_output_that_is_the_input_is_refused_and_input_untouched(tmp_path, capsy
         os.link(src, out)
     assert main(["predict", str(src), "-o", str(out)]) == 2
     line = _one_error_line(capsys)
-    assert "is the input file" in line and str(out) in line
+    assert "is an input of this command" in line and str(out) in line
     assert src.read_bytes() == before
 
 

@@ -41,8 +41,18 @@ from rich.table import Table
 from rich.text import Text
 
 from dohnuts.bench.analysis.report import Analysis, GroupAnalysis
+from dohnuts.schema import printable
 
 UNBOUNDED = 100_000  # the width a table is measured at to get its natural width
+
+
+def _cell_text(cell: str | Text) -> Text:
+    """A cell as Text, its control characters written as escapes (a Text's style kept)."""
+    if not isinstance(cell, Text):
+        return Text(printable(cell))
+    if cell.plain.isprintable():
+        return cell
+    return Text(printable(cell.plain), style=cell.style)
 
 
 @dataclass(frozen=True)
@@ -62,7 +72,9 @@ class FitTable:
     Columns, in the full table's order: `sections` leading name columns (a heading in the narrow
     layouts), then `keys` key columns (repeated in every part of a split), then the value
     columns; `groups` lists tuples of value-column indices kept together (default: each alone).
-    Cells are plain strings or `rich.text.Text` (for colour); strings are never read as markup.
+    Cells are plain strings or `rich.text.Text` (for colour); strings are never read as markup, and
+    a cell's control characters are written as escapes (dohnuts.schema.printable) before it is
+    measured, so a hostile name keeps the table's columns aligned.
     """
 
     def __init__(self, title: str, columns: Sequence[Col], *, keys: int = 1, sections: int = 0,
@@ -78,7 +90,7 @@ class FitTable:
     def add_row(self, *cells: str | Text) -> None:
         if len(cells) != len(self.columns):
             raise ValueError(f"{len(cells)} cells for {len(self.columns)} columns")
-        self.rows.append([c if isinstance(c, Text) else Text(str(c)) for c in cells])
+        self.rows.append([_cell_text(c) for c in cells])
 
     # -- measuring -------------------------------------------------------------------------
     def _extents(self, console: Console, options: ConsoleOptions) -> list[tuple[int, int]]:
@@ -117,10 +129,12 @@ class FitTable:
     # -- rendering -------------------------------------------------------------------------
     def _table(self, idx: Sequence[int], widths: Sequence[int], rows: list[list[Text]],
                title: str | None = None) -> Table:
-        t = Table(title=title, title_justify=self.title_justify)
+        # the title and headers as Text: a path in a title (compare's `A = RUN`) is never markup
+        t = Table(title=None if title is None else _cell_text(title), title_justify=self.title_justify,
+                  title_style="table.title")
         for i, w in zip(idx, widths):
             c = self.columns[i]
-            t.add_column(c.header, justify=c.justify, width=w, no_wrap=not c.wrap, overflow="fold")
+            t.add_column(Text(c.header), justify=c.justify, width=w, no_wrap=not c.wrap, overflow="fold")
         for r in rows:
             t.add_row(*(r[i] for i in idx))
         return t
@@ -284,10 +298,13 @@ def analysis_tables(analysis: Analysis) -> list[FitTable]:
 
 def print_analysis(analysis: Analysis, console: Console | None = None) -> None:
     """Print every group's tables, then the warnings."""
-    console = console or Console()
+    from dohnuts.bench.terminal import SafeConsole
+
+    console = console or SafeConsole()
     spec = analysis.hwspec
-    console.print(f"[bold]{spec.name}[/] ({spec.source or 'built in'}); target {spec.target_fraction:.0%}")
+    console.print(Text.assemble((spec.name, "bold"), f" ({spec.source or 'built in'}); target "
+                                f"{spec.target_fraction:.0%}"))
     for table in analysis_tables(analysis):
         console.print(table)
     for w in analysis.warnings:
-        console.print(f"[yellow]warning:[/] {w}")
+        console.print(Text.assemble(("warning:", "yellow"), f" {w}"))

@@ -63,12 +63,24 @@ def stage_points(groups: list[dict], *, first_calls: bool = False) -> dict[str, 
     return out
 
 
-def _plain(text: str) -> str:
-    """A user-named string (a workload, a target, a stage) as plain text on the figure: control
-    characters escaped, a `$` never read as the start of mathtext."""
+def plot_text(text: str) -> str:
+    """A user-named string (a workload, a target, a stage) as plain text on a figure: control
+    characters as escapes (dohnuts.schema.printable; a missing glyph's warning once carried a raw
+    ESC to stderr), a `$` never read as the start of mathtext."""
     from dohnuts.schema import printable
 
     return printable(text).replace("$", r"\$")
+
+
+def save_png(fig, path: Path) -> Path:
+    """`fig` as a PNG at `path`, written whole and renamed into place (dohnuts.schema.write_bytes_atomic):
+    a symbolic link planted at `path` is replaced, never written through."""
+    from dohnuts.schema import write_bytes_atomic
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    write_bytes_atomic(path, buf.getvalue())
+    return path
 
 
 def roof_vertices(peak: float, memory: float, lo: float, hi: float, ylo: float) -> tuple[list, list]:
@@ -111,8 +123,8 @@ def figure(panels: dict[str, list], roof_list: list[dict], title: str, *, canvas
             peak, mem = roof["peak_flops"], roof["memory_bytes_s"]
             ax.plot(*roof_vertices(peak, mem, lo, hi, ylo), STYLES[roof["basis"]],
                     color=ROLES[roof["role"]], linewidth=1, clip_on=False,
-                    label=(f"{roof['role']} roof: {_plain(roof['peak'])} {peak / 1e12:.4g} TFLOP/s, "
-                           f"{_plain(roof['memory'])} {mem / 1e9:.4g} GB/s ({roof['basis']})") if i == 0 else None)
+                    label=(f"{roof['role']} roof: {plot_text(roof['peak'])} {peak / 1e12:.4g} TFLOP/s, "
+                           f"{plot_text(roof['memory'])} {mem / 1e9:.4g} GB/s ({roof['basis']})") if i == 0 else None)
         labelled: list[tuple[str, float, float]] = []
         for target, stage, x, y in panels.get(names[i], []):
             k = targets.index(target)
@@ -120,7 +132,7 @@ def figure(panels: dict[str, list], roof_list: list[dict], title: str, *, canvas
             # a stage is named once where its points of several targets sit together (within 2×)
             if any(st == stage and 0.5 < x / lx < 2 and 0.5 < y / ly < 2 for st, lx, ly in labelled):
                 continue
-            ax.annotate(_plain(stage), (x, y), textcoords="offset points", xytext=OFFSETS[len(labelled) % len(OFFSETS)],
+            ax.annotate(plot_text(stage), (x, y), textcoords="offset points", xytext=OFFSETS[len(labelled) % len(OFFSETS)],
                         fontsize=7, annotation_clip=False)
             labelled.append((stage, x, y))
         ax.set_xscale("log")
@@ -128,15 +140,15 @@ def figure(panels: dict[str, list], roof_list: list[dict], title: str, *, canvas
         ax.set_xlim(lo, hi)
         ax.set_ylim(ylo, yhi)
         ax.minorticks_off()  # decades are enough to read a roofline (and keep the page's SVG small)
-        ax.set_title(_plain(names[i]), fontsize=9)
+        ax.set_title(plot_text(names[i]), fontsize=9)
         ax.grid(True, which="major", alpha=0.3)
         if i % cols == 0:
             ax.set_ylabel("achieved useful FLOP/s")
         if i >= len(names) - cols:
             ax.set_xlabel("useful FLOP / necessary byte")
     for k, target in enumerate(targets):  # one legend entry a target, drawn off the axes
-        axes.flat[0].scatter([], [], marker=MARKERS[k % len(MARKERS)], color=f"C{k % 10}", label=_plain(target))
-    fig.suptitle(_plain(title), fontsize=10)
+        axes.flat[0].scatter([], [], marker=MARKERS[k % len(MARKERS)], color=f"C{k % 10}", label=plot_text(target))
+    fig.suptitle(plot_text(title), fontsize=10)
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
     return fig
@@ -153,8 +165,7 @@ def roofline_png(analysis: Analysis, path: str | Path, precision: str | None = N
                  f"Roofline · {spec.name} · {precision} · steady calls")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path
+    return save_png(fig, path)  # written whole and renamed: never through a planted link
 
 
 def roofline_svg(points: list, roof_list: list[dict], title: str) -> str:

@@ -163,6 +163,8 @@ def scaling_png(rows: list[ScalingRow], path: str | Path) -> Path | None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from dohnuts.bench.analysis.roofline import plot_text
+
     fig = Figure(figsize=(7, 5), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -171,12 +173,12 @@ def scaling_png(rows: list[ScalingRow], path: str | Path) -> Path | None:
     for i, ((workload, target), pts) in enumerate(sorted(lines.items())):
         pts.sort()
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="os^Dv"[i % 5], color=f"C{i % 10}",
-                label=f"{workload} · {target}")
+                label=plot_text(f"{workload} · {target}"))
     ax.set_xlabel("processes (one GPU each)")
     ax.set_ylabel("throughput / throughput at 1 process")
     ax.set_xticks(sorted({n for pts in lines.values() for n, _ in pts}))
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    return path
+    from dohnuts.bench.analysis.roofline import save_png
+
+    return save_png(fig, Path(path))
