@@ -232,11 +232,12 @@ def test_stream_and_offline_scenarios_and_a_point_short_of_its_minimums(tmp_path
 
 
 @pytest.fixture(scope="module")
-def concurrency_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("closed")
-    assert main(["run", str(ROOT / "workloads" / "serving" / "text-tiny-concurrency.yaml"), "--out",
-                 str(out / "runs"), "--quiet"]) == 0
-    (run_dir,) = list((out / "runs").iterdir())
+def concurrency_run(made_once):
+    def make(out):
+        assert main(["run", str(ROOT / "workloads" / "serving" / "text-tiny-concurrency.yaml"), "--out",
+                     str(out / "runs"), "--quiet"]) == 0
+
+    (run_dir,) = list((made_once("concurrency-run", make) / "runs").iterdir())
     return run_dir
 
 
