@@ -173,7 +173,9 @@ def test_the_baseline_command_then_the_gate_fails_a_2x_slowdown_and_passes_an_un
     unchanged = _quiet_run(tmp_path, workload, "unchanged")
     slowed = _quiet_run(tmp_path, workload, "slowed", factor=2.0)
     root = ["--baselines-root", str(into), "--min-effect", "0.3"]
-    shares = [_own_share(folder / r) for r in meta["runs"]] + [_own_share(unchanged), _own_share(slowed)]
+    # capped at one core: a one-thread run's share reads above 1 when its helper threads (telemetry, the
+    # store) run beside it (1.51 seen on the quiet machine); only a share below a core says it was starved
+    shares = [min(1.0, _own_share(p)) for p in (*(folder / r for r in meta["runs"]), unchanged, slowed)]
     if max(shares) > 1.5 * min(shares):  # the CPU this process got moved under it: no timing can decide now
         pytest.skip(f"the machine's load changed between the runs (this process's share of a core: {shares})")
     capsys.readouterr()
