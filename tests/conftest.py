@@ -73,8 +73,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def made_once(tmp_path_factory):
     """`made_once(name, make)`: a folder that `make(folder)` fills once for the whole test command.
-    Under pytest-xdist a module-scoped fixture runs once per worker process — a multi-process
-    benchmark run made twice, 40–50 s each on the 2-core machine — so the first worker to ask makes
+    Under pytest-xdist a module-scoped fixture runs once per worker process — an expensive
+    benchmark run made once per worker — so the first worker to ask makes
     it under a file lock (the recipe of pytest-xdist's documentation) in the folder all workers
     share, and the others wait for it and read it. The folder is the tests' to read, never to change."""
     import shutil

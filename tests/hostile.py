@@ -93,3 +93,25 @@ def hostile_adapter(path: Path, meta: dict) -> Path:
             "base_identity": "{}", "temperature": "1.0", "extra": "{}"}
     save_file({"head.weight": torch.zeros(1, 64)}, str(path), metadata={**base, **meta})
     return path
+
+
+# The smallest text workload a run measures (tiny preset, 2 calls): the bad-input tests' run.
+SMALL_TEXT_WORKLOAD = """\
+kind: text
+targets: [dohnuts]
+model: tiny
+warmup: 1
+repeat: 2
+halfwidth: 0
+shape: {requests: 1, questions: 1, seq_tokens: 64, candidates: 2, candidate_tokens: 2}
+"""
+
+
+def one_error_line(capsys, *needles: str) -> str:
+    """The one line a refused command wrote to stderr (no traceback), holding every needle."""
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "Traceback" not in err[0]
+    for needle in needles:
+        assert needle in err[0], (needle, err[0])
+    return err[0]

@@ -18,17 +18,9 @@ from dohnuts.bench.hookspecs import hookimpl
 from dohnuts.bench.workload import load_workload
 from dohnuts.errors import ConfigError
 from tests.bench.test_bench_harness import _registry
-from tests.hostile import HOSTILE_ADAPTER_IDS, HOSTILE_ADAPTER_META, hostile_adapter
+from tests.hostile import HOSTILE_ADAPTER_IDS, HOSTILE_ADAPTER_META, SMALL_TEXT_WORKLOAD, hostile_adapter
 
-SMALL = """\
-kind: text
-targets: [dohnuts]
-model: tiny
-warmup: 1
-repeat: 2
-halfwidth: 0
-shape: {requests: 1, questions: 1, seq_tokens: 64, candidates: 2, candidate_tokens: 2}
-"""
+SMALL = SMALL_TEXT_WORKLOAD
 
 
 def _workload(tmp_path: Path, text: str = SMALL, name: str = "w.yaml") -> Path:

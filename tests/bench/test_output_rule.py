@@ -10,28 +10,15 @@ from pathlib import Path
 import pytest
 
 from dohnuts.bench.cli import main
+from tests.hostile import SMALL_TEXT_WORKLOAD, one_error_line
 from dohnuts.bench.store import RunStore
 from tests.bench.test_compare import _records, _run_dir
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "cpu-standard-suite"  # a committed run folder
-WORKLOAD = """\
-kind: text
-targets: [dohnuts]
-model: tiny
-warmup: 1
-repeat: 2
-halfwidth: 0
-shape: {requests: 1, questions: 1, seq_tokens: 64, candidates: 2, candidate_tokens: 2}
-"""
+WORKLOAD = SMALL_TEXT_WORKLOAD
 
 
-def _one_line(capsys, *needles: str) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    assert "Traceback" not in err[0]
-    for needle in needles:
-        assert needle in err[0], (needle, err[0])
-    return err[0]
+_one_line = one_error_line
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
