@@ -24,6 +24,7 @@ from torch import nn
 from dohnuts.config import VisionConfig
 from dohnuts.errors import ConfigError
 from dohnuts.model.blocks import Embedding
+from dohnuts.ops import rotary_qk
 
 _ACTIVATIONS = {
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
@@ -62,11 +63,6 @@ class VisionPatchEmbed(nn.Module):
         # Conv3d weight (D, C, Tp, P, P) flattens in the same (C, Tp, P, P) order as a patch row.
         w = self.proj.weight.flatten(1)  # (D, C·Tp·P·P)
         return F.linear(patches.to(w.dtype), w, self.proj.bias)  # (N, D)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
 
 
 def block_diagonal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
@@ -108,12 +104,9 @@ class VisionAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], seqlens: list[int]) -> torch.Tensor:
         N, _ = x.shape
-        q, k, v = self.qkv(x).view(N, 3, self.num_heads, -1).unbind(1)  # (N, H, Dh) each
-        cos, sin = rope  # (N, 1, Dh), FP32
-        # Rotate in FP32 like the reference, then return to the working dtype.
-        q = (q.float() * cos + _rotate_half(q.float()) * sin).to(v.dtype)
-        k = (k.float() * cos + _rotate_half(k.float()) * sin).to(v.dtype)
-        o = block_diagonal_attention(q, k, v, seqlens)  # (N, H, Dh)
+        qkv = self.qkv(x).view(N, 3, self.num_heads, -1)  # (N, 3, H, Dh)
+        q, k = rotary_qk(qkv, *rope)  # (N, H, Dh) each, rotated in FP32 (rope: cos, sin (N, 1, Dh))
+        o = block_diagonal_attention(q, k, qkv[:, 2], seqlens)  # (N, H, Dh)
         return self.proj(o.reshape(N, -1))  # (N, D)
 
 

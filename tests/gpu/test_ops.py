@@ -402,3 +402,21 @@ def test_fork_and_kv_append_copies_are_exact():
         copy4d(out[:, :, :448], past)
         copy4d(out[:, :, 448:], new)
     assert torch.equal(out, torch.cat([past, new], dim=2))
+
+
+def test_vision_rotary_kernel_rounds_like_the_reference():
+    """The vision tower's rotary at 2b sizes (784 patches, 16 heads of 64) read from the packed
+    projection: the kernel's FP32 arithmetic rounded once to BF16 equals the reference's, up to
+    one BF16 step where the GPU contracts a product and a sum into one FMA (a last-bit FP32
+    difference that can cross a rounding boundary)."""
+    from dohnuts.ops.rope import rotary_qk_fused, rotary_qk_reference
+
+    g = torch.Generator(device=DEV).manual_seed(0)
+    N, H, D = 784, 16, 64
+    qkv = torch.randn(N, 3, H, D, device=DEV, generator=g).bfloat16()
+    ang = torch.randn(N, 1, D // 2, device=DEV, generator=g)
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    for got, want in zip(rotary_qk_fused(qkv, cos, sin), rotary_qk_reference(qkv, cos, sin)):
+        diff = (got.float() - want.float()).abs()
+        assert (diff <= want.float().abs() * 2.0 ** -7).all()
+        assert (diff > 0).float().mean() < 0.01  # rounding differences only, not a different rotation

@@ -97,6 +97,7 @@ def test_every_op_takes_its_reference_path_there(no_kernels, capsys):
         "causal_attention": (ops.causal_attention, (r(B, 4, T, D), r(B, 2, T, D), r(B, 2, T, D), D ** -0.5)),
         "gated_output": (ops.gated_output, (r(B, H, T, D), r(B, T, H, D))),
         "norm_rope": (ops.norm_rope, (r(B, T, H, D), r(D), 1e-6, 1.0, r(B, T, 8), r(B, T, 8))),
+        "rotary_qk": (ops.rotary_qk, (r(T, 3, H, D), r(T, 1, D), r(T, 1, D))),
     }
     for name, (fn, args) in cases.items():
         got = fn(*[_gpu(t) if isinstance(t, torch.Tensor) else t for t in args])

@@ -217,6 +217,24 @@ except ValueError as e:
 else:
     raise AssertionError("odd R accepted")
 
+# The vision tower's rotary: q and k read in place from a packed (N, 3, H, D) projection with a
+# padded row (a strided view), 3 heads (not a power of two), every channel rotated; equal to the
+# FP32 reference in FP32, and within one BF16 step of it in BF16 (the interpreter's cast to BF16
+# truncates where the GPU's rounds to nearest: tests/gpu/test_ops.py checks the GPU's rounding).
+from dohnuts.ops._rope_kernel import rotary_qk_triton
+from dohnuts.ops.rope import rotary_qk_reference
+
+N, Hv, Dv = 7, 3, 12
+qkv = torch.randn(N, 3 * Hv * Dv + 5, generator=g)[:, :3 * Hv * Dv].view(N, 3, Hv, Dv)
+angv = torch.randn(N, 1, Dv // 2, generator=g)
+cv, sv = torch.cat([angv.cos()] * 2, -1), torch.cat([angv.sin()] * 2, -1)
+for dt in (torch.float32, torch.bfloat16):
+    got, want = rotary_qk_triton(qkv.to(dt), cv, sv), rotary_qk_reference(qkv.to(dt), cv, sv)
+    for u, v_ in zip(got, want):
+        assert u.shape == (N, Hv, Dv) and u.dtype == dt and u.is_contiguous()
+        step = 1e-6 if dt == torch.float32 else v_.float().abs() * 2.0 ** -7
+        assert ((u.float() - v_.float()).abs() <= step).all(), ("rotary_qk", dt)
+
 # The attention output gate: o (B, H, T, D) as attention returns it, the gate a strided view.
 from dohnuts.ops._gate_kernel import gated_output_triton
 from dohnuts.ops.attention import gated_output_reference
