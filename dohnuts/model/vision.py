@@ -155,6 +155,21 @@ class VisionPatchMerger(nn.Module):
         return self.linear_fc2(F.gelu(self.linear_fc1(x)))  # (N / m², out_hidden)
 
 
+def _bilinear_weights(n_out: int, n_in: int, device: torch.device) -> torch.Tensor:
+    """(n_out, n_in) FP32 weights of 1-D linear interpolation with align_corners=True: output i
+    sits at i·(n_in − 1)/(n_out − 1) and takes its two neighbours' values by distance (as
+    F.interpolate computes its source index and lambdas)."""
+    scale = (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+    src = torch.arange(n_out, dtype=torch.float32, device=device) * scale
+    lo = src.floor().long().clamp(max=n_in - 1)
+    hi = (lo + 1).clamp(max=n_in - 1)
+    frac = src - lo.float()
+    weights = torch.zeros(n_out, n_in, dtype=torch.float32, device=device)
+    weights.scatter_add_(1, lo[:, None], (1 - frac)[:, None])
+    weights.scatter_add_(1, hi[:, None], frac[:, None])
+    return weights
+
+
 class VisionTower(nn.Module):
     """patches (N, C·Tp·P·P) + grid_thw (n_images, 3) → merged features (N / m², out_hidden_size)."""
 
@@ -175,13 +190,18 @@ class VisionTower(nn.Module):
         return x.reshape(h * w, *rest).repeat(t, *([1] * len(rest)))  # (t·h·w, ...)
 
     def position_embeddings(self, grids: list[tuple[int, int, int]]) -> torch.Tensor:
-        """The learned square table resampled to each grid: bilinear, align_corners=True (as HF)."""
+        """The learned square table resampled to each grid: bilinear, align_corners=True (as HF's
+        F.interpolate), written as two small matrix products with the interpolation weights —
+        torch's bilinear kernel on a (1, D, side, side) table runs one thread per output pixel
+        over all D channels: 1.67 ms of a 448² image's 3.8-ms tower on the H200."""
         side = int(round(self.cfg.num_position_embeddings ** 0.5))
-        table = self.pos_embed.weight.view(side, side, -1).permute(2, 0, 1)[None]  # (1, D, side, side)
+        table = self.pos_embed.weight.view(side, side, -1).float()  # (side, side, D)
         out = []
         for t, h, w in grids:
-            grid = F.interpolate(table.float(), size=(h, w), mode="bilinear", align_corners=True)  # (1, D, h, w)
-            out.append(self._to_merge_order(grid[0].permute(1, 2, 0), t))  # (t·h·w, D)
+            rows, cols = (_bilinear_weights(n, side, table.device) for n in (h, w))  # (h, side), (w, side)
+            grid = torch.einsum("hi,ijd->hjd", rows, table)  # (h, side, D)
+            grid = torch.einsum("wj,hjd->hwd", cols, grid)  # (h, w, D)
+            out.append(self._to_merge_order(grid, t))  # (t·h·w, D)
         return torch.cat(out).to(self.pos_embed.weight.dtype)  # (N, D)
 
     def rotary(self, grids: list[tuple[int, int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
