@@ -170,3 +170,74 @@ def test_missing_file_and_directory(tmp_path):
         prepare_image(tmp_path / "nope.png", VISION)
     with pytest.raises(ImageError, match="is a directory, not an image file"):
         prepare_image(tmp_path, VISION)
+
+
+def _png(array: np.ndarray, **save) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, format="PNG", **save)
+    return buf.getvalue()
+
+
+def test_plain_pngs_decode_by_libspng_to_pillows_pixels(monkeypatch):
+    """An 8-bit truecolour PNG goes to libspng and gives Pillow's pixels; every other PNG (alpha,
+    palette, grey, 16-bit, interlaced, a transparent colour) goes to Pillow and is unchanged."""
+    import pyspng
+
+    from dohnuts.runtime import images
+
+    calls = []
+    real = pyspng.load
+    monkeypatch.setattr(pyspng, "load", lambda data: calls.append(1) or real(data))
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)
+    pillow = lambda data: np.asarray(images.decode_rgb(data))  # noqa: E731
+    got = images.decode_pixels(_png(rgb))
+    assert calls == [1] and got.dtype == np.uint8 and np.array_equal(got, rgb)
+    rgba = rng.integers(0, 256, (37, 53, 4), dtype=np.uint8)
+    transparent_colour = _png(rgb, transparency=(1, 2, 3))
+    others = {
+        "rgba": _png(rgba),
+        "palette": _png(np.asarray(Image.fromarray(rgb).convert("P"))),
+        "grey": _png(rgb[..., 0]),
+        "16-bit": (lambda im: (im.save(b := io.BytesIO(), format="PNG"), b.getvalue())[1])(
+            Image.fromarray(rgb[..., 0].astype(np.uint16) * 257)),
+        "interlaced": (lambda b: b[:28] + b"\x01" + b[29:])(_png(rgb)),  # only the flag: Pillow reads it so
+        "tRNS": transparent_colour,
+    }
+    for name, data in others.items():
+        calls.clear()
+        try:
+            want = pillow(data)
+        except ImageError as exc:
+            with pytest.raises(ImageError, match=str(exc).split(":")[-1].strip()[:20]):
+                images.decode_pixels(data)
+        else:
+            assert np.array_equal(images.decode_pixels(data), want), name
+        assert calls == [], name
+
+
+def test_a_corrupt_plain_png_reports_pillows_error():
+    """libspng refuses a PNG whose image data is cut short; Pillow decodes it again and its error,
+    naming the file, is the one raised — as before libspng."""
+    from dohnuts.runtime import images
+
+    data = _png(np.random.default_rng(1).integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    cut = data[:len(data) // 2]
+    with pytest.raises(ImageError) as fast:
+        images.decode_pixels(cut, name="cut.png")
+    with pytest.raises(ImageError) as pillow:
+        images.decode_rgb(cut, name="cut.png")
+    assert str(fast.value) == str(pillow.value) and "cut.png" in str(fast.value)
+
+
+def test_prepare_keys_and_patches_are_unchanged_by_the_png_decoder(tmp_path, monkeypatch):
+    """The same image prepared through libspng and through Pillow: one content key, equal patches."""
+    from dohnuts.runtime import images
+
+    vision = preset("tiny").vision
+    path = tmp_path / "a.png"
+    path.write_bytes(_png(np.random.default_rng(2).integers(0, 256, (64, 96, 3), dtype=np.uint8)))
+    fast = prepare_image(path, vision)
+    monkeypatch.setattr(images, "_plain_png_size", lambda data: None)
+    slow = prepare_image(path, vision)
+    assert fast.key == slow.key and torch.equal(fast.patches, slow.patches) and fast.grid_thw == slow.grid_thw
