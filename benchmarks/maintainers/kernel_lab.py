@@ -23,7 +23,7 @@ path. It answers, on the machine at hand, whether a change is worth making:
   each against fla's own pick in the delta rule's forward + backward at train-step-2b's shape,
   gradients compared; one process a kernel (a faulting config takes only its own context).
 
-    python benchmarks/kernel_lab.py --out lab.json [--only delta_ho,conv_parts]
+    python benchmarks/maintainers/kernel_lab.py --out lab.json [--only delta_ho,conv_parts]
 
 The experiments that answered their question and were closed (the conv's tile configs, SwiGLU or
 the residual add in a GEMM epilogue, torch.compile's GEMMs) left this file with their answers in

@@ -1,7 +1,7 @@
 """Does the interleaved gate catch a 15 % slowdown, and pass unchanged code, on this machine?
 
-    PYTHONPATH=$PWD python benchmarks/gate_detection.py --trials 10 [--rounds 10] [--calls 50] \\
-        [--slowdown 0.15] [--out results/cpu/DATE-gate-detection.txt] [--note TEXT]
+    PYTHONPATH=$PWD python benchmarks/maintainers/gate_detection.py --trials 10 [--rounds 10] [--calls 50] \\
+        [--slowdown 0.15] [--out DATE-gate-detection.txt] [--note TEXT]
 
 Two scratch copies of HEAD (`git clone --shared` into a temporary folder, HEAD checked out
 detached, removed at the end: the repository is not touched; commit what is to be measured
@@ -9,7 +9,7 @@ first): "unchanged", and "slowed", in whose copy of bench_plugins/targets/dohnut
 `DohnutsTarget.run_call` is wrapped to busy-wait `--slowdown` × its own time after each call (the
 CPU kept busy, as slower code would keep it). The product code is not touched: the wrapper exists
 only in that scratch copy. Each trial is one
-`dohnuts-bench gate --against HEAD benchmarks/gate_detection.yaml` run from one copy; the trials
+`dohnuts-bench gate --against HEAD benchmarks/maintainers/gate_detection.yaml` run from one copy; the trials
 alternate unchanged, slowed, unchanged, ... so both meet the same hours of load. A trial records
 the gate's exit status (0 passed, 1 regression), the ratio and interval it found, the smallest
 slowdown it said it could detect, and the load other processes put on the machine each round
@@ -34,13 +34,13 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = Path(__file__).resolve().with_suffix(".yaml")
 TARGET_FILE = Path("bench_plugins/targets/dohnuts_target.py")
 
 INJECTION = '''
 
-# --- benchmarks/gate_detection.py, in its scratch copy only: every call {factor:g}x as long ---
+# --- benchmarks/maintainers/gate_detection.py, in its scratch copy only: every call {factor:g}x as long ---
 def _slowed_for_the_gate_benchmark(run_call):
     import time
 
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="also write the report to this text file")
     p.add_argument("--note", help="one line for the report's head (e.g. what else the machine ran)")
     args = p.parse_args(argv)
-    command = "PYTHONPATH=$PWD python benchmarks/gate_detection.py " + shlex.join(argv if argv is not None
+    command = "PYTHONPATH=$PWD python benchmarks/maintainers/gate_detection.py " + shlex.join(argv if argv is not None
                                                                                else sys.argv[1:])
     head = [f"# {command}",
             f"# {time.strftime('%Y-%m-%d %H:%M %Z')}; HEAD {_git('rev-parse', '--short=12', 'HEAD')}; "

@@ -1,7 +1,7 @@
 """Backbone forward throughput: dohnuts' fused text backbone beside transformers' Qwen3_5TextModel
 on the same weights, hidden states only, in one process.
 
-    python benchmarks/backbone_forward.py --preset qwen3.5-2b --batch 32 --seq 512 --out results.json
+    python benchmarks/maintainers/backbone_forward.py --preset qwen3.5-2b --batch 32 --seq 512 --out results.json
 
 Times each forward with CUDA events after warm-up (median of --repeat), random token ids (never
 zeros), BF16 weights, no padding. Reports tokens/s of both and their ratio.

@@ -4,7 +4,7 @@ Run on the GPU the table is for, after a run that started from an EMPTY Triton c
 every kernel at every shape worth keeping (the standard suite and the GPU tests), so that every
 autotune file in the cache comes from the kernels' current sources:
 
-    TRITON_CACHE_DIR=.triton_cache python3 benchmarks/tuned_table.py .triton_cache \
+    TRITON_CACHE_DIR=.triton_cache python3 benchmarks/maintainers/tuned_table.py .triton_cache \
         dohnuts/ops/tuned/h200.json
 
 Each `<kernel>.autotune.json` becomes an entry (its cache directory's hex key, file name and

@@ -1,6 +1,6 @@
 """Time to first result of a new process: `dohnuts predict` from process start to its first output line.
 
-    python benchmarks/cold_start.py --model qwen3.5-2b --questions 32 --seq 512 --runs 2 --out cold.json
+    python benchmarks/maintainers/cold_start.py --model qwen3.5-2b --questions 32 --seq 512 --runs 2 --out cold.json
 
 Writes a request file (text questions of about --seq byte tokens each), then starts `dohnuts
 predict` --runs times, one after another, each a fresh Python process, and records the wall time

@@ -2,8 +2,8 @@
 median of N calls after warm-up — the CPU work a single prediction call pays before the device —
 and of `Predictor.serialize` + `to_json()`, what it pays after the device.
 
-    python benchmarks/prepare_cost.py --workload workloads/gpu/shared-prefix-2b.yaml --calls 20
-    python benchmarks/prepare_cost.py --workload workloads/gpu/image-cache-warm-2b.yaml --profile 25
+    python benchmarks/maintainers/prepare_cost.py --workload workloads/gpu/shared-prefix-2b.yaml --calls 20
+    python benchmarks/maintainers/prepare_cost.py --workload workloads/gpu/image-cache-warm-2b.yaml --profile 25
 
 The workload's GPU sizes (`on_gpu`) are used; the model is the tiny preset (preparation does not
 depend on the model's size with the byte tokenizer of the presets), on the default device (on a

@@ -1,6 +1,6 @@
 """The distribution of BF16 drift that the GPU parity gates are set from.
 
-    python benchmarks/bf16_drift.py --out bf16_drift.json
+    python benchmarks/maintainers/bf16_drift.py --out bf16_drift.json
 
 A 4-layer backbone at Qwen3.5-2b widths (3 Gated DeltaNet layers, 1 attention layer), over several
 weight seeds and input shapes: the relative error of its hidden states against an FP32 run of the

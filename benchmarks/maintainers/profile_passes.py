@@ -1,7 +1,7 @@
 """Where the time of a shared-prefix call goes: device time vs GPU busy time vs host launch time
 of the prefix pass (1 × P), the forked suffix pass (B × S) and the unshared pass (B × (P + S)).
 
-    python benchmarks/profile_passes.py --preset qwen3.5-2b --batch 32 --prefix 448 --suffix 64 --out DIR
+    python benchmarks/maintainers/profile_passes.py --preset qwen3.5-2b --batch 32 --prefix 448 --suffix 64 --out DIR
 
 device_ms: CUDA events around the eager pass (includes GPU idle gaps); busy_ms: the sum of the
 GPU kernel times torch.profiler saw (what the GPU actually worked); host_ms: the Python wall time

@@ -5,17 +5,18 @@
 #   WORKLOADS='workloads/gpu/a.yaml ...'                     one dohnuts-bench run over them (first)
 #   TESTS='pytest -k expression' (or 'all', default none)   GPU tests of tests/gpu/
 #   TEST_WORKERS=N (default 1)                               the tests in N processes (pytest-xdist, carried in .whl)
-#   BACKBONE=1                                               benchmarks/backbone_forward.py on 2b
-#   PROFILE=1 (or 'B P S')                                   benchmarks/profile_passes.py on 2b (32 × 448 + 64)
-#   COLD=1                                                   benchmarks/cold_start.py: 2 new processes
-#   HOSTPROF='workloads/gpu/a.yaml ...'                      benchmarks/prepare_cost.py --profile: host preparation
+#   BACKBONE=1                                               benchmarks/maintainers/backbone_forward.py on 2b
+#   PROFILE=1 (or 'B P S')                                   benchmarks/maintainers/profile_passes.py on 2b (32 × 448 + 64)
+#   COLD=1                                                   benchmarks/maintainers/cold_start.py: 2 new processes
+#   HOSTPROF='workloads/gpu/a.yaml ...'                      benchmarks/maintainers/prepare_cost.py --profile: host preparation
 #   SCALING='workloads/scaling/a.yaml ...'                    one dohnuts-bench run of multi-process workloads
 #   DISTKILL=1                                               NCCL: rank 1 of 2 killed in training, then --resume
-#   BASELINES=N                                              N runs of benchmarks/test_regressions.py on 2b
-#                                                            (results/baselines/$LABEL-2b-K.json)
-#   LAB='delta_ho,conv_parts'                               benchmarks/kernel_lab.py experiments (kernel_lab.json)
+#   BASELINES=N                                              this GPU's gate baseline: `dohnuts-bench baseline`,
+#                                                            the standard suite N times back to back (one lease),
+#                                                            → baselines.tar.gz (results/baselines/<machine id>/)
+#   LAB='delta_ho,conv_parts'                               benchmarks/maintainers/kernel_lab.py experiments (kernel_lab.json)
 #   PROFILE_RUN=1                                            the WORKLOADS run with --profile (traces in bench.tar.gz)
-#   TUNE_TABLE=1                                             benchmarks/tuned_table.py on the cache → $OUT/tuned_h200.json
+#   TUNE_TABLE=1                                             benchmarks/maintainers/tuned_table.py on the cache → $OUT/tuned_h200.json
 #                                                            (start from an empty cache: carry no .triton_cache.tgz;
 #                                                            the WORKLOADS then run before the TESTS)
 #   PACK_CACHE=1                                             pack .triton_cache, trimmed, into $OUT (15 MB parts)
@@ -114,48 +115,46 @@ if [ -n "${DISTKILL:-}" ] && [ "$(left)" -gt 120 ]; then
     echo "resume exit: ${PIPESTATUS[0]}"; ls /tmp/killrun/checkpoints; } 2>&1 | tee "$OUT/distkill.txt"
 fi
 if [ -n "${BASELINES:-}" ] && [ "$(left)" -gt 90 ]; then
-  echo "== regression baselines, qwen3.5-2b, $BASELINES runs ($(left) s left)"
-  mkdir -p /tmp/baselines
-  for k in $(seq 1 "$BASELINES"); do
-    [ "$(left)" -gt 60 ] || break
-    DOHNUTS_BENCH_PRESET=qwen3.5-2b timeout $(($(left) - 20)) python3 -m pytest -q benchmarks/test_regressions.py \
-      -p no:cacheprovider --benchmark-enable --benchmark-json="/tmp/baselines/$LABEL-2b-$k.json" 2>&1 | tail -3
-  done
+  # a fresh H200 takes 120-220 s a suite (docs/history/evolution.md M30, M32): 2 runs fit one call
+  echo "== gate baseline: the standard suite, $BASELINES runs ($(left) s left)"
+  rm -rf /tmp/baselines
+  timeout $(($(left) - 20)) python3 -m dohnuts.bench.cli baseline --runs "$BASELINES" --every 0 --into /tmp/baselines \
+    --quiet 2>&1 | tail -40
   tar czf "$OUT/baselines.tar.gz" -C /tmp baselines
 fi
 if [ -n "${BACKBONE:-}" ] && [ "$(left)" -gt 60 ]; then
   echo "== backbone forward, qwen3.5-2b, 32 x 512"
-  timeout $(($(left) - 20)) python3 benchmarks/backbone_forward.py --preset qwen3.5-2b --batch 32 --seq 512 \
+  timeout $(($(left) - 20)) python3 benchmarks/maintainers/backbone_forward.py --preset qwen3.5-2b --batch 32 --seq 512 \
     --out "$OUT/backbone_forward_2b.json" 2>&1 | tail -30
 fi
 if [ -n "${PROFILE:-}" ] && [ "$(left)" -gt 60 ]; then
   echo "== pass profile, qwen3.5-2b"
   mkdir -p /tmp/profile
   shape=(32 448 64); [ "$PROFILE" != 1 ] && read -r -a shape <<< "$PROFILE"  # PROFILE='B P S'
-  timeout $(($(left) - 20)) python3 benchmarks/profile_passes.py --preset qwen3.5-2b --batch "${shape[0]}" \
+  timeout $(($(left) - 20)) python3 benchmarks/maintainers/profile_passes.py --preset qwen3.5-2b --batch "${shape[0]}" \
     --prefix "${shape[1]}" --suffix "${shape[2]}" --out /tmp/profile 2>&1 | tail -12
   tar czf "$OUT/profile.tar.gz" -C /tmp profile  # one file: a call returns at most 8
 fi
 if [ -n "${HOSTPROF:-}" ] && [ "$(left)" -gt 45 ]; then
   echo "== host preparation, profiled ($(left) s left)"
   for w in $HOSTPROF; do
-    timeout 60 python3 benchmarks/prepare_cost.py --workload "$w" --calls 200 --profile 30 2>&1 | grep -v '^\s*$'
+    timeout 60 python3 benchmarks/maintainers/prepare_cost.py --workload "$w" --calls 200 --profile 30 2>&1 | grep -v '^\s*$'
   done > "$OUT/host_prepare.txt"
   grep "prepare .* ms" "$OUT/host_prepare.txt"
 fi
 if [ -n "${LAB:-}" ] && [ "$(left)" -gt 45 ]; then
   echo "== kernel lab: $LAB ($(left) s left)"
-  timeout $(($(left) - 20)) python3 benchmarks/kernel_lab.py --only "$LAB" --out "$OUT/kernel_lab.json" 2>&1 \
+  timeout $(($(left) - 20)) python3 benchmarks/maintainers/kernel_lab.py --only "$LAB" --out "$OUT/kernel_lab.json" 2>&1 \
     | tee "$OUT/kernel_lab.txt" | grep -v '^\s*$' | tail -40
 fi
 if [ -n "${COLD:-}" ] && [ "$(left)" -gt 60 ]; then
   echo "== time to first result of new processes ($(left) s left)"
-  timeout $(($(left) - 10)) python3 benchmarks/cold_start.py --model qwen3.5-2b --questions 32 --seq 512 --runs 2 \
+  timeout $(($(left) - 10)) python3 benchmarks/maintainers/cold_start.py --model qwen3.5-2b --questions 32 --seq 512 --runs 2 \
     --out "$OUT/cold_start.json" 2>&1 | tail -4
 fi
 if [ -n "${TUNE_TABLE:-}" ]; then
   echo "== tuned-configuration table from the cache"
-  python3 benchmarks/tuned_table.py .triton_cache "$OUT/tuned_h200.json" 2>&1 | tail -3
+  python3 benchmarks/maintainers/tuned_table.py .triton_cache "$OUT/tuned_h200.json" 2>&1 | tail -3
 fi
 echo "triton cache at end: $(du -sh .triton_cache | cut -f1), $(find .triton_cache -name '*.autotune.json' | wc -l) autotune entries" | tee -a "$OUT/gpu.txt"
 # Only binaries and metadata are needed for cache hits (docs/gpu.md): the trimmed archive is what
