@@ -3,10 +3,10 @@
 On a CPU every command runs on one torch thread unless `--threads N` asks for more. On a machine
 that other processes share, an operator split over more threads than there are free cores waits
 at every one of its barriers for a thread the scheduler has parked. Measured on the shared 2-core
-machine with two busy processes beside the run (benchmarks/train_threads.py,
-results/cpu/2026-12-04-train-threads.txt): a tiny-preset training update took 0.9 s at the median
-and 1.9 s at the slowest on one thread, 4.7 s and 23 s at torch's own default (one thread a core,
-two there). Without the busy processes two threads were a fifth faster at the median (0.23 s
+machine with two busy processes beside the run (`benchmarks/train_threads.py` and its output
+`results/cpu/2026-12-04-train-threads.txt`, both at commit d37d1f2; the ledger's M34): a
+tiny-preset training update took 0.9 s at the median and 1.9 s at the slowest on one thread, 4.7 s
+and 23 s at torch's own default (one thread a core, two there). Without the busy processes two threads were a fifth faster at the median (0.23 s
 against 0.29 s) and still stalled one update for 12.8 s. A GPU run keeps torch's default: there
 the CPU threads only prepare batches. Imports no torch (the commands check their arguments before
 torch loads).

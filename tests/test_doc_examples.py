@@ -203,9 +203,9 @@ def test_readme_bench_commands(sandbox):
         if " list" in line:
             assert "workload kinds:" in done.stdout
         if "--hwspec my-card.yaml" in line:  # the copies the line before made, measured against the copied spec
-            (mine,) = (sandbox / "results" / "runs").glob("*-my")
+            (mine,) = (sandbox / "runs" / "bench").glob("*-my")
             assert json.loads((mine / "run.json").read_text())["hwspec"] == str((sandbox / "my-card.yaml").resolve())
-    assert len(list((sandbox / "results" / "runs").glob("*-before"))) == 1
+    assert len(list((sandbox / "runs" / "bench").glob("*-before"))) == 1
 
 
 @pytest.mark.slow(seconds=120)
@@ -213,7 +213,7 @@ def test_readme_regression_gate(tmp_path):
     """The interleaved gate as printed, at a size a test affords (3 rounds of 3 call pairs appended:
     the printed 10 × 50 takes minutes), in a clone of this checkout whose `main` is its HEAD — so
     this work tree against itself: a verdict either way (what the gate catches is
-    benchmarks/gate_detection.py's to measure)."""
+    benchmarks/maintainers/gate_detection.py's to measure)."""
     repo = tmp_path / "repo"
     subprocess.run(["git", "clone", "-q", "--shared", str(ROOT), str(repo)], check=True)
     if subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", "main"],
@@ -420,7 +420,7 @@ def test_gpu_session_examples():
     for pin in re.findall(r"(fla-core==[\d.]+)", download):
         assert pin in deps
     session = example("docs/gpu.md", "TESTS=all")
-    script = (ROOT / "benchmarks" / "gpu_session.sh").read_text()
+    script = (ROOT / "benchmarks" / "maintainers" / "gpu_session.sh").read_text()
     for var in re.findall(r"\b([A-Z_]+)=", session):
         assert f"${{{var}" in script or f"${var}" in script, var
     for path in re.findall(r"workloads/[\w/.-]+\.yaml", session):
@@ -430,7 +430,7 @@ def test_gpu_session_examples():
     for text in (session, example("docs/gpu.md", "cat triton_cache.tgz"), build):
         code = " ".join(line for line in command_lines(text.replace("... ", "")))
         assert subprocess.run(["bash", "-n", "-c", code]).returncode == 0
-    assert subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "gpu_session.sh")]).returncode == 0
+    assert subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "maintainers" / "gpu_session.sh")]).returncode == 0
 
 
 def test_examples_checked_not_run():

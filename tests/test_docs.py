@@ -1,10 +1,13 @@
 """Documentation stays true: every hook is documented; README's test command is .ci/run's; the ledger keeps its
-four dimensions and its lever ledger; the documents of the present cite only results that exist."""
+four dimensions and its lever ledger; every document cites only results that exist, now or at the commit it names."""
 
 from __future__ import annotations
 
+import fnmatch
+import functools
 import inspect
 import re
+import subprocess
 from pathlib import Path
 
 from dohnuts.bench import hookspecs
@@ -278,28 +281,97 @@ def test_the_ledger_check_can_fail():
         assert any(expected in p for p in ledger_problems(text, open_kis, older)), expected
 
 
-RESULTS_PATH = re.compile(r"results/[\w./*-]*")
-WRITTEN_BY_THE_TOOLS = ("results/runs/", "results/store.sqlite", "results/hwspecs/")  # outputs a command makes
+# A results path: a glob may hold `*` and `{a,b}`; a path wrapped after a slash counts whole.
+RESULTS_PATH = re.compile(r"results/(?:[\w.*-]|\{[\w.,-]*\}|/(?:\n[ \t]*(?=[\w{]))?)*")
+# "`results/h200/x` at commit d37d1f2": the path as it stood in git, named after the path or after the
+# code span that holds it
+AT_COMMIT = re.compile(r"\s+at\s+commit\s+([0-9a-f]{7,40})\b")
+SPAN_REST = re.compile(r"[^`\n]*`")
+
+
+def _expanded(path: str) -> list[str]:
+    """`results/b/h200-2b-{1,2}.json` → its two paths."""
+    m = re.search(r"\{([^}]*)\}", path)
+    if not m:
+        return [path]
+    return [p for alt in m.group(1).split(",") for p in _expanded(path[:m.start()] + alt + path[m.end():])]
+
+
+def cited_results(text: str) -> list[tuple[str, str | None]]:
+    """Each `results/...` path a text names, with the commit it is cited at (None: the working tree);
+    paths with placeholders (`results/baselines/<machine>/`) left out."""
+    cited = []
+    for m in RESULTS_PATH.finditer(text):
+        raw = m.group(0)
+        path = re.sub(r"\n[ \t]*", "", raw).rstrip(".")
+        if text[m.end():m.end() + 1] == "<":
+            continue
+        end = m.start() + len(raw.rstrip("."))
+        if text[text.rfind("\n", 0, m.start()) + 1:m.start()].count("`") % 2:  # inside a code span
+            end = SPAN_REST.match(text, end).end()
+        at = AT_COMMIT.match(text, end)
+        cited.extend((p, at and at.group(1)) for p in _expanded(path))
+    return cited
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+@functools.cache
+def _tree(commit: str) -> frozenset[str] | None:
+    """Every file and folder of `commit` (None where this clone does not hold it: a shallow clone)."""
+    files = _git("ls-tree", "-r", "--name-only", commit)
+    if files.returncode:
+        assert _git("rev-parse", "--is-shallow-repository").stdout.strip() == "true", f"no commit {commit}"
+        return None
+    names = set(files.stdout.splitlines())
+    return frozenset(names | {str(Path(n).parents[i]) for n in names for i in range(len(Path(n).parents) - 1)})
+
+
+def _held(path: str, commit: str | None) -> bool:
+    path = path.rstrip("/")
+    if commit is None:
+        return any(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()
+    tree = _tree(commit)
+    if tree is None:  # a shallow clone: the citation is accepted by its form
+        return True
+    return any(fnmatch.fnmatchcase(n, path) for n in tree) if "*" in path else path in tree
 
 
 def missing_results(text: str) -> list[str]:
-    """The `results/...` paths a text names (a glob matching something) that do not exist; paths with
-    placeholders (`<machine>`) and the tools' own outputs left out. A path wrapped after a slash counts whole."""
-    text = re.sub(r"(results/[\w./*-]*/)\n\s*", r"\1", text)
-    missing = []
-    for m in RESULTS_PATH.finditer(text):
-        path = m.group(0).rstrip(".")
-        if text[m.end():m.end() + 1] == "<" or path.startswith(WRITTEN_BY_THE_TOOLS):
-            continue
-        if not (any(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()):
-            missing.append(path)
-    return missing
+    """The results paths a text cites that do not exist: in the working tree, or, for a path cited
+    "at commit X", in git at X (`git ls-tree`)."""
+    return [path + (f" at commit {commit}" if commit else "") for path, commit in cited_results(text)
+            if not _held(path, commit)]
 
 
-def test_the_documents_of_the_present_cite_only_results_that_exist():
-    """docs/measurement.md once cited the removed `cpu-tiny-*` baselines: every results path the README
-    and docs/*.md name exists (the history keeps its paths as they were)."""
-    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        assert missing_results(doc.read_text()) == [], doc.name
-    assert missing_results("the baselines `results/baselines/cpu-tiny-*.json` and `results/h200/\n  2026-11-30`") == [
-        "results/baselines/cpu-tiny-*.json"]
+def _markdown_files() -> list[Path]:
+    return [ROOT / p for p in _git("ls-files", "--", "*.md").stdout.splitlines()]
+
+
+def test_every_document_cites_only_results_that_exist_now_or_at_the_commit_it_names():
+    """docs/measurement.md once cited the removed `cpu-tiny-*` baselines; results/ since keeps
+    reference runs only, and a document that cites a removed run names the commit that holds it
+    ("`results/h200/2026-12-01-s11` at commit d37d1f2"): every results path of every tracked
+    Markdown file — the README, docs/ and the ledger, the READMEs of results/, benchmarks/ and the
+    fixtures — exists, in the working tree or at that commit."""
+    docs = _markdown_files()
+    assert {"README.md", "docs/history/evolution.md", "results/README.md"} <= {str(d.relative_to(ROOT)) for d in docs}
+    for doc in docs:
+        assert missing_results(doc.read_text(encoding="utf-8")) == [], doc.relative_to(ROOT)
+
+
+def test_the_results_check_can_fail():
+    assert missing_results("the baselines `results/baselines/cpu-tiny-*.json` and `results/h200/\n"
+                           "  2026-12-04-s20-images`") == ["results/baselines/cpu-tiny-*.json"]
+    assert missing_results("`results/h200/2026-12-01-s11/ab-after`, removed") == [
+        "results/h200/2026-12-01-s11/ab-after"]
+    if _tree("d37d1f2") is not None:  # a full clone: the commit's tree is read
+        assert missing_results("`results/h200/2026-12-01-s11/ab-after` at commit d37d1f2") == []
+        assert missing_results("`dohnuts-bench analyze results/h200/2026-12-01-s11/ab-after --out x` at commit "
+                               "d37d1f2, and results/h200/no-such at commit d37d1f2.") == [
+            "results/h200/no-such at commit d37d1f2"]
+        assert missing_results("`results/baselines/h200-2b-{1,2,9}.json` at commit d37d1f2") == [
+            "results/baselines/h200-2b-9.json at commit d37d1f2"]
+        assert missing_results("`results/h200/2026-11-30-kernels*` at commit d37d1f2") == []

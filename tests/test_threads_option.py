@@ -1,7 +1,7 @@
 """`--threads` of `dohnuts predict` and `dohnuts train` (torch's CPU threads, KI-21's fix): bounds
 checked before anything runs (one line naming the option, exit status 2, nothing written), the
 value applied to the process, a machine setting that a resumed run may change, and the default
-on a CPU: one thread (dohnuts.threads, measured by benchmarks/train_threads.py)."""
+on a CPU: one thread (dohnuts.threads says what was measured)."""
 
 from __future__ import annotations
 

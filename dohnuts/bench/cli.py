@@ -12,7 +12,7 @@ from what the hardware allows.
     dohnuts-bench list                       plugins, workload kinds, targets, telemetry
     dohnuts-bench history                    per machine, workload, target and stage: runs over
                                              revisions, level shifts flagged (the run store,
-                                             results/store.sqlite; one line a series, --tables)
+                                             runs/store.sqlite; one line a series, --tables)
     dohnuts-bench store import RUN_DIR ...   finished runs into the store
     dohnuts-bench baseline                   this machine's gate baseline: runs spread over time, into
                                              results/baselines/<machine>/
@@ -59,7 +59,7 @@ from dohnuts.bench.run_command import cmd_run
 from dohnuts.errors import DohnutsError
 from dohnuts.threads import DEFAULT_CPU_THREADS
 
-DEFAULT_RESULTS = Path("results/runs")
+DEFAULT_RESULTS = Path("runs/bench")  # ignored (.gitignore): results/ holds curated reference runs only
 
 
 def console_for_output():
@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="measure workloads (default: the embedded standard suite, workloads/*.yaml)")
     r.add_argument("workloads", nargs="*", help="workload YAML files")
-    r.add_argument("--out", default=str(DEFAULT_RESULTS), help="folder for run directories (default: results/runs)")
+    r.add_argument("--out", default=str(DEFAULT_RESULTS), help="folder for run directories (default: runs/bench)")
     r.add_argument("--label", help="run directory label (default: the workload name)")
     r.add_argument("--hwspec", help="hardware spec name (hwspecs/NAME.yaml) or path (default: by device name)")
     r.add_argument("--telemetry-interval", type=float, default=0.1,
@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "Perfetto) of 3 more steady calls, each harness stage a named range; those calls are not "
                         "measured (default: no profiling)")
     r.add_argument("--store", help="the run store every record also goes to (default: store.sqlite beside the "
-                                   "--out folder: results/store.sqlite)")
+                                   "--out folder: runs/store.sqlite)")
     r.add_argument("--checkpoint", metavar="PATH",
                    help="benchmark a trained model: a `dohnuts train --out` directory, one of its checkpoints or an "
                         "adapter file; the prediction workloads run on its base with the adapter merged, dohnuts "

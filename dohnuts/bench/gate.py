@@ -14,7 +14,7 @@ workload · target's ratio, interval and the smallest slowdown this run could de
 times in 10 given the spread its rounds showed), and the load other processes put on the machine
 each round. On the shared 2-core CI machine it caught a 15 % slowdown of the dohnuts target in
 10 of 10 trials and passed unchanged code in 10 of 10, quiet and loaded, seeing 6–9 % slowdowns
-(benchmarks/gate_detection.py; the numbers are in docs/measurement.md, "The regression gate").
+(benchmarks/maintainers/gate_detection.py; the numbers are in docs/measurement.md, "The regression gate").
 
 **Against saved baselines (the coarse gate, across days):**
 
@@ -24,7 +24,7 @@ each round. On the shared 2-core CI machine it caught a 15 % slowdown of the doh
 
 CURRENT is a dohnuts-bench run (a run directory or its results.jsonl[.gz]: every workload and
 target's steady-state wall times) or a pytest-benchmark JSON file written with
-`--benchmark-save-data` (every round's time: benchmarks/test_regressions.py). Without --baseline
+`--benchmark-save-data` (every round's time), or a run exported as one (`dohnuts-bench export`). Without --baseline
 a run is gated against this machine's baseline, `results/baselines/<machine id>/` (the id its
 run.json records: dohnuts.bench.machine_id); a BASE is a baseline folder (its baseline.json names
 its runs), a run, or a pytest-benchmark file. A baseline folder of another machine is refused

@@ -101,6 +101,6 @@ def add_parser(sub) -> None:
     r.add_argument("--html", action="store_true", help="write the HTML report (default: off)")
     r.add_argument("--against", metavar="OTHER", help="another run directory: adds the comparison of RUN against it (default: none)")
     r.add_argument("--store", help="the run store for trend charts (default: store.sqlite beside the folder of RUN, "
-                                   "where `run` writes it: results/store.sqlite)")
+                                   "where `run` writes it: runs/store.sqlite)")
     r.add_argument("--out", help="the HTML file (default: RUN/report.html)")
     r.set_defaults(func=cmd_report)

@@ -56,7 +56,7 @@ from dohnuts.schema import convert, dumps, short
 
 APPLICATION_ID = 0x646F686E  # "dohn"
 SCHEMA_VERSION = 3
-DEFAULT_STORE = Path("results/store.sqlite")
+DEFAULT_STORE = Path("runs/store.sqlite")  # beside `run`'s default folder, runs/bench
 BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another to commit
 
 _TABLES = """

@@ -274,7 +274,7 @@ def delta_rule_output_triton(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, 
     pass) and v_new are never written nor read back. Same arguments and state rules as
     `delta_h_triton`; `scale` multiplies q (K^-½ in Gated DeltaNet). The runtime calls
     `delta_rule_output_wy_triton` (fla's w and u not even formed); this form is its reference in
-    the tests and `benchmarks/kernel_lab.py`."""
+    the tests and `benchmarks/maintainers/kernel_lab.py`."""
     s0n = _check(k, w, u, g, initial_state)
     if q.shape != k.shape or not q.is_contiguous():
         raise ValueError(f"delta_rule_output: q {tuple(q.shape)} must be contiguous and shaped like k {tuple(k.shape)}")

@@ -13,7 +13,7 @@ table can make a first call faster, never different from what tuning on that mac
 The table names the machine it was made for by `fingerprint()` (Triton's key and the backend's
 hash): on any other machine `seed()` writes nothing and says once on stderr that kernels will be
 tuned at first use. Each entry also records the SHA-256 of its kernel's source, so a CPU test
-fails when a kernel changes and its entry is stale (remake the table: `benchmarks/tuned_table.py`).
+fails when a kernel changes and its entry is stale (remake the table: `benchmarks/maintainers/tuned_table.py`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ from dohnuts.runtime.requests import Request
 # rule's chunk, as the specification states; and a request shares only when computing its prefix
 # once saves at least MIN_SAVED_TOKENS tokens of dense work, (B − 1) · P. A shared pass costs the
 # prefix's token mixers on top of the suffixes' (about 24 latency-bound kernels a layer, whatever P):
-# below that saving one batched pass is as fast (benchmarks/sharing_rule.py measures the threshold: docs/history/evolution.md M22).
+# below that saving one batched pass is as fast (measured by `benchmarks/sharing_rule.py` at commit d37d1f2:
+# docs/history/evolution.md M22).
 PREFIX_ALIGN = 64
 MIN_SAVED_TOKENS = 256
 

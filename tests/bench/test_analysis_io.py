@@ -168,7 +168,7 @@ def test_an_archived_run_reads_like_its_jsonl(tmp_path):
     from pathlib import Path
 
     run = tmp_path / "archived"
-    shutil.copytree(Path(__file__).resolve().parents[2] / "results" / "cpu" / "2026-11-30-gloo-4", run)
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "cpu-gloo-4", run)
     assert main(["analyze", str(run), "--out", str(tmp_path / "report")]) == 0
     assert "Scaling" in (tmp_path / "report" / "report.txt").read_text()
     assert main(["compare", str(run), str(run)]) == 0

@@ -177,7 +177,7 @@ def test_external_plugin_registered_by_entry_point(tmp_path, monkeypatch):
 
 def test_reanalysis_of_committed_h200_run(tmp_path):
     """`dohnuts-bench analyze` works from a committed JSONL alone (the run's hwspec by name)."""
-    src = ROOT / "results/h200/2026-11-30/text-shared/results.jsonl.gz"
+    src = ROOT / "tests/bench/fixtures/h200-text-shared/results.jsonl.gz"
     assert main(["analyze", str(src), "--out", str(tmp_path)]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     rows = {(r["workload"], r["target"]): r for r in summary["summary"]}

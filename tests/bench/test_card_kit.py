@@ -45,14 +45,14 @@ def test_the_kit_dry_run_on_the_cpu(tmp_path):
     spec = tmp_path / "rx7900xtx.yaml"
     shutil.copy(ROOT / "hwspecs" / "rx7900xtx.yaml", spec)
     (tmp_path / "tiny.yaml").write_text(TINY)
-    env = dict(os.environ, PYTHON=sys.executable, HWSPEC=str(spec), OUT=str(tmp_path / "results"),
+    env = dict(os.environ, PYTHON=sys.executable, HWSPEC=str(spec), OUT=str(tmp_path / "runs"),
                WORKLOADS=str(tmp_path / "tiny.yaml"), QUIET="1", PYTHONPATH=str(ROOT))
     done = subprocess.run(["bash", str(ROOT / "benchmarks" / "card_kit.sh")], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "does not describe this device" in done.stdout  # the CPU is not the card: said, and measured
 
-    copy = tmp_path / "results" / "hwspecs" / "rx7900xtx.yaml"
+    copy = tmp_path / "runs" / "hwspecs" / "rx7900xtx.yaml"
     original, calibrated = load_hwspec(spec), load_hwspec(copy)
     # the datasheet numbers stay: every ceiling of the original, and the role tables, as they were
     for name, ceiling in original.ceilings.items():
@@ -72,7 +72,7 @@ def test_the_kit_dry_run_on_the_cpu(tmp_path):
     assert calibrated.calibration["method"].startswith("dohnuts-bench calibrate")
 
     # the suite ran against the copy and wrote the report
-    [run] = (tmp_path / "results" / "runs").iterdir()
+    [run] = (tmp_path / "runs" / "bench").iterdir()
     assert run.name.endswith("rx7900xtx")
     meta = json.loads((run / "run.json").read_text())
     assert Path(meta["hwspec"]) == copy.resolve()

@@ -229,7 +229,7 @@ def test_the_valid_hwspec_is_valid():
 
 def _real_record() -> dict:
     """A real record of a committed run (the schema the harness writes)."""
-    path = ROOT / "results" / "h200" / "2026-11-30" / "text-shared" / "results.jsonl.gz"
+    path = ROOT / "tests" / "bench" / "fixtures" / "h200-text-shared" / "results.jsonl.gz"
     with gzip.open(path, "rt", encoding="utf-8") as f:
         return json.loads(f.readline())
 

@@ -2,7 +2,7 @@
 (seeded: a machine whose speed drifts and jumps, processes that differ, noisy calls — never the
 clock), the smallest detectable effect against a Monte Carlo of the rule it claims, the driver's
 rounds with fake workers, and the command's refusals. What it catches on the real machine is
-benchmarks/gate_detection.py's to measure."""
+benchmarks/maintainers/gate_detection.py's to measure."""
 
 from __future__ import annotations
 

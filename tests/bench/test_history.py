@@ -248,9 +248,9 @@ def test_a_schema_2_store_is_migrated_to_the_series_and_load_columns(tmp_path):
 
 
 def test_history_on_a_fresh_clone_imports_the_archive_and_prints_a_line_a_series(tmp_path, capsys, monkeypatch):
-    """No store yet: `history` builds results/store.sqlite from the committed runs under results/,
-    then prints a heading a machine and a line a series (the tables only with --tables), filters by
-    each part of a series' key, and writes JSON with the level shifts."""
+    """No store yet: `history` builds runs/store.sqlite (beside `run`'s default folder, runs/bench) from
+    the committed runs under results/, then prints a heading a machine and a line a series (the tables
+    only with --tables), filters by each part of a series' key, and writes JSON with the level shifts."""
     for d in CPU_RUNS[:2] + H200_RUNS[:2]:
         shutil.copytree(d, tmp_path / "results" / d.parent.name / d.name)
     monkeypatch.chdir(tmp_path)
@@ -258,7 +258,7 @@ def test_history_on_a_fresh_clone_imports_the_archive_and_prints_a_line_a_series
     assert main(["history"]) == 0
     captured = capsys.readouterr()
     assert "building it from the 4 runs committed under results/" in captured.err
-    assert (tmp_path / "results" / "store.sqlite").is_file()
+    assert (tmp_path / "runs" / "store.sqlite").is_file() and not (tmp_path / "results" / "store.sqlite").exists()
     lines = captured.out.splitlines()
     headings = [ln for ln in lines if not ln.startswith("  ")]
     assert headings == ["cpu-amd-epyc-2cores-1thread · x86_64 · tiny · fp32 · none",

@@ -18,7 +18,7 @@ import pytest
 from dohnuts.bench.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-S11 = ROOT / "results" / "h200" / "2026-12-01-s11"  # committed H200 runs (gzipped JSONL and run.json)
+FIXTURES = ROOT / "tests" / "bench" / "fixtures"  # committed H200 runs (gzipped JSONL and run.json): fixtures/README.md
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine (.ci/run installs it)")
 
@@ -77,7 +77,7 @@ def report(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("html")
     runs = tmp / "runs"
     for name in ("ab-before", "ab-after"):
-        shutil.copytree(S11 / name, runs / name)
+        shutil.copytree(FIXTURES / f"h200-{name}", runs / name)
         assert main(["analyze", str(runs / name), "--out", str(tmp / name)]) == 0  # never into the run folder
         shutil.copy(tmp / name / "summary.json", runs / name / "summary.json")  # as a run's own analysis puts it
     store = tmp / "store.sqlite"

@@ -1,15 +1,12 @@
 """The regression gate (`dohnuts-bench gate`, dohnuts.bench.gate) catches a 2× slowdown injected on
 purpose and passes an unchanged re-run: against a baseline made by `dohnuts-bench baseline` (runs
-spread over time, per machine) and `dohnuts-bench run`s of this build; and against real
-pytest-benchmark runs of benchmarks/test_regressions.py (the predict-call gate, tiny preset). Its
-exit codes are 0 passed, 1 regression, 2 bad input."""
+spread over time, per machine) and `dohnuts-bench run`s of this build; and it judges pytest-benchmark
+files (a run exported, or pytest-benchmark's own) the same way. Its exit codes are 0 passed, 1
+regression, 2 bad input."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,44 +20,33 @@ def _gate_module():
     return gate
 
 
-def _bench(out: Path, slowdown: float = 1.0) -> Path:
-    # Not as one of pytest-xdist's workers: pytest-benchmark disables itself in any process whose
-    # environment names one (PYTEST_XDIST_WORKER), and the README's test command runs under xdist.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST") and k != "PYTEST_ADDOPTS"}
-    env.update(DOHNUTS_BENCH_ROUNDS="20", DOHNUTS_BENCH_SLOWDOWN=str(slowdown), DOHNUTS_BENCH_THREADS="1")
-    subprocess.run([sys.executable, "-m", "pytest", "-q", str(ROOT / "benchmarks" / "test_regressions.py"),
-                    "-k", "predict_call", "--benchmark-enable", "--benchmark-save-data", f"--benchmark-json={out}",
-                    "-p", "no:cacheprovider"], check=True, env=env, cwd=ROOT, capture_output=True)
-    return out
+FIXTURE_RUN = ROOT / "tests" / "bench" / "fixtures" / "cpu-standard-suite"  # a committed CPU run of the standard suite
 
 
-@pytest.mark.slow
-@pytest.mark.timing
-def test_gate_catches_an_injected_2x_slowdown_and_passes_an_unchanged_rerun(tmp_path):
-    import numpy as np
-
-    gate = _gate_module()
-    base = [gate.timings(_bench(tmp_path / f"base{i}.json")) for i in range(2)]
-    p10, med, p90 = np.percentile(base[0]["test_predict_call"], [10, 50, 90])
-    if (p90 - p10) / med > 1.0:  # the machine is thrashing: no timing can decide now
-        pytest.skip(f"the machine is too noisy for a timing gate now (spread {(p90 - p10) / med:.0%})")
-    again = gate.timings(_bench(tmp_path / "again.json"))
-    slowed = gate.timings(_bench(tmp_path / "slow.json", slowdown=2.0))
-    # min_effect 0.3: on the shared 2-core CI machine unchanged code drifts by up to ≈ 25 % between
-    # processes (dohnuts.bench.gate); a 2× slowdown must still be caught well clear of it.
-    ok, lines = gate.gate(base, again, min_effect=0.3)
-    assert ok, lines
-    ok, lines = gate.gate(base, slowed, min_effect=0.3)
-    assert not ok and "slower" in lines[0] and "test_predict_call" in lines[0]
-    ratio = float(lines[0].split("ratio ")[1].split(",")[0])
-    # the injected factor is 2; the baseline's own runs can sit up to ≈ 25 % apart on this machine (one
-    # serial run saw 1.5×), so the bound is the gate's min-effect, not the factor
-    assert ratio > 1.3, lines
+def test_gate_judges_pytest_benchmark_files(tmp_path, capsys):
+    """pytest-benchmark JSON — as `dohnuts-bench export --format pytest-benchmark` writes it, or
+    `pytest --benchmark-json --benchmark-save-data` — is gated like a run: a file against itself
+    passes (exit 0); the same file with one benchmark's every round tripled fails (exit 1), naming
+    that benchmark and no other. (Tripled: the fixture's calls were measured on the loaded 2-core
+    machine and scatter so much that a doubled median stays inside its 99 % interval.)"""
     from dohnuts.bench.cli import main
 
-    files = [str(tmp_path / f"base{i}.json") for i in range(2)]
-    assert main(["gate", str(tmp_path / "again.json"), "--baseline", *files, "--min-effect", "0.3"]) == 0
-    assert main(["gate", str(tmp_path / "slow.json"), "--baseline", *files, "--min-effect", "0.3"]) == 1
+    base = tmp_path / "base.json"
+    assert main(["export", "--format", "pytest-benchmark", str(FIXTURE_RUN), "--out", str(base)]) == 0
+    data = json.loads(base.read_text())
+    (slowed_one,) = [b for b in data["benchmarks"] if b["name"] == "text[dohnuts]"]
+    assert len(slowed_one["stats"]["data"]) >= 10
+    slowed_one["stats"]["data"] = [3 * x for x in slowed_one["stats"]["data"]]
+    slowed = tmp_path / "slowed.json"
+    slowed.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["gate", str(base), "--baseline", str(base)]) == 0
+    assert "slower" not in capsys.readouterr().out
+    assert main(["gate", str(slowed), "--baseline", str(base)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in out if "slower" in line] == ["text[dohnuts]"]
+    (line,) = [line for line in out if line.startswith("text[dohnuts]:")]
+    assert float(line.split("ratio ")[1].split(",")[0]) == pytest.approx(3.0, rel=1e-3)
 
 
 def test_gate_reads_and_refuses(tmp_path, capsys):
@@ -182,8 +168,7 @@ def test_the_baseline_command_then_the_gate_fails_a_2x_slowdown_and_passes_an_un
     if main(["gate", str(unchanged), *root]) != 0:
         # The same code can read slower than its baseline of a minute before even on a quiet machine
         # (KI-12): measured once more, as a noisy run is; twice, the
-        # machine's speed moved between the runs and no timing can decide now. That the gate passes
-        # unchanged code is also test_gate_catches_an_injected_2x_slowdown_and_passes_an_unchanged_rerun's.
+        # machine's speed moved between the runs and no timing can decide now.
         capsys.readouterr()
         unchanged = _quiet_run(tmp_path, workload, "unchanged-again")
         if main(["gate", str(unchanged), *root]) != 0:

@@ -25,7 +25,7 @@ from dohnuts.bench.analysis.render import Col, FitTable
 from dohnuts_bench_plugins.reporters import dohnuts_bench_report, full_width, summarize, summary_table
 from dohnuts.bench.report import Section
 
-RUN = Path(__file__).resolve().parents[2] / "results" / "h200" / "2026-11-30-graphs" / "results.jsonl.gz"
+RUN = Path(__file__).resolve().parent / "fixtures" / "h200-graphs" / "results.jsonl.gz"
 # a number cell or a number inside a cell ("13.6–14.0", "16074 / 0"), not the digits of a name
 # ("text-2b", "qwen3.5-2b", "pcie5_x16", "p10–p90")
 NUMBER = re.compile(r"(?<![\w.\-/])\d+(?:\.\d+)?(?:e[+-]\d+)?%?(?![\w.])")

@@ -17,7 +17,7 @@ from dohnuts.bench.analysis.hwspec import with_measured_ceilings
 from dohnuts.bench.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-H200_RUN = ROOT / "results" / "h200" / "2026-12-01-s11" / "ab-after"  # a committed H200 run (datasheet + measured)
+H200_RUN = ROOT / "tests" / "bench" / "fixtures" / "h200-ab-after"  # a committed H200 run (datasheet + measured)
 
 
 @pytest.fixture(scope="module")

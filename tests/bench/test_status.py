@@ -139,7 +139,7 @@ def test_analyze_never_writes_beside_its_input(tmp_path, capsys):
     """A committed run re-analysed: its folder is left as it was; the report files go to a new
     temporary folder named on stderr, or to --out."""
     run = tmp_path / "committed"
-    shutil.copytree(ROOT / "results" / "cpu" / "2026-11-30-gloo-4", run)
+    shutil.copytree(ROOT / "tests" / "bench" / "fixtures" / "cpu-gloo-4", run)
     before = {p.name: p.read_bytes() for p in run.iterdir()}
     assert main(["analyze", str(run)]) == 0
     captured = capsys.readouterr()

@@ -18,7 +18,7 @@ from dohnuts.bench.history import history
 from dohnuts.bench.store import RunStore, StoreError
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMITTED = ROOT / "results" / "h200" / "2026-12-01-s11" / "ab-after"  # a committed H200 run (gzipped JSONL)
+COMMITTED = ROOT / "tests" / "bench" / "fixtures" / "h200-ab-after"  # a committed H200 run (gzipped JSONL)
 
 
 def _lines(path: Path) -> list[dict]:

@@ -15,9 +15,10 @@ from tests.reference import relative_error, two_passes
 pytestmark = pytest.mark.gpu
 
 # The BF16 gates below are set from the measured distribution of BF16 drift, not from one run:
-# `benchmarks/bf16_drift.py` on the H200 (2026-12-04, results/h200/2026-12-04-s20-cold-prepare/
-# bf16_drift.json), a 4-layer backbone at 2b widths over 8 weight seeds × 4 shapes (B × L: 4 × 333,
-# 8 × 128, 2 × 1000, 16 × 64), relative error of the hidden states against FP32:
+# `benchmarks/maintainers/bf16_drift.py` on the H200 (2026-12-04,
+# `results/h200/2026-12-04-s20-cold-prepare/bf16_drift.json` at commit d37d1f2; the ledger's M33), a
+# 4-layer backbone at 2b widths over 8 weight seeds × 4 shapes (B × L: 4 × 333, 8 × 128, 2 × 1000,
+# 16 × 64), relative error of the hidden states against FP32:
 #   fused BF16 2.85e-2 … 2.93e-2 (median 2.88e-2, n = 32); plain-torch ops in BF16 3.08e-2 … 3.16e-2;
 #   fused / plain 0.915 … 0.934;
 #   packed projections (8 seeds × the full and the prefix-then-suffix pass, n = 16): 2.83e-2 … 2.92e-2

@@ -61,7 +61,7 @@ def test_another_machine_tunes_and_says_so_once(cache_dir, monkeypatch, tmp_path
 def test_the_table_builder_recovers_the_autotuner_s_key():
     import base64
 
-    from benchmarks.tuned_table import _hex_key
+    from benchmarks.maintainers.tuned_table import _hex_key
 
     key = "0123456789abcdef" * 4
     directory = base64.b32encode(bytes.fromhex(key)).decode().rstrip("=")  # triton.runtime.cache._base32
@@ -71,7 +71,7 @@ def test_the_table_builder_recovers_the_autotuner_s_key():
 def test_committed_entries_match_today_s_kernel_sources():
     """A kernel edited after its table was made has a stale entry (never read: its cache directory
     hashes the old source, so that kernel tunes on first use again). Remake the table on the GPU
-    (benchmarks/tuned_table.py) in the session that changed the kernel. In a new process: fla's
+    (benchmarks/maintainers/tuned_table.py) in the session that changed the kernel. In a new process: fla's
     kernels are among the entries, and this one keeps fla out (tests/conftest.py)."""
     import subprocess
     import sys
@@ -109,7 +109,7 @@ def test_the_table_builder_finds_autotuners_under_other_wrappers():
     names = ("chunk_fwd_kernel_o", "chunk_gated_delta_rule_fwd_kernel_h_blockdim64",
              "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64", "prepare_wy_repr_bwd_kernel",
              "_delta_h_kernel", "_conv_kernel")
-    code = ("from benchmarks.tuned_table import kernels; found = kernels(); "
+    code = ("from benchmarks.maintainers.tuned_table import kernels; found = kernels(); "
             f"print([n for n in {names!r} if n not in found])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
