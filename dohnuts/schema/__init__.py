@@ -28,7 +28,8 @@ helpers their checks use (`short`, `one_line`, `printable`, `why_not_finite`, `f
 """
 
 from dohnuts.schema.decode import (
-    MAX_FLOAT, Finite, Invalid, NonBlank, NonNegative, Positive, convert, decode_json, problem, read_json,
+    MAX_FLOAT, Finite, Invalid, NonBlank, NonNegative, Positive, check_fields, convert, decode_json, integer_in,
+    number_in, problem, read_json,
 )
 from dohnuts.schema.jsonl_file import JsonlFile, append_line
 from dohnuts.schema.output_paths import check_output_file, check_output_folder, is_run_folder, same_file
@@ -45,7 +46,7 @@ __all__ = [
     "GIB", "KIB", "MIB", "JsonlFile", "append_line", "check_dir", "check_file", "check_output", "kind_of",
     "open_file", "read_file", "size_words", "stat_path",
     "MAX_FLOAT", "DuplicateKeyError", "Finite", "Invalid", "NonBlank", "NonNegative", "Positive", "StrictLoader",
-    "convert", "decode_json", "dumps", "first_nonfinite", "is_finite", "json_safe", "median", "one_line",
+    "check_fields", "convert", "integer_in", "number_in", "decode_json", "dumps", "first_nonfinite", "is_finite", "json_safe", "median", "one_line",
     "one_line_error", "printable", "printable_lines", "problem", "read_json", "read_yaml", "short",
     "why_not_finite", "write_json", "write_bytes_atomic", "write_text_atomic", "yaml_error",
     "check_output_file", "check_output_folder", "is_run_folder", "same_file",
