@@ -14,13 +14,14 @@ does not use (`hidden_act` other than silu, `attention_bias`). Other keys are ig
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
 
 from dohnuts.config import LAYER_TYPES, ModelConfig, TextConfig, VisionConfig, default_layer_types
 from dohnuts.errors import ConfigError
-from dohnuts.schema import Finite, convert, integer_in
+from dohnuts.schema import Finite, convert
 
 
 # A rotary value may be overridden by another (the dict's wins over the top level's): where it is
@@ -36,7 +37,7 @@ class HFText(msgspec.Struct):
     partial_rotary_factor: Finite | None = None
     rope_parameters: HFRotary | None = None
     rope_scaling: HFRotary | None = None
-    full_attention_interval: integer_in(1, 2**62, "every how many layers one is full attention") = 4
+    full_attention_interval: Annotated[int, Meta(ge=1, description="every how many layers one is full attention")] = 4
     hidden_act: Literal["silu"] = "silu"  # Qwen3.5's MLP (dohnuts implements SwiGLU only)
     attention_bias: bool | None = None  # true is refused: Qwen3.5's projections have no bias
 

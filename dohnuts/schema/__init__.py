@@ -8,14 +8,17 @@ command may write) and
 `values` (helpers for messages and numbers). Every reader of the project uses it: workloads (dohnuts.bench.workload and the kinds'
 `Shape`s), hwspecs (dohnuts.bench.analysis.hwspec_file), benchmark records
 (dohnuts.bench.analysis.records), run.json (dohnuts.bench.offline), requests
-(dohnuts.runtime.requests), the training config (dohnuts.train.config) and checkpoint manifests
+(dohnuts.runtime.requests), model configs and config.json (dohnuts.config, dohnuts.hf_config), adapter
+metadata (dohnuts.adapters), the training config (dohnuts.train.config) and checkpoint manifests
 (dohnuts.train.checkpoints).
 
 Readers declare what a file holds as msgspec Structs (types, `msgspec.Meta` bounds, and
 `__post_init__` checks that raise `Invalid`); `convert` and `decode_json` turn whatever msgspec
 refuses into the project's one error line, `FILE: field 'PATH': problem` (`DohnutsError`, with
 `source` the file and `field` the path msgspec reports, e.g. `shape.seq_tokens`,
-`questions[0].candidates`, `ceilings.mm.factors.clock_hz`).
+`questions[0].candidates`, `ceilings.mm.factors.clock_hz`). `integer_in(lo, hi)` and `number_in(...)`
+declare a bounded field whose refusal reads `must be an integer in lo..hi, got X`; `check_fields(self)`,
+first in a `__post_init__`, holds a Struct built in code to its declaration as decoding would.
 
     class Shape(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         questions: Annotated[int, Meta(ge=1, le=4096)] = 8

@@ -10,6 +10,7 @@ training configs) calls `check_fields(self)` first in its `__post_init__`."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import types
@@ -56,17 +57,24 @@ def check_fields(obj: msgspec.Struct) -> None:
     msgspec checks a decoded one, and kept as decoding would keep it (a list for a tuple becomes a
     tuple, an integer for a float a float); the first that fails raises `Invalid` naming it. A
     Struct that msgspec decoded passes unchanged (a nested Struct is not checked again)."""
-    for f in msgspec.structs.fields(obj):
-        value = getattr(obj, f.name)
+    for name, type_ in _declared(type(obj)):
+        value = getattr(obj, name)
         try:
-            kept = msgspec.convert(value, f.type)
+            kept = msgspec.convert(value, type_)
         except msgspec.ValidationError as exc:
-            err = problem(exc, f.type, value, source=None, prefix=f.name)
+            err = problem(exc, type_, value, source=None, prefix=name)
             raise Invalid(err.message, field=err.field) from None
         except (ValueError, RecursionError) as exc:  # e.g. an integer too long to convert
-            raise Invalid(f"cannot be read ({one_line(exc)})", field=f.name) from None
+            raise Invalid(f"cannot be read ({one_line(exc)})", field=name) from None
         if kept is not value:
-            msgspec.structs.force_setattr(obj, f.name, kept)
+            msgspec.structs.force_setattr(obj, name, kept)
+
+
+@functools.cache
+def _declared(cls: type) -> tuple[tuple[str, Any], ...]:
+    """(name, declared type) of each field of a Struct class (msgspec.structs.fields evaluates the
+    annotations again at every call)."""
+    return tuple((f.name, f.type) for f in msgspec.structs.fields(cls))
 
 
 def convert(data: Any, type_: Any, *, source: str | None, error: type[DohnutsError] = ConfigError,

@@ -217,8 +217,8 @@ def _outside_every_declared_bound() -> list:
     from dohnuts.config import ModelConfig, TextConfig, VisionConfig
 
     cases = []
-    for struct, section in ((TextConfig, "text_config"), (VisionConfig, "vision_config"), (ModelConfig, None)):
-        for f in msgspec.structs.fields(struct):
+    for config_type, section in ((TextConfig, "text_config"), (VisionConfig, "vision_config"), (ModelConfig, None)):
+        for f in msgspec.structs.fields(config_type):
             base, bounds = _declared_bounds(f.type)
             for bound, edge in bounds.items() if base in (int, float) else ():
                 cases.append(pytest.param(section, f.name, _just_outside(base, bound, edge),
