@@ -103,6 +103,17 @@ def _tiny_hf_config() -> dict:
     return {**to_hf_text_config(preset("tiny").text), "model_type": "qwen3_5_text"}
 
 
+def _tiny_full_hf_config() -> dict:
+    """A full model's config.json (`qwen3_5`): tiny's text, vision tower and token ids."""
+    from dohnuts.config import preset
+    from dohnuts.hf_config import to_hf_vision_config
+
+    tiny = preset("tiny")
+    return {"model_type": "qwen3_5", "text_config": _tiny_hf_config(), "vision_config": to_hf_vision_config(tiny.vision),
+            "image_token_id": tiny.image_token_id, "vision_start_token_id": tiny.vision_start_token_id,
+            "vision_end_token_id": tiny.vision_end_token_id}
+
+
 def _tiny_weights() -> dict[str, torch.Tensor]:
     from dohnuts.config import preset
     from dohnuts.model.checkpoint import init_weights
@@ -157,6 +168,8 @@ def _check_config(root: Path) -> None:
 CONFIG_KEYS = ["rms_norm_eps", "rope_theta", "partial_rotary_factor", "rope_parameters", "max_position_embeddings",
                "num_hidden_layers", "vocab_size", "hidden_size", "head_dim", "layer_types", "model_type",
                "text_config", "vision_config", "num_attention_heads", "num_key_value_heads", "intermediate_size"]
+FULL_CONFIG_KEYS = CONFIG_KEYS + ["depth", "num_heads", "patch_size", "hidden_act", "num_position_embeddings",
+                                 "image_token_id", "full_attention_interval", "rope_scaling", "attention_bias"]
 
 
 def _with_rotary_factor(factor) -> dict:
@@ -166,7 +179,7 @@ def _with_rotary_factor(factor) -> dict:
 
 
 @FUZZ
-@given(doc=mutated(_tiny_hf_config(), CONFIG_KEYS))
+@given(doc=st.one_of(mutated(_tiny_hf_config(), CONFIG_KEYS), mutated(_tiny_full_hf_config(), FULL_CONFIG_KEYS)))
 @example(doc=_with_rotary_factor(0.0))  # the example that once failed: accepted, no rotary
 @example(doc=_with_rotary_factor(-1e-3))  # refused, though int(head_dim × it) is 0
 def test_config_reader_on_near_valid_configs(checkpoint_dir, tmp_path_factory, doc):
@@ -231,13 +244,9 @@ def test_the_reader_refuses_just_outside_each_declared_bound(section, name, valu
     """Every bound the model configs declare is the reader's: a full model's config.json (tiny's
     text, vision and token ids) with one field just past one bound is refused, naming that field
     (derived from the declarations: no list of bounds of the test's own)."""
-    from dohnuts.config import preset
-    from dohnuts.hf_config import from_hf_config, to_hf_vision_config
+    from dohnuts.hf_config import from_hf_config
 
-    tiny = preset("tiny")
-    doc = {"model_type": "qwen3_5", "text_config": _tiny_hf_config(), "vision_config": to_hf_vision_config(tiny.vision),
-           "image_token_id": tiny.image_token_id, "vision_start_token_id": tiny.vision_start_token_id,
-           "vision_end_token_id": tiny.vision_end_token_id}
+    doc = _tiny_full_hf_config()
     part = doc[section] if section else doc
     where = name
     if section == "text_config" and name in part["rope_parameters"]:  # the rotary values stand in their dict
