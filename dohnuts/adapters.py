@@ -24,7 +24,7 @@ import msgspec
 import torch
 
 from dohnuts.errors import CheckpointError
-from dohnuts.model.lora import LoRAConfig, lora_state_dict
+from dohnuts.model.lora import Alpha, Dropout, LoRAConfig, Rank, Targets, lora_state_dict
 from dohnuts.schema import GIB, MIB, Positive, convert, dumps, open_file, short
 
 FORMAT = "dohnuts-adapter-1"
@@ -142,19 +142,16 @@ _FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 
 
 class AdapterLoRA(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The `lora` metadata of an adapter file: every field written (a default would silently change
-    the adapters' scale), within LoRAConfig's bounds."""
+    """The `lora` metadata of an adapter file: LoRAConfig's fields and bounds, every field written
+    (a default would silently change the adapters' scale)."""
 
-    rank: int
-    alpha: float
-    dropout: float
-    targets: list[str]
-
-    def __post_init__(self) -> None:
-        self.config()  # LoRAConfig's checks (Invalid names the field)
+    rank: Rank
+    alpha: Alpha
+    dropout: Dropout
+    targets: Targets
 
     def config(self) -> LoRAConfig:
-        return LoRAConfig(rank=self.rank, alpha=self.alpha, dropout=self.dropout, targets=tuple(self.targets))
+        return LoRAConfig(rank=self.rank, alpha=self.alpha, dropout=self.dropout, targets=self.targets)
 
 
 class AdapterMeta(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,8 +1,12 @@
 """Model configurations and named presets.
 
 Field names follow Hugging Face `transformers`' `Qwen3_5TextConfig` / `Qwen3_5VisionConfig` so a
-real checkpoint's `config.json` maps onto them one to one. Configs are frozen dataclasses,
-validated on construction; an invalid value raises `ConfigError` naming the field.
+real checkpoint's `config.json` maps onto them one to one (dohnuts.hf_config reads it). Configs are
+frozen msgspec Structs, and their declarations are the rules: each field's type and bounds
+(`msgspec.Meta`, through the aliases below) and, in `__post_init__`, what relates fields
+(`layer_types` one per layer, heads grouped evenly, the rotated channels inside a head). Both hold
+however a config is made — decoded (`dohnuts.schema.convert`, which names the file and the field's
+path) or built in code (`check_fields`); an invalid value raises `ConfigError` naming the field.
 
 Presets build seeded random weights (performance does not depend on weight values, and we
 never time on zeros). `tiny` runs in seconds on a CPU; the others are the public Qwen3.5 sizes.
@@ -10,16 +14,19 @@ never time on zeros). `tiny` runs in seconds on a CPU; the others are the public
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
+
+import msgspec
+from msgspec import Meta
 
 from dohnuts.errors import ConfigError
-from dohnuts.schema.values import short, why_not_finite
+from dohnuts.schema.decode import Invalid, check_fields, integer_in, number_in
 
-LAYER_TYPES = ("linear_attention", "full_attention")
+LayerType = Literal["linear_attention", "full_attention"]
+LAYER_TYPES: tuple[str, ...] = get_args(LayerType)
+VisionActivation = Literal["gelu_pytorch_tanh", "gelu"]  # dohnuts.model.vision implements each
 
 
 # Upper bounds of a config's sizes: far above any real model (Qwen3.5 9B: 32 layers, width 4096,
@@ -27,35 +34,28 @@ LAYER_TYPES = ("linear_attention", "full_attention")
 # hours or allocate without end before any weight is checked.
 MAX_LAYERS = 1024
 MAX_WIDTH = 1 << 18  # hidden, intermediate and projection sizes
-MAX_HEADS = 4096  # head counts and head sizes
+MAX_HEADS = 4096  # head counts and head sizes, patch and merge sizes, channels
 MAX_VOCAB = 1 << 23
 MAX_POSITIONS = 1 << 26
 MAX_CONV_KERNEL = 64
-_BOUNDS = {
-    "vocab_size": MAX_VOCAB, "hidden_size": MAX_WIDTH, "intermediate_size": MAX_WIDTH, "out_hidden_size": MAX_WIDTH,
-    "num_hidden_layers": MAX_LAYERS, "depth": MAX_LAYERS, "max_position_embeddings": MAX_POSITIONS,
-    "linear_conv_kernel_dim": MAX_CONV_KERNEL, "num_position_embeddings": MAX_POSITIONS,
-}
 
-
-def _check_positive(cfg: Any, names: tuple[str, ...], source: str | None) -> None:
-    """Each field a positive integer within its bound (`_BOUNDS`, else MAX_HEADS)."""
-    for name in names:
-        value = getattr(cfg, name)
-        bound = _BOUNDS.get(name, MAX_HEADS)
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= bound:
-            got = "a very large number" if isinstance(value, int) and value > 10**15 else short(value)
-            raise ConfigError(f"must be an integer in 1..{bound}, got {got}", source=source, field=name)
-
-
-def _check_finite(cfg: Any, names: tuple[str, ...], source: str | None) -> None:
-    """Each field a finite number (NaN and infinity pass every `<` check, and then give NaN scores)."""
-    for name in names:
-        value = getattr(cfg, name)
-        why = why_not_finite(value)
-        if why is not None:
-            raise ConfigError(f"must be a finite number, got {why if why in ('NaN', 'infinite') else short(value)}",
-                              source=source, field=name)
+Layers = integer_in(1, MAX_LAYERS)
+Width = integer_in(1, MAX_WIDTH)
+Heads = integer_in(1, MAX_HEADS)
+Vocab = integer_in(1, MAX_VOCAB)
+Positions = integer_in(1, MAX_POSITIONS)
+ConvKernel = integer_in(1, MAX_CONV_KERNEL)
+TokenId = integer_in(0, MAX_VOCAB - 1)
+# A float read from a file must be finite: NaN and infinity pass every `<` check, and then give NaN scores.
+Epsilon = number_in("a finite number >= 0", ge=0.0)
+Theta = number_in("a finite number > 0", gt=0.0)
+# int(head_dim × factor) channels rotate; 0 means no rotary. A negative factor is no proportion of a
+# head, refused even where int() would truncate it to 0 channels.
+RotaryFactor = number_in("a finite number >= 0", ge=0.0, description="a proportion of head_dim; 0: no rotary")
+# Only entries 1 (H) and 2 (W) are read, as slice stops 3·s over the frequencies (longer sections
+# are cut at the rotary half-dimension, shorter ones leave the rest on T; entry 0 and any entry past
+# 2 are not read, and transformers never checks the sum).
+MropeSection = Annotated[tuple[int, ...], Meta(min_length=3, description="T, H, W sections")]
 
 
 def default_layer_types(num_layers: int, interval: int = 4) -> tuple[str, ...]:
@@ -63,96 +63,67 @@ def default_layer_types(num_layers: int, interval: int = 4) -> tuple[str, ...]:
     return tuple("full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers))
 
 
-@dataclass(frozen=True)
-class TextConfig:
-    """The language backbone (Gated DeltaNet + gated attention + SwiGLU)."""
+class _Checked(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A config checked however it is made. `source` names the file a config built in code came
+    from in its errors (decoding names it itself, and leaves `source` None); it is no part of the
+    architecture (`ModelConfig.to_dict` leaves it out)."""
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int = 256
-    linear_num_key_heads: int = 16
-    linear_num_value_heads: int = 16
-    linear_key_head_dim: int = 128
-    linear_value_head_dim: int = 128
-    linear_conv_kernel_dim: int = 4
-    layer_types: tuple[str, ...] = ()
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 1e7
-    partial_rotary_factor: float = 0.25
-    mrope_section: tuple[int, ...] = (11, 11, 10)
-    max_position_embeddings: int = 262144
-    source: str | None = field(default=None, compare=False, repr=False)
+    source: str | None = None
 
     def __post_init__(self) -> None:
-        _check_positive(
-            self,
-            (
-                "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                "num_attention_heads", "num_key_value_heads", "head_dim", "linear_num_key_heads",
-                "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-                "linear_conv_kernel_dim", "max_position_embeddings",
-            ),
-            self.source,
-        )
-        _check_finite(self, ("rms_norm_eps", "rope_theta", "partial_rotary_factor"), self.source)
+        try:
+            check_fields(self)
+            self.check()
+        except Invalid as exc:
+            if self.source is None:
+                raise
+            raise ConfigError(exc.message, source=self.source, field=exc.field) from None
+
+    def check(self) -> None:
+        """What relates the fields (each one is within its declared bounds already); raises Invalid."""
+
+
+class TextConfig(_Checked, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The language backbone (Gated DeltaNet + gated attention + SwiGLU)."""
+
+    vocab_size: Vocab
+    hidden_size: Width
+    intermediate_size: Width
+    num_hidden_layers: Layers
+    num_attention_heads: Heads
+    num_key_value_heads: Heads
+    head_dim: Heads = 256
+    linear_num_key_heads: Heads = 16
+    linear_num_value_heads: Heads = 16
+    linear_key_head_dim: Heads = 128
+    linear_value_head_dim: Heads = 128
+    linear_conv_kernel_dim: ConvKernel = 4
+    layer_types: tuple[LayerType, ...] = ()  # () → Qwen3.5's pattern (default_layer_types)
+    rms_norm_eps: Epsilon = 1e-6
+    rope_theta: Theta = 1e7
+    partial_rotary_factor: RotaryFactor = 0.25
+    mrope_section: MropeSection = (11, 11, 10)
+    max_position_embeddings: Positions = 262144
+
+    def check(self) -> None:
         if not self.layer_types:
-            object.__setattr__(self, "layer_types", default_layer_types(self.num_hidden_layers))
-        object.__setattr__(self, "layer_types", tuple(self.layer_types))
-        if not isinstance(self.mrope_section, (list, tuple)):
-            raise ConfigError(f"must be a list of integers, got {self.mrope_section!r}", source=self.source,
-                              field="mrope_section")
-        object.__setattr__(self, "mrope_section", tuple(self.mrope_section))
+            msgspec.structs.force_setattr(self, "layer_types", default_layer_types(self.num_hidden_layers))
         if len(self.layer_types) != self.num_hidden_layers:
-            raise ConfigError(
-                f"has {len(self.layer_types)} entries but num_hidden_layers is {self.num_hidden_layers}",
-                source=self.source, field="layer_types",
-            )
-        for t in self.layer_types:
-            if t not in LAYER_TYPES:
-                raise ConfigError(f"unknown layer type {t!r} (expected one of {LAYER_TYPES})",
-                                  source=self.source, field="layer_types")
+            raise Invalid(f"has {len(self.layer_types)} entries but num_hidden_layers is {self.num_hidden_layers}",
+                          field="layer_types")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(
-                f"num_attention_heads {self.num_attention_heads} is not a multiple of {self.num_key_value_heads}",
-                source=self.source, field="num_key_value_heads",
-            )
+            raise Invalid(f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                          f"{self.num_key_value_heads}", field="num_key_value_heads")
         if self.linear_num_value_heads % self.linear_num_key_heads:
-            raise ConfigError(
-                f"linear_num_value_heads {self.linear_num_value_heads} is not a multiple of "
-                f"linear_num_key_heads {self.linear_num_key_heads}",
-                source=self.source, field="linear_num_value_heads",
-            )
-        # Rotary checks follow what transformers' Qwen3_5TextRotaryEmbedding can run: `rotary_dim`
-        # = int(head_dim × partial_rotary_factor) (0 means no rotary at all); an odd rotary_dim has
+            raise Invalid(f"linear_num_value_heads {self.linear_num_value_heads} is not a multiple of "
+                          f"linear_num_key_heads {self.linear_num_key_heads}", field="linear_num_value_heads")
+        # What transformers' Qwen3_5TextRotaryEmbedding can run: an odd rotary_dim has
         # (rotary_dim + 1) // 2 frequencies and rotates rotary_dim + 1 channels, which must fit in
-        # the head (transformers refuses or fails on anything else). A negative factor is no
-        # proportion of the head: refused, even where int() would truncate it to 0 channels.
-        if self.partial_rotary_factor < 0:
-            raise ConfigError(f"must not be negative (a proportion of head_dim; 0 means no rotary), got "
-                              f"{self.partial_rotary_factor!r}", source=self.source, field="partial_rotary_factor")
+        # the head (transformers refuses or fails on anything else).
         if 2 * ((self.rotary_dim + 1) // 2) > self.head_dim:
-            raise ConfigError(
-                f"head_dim {self.head_dim} × partial_rotary_factor {self.partial_rotary_factor} gives "
-                f"{self.rotary_dim} rotary channels, outside [0, head_dim] once rounded up to even",
-                source=self.source, field="partial_rotary_factor",
-            )
-        # mrope_section: only entries 1 (H) and 2 (W) are read, as slice stops 3·s over the
-        # frequencies (longer sections are cut at the rotary half-dim, shorter ones leave the rest
-        # on T, entry 0 and any entry past 2 are ignored) — the sum need not match anything.
-        if len(self.mrope_section) < 3 or not all(
-            isinstance(s, int) and not isinstance(s, bool) for s in self.mrope_section[1:3]
-        ):
-            raise ConfigError(f"must list at least 3 integers (T, H, W), got {list(self.mrope_section)!r}",
-                              source=self.source, field="mrope_section")
-        if self.rope_theta <= 0:
-            raise ConfigError(f"must be positive, got {self.rope_theta!r}", source=self.source, field="rope_theta")
-        if self.rms_norm_eps < 0:
-            raise ConfigError(f"must not be negative, got {self.rms_norm_eps!r}", source=self.source,
-                              field="rms_norm_eps")
+            raise Invalid(f"head_dim {self.head_dim} × partial_rotary_factor {self.partial_rotary_factor} gives "
+                          f"{self.rotary_dim} rotary channels, outside [0, head_dim] once rounded up to even",
+                          field="partial_rotary_factor")
 
     @property
     def rotary_dim(self) -> int:
@@ -173,80 +144,55 @@ class TextConfig:
         return 2 * self.linear_key_dim + self.linear_value_dim
 
 
-@dataclass(frozen=True)
-class VisionConfig:
+class VisionConfig(_Checked, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The vision tower: ViT blocks over 16×16×2 patches, merged 2×2 into the text width."""
 
-    depth: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    out_hidden_size: int
-    patch_size: int = 16
-    temporal_patch_size: int = 2
-    spatial_merge_size: int = 2
-    in_channels: int = 3
-    num_position_embeddings: int = 2304
-    hidden_act: str = "gelu_pytorch_tanh"
-    rope_theta: float = 10000.0
-    source: str | None = field(default=None, compare=False, repr=False)
+    depth: Layers
+    hidden_size: Width
+    intermediate_size: Width
+    num_heads: Heads
+    out_hidden_size: Width
+    patch_size: Heads = 16
+    temporal_patch_size: Heads = 2
+    spatial_merge_size: Heads = 2
+    in_channels: Heads = 3
+    num_position_embeddings: Positions = 2304
+    hidden_act: VisionActivation = "gelu_pytorch_tanh"
+    rope_theta: Theta = 10000.0
 
-    def __post_init__(self) -> None:
-        _check_positive(
-            self,
-            ("depth", "hidden_size", "intermediate_size", "num_heads", "out_hidden_size", "patch_size",
-             "temporal_patch_size", "spatial_merge_size", "in_channels", "num_position_embeddings"),
-            self.source,
-        )
-        _check_finite(self, ("rope_theta",), self.source)
-        if self.rope_theta <= 0:
-            raise ConfigError(f"must be positive, got {self.rope_theta!r}", source=self.source, field="rope_theta")
+    def check(self) -> None:
         if self.hidden_size % self.num_heads:
-            raise ConfigError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}",
-                              source=self.source, field="num_heads")
+            raise Invalid(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}",
+                          field="num_heads")
         side = int(round(self.num_position_embeddings ** 0.5))
         if side * side != self.num_position_embeddings:
-            raise ConfigError("must be a square number (a square grid of learned positions)",
-                              source=self.source, field="num_position_embeddings")
+            raise Invalid("must be a square number (a square grid of learned positions)",
+                          field="num_position_embeddings")
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
 
-@dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(_Checked, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A whole model: text backbone, optional vision tower, and the special token ids they share."""
 
     name: str
     text: TextConfig
     vision: VisionConfig | None = None
-    image_token_id: int = 248056
-    vision_start_token_id: int = 248053
-    vision_end_token_id: int = 248054
-    source: str | None = field(default=None, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        for name in ("image_token_id", "vision_start_token_id", "vision_end_token_id"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < MAX_VOCAB:
-                raise ConfigError(f"must be a token id in 0..{MAX_VOCAB - 1}, got {short(value)}", source=self.source,
-                                  field=name)
+    image_token_id: TokenId = 248056
+    vision_start_token_id: TokenId = 248053
+    vision_end_token_id: TokenId = 248054
 
     def to_dict(self) -> dict[str, Any]:
-        def clean(obj: Any) -> Any:
-            d = dataclasses.asdict(obj)
-            d.pop("source", None)
-            return d
+        """The architecture as plain values (what records hold and `config_hash` hashes): every
+        field but `source`, tuples kept as tuples."""
+        def plain(obj: Any) -> Any:
+            if isinstance(obj, _Checked):
+                return {k: plain(v) for k, v in msgspec.structs.asdict(obj).items() if k != "source"}
+            return obj
 
-        return {
-            "name": self.name,
-            "text": clean(self.text),
-            "vision": clean(self.vision) if self.vision is not None else None,
-            "image_token_id": self.image_token_id,
-            "vision_start_token_id": self.vision_start_token_id,
-            "vision_end_token_id": self.vision_end_token_id,
-        }
+        return plain(self)
 
     def config_hash(self) -> str:
         """A short stable identity of the architecture (not of the weights)."""

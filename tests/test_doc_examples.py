@@ -56,6 +56,7 @@ EXAMPLES = {
     ("README.md", "dohnuts predict --model tiny requests.jsonl"): "test_readme_predict_and_train",
     ("README.md", "python -m dohnuts.train.digits data/digits"): "test_readme_digits",
     ("README.md", '{"id": "r1"'): "test_readme_request_line",
+    ("README.md", "field 'text_config.head_dim'"): "test_readme_config_error_line",
     ("README.md", "torchrun --nproc-per-node 2"): "test_readme_several_processes",
     ("README.md", "python scripts/benchmark.py dohnuts"): "test_readme_benchmark_a_trained_model",
     ("docs/architecture.md", "lifecycle  dohnuts/train/"): "test_the_maps_name_what_exists",
@@ -162,6 +163,23 @@ def test_readme_request_line(tmp_path):
 
     with Image.open(tmp_path / "photo.png") as image:
         assert image.size == (64, 64) and image.getpixel((0, 0)) == (255, 0, 0)
+
+
+def test_readme_config_error_line(tmp_path, monkeypatch):
+    """The README's example of a refused config.json is the error its reader raises."""
+    from dohnuts.config import preset
+    from dohnuts.errors import ConfigError
+    from dohnuts.hf_config import to_hf_text_config
+    from dohnuts.model.checkpoint import read_config
+
+    expected = example("README.md", "field 'text_config.head_dim'").strip()
+    (tmp_path / "ckpt").mkdir()
+    text = {**to_hf_text_config(preset("tiny").text), "head_dim": 5000}
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "text_config": text}))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        read_config(Path("ckpt"))
+    assert str(info.value) == expected
 
 
 def test_the_maps_name_what_exists():

@@ -17,9 +17,8 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import replace
-
 import torch
+from msgspec.structs import replace
 
 from dohnuts.ops._dispatch import reference as reference_ops  # private: the parity tooling's switch
 

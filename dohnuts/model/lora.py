@@ -22,12 +22,15 @@ from __future__ import annotations
 import math
 import warnings
 import weakref
-from dataclasses import dataclass
+from typing import Annotated
 
+import msgspec
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from dohnuts.schema.decode import NonBlank, check_fields, integer_in, number_in
 
 DEFAULT_TARGETS = (
     "q_proj", "k_proj", "v_proj", "o_proj",  # gated attention
@@ -38,29 +41,25 @@ DEFAULT_TARGETS = (
 
 MAX_RANK = 1024  # far above any useful rank; bounds what an argument or a file can make us allocate
 
+# The adapters' shape, declared once: LoRAConfig's fields, and an adapter file's `lora` metadata
+# (dohnuts.adapters.AdapterLoRA) typed alike.
+Rank = integer_in(1, MAX_RANK)
+Alpha = number_in("a finite number > 0", gt=0.0)  # the update's scale is alpha / rank
+Dropout = number_in("a number in [0, 1)", ge=0.0, lt=1.0)
+Targets = Annotated[tuple[NonBlank, ...], msgspec.Meta(min_length=1, description="layer names")]
 
-@dataclass(frozen=True)
-class LoRAConfig:
-    """The adapters' shape, checked on construction (also when a config is decoded: dohnuts.schema)."""
 
-    rank: int = 8
-    alpha: float = 16.0
-    dropout: float = 0.0
-    targets: tuple[str, ...] = DEFAULT_TARGETS
+class LoRAConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The adapters' shape, within its declared bounds however it is made (decoded with a training
+    config or an adapter file, or built in code: `check_fields` raises Invalid naming the field)."""
+
+    rank: Rank = 8
+    alpha: Alpha = 16.0
+    dropout: Dropout = 0.0
+    targets: Targets = DEFAULT_TARGETS
 
     def __post_init__(self) -> None:
-        from dohnuts.schema import Invalid, is_finite, short
-
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 0 < self.rank <= MAX_RANK:
-            raise Invalid(f"must be an integer in 1..{MAX_RANK}, got {short(self.rank)}", field="rank")
-        if not (is_finite(self.alpha) and self.alpha > 0):
-            raise Invalid(f"must be a finite number > 0, got {short(self.alpha)}", field="alpha")
-        if not (is_finite(self.dropout) and 0.0 <= self.dropout < 1.0):
-            raise Invalid(f"must lie in [0, 1), got {short(self.dropout)}", field="dropout")
-        if isinstance(self.targets, str) or not isinstance(self.targets, (list, tuple)) or not self.targets or \
-                not all(isinstance(t, str) and t for t in self.targets):
-            raise Invalid(f"must be a non-empty list of layer names, got {short(self.targets)}", field="targets")
-        object.__setattr__(self, "targets", tuple(self.targets))
+        check_fields(self)
 
     @property
     def scaling(self) -> float:

@@ -1,11 +1,16 @@
 """Typed decoding: parsed YAML or JSON → msgspec Structs, and whatever msgspec refuses → the project's
 one error line, `FILE: field 'PATH': problem` (the path msgspec reports; a mapping's key found
 again from the data; the problem in words, with the value found and the field's `Meta`
-description)."""
+description).
+
+A Struct's field types and `Meta` bounds are its rules. msgspec checks them when it decodes, not
+when a Struct is built in code; a Struct that must hold to them however it is made (the model and
+training configs) calls `check_fields(self)` first in its `__post_init__`."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import types
@@ -25,12 +30,51 @@ Positive = Annotated[float, msgspec.Meta(gt=0.0, le=MAX_FLOAT)]
 NonBlank = Annotated[str, msgspec.Meta(pattern=r"\S")]  # a string with something in it
 
 
+def integer_in(lo: int, hi: int, description: str | None = None) -> Any:
+    """An integer in lo..hi, refused as `must be an integer in lo..hi, got X`."""
+    return Annotated[int, msgspec.Meta(ge=lo, le=hi, description=description,
+                                       extra={"words": f"an integer in {lo}..{hi}"})]
+
+
+def number_in(words: str, description: str | None = None, **bounds: float) -> Any:
+    """A finite number within `bounds` (msgspec.Meta's ge, gt, le, lt), refused as `must be WORDS, got X`
+    (`number_in("a number in [0, 1)", ge=0.0, lt=1.0)`); a NaN or an infinity as not finite."""
+    bounds.setdefault("ge" if "gt" not in bounds else "gt", -MAX_FLOAT)
+    bounds.setdefault("le" if "lt" not in bounds else "lt", MAX_FLOAT)
+    return Annotated[float, msgspec.Meta(**bounds, description=description, extra={"words": words})]
+
+
 class Invalid(ConfigError, ValueError):
     """A `__post_init__` check that failed. msgspec reports it at the Struct's path, to which
     `field` (relative to the Struct) is added; constructed directly, it is a ConfigError."""
 
     def __init__(self, message: str, *, field: str | None = None):
         super().__init__(message, field=field)
+
+
+def check_fields(obj: msgspec.Struct) -> None:
+    """Every field of a Struct built in code checked against its declared type and bounds, as
+    msgspec checks a decoded one, and kept as decoding would keep it (a list for a tuple becomes a
+    tuple, an integer for a float a float); the first that fails raises `Invalid` naming it. A
+    Struct that msgspec decoded passes unchanged (a nested Struct is not checked again)."""
+    for name, type_ in _declared(type(obj)):
+        value = getattr(obj, name)
+        try:
+            kept = msgspec.convert(value, type_)
+        except msgspec.ValidationError as exc:
+            err = problem(exc, type_, value, source=None, prefix=name)
+            raise Invalid(err.message, field=err.field) from None
+        except (ValueError, RecursionError) as exc:  # e.g. an integer too long to convert
+            raise Invalid(f"cannot be read ({one_line(exc)})", field=name) from None
+        if kept is not value:
+            msgspec.structs.force_setattr(obj, name, kept)
+
+
+@functools.cache
+def _declared(cls: type) -> tuple[tuple[str, Any], ...]:
+    """(name, declared type) of each field of a Struct class (msgspec.structs.fields evaluates the
+    annotations again at every call)."""
+    return tuple((f.name, f.type) for f in msgspec.structs.fields(cls))
 
 
 def convert(data: Any, type_: Any, *, source: str | None, error: type[DohnutsError] = ConfigError,
@@ -180,6 +224,9 @@ def _words(msg: str, value: Any, t: Any) -> str:
     if m:
         if isinstance(value, float) and not math.isfinite(value):
             return f"must be a finite number, got {_describe(value)}"
+        words = _extra(t, "words")
+        if words:
+            return f"must be {words}, got {_describe(value)}"
         if m[2] == ">" and float(m[3]) == 0:
             return f"must be positive, got {_describe(value)}"
         return f"must be {m[2]} {m[3]}, got {_describe(value)}"
@@ -211,6 +258,16 @@ def _description(t: Any) -> str | None:
         for meta in typing.get_args(t)[1:]:
             if isinstance(meta, msgspec.Meta) and meta.description:
                 return meta.description
+        t = typing.get_args(t)[0]
+    return None
+
+
+def _extra(t: Any, key: str) -> Any:
+    """`Meta(extra={key: ...})` of a declared type, if any (e.g. the `words` of `integer_in`)."""
+    while typing.get_origin(t) is Annotated:
+        for meta in typing.get_args(t)[1:]:
+            if isinstance(meta, msgspec.Meta) and meta.extra and key in meta.extra:
+                return meta.extra[key]
         t = typing.get_args(t)[0]
     return None
 

@@ -262,12 +262,9 @@ def check_run_dir(out: str | Path, *, resume: bool) -> Path | None:
 
 
 def _plain(obj):
-    """A config as nested dicts, field by field (msgspec.to_builtins leaves out the fields of a
-    dataclass that msgspec built and that kept their default)."""
+    """A config as nested dicts, field by field, defaults included."""
     if isinstance(obj, msgspec.Struct):
         return {name: _plain(getattr(obj, name)) for name in obj.__struct_fields__}
-    if dataclasses.is_dataclass(obj):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     return obj
 
 

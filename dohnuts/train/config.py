@@ -1,12 +1,13 @@
 """What a training run is: its config (`TrainConfig`, a frozen msgspec Struct) and its data.
 
-    TrainConfig(model, out, updates ≥ 0, eval_every ≥ 1, warmup ≥ 0, seed,
-                lora: LoRAConfig (rank ≥ 1, alpha finite > 0, dropout in [0, 1)),
-                optim: OptimConfig (lr finite > 0, max_grad_norm > 0, inf: no clipping),
+    TrainConfig(model, out, updates ≥ 0, eval_every ≥ 1, warmup ≥ 0, seed in 0..2³²−1,
+                lora: LoRAConfig (rank in 1..1024, alpha finite > 0, dropout in [0, 1), targets),
+                optim: OptimConfig (lr finite > 0, weight_decay finite ≥ 0, betas in [0, 1),
+                                    max_grad_norm > 0, inf: no clipping),
                 objective: RLCDConfig (margin_weight finite ≥ 0, margin finite),
                 initialize_from, device, data, schedule_updates)
 
-Every bound is declared once, on the type (msgspec `Meta`, LoRAConfig's own check), and checked
+Every bound is declared once, on the field's type (msgspec `Meta`), and checked
 by `train_config` (`dohnuts train`'s arguments, before anything is read or written) and by
 `validate_config` (any config, e.g. one built in code, when a Trainer starts). An error names the
 `dohnuts train` argument that sets the field (`ARGUMENTS`): `--lr: must be positive, got -0.001`.

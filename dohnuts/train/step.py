@@ -39,7 +39,7 @@ from dohnuts.runtime.process_group import SINGLE, World
 from dohnuts.runtime.requests import Request
 from dohnuts.runtime.timing import NULL_TIMER
 from dohnuts.runtime.work import WorkCounts
-from dohnuts.schema import Positive
+from dohnuts.schema import NonNegative, Positive, number_in
 from dohnuts.train.graphs import MicrobatchGraphs
 from dohnuts.train.objective import RLCDConfig, rlcd_loss
 
@@ -62,12 +62,15 @@ def requests_per_microbatch(requests: Sequence[Request]) -> int:
     return max(1, math.ceil(QUESTIONS_PER_UPDATE / (MICROBATCHES * mean) - 1e-9))
 
 
+Beta = number_in("a number in [0, 1)", ge=0.0, lt=1.0)  # AdamW's moment decay (torch refuses others)
+
+
 class OptimConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """AdamW and the clip; the bounds are checked when a TrainConfig is (dohnuts.train.config)."""
 
     lr: Positive = 2e-3  # finite, > 0
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: NonNegative = 0.0  # finite, ≥ 0
+    betas: tuple[Beta, Beta] = (0.9, 0.999)
     max_grad_norm: Annotated[float, Meta(gt=0.0)] = 1.0  # inf: no clipping
 
 

@@ -31,7 +31,7 @@ PACKING_IS_EXACT = 1e-3  # packed against unpacked, both fused BF16 (measured 0.
 
 
 def test_backbone_pruned_to_scored_rows_bf16():
-    from dataclasses import replace
+    from msgspec.structs import replace
 
     from dohnuts.config import preset
     from dohnuts.model.build import build_text_backbone
@@ -52,7 +52,7 @@ def test_backbone_fused_bf16_matches_reference_fp32():
     """A 4-layer model with Qwen3.5-2b widths: the fused BF16 path is as close to the FP32
     reference as the plain-torch path run in BF16 is (kernels keep the mathematics; only
     rounding may differ), and both are within BF16 drift of it."""
-    from dataclasses import replace
+    from msgspec.structs import replace
 
     from dohnuts.config import preset
     from dohnuts.model.build import build_text_backbone
@@ -80,7 +80,7 @@ def test_packed_backbone_bf16_keeps_the_mathematics():
     the same weights; the packed run may not be further from it than the unpacked run by more than
     the gates above allow (only rounding may differ; measured: not at all)."""
     import copy
-    from dataclasses import replace
+    from msgspec.structs import replace
 
     from dohnuts.config import preset
     from dohnuts.model.build import build_text_backbone

@@ -138,6 +138,8 @@ def test_a_tiny_checkpoint_directory_loads(tmp_path):
     ("rope_parameters.rope_theta", float("-inf"), "rope_parameters.rope_theta", "finite"),
     ("max_position_embeddings", -5, "max_position_embeddings", "must be an integer in 1.."),
     ("num_hidden_layers", 200_000, "num_hidden_layers", "must be an integer in 1..1024"),
+    # without layer_types: a trillion layers once built their default layer types before any check (a hang)
+    ("num_hidden_layers", 10**12, "num_hidden_layers", "must be an integer in 1..1024"),
     ("vocab_size", 10**30, "vocab_size", "a very large number"),
     ("hidden_size", True, "hidden_size", "must be an integer"),
     ("head_dim", 2.5, "head_dim", "must be an integer"),

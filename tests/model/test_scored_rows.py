@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import msgspec
 import pytest
 import torch
 
@@ -31,8 +32,8 @@ LAST_LINEAR = ("linear_attention", "full_attention", "linear_attention", "linear
 def _backbone(layer_types):
     cfg = preset("tiny")
     if layer_types is not None:
-        cfg = dataclasses.replace(cfg, text=dataclasses.replace(cfg.text, layer_types=layer_types,
-                                                                num_hidden_layers=len(layer_types)))
+        cfg = msgspec.structs.replace(cfg, text=msgspec.structs.replace(cfg.text, layer_types=layer_types,
+                                                                        num_hidden_layers=len(layer_types)))
     model, _ = build_text_backbone(cfg, device="cpu", seed=3)
     return model.eval()
 

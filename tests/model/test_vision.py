@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import typing
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from dohnuts.config import preset
+from dohnuts.config import VisionActivation, preset
 from dohnuts.model.checkpoint import Tensors, assign_weights
 from dohnuts.model.text import TextBackbone
 from dohnuts.model.vision import (
@@ -92,6 +94,17 @@ def test_images_in_one_call_do_not_interact(hf_vision):
             assert relative_error(together[i], alone) < 1e-5
         # Same-sized images 0 and 2 with different pixels must give different features.
         assert relative_error(together[0], together[2]) > 1e-2
+
+
+@pytest.mark.parametrize("name", typing.get_args(VisionActivation))
+def test_each_activation_the_config_accepts_is_transformers(name):
+    """VisionConfig's `hidden_act` declares what the tower runs; each is transformers' function."""
+    from transformers.activations import ACT2FN
+
+    from dohnuts.model.vision import _ACTIVATIONS
+
+    x = torch.linspace(-6, 6, 101)
+    assert torch.equal(_ACTIVATIONS[name](x), ACT2FN[name](x))
 
 
 @pytest.mark.parametrize("seqlens", [[5, 9, 5, 3], [6, 6, 6]])  # grouped by length; all equal (plain view)
