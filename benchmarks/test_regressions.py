@@ -10,7 +10,7 @@ Measure this build and gate it against saved pytest-benchmark baselines of this 
 interleaved rounds, or `dohnuts-bench baseline` then `dohnuts-bench gate RUN` — is the README's;
 these are the hot paths timed on their own, against saved files: the coarse way.)
 
-`dohnuts-bench gate` (dohnuts/bench/gate.py) compares every benchmark's raw timings with the
+`dohnuts-bench gate` (dohnuts/bench/commands/gate.py) compares every benchmark's raw timings with the
 pooled baseline runs': a bootstrap confidence interval of the ratio of medians and a rank test (dohnuts.bench.analysis.compare),
 with a tolerance taken from the spread measured (within runs, and between the baseline's runs)
 instead of a fixed percentage (a fixed 25 % failed twice on unchanged code on the 2-core CI

@@ -95,7 +95,7 @@ def test_the_largest_seed_is_taken_by_every_generator():
 @pytest.mark.parametrize("runs", ["100000000", "101", "1"])
 def test_baseline_runs_are_bounded(tmp_path, capsys, monkeypatch, runs):
     """`dohnuts-bench baseline --runs 100000000` was accepted."""
-    from dohnuts.bench import run_command
+    from dohnuts.bench.commands import run as run_command
     from dohnuts.bench.cli import main as bench_main
 
     monkeypatch.setattr(run_command, "cmd_run", _refuse("a baseline run"))

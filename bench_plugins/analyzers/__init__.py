@@ -13,8 +13,8 @@ from rich.console import Group
 from rich.text import Text
 
 from dohnuts.bench.hookspecs import hookimpl
-from dohnuts.bench.report import Section
-from dohnuts.bench.status import log
+from dohnuts.bench.sections import Section
+from dohnuts.bench.report.status import log
 
 
 @hookimpl

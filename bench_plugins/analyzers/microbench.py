@@ -19,7 +19,7 @@ describes (the CPU, an unknown GPU). They are microbenchmarks, not API throughpu
 Stability: every entry keeps its repeats' rates (`repeat_values`) and `spread` = (fastest −
 slowest) / fastest; a ceiling whose repeats moved by more than `STABLE_SPREAD` is `stable: false`,
 and the report says so beside the bounds it sets (dohnuts.bench.analysis.machine). Each ceiling is
-logged as it is measured (dohnuts.bench.status): the measurement is never silent.
+logged as it is measured (dohnuts.bench.report.status): the measurement is never silent.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from dohnuts.bench.status import log
+from dohnuts.bench.report.status import log
 from dohnuts.runtime.timing import StageTimer, device_times_ms
 
 STABLE_SPREAD = 0.2  # (fastest − slowest) / fastest over a ceiling's repeats above this: not stable

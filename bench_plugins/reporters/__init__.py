@@ -23,8 +23,8 @@ from rich.text import Text
 from dohnuts.bench.analysis.records import group_key, overhead_text, quality_cells
 from dohnuts.bench.analysis.render import UNBOUNDED, Col, FitTable
 from dohnuts.bench.hookspecs import hookimpl
-from dohnuts.bench.terminal import SafeConsole
-from dohnuts.bench.status import log
+from dohnuts.bench.report.terminal import SafeConsole
+from dohnuts.bench.report.status import log
 from dohnuts.schema import write_json, write_text_atomic
 
 
@@ -48,7 +48,7 @@ def summarize(records: list[dict]) -> list[dict]:
     from dohnuts.bench.analysis.records import (
         overhead_summary, peer_paths, per_call_records, valid_records, validity_summary,
     )
-    from dohnuts.bench.telemetry import clock_summary
+    from dohnuts.bench.measure.telemetry import clock_summary
 
     records = per_call_records(records)  # load points and accuracy: their own section (analysis.serving)
     validity = validity_summary(records)
@@ -89,7 +89,7 @@ def summarize(records: list[dict]) -> list[dict]:
             "harness_overhead": overhead.get((workload, target)),
             "aa_noise_halfwidth": None,
             "spread_warning": spread_warning(walls, CLAIMED_PRECISION) if len(walls) >= 2 else None,
-            # the target against the FP32 reference path (dohnuts.bench.quality); None: not checked
+            # the target against the FP32 reference path (dohnuts.bench.measure.quality); None: not checked
             "agreement": next((r["agreement"] for r in recs if isinstance(r.get("agreement"), dict)), None),
             # a peer target's fast paths (`extra.peer`, a fallback marked FALLBACK); None: not recorded
             "peer": peer_dict(next((p for p in map(peer_paths, recs) if p is not None), None)),
@@ -107,7 +107,7 @@ def summarize(records: list[dict]) -> list[dict]:
                              "latency_p50_ms": p50, "latency_p90_ms": p90, "latency_p99_ms": p99,
                              "latency_mean_ms": mean, "latency_std_ms": std,
                              "queue_p50_ms": quantiles([x["queue_ms"] for x in streams], [0.5])[0],
-                             # what it served of its set (dohnuts.bench.serving.variety; None: older records)
+                             # what it served of its set (dohnuts.bench.measure.serving.variety; None: older records)
                              "served_set": streams[0].get("served_set")}
         out.append(row)
     # A stream's per-request time against the same target's single calls: the overlap measured
@@ -125,7 +125,7 @@ def energy_summary(records: list[dict]) -> dict:
     """The device energy of a group of calls: `energy_j_per_call` and `energy_j_per_decision`.
 
     From the target's energy window where the records carry one (`energy.window`: the counter over
-    back-to-back calls lasting over a second, dohnuts.bench.measure.energy_window); otherwise the
+    back-to-back calls lasting over a second, dohnuts.bench.measure.call.energy_window); otherwise the
     mean of the per-call readings — a counter advances in steps, so one short call reads 0 or a
     step and only a sum over calls means anything (`energy_method` says which). Both None where no
     call has joules (a CPU run, a GPU without a counter); `energy_source` names the counter (nvml,
@@ -217,10 +217,10 @@ def summary_table(rows: list[dict]) -> FitTable:
 
 def disagreement(agreement: dict | None) -> str | None:
     """A flag for a target whose probabilities are further from the FP32 reference than the
-    tolerance (dohnuts.bench.quality), else None."""
+    tolerance (dohnuts.bench.measure.quality), else None."""
     if not isinstance(agreement, dict) or agreement.get("within") is not False:
         return None
-    from dohnuts.bench.quality import gap_words
+    from dohnuts.bench.measure.quality import gap_words
 
     return f"DISAGREES with the FP32 reference: {gap_words(agreement)}"
 

@@ -15,7 +15,7 @@ Each record's `extra.graphs` counts the call's graph replays (inference passes, 
 microbatches), captures and eager passes; `graph_stats` gives the totals so far, so a serving
 point states the captures that happened while it was measured.
 
-Serving scenarios run through the pipelined predictor (`serve`: dohnuts.bench.serving.pipelined);
+Serving scenarios run through the pipelined predictor (`serve`: dohnuts.bench.measure.serving.pipelined);
 the reference check builds the FP32 reference path from `reference_options` (no sharing, eager,
 the plain-torch ops) over the same weights and adapter.
 """
@@ -149,11 +149,11 @@ class DohnutsTarget:
     def serve(self, calls, arrivals, *, capacity, timer_for, deadline=None) -> list | None:
         """Requests arriving at `arrivals` (times, or a closed loop of clients; request i is
         `calls[i % len(calls)]`) served by the pipelined predictor from a bounded queue
-        (dohnuts.bench.serving.pipelined). None where the workload cannot be served so (training; a
+        (dohnuts.bench.measure.serving.pipelined). None where the workload cannot be served so (training; a
         cache cleared per call)."""
         if self.train or any(not isinstance(c, PredictCall) or c.cold_cache for c in calls):
             return None
-        from dohnuts.bench.serving.pipelined import serve_pipelined
+        from dohnuts.bench.measure.serving.pipelined import serve_pipelined
 
         return serve_pipelined(self.predictor, [c.request for c in calls], arrivals, capacity=capacity,
                                timer_for=timer_for, deadline=deadline)

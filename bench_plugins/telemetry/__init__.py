@@ -3,7 +3,7 @@
 
 A sampler whose library or device is missing records why in `unavailable`; the runner says so
 once and leaves it out. Both GPU samplers report the keys the one validity rule reads
-(dohnuts.bench.telemetry: `throttling`, `power_capped`, the clock and its maximum, `idle`), read
+(dohnuts.bench.measure.telemetry: `throttling`, `power_capped`, the clock and its maximum, `idle`), read
 the device's cumulative energy counter (`energy_counter`) and describe the device for provenance
 (`device_facts`).
 """
@@ -26,7 +26,7 @@ from dohnuts_bench_plugins.telemetry.nvml import (  # noqa: F401
     nvml_power_capped,
 )
 from dohnuts.bench.hookspecs import hookimpl
-from dohnuts.bench.telemetry import Sampler
+from dohnuts.bench.measure.telemetry import Sampler
 
 
 class PsutilSampler(Sampler):

@@ -11,7 +11,7 @@ energy; `device_facts` the driver, the power limit and the maximum clocks for pr
 from __future__ import annotations
 
 from dohnuts_bench_plugins.telemetry.devices import pick_device
-from dohnuts.bench.telemetry import Sampler
+from dohnuts.bench.measure.telemetry import Sampler
 
 # NVML clock-event ("throttle") reason bits: nvmlClocksEventReason* (= nvmlClocksThrottleReason*)
 # in nvidia-ml-py / nvml.h. Decoded by name; only THROTTLING_BITS count against a call.

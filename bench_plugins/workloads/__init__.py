@@ -10,7 +10,7 @@ Every kind generates its requests itself (seeded, no downloads), sized in model 
     requests         distinct requests, cycled through warm-up and measured calls
 
 A workload's `serving.vary` asks the text and image kinds for a varied served set as well
-(`varied_calls`: one request a size drawn by dohnuts.bench.serving.variety.draw_sizes, the shape's
+(`varied_calls`: one request a size drawn by dohnuts.bench.measure.serving.variety.draw_sizes, the shape's
 other fields kept); the single calls keep `shape:`.
 
 With the byte tokenizer of the presets the sizes are exact; with a checkpoint's tokenizer they
@@ -18,7 +18,7 @@ are met within a few tokens (the records carry the exact counts).
 
 Upper bounds (so a typo cannot ask for inputs that never finish generating): requests ≤ 1024,
 questions ≤ 4096, candidates ≤ 1024, seq_tokens ≤ the model's context (checked when the file is
-validated: `sequence_tokens` below against dohnuts.bench.workload.check_context; never above
+validated: `sequence_tokens` below against dohnuts.bench.measure.workload.check_context; never above
 2¹⁸), and requests × questions × seq_tokens ≤ 2²⁶ generated tokens (about half a minute of
 text generation). Image kinds: distinct_images ≤ 1024, at most 1024 resolutions, each image
 ≤ 8192² pixels and the image pool ≤ 2³⁰ pixels in all.
@@ -180,9 +180,9 @@ def text_requests(ctx, *, image_for=None, answers: bool = False) -> list[Request
 
 
 def varied_requests(ctx, vary, *, resolutions: list[tuple[int, int]] | None = None, image_for=None) -> list[Request]:
-    """The served set of `serving.vary` (dohnuts.bench.serving.variety): one request a drawn size,
+    """The served set of `serving.vary` (dohnuts.bench.measure.serving.variety): one request a drawn size,
     the shape's other fields kept; `image_for(r, (width, height))` the image of request r."""
-    from dohnuts.bench.serving.variety import draw_sizes
+    from dohnuts.bench.measure.serving.variety import draw_sizes
 
     shape = ctx.spec.shape
     sizes = draw_sizes(vary, seq_tokens=shape.seq_tokens, questions=shape.questions, resolutions=resolutions,

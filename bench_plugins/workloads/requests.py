@@ -8,7 +8,7 @@
 inputs folder at its default seed: the split `python -m dohnuts.train.digits DIR` writes), so a
 trained adapter (`{name: dohnuts, options: {adapter: runs/digits/best.safetensors}}`) is measured
 on the requests it serves, and with `accuracy: {set: digits}` its accuracy is reported beside its
-speed (dohnuts.bench.quality).
+speed (dohnuts.bench.measure.quality).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class RequestsKind:
                               field="shape.set")
 
     def calls(self, ctx) -> list:
-        from dohnuts.bench.quality import request_set
+        from dohnuts.bench.measure.quality import request_set
 
         shape = ctx.spec.shape
         _, requests = request_set(shape.set, shape.split, shape.limit, ctx.workdir, labelled=False,

@@ -28,11 +28,11 @@ from what the hardware allows.
     dohnuts-bench schema [record|workload]   the JSON Schemas of a results.jsonl record and a workload
                                              file, generated from the types that read them
 
-The commands live beside this module: dohnuts.bench.run_command (`run`), dohnuts.bench.offline
-(`analyze`, `compare`), dohnuts.bench.baseline and dohnuts.bench.gate (`baseline`, `gate`; the interleaved gate's driver
-is dohnuts.bench.interleave), dohnuts.bench.export (`export`), dohnuts.bench.schema_command (`schema`).
+The commands live beside this module: dohnuts.bench.commands.run (`run`), dohnuts.bench.commands.analyze
+(`analyze`, `compare`), dohnuts.bench.commands.baseline and dohnuts.bench.commands.gate (`baseline`, `gate`; the interleaved gate's driver
+is dohnuts.bench.measure.interleave), dohnuts.bench.commands.export (`export`), dohnuts.bench.commands.schema (`schema`).
 Reports go to stdout; status, progress and warnings to stderr through `logging`
-(dohnuts.bench.status).
+(dohnuts.bench.report.status).
 
 Bad input (a malformed or invalid workload file, an unknown kind/target/preset or target option, a
 size out of its bounds or a sequence over the model's context, a bad hwspec, an `--out` that is a
@@ -54,8 +54,8 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from dohnuts.bench.offline import cmd_analyze, cmd_compare
-from dohnuts.bench.run_command import cmd_run
+from dohnuts.bench.commands.analyze import cmd_analyze, cmd_compare
+from dohnuts.bench.commands.run import cmd_run
 from dohnuts.errors import DohnutsError
 from dohnuts.threads import DEFAULT_CPU_THREADS
 
@@ -64,7 +64,7 @@ DEFAULT_RESULTS = Path("results/runs")
 
 def console_for_output():
     """The console the commands print to (stdout, no automatic highlighting)."""
-    from dohnuts.bench.terminal import SafeConsole
+    from dohnuts.bench.report.terminal import SafeConsole
 
     return SafeConsole(stderr=False)
 
@@ -92,7 +92,7 @@ def cmd_list(args) -> int:
     for hook, title in (("dohnuts_bench_register_workload_kinds", "workload kinds"),
                         ("dohnuts_bench_register_targets", "targets")):
         console.print(f"{title}: {', '.join(sorted(collect(pm, hook)))}")
-    from dohnuts.bench.workload import shape_fields
+    from dohnuts.bench.measure.workload import shape_fields
 
     for name, kind in sorted(collect(pm, "dohnuts_bench_register_workload_kinds").items()):
         console.print(f"  {name} shape: " + "; ".join(shape_fields(kind)))
@@ -153,13 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_compare)
     ls = sub.add_parser("list", help="list plugins, workload kinds, targets and telemetry")
     ls.set_defaults(func=cmd_list)
-    from dohnuts.bench.calibrate import add_parser as add_calibrate
-    from dohnuts.bench.export import add_parser as add_export
-    from dohnuts.bench.schema_command import add_parser as add_schema
-    from dohnuts.bench.baseline import add_parser as add_baseline
-    from dohnuts.bench.gate import add_parser as add_gate
-    from dohnuts.bench.report_command import add_parser as add_report
-    from dohnuts.bench.store_command import add_parsers
+    from dohnuts.bench.commands.calibrate import add_parser as add_calibrate
+    from dohnuts.bench.commands.export import add_parser as add_export
+    from dohnuts.bench.commands.schema import add_parser as add_schema
+    from dohnuts.bench.commands.baseline import add_parser as add_baseline
+    from dohnuts.bench.commands.gate import add_parser as add_gate
+    from dohnuts.bench.commands.report import add_parser as add_report
+    from dohnuts.bench.commands.store import add_parsers
 
     add_parsers(sub)
     add_baseline(sub)
@@ -172,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dohnuts.bench.status import configure_logging
+    from dohnuts.bench.report.status import configure_logging
 
     args = build_parser().parse_args(argv)
     configure_logging(quiet=getattr(args, "quiet", False))

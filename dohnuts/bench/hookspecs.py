@@ -57,7 +57,7 @@ def dohnuts_bench_register_targets():
 @hookspec
 def dohnuts_bench_register_telemetry():
     """Return a list of telemetry samplers (`dohnuts.bench.contracts.TelemetrySampler`; the base
-    class `dohnuts.bench.telemetry.Sampler` holds the defaults).
+    class `dohnuts.bench.measure.telemetry.Sampler` holds the defaults).
 
     A sampler whose library or device is absent says why once (its `unavailable` reason) and
     steps aside; it never fails the run.
@@ -87,7 +87,7 @@ def dohnuts_bench_prepare_run(run):
     Plugins may measure the machine here (e.g. the measured-ceiling microbenchmarks) and store
     results in `run.measured` (a dict written to run.json). `dohnuts-bench calibrate` calls it too,
     with a context of its own (run_id `calibrate`, no hwspec), and writes `run.measured["ceilings"]`
-    into the `measured:` section of a hwspec copy (dohnuts.bench.calibrate)."""
+    into the `measured:` section of a hwspec copy (dohnuts.bench.commands.calibrate)."""
 
 
 # -- 3. iterate --------------------------------------------------------------------------------
@@ -96,7 +96,7 @@ def dohnuts_bench_prepare_run(run):
 @hookspec
 def dohnuts_bench_before_call(run, spec, target_name, iteration):
     """Called before each measured call (not before warm-up calls), with the
-    `dohnuts.bench.contracts.RunContext`, the `dohnuts.bench.workload.WorkloadSpec`, the target's
+    `dohnuts.bench.contracts.RunContext`, the `dohnuts.bench.measure.workload.WorkloadSpec`, the target's
     label and the call's index."""
 
 
@@ -113,7 +113,7 @@ def dohnuts_bench_after_call(run, spec, target_name, record):
 def dohnuts_bench_analyze(records, hwspec, measured, run_dir):
     """Turn raw records (list of dicts read back from JSONL) into analysis sections.
 
-    Return a list of `dohnuts.bench.report.Section` (title + rich renderable + plain dict), or
+    Return a list of `dohnuts.bench.sections.Section` (title + rich renderable + plain dict), or
     None. Must depend only on its arguments: any run can be re-analysed later. A plugin that
     implements it is a `dohnuts.bench.contracts.Analyzer`."""
 

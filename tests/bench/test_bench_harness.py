@@ -13,7 +13,7 @@ import pytest
 from dohnuts.bench.cli import main, standard_files
 from dohnuts.bench.hookspecs import hookimpl
 from dohnuts.bench.plugins import collect, plugin_manager
-from dohnuts.bench.workload import load_workload
+from dohnuts.bench.measure.workload import load_workload
 from dohnuts.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

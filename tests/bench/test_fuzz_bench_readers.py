@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from dohnuts.bench.analysis.hwspec import HwSpec, load_hwspec, parse_hwspec
 from dohnuts.bench.analysis.records import RecordError, check_record, check_reportable, read_jsonl
-from dohnuts.bench.workload import WorkloadSpec, load_workload
+from dohnuts.bench.measure.workload import WorkloadSpec, load_workload
 from dohnuts.errors import DohnutsError
 from tests.bench.test_bench_harness import ROOT, _registry
 

@@ -14,7 +14,7 @@ import torch
 from dohnuts_bench_plugins.targets.transformers_target import _bound_implementation, peer_facts
 from dohnuts.bench.contracts import WorkloadContext
 from dohnuts.bench.plugins import collect, plugin_manager
-from dohnuts.bench.workload import load_workload
+from dohnuts.bench.measure.workload import load_workload
 from dohnuts.runtime.timing import NULL_TIMER
 
 pytest.importorskip("transformers")

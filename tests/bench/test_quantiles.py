@@ -18,7 +18,7 @@ import pytest
 from dohnuts.bench.analysis.quantiles import QUANTILE_METHOD, mean_and_std, quantile, quantiles
 from dohnuts.bench.analysis.records import _paired_overhead, read_jsonl
 from dohnuts_bench_plugins.reporters import summarize, summary_table
-from dohnuts.bench.serving.stats import Rules, metrics_of, summarize_point, wilson_interval
+from dohnuts.bench.measure.serving.stats import Rules, metrics_of, summarize_point, wilson_interval
 from dohnuts.schema import median
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "cpu-standard-suite" / "results.jsonl.gz"

@@ -1,4 +1,4 @@
-"""The regression gate (`dohnuts-bench gate`, dohnuts.bench.gate) catches a 2× slowdown injected on
+"""The regression gate (`dohnuts-bench gate`, dohnuts.bench.commands.gate) catches a 2× slowdown injected on
 purpose and passes an unchanged re-run: against a baseline made by `dohnuts-bench baseline` (runs
 spread over time, per machine) and `dohnuts-bench run`s of this build; and against real
 pytest-benchmark runs of benchmarks/test_regressions.py (the predict-call gate, tiny preset). Its
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _gate_module():
-    import dohnuts.bench.gate as gate
+    import dohnuts.bench.commands.gate as gate
 
     return gate
 
@@ -47,7 +47,7 @@ def test_gate_catches_an_injected_2x_slowdown_and_passes_an_unchanged_rerun(tmp_
     again = gate.timings(_bench(tmp_path / "again.json"))
     slowed = gate.timings(_bench(tmp_path / "slow.json", slowdown=2.0))
     # min_effect 0.3: on the shared 2-core CI machine unchanged code drifts by up to ≈ 25 % between
-    # processes (dohnuts.bench.gate); a 2× slowdown must still be caught well clear of it.
+    # processes (dohnuts.bench.commands.gate); a 2× slowdown must still be caught well clear of it.
     ok, lines = gate.gate(base, again, min_effect=0.3)
     assert ok, lines
     ok, lines = gate.gate(base, slowed, min_effect=0.3)
@@ -227,7 +227,7 @@ def test_the_baseline_and_gate_refuse_bad_input(tmp_path, capsys, small_ceilings
     mine = into / "cpu-acme"
     mine.mkdir()
     (mine / "baseline.json").write_text("{}")
-    import dohnuts.bench.machine_id as machine_id
+    import dohnuts.bench.measure.machine_id as machine_id
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(machine_id, "this_machine", lambda device: "cpu-acme")

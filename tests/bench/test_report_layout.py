@@ -23,7 +23,7 @@ from rich.console import Console, Group
 from dohnuts.bench.analysis import analysis_tables, analyze_records, find_hwspec, read_jsonl
 from dohnuts.bench.analysis.render import Col, FitTable
 from dohnuts_bench_plugins.reporters import dohnuts_bench_report, full_width, summarize, summary_table
-from dohnuts.bench.report import Section
+from dohnuts.bench.sections import Section
 
 RUN = Path(__file__).resolve().parents[2] / "results" / "h200" / "2026-11-30-graphs" / "results.jsonl.gz"
 # a number cell or a number inside a cell ("13.6–14.0", "16074 / 0"), not the digits of a name

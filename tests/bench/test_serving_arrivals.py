@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dohnuts.bench.serving.arrivals import all_at_once, poisson_arrivals, read_trace, trace_arrivals, trace_rate
+from dohnuts.bench.measure.serving.arrivals import all_at_once, poisson_arrivals, read_trace, trace_arrivals, trace_rate
 from dohnuts.errors import ConfigError
 
 
@@ -123,7 +123,7 @@ def test_bursty_gaps_are_gamma_with_the_rate_asked_for(k):
 ])
 def test_closed_loop_and_burstiness_fields_are_checked(tmp_path, serving, field, problem):
     from dohnuts.bench.plugins import collect, plugin_manager
-    from dohnuts.bench.workload import load_workload
+    from dohnuts.bench.measure.workload import load_workload
 
     (tmp_path / "t.jsonl").write_text('{"arrival_s": 0}\n')
     path = tmp_path / "w.yaml"
@@ -138,7 +138,7 @@ def test_closed_loop_and_burstiness_fields_are_checked(tmp_path, serving, field,
 
 def test_concurrency_belongs_to_the_server_scenario(tmp_path):
     from dohnuts.bench.plugins import collect, plugin_manager
-    from dohnuts.bench.workload import load_workload
+    from dohnuts.bench.measure.workload import load_workload
 
     path = tmp_path / "w.yaml"
     path.write_text("kind: text\nscenario: offline\nserving: {concurrency: [2]}\n")

@@ -16,9 +16,9 @@ import pytest
 from dohnuts.bench.cli import main
 from dohnuts.bench.contracts import WorkloadContext
 from dohnuts.bench.plugins import collect, plugin_manager
-from dohnuts.bench.serving.config import ImageVary, VaryFields
-from dohnuts.bench.serving.variety import RequestSize, ServedSet, draw_sizes, issue_order, spread
-from dohnuts.bench.workload import load_workload
+from dohnuts.bench.measure.serving.config import ImageVary, VaryFields
+from dohnuts.bench.measure.serving.variety import RequestSize, ServedSet, draw_sizes, issue_order, spread
+from dohnuts.bench.measure.workload import load_workload
 from dohnuts.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

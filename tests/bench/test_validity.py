@@ -26,9 +26,9 @@ from dohnuts_bench_plugins.telemetry import (
 )
 from dohnuts.bench.calls import CallResult
 from dohnuts.bench.contracts import RunContext
-from dohnuts.bench.measure import measure_call
-from dohnuts.bench.record import TargetContext
-from dohnuts.bench.telemetry import TelemetryThread, call_validity
+from dohnuts.bench.measure.call import measure_call
+from dohnuts.bench.measure.record import TargetContext
+from dohnuts.bench.measure.telemetry import TelemetryThread, call_validity
 from dohnuts.runtime.work import WorkCounts
 
 SW_POWER_CAP, HW_SLOWDOWN, SYNC_BOOST, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE = 0x4, 0x8, 0x10, 0x20, 0x40, 0x80
@@ -395,7 +395,7 @@ def test_clock_summary_of_a_group_of_calls():
     """Median and lowest clock over the non-idle samples of every call, the device maximum and the
     power-capped count, from NVML (SM) or amdsmi (GFX) readings; None without any clock."""
     from dohnuts_bench_plugins.reporters import quality_table, summarize
-    from dohnuts.bench.telemetry import clock_summary
+    from dohnuts.bench.measure.telemetry import clock_summary
 
     def rec(*readings):
         return {"telemetry": [{"host": {"cpu_percent": 5.0}, "nvml": r, "dt_ms": 1.0} for r in readings]}

@@ -1,7 +1,7 @@
 """Comparing two runs honestly: is B faster, slower, or not distinguishable from A?
 
     comparison = compare_runs(read_jsonl("runs/a/results.jsonl"), read_jsonl("runs/b/results.jsonl"))
-    SafeConsole().print(comparison_table(comparison))     # dohnuts.bench.terminal
+    SafeConsole().print(comparison_table(comparison))     # dohnuts.bench.report.terminal
     json.dumps(comparison_dict(comparison))
 
 For every (workload, target) measured in both runs (steady-state calls only: a target's first

@@ -38,7 +38,7 @@ YAML, or that holds a key twice in one mapping (dohnuts.schema.read_yaml) is ref
 `with_measured_ceilings(spec, measured)` adds the ceilings the harness measures at the start of
 a run (a large BF16 matmul, a device copy, pinned host copies, FP32 multiply-adds) as measured
 roles. A file's `measured:` section holds the same microbenchmarks, measured once on the device
-by `dohnuts-bench calibrate` (dohnuts.bench.calibrate) and written beside the datasheet numbers;
+by `dohnuts-bench calibrate` (dohnuts.bench.commands.calibrate) and written beside the datasheet numbers;
 the loader gives them the same roles (`with_measured_section`), and a run's own measurements
 replace them for that run.
 

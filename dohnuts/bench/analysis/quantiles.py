@@ -9,7 +9,7 @@ everywhere: the per-call p10/p90 and spread, a stream's and a load point's p50/p
 first-byte time, an export's percentiles.
 
 Unserved requests: a load point counts a request it refused or abandoned as an infinite latency (it
-missed every objective: dohnuts.bench.serving.stats). numpy's interpolation turns an infinity into
+missed every objective: dohnuts.bench.measure.serving.stats). numpy's interpolation turns an infinity into
 NaN (∞ − ∞, ∞ · 0), so `quantiles` takes them apart: where the rank h reaches past the last finite
 value the quantile is ∞ (unbounded), elsewhere numpy interpolates between finite values only — the
 same number numpy gives when every value is finite.

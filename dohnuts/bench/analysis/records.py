@@ -20,9 +20,9 @@ One record per measured call, schema 1 (the harness writes them, append-only):
                 "reason": str | null,                                           #   energy counter over the call;
                 "window": {"joules", "calls", "seconds"}},                      #   steady: back-to-back calls
      "harness_overhead_ms": float,   # optional: the harness's own time in this call (breakdown in
-     "harness_overhead": {...},      #   "harness_overhead", see dohnuts.bench.runner.harness_overhead)
+     "harness_overhead": {...},      #   "harness_overhead", see dohnuts.bench.measure.runner.harness_overhead)
      "agreement": {"max_abs_gap", "choice_agreement", "tolerance", "within", ...} | null,  # optional:
-                                     #   the target against the FP32 reference path (dohnuts.bench.quality)
+                                     #   the target against the FP32 reference path (dohnuts.bench.measure.quality)
      "extra": {"stream": {...}, "serving": {...}, "accuracy": {...},   # optional, per phase
                "peer": {"library", "version", "paths", "fallbacks", "messages"}, ...}}  # a peer target's
                                      #   fast paths (`PeerPaths`: what the headline shows of a peer)
@@ -58,7 +58,7 @@ from dohnuts.errors import DohnutsError
 from dohnuts.runtime.work import WorkCounts
 from dohnuts.schema import MIB, NonNegative, convert, first_nonfinite, median, one_line_error, read_file, short, size_words
 
-SCHEMA = 1  # the record format's version: written by dohnuts.bench.runner, read here
+SCHEMA = 1  # the record format's version: written by dohnuts.bench.measure.runner, read here
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
 LOCATION_KEY = "_source"  # read_jsonl adds "file:line" to each record it returns
 
@@ -126,7 +126,7 @@ Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class ServedSetFacts(msgspec.Struct):
-    """What a load point or stream served of its set (dohnuts.bench.serving.variety.ServedFacts);
+    """What a load point or stream served of its set (dohnuts.bench.measure.serving.variety.ServedFacts);
     absent from records written before it."""
 
     varied: bool
@@ -139,7 +139,7 @@ class ServedSetFacts(msgspec.Struct):
 
 
 class StreamTimes(msgspec.Struct):
-    """A stream record's `extra.stream` (dohnuts.bench.measure.measure_stream)."""
+    """A stream record's `extra.stream` (dohnuts.bench.measure.call.measure_stream)."""
 
     latency_ms: Ms
     queue_ms: Ms
@@ -156,7 +156,7 @@ class PointFacts(msgspec.Struct):
 
 
 class EnergyWindow(msgspec.Struct):
-    """`energy.window` (dohnuts.bench.measure.energy_window): the counter over `calls` untimed
+    """`energy.window` (dohnuts.bench.measure.call.energy_window): the counter over `calls` untimed
     back-to-back calls of the target lasting `seconds`, long enough for the counter's steps."""
 
     joules: NonNegative
@@ -165,7 +165,7 @@ class EnergyWindow(msgspec.Struct):
 
 
 class Energy(msgspec.Struct):
-    """A record's `energy` (dohnuts.bench.telemetry.call_energy): the joules the device's energy
+    """A record's `energy` (dohnuts.bench.measure.telemetry.call_energy): the joules the device's energy
     counter advanced over the call, the sampler it came from, or why there are none; a steady
     call's `window` is the target's energy over a window of back-to-back calls."""
 
@@ -176,7 +176,7 @@ class Energy(msgspec.Struct):
 
 
 class ServingTimes(msgspec.Struct):
-    """A served request's `extra.serving` (dohnuts.bench.serving.scenario); a stream scenario's
+    """A served request's `extra.serving` (dohnuts.bench.measure.serving.scenario); a stream scenario's
     records carry only the scenario and its rules."""
 
     scenario: str
@@ -188,7 +188,7 @@ class ServingTimes(msgspec.Struct):
 
 
 class AccuracyCount(msgspec.Struct):
-    """An accuracy-mode record's `extra.accuracy` (dohnuts.bench.quality)."""
+    """An accuracy-mode record's `extra.accuracy` (dohnuts.bench.measure.quality)."""
 
     questions: NonNegative
     correct: NonNegative

@@ -298,7 +298,7 @@ def analysis_tables(analysis: Analysis) -> list[FitTable]:
 
 def print_analysis(analysis: Analysis, console: Console | None = None) -> None:
     """Print every group's tables, then the warnings."""
-    from dohnuts.bench.terminal import SafeConsole
+    from dohnuts.bench.report.terminal import SafeConsole
 
     console = console or SafeConsole()
     spec = analysis.hwspec

@@ -4,7 +4,7 @@ could it be without this run seeing it?
     effects = [round_effect(pairs) for pairs in rounds]   # pairs: [(base_ms, candidate_ms), ...]
     row = judge_rounds("text · dohnuts", effects, confidence=0.95, min_effect=0.05)
 
-The driver (dohnuts.bench.interleave) runs the base and the candidate as two processes that take
+The driver (dohnuts.bench.measure.interleave) runs the base and the candidate as two processes that take
 turns call by call, a fresh pair of processes each round. The statistics follow that design:
 
 - within a round, each pair of calls (one of each side, back to back, the order alternating) gives

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from dohnuts.bench.analysis.render import Col, FitTable
 from dohnuts.bench.analysis.serving import LoadCurve, QualityRow, StreamScenario, served_cells
-from dohnuts.bench.report import Section
+from dohnuts.bench.sections import Section
 
 CHART_WIDTH = 48
 
@@ -158,7 +158,7 @@ def curve_lines(c: LoadCurve) -> Text:
         out.append("\n")
     if c.agreement and c.agreement.get("within") is False:
         g = c.agreement
-        from dohnuts.bench.quality import gap_words
+        from dohnuts.bench.measure.quality import gap_words
 
         out.append(f"this target DISAGREES with the FP32 reference ({gap_words(g)}): its speed is not the "
                    "product's\n", style="bold red")
