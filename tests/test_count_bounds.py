@@ -98,7 +98,7 @@ def test_baseline_runs_are_bounded(tmp_path, capsys, monkeypatch, runs):
     from dohnuts.bench.commands import run as run_command
     from dohnuts.bench.cli import main as bench_main
 
-    monkeypatch.setattr(run_command, "cmd_run", _refuse("a baseline run"))
+    monkeypatch.setattr(run_command, "run", _refuse("a baseline run"))
     assert bench_main(["baseline", "--runs", runs, "--into", str(tmp_path / "b"), "--every", "0"]) == 2
     _one_line(capsys, "--runs", "must be in 2..100")
     assert not (tmp_path / "b").exists()

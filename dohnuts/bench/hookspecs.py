@@ -7,7 +7,7 @@ the register hooks return, and what the other hooks are handed, is typed in
 dohnuts.bench.contracts: every object a register hook returns is checked against its contract
 when the plugin manager collects it (dohnuts.bench.plugins.collect).
 
-Lifecycle of `dohnuts-bench run`:
+Lifecycle of `dohnuts-bench run` (its phases: dohnuts.bench.commands.session.RunSession):
 
     1. register   dohnuts_bench_register_workload_kinds / _targets / _telemetry / _launchers
     2. prepare    dohnuts_bench_prepare_run                                      (once per run)
@@ -15,6 +15,10 @@ Lifecycle of `dohnuts-bench run`:
     4. sample     telemetry samplers run in a background thread during the run
     5. analyze    dohnuts_bench_analyze                                          (from JSONL alone)
     6. report     dohnuts_bench_report
+
+The harness's own analysis and text report are called directly (dohnuts.bench.analysis.run_sections,
+dohnuts.bench.report.text_report); `dohnuts_bench_analyze` and `dohnuts_bench_report` extend them:
+an analyzer's sections follow the built-in ones, a reporter runs after the text report.
 """
 
 from __future__ import annotations
@@ -111,7 +115,8 @@ def dohnuts_bench_after_call(run, spec, target_name, record):
 
 @hookspec
 def dohnuts_bench_analyze(records, hwspec, measured, run_dir):
-    """Turn raw records (list of dicts read back from JSONL) into analysis sections.
+    """Turn raw records (list of dicts read back from JSONL) into analysis sections, added after
+    the built-in analysis's.
 
     Return a list of `dohnuts.bench.sections.Section` (title + rich renderable + plain dict), or
     None. Must depend only on its arguments: any run can be re-analysed later. A plugin that
@@ -123,5 +128,5 @@ def dohnuts_bench_analyze(records, hwspec, measured, run_dir):
 
 @hookspec
 def dohnuts_bench_report(console, records, sections, run_dir):
-    """Render results: print to the rich `console`, write files into `run_dir`. A plugin that
-    implements it is a `dohnuts.bench.contracts.Reporter`."""
+    """Render results: print to the rich `console`, write files into `run_dir` (called after the
+    built-in text report). A plugin that implements it is a `dohnuts.bench.contracts.Reporter`."""

@@ -7,7 +7,7 @@ refused by type and size before any read), `jsonl_file` (records written whole o
 command may write) and
 `values` (helpers for messages and numbers). Every reader of the project uses it: workloads (dohnuts.bench.measure.workload and the kinds'
 `Shape`s), hwspecs (dohnuts.bench.analysis.hwspec_file), benchmark records
-(dohnuts.bench.analysis.records), run.json (dohnuts.bench.commands.analyze), requests
+(dohnuts.bench.analysis.records), run.json (dohnuts.bench.store.summary_file), requests
 (dohnuts.runtime.requests), the training config (dohnuts.train.config) and checkpoint manifests
 (dohnuts.train.checkpoints).
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dohnuts_bench_plugins.reporters import energy_summary, summarize
+from dohnuts.bench.analysis.summary import energy_summary, summarize
 from dohnuts.bench.calls import CallResult
 from dohnuts.bench.contracts import RunContext
 from dohnuts.bench.measure.call import ENERGY_WINDOW_MIN_CALLS, ENERGY_WINDOW_S, energy_window, measure_call

@@ -23,9 +23,9 @@ import pytest
 import yaml
 
 from dohnuts.bench.analysis.records import MAX_MS, check_reportable, read_jsonl, stage_ms
-from dohnuts_bench_plugins.reporters import summarize
+from dohnuts.bench.analysis.summary import summarize
 from dohnuts.bench.cli import main
-from dohnuts.bench.commands.export import CSV_COLUMNS, PyTorchRecord, per_call_groups
+from dohnuts.bench.report.export_formats import CSV_COLUMNS, PyTorchRecord, per_call_groups
 from dohnuts.bench.commands.schema import record_schema, workload_schema
 from dohnuts.bench.measure.workload import WorkloadFile
 
@@ -253,7 +253,7 @@ def test_the_quartile_rule_is_pytest_benchmarks_at_every_count(n):
     import numpy as np
     from pytest_benchmark.stats import Stats
 
-    from dohnuts.bench.commands.export import pytest_benchmark_stats
+    from dohnuts.bench.report.export_formats import pytest_benchmark_stats
 
     data = list(np.random.default_rng(n).lognormal(0, 1, n))
     own = Stats()

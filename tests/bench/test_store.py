@@ -31,14 +31,14 @@ def _lines(path: Path) -> list[dict]:
 def _summary_of(records, tmp_path, name):
     """The summary the analysis writes for these records (through the JSONL, as `analyze` does)."""
     from dohnuts.bench.commands.analyze import analyze_and_report
-    from dohnuts.bench.commands.analyze import make_console
+    from dohnuts.bench.report.terminal import stdout_console
     from dohnuts.schema import dumps
 
     path = tmp_path / f"{name}.jsonl"
     path.write_text("".join(dumps(r) + "\n" for r in records))
     out = tmp_path / name
     out.mkdir()
-    analyze_and_report(path, None, {}, out, make_console())
+    analyze_and_report(path, None, {}, out, stdout_console())
     return json.loads((out / "summary.json").read_text())["summary"]
 
 

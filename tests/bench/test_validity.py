@@ -394,7 +394,8 @@ def test_valid_records_without_validity_fields():
 def test_clock_summary_of_a_group_of_calls():
     """Median and lowest clock over the non-idle samples of every call, the device maximum and the
     power-capped count, from NVML (SM) or amdsmi (GFX) readings; None without any clock."""
-    from dohnuts_bench_plugins.reporters import quality_table, summarize
+    from dohnuts.bench.analysis.summary import summarize
+    from dohnuts.bench.report.text_report import quality_table
     from dohnuts.bench.measure.telemetry import clock_summary
 
     def rec(*readings):

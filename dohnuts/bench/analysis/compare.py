@@ -52,7 +52,6 @@ compares the two interleaved halves of one run (records' `aa_half`): the noise b
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 import zlib
 from collections import defaultdict
@@ -62,20 +61,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dohnuts.bench.analysis.quantiles import quantiles
+from dohnuts.bench.analysis.quantiles import bootstrap_rng, quantiles
 from dohnuts.bench.analysis.records import RecordError, Timing, stage_ms, target_label, where, workload_label
+from dohnuts.bench.analysis.verdicts import FASTER, NO_CHANGE, SLOWER, TOO_FEW, UNDEFINED
 from dohnuts.errors import DohnutsError
 from dohnuts.schema import convert
 
 if TYPE_CHECKING:
     from dohnuts.bench.analysis.load_verdict import Load  # (it imports this module's verdicts)
 
-FASTER = "faster"
-SLOWER = "slower"
-NO_CHANGE = "no detectable change"
-TOO_FEW = "too few calls"
 MIN_SHARE_OF_CALL = 0.01  # a stage verdict needs a change of at least this share of the call
-UNDEFINED = "ratio undefined (one median is 0)"
 MIN_CALLS = 3
 DEFAULT_MIN_EFFECT = 0.02
 DEFAULT_RESAMPLES = 9999
@@ -201,15 +196,6 @@ def _ratio_of_medians(a, b, axis=-1):
     return r
 
 
-def _rng_kwargs(seed_seq: list[int]) -> dict:
-    from scipy import stats
-
-    rng = np.random.default_rng(seed_seq)
-    if "rng" in inspect.signature(stats.bootstrap).parameters:   # scipy >= 1.15
-        return {"rng": rng}
-    return {"random_state": rng}
-
-
 def _row_seed(seed: int, *names: str) -> list[int]:
     return [int(seed) & 0xFFFFFFFF, zlib.crc32("\0".join(names).encode())]
 
@@ -222,7 +208,7 @@ def _interval(a: np.ndarray, b: np.ndarray, confidence: float, resamples: int, m
         r = float(_ratio_of_medians(a, b))
         return r, r
     res = stats.bootstrap((a, b), _ratio_of_medians, n_resamples=resamples, vectorized=True, paired=False,
-                          confidence_level=confidence, method=method, **_rng_kwargs(seed_seq))
+                          confidence_level=confidence, method=method, **bootstrap_rng(seed_seq))
     lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
     # resamples whose median of A is 0 give an infinite ratio; an undefined end is an open end
     lo = 0.0 if math.isnan(lo) else lo

@@ -199,6 +199,38 @@ def find_hwspec(name_or_path: str | Path) -> HwSpec:
                       source=str(name_or_path))
 
 
+def hwspec_for_device(name: str | None, device_name: str) -> HwSpec | None:
+    """The spec named (a built-in name or a path), else the built-in matching the device, else None."""
+    if name:
+        return find_hwspec(name)
+    low = device_name.lower()
+    for key, spec in (("h200", "h200"), ("7900 xtx", "rx7900xtx"), ("7900xtx", "rx7900xtx")):
+        if key in low:
+            return find_hwspec(spec)
+    return None
+
+
+def hwspec_ref(spec: HwSpec | None) -> str | None:
+    """How run.json names a spec: a built-in's name (portable), else its file path."""
+    if spec is None or spec.source is None:
+        return None
+    path = Path(spec.source).resolve()
+    return path.stem if path.parent == BUILTIN_DIR.resolve() else str(path)
+
+
+def stored_hwspec(ref: str) -> HwSpec:
+    """The spec a run.json names (`hwspec_ref`: a file path or a built-in's name; an older run: the
+    spec's display name)."""
+    try:
+        return find_hwspec(ref)
+    except ConfigError:
+        for path in sorted(BUILTIN_DIR.glob("*.yaml")):
+            spec = find_hwspec(path)
+            if spec.name == ref:
+                return spec
+        raise
+
+
 def parse_hwspec(data: Any, *, source: str) -> HwSpec:
     """Validate the parsed YAML of a spec (`HwSpecFile`); every error names `source` and the dotted
     field, on one line (a key holding a newline is written with escapes)."""

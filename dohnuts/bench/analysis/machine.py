@@ -59,7 +59,7 @@ class MachineConditions:
     groups: tuple[GroupLoad, ...]
     ceilings: tuple[CeilingStability, ...]
     warnings: tuple[str, ...]
-    # run.json `measured.timing` (dohnuts.bench.commands.run.RunClock): seconds from the process's
+    # run.json `measured.timing` (dohnuts.bench.measure.run_clock.RunClock): seconds from the process's
     # start; None for runs made before it was kept
     timing: dict | None = None
 

@@ -22,6 +22,7 @@ an average.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Iterable, Sequence
 
@@ -71,3 +72,14 @@ def mean_and_std(values: Iterable[float]) -> tuple[float | None, float | None]:
 def percentile_name(p: float) -> str:
     """`p99`, `p99.9`, `p50` for p = 0.99, 0.999, 0.5 (the names the reports and summaries use)."""
     return f"p{100 * p:g}"
+
+
+def bootstrap_rng(seed_seq: list[int]) -> dict:
+    """scipy.stats.bootstrap's keyword for a seeded generator: `rng` (scipy >= 1.15) or `random_state`."""
+    from scipy import stats  # scipy.stats: a second's import, only where an interval is drawn
+
+    rng = np.random.default_rng(seed_seq)
+    if "rng" in inspect.signature(stats.bootstrap).parameters:   # scipy >= 1.15
+        return {"rng": rng}
+    return {"random_state": rng}
+

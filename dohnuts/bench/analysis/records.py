@@ -220,7 +220,7 @@ class Agreement(msgspec.Struct):
 
 
 class ReportedRecord(Record, kw_only=True):
-    """`Record` and what the run report (dohnuts_bench_plugins.reporters) reads (check_reportable)."""
+    """`Record` and what the run report (dohnuts.bench.report.text_report) reads (check_reportable)."""
 
     wall_ms: PositiveMs
     decisions: NonNegative
@@ -357,7 +357,7 @@ def check_record(rec: dict) -> None:
 
 
 def check_reportable(rec: dict) -> None:
-    """`check_record`, and what the run report (dohnuts_bench_plugins.reporters) reads of a record
+    """`check_record`, and what the run report (dohnuts.bench.report.text_report) reads of a record
     (`ReportedRecord`): a positive wall time, `decisions`, `tokens.useful` / `tokens.padded`, the
     device's name, and when present `peak_mem_bytes`, `validity`, `energy`, `harness_overhead`,
     `aa_half` and a stream's `extra.stream` times. RecordError names the record and the field, on one line."""
@@ -583,6 +583,14 @@ def overhead_summary(records: list[dict]) -> dict[tuple[str, str], dict]:
     return out
 
 
+def gap_words(agreement: dict) -> str:
+    """'probabilities 0.12 apart (tolerance 0.05; BF16 plain ops 0.03 apart)' for the reports."""
+    words = f"probabilities {agreement['max_abs_gap']:.3g} apart (tolerance {agreement['tolerance']:.3g}"
+    if agreement.get("yardstick_gap") is not None:
+        words += f"; the same mathematics in plain ops at this precision: {agreement['yardstick_gap']:.3g} apart"
+    return words + ")"
+
+
 def overhead_text(o: dict | None) -> str:
     """The harness overhead as the report prints it: the A/B from outside where the run has one
     (with its interval), the self-measured in-call time beside it — labelled an upper bound where
@@ -617,7 +625,7 @@ def _paired_overhead(pairs: list[tuple[float, float]], confidence: float = 0.95,
     import numpy as np
     from scipy import stats
 
-    from dohnuts.bench.analysis.compare import _rng_kwargs  # scipy's `rng` (>= 1.15) or `random_state`
+    from dohnuts.bench.analysis.quantiles import bootstrap_rng
 
     timed = np.array([t for t, _ in pairs])
     untimed = np.array([u for _, u in pairs])
@@ -626,7 +634,7 @@ def _paired_overhead(pairs: list[tuple[float, float]], confidence: float = 0.95,
         return None
     diff = timed - untimed
     boot = stats.bootstrap((diff,), lambda x, axis=-1: np.median(x, axis=axis) / base, n_resamples=resamples,
-                           method="percentile", confidence_level=confidence, vectorized=True, **_rng_kwargs([0]))
+                           method="percentile", confidence_level=confidence, vectorized=True, **bootstrap_rng([0]))
     low, high = float(boot.confidence_interval.low), float(boot.confidence_interval.high)
     med = float(np.median(diff))
     return {"pairs": len(pairs), "median_ms": med, "fraction": med / base, "low": low, "high": high}

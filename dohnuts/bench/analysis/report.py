@@ -118,6 +118,10 @@ class Analysis:
     groups: tuple[GroupAnalysis, ...]
     warnings: tuple[str, ...] = ()
 
+    def precisions(self) -> list[str]:
+        """The precisions of its groups, in order (none: the spec's first, whose roofs the plot draws)."""
+        return list(dict.fromkeys(g.precision for g in self.groups)) or self.hwspec.precisions()[:1]
+
     def to_dict(self) -> dict:
         """A JSON-serialisable summary (for the run's summary file; raw records stay the source)."""
         from dohnuts.bench.analysis.roofline import roofs
@@ -131,7 +135,7 @@ class Analysis:
                                              "source": c.source, "date": c.date} for c in spec.ceilings.values()}},
             "groups": [_group_dict(g) for g in self.groups],
             # per precision the roofs the roofline draws (dohnuts.bench.analysis.roofline), PNG and page alike
-            "rooflines": {p: roofs(spec, p) for p in dict.fromkeys(g.precision for g in self.groups)},
+            "rooflines": {p: roofs(spec, p) for p in self.precisions()},
             "warnings": list(self.warnings),
         }
 

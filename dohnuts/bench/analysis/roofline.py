@@ -161,8 +161,15 @@ def roofline_png(analysis: Analysis, path: str | Path, precision: str | None = N
     spec = analysis.hwspec
     precision = precision or (analysis.groups[0].precision if analysis.groups else spec.precisions()[0])
     data = analysis.to_dict()
-    fig = figure(stage_points(data["groups"]), roofs(spec, precision),
-                 f"Roofline · {spec.name} · {precision} · steady calls")
+    return roofline_png_of(data | {"rooflines": {precision: roofs(spec, precision)}}, path)
+
+
+def roofline_png_of(data: dict, path: str | Path) -> Path:
+    """The roofline plot of an analysis in its summary form (`Analysis.to_dict`: the efficiency
+    section's data), the roofs of its first group's precision (none: its first precision)."""
+    precision = data["groups"][0]["precision"] if data["groups"] else next(iter(data["rooflines"]))
+    fig = figure(stage_points(data["groups"]), data["rooflines"][precision],
+                 f"Roofline · {data['hwspec']['name']} · {precision} · steady calls")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     return save_png(fig, path)  # written whole and renamed: never through a planted link

@@ -158,7 +158,7 @@ def curve_lines(c: LoadCurve) -> Text:
         out.append("\n")
     if c.agreement and c.agreement.get("within") is False:
         g = c.agreement
-        from dohnuts.bench.measure.quality import gap_words
+        from dohnuts.bench.analysis.records import gap_words
 
         out.append(f"this target DISAGREES with the FP32 reference ({gap_words(g)}): its speed is not the "
                    "product's\n", style="bold red")

@@ -18,60 +18,41 @@ tolerance `dohnuts-bench gate` will allow for that workload (dohnuts.bench.comma
 
 from __future__ import annotations
 
-import argparse
-import gzip
-import shutil
+import io
 import statistics
+import shutil
 import time
-from pathlib import Path
 
-import msgspec
-
+from dohnuts.bench.commands import run as run_command
+from dohnuts.bench.commands.gate import timings
+from dohnuts.bench.commands.options import add_hwspec, add_quiet, add_threads, add_workloads
+from dohnuts.bench.measure.machine_id import this_machine
 from dohnuts.bench.report.status import log
+from dohnuts.bench.report.terminal import SafeConsole
+from dohnuts.bench.store.baselines import DEFAULT_ROOT, MANIFEST, compact_run
 from dohnuts.errors import ConfigError, DohnutsError
+from dohnuts.schema import check_output_folder, write_json
+from dohnuts.threads import check_threads
 
-DEFAULT_ROOT = Path("results/baselines")
-MANIFEST = "baseline.json"
 MAX_EVERY_S = 24 * 3600
 MAX_RUNS = 100  # --runs: 100 runs 10 minutes apart is 17 hours; a typo's 100,000,000 would never end
 
 
-class BaselineManifest(msgspec.Struct):
-    """A baseline folder's baseline.json (what `cmd_baseline` writes; other keys are ignored)."""
-
-    runs: list[str]  # the run folders, in the order they were measured
-    machine: str | None = None  # the machine id the baseline was measured on
-
-
-def _manifest(folder: Path) -> BaselineManifest:
-    """A baseline folder's manifest, typed (dohnuts.schema.read_json: a regular file within bounds,
-    checked by its stat; one line naming the file and the field otherwise)."""
-    from dohnuts.schema import MIB, read_json
-
-    return read_json(folder / MANIFEST, BaselineManifest, max_bytes=MIB, error=DohnutsError,
-                     what="a baseline manifest")
-
-
-def baseline_runs(folder: Path) -> list[Path]:
-    """The run directories of a baseline folder (its baseline.json), in order."""
-    return [folder / name for name in _manifest(folder).runs]
-
-
-def baseline_machine(folder: Path) -> str | None:
-    """The machine a baseline folder was measured on (None when its manifest does not say)."""
-    try:
-        return _manifest(folder).machine
-    except DohnutsError:
-        return None
-
-
-def _compact(run_dir: Path, dest: Path) -> None:
-    """Keep what the gate reads: run.json and the records, gzipped (as committed runs are)."""
-    dest.mkdir(parents=True)
-    shutil.copy2(run_dir / "run.json", dest / "run.json")
-    with open(run_dir / "results.jsonl", "rb") as src, \
-            gzip.GzipFile(dest / "results.jsonl.gz", "wb", mtime=0) as out:
-        shutil.copyfileobj(src, out)
+def setup_arguments(subparsers) -> None:
+    b = subparsers.add_parser("baseline", help="this machine's gate baseline: the workloads run --runs times, "
+                                               "--every seconds apart, into results/baselines/<machine>/")
+    add_workloads(b, help="workload YAML files (default: the embedded standard suite)")
+    b.add_argument("--runs", type=int, default=3, help=f"runs of the workloads, 2 to {MAX_RUNS} (default: 3)")
+    b.add_argument("--every", type=float, default=600.0,
+                   help="seconds from one run's start to the next's, so the runs span time (default: 600)")
+    b.add_argument("--into", default=str(DEFAULT_ROOT),
+                   help="folder of the per-machine baselines (default: results/baselines)")
+    b.add_argument("--replace", action="store_true",
+                   help="replace this machine's baseline (default: refuse to overwrite one)")
+    add_threads(b, help="torch threads of a CPU run, as `run --threads` (default: 1)")
+    add_hwspec(b, default="by device name")
+    add_quiet(b, help="warnings only on stderr (default: status and progress)")
+    b.set_defaults(func=run)
 
 
 def _wait_until(start: float, label: str) -> None:
@@ -81,19 +62,12 @@ def _wait_until(start: float, label: str) -> None:
         time.sleep(min(left, 60.0))
 
 
-def cmd_baseline(args) -> int:
-    import io
-    import json
-
+def run(args) -> int:
+    # torch (and the provenance module, which imports it): after the command line's checks, torch's
+    # import takes seconds
     import torch
-    from dohnuts.bench.report.terminal import SafeConsole
 
-    from dohnuts.bench.commands.gate import timings
-    from dohnuts.bench.measure.machine_id import this_machine
     from dohnuts.bench.measure.provenance import git_revision
-    from dohnuts.threads import check_threads
-    from dohnuts.bench.commands.run import cmd_run
-    from dohnuts.schema import check_output_folder, write_json
 
     if not 2 <= args.runs <= MAX_RUNS:
         raise ConfigError(f"must be in 2..{MAX_RUNS} (at least 2: the drift between runs is the tolerance), got "
@@ -123,16 +97,16 @@ def cmd_baseline(args) -> int:
             _wait_until(t0 + (i - 1) * args.every, f"baseline run {i} of {args.runs}")
             log.info("baseline run %d of %d (machine %s)", i, args.runs, machine)
             started.append(time.strftime("%Y-%m-%dT%H:%M:%S"))
-            run_args = argparse.Namespace(
-                workloads=args.workloads, out=str(staging / "raw"), label=f"baseline-{i}", hwspec=args.hwspec,
-                telemetry_interval=0.1, quiet=args.quiet, profile=False, store=str(staging / "store.sqlite"),
-                threads=args.threads)
-            code = cmd_run(run_args, console=SafeConsole(file=io.StringIO(), width=120))  # reports are not wanted
+            run_args = run_command.run_arguments([
+                *map(str, args.workloads), "--out", str(staging / "raw"), "--label", f"baseline-{i}",
+                "--store", str(staging / "store.sqlite"), "--threads", str(args.threads),
+                *(["--hwspec", args.hwspec] if args.hwspec else []), *(["--quiet"] if args.quiet else [])])
+            code = run_command.run(run_args, console=SafeConsole(file=io.StringIO(), width=120))  # no report wanted
             if code != 0:
                 raise DohnutsError(f"baseline run {i} ended with status {code}; no baseline written",
                                    source=str(folder))
             (raw,) = [p for p in (staging / "raw").iterdir() if p.is_dir()]
-            _compact(raw, staging / f"run-{i}")
+            compact_run(raw, staging / f"run-{i}")
             shutil.rmtree(raw)
             runs.append(f"run-{i}")
         shutil.rmtree(staging / "raw", ignore_errors=True)
@@ -159,23 +133,3 @@ def cmd_baseline(args) -> int:
     print(f"gate a build with: dohnuts-bench gate RUN_DIR   (RUN_DIR: a `dohnuts-bench run --threads {args.threads}` "
           "of the same workloads on this machine)")
     return 0
-
-
-def add_parser(sub) -> None:
-    from dohnuts.threads import DEFAULT_CPU_THREADS
-
-    b = sub.add_parser("baseline", help="this machine's gate baseline: the workloads run --runs times, --every "
-                                        "seconds apart, into results/baselines/<machine>/")
-    b.add_argument("workloads", nargs="*", help="workload YAML files (default: the embedded standard suite)")
-    b.add_argument("--runs", type=int, default=3, help=f"runs of the workloads, 2 to {MAX_RUNS} (default: 3)")
-    b.add_argument("--every", type=float, default=600.0,
-                   help="seconds from one run's start to the next's, so the runs span time (default: 600)")
-    b.add_argument("--into", default=str(DEFAULT_ROOT),
-                   help="folder of the per-machine baselines (default: results/baselines)")
-    b.add_argument("--replace", action="store_true",
-                   help="replace this machine's baseline (default: refuse to overwrite one)")
-    b.add_argument("--threads", type=int, default=DEFAULT_CPU_THREADS,
-                   help="torch threads of a CPU run, as `run --threads` (default: 1)")
-    b.add_argument("--hwspec", help="hardware spec name or path (default: by device name)")
-    b.add_argument("--quiet", action="store_true", help="warnings only on stderr (default: status and progress)")
-    b.set_defaults(func=cmd_baseline)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from dohnuts.bench.commands.options import add_hwspec
 from dohnuts.errors import ConfigError
 
 METHOD = "dohnuts-bench calibrate (the run-start microbenchmarks, bench_plugins/analyzers/microbench.py)"
@@ -30,14 +31,15 @@ _SECTION = re.compile(r"^measured:.*?(?=^[^\s#]|\Z)", re.M | re.S)
 _NOTE = "# Measured on the device by `dohnuts-bench calibrate`; the datasheet ceilings above stay as they are.\n"
 
 
-def add_parser(sub) -> None:
-    c = sub.add_parser("calibrate", help="measure this device's ceilings into the measured: section of a hwspec copy")
-    c.add_argument("--hwspec", help="the spec to copy: a built-in name (rx7900xtx, h200) or a path "
-                                    "(default: the built-in that names this device)")
+def setup_arguments(subparsers) -> None:
+    c = subparsers.add_parser("calibrate",
+                              help="measure this device's ceilings into the measured: section of a hwspec copy")
+    add_hwspec(c, default="the built-in that names this device",
+               what="the spec to copy: a built-in name (rx7900xtx, h200) or a path")
     c.add_argument("--write", required=True, metavar="OUT.yaml",
                    help="where the copy goes (required, no default; its folder is created; the spec's own path replaces "
                         "its measured: section)")
-    c.set_defaults(func=cmd_calibrate)
+    c.set_defaults(func=run)
 
 
 def with_measured_section(text: str, section: dict) -> str:
@@ -52,11 +54,11 @@ def with_measured_section(text: str, section: dict) -> str:
 def measure(device, console) -> dict:
     """The run-start measurements of `device`, through the prepare hook (dohnuts_bench_plugins.analyzers)."""
     from dohnuts.bench.contracts import RunContext
-    from dohnuts.bench.plugins import plugin_manager
+    from dohnuts.bench import plugins
 
     with tempfile.TemporaryDirectory(prefix="dohnuts-calibrate-") as tmp:
         run = RunContext(run_id="calibrate", run_dir=Path(tmp), device=device, hwspec=None, console=console)
-        plugin_manager().hook.dohnuts_bench_prepare_run(run=run)
+        plugins.plugin_manager().hook.dohnuts_bench_prepare_run(run=run)
     ceilings = run.measured.get("ceilings") or {}
     if not ceilings:
         raise ConfigError("no plugin measured any ceiling (dohnuts_bench_prepare_run)", source="dohnuts-bench calibrate")
@@ -80,21 +82,22 @@ def section_for(device, ceilings: dict, facts: dict) -> dict:
     }
 
 
-def cmd_calibrate(args) -> int:
+def run(args) -> int:
     import torch
 
     from dohnuts.bench.analysis.hwspec import parse_hwspec
-    from dohnuts.bench.cli import console_for_output
-    from dohnuts.bench.plugins import plugin_manager, samplers
+    from dohnuts.bench.report.terminal import stdout_console
+    from dohnuts.bench import plugins
+    from dohnuts.bench.plugins import samplers
     from dohnuts.bench.measure.provenance import device_info
-    from dohnuts.bench.commands.run import hwspec_for
+    from dohnuts.bench.analysis.hwspec import hwspec_for_device
     from dohnuts.bench.measure.telemetry import TelemetryThread
     from dohnuts.schema import check_output_file, read_yaml, write_text_atomic
 
-    console = console_for_output()
+    console = stdout_console()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     name = device_info(device)["name"]
-    spec = hwspec_for(args.hwspec, name)
+    spec = hwspec_for_device(args.hwspec, name)
     if spec is None:
         raise ConfigError(f"no built-in hwspec names this device ({name!r}): give --hwspec NAME or a path",
                           source="command line", field="--hwspec")
@@ -111,7 +114,7 @@ def cmd_calibrate(args) -> int:
                                     "copy gets this device's measurements (a dry run)"))
     text = Path(spec.source).read_text(encoding="utf-8")
     ceilings = measure(device, console)
-    telemetry = TelemetryThread([s for s in samplers(plugin_manager()) if not s.unavailable])
+    telemetry = TelemetryThread([s for s in samplers(plugins.plugin_manager()) if not s.unavailable])
     section = section_for(device, ceilings, telemetry.device_facts())
     new = with_measured_section(text, section)
     checked = parse_hwspec(parse_text(new, str(out)), source=str(out))  # a valid spec, or nothing is written

@@ -51,6 +51,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from dohnuts.bench.commands.options import add_json_output
 from dohnuts.errors import DohnutsError
 
 PASSED, REGRESSION, BAD_INPUT = 0, 1, 2
@@ -165,13 +166,13 @@ def gate(baselines: list[dict[str, list[float]]], current: dict[str, list[float]
 def run_machine(path: str | Path) -> str | None:
     """The machine id a dohnuts-bench run recorded (run.json `measured.machine.id`), or None (no
     run.json, or one that cannot be read: a FIFO or a device is refused by its stat, never read)."""
-    from dohnuts.bench.commands.analyze import MAX_RUN_JSON_BYTES
+    from dohnuts.bench.store.summary_file import MAX_JSON_BYTES
     from dohnuts.schema import read_json
 
     path = Path(path)
     run_dir = path if path.is_dir() else path.parent
     try:
-        meta = read_json(run_dir / "run.json", max_bytes=MAX_RUN_JSON_BYTES, error=DohnutsError, what="a run's JSON")
+        meta = read_json(run_dir / "run.json", max_bytes=MAX_JSON_BYTES, error=DohnutsError, what="a run's JSON")
         machine = ((meta.get("measured") or {}).get("machine") or {}).get("id")
     except (DohnutsError, AttributeError):
         return None
@@ -180,7 +181,7 @@ def run_machine(path: str | Path) -> str | None:
 
 def baseline_paths(args_baseline: list[str] | None, current: str, root: Path) -> list[Path]:
     """The baseline runs: each BASE expanded (a baseline folder → its runs), or this machine's."""
-    from dohnuts.bench.commands.baseline import MANIFEST, baseline_machine, baseline_runs
+    from dohnuts.bench.store.baselines import MANIFEST, baseline_machine, baseline_runs
 
     machine = run_machine(current)
     if not args_baseline:
@@ -206,16 +207,16 @@ def baseline_paths(args_baseline: list[str] | None, current: str, root: Path) ->
     return out
 
 
-def cmd_gate(args) -> int:
+def run(args) -> int:
     if args.against is not None:
-        return cmd_gate_rounds(args)
+        return run_rounds(args)
     if args.rounds is not None or args.calls is not None or args.json is not None:
         raise DohnutsError("--rounds, --calls and --json belong to the interleaved gate (--against REV)",
                            source="command line")
     if len(args.inputs) != 1:
         raise DohnutsError(f"gate takes one CURRENT run (or --against REV and workload files), got "
                            f"{len(args.inputs)}", source="command line")
-    from dohnuts.bench.commands.baseline import DEFAULT_ROOT
+    from dohnuts.bench.store.baselines import DEFAULT_ROOT
 
     (path,) = args.inputs
     current = timings(path)
@@ -278,12 +279,12 @@ def rounds_gate(result, *, min_effect: float = ROUNDS_MIN_EFFECT, confidence: fl
 def _workload_files(inputs: list[str]) -> list[Path]:
     """The workload files named (default: the standard suite), each checked by this build's reader
     before anything is exported or started: a bad file is one line, exit 2."""
-    from dohnuts.bench.cli import standard_files
-    from dohnuts.bench.plugins import check_target_options, collect, plugin_manager
-    from dohnuts.bench.measure.workload import check_unique_names, load_workload
+    from dohnuts.bench import plugins
+    from dohnuts.bench.plugins import check_target_options, collect
+    from dohnuts.bench.measure.workload import check_unique_names, load_workload, standard_files
 
     files = [Path(f).resolve() for f in inputs] or standard_files()
-    pm = plugin_manager()
+    pm = plugins.plugin_manager()
     kinds = collect(pm, "dohnuts_bench_register_workload_kinds")
     targets = collect(pm, "dohnuts_bench_register_targets")
     specs = [load_workload(f, kinds, targets) for f in files]
@@ -309,17 +310,17 @@ def _check_rounds_args(args) -> None:
                           field="--confidence")
 
 
-def cmd_gate_rounds(args) -> int:
+def run_rounds(args) -> int:
     """`gate --against REV [WORKLOAD ...]`: the interleaved gate (module docstring)."""
     from dohnuts.bench.measure import interleave
-    from dohnuts.bench.commands.analyze import json_output
+    from dohnuts.bench.commands.options import check_json_output
     from dohnuts.threads import DEFAULT_CPU_THREADS
     from dohnuts.bench.report.status import log
 
     _check_rounds_args(args)
     rounds, calls = _or(args.rounds, DEFAULT_ROUNDS), _or(args.calls, DEFAULT_CALLS)
     min_effect, confidence = _or(args.min_effect, ROUNDS_MIN_EFFECT), _or(args.confidence, ROUNDS_CONFIDENCE)
-    json_out = (json_output(args.json, [Path(f) for f in args.inputs]) if args.json  # refused before any work
+    json_out = (check_json_output(args.json, [Path(f) for f in args.inputs]) if args.json  # refused before any work
                 else None)
     files = _workload_files(args.inputs)
     candidate = interleave.work_tree(Path.cwd())
@@ -360,9 +361,10 @@ def cmd_gate_rounds(args) -> int:
     return PASSED if ok else REGRESSION
 
 
-def add_parser(sub) -> None:
-    g = sub.add_parser("gate", help="is this build slower? --against REV: base and this tree timed in turns; else "
-                                    "CURRENT against saved baselines. Exit 0 passed, 1 regression, 2 bad input")
+def setup_arguments(subparsers) -> None:
+    g = subparsers.add_parser("gate", help="is this build slower? --against REV: base and this tree timed in turns; "
+                                           "else CURRENT against saved baselines. Exit 0 passed, 1 regression, 2 bad "
+                                           "input")
     g.add_argument("inputs", nargs="*", metavar="CURRENT | WORKLOAD",
                    help="without --against: one dohnuts-bench run directory or pytest-benchmark JSON (CURRENT); "
                         "with --against: workload YAML files (default: the embedded standard suite)")
@@ -373,7 +375,8 @@ def add_parser(sub) -> None:
                                                f"default: {DEFAULT_ROUNDS})")
     g.add_argument("--calls", type=int, help=f"--against: call pairs a workload · target a round (1 to {MAX_CALLS}; "
                                               f"default: {DEFAULT_CALLS})")
-    g.add_argument("--json", metavar="OUT", help="--against: also write the verdicts, rounds and loads as JSON to OUT (default: none written)")
+    add_json_output(g, help="--against: also write the verdicts, rounds and loads as JSON to OUT (default: none "
+                            "written)")
     g.add_argument("--baseline", nargs="+", metavar="BASE",
                    help="baseline folders (dohnuts-bench baseline), runs or pytest-benchmark files of the same kind "
                         "(default: this machine's, results/baselines/<machine id>/)")
@@ -385,4 +388,4 @@ def add_parser(sub) -> None:
     g.add_argument("--confidence", type=float,
                    help=f"interval confidence (default: {ROUNDS_CONFIDENCE} with --against, {BASELINE_CONFIDENCE} "
                         "against saved baselines)")
-    g.set_defaults(func=cmd_gate)
+    g.set_defaults(func=run)

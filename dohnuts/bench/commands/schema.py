@@ -42,9 +42,10 @@ def workload_schema(kinds: dict | None = None) -> dict:
     from dohnuts.bench.measure.workload import WorkloadFile
 
     if kinds is None:
-        from dohnuts.bench.plugins import collect, plugin_manager
+        from dohnuts.bench import plugins
+        from dohnuts.bench.plugins import collect
 
-        kinds = collect(plugin_manager(), "dohnuts_bench_register_workload_kinds")
+        kinds = collect(plugins.plugin_manager(), "dohnuts_bench_register_workload_kinds")
     names = sorted(kinds)
     refs, defs = msgspec.json.schema_components([WorkloadFile, *(kinds[k].Shape for k in names)])
     workload_ref, shape_refs = refs[0], refs[1:]
@@ -63,7 +64,7 @@ def schemas(which: str | None = None) -> dict:
     return {"record": record_schema(), "workload": workload_schema()}
 
 
-def cmd_schema(args) -> int:
+def run(args) -> int:
     from dohnuts.schema import check_output, dumps, write_text_atomic
 
     if args.out:
@@ -77,9 +78,9 @@ def cmd_schema(args) -> int:
     return 0
 
 
-def add_parser(sub) -> None:
-    s = sub.add_parser("schema", help="the JSON Schemas of a results.jsonl record and of a workload file, "
+def setup_arguments(subparsers) -> None:
+    s = subparsers.add_parser("schema", help="the JSON Schemas of a results.jsonl record and of a workload file, "
                                       "generated from the types that read them")
     s.add_argument("which", nargs="?", choices=WHICH, help="one of them (default: both, as one JSON object)")
     s.add_argument("--out", help="write the schema to this file (default: stdout)")
-    s.set_defaults(func=cmd_schema)
+    s.set_defaults(func=run)

@@ -114,14 +114,6 @@ def check_agreement(ctx: TargetContext, target, calls: list[PredictCall], refere
     return result
 
 
-def gap_words(agreement: dict) -> str:
-    """'probabilities 0.12 apart (tolerance 0.05; BF16 plain ops 0.03 apart)' for the reports."""
-    words = f"probabilities {agreement['max_abs_gap']:.3g} apart (tolerance {agreement['tolerance']:.3g}"
-    if agreement.get("yardstick_gap") is not None:
-        words += f"; the same mathematics in plain ops at this precision: {agreement['yardstick_gap']:.3g} apart"
-    return words + ")"
-
-
 def _precision(dtype: torch.dtype) -> str:
     return "bf16" if dtype == torch.bfloat16 else "fp32"
 

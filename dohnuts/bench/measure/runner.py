@@ -39,6 +39,7 @@ from dohnuts.bench.measure.trace import PROFILED_CALLS, profile_calls, trace_pat
 from dohnuts.runtime.collectives import any_rank, barrier, max_over_ranks
 from dohnuts.runtime.process_group import SINGLE, World
 from dohnuts.runtime.timing import StageTimer
+from dohnuts.errors import ConfigError
 from dohnuts.schema import short
 
 if TYPE_CHECKING:
@@ -55,6 +56,39 @@ def resolve_device(spec: WorkloadSpec) -> torch.device | None:
     if spec.device == "cpu":
         return torch.device("cpu")
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def runnable_here(specs: list[WorkloadSpec], targets: dict, launchers: dict) -> list[WorkloadSpec]:
+    """The workloads (their process counts and targets) this machine can run; each one left out is
+    said with its reason. A workload naming a launcher no plugin registers is refused."""
+    runnable = []
+    for spec in specs:
+        if max(spec.processes) > 1 and spec.launcher not in launchers:
+            raise ConfigError(f"names launcher {spec.launcher!r}, which no plugin registers (known: "
+                              f"{', '.join(sorted(launchers)) or 'none'})", source=spec.file, field="launcher")
+        if resolve_device(spec) is None:
+            log.warning("skipped %s: needs a CUDA GPU (requires_gpu / device: cuda)", spec.file)
+            continue
+        counts = []
+        for n in spec.processes:  # process counts this machine cannot hold are skipped, with the reason
+            reason = None if n == 1 else launchers[spec.launcher].unavailable(n, resolve_device(spec))
+            if reason:
+                log.warning("skipped %s at %d processes: %s", spec.file, n, reason)
+            else:
+                counts.append(n)
+        if not counts:
+            continue
+        spec = dataclasses.replace(spec, processes=tuple(counts))
+        kept = []
+        for t in spec.targets:  # a target that cannot run here (e.g. its library is missing) is skipped
+            reason = targets[t.name].unavailable()
+            if reason:
+                log.warning("skipped target %s of %s: %s", t.label, spec.file, reason)
+            else:
+                kept.append(t)
+        if kept:
+            runnable.append(dataclasses.replace(spec, targets=tuple(kept)))
+    return runnable
 
 
 def resolve_dtype(spec: WorkloadSpec, device: torch.device) -> torch.dtype:

@@ -52,8 +52,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from dohnuts.bench.contracts import RunContext
     from dohnuts.bench.measure.interconnect import allreduce_busbw
-    from dohnuts.bench.plugins import check_target_options, collect, plugin_manager, samplers
-    from dohnuts.bench.measure.runner import measure_workload
+    from dohnuts.bench import plugins
+    from dohnuts.bench.plugins import check_target_options, collect, samplers
+    from dohnuts.bench.measure import runner
     from dohnuts.bench.sink import RecordSink
     from dohnuts.bench.measure.telemetry import TelemetryThread
     from dohnuts.bench.report.terminal import SafeConsole
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
     world, device = join("cuda" if args.gpu else "cpu")
     out_dir = Path(args.dir)
-    pm = plugin_manager()
+    pm = plugins.plugin_manager()
     kinds = collect(pm, "dohnuts_bench_register_workload_kinds")
     targets = collect(pm, "dohnuts_bench_register_targets")
     spec = load_workload(args.workload, kinds, targets, gpu=args.gpu)
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     telemetry.start()
     try:
         with RecordSink.open(out_dir / f"rank{world.rank}.jsonl") as out:
-            measure_workload(run, pm, spec, kinds, targets, telemetry, out, world=world)
+            runner.measure_workload(run, pm, spec, kinds, targets, telemetry, out, world=world)
     finally:
         telemetry.stop()
     if run.failures:

@@ -63,6 +63,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -183,6 +184,13 @@ class WorkloadFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def process_counts(self) -> tuple[int, ...]:
         """`processes`: a count or a list of distinct counts, ascending."""
         return tuple(sorted(self.processes if isinstance(self.processes, list) else [self.processes]))
+
+
+def standard_files() -> list[Path]:
+    """The standard suite (workloads/*.yaml, embedded as package data): text, shared prefix, image,
+    cold/warm image cache and train step, each sized for a CPU and (its `on_gpu` fields) a GPU."""
+    root = resources.files("dohnuts.bench") / "standard"
+    return sorted(Path(str(p)) for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
 def shape_fields(kind) -> list[str]:

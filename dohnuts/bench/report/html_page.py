@@ -27,11 +27,14 @@ where a measurement beat its bound (whose efficiency, above 100 %, is never show
 from __future__ import annotations
 
 from html import escape
+from pathlib import Path
 from typing import Any
 
 from dohnuts.bench.analysis.records import overhead_text
 from dohnuts.bench.analysis.serving import served_cells
 from dohnuts.bench.report.svg import headline_chart, latency_curve, throughput_curve, trend
+from dohnuts.bench.store.summary_file import page_error
+from dohnuts.schema import write_text_atomic
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:1200px}
@@ -117,7 +120,7 @@ def _summary_table(rows: list[dict]) -> str:
 def _disagreement(agreement) -> str | None:
     if not isinstance(agreement, dict) or agreement.get("within") is not False:
         return None
-    from dohnuts.bench.measure.quality import gap_words
+    from dohnuts.bench.analysis.records import gap_words
 
     return f"DISAGREES with the FP32 reference: {gap_words(agreement)}"
 
@@ -585,3 +588,17 @@ def render(summary: dict, *, title: str, meta: dict | None = None, comparison: d
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>" + escape(title)
             + "</title><style>" + STYLE + "</style></head><body>" + "".join(body)
             + "<script>" + SCRIPT + "</script></body></html>")
+
+
+def write_page(out: Path, summary: dict, *, meta: dict, title: str, comparison: dict | None = None,
+               trends: list | None = None, source: Path) -> Path:
+    """Write report.html (`out`): the page of a run's summary.json content and its run.json `meta`,
+    with a comparison and the store's trends. What the page's code cannot read of a hand-edited
+    summary (`source`, the file it came from) is one line naming that file."""
+    try:
+        page = render(summary, title=title, meta=meta, comparison=comparison, trends=trends)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as exc:
+        raise page_error(exc, source) from None  # a section's inside, hand-edited
+    write_text_atomic(out, page)  # a failed write is one line; the previous page (if any) stays
+    return out
+

@@ -39,6 +39,11 @@ class SafeConsole(Console):
                 yield Segment(printable_lines(segment.text), segment.style, segment.control)
 
 
+def stdout_console() -> SafeConsole:
+    """The console the commands print their reports to (stdout, no automatic highlighting)."""
+    return SafeConsole(stderr=False)
+
+
 def progress_text_column():
     """The description column of a progress bar: its text never read as markup, its control
     characters written as escapes before the bar measures it."""

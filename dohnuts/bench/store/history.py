@@ -53,6 +53,7 @@ import numpy as np
 
 from dohnuts.bench.analysis.compare import DEFAULT_MIN_EFFECT, FASTER, SLOWER, WALL, compare_samples
 from dohnuts.bench.analysis.load_verdict import EXPLAINED, load_of, weigh
+from dohnuts.bench.store.run_store import RunStore
 from dohnuts.errors import DohnutsError
 from dohnuts.schema import NonNegative, convert
 
@@ -438,3 +439,17 @@ def history_dict(series: list[Series], stage: str) -> dict:
                          "steps": [asdict(st) | {"flagged": st.flagged, "run_id": s.points[st.at].run_id}
                                    for st in s.steps]}
         for s in series]})
+
+
+def trends_for(store_path: str | Path | None, summary: dict, run_id: str | None = None) -> list[Series]:
+    """The store's history of the workloads and targets of `summary` (steady calls, wall time): the
+    series this run belongs to (its machine, device, model, precision and hwspec), or, for a run the
+    store does not hold, every machine's series of those workloads (report.html's trend charts)."""
+    if store_path is None or not Path(store_path).is_file():
+        return []
+    wanted = {(r["workload"], r["target"]) for r in summary.get("summary", []) if "·" not in r["target"]}
+    with RunStore(store_path, read_only=True) as store:  # read only: the page never changes the store
+        series = [s for s in history(store) if (s.workload, s.target) in wanted]
+    mine = [s for s in series if any(p.run_id == run_id for p in s.points)]
+    return mine or series
+

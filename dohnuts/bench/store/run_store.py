@@ -495,3 +495,17 @@ class StoreMirror:
             self.warn(f"the run store {self.store.path} took no more records ({exc}); results.jsonl holds them "
                       f"all (dohnuts-bench store import puts them in later)")
 
+
+def import_dirs(store: RunStore, dirs: list[Path], log=lambda msg: None) -> int:
+    """Import each run directory of `dirs` into `store`; one that cannot be read is skipped and said
+    (`log`). Returns how many were imported."""
+    n = 0
+    for d in dirs:
+        try:
+            run_id, records = store.import_run(d)
+        except DohnutsError as exc:
+            log(f"skipped {d}: {exc}")
+            continue
+        log(f"imported {d} as {run_id} ({records} records)")
+        n += 1
+    return n

@@ -10,11 +10,14 @@ clash, so no two workloads or launches ever share (or re-read) one folder or fil
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import stat
 import time
 from pathlib import Path
 
-from dohnuts.errors import ConfigError
+from dohnuts.errors import ConfigError, DohnutsError
+from dohnuts.schema import stat_path
 
 
 def safe_name(name: str) -> str:
@@ -93,3 +96,28 @@ def new_run_dir(root: Path, label: str) -> tuple[str, Path]:
                               field="--out") from None
         return path.name, path
     raise ConfigError(f"already holds 9999 run directories named {run_id}[-N]", source=str(root), field="--out")
+
+
+def results_path(arg: str) -> Path:
+    """The results file an argument names: a results.jsonl (or .jsonl.gz), or a run directory
+    holding one. A path that is missing, too long, a FIFO or a device is one line (the reader
+    checks the file's type and size before it opens it)."""
+    path = Path(arg)
+    st = stat_path(path, error=DohnutsError)
+    if stat.S_ISDIR(st.st_mode):  # a run directory (an archived run: results.jsonl.gz)
+        plain, archived = path / "results.jsonl", path / "results.jsonl.gz"
+        path = plain if os.path.lexists(plain) or not os.path.lexists(archived) else archived
+        if not os.path.lexists(path):
+            raise DohnutsError("does not exist (expected a run directory or its results.jsonl)", source=str(path))
+    return path
+
+
+def run_inputs(results: Path) -> list[Path]:
+    """What a command reading a run reads: its results file and the run.json beside it."""
+    return [results, results.parent / "run.json"]
+
+
+def run_dirs(root: Path) -> list[Path]:
+    """Every run directory below `root` (a folder holding results.jsonl or results.jsonl.gz)."""
+    found = {p.parent for name in ("results.jsonl", "results.jsonl.gz") for p in root.rglob(name)}
+    return sorted(found)
