@@ -114,9 +114,9 @@ def grid_requests(B: int, P: int, S: int, seed: int, n: int = 2):
 
 
 def workload_requests(path: str, tmp: Path, tokenizer, cfg):
-    from dohnuts.bench.plugins import collect, plugin_manager
     from dohnuts.bench.contracts import WorkloadContext
     from dohnuts.bench.measure.workload import load_workload
+    from dohnuts.bench.plugins import collect, plugin_manager
 
     pm = plugin_manager()
     kinds, targets = collect(pm, "dohnuts_bench_register_workload_kinds"), collect(pm, "dohnuts_bench_register_targets")

@@ -31,9 +31,9 @@ def main(argv=None) -> int:
     import torch
 
     import dohnuts
-    from dohnuts.bench.plugins import collect, plugin_manager
     from dohnuts.bench.contracts import WorkloadContext
     from dohnuts.bench.measure.workload import load_workload
+    from dohnuts.bench.plugins import collect, plugin_manager
     from dohnuts.model.build import resolve_source
     from dohnuts.runtime.predict import Predictor
     from dohnuts.runtime.timing import NULL_TIMER, StageTimer

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from dohnuts.bench.plugins import collect, plugin_manager
 from dohnuts.bench.measure.workload import check_workload_file, load_workload
+from dohnuts.bench.plugins import collect, plugin_manager
 from dohnuts.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

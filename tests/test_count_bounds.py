@@ -95,8 +95,8 @@ def test_the_largest_seed_is_taken_by_every_generator():
 @pytest.mark.parametrize("runs", ["100000000", "101", "1"])
 def test_baseline_runs_are_bounded(tmp_path, capsys, monkeypatch, runs):
     """`dohnuts-bench baseline --runs 100000000` was accepted."""
-    from dohnuts.bench.commands import run as run_command
     from dohnuts.bench.cli import main as bench_main
+    from dohnuts.bench.commands import run as run_command
 
     monkeypatch.setattr(run_command, "run", _refuse("a baseline run"))
     assert bench_main(["baseline", "--runs", runs, "--into", str(tmp_path / "b"), "--every", "0"]) == 2

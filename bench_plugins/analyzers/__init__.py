@@ -7,20 +7,20 @@ from __future__ import annotations
 
 from dohnuts.bench.hookspecs import hookimpl
 from dohnuts.bench.report.status import log
+from dohnuts_bench_plugins.analyzers.load import LoadSampler, load_before
 
 
 @hookimpl
 def dohnuts_bench_register_telemetry():
-    from dohnuts_bench_plugins.analyzers.load import LoadSampler
-
     return [LoadSampler()]
 
 
 @hookimpl
 def dohnuts_bench_prepare_run(run):
+    # torch: not while the plugins are collected (before the command's checks); loaded where it runs
     import torch
 
-    from dohnuts_bench_plugins.analyzers.load import load_before
+    # torch: not while the plugins are collected (before the command's checks); loaded where it runs
     from dohnuts_bench_plugins.analyzers.microbench import measure_ceilings, measure_cpu_ceilings
 
     before = load_before()

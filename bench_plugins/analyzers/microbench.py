@@ -30,6 +30,8 @@ import time
 import torch
 
 from dohnuts.bench.report.status import log
+from dohnuts.ops import kernel_status
+from dohnuts.ops.fma import fma_chain_flops, fma_chain_fused
 from dohnuts.runtime.timing import StageTimer, device_times_ms
 
 STABLE_SPREAD = 0.2  # (fastest − slowest) / fastest over a ceiling's repeats above this: not stable
@@ -131,9 +133,6 @@ def fp32_fma(x: torch.Tensor, iters: int = 256) -> dict | None:
     """The FP32 vector ceiling: `iters` × 4 independent multiply-add chains per element of `x`, in
     registers (dohnuts.ops.fma: 8 · iters FLOPs per 8 bytes, compute-bound). None where the device
     does not run the fused kernels (its reference would time torch's memory-bound steps instead)."""
-    from dohnuts.ops import kernel_status
-    from dohnuts.ops.fma import fma_chain_flops, fma_chain_fused
-
     if kernel_status(x.device) != "fused":
         return None
     ms, _ = _time_ms(lambda: fma_chain_fused(x, iters))

@@ -23,14 +23,16 @@ from pathlib import Path
 
 from dohnuts.bench.contracts import RunContext
 from dohnuts.bench.hookspecs import hookimpl
-from dohnuts.bench.sink import RecordSink
 from dohnuts.bench.report.status import log as status_log
+from dohnuts.bench.sink import RecordSink
+from dohnuts.bench.store.rundir import derived_name, new_dir
 
 
 class TorchrunLauncher:
     name = "torchrun"
 
     def unavailable(self, processes: int, device) -> str | None:
+        # torch: not while the plugins are collected (before the command's checks); loaded where it runs
         import torch
 
         if device.type == "cuda":
@@ -41,7 +43,7 @@ class TorchrunLauncher:
 
     def launch(self, run: RunContext, spec, processes: int, out: RecordSink, *, gpu: bool,
                telemetry_interval: float = 0.1) -> int:
-        from dohnuts.bench.store.rundir import derived_name, new_dir
+        # torch: not while the plugins are collected (before the command's checks); loaded where it runs
         from dohnuts.launch import torchrun_failure
 
         # a new folder a launch: its ranks' records are gathered once, never mixed with another's

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import threading
 
-from dohnuts_bench_plugins.telemetry.devices import pick_device
 from dohnuts.bench.measure.telemetry import Sampler
+from dohnuts_bench_plugins.telemetry.devices import pick_device
 
 # indep_throttle_status: the Linux driver's ASIC-independent throttler bits (amdgpu_smu.h).
 AMD_THROTTLERS = {
@@ -94,7 +94,9 @@ class AmdSmiSampler(Sampler):
 
     def __init__(self, index: int = 0, pci: str | None = None):
         try:
-            import amdsmi  # raises KeyError, not ImportError, when libamd_smi.so is missing
+            # an optional dependency (the `amd` extra), found or not where the sampler starts; it
+            # raises KeyError, not ImportError, when libamd_smi.so is missing
+            import amdsmi
 
             amdsmi.amdsmi_init()
             handles = amdsmi.amdsmi_get_processor_handles()

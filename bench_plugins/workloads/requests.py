@@ -13,6 +13,7 @@ speed (dohnuts.bench.measure.quality).
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -35,7 +36,6 @@ class RequestsKind:
 
     def validate(self, shape: RequestsShape, source: str) -> None:
         if shape.set == "digits":
-            import importlib.util
 
             if importlib.util.find_spec("sklearn") is None:
                 raise ConfigError("the digits set needs scikit-learn (pip install scikit-learn)", source=source,
@@ -49,6 +49,7 @@ class RequestsKind:
                               field="shape.set")
 
     def calls(self, ctx) -> list:
+        # torch: not while the plugins are collected (before the command's checks); loaded where it runs
         from dohnuts.bench.measure.quality import request_set
 
         shape = ctx.spec.shape

@@ -30,9 +30,9 @@ if TYPE_CHECKING:
     import torch
 
     from dohnuts.bench.calls import CallResult, PredictCall, TrainCall
+    from dohnuts.bench.measure.workload import WorkloadSpec
     from dohnuts.bench.sections import Section
     from dohnuts.bench.sink import RecordSink
-    from dohnuts.bench.measure.workload import WorkloadSpec
     from dohnuts.runtime.process_group import World
     from dohnuts.runtime.timing import StageTimer
     from dohnuts.runtime.work import WorkCounts

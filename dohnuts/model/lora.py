@@ -29,6 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from dohnuts.schema import Invalid, is_finite, short
+
 DEFAULT_TARGETS = (
     "q_proj", "k_proj", "v_proj", "o_proj",  # gated attention
     "in_proj_qkv", "in_proj_z", "out_proj",  # Gated DeltaNet
@@ -49,8 +51,6 @@ class LoRAConfig:
     targets: tuple[str, ...] = DEFAULT_TARGETS
 
     def __post_init__(self) -> None:
-        from dohnuts.schema import Invalid, is_finite, short
-
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 0 < self.rank <= MAX_RANK:
             raise Invalid(f"must be an integer in 1..{MAX_RANK}, got {short(self.rank)}", field="rank")
         if not (is_finite(self.alpha) and self.alpha > 0):

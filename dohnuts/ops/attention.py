@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from dohnuts.ops._dispatch import use_fused
 
@@ -41,7 +42,6 @@ def causal_attention_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     # the flash kernel (which aligns causal masks bottom-right); a boolean mask tensor sends it to a
     # slower masked kernel. Imported here, on the fused (GPU) path only: torch.nn.attention.bias
     # imports torch._dynamo and Triton, 2 of the 4.5 s `dohnuts.load("tiny")` took on a 2-core CPU.
-    from torch.nn.attention.bias import causal_lower_right
 
     return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(Tq, Tk), scale=scale,
                                           enable_gqa=True)
@@ -96,6 +96,7 @@ def gated_output_reference(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
 
 
 def gated_output_fused(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    # Triton and fla: on a GPU only (the CPU runs the reference path without them)
     from dohnuts.ops._gate_kernel import gated_output_fn
 
     return gated_output_fn(o, gate)

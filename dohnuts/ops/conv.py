@@ -6,7 +6,8 @@ cache, so a state can be handed from a prefix pass to suffix passes (shared-pref
 
 Gated DeltaNet's conv (`causal_conv1d_qkv`, and `causal_conv1d_parts`) runs dohnuts' Triton
 kernel on CUDA, with and without autograd (dohnuts.ops._conv_kernel: one forward kernel;
-dohnuts.ops._conv_bwd_kernel: its own backward, and the autograd Function), reading a forked state in place; `causal_conv1d` is fla's conv.
+dohnuts.ops._conv_bwd_kernel: its own backward, and the autograd Function), reading a forked
+state in place; `causal_conv1d` is fla's conv.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from dohnuts.ops._dispatch import use_fused
+from dohnuts.ops._fla import fla
 
 
 def causal_conv1d_reference(
@@ -44,7 +46,6 @@ def causal_conv1d_fused(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    from dohnuts.ops._fla import fla
 
     if initial_state is not None:
         initial_state = initial_state.to(x.dtype).contiguous()  # the kernel indexes it densely
@@ -95,6 +96,7 @@ def causal_conv1d_parts_fused(
     if not tile:
         y, final = causal_conv1d_fused(x, weight, initial_state, output_final_state)
         return y.split(sizes, dim=-1), final
+    # Triton and fla: on a GPU only (the CPU runs the reference path without them)
     from dohnuts.ops._conv_bwd_kernel import conv_silu_parts
 
     return conv_silu_parts(x, weight, tile, list(sizes), normalized_parts=0, initial_state=initial_state,
@@ -138,6 +140,7 @@ def causal_conv1d_qkv(
     `causal_conv1d_parts` and the delta rule normalises (normalised = False)."""
     if (use_fused(x) and len(sizes) == 3 and key_head_dim & (key_head_dim - 1) == 0
             and all(n % key_head_dim == 0 for n in sizes)):
+        # Triton and fla: on a GPU only (the CPU runs the reference path without them)
         from dohnuts.ops._conv_bwd_kernel import conv_silu_parts
 
         # q, k and v in one launch, each a contiguous block of one buffer: faster than a launch a

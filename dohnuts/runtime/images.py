@@ -35,9 +35,11 @@ from __future__ import annotations
 import hashlib
 import io
 import math
+import threading
 import time
 import warnings
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -113,9 +115,6 @@ class ImageKeyMemo:
     RACY_FINE_S = 0.1
 
     def __init__(self, max_entries: int = 4096):
-        import threading
-        from collections import OrderedDict
-
         self.max_entries = max_entries
         self._entries: OrderedDict[str, PreparedImage] = OrderedDict()
         self._stats: OrderedDict[str, tuple[tuple, str]] = OrderedDict()  # path → (signature, digest)
@@ -165,7 +164,6 @@ class ImageKeyMemo:
         """Remember `img` without its patches (the memo holds metadata, not pixels)."""
         if digest is None:
             return
-        from dataclasses import replace
 
         with self._lock:
             self._entries[digest] = replace(img, patches=None)

@@ -567,8 +567,8 @@ def test_duplicate_keys_in_a_hwspec_are_refused(tmp_path):
 ], ids=["OutOfMemoryError", "RuntimeError"])
 @pytest.mark.slow
 def test_an_out_of_memory_target_is_recorded_as_failed_and_the_run_goes_on(tmp_path, monkeypatch, capsys, error):
-    from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget
     from dohnuts.runtime.timing import NULL_TIMER
+    from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget
 
     real = DohnutsTarget.run_call
 

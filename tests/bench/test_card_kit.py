@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from dohnuts.bench.analysis.hwspec import find_hwspec, load_hwspec, parse_hwspec
-from dohnuts.bench.commands.calibrate import with_measured_section
 from dohnuts.bench.cli import main
+from dohnuts.bench.commands.calibrate import with_measured_section
 from dohnuts.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,9 +18,7 @@ import msgspec
 import pytest
 
 from dohnuts.bench.calls import CallResult
-from dohnuts.bench.contracts import (
-    CONTRACTS, NoOptions, PluginError, TargetCapabilities, WorkloadKindCapabilities,
-)
+from dohnuts.bench.contracts import CONTRACTS, NoOptions, PluginError, TargetCapabilities, WorkloadKindCapabilities
 from dohnuts.bench.hookspecs import hookimpl
 from dohnuts.bench.plugins import collect, plugin_manager, register_kind, register_target, samplers
 from dohnuts.bench.sink import RecordSink

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from dohnuts.bench.cli import main
-from tests.hostile import SMALL_TEXT_WORKLOAD, one_error_line
 from dohnuts.bench.store.run_store import APPLICATION_ID, RunStore
 from tests.bench.test_compare import _records, _run_dir
 from tests.bench.test_serving_store import OLD, V1
+from tests.hostile import SMALL_TEXT_WORKLOAD, one_error_line
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "cpu-standard-suite"
 WORKLOAD = SMALL_TEXT_WORKLOAD

@@ -25,9 +25,9 @@ import yaml
 from dohnuts.bench.analysis.records import MAX_MS, check_reportable, read_jsonl, stage_ms
 from dohnuts.bench.analysis.summary import summarize
 from dohnuts.bench.cli import main
-from dohnuts.bench.report.export_formats import CSV_COLUMNS, PyTorchRecord, per_call_groups
 from dohnuts.bench.commands.schema import record_schema, workload_schema
 from dohnuts.bench.measure.workload import WorkloadFile
+from dohnuts.bench.report.export_formats import CSV_COLUMNS, PyTorchRecord, per_call_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "cpu-standard-suite"

@@ -7,8 +7,6 @@ another exception."""
 
 from __future__ import annotations
 
-import pytest
-
 import copy
 import gzip
 import json
@@ -18,9 +16,9 @@ import string
 import warnings
 from pathlib import Path
 
+import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from dohnuts.bench.analysis.hwspec import HwSpec, load_hwspec, parse_hwspec
 from dohnuts.bench.analysis.records import RecordError, check_record, check_reportable, read_jsonl

@@ -61,9 +61,9 @@ def test_a_launch_gets_a_folder_of_its_own_and_its_records_are_gathered_once(tmp
     """Two launches whose names sanitise alike (`a b`, `a/b`) at 2 processes: each gathers its own 2 ranks'
     records once (the ranks append to their files, as dohnuts.bench.measure.worker does: a shared folder was read
     again by the second launch)."""
-    from dohnuts_bench_plugins import launchers
     from dohnuts.bench.contracts import RunContext
     from dohnuts.bench.measure.workload import load_workload
+    from dohnuts_bench_plugins import launchers
     from tests.bench.test_bench_harness import _registry
 
     calls = 6

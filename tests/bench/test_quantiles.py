@@ -18,8 +18,8 @@ import pytest
 from dohnuts.bench.analysis.quantiles import QUANTILE_METHOD, mean_and_std, quantile, quantiles
 from dohnuts.bench.analysis.records import _paired_overhead, read_jsonl
 from dohnuts.bench.analysis.summary import summarize
-from dohnuts.bench.report.text_report import summary_table
 from dohnuts.bench.measure.serving.stats import Rules, metrics_of, summarize_point, wilson_interval
+from dohnuts.bench.report.text_report import summary_table
 from dohnuts.schema import median
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "cpu-standard-suite" / "results.jsonl.gz"

@@ -297,8 +297,8 @@ def test_closed_loop_and_bursty_points_end_to_end(concurrency_run):
     import csv
     import io
 
-    from dohnuts.bench.report.export_formats import csv_text
     from dohnuts.bench.analysis.records import read_jsonl
+    from dohnuts.bench.report.export_formats import csv_text
 
     rows = list(csv.DictReader(io.StringIO(csv_text(read_jsonl(concurrency_run / "results.jsonl")))))
     closed_rows = [r for r in rows if r["concurrency"]]

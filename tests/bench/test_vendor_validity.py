@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from dohnuts.bench.analysis.records import check_reportable, valid_records, validity_summary
-from dohnuts_bench_plugins.telemetry import AmdSmiSampler, NvmlSampler, dohnuts_bench_register_telemetry
 from dohnuts.bench.measure.telemetry import NO_ENERGY_COUNTER, TelemetryThread
+from dohnuts_bench_plugins.telemetry import AmdSmiSampler, NvmlSampler, dohnuts_bench_register_telemetry
 from tests.bench.test_validity import GpuStateTarget, _measure
 from tests.bench.vendor_replay import AmdSmiReplay, NvmlReplay
 

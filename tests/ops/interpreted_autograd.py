@@ -195,11 +195,7 @@ def check_delta_rule(full: bool) -> None:
     from dohnuts.ops import delta_rule
     from dohnuts.ops._fla import fla
     from dohnuts.ops.delta_rule import (
-        _l2norm,
-        gated_delta_rule_from_logits,
-        gated_delta_rule_fused,
-        gated_delta_rule_reference,
-        gdn_gates_reference,
+        _l2norm, gated_delta_rule_from_logits, gated_delta_rule_fused, gated_delta_rule_reference, gdn_gates_reference,
     )
 
     g = torch.Generator().manual_seed(2)

@@ -57,18 +57,15 @@ import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dohnuts.bench.analysis.load_verdict import Load, load_of, record_load, weigh
 from dohnuts.bench.analysis.quantiles import bootstrap_rng, quantiles
 from dohnuts.bench.analysis.records import RecordError, Timing, stage_ms, target_label, where, workload_label
 from dohnuts.bench.analysis.verdicts import FASTER, NO_CHANGE, SLOWER, TOO_FEW, UNDEFINED
 from dohnuts.errors import DohnutsError
 from dohnuts.schema import convert
-
-if TYPE_CHECKING:
-    from dohnuts.bench.analysis.load_verdict import Load  # (it imports this module's verdicts)
 
 MIN_SHARE_OF_CALL = 0.01  # a stage verdict needs a change of at least this share of the call
 MIN_CALLS = 3
@@ -162,8 +159,6 @@ def _key(rec: dict) -> tuple[str, str]:
 
 def steady_loads(records: list[dict]) -> dict[tuple[str, str], Load]:
     """{(workload, target): load_verdict.Load} over the steady-state records that recorded a load."""
-    from dohnuts.bench.analysis.load_verdict import load_of, record_load
-
     per: dict[tuple[str, str], list] = defaultdict(list)
     for rec in records:
         if _steady(rec):
@@ -202,6 +197,7 @@ def _row_seed(seed: int, *names: str) -> list[int]:
 
 def _interval(a: np.ndarray, b: np.ndarray, confidence: float, resamples: int, method: str,
               seed_seq: list[int]) -> tuple[float, float]:
+    # scipy.stats: a second's import, only where an interval or a test is computed
     from scipy import stats
 
     if np.all(a == a[0]) and np.all(b == b[0]):        # no spread at all: the ratio is exact
@@ -217,6 +213,7 @@ def _interval(a: np.ndarray, b: np.ndarray, confidence: float, resamples: int, m
 
 
 def _p_value(a: np.ndarray, b: np.ndarray) -> float:
+    # scipy.stats: a second's import, only where an interval or a test is computed
     from scipy import stats
 
     if np.all(a == a[0]) and np.all(b == a[0]):        # every value tied: nothing to rank
@@ -281,8 +278,6 @@ def compare_runs(records_a: list[dict], records_b: list[dict], *, confidence: fl
     module docstring; the loads each run measured under weighed by load_verdict). Deterministic
     for a given seed. Warnings (one line each) name groups whose spread is too large to resolve a
     change of `min_effect` with the calls measured."""
-    from dohnuts.bench.analysis.load_verdict import weigh
-
     _check_options(confidence, resamples, min_effect, method)
     sa, sb = steady_samples(records_a), steady_samples(records_b)
     loads_a, loads_b = steady_loads(records_a), steady_loads(records_b)

@@ -21,7 +21,10 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 
+from rich.text import Text
+
 from dohnuts.bench.analysis.records import group_key
+from dohnuts.bench.analysis.render import Col, FitTable
 
 BUSY_OTHERS = 0.25  # cores other processes used while measuring, above which the report warns
 
@@ -194,10 +197,6 @@ STABLE_WORDS = {None: "—", True: "yes", False: "NO: moved"}  # a ceiling's `st
 
 def machine_renderables(c: MachineConditions) -> list:
     """The report's section: the load, the ceilings' stability, the warnings."""
-    from rich.text import Text
-
-    from dohnuts.bench.analysis.render import Col, FitTable
-
     parts: list = [Text("This run's machine", style="bold")]
     parts += [Text(line) for line in opening_lines(c.to_dict())]
     if c.groups:

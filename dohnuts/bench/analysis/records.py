@@ -51,12 +51,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
+import numpy as np
 
 from dohnuts.bench.analysis.flops import DEFAULT_LORA_TARGETS, LoraShape
+from dohnuts.bench.analysis.quantiles import bootstrap_rng
 from dohnuts.config import ModelConfig, TextConfig, VisionConfig
 from dohnuts.errors import DohnutsError
 from dohnuts.runtime.work import WorkCounts
-from dohnuts.schema import MIB, NonNegative, convert, first_nonfinite, median, one_line_error, read_file, short, size_words
+from dohnuts.schema import (
+    MIB, NonNegative, convert, first_nonfinite, median, one_line_error, read_file, short, size_words,
+)
 
 SCHEMA = 1  # the record format's version: written by dohnuts.bench.measure.runner, read here
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
@@ -622,10 +626,9 @@ def _paired_overhead(pairs: list[tuple[float, float]], confidence: float = 0.95,
     (`scipy.stats.bootstrap` over the differences, the untimed median held fixed; seeded)."""
     if len(pairs) < AB_MIN_PAIRS:
         return None
-    import numpy as np
+    # scipy.stats: a second's import, only where an interval or a test is computed
     from scipy import stats
 
-    from dohnuts.bench.analysis.quantiles import bootstrap_rng
 
     timed = np.array([t for t, _ in pairs])
     untimed = np.array([u for _, u in pairs])

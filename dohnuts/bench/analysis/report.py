@@ -29,15 +29,14 @@ import dataclasses
 from dataclasses import dataclass
 
 from dohnuts.bench.analysis.bounds import CallBounds, combine, shown_efficiency, stage_bound, target_verdict
-from dohnuts.bench.analysis.cost import (
-    StageCost, allreduce_cost, call_totals, fold_stages, stage_costs, token_counts,
-)
+from dohnuts.bench.analysis.cost import StageCost, allreduce_cost, call_totals, fold_stages, stage_costs, token_counts
 from dohnuts.bench.analysis.critical_path import STAGE_RESOURCES, CallGraph, default_call_graph
 from dohnuts.bench.analysis.hwspec import HwSpec
 from dohnuts.bench.analysis.records import (
     DTYPE_BYTES, RecordError, check_record, group_key, lora_of, model_of, per_call_records, stage_ms, valid_records,
     where, work_of, world_size,
 )
+from dohnuts.bench.analysis.roofline import roofs
 from dohnuts.schema import median
 
 # A target that times one `forward` and none of prefix / suffix / head (the training step, a
@@ -124,8 +123,6 @@ class Analysis:
 
     def to_dict(self) -> dict:
         """A JSON-serialisable summary (for the run's summary file; raw records stay the source)."""
-        from dohnuts.bench.analysis.roofline import roofs
-
         spec = self.hwspec
         return {
             "hwspec": {"name": spec.name, "source": spec.source, "target_fraction": spec.target_fraction,

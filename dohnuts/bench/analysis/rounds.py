@@ -72,6 +72,7 @@ def round_effect(pairs) -> float:
 
 
 def _t_crit(confidence: float, rounds: int) -> float:
+    # scipy.stats: a second's import, only where an interval or a test is computed
     from scipy import stats
 
     return float(stats.t.ppf(0.5 + confidence / 2, rounds - 1))
@@ -81,6 +82,7 @@ def smallest_detectable(spread: float, rounds: int, *, confidence: float, min_ef
                         power: float = DEFAULT_POWER) -> float:
     """The slowdown (a fraction) whose rounds would give "slower" with probability `power`, for
     rounds whose log ratios have standard deviation `spread` (module docstring)."""
+    # scipy.stats: a second's import, only where an interval or a test is computed
     from scipy import optimize, stats
 
     _check(confidence, min_effect, rounds)

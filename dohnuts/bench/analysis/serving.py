@@ -29,10 +29,12 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
+from dohnuts.bench.analysis.quantiles import quantiles
 from dohnuts.bench.analysis.records import target_label, work_of, workload_label
 from dohnuts.bench.measure.serving.search import SearchResult, search_result
-from dohnuts.bench.analysis.quantiles import quantiles
-from dohnuts.bench.measure.serving.stats import METRIC_PERCENTILES, PointSummary, Rules, summarize_point, wilson_interval
+from dohnuts.bench.measure.serving.stats import (
+    METRIC_PERCENTILES, PointSummary, Rules, summarize_point, wilson_interval,
+)
 from dohnuts.bench.measure.serving.variety import pass_shape
 from dohnuts.schema import median
 

@@ -18,7 +18,6 @@ from dohnuts.bench.analysis.records import (
 )
 from dohnuts.bench.measure.telemetry import clock_summary
 
-
 CLAIMED_PRECISION = 0.05  # the report's claim: medians within ±5 % (95 % interval)
 
 

@@ -16,12 +16,12 @@ import re
 import tempfile
 from pathlib import Path
 
+from dohnuts.bench import plugins
 from dohnuts.bench.analysis.hwspec import find_hwspec, stored_hwspec
 from dohnuts.bench.analysis.records import RecordError
 from dohnuts.bench.analysis.summary import summarize, summary_json
 from dohnuts.bench.commands.options import add_hwspec
 from dohnuts.bench.measure.telemetry import call_validity, default_min_clock_fraction
-from dohnuts.bench import plugins
 from dohnuts.bench.report.run_report import analysis_sections, checked_records, report_analysis, write_summary
 from dohnuts.bench.report.status import log
 from dohnuts.bench.report.terminal import stdout_console

@@ -19,14 +19,14 @@ tolerance `dohnuts-bench gate` will allow for that workload (dohnuts.bench.comma
 from __future__ import annotations
 
 import io
-import statistics
 import shutil
+import statistics
 import time
 
 from dohnuts.bench.commands import run as run_command
 from dohnuts.bench.commands.gate import timings
 from dohnuts.bench.commands.options import add_hwspec, add_quiet, add_threads, add_workloads
-from dohnuts.bench.measure.machine_id import this_machine
+from dohnuts.bench.measure import machine_id
 from dohnuts.bench.report.status import log
 from dohnuts.bench.report.terminal import SafeConsole
 from dohnuts.bench.store.baselines import DEFAULT_ROOT, MANIFEST, compact_run
@@ -67,6 +67,7 @@ def run(args) -> int:
     # import takes seconds
     import torch
 
+    # imports torch: only once the command line's checks have passed (they run before torch)
     from dohnuts.bench.measure.provenance import git_revision
 
     if not 2 <= args.runs <= MAX_RUNS:
@@ -80,7 +81,7 @@ def run(args) -> int:
     saved = torch.get_num_threads()
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
-    machine = this_machine(device)
+    machine = machine_id.this_machine(device)
     torch.set_num_threads(saved)
     into = check_output_folder(args.into, field="--into", error=ConfigError, create=False, holds_new_folders=True)
     folder = into / machine

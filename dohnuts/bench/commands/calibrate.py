@@ -21,9 +21,19 @@ import time
 from pathlib import Path
 
 import yaml
+from rich.table import Table
+from rich.text import Text
 
+from dohnuts.bench import plugins
+from dohnuts.bench.analysis.hwspec import hwspec_for_device, parse_hwspec
 from dohnuts.bench.commands.options import add_hwspec
+from dohnuts.bench.contracts import RunContext
+from dohnuts.bench.measure.telemetry import TelemetryThread
+from dohnuts.bench.plugins import samplers
+from dohnuts.bench.report.terminal import stdout_console
 from dohnuts.errors import ConfigError
+from dohnuts.schema import check_output_file, read_yaml, write_text_atomic
+from dohnuts.schema.strict_yaml import StrictLoader, yaml_error
 
 METHOD = "dohnuts-bench calibrate (the run-start microbenchmarks, bench_plugins/analyzers/microbench.py)"
 # A top-level `measured:` block: its key line and every line after it up to the next top-level key.
@@ -53,9 +63,6 @@ def with_measured_section(text: str, section: dict) -> str:
 
 def measure(device, console) -> dict:
     """The run-start measurements of `device`, through the prepare hook (dohnuts_bench_plugins.analyzers)."""
-    from dohnuts.bench.contracts import RunContext
-    from dohnuts.bench import plugins
-
     with tempfile.TemporaryDirectory(prefix="dohnuts-calibrate-") as tmp:
         run = RunContext(run_id="calibrate", run_dir=Path(tmp), device=device, hwspec=None, console=console)
         plugins.plugin_manager().hook.dohnuts_bench_prepare_run(run=run)
@@ -68,6 +75,7 @@ def measure(device, console) -> dict:
 def section_for(device, ceilings: dict, facts: dict) -> dict:
     """The `measured:` section (dohnuts.bench.analysis.hwspec_file.MeasuredSection) of these
     measurements: each with its value, kind, unit, method and date, and where they came from."""
+    # imports torch: only once the command line's checks have passed (they run before torch)
     from dohnuts.bench.measure.provenance import device_info, git_revision, package_versions
 
     packages = {k: v for k, v in package_versions().items() if v != "absent"}
@@ -83,16 +91,11 @@ def section_for(device, ceilings: dict, facts: dict) -> dict:
 
 
 def run(args) -> int:
+    # imports torch: only once the command line's checks have passed (they run before torch)
     import torch
 
-    from dohnuts.bench.analysis.hwspec import parse_hwspec
-    from dohnuts.bench.report.terminal import stdout_console
-    from dohnuts.bench import plugins
-    from dohnuts.bench.plugins import samplers
+    # imports torch: only once the command line's checks have passed (they run before torch)
     from dohnuts.bench.measure.provenance import device_info
-    from dohnuts.bench.analysis.hwspec import hwspec_for_device
-    from dohnuts.bench.measure.telemetry import TelemetryThread
-    from dohnuts.schema import check_output_file, read_yaml, write_text_atomic
 
     console = stdout_console()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -108,7 +111,6 @@ def run(args) -> int:
     # may be named (its measured: section is replaced, the rest kept), so it is not counted an input here
     check_output_file(out, field="--write", what="a YAML file to write", error=ConfigError, make_folder="later")
     if not spec.matches(name):
-        from rich.text import Text
 
         console.print(Text.assemble(("note", "yellow"), f": {spec.name} does not describe this device ({name}); its "
                                     "copy gets this device's measurements (a dry run)"))
@@ -130,8 +132,6 @@ def run(args) -> int:
 
 def parse_text(text: str, source: str):
     """`text` parsed as dohnuts.schema.read_yaml parses a file (a duplicate key refused)."""
-    from dohnuts.schema.strict_yaml import StrictLoader, yaml_error
-
     try:
         return yaml.load(text, Loader=StrictLoader)
     except (yaml.YAMLError, RecursionError, ValueError) as exc:
@@ -140,8 +140,6 @@ def parse_text(text: str, source: str):
 
 def _print(console, spec, section: dict, out: Path) -> None:
     """Each measurement beside the datasheet ceiling of the role it bounds."""
-    from rich.table import Table
-
     t = Table(title=f"{section['device']}: measured into {out}")
     for col in ("measurement", "value", "datasheet ceiling of its role", "fraction"):
         t.add_column(col)

@@ -51,8 +51,21 @@ import statistics
 import sys
 from pathlib import Path
 
-from dohnuts.bench.commands.options import add_json_output
-from dohnuts.errors import DohnutsError
+from dohnuts.bench import plugins
+from dohnuts.bench.analysis.compare import SLOWER, WALL, compare_samples, steady_loads, steady_samples
+from dohnuts.bench.analysis.load_verdict import weigh
+from dohnuts.bench.analysis.records import read_jsonl
+from dohnuts.bench.analysis.rounds import judge_rounds, round_effect
+from dohnuts.bench.commands.options import add_json_output, check_json_output
+from dohnuts.bench.measure import interleave
+from dohnuts.bench.measure.workload import check_unique_names, load_workload, standard_files
+from dohnuts.bench.plugins import check_target_options, collect
+from dohnuts.bench.report.status import log
+from dohnuts.bench.store.baselines import DEFAULT_ROOT, MANIFEST, baseline_machine, baseline_runs
+from dohnuts.bench.store.summary_file import MAX_JSON_BYTES
+from dohnuts.errors import ConfigError, DohnutsError
+from dohnuts.schema import MIB, read_json, write_json
+from dohnuts.threads import DEFAULT_CPU_THREADS
 
 PASSED, REGRESSION, BAD_INPUT = 0, 1, 2
 
@@ -62,7 +75,6 @@ def timings(path: str | Path) -> dict[str, list[float]]:
     path = Path(path)
     if path.is_dir() or path.name.startswith("results.jsonl"):
         return _run_timings(path)
-    from dohnuts.schema import MIB, read_json
 
     data = read_json(path, max_bytes=256 * MIB, error=DohnutsError, what="a pytest-benchmark JSON file")
     try:
@@ -78,9 +90,6 @@ def timings(path: str | Path) -> dict[str, list[float]]:
 
 
 def _run_timings(path: Path) -> dict[str, list[float]]:
-    from dohnuts.bench.analysis.compare import WALL, steady_samples
-    from dohnuts.bench.analysis.records import read_jsonl
-
     if path.is_dir():
         path = next((path / n for n in ("results.jsonl", "results.jsonl.gz") if (path / n).is_file()), path)
     if not path.is_file():
@@ -92,8 +101,6 @@ def _run_timings(path: Path) -> dict[str, list[float]]:
 def run_load(path: str | Path) -> float | None:
     """Cores other processes kept busy while a dohnuts-bench run measured (the median of its
     records' `load` telemetry), or None (a pytest-benchmark file, a run without that telemetry)."""
-    from dohnuts.bench.analysis.records import read_jsonl
-
     path = Path(path)
     if path.is_dir():
         path = next((path / n for n in ("results.jsonl", "results.jsonl.gz") if (path / n).is_file()), path)
@@ -108,9 +115,6 @@ def run_load(path: str | Path) -> float | None:
 def run_loads(paths: list[str | Path]) -> dict:
     """Per benchmark (`workload · target`), the load (load_verdict.Load) the steady calls of these
     dohnuts-bench runs measured under, pooled; empty for pytest-benchmark files."""
-    from dohnuts.bench.analysis.compare import steady_loads
-    from dohnuts.bench.analysis.records import read_jsonl
-
     records = []
     for path in map(Path, paths):
         if path.is_dir():
@@ -140,9 +144,6 @@ def gate(baselines: list[dict[str, list[float]]], current: dict[str, list[float]
     """(passed, one line per benchmark) — the verdicts of compare_samples, B = current over A = the
     pooled baseline runs, with the tolerance of the module docstring, weighed by the loads each
     measured under (`run_loads`; none known: the plain verdict)."""
-    from dohnuts.bench.analysis.compare import SLOWER, compare_samples
-    from dohnuts.bench.analysis.load_verdict import weigh
-
     ok, lines = True, []
     names = sorted({n for b in baselines for n in b} | set(current))
     for name in names:
@@ -166,9 +167,6 @@ def gate(baselines: list[dict[str, list[float]]], current: dict[str, list[float]
 def run_machine(path: str | Path) -> str | None:
     """The machine id a dohnuts-bench run recorded (run.json `measured.machine.id`), or None (no
     run.json, or one that cannot be read: a FIFO or a device is refused by its stat, never read)."""
-    from dohnuts.bench.store.summary_file import MAX_JSON_BYTES
-    from dohnuts.schema import read_json
-
     path = Path(path)
     run_dir = path if path.is_dir() else path.parent
     try:
@@ -181,8 +179,6 @@ def run_machine(path: str | Path) -> str | None:
 
 def baseline_paths(args_baseline: list[str] | None, current: str, root: Path) -> list[Path]:
     """The baseline runs: each BASE expanded (a baseline folder → its runs), or this machine's."""
-    from dohnuts.bench.store.baselines import MANIFEST, baseline_machine, baseline_runs
-
     machine = run_machine(current)
     if not args_baseline:
         if machine is None:
@@ -216,14 +212,12 @@ def run(args) -> int:
     if len(args.inputs) != 1:
         raise DohnutsError(f"gate takes one CURRENT run (or --against REV and workload files), got "
                            f"{len(args.inputs)}", source="command line")
-    from dohnuts.bench.store.baselines import DEFAULT_ROOT
 
     (path,) = args.inputs
     current = timings(path)
     bases = baseline_paths(args.baseline, path, Path(args.baselines_root or DEFAULT_ROOT))
     baselines = [timings(b) for b in bases]
     if len(baselines) < 2:
-        from dohnuts.bench.report.status import log
 
         log.warning("one baseline run (%s): no drift between runs measured, the tolerance is --min-effect alone",
                     bases[0])
@@ -257,9 +251,6 @@ def _printable(text: str) -> str:
 def rounds_gate(result, *, min_effect: float = ROUNDS_MIN_EFFECT, confidence: float = ROUNDS_CONFIDENCE):
     """(passed, one line per workload · target, the verdicts) of an interleaved run
     (dohnuts.bench.measure.interleave.RoundsResult), by the rule of dohnuts.bench.analysis.rounds."""
-    from dohnuts.bench.analysis.compare import SLOWER
-    from dohnuts.bench.analysis.rounds import judge_rounds, round_effect
-
     ok, lines, rows = True, [], []
     for name in result.groups:
         row = judge_rounds(name, [round_effect(p) for p in result.pairs[name]], confidence=confidence,
@@ -279,10 +270,6 @@ def rounds_gate(result, *, min_effect: float = ROUNDS_MIN_EFFECT, confidence: fl
 def _workload_files(inputs: list[str]) -> list[Path]:
     """The workload files named (default: the standard suite), each checked by this build's reader
     before anything is exported or started: a bad file is one line, exit 2."""
-    from dohnuts.bench import plugins
-    from dohnuts.bench.plugins import check_target_options, collect
-    from dohnuts.bench.measure.workload import check_unique_names, load_workload, standard_files
-
     files = [Path(f).resolve() for f in inputs] or standard_files()
     pm = plugins.plugin_manager()
     kinds = collect(pm, "dohnuts_bench_register_workload_kinds")
@@ -295,8 +282,6 @@ def _workload_files(inputs: list[str]) -> list[Path]:
 
 
 def _check_rounds_args(args) -> None:
-    from dohnuts.errors import ConfigError
-
     if args.baseline or args.baselines_root:
         raise ConfigError("the interleaved gate (--against) measures its own base: no --baseline",
                           source="command line", field="--baseline")
@@ -312,11 +297,6 @@ def _check_rounds_args(args) -> None:
 
 def run_rounds(args) -> int:
     """`gate --against REV [WORKLOAD ...]`: the interleaved gate (module docstring)."""
-    from dohnuts.bench.measure import interleave
-    from dohnuts.bench.commands.options import check_json_output
-    from dohnuts.threads import DEFAULT_CPU_THREADS
-    from dohnuts.bench.report.status import log
-
     _check_rounds_args(args)
     rounds, calls = _or(args.rounds, DEFAULT_ROUNDS), _or(args.calls, DEFAULT_CALLS)
     min_effect, confidence = _or(args.min_effect, ROUNDS_MIN_EFFECT), _or(args.confidence, ROUNDS_CONFIDENCE)
@@ -347,7 +327,6 @@ def run_rounds(args) -> int:
         lines.append(f"load (cores kept busy by other processes) per round: {', '.join(f'{x:.2f}' for x in loads)}")
     print("\n".join(lines))
     if json_out is not None:
-        from dohnuts.schema import write_json
 
         write_json(json_out, {
             "schema": 1, "against": args.against, "base_commit": commit, "candidate": str(candidate),

@@ -29,8 +29,9 @@ ARCHIVE_ROOT = Path("results")
 
 
 def setup_arguments(subparsers) -> None:
-    h = subparsers.add_parser("history", help="per machine, workload, target and stage: the runs in the store over "
-                                              "revisions, level shifts flagged (one line a series; --tables for every run)")
+    h = subparsers.add_parser("history", help="per machine, workload, target and stage: the runs in the store "
+                                              "over revisions, level shifts flagged (one line a series; --tables "
+                                              "for every run)")
     add_store(h, default=str(DEFAULT_STORE), help=f"the run store (default: {DEFAULT_STORE})")
     h.add_argument("--machine", help="only this machine id (run.json measured.machine.id, e.g. nvidia-h200; "
                                      "default: all)")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from dohnuts.bench.measure.workload import shape_fields
 from dohnuts.bench import plugins
+from dohnuts.bench.measure.workload import shape_fields
 from dohnuts.bench.plugins import collect, samplers
 from dohnuts.bench.report.terminal import stdout_console
 

@@ -34,9 +34,9 @@ import dataclasses
 import math
 from pathlib import Path
 
+from dohnuts.bench import plugins
 from dohnuts.bench.commands.options import DEFAULT_RESULTS, add_hwspec, add_quiet, add_store, add_threads, add_workloads
 from dohnuts.bench.measure.workload import check_workload_file, standard_files
-from dohnuts.bench import plugins
 from dohnuts.bench.plugins import collect
 from dohnuts.bench.report.terminal import stdout_console
 from dohnuts.errors import ConfigError
@@ -124,6 +124,7 @@ def run(args, console=None) -> int:
     # torch, and the session that measures with it: only once the checks above have passed
     import torch
 
+    # imports torch: only once the command line's checks have passed (they run before torch)
     from dohnuts.bench.commands.session import RunSession
 
     threads = torch.get_num_threads()

@@ -22,7 +22,12 @@ from pathlib import Path
 
 import msgspec
 
+from dohnuts.bench import plugins
+from dohnuts.bench.analysis.records import ReportedRecord
+from dohnuts.bench.measure.workload import WorkloadFile
+from dohnuts.bench.plugins import collect
 from dohnuts.errors import DohnutsError
+from dohnuts.schema import check_output, dumps, write_text_atomic
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 WHICH = ("record", "workload")
@@ -30,8 +35,6 @@ WHICH = ("record", "workload")
 
 def record_schema() -> dict:
     """The schema of one results.jsonl line (`ReportedRecord`)."""
-    from dohnuts.bench.analysis.records import ReportedRecord
-
     return {"$schema": DIALECT, "title": "dohnuts-bench record (results.jsonl line)"} | msgspec.json.schema(
         ReportedRecord)
 
@@ -39,11 +42,7 @@ def record_schema() -> dict:
 def workload_schema(kinds: dict | None = None) -> dict:
     """The schema of a workload file (`WorkloadFile`), each kind's `shape` typed by its `Shape`.
     `kinds`: name → registered kind (default: the installed plugins')."""
-    from dohnuts.bench.measure.workload import WorkloadFile
-
     if kinds is None:
-        from dohnuts.bench import plugins
-        from dohnuts.bench.plugins import collect
 
         kinds = collect(plugins.plugin_manager(), "dohnuts_bench_register_workload_kinds")
     names = sorted(kinds)
@@ -65,8 +64,6 @@ def schemas(which: str | None = None) -> dict:
 
 
 def run(args) -> int:
-    from dohnuts.schema import check_output, dumps, write_text_atomic
-
     if args.out:
         check_output(args.out, field="--out", what="a JSON file to write")
     text = dumps(schemas(args.which), indent=2) + "\n"

@@ -16,10 +16,9 @@ import torch
 from dohnuts.bench.analysis.hwspec import hwspec_for_device, hwspec_ref
 from dohnuts.bench.analysis.summary import summarize, summary_json
 from dohnuts.bench.contracts import RunContext
-from dohnuts.bench.measure.machine_id import this_machine
+from dohnuts.bench.measure import machine_id, runner
 from dohnuts.bench.measure.provenance import device_info, provenance
 from dohnuts.bench.measure.run_clock import RunClock
-from dohnuts.bench.measure import runner
 from dohnuts.bench.measure.runner import resolve_device, runnable_here
 from dohnuts.bench.measure.telemetry import TelemetryThread, default_min_clock_fraction
 from dohnuts.bench.measure.trained_model import serving_specs, trained_model
@@ -99,7 +98,7 @@ class RunSession:
         self.run_dir, self.results = run_dir, run_dir / "results.jsonl"
         self.context = RunContext(run_id=run_id, run_dir=run_dir, device=device, hwspec=self.hwspec,
                                   console=self.console, profile=args.profile)
-        self.context.measured["machine"] = {"id": this_machine(device)}  # what a gate baseline is kept per
+        self.context.measured["machine"] = {"id": machine_id.this_machine(device)}  # what a gate baseline is kept per
         self.clock = RunClock(self.context.measured.setdefault("timing", {}))
         self.samplers = samplers(self.pm)
         for s in self.samplers:
@@ -130,8 +129,8 @@ class RunSession:
                         for spec in self.runnable:
                             for n in spec.processes:
                                 if n == 1:
-                                    runner.measure_workload(run, pm, spec, self.kinds, self.targets, self.telemetry, out,
-                                                     progress)
+                                    runner.measure_workload(run, pm, spec, self.kinds, self.targets, self.telemetry,
+                                                            out, progress)
                                 else:  # the launcher's processes measure on their own devices; the parent waits
                                     progress.phase(f"{spec.name} at {n} processes ({spec.launcher})")
                                     self.launchers[spec.launcher].launch(

@@ -18,8 +18,8 @@ from dohnuts.bench.calls import CallResult
 from dohnuts.bench.contracts import Target, TargetCapabilities
 from dohnuts.bench.measure.record import CallMeasurement, TargetContext, call_record, stages_dict
 from dohnuts.bench.measure.serving.variety import ServedFacts, ServedSet, graph_counts
-from dohnuts.bench.sink import RecordSink
 from dohnuts.bench.measure.telemetry import call_energy
+from dohnuts.bench.sink import RecordSink
 from dohnuts.runtime.timing import NULL_TIMER, StageTimer, empty_stage_cost
 
 # The first measured calls of a target each follow an untimed twin: the same call with the

@@ -23,16 +23,18 @@ stdout is the protocol alone: anything else a library prints goes to stderr.
 Only the standard library is imported at the top: `dohnuts` is imported inside `main`, from the tree
 the side was started with. What it uses of the harness is the plugin contract (docs/plugins.md)
 and the run loop's helpers, so a base revision must be recent enough to have them
-(`resolve_device`, `resolve_dtype`, `load_workload`, `WorkloadContext`); one that lacks them is
-refused with that line.
+(`resolve_device`, `resolve_dtype`, `load_workload`, `WorkloadContext`; `_harness` finds them in
+the bench's layout before and after its floor plan); one that lacks them is refused with that line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import time
+from pathlib import Path
 
 
 def _timed_ms(target, call, device, timer_cls, synchronize) -> float:
@@ -44,14 +46,31 @@ def _timed_ms(target, call, device, timer_cls, synchronize) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def _harness():
+    """(load_workload, resolve_device, resolve_dtype, synchronize) of the side's harness: where the
+    bench's floor plan puts them (dohnuts.bench.measure), or, for a base revision from before it,
+    where they were (dohnuts.bench.workload, .runner, .measure)."""
+    try:
+        # the side's own tree: imported once its PYTHONPATH is set (module docstring)
+        from dohnuts.bench.measure.call import synchronize
+        from dohnuts.bench.measure.runner import resolve_device, resolve_dtype
+        from dohnuts.bench.measure.workload import load_workload
+    except ImportError:
+        # a revision from before the floor plan (issue 46): its own modules, where they were then
+        from dohnuts.bench.measure import synchronize
+        from dohnuts.bench.runner import resolve_device, resolve_dtype
+        from dohnuts.bench.workload import load_workload
+    return load_workload, resolve_device, resolve_dtype, synchronize
+
+
 def _groups(files: list[str]):
     """(workload spec, target spec, registered target, device) of every group that can run here, in
     the order of the files and their targets (as `dohnuts-bench run` measures); the skipped lines;
     the files of the built-in `workloads` and `targets` plugins (the gate checks they are the side's)."""
+    # the side's own tree: imported once its PYTHONPATH is set (module docstring)
     from dohnuts.bench.plugins import check_target_options, collect, plugin_manager
-    from dohnuts.bench.measure.runner import resolve_device
-    from dohnuts.bench.measure.workload import load_workload
 
+    load_workload, resolve_device, _, _ = _harness()
     pm = plugin_manager()
     kinds = collect(pm, "dohnuts_bench_register_workload_kinds")
     targets = collect(pm, "dohnuts_bench_register_targets")
@@ -82,18 +101,16 @@ def main(argv: list[str]) -> int:
 
     threads, cpu, workdir, files = int(argv[0]), int(argv[1]), argv[2], argv[3:]
     try:
-        import random
-        from pathlib import Path
-
+        # torch and the side's own tree: imported once its PYTHONPATH is set (module docstring)
         import torch
 
         import dohnuts
         from dohnuts.bench.contracts import WorkloadContext
-        from dohnuts.bench.measure.call import synchronize
-        from dohnuts.bench.measure.runner import resolve_dtype
         from dohnuts.model.build import resolve_source
         from dohnuts.runtime.timing import StageTimer
         from dohnuts.runtime.tokenizer import tokenizer_for
+
+        _, _, resolve_dtype, synchronize = _harness()
 
         groups, skipped, plugins = _groups(files)
         if any(g[4].type == "cpu" for g in groups):

@@ -7,6 +7,7 @@ import datetime
 import time
 
 import torch
+import torch.distributed as dist
 
 from dohnuts.bench.analysis.quantiles import quantile
 from dohnuts.runtime.collectives import collective_device
@@ -19,7 +20,6 @@ def allreduce_busbw(world: World, nbytes: int = 64 << 20, repeat: int = 10) -> d
     interconnect's measured ceiling. Every rank must call it; rank 0 gets the entry, others None."""
     if not world.distributed:
         return None
-    import torch.distributed as dist
 
     dev = collective_device()
     x = torch.ones(nbytes // 4, dtype=torch.float32, device=dev)

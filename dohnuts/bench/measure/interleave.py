@@ -37,12 +37,17 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import psutil
+
+from dohnuts.bench.measure import gate_worker
+from dohnuts.bench.measure.telemetry import BUSY_FIELDS
 from dohnuts.bench.report.status import log
 from dohnuts.errors import ConfigError, DohnutsError
 
@@ -109,10 +114,6 @@ class ExternalLoad:
 
     @staticmethod
     def _read(workers) -> tuple[float, float]:
-        import psutil
-
-        from dohnuts.bench.measure.telemetry import BUSY_FIELDS
-
         own, every = psutil.Process().cpu_times(), psutil.cpu_times()
         busy = sum(getattr(every, f, 0.0) for f in BUSY_FIELDS)
         return busy, own.user + own.system + sum(w.cpu_seconds() for w in workers)
@@ -239,8 +240,6 @@ class WorkerProcess:
     """A gate_worker process of one side (module docstring of dohnuts.bench.measure.gate_worker)."""
 
     def __init__(self, side: Side, proc: subprocess.Popen, log_path: Path):
-        import psutil
-
         self.side, self.proc, self.log_path = side, proc, log_path
         self._ps = psutil.Process(proc.pid)
         self._groups: list[str] | None = None
@@ -272,7 +271,6 @@ class WorkerProcess:
     @classmethod
     def start(cls, side: Side, files: list[Path], scratch: Path, round_index: int, *, threads: int,
               trees: tuple[Path, ...], cpu: int | None = None) -> WorkerProcess:
-        from dohnuts.bench.measure import gate_worker
 
         folder = scratch / f"round-{round_index + 1}" / side.name
         folder.mkdir(parents=True)
@@ -324,8 +322,6 @@ class WorkerProcess:
         self._send({"close": k}, "closed")
 
     def cpu_seconds(self) -> float:
-        import psutil
-
         try:
             t = self._ps.cpu_times()
         except psutil.Error:
@@ -343,8 +339,6 @@ class WorkerProcess:
 
 
 def make_scratch() -> Path:
-    import tempfile
-
     return Path(tempfile.mkdtemp(prefix="dohnuts-gate-"))
 
 

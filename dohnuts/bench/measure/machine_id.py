@@ -15,6 +15,8 @@ import platform
 import re
 from pathlib import Path
 
+import psutil
+
 
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo on Linux), else what `platform` knows."""
@@ -47,7 +49,7 @@ def machine_id(device_type: str, *, gpu_name: str | None = None, cores: int | No
 
 def this_machine(device) -> str:
     """The id of a run on `device` (a torch.device) with torch's current threads."""
-    import psutil
+    # torch: the store's commands read machine ids without it
     import torch
 
     if device.type == "cuda":

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from dohnuts.ops import kernel_status
+
 # triton: PyPI's (CUDA, CPU); pytorch-triton-rocm: the Triton the ROCm wheel of torch ships.
 # nvidia-ml-py and amdsmi: the telemetry libraries of the `nvidia` and `amd` extras.
 PACKAGES = ("dohnuts", "torch", "triton", "pytorch-triton-rocm", "fla-core", "transformers", "pluggy", "numpy",
@@ -86,8 +88,6 @@ def device_info(device: torch.device) -> dict:
 def provenance(device: torch.device, telemetry=None) -> dict:
     """Everything a record says about where it came from. `telemetry`: the run's TelemetryThread,
     whose samplers describe the GPU (`gpu`: {sampler: facts}; empty on a CPU run)."""
-    from dohnuts.ops import kernel_status
-
     info = device_info(device)
     if device.type == "cuda":
         info["kernels"] = kernel_status(device)

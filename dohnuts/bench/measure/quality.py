@@ -29,13 +29,16 @@ from pathlib import Path
 
 import torch
 
+from dohnuts.bench.analysis.records import gap_words
 from dohnuts.bench.calls import PredictCall
 from dohnuts.bench.measure.record import CallMeasurement, TargetContext, call_record, stages_dict
-from dohnuts.bench.report.status import log
 from dohnuts.bench.measure.telemetry import call_energy
+from dohnuts.bench.report.status import log
 from dohnuts.errors import ConfigError, DohnutsError
+from dohnuts.ops._dispatch import reference
 from dohnuts.runtime.requests import Request, read_requests, require_rewards
 from dohnuts.runtime.timing import NULL_TIMER, StageTimer
+from dohnuts.train.digits import write_digits
 
 REFERENCE = "FP32, plain-torch ops, no sharing, eager"
 # At a lower precision the same path at that precision is the yardstick: its own gap to the FP32
@@ -55,8 +58,6 @@ def reference_outputs(spec, entry, tspec, device: torch.device, calls: list[Pred
                       dtype: torch.dtype = torch.float32) -> list:
     """The reference path's outputs (RequestResults) for `calls`, for target entry `tspec`: FP32,
     or at `dtype` for the yardstick."""
-    from dohnuts.ops._dispatch import reference
-
     options = entry.reference_options(entry.options(tspec.options, source=spec.file))
     with reference():
         target, _ = entry.build(spec, device, dtype, options)
@@ -134,7 +135,6 @@ def request_set(which: str, split: str, limit: int, workdir: Path, *, labelled: 
     request file (a path: absolute, or relative to the folder of the workload file `source`);
     at most `limit` (0: all). `labelled`: every question must carry an answer or rewards."""
     if which == "digits":
-        from dohnuts.train.digits import write_digits
 
         folder = workdir / "digits"
         if not (folder / f"{split}.jsonl").is_file():

@@ -31,22 +31,24 @@ from dohnuts.bench.measure.quality import (
     can_score, check_agreement, labelled_set, measure_accuracy, reference_key, reference_outputs, sample_calls,
 )
 from dohnuts.bench.measure.record import TargetContext
-from dohnuts.bench.store.rundir import derived_name
 from dohnuts.bench.measure.serving.scenario import measure_scenario
 from dohnuts.bench.measure.serving.variety import ServedSet
-from dohnuts.bench.report.status import log
 from dohnuts.bench.measure.trace import PROFILED_CALLS, profile_calls, trace_path
+from dohnuts.bench.report.status import log
+from dohnuts.bench.store.rundir import derived_name
+from dohnuts.errors import ConfigError
+from dohnuts.model.build import resolve_source
 from dohnuts.runtime.collectives import any_rank, barrier, max_over_ranks
 from dohnuts.runtime.process_group import SINGLE, World
 from dohnuts.runtime.timing import StageTimer
-from dohnuts.errors import ConfigError
+from dohnuts.runtime.tokenizer import tokenizer_for
 from dohnuts.schema import short
 
 if TYPE_CHECKING:
-    from dohnuts.bench.plugins import RegisteredKind, RegisteredTarget
-    from dohnuts.bench.sink import RecordSink
     from dohnuts.bench.measure.telemetry import TelemetryThread
     from dohnuts.bench.measure.workload import WorkloadSpec
+    from dohnuts.bench.plugins import RegisteredKind, RegisteredTarget
+    from dohnuts.bench.sink import RecordSink
 
 
 def resolve_device(spec: WorkloadSpec) -> torch.device | None:
@@ -125,9 +127,6 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict[str, R
     ...: data parallelism). The ranks agree on every count (warm-up, measured calls, the
     adaptive extension), start the measured calls and the stream together, and stamp each
     record with `rank` and `world_size`."""
-    from dohnuts.model.build import resolve_source
-    from dohnuts.runtime.tokenizer import tokenizer_for
-
     device = resolve_device(spec)
     if device.type == "cuda" and world.distributed:
         device = torch.device("cuda", world.local_rank)  # one GPU per rank

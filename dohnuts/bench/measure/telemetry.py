@@ -42,6 +42,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from dohnuts.errors import ConfigError
+
 DEFAULT_MIN_CLOCK_FRACTION = 0.9
 _LOOKBACK_S = 5.0
 CLOCK_KEYS = (("sm_clock_mhz", "max_sm_clock_mhz", "SM"), ("gfx_clock_mhz", "max_gfx_clock_mhz", "GFX"))
@@ -57,8 +59,6 @@ NO_ENERGY_COUNTER = "no telemetry sampler reads an energy counter here (no GPU s
 def default_min_clock_fraction() -> float:
     """0.9, or `DOHNUTS_BENCH_MIN_CLOCK_FRACTION` when set (a number in (0, 1]); anything else is one
     ConfigError line naming the variable."""
-    from dohnuts.errors import ConfigError
-
     raw = os.environ.get("DOHNUTS_BENCH_MIN_CLOCK_FRACTION")
     if raw is None or not raw.strip():
         return DEFAULT_MIN_CLOCK_FRACTION

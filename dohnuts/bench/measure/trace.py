@@ -21,9 +21,12 @@ numbers are those of an unprofiled one. Single-process workloads only.
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from dohnuts.bench.store.rundir import derived_name, new_file
 from dohnuts.runtime.timing import StageTimer
@@ -48,8 +51,6 @@ def profile_calls(target, calls: list, device: torch.device, path: Path) -> int:
     """Run `calls` on `target` under torch.profiler, each stage a named range; write the trace to
     `path` (gzipped Chrome JSON) and the operator table beside it (`ops_path`). Returns the number
     of calls profiled."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     path.parent.mkdir(parents=True, exist_ok=True)
     with profile(activities=activities, record_shapes=True) as prof:
@@ -68,8 +69,6 @@ def profile_calls(target, calls: list, device: torch.device, path: Path) -> int:
     parts = [f"{len(calls)} steady calls under torch.profiler, by {key}\n{table}",
              f"The same, grouped by the operators' input shapes\n{shapes}"]
     if device.type == "cuda":
-        import gzip
-        import json
 
         with gzip.open(path, "rt") as f:
             parts.append(stage_kernels_text(stage_kernels(json.load(f), len(calls))))

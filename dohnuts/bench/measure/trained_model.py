@@ -24,8 +24,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from dohnuts.adapters import read_adapter_meta
+from dohnuts.bench.measure.workload import TargetSpec
 from dohnuts.bench.report.status import log
 from dohnuts.errors import CheckpointError, ConfigError
+from dohnuts.train.checkpoints import latest_checkpoint, read_checkpoint
 
 PREDICTION_TARGET = "dohnuts"
 _PRESET_WEIGHTS = re.compile(r"preset:(?P<name>[\w.\-]+):seed(?P<seed>-?\d+):\w+")
@@ -43,9 +46,6 @@ class TrainedModel:
 
 def trained_model(path: str | Path) -> TrainedModel:
     """The trained model at `path` (module docstring); CheckpointError naming it otherwise."""
-    from dohnuts.adapters import read_adapter_meta
-    from dohnuts.train.checkpoints import latest_checkpoint, read_checkpoint
-
     p = Path(path)
     if p.is_dir():
         if (p / "manifest.json").is_file():  # one checkpoint of a run
@@ -82,8 +82,6 @@ def serving_specs(specs: list, trained: TrainedModel) -> list:
     """The workloads to measure the trained model on: each prediction workload with the trained
     base, its seed, and the dohnuts target serving the adapter; training workloads left out, with
     the reason, and the peers dropped (they would run the base weights)."""
-    from dohnuts.bench.measure.workload import TargetSpec
-
     out = []
     for spec in specs:
         if spec.kind == "train-step":

@@ -15,9 +15,24 @@ ceiling) into `RANKS_DIR/measured.json`; a rank whose target failed (out of memo
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
+import torch
+
+from dohnuts.bench import plugins
+from dohnuts.bench.contracts import RunContext
+from dohnuts.bench.measure import runner
+from dohnuts.bench.measure.interconnect import allreduce_busbw
+from dohnuts.bench.measure.telemetry import TelemetryThread
+from dohnuts.bench.measure.workload import load_workload
+from dohnuts.bench.plugins import check_target_options, collect, samplers
+from dohnuts.bench.report.terminal import SafeConsole
+from dohnuts.bench.sink import RecordSink
+from dohnuts.runtime.collectives import barrier
+from dohnuts.runtime.process_group import join, leave
+from dohnuts.schema import write_json
 
 FAULT = "DOHNUTS_BENCH_FAULT_EXIT"
 
@@ -26,8 +41,6 @@ def _fault_from_environment():
     """The launcher tests' fault injection: DOHNUTS_BENCH_FAULT_EXIT="rank=R,call=I" makes rank R
     of a multi-process measurement exit abruptly (status 17, nothing flushed) before its measured
     call I. A test hook of this worker only: nothing else reads it."""
-    import os
-
     spec = os.environ.get(FAULT)
     if not spec:
         return None
@@ -50,18 +63,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--telemetry-interval", type=float, default=0.1)
     args = p.parse_args(argv)
 
-    from dohnuts.bench.contracts import RunContext
-    from dohnuts.bench.measure.interconnect import allreduce_busbw
-    from dohnuts.bench import plugins
-    from dohnuts.bench.plugins import check_target_options, collect, samplers
-    from dohnuts.bench.measure import runner
-    from dohnuts.bench.sink import RecordSink
-    from dohnuts.bench.measure.telemetry import TelemetryThread
-    from dohnuts.bench.report.terminal import SafeConsole
-    from dohnuts.bench.measure.workload import load_workload
-    from dohnuts.runtime.collectives import barrier
-    from dohnuts.runtime.process_group import join, leave
-    from dohnuts.schema import write_json
 
     world, device = join("cuda" if args.gpu else "cpu")
     out_dir = Path(args.dir)
@@ -70,7 +71,6 @@ def main(argv: list[str] | None = None) -> int:
     targets = collect(pm, "dohnuts_bench_register_targets")
     spec = load_workload(args.workload, kinds, targets, gpu=args.gpu)
     check_target_options(spec, targets)
-    import torch
 
     run = RunContext(run_id=args.run_id, run_dir=out_dir / f"rank{world.rank}", device=torch.device(device),
                      hwspec=None, console=SafeConsole(stderr=True, quiet=True),

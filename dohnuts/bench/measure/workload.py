@@ -61,6 +61,7 @@ about a second rather than after torch's import (18–30 s on a busy 2-core mach
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 from dataclasses import dataclass, field
 from importlib import resources
@@ -71,9 +72,11 @@ import msgspec
 import msgspec.inspect
 from msgspec import Meta
 
+from dohnuts.bench.analysis.hwspec import find_hwspec
 from dohnuts.bench.measure.serving.config import (
     SCENARIOS, AccuracyFields, AgreementFields, ServingFields, check_accuracy, check_serving,
 )
+from dohnuts.config import preset, preset_aliases, preset_names
 from dohnuts.errors import ConfigError, DohnutsError
 from dohnuts.schema import Invalid, NonBlank, convert, dumps, one_line_error, read_yaml, short
 
@@ -246,6 +249,7 @@ def load_workload(path: str | Path, kinds: dict, targets: dict, *, gpu: bool | N
     this machine has one. Both variants are validated either way, so a file that is wrong on the
     other kind of machine is refused here too."""
     if gpu is None:
+        # imports torch: workload files are checked before torch (check_workload_file), the model after
         import torch
 
         gpu = torch.cuda.is_available()
@@ -355,7 +359,7 @@ def check_unique_names(specs: list[WorkloadSpec]) -> None:
 def model_config(model: str, source: str):
     """The ModelConfig of a workload's `model` (a preset, or a checkpoint directory's config.json);
     a ConfigError naming the workload file and its `model` field otherwise."""
-    from dohnuts.config import preset, preset_aliases, preset_names
+    # imports torch: workload files are checked before torch (check_workload_file), the model after
     from dohnuts.model.build import resolve_source
 
     if not model.strip() or "\x00" in model:
@@ -371,8 +375,7 @@ def model_config(model: str, source: str):
 def runtime_max_len() -> int:
     """The longest sequence the runtime accepts: `dohnuts.api.load`'s `max_len` (8192), which both
     built-in targets run with."""
-    import inspect
-
+    # imports torch: workload files are checked before torch (check_workload_file), the model after
     import dohnuts.api
 
     default = inspect.signature(dohnuts.api.load).parameters["max_len"].default
@@ -452,8 +455,6 @@ def check_vary(kind, shape, vary, cfg, model: str, source: str) -> None:
 
 def _check_hwspec(name: str, source: str) -> None:
     """The workload's `hwspec:` must load; its error names this workload file and field too."""
-    from dohnuts.bench.analysis.hwspec import find_hwspec
-
     try:
         find_hwspec(name)
     except ConfigError as exc:

@@ -46,6 +46,13 @@ from typing import Annotated, Any
 
 import msgspec
 
+from dohnuts import __version__
+from dohnuts.bench.analysis.quantiles import mean_and_std
+from dohnuts.bench.analysis.records import (
+    LOCATION_KEY, group_key, per_call_records, stage_ms, target_label, valid_records, workload_label,
+)
+from dohnuts.bench.analysis.serving import load_curves
+from dohnuts.schema import dumps, printable
 
 FORMATS = ("pytest-benchmark", "pytorch", "csv")
 BENCHMARK_NAME = "dohnuts-bench"
@@ -53,8 +60,6 @@ BENCHMARK_NAME = "dohnuts-bench"
 
 def per_call_groups(records: list[dict]) -> dict[tuple[str, str], list[dict]]:
     """The summary's per-call groups (workload, target) → valid records, in measured order."""
-    from dohnuts.bench.analysis.records import group_key, per_call_records, valid_records
-
     kept, _ = valid_records(per_call_records(records))
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in kept:
@@ -119,8 +124,6 @@ def pytest_benchmark_stats(data: list[float]) -> dict:
 
 def pytest_benchmark_json(records: list[dict], meta: dict) -> dict:
     """The run as a pytest-benchmark JSON file (module docstring)."""
-    from dohnuts import __version__
-
     prov, machine = _provenance(records, meta), _machine(meta)
     device = prov.get("device") if isinstance(prov.get("device"), dict) else {}
     platform_words = str(prov.get("platform", ""))
@@ -203,9 +206,6 @@ class PyTorchRecord(msgspec.Struct, forbid_unknown_fields=True):
 
 def pytorch_records(records: list[dict], meta: dict) -> list[dict]:
     """The run in the PyTorch OSS benchmark database's v3 format (module docstring)."""
-    from dohnuts.bench.analysis.quantiles import mean_and_std
-    from dohnuts.bench.analysis.records import target_label, workload_label
-
     prov, machine = _provenance(records, meta), _machine(meta)
     device = prov.get("device") if isinstance(prov.get("device"), dict) else {}
     gpu = device.get("type") == "cuda"
@@ -254,9 +254,6 @@ def _serving_records(records: list[dict], runner: dict) -> list[dict]:
     vLLM's names (`mean_e2el_ms`, `p99_ttft_ms`, ..., dohnuts.bench.measure.serving.stats) and
     `request_throughput`, `request_goodput`, `completed`; the point's rate or clients in
     `benchmark.extra_info`."""
-    from dohnuts.bench.analysis.records import target_label, workload_label
-    from dohnuts.bench.analysis.serving import load_curves
-
     precision = {(workload_label(r), target_label(r)): r["precision"] for r in records}
     out = []
     for c in load_curves(records):
@@ -287,8 +284,6 @@ FORMULA_START = ("=", "+", "-", "@")
 
 
 def _cell(value: Any) -> Any:
-    from dohnuts.schema import printable
-
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -300,8 +295,6 @@ def _cell(value: Any) -> Any:
 
 
 def _csv_row(r: dict) -> dict:
-    from dohnuts.bench.analysis.records import LOCATION_KEY, stage_ms
-
     extra = r.get("extra") if isinstance(r.get("extra"), dict) else {}
     serving = extra.get("serving") if isinstance(extra.get("serving"), dict) else {}
     point = serving.get("point") if isinstance(serving.get("point"), dict) else {}
@@ -344,8 +337,6 @@ def csv_text(records: list[dict]) -> str:
 
 def export_text(fmt: str, records: list[dict], meta: dict) -> str:
     """The run's records (and its run.json's `meta`) as format `fmt`'s text."""
-    from dohnuts.schema import dumps
-
     if fmt == "pytest-benchmark":
         return dumps(pytest_benchmark_json(records, meta), indent=4) + "\n"
     if fmt == "pytorch":

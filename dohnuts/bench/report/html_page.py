@@ -29,8 +29,11 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit
 
-from dohnuts.bench.analysis.records import overhead_text
+from dohnuts.bench.analysis.machine import STABLE_WORDS, opening_lines, timing_line
+from dohnuts.bench.analysis.records import gap_words, overhead_text, quality_cells
+from dohnuts.bench.analysis.roofline import roofline_svg, stage_points
 from dohnuts.bench.analysis.serving import served_cells
 from dohnuts.bench.report.svg import headline_chart, latency_curve, throughput_curve, trend
 from dohnuts.bench.store.summary_file import page_error
@@ -120,7 +123,6 @@ def _summary_table(rows: list[dict]) -> str:
 def _disagreement(agreement) -> str | None:
     if not isinstance(agreement, dict) or agreement.get("within") is not False:
         return None
-    from dohnuts.bench.analysis.records import gap_words
 
     return f"DISAGREES with the FP32 reference: {gap_words(agreement)}"
 
@@ -383,8 +385,6 @@ def _streams(rows: list[dict]) -> str:
 def _rooflines(groups: list[dict], rooflines: dict | None) -> str:
     """A roofline panel a workload and phase (steady calls, first calls), drawn by the run's
     roofline figure (dohnuts.bench.analysis.roofline: the roofs of summary.json's `rooflines`)."""
-    from dohnuts.bench.analysis.roofline import roofline_svg, stage_points
-
     if not rooflines:
         return ("<p class='note'>No roofline: this summary.json holds no roofs (written before they were "
                 "recorded; <code>dohnuts-bench analyze</code> writes it anew).</p>")
@@ -439,8 +439,6 @@ def caveats(summary: dict) -> list[str]:
     """Every caveat report.txt gives, worded as it words them: the analysis's warnings and the
     machine section's (each a "warning: ..." line there), and each workload · target's measurement
     note (the last column of its quality table)."""
-    from dohnuts.bench.analysis.records import quality_cells
-
     sections = summary.get("sections") or {}
     warnings = [w for name in ("efficiency", "machine") for w in (sections.get(name) or {}).get("warnings") or []]
     notes = [f"{r['workload']} · {r['target']}: {note}" for r in summary.get("summary", [])
@@ -458,8 +456,6 @@ def _caveats(summary: dict) -> str:
 
 def _quality(rows: list[dict]) -> str:
     """The measurement quality of each workload · target, as report.txt's table gives it."""
-    from dohnuts.bench.analysis.records import quality_cells
-
     head = ("workload", "target", "excluded", "GPU clock MHz median (min) / max", "A/A noise ±", "harness overhead",
             "note")
     out = ["<table id='quality-of-measurement'><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"]
@@ -478,7 +474,6 @@ def _machine(m: dict | None) -> str:
     measured ceiling's stability, the run's clock; its warnings are under "Caveats"."""
     if not m:
         return "<p class='note'>This run recorded no machine section.</p>"
-    from dohnuts.bench.analysis.machine import STABLE_WORDS, opening_lines, timing_line
 
     out = [f"<p>{escape(line)}</p>" for line in opening_lines(m)]
     groups = m.get("groups") or []
@@ -524,8 +519,6 @@ def link_href(target) -> str | None:
     scheme (`javascript:`, `data:`, `vbscript:`, in any case), a scheme-relative `//host/...`, and a
     target holding a control character, a tab or a newline or spaces around it (browsers strip
     those from a URL, so `java\tscript:` would run) are not links."""
-    from urllib.parse import quote, urlsplit
-
     if not isinstance(target, str) or not target or target != target.strip() or not target.isprintable():
         return None
     if target.startswith(("//", "\\", "/\\")):

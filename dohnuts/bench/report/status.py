@@ -18,6 +18,10 @@ import sys
 import threading
 import time
 
+from rich.logging import RichHandler
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+from dohnuts.bench.report.terminal import SafeConsole, progress_text_column
 from dohnuts.schema import printable_lines
 
 LOGGER = "dohnuts.bench"
@@ -67,9 +71,7 @@ def configure_logging(*, quiet: bool = False, terminal: bool | None = None) -> l
             log.removeHandler(handler)
     terminal = stderr_is_terminal() if terminal is None else terminal
     if terminal:
-        from rich.logging import RichHandler
 
-        from dohnuts.bench.report.terminal import SafeConsole
 
         handler: logging.Handler = RichHandler(console=SafeConsole(stderr=True), show_path=False,
                                                markup=False, omit_repeated_times=False,
@@ -106,9 +108,7 @@ class MeasureProgress:
         console = _rich_console() if enabled else None
         self._bar = None
         if console is not None:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-            from dohnuts.bench.report.terminal import progress_text_column
 
             self._bar = Progress(progress_text_column(), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=console)

@@ -17,7 +17,9 @@ console of dohnuts/bench is one of these (tests/bench/test_terminal_text.py chec
 from __future__ import annotations
 
 from rich.console import Console
+from rich.progress import TextColumn
 from rich.segment import Segment
+from rich.text import Text
 
 from dohnuts.schema import printable_lines
 
@@ -47,9 +49,6 @@ def stdout_console() -> SafeConsole:
 def progress_text_column():
     """The description column of a progress bar: its text never read as markup, its control
     characters written as escapes before the bar measures it."""
-    from rich.progress import TextColumn
-    from rich.text import Text
-
     class PlainDescription(TextColumn):
         def render(self, task) -> Text:
             return Text(printable_lines(task.description), style=self.style, justify=self.justify)

@@ -44,18 +44,22 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import NormalDist
 
 import msgspec
 import numpy as np
+from rich.text import Text
 
 from dohnuts.bench.analysis.compare import DEFAULT_MIN_EFFECT, FASTER, SLOWER, WALL, compare_samples
+from dohnuts.bench.analysis.hwspec import BUILTIN_DIR, load_hwspec
 from dohnuts.bench.analysis.load_verdict import EXPLAINED, load_of, weigh
+from dohnuts.bench.analysis.render import Col, FitTable
 from dohnuts.bench.store.run_store import RunStore
 from dohnuts.errors import DohnutsError
-from dohnuts.schema import NonNegative, convert
+from dohnuts.schema import NonNegative, convert, json_safe
+from dohnuts.schema.values import printable
 
 MIN_RUNS_FOR_NOISE = 4   # runs a series needs before the noise between its runs is measured
 STEP_RESAMPLES = 1999    # bootstrap resamples of a shift's interval
@@ -247,9 +251,6 @@ def hwspec_name(value) -> str:
 @functools.cache
 def _builtin_names() -> dict[str, str]:
     """Each built-in hwspec's `name` → its file's stem (read once)."""
-    from dohnuts.bench.analysis.hwspec import BUILTIN_DIR, load_hwspec
-    from dohnuts.errors import DohnutsError
-
     names = {}
     for path in sorted(BUILTIN_DIR.glob("*.yaml")):
         try:
@@ -363,10 +364,6 @@ def history_lines(series: list[Series]) -> list:
     """The compact view: a heading a machine · device · model · precision · hwspec, under it one
     line a workload · target · stage with its runs, its first and last level and its flagged level
     shifts (and those the load explains)."""
-    from rich.text import Text
-
-    from dohnuts.schema.values import printable
-
     out, context = [], None
     for s in series:
         if s.key.context != context:
@@ -395,11 +392,6 @@ def history_lines(series: list[Series]) -> list:
 def history_tables(series: list[Series]) -> list:
     """The full view: one table a series (fitting any console width), a row a run — its median and
     load — and, at the first run of each new level, the shift's verdict against the level before."""
-    from rich.text import Text
-
-    from dohnuts.bench.analysis.render import Col, FitTable
-    from dohnuts.schema.values import printable
-
     out = []
     for s in series:
         cols = [Col("run", "left"), Col("revision", "left"), Col("calls"), Col("median ms"),
@@ -430,10 +422,6 @@ def history_tables(series: list[Series]) -> list:
 
 def history_dict(series: list[Series], stage: str) -> dict:
     """The series as plain JSON: each one's key, points and level shifts."""
-    from dataclasses import asdict
-
-    from dohnuts.schema import json_safe
-
     return json_safe({"stage": stage, "series": [
         asdict(s.key) | {"noise_between_runs": s.noise, "points": [asdict(p) for p in s.points],
                          "steps": [asdict(st) | {"flagged": st.flagged, "run_id": s.points[st.at].run_id}

@@ -50,7 +50,10 @@ from typing import Any
 
 import msgspec
 
+from dohnuts.bench.analysis.load_verdict import record_load
+from dohnuts.bench.analysis.records import read_jsonl, target_label, workload_label
 from dohnuts.bench.measure.machine_id import recorded_machine
+from dohnuts.bench.store.summary_file import RunFile, SummaryFile, read_run_json
 from dohnuts.errors import DohnutsError
 from dohnuts.schema import convert, dumps, short
 
@@ -272,8 +275,6 @@ class RunStore:
 
     def add_records(self, run_id: str, records: Iterable[dict], *, start: int | None = None) -> int:
         """Append records of a run (numbered after those it holds); returns how many."""
-        from dohnuts.bench.analysis.records import target_label, workload_label
-
         with self._transaction():
             seq = start if start is not None else self.db.execute(
                 "SELECT COALESCE(MAX(seq) + 1, 0) FROM records WHERE run_id = ?", (run_id,)).fetchone()[0]
@@ -298,14 +299,11 @@ class RunStore:
         """A finished run directory (results.jsonl or results.jsonl.gz, run.json, summary.json when
         there is one) into the store, replacing what the store held of that run. Returns (run id,
         records)."""
-        from dohnuts.bench.analysis.records import read_jsonl
-
         run_dir = Path(run_dir)
         results = next((run_dir / n for n in ("results.jsonl", "results.jsonl.gz") if (run_dir / n).is_file()), None)
         if results is None:
             raise DohnutsError("holds no results.jsonl or results.jsonl.gz", source=str(run_dir))
         records = [{k: v for k, v in r.items() if k != "_source"} for r in read_jsonl(results)]  # (where each came from)
-        from dohnuts.bench.store.summary_file import RunFile, SummaryFile, read_run_json
 
         meta = read_run_json(run_dir / "run.json", RunFile) or {}  # typed: a hand-edited file is one line
         run_id = str(meta.get("run_id") or (records[0].get("run_id") if records else None) or run_dir.name)
@@ -436,8 +434,6 @@ def serving_columns(rec: dict) -> tuple:
 def series_columns(rec: dict) -> tuple:
     """A record's values of `SERIES_COLUMNS`: its device's name, model (the preset or checkpoint it
     names, else its config's name), precision, A/A half and load (None where it has none)."""
-    from dohnuts.bench.analysis.load_verdict import record_load
-
     device = rec.get("device") if isinstance(rec.get("device"), dict) else {}
     model = rec.get("model_source")
     if not isinstance(model, str):

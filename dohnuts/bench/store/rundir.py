@@ -57,8 +57,6 @@ def new_dir(parent: Path, name: str) -> Path:
 
 def new_file(parent: Path, stem: str, suffix: str) -> Path:
     """A path `parent/stem[-N]suffix` that no file holds yet, reserved by creating it empty (O_EXCL)."""
-    import os
-
     parent.mkdir(parents=True, exist_ok=True)
     for n in range(1, 10_000):
         path = parent / (f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}")

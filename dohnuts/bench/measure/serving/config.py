@@ -57,12 +57,15 @@ silently short. Every problem is one ConfigError naming the workload file and th
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Annotated, Literal
 
 import msgspec
 from msgspec import Meta
 
+from dohnuts.bench.measure.serving.arrivals import read_trace
+from dohnuts.bench.measure.serving.stats import min_requests_for
 from dohnuts.errors import ConfigError
 from dohnuts.schema import Invalid
 
@@ -170,7 +173,6 @@ def min_requests(scenario: str, serving: ServingFields) -> int:
     if serving.min_requests:
         return serving.min_requests
     if scenario == "server":
-        from dohnuts.bench.measure.serving.stats import min_requests_for
 
         return min_requests_for(percentile_fraction(serving))
     return DEFAULT_MIN_REQUESTS.get(scenario, 1)
@@ -200,7 +202,6 @@ def check_serving(scenario: str, serving: ServingFields, workload_file: Path, *,
         raise ConfigError("shapes generated arrivals; a trace's arrivals are its own (leave burstiness at 1)",
                           source=source, field="serving.burstiness")
     if arrivals != "poisson":
-        from dohnuts.bench.measure.serving.arrivals import read_trace
 
         path = Path(arrivals)
         if not path.is_absolute():
@@ -222,7 +223,6 @@ def check_accuracy(accuracy: AccuracyFields | None, workload_file: Path, *, sour
     if accuracy is None:
         return None
     if accuracy.set == "digits":
-        import importlib.util
 
         if importlib.util.find_spec("sklearn") is None:
             raise ConfigError("the digits set needs scikit-learn (pip install scikit-learn)", source=source,

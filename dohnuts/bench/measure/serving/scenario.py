@@ -47,8 +47,8 @@ from dohnuts.bench.measure.serving.search import SearchPlan, search_result, slo_
 from dohnuts.bench.measure.serving.server import ServedRequest, serve_serial
 from dohnuts.bench.measure.serving.stats import PointSummary, Rules, summarize_point
 from dohnuts.bench.measure.serving.variety import ServedFacts, ServedSet, graph_counts
-from dohnuts.bench.report.status import log
 from dohnuts.bench.measure.telemetry import call_energy
+from dohnuts.bench.report.status import log
 from dohnuts.runtime.timing import StageTimer
 from dohnuts.schema import median
 

@@ -42,6 +42,7 @@ def quantile_interval(sorted_values: Sequence[float], p: float, confidence: floa
                       ) -> tuple[float | None, float | None]:
     """The distribution-free interval of the p-quantile (module docstring); None for an end the
     sample cannot bound."""
+    # scipy.stats: a second's import, only where an interval or a test is computed
     from scipy.stats import binom
 
     n = len(sorted_values)
@@ -66,6 +67,7 @@ def min_requests_for(p: float, confidence: float = CONFIDENCE) -> int:
 def wilson_interval(successes: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
     """The Wilson score interval of a proportion (accuracy, choice agreement):
     `scipy.stats.binomtest(successes, n).proportion_ci(method="wilson")`; (0, 1) for no trial."""
+    # scipy.stats: a second's import, only where an interval or a test is computed
     from scipy.stats import binomtest
 
     if n == 0:
