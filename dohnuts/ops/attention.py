@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from dohnuts.ops._dispatch import use_fused
 
@@ -42,6 +41,7 @@ def causal_attention_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     # the flash kernel (which aligns causal masks bottom-right); a boolean mask tensor sends it to a
     # slower masked kernel. Imported here, on the fused (GPU) path only: torch.nn.attention.bias
     # imports torch._dynamo and Triton, 2 of the 4.5 s `dohnuts.load("tiny")` took on a 2-core CPU.
+    from torch.nn.attention.bias import causal_lower_right
 
     return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(Tq, Tk), scale=scale,
                                           enable_gqa=True)

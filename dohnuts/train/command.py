@@ -205,7 +205,6 @@ def _train(args, cfg, data) -> int:
     from dohnuts.train.trainer import Trainer
 
     # Several processes (torchrun): every rank has checked the run directory before rank 0 writes.
-
     world, device = join(args.device)
     apply_threads(args.threads, device)
     cfg = msgspec.structs.replace(cfg, device=device)
