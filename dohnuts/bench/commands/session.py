@@ -36,8 +36,9 @@ from dohnuts.schema import check_output_file, check_output_folder, dumps, write_
 
 
 class RunSession:
-    """One `dohnuts-bench run` (module docstring: its phases). `run()` calls them in order and
-    turns what happened into the exit status; each phase keeps what the next one reads."""
+    """One `dohnuts-bench run` (dohnuts.bench.commands.run's docstring lists its phases). `run()`
+    calls them in order and turns what happened into the exit status; each phase keeps what the
+    next one reads."""
 
     def __init__(self, args, registries, files: list[Path], console):
         self.args, self.files, self.console = args, files, console
@@ -52,7 +53,7 @@ class RunSession:
     # -- the phases, in order -------------------------------------------------------------------
 
     def prepare(self) -> bool:
-        """Check every input, then make the run directory (module docstring). False: nothing of the
+        """Check every input, then make the run directory. False: nothing of the
         workloads can run on this machine (said on stderr; no run directory)."""
         args = self.args
         default_min_clock_fraction()  # a garbled DOHNUTS_BENCH_MIN_CLOCK_FRACTION is refused before anything runs
@@ -110,7 +111,7 @@ class RunSession:
         return True
 
     def measure(self) -> None:
-        """The machine, then every workload (module docstring). A Ctrl-C, or a refusal met while
+        """The machine, then every workload (dohnuts.bench.commands.run). A Ctrl-C, or a refusal met while
         measuring (e.g. a target's adapter that cannot be loaded), ends it: `interrupted` or
         `error` says which, and what was recorded stays in results.jsonl."""
         run, pm = self.context, self.pm
