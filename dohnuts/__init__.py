@@ -15,6 +15,7 @@ __all__ = ["load"]
 
 def load(source="tiny", **kwargs):
     """A runtime session (dohnuts.runtime.session.Session) — see dohnuts.api.load for the arguments."""
+    # `import dohnuts` does no work: the runtime (and torch) load on first use
     from dohnuts.api import load as _load
 
     return _load(source, **kwargs)

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import safetensors.torch
 import torch
+from safetensors import SafetensorError, safe_open
 
 from dohnuts.errors import CheckpointError
 from dohnuts.model.lora import Alpha, Dropout, LoRAConfig, Rank, Targets, lora_state_dict
@@ -103,11 +105,8 @@ def save_adapter(session, path: str | Path, extra: dict | None = None) -> None:
 def save_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict | None = None) -> None:
     """safetensors' save_file, with the process's usual file mode, fsynced; its own error type (a full disk is a `SafetensorError`) is
     raised as the OSError it is, so every caller's handling of a failed write covers it."""
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
     try:
-        save_file(tensors, str(path), metadata=metadata)
+        safetensors.torch.save_file(tensors, str(path), metadata=metadata)  # looked up here: tests replace it
     except SafetensorError as exc:
         text = " ".join(str(exc).split())
         code = errno.ENOSPC if "No space left" in text else errno.EFBIG if "too large" in text else errno.EIO
@@ -222,8 +221,6 @@ def _header(path: str) -> dict:
 def read_adapter(path: str | Path) -> tuple[dict[str, torch.Tensor], AdapterMeta]:
     """The tensors and checked metadata of an adapter file: every tensor floating point and finite
     (a NaN in a LoRA tensor would make every score NaN), named in the error otherwise."""
-    from safetensors import safe_open
-
     meta = read_adapter_meta(path)
     path = str(path)
     try:

@@ -11,10 +11,15 @@ import hashlib
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
+from dohnuts.adapters import load_adapter
+from dohnuts.errors import DohnutsError
 from dohnuts.model.build import build_text_backbone, resolve_source
+from dohnuts.model.checkpoint import MAX_HEADER_BYTES, checkpoint_files
 from dohnuts.model.lora import LoRAConfig
 from dohnuts.model.scorer import ScoringModel
+from dohnuts.model.vision import build_vision_tower
 from dohnuts.runtime.policy import PRODUCT, ExecutionPolicy
 from dohnuts.runtime.session import Session
 from dohnuts.runtime.tokenizer import check_vocabulary, tokenizer_for
@@ -32,8 +37,6 @@ def default_dtype(device: torch.device) -> torch.dtype:
 def check_device(spec: str | None) -> str | None:
     """A `--device` argument checked before anything is built: cpu, cuda or cuda:N of a visible GPU;
     anything else (tpu, foo:bar, cuda on a torch without CUDA) is one DohnutsError line."""
-    from dohnuts.errors import DohnutsError
-
     if spec is None:
         return None
     where = f"--device {spec}"
@@ -58,10 +61,6 @@ def _weights_fingerprint(root: Path) -> str:
     """A cheap identity of a checkpoint's weights: the safetensors headers of the files that hold the
     model (those the index names, or model.safetensors; any other file is not read) + every 1-D
     tensor's bytes."""
-    from safetensors import safe_open
-
-    from dohnuts.model.checkpoint import MAX_HEADER_BYTES, checkpoint_files
-
     h = hashlib.sha256()
     for f in sorted(set(checkpoint_files(root).values())):
         with open(f, "rb") as fh:  # a regular file (checkpoint_files checked it) with a valid header length
@@ -109,7 +108,6 @@ def load(source: str | Path = "tiny", *, adapter: str | Path | None = None, lora
                       base_identity={"config_hash": cfg.config_hash(), "weights": weights}, max_len=max_len,
                       _policy=_policy)
     if adapter is not None:
-        from dohnuts.adapters import load_adapter
 
         load_adapter(session, adapter)
         if merge:
@@ -123,7 +121,6 @@ def _build_visual(cfg, vision_tensors, ckpt, *, device, dtype, seed):
     """The vision tower when the config has one (seeded, or from the checkpoint's tensors)."""
     if cfg.vision is None:
         return None
-    from dohnuts.model.vision import build_vision_tower
 
     if ckpt is not None and not vision_tensors:
         return None  # a text-only checkpoint: requests with images are refused clearly

@@ -13,17 +13,24 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
-from dohnuts.errors import DohnutsError
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from dohnuts import __version__
+from dohnuts.errors import CheckpointError, DohnutsError
+from dohnuts.limits import MAX_PROCESSES_PER_NODE, MAX_SEED, check_processes
+from dohnuts.runtime.requests import count_requests, read_requests
+from dohnuts.schema import JsonlFile, check_file, check_output_file, printable, write_text_atomic
+from dohnuts.threads import apply_threads, check_threads
+from dohnuts.train.command import train_command
 
 
 def _progress(enabled: bool = True):
     """`predict`'s bar in a terminal: the time left labelled, estimated from the mean pace over the
     last hour rather than rich's last 30 s, so that it does not jump with each request."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("left"),
                     TimeRemainingColumn(), transient=False, speed_estimate_period=3600.0,
                     disable=not (enabled and sys.stderr.isatty()))
@@ -31,6 +38,7 @@ def _progress(enabled: bool = True):
 
 def _launch(args, command: str, out: str | None = None) -> int:
     """`--nproc-per-node N`: the same command as N processes under torchrun; one line when a rank fails."""
+    # imports torch: only once the command line's checks have passed (they run before torch)
     from dohnuts.launch import launch
 
     argv, skip = [], False
@@ -50,6 +58,7 @@ def _launch(args, command: str, out: str | None = None) -> int:
         f"signal {-(res.exitcode or 0)}"
     after = ""
     if command == "train" and out:
+        # imports torch: only once the command line's checks have passed (they run before torch)
         from dohnuts.train.checkpoints import latest_checkpoint
 
         ckpt = latest_checkpoint(out)
@@ -68,13 +77,11 @@ def _predict_paths(args) -> tuple[Path, Path | None]:
     a FIFO or a directory) that is not the input (same file through any path, symlink or hard
     link: opening it for writing would truncate the requests before they are read), the adapter
     a regular file within its size limit."""
-    from dohnuts.schema import check_file, check_output_file
-
     src = Path(args.requests)
     check_file(src, what="a JSONL file", streams=True)
     if args.adapter:
+        # imports torch: only once the command line's checks have passed (they run before torch)
         from dohnuts.adapters import MAX_ADAPTER_BYTES
-        from dohnuts.errors import CheckpointError
 
         check_file(args.adapter, max_bytes=MAX_ADAPTER_BYTES, error=CheckpointError, field="--adapter",
                    what="an adapter file")
@@ -96,6 +103,7 @@ def _predict_paths(args) -> tuple[Path, Path | None]:
 
 def _predict_device(spec: str | None) -> str | None:
     """`--device` checked before the model is built (dohnuts.api.check_device)."""
+    # imports torch: only once the command line's checks have passed (they run before torch)
     from dohnuts.api import check_device
 
     return check_device(spec)
@@ -116,8 +124,6 @@ class _Stdout:
 def _open_output(out: Path | None):
     """The results' writer: a JsonlFile (each record one whole write; a full disk leaves the file
     valid up to its last complete record), or standard output."""
-    from dohnuts.schema import JsonlFile
-
     return _Stdout() if out is None else JsonlFile(out, truncate=True)
 
 
@@ -142,23 +148,21 @@ def _quiet_stdout() -> None:
 
 
 def cmd_predict(args) -> int:
-    from dohnuts.limits import check_processes
-
     check_processes(args.nproc_per_node)
     # The paths before torch's import (seconds on a busy machine): a typo is one line at once; with
     # --nproc-per-node, once, before N processes start.
     src, out_path = _predict_paths(args)
+    # imports torch: only once the command line's checks have passed (they run before torch)
     from dohnuts.runtime.process_group import launched
-    from dohnuts.threads import apply_threads
 
     if args.nproc_per_node > 1 and not launched():
         _predict_device(args.device)
         return _launch(args, "predict")
     if launched():
         return _predict_sharded(args)
+    # imports torch: only once the command line's checks have passed (they run before torch)
     import dohnuts.api as api
     from dohnuts.runtime.predict import Predictor, RequestFailure
-    from dohnuts.runtime.requests import count_requests, read_requests
 
     device = _predict_device(args.device)
     apply_threads(args.threads, device)
@@ -205,15 +209,15 @@ def cmd_predict(args) -> int:
 def _predict_sharded(args) -> int:
     """One rank of `predict` under torchrun: request k (bad lines included) is scored by rank
     k mod N; rank 0 gathers every rank's records and writes them in input order."""
+    # imports torch: only once the command line's checks have passed (they run before torch)
     import torch.distributed as dist
 
+    # imports torch: only once the command line's checks have passed (they run before torch)
     import dohnuts.api as api
     from dohnuts.launch import report_status
-    from dohnuts.runtime.process_group import join, leave
     from dohnuts.runtime.predict import Predictor, RequestFailure
-    from dohnuts.runtime.requests import read_requests
+    from dohnuts.runtime.process_group import join, leave
 
-    from dohnuts.threads import apply_threads
 
     src, out_path = _predict_paths(args)
     world, device = join(_predict_device(args.device))
@@ -249,7 +253,6 @@ def _predict_sharded(args) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
     else:  # all at once: a temporary file renamed over the output (a full disk leaves the old one)
-        from dohnuts.schema import write_text_atomic
 
         write_text_atomic(out_path, text)
     print(f"dohnuts: scored {len(rows) - refused} of {len(rows)} requests on {world.size} processes"
@@ -259,8 +262,6 @@ def _predict_sharded(args) -> int:
 
 def cmd_train(args) -> int:
     """`dohnuts train` (dohnuts/train/command.py), with this module's launcher."""
-    from dohnuts.train.command import train_command
-
     return train_command(args, launch=_launch)
 
 
@@ -268,13 +269,12 @@ def _how_to_resume(args) -> str:
     """After Ctrl-C in `dohnuts train`: where the run stands and the exact command that continues
     it (its other arguments come from the checkpoint; the machine settings given are repeated).
     "" for another command, or in a rank under torchrun (the command that started it says it)."""
-    import shlex
-
+    # imports torch: only once the command line's checks have passed (they run before torch)
     from dohnuts.runtime.process_group import launched
-    from dohnuts.schema import printable
 
     if args.command != "train" or launched():
         return ""
+    # imports torch: only once the command line's checks have passed (they run before torch)
     from dohnuts.train.checkpoints import latest_checkpoint
 
     try:
@@ -298,9 +298,6 @@ THREADS_HELP = ("torch's CPU threads for this process (default: 1 on a CPU, whic
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dohnuts import __version__
-    from dohnuts.limits import MAX_PROCESSES_PER_NODE, MAX_SEED
-
     p = argparse.ArgumentParser(prog="dohnuts", description=__doc__.split("\n")[0])
     p.add_argument("--version", action="version", version=f"dohnuts {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -370,8 +367,6 @@ def main(argv: list[str] | None = None, *, after_update=None, entry: tuple[str, 
     args.argv, args.after_update, args.entry = argv, after_update, entry
     try:
         if args.threads is not None:  # a machine setting, never stored with a run (--resume may change it)
-            from dohnuts.threads import check_threads
-
             check_threads(args.threads)  # applied where the device is known (dohnuts.threads.apply_threads)
         return args.func(args)
     except DohnutsError as exc:

@@ -4,7 +4,7 @@ or a number a generator cannot take (a seed over 64 bits).
 
 A count outside its bound is one line naming the argument or the request field (exit status 2; a
 request line's bound costs that line only). The benchmark's workload files have bounds of their own,
-declared beside their fields (dohnuts.bench.workload, the kinds' `Shape`s).
+declared beside their fields (dohnuts.bench.measure.workload, the kinds' `Shape`s).
 """
 
 from __future__ import annotations

@@ -14,14 +14,14 @@ torch loads).
 
 from __future__ import annotations
 
+from dohnuts.errors import ConfigError
+
 MAX_THREADS = 4096  # far above any CPU's cores: bounds what an argument can ask torch for
 DEFAULT_CPU_THREADS = 1  # a CPU run's threads without --threads (module docstring)
 
 
 def check_threads(value: int) -> None:
     """A `--threads` argument: torch's CPU threads, a number in [1, MAX_THREADS] (one line otherwise)."""
-    from dohnuts.errors import ConfigError
-
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_THREADS:
         raise ConfigError(f"must be a number of threads in [1, {MAX_THREADS}], got {value!r}", source="command line",
                           field="--threads")
@@ -31,6 +31,7 @@ def apply_threads(threads: int | None, device) -> None:
     """torch's intra-op threads for this process, once its device is known (`--device`; None: a
     GPU where there is one): `threads` (--threads) where given, else DEFAULT_CPU_THREADS on a CPU;
     a GPU device without --threads keeps torch's."""
+    # torch: `--threads` is checked before torch, applied after
     import torch
 
     if threads is None:

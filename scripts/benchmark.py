@@ -6,7 +6,7 @@ measures the trained model at CHECKPOINT (a `dohnuts train --out` directory, one
 or an adapter file) on the standard suite's prediction workloads — complete calls, preprocessing
 and transfers included — and writes the raw records to OUTPUT (the run directory, its report and
 summary are written as every run's are). Any other argument goes to `dohnuts-bench run` (workload
-files, --out, --hwspec, --quiet, ...). dohnuts.bench.trained_model says what is measured.
+files, --out, --hwspec, --quiet, ...). dohnuts.bench.measure.trained_model says what is measured.
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def _rooms() -> list[tuple[str, str]]:
 
 
 def _packages() -> list[str]:
-    """Every package of the two installed folders, as `folder/` paths (dohnuts/bench/serving/)."""
+    """Every package of the two installed folders, as `folder/` paths (dohnuts/bench/measure/serving/)."""
     return sorted(f"{init.parent.relative_to(ROOT).as_posix()}/"
                   for folder in FOLDER.values() for init in folder.rglob("__init__.py"))
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from dohnuts.bench.measure.workload import check_workload_file, load_workload
 from dohnuts.bench.plugins import collect, plugin_manager
-from dohnuts.bench.workload import check_workload_file, load_workload
 from dohnuts.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,7 +103,7 @@ def test_every_workload_file_of_the_repository_passes_the_early_check_without_to
     probe = (
         "import sys\n"
         "from dohnuts.bench.plugins import collect, plugin_manager\n"
-        "from dohnuts.bench.workload import check_workload_file\n"
+        "from dohnuts.bench.measure.workload import check_workload_file\n"
         "pm = plugin_manager()\n"
         "k, t = collect(pm, 'dohnuts_bench_register_workload_kinds'), collect(pm, 'dohnuts_bench_register_targets')\n"
         "for f in sys.argv[1:]:\n"

@@ -60,3 +60,16 @@ def test_the_bench_description_is_whole(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "measure complete calls of the scoring model and say how far each stage is from what the hardware " \
            "allows." in text
+
+
+def test_the_bench_lists_the_commands_it_always_had(capsys):
+    """`dohnuts-bench --help` lists the subcommands it listed before they moved into
+    dohnuts/bench/commands/ (one module a command), in the same order."""
+    with pytest.raises(SystemExit):
+        bench_parser().parse_args(["--help"])
+    text = capsys.readouterr().out
+    listed = text.split("{", 1)[1].split("}", 1)[0].split(",")
+    assert listed == ["run", "analyze", "compare", "list", "history", "store", "baseline", "gate", "report",
+                      "calibrate", "export", "schema"]
+    store = dict(_subparsers(bench_parser()))["store"]
+    assert {name for name, _ in _subparsers(store)} == {"import", "archive"}

@@ -95,10 +95,10 @@ def test_the_largest_seed_is_taken_by_every_generator():
 @pytest.mark.parametrize("runs", ["100000000", "101", "1"])
 def test_baseline_runs_are_bounded(tmp_path, capsys, monkeypatch, runs):
     """`dohnuts-bench baseline --runs 100000000` was accepted."""
-    from dohnuts.bench import run_command
     from dohnuts.bench.cli import main as bench_main
+    from dohnuts.bench.commands import run as run_command
 
-    monkeypatch.setattr(run_command, "cmd_run", _refuse("a baseline run"))
+    monkeypatch.setattr(run_command, "run", _refuse("a baseline run"))
     assert bench_main(["baseline", "--runs", runs, "--into", str(tmp_path / "b"), "--every", "0"]) == 2
     _one_line(capsys, "--runs", "must be in 2..100")
     assert not (tmp_path / "b").exists()

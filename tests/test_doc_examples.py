@@ -471,7 +471,7 @@ def test_examples_checked_not_run():
         convert(json.loads("{" + line + "}")["energy"], Energy, source="docs/measurement.md")
     serving = yaml.safe_load(example("docs/measurement.md", "fixed load points"))
     assert serving["scenario"] == "server" and serving["serving"]["slo_ms"] == 100
-    from dohnuts.bench.serving.config import ServingFields, check_serving
+    from dohnuts.bench.measure.serving.config import ServingFields, check_serving
 
     loads = yaml.safe_load(example("docs/measurement.md", "burstiness: 0.5"))
     fields = convert(loads["serving"], ServingFields, source="docs/measurement.md")

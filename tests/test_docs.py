@@ -110,8 +110,8 @@ def _known_names() -> dict:
     import importlib
 
     names = dict(vars(builtins))
-    for module in ("dohnuts.bench.contracts", "dohnuts.bench.calls", "dohnuts.bench.report", "dohnuts.bench.sink",
-                   "dohnuts.bench.telemetry", "dohnuts.bench.workload", "dohnuts.bench.plugins", "dohnuts.errors",
+    for module in ("dohnuts.bench.contracts", "dohnuts.bench.calls", "dohnuts.bench.sections", "dohnuts.bench.sink",
+                   "dohnuts.bench.measure.telemetry", "dohnuts.bench.measure.workload", "dohnuts.bench.plugins", "dohnuts.errors",
                    "dohnuts.runtime.timing", "dohnuts.runtime.predict", "dohnuts.runtime.work"):
         names.update(vars(importlib.import_module(module)))
     contracts = _contracts()

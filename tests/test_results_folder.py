@@ -79,8 +79,8 @@ def test_the_gate_baselines_are_in_one_format():
 
 
 def test_a_users_runs_go_outside_results_into_an_ignored_folder():
-    from dohnuts.bench.cli import DEFAULT_RESULTS
-    from dohnuts.bench.store import DEFAULT_STORE
+    from dohnuts.bench.commands.options import DEFAULT_RESULTS
+    from dohnuts.bench.store.run_store import DEFAULT_STORE
 
     for default in (DEFAULT_RESULTS, DEFAULT_STORE):
         assert default.parts[0] != "results", default

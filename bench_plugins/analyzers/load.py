@@ -18,7 +18,7 @@ import time
 
 import psutil
 
-from dohnuts.bench.telemetry import BUSY_FIELDS, Sampler
+from dohnuts.bench.measure.telemetry import BUSY_FIELDS, Sampler
 
 
 def _busy_s(times) -> float:

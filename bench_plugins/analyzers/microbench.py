@@ -19,7 +19,7 @@ describes (the CPU, an unknown GPU). They are microbenchmarks, not API throughpu
 Stability: every entry keeps its repeats' rates (`repeat_values`) and `spread` = (fastest −
 slowest) / fastest; a ceiling whose repeats moved by more than `STABLE_SPREAD` is `stable: false`,
 and the report says so beside the bounds it sets (dohnuts.bench.analysis.machine). Each ceiling is
-logged as it is measured (dohnuts.bench.status): the measurement is never silent.
+logged as it is measured (dohnuts.bench.report.status): the measurement is never silent.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ import time
 
 import torch
 
-from dohnuts.bench.status import log
+from dohnuts.bench.report.status import log
+from dohnuts.ops import kernel_status
+from dohnuts.ops.fma import fma_chain_flops, fma_chain_fused
 from dohnuts.runtime.timing import StageTimer, device_times_ms
 
 STABLE_SPREAD = 0.2  # (fastest − slowest) / fastest over a ceiling's repeats above this: not stable
@@ -131,9 +133,6 @@ def fp32_fma(x: torch.Tensor, iters: int = 256) -> dict | None:
     """The FP32 vector ceiling: `iters` × 4 independent multiply-add chains per element of `x`, in
     registers (dohnuts.ops.fma: 8 · iters FLOPs per 8 bytes, compute-bound). None where the device
     does not run the fused kernels (its reference would time torch's memory-bound steps instead)."""
-    from dohnuts.ops import kernel_status
-    from dohnuts.ops.fma import fma_chain_flops, fma_chain_fused
-
     if kernel_status(x.device) != "fused":
         return None
     ms, _ = _time_ms(lambda: fma_chain_fused(x, iters))

@@ -2,12 +2,12 @@
 processes on a CPU), the way optimum-benchmark separates launchers from targets.
 
 A workload whose `processes` lists a count N > 1 is measured by N ranks started with
-`python -m torch.distributed.run --standalone --nproc-per-node N -m dohnuts.bench.worker`. Each
+`python -m torch.distributed.run --standalone --nproc-per-node N -m dohnuts.bench.measure.worker`. Each
 rank runs the ordinary run loop on its own device and writes its own JSONL; when torchrun ends,
 the launcher writes every rank's records to the run's record sink (rank 0's first, each
 record stamped with `rank` and `world_size`), adds the all-reduce bandwidth rank 0 measured to
 the run's measured ceilings (`allreduce_busbw`: the interconnect), and keeps torchrun's log in
-`ranks/<workload>-p<N>/torchrun.log` (a new folder each launch, dohnuts.bench.rundir.new_dir). A failed rank (torchrun then stops the others) becomes one
+`ranks/<workload>-p<N>/torchrun.log` (a new folder each launch, dohnuts.bench.store.rundir.new_dir). A failed rank (torchrun then stops the others) becomes one
 entry of the run's `failures`, naming the rank and its exit code; the records the ranks
 completed are kept. Counts above the machine's GPUs are skipped with a message.
 """
@@ -23,14 +23,16 @@ from pathlib import Path
 
 from dohnuts.bench.contracts import RunContext
 from dohnuts.bench.hookspecs import hookimpl
+from dohnuts.bench.report.status import log as status_log
 from dohnuts.bench.sink import RecordSink
-from dohnuts.bench.status import log as status_log
+from dohnuts.bench.store.rundir import derived_name, new_dir
 
 
 class TorchrunLauncher:
     name = "torchrun"
 
     def unavailable(self, processes: int, device) -> str | None:
+        # torch: not while the plugins are collected (before the command's checks); loaded where it runs
         import torch
 
         if device.type == "cuda":
@@ -41,13 +43,13 @@ class TorchrunLauncher:
 
     def launch(self, run: RunContext, spec, processes: int, out: RecordSink, *, gpu: bool,
                telemetry_interval: float = 0.1) -> int:
-        from dohnuts.bench.rundir import derived_name, new_dir
+        # torch: not while the plugins are collected (before the command's checks); loaded where it runs
         from dohnuts.launch import torchrun_failure
 
         # a new folder a launch: its ranks' records are gathered once, never mixed with another's
         ranks_dir = new_dir(run.run_dir / "ranks", f"{derived_name(spec.name)}-p{processes}")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
-               "-m", "dohnuts.bench.worker", "--workload", str(spec.file), "--dir", str(ranks_dir),
+               "-m", "dohnuts.bench.measure.worker", "--workload", str(spec.file), "--dir", str(ranks_dir),
                "--run-id", run.run_id, "--telemetry-interval", str(telemetry_interval)] + (["--gpu"] if gpu else [])
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))

@@ -15,17 +15,20 @@ Each record's `extra.graphs` counts the call's graph replays (inference passes, 
 microbatches), captures and eager passes; `graph_stats` gives the totals so far, so a serving
 point states the captures that happened while it was measured.
 
-Serving scenarios run through the pipelined predictor (`serve`: dohnuts.bench.serving.pipelined);
+Serving scenarios run through the pipelined predictor (`serve`: dohnuts.bench.measure.serving.pipelined);
 the reference check builds the FP32 reference path from `reference_options` (no sharing, eager,
 the plain-torch ops) over the same weights and adapter.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from dohnuts.bench.calls import CallResult, PredictCall, TrainCall
 from dohnuts.runtime.policy import ExecutionPolicy
+from dohnuts.runtime.work import WorkCounts
+from dohnuts.schema import Invalid
 
 
 class DohnutsTarget:
@@ -42,14 +45,15 @@ class DohnutsTarget:
             """Checked with the workload, before a run directory exists: the rank within LoRAConfig's
             bounds, and the adapter file and its metadata (header only; the base identity is
             verified when the model is loaded)."""
+            # torch: not while the plugins are collected (before the command's checks); loaded where it runs
             from dohnuts.model.lora import LoRAConfig
-            from dohnuts.schema import Invalid
 
             try:
                 LoRAConfig(rank=self.lora_rank)
             except Invalid as exc:
                 raise Invalid(exc.message, field="lora_rank") from None
             if self.adapter is not None:
+                # torch: not while the plugins are collected (before the command's checks); loaded where it runs
                 from dohnuts.adapters import read_adapter_meta
 
                 read_adapter_meta(self.adapter)
@@ -59,11 +63,10 @@ class DohnutsTarget:
         """The FP32 reference path of a target built with `options`: the same weights and adapter,
         one batched pass a request (no sharing), eager passes; the harness builds it at FP32 inside
         dohnuts.ops._dispatch.reference() (the plain-torch ops)."""
-        import dataclasses
-
         return dataclasses.replace(options, share_prefix=False, cuda_graphs=False)
 
     def __init__(self, spec, device, dtype, options: Options):
+        # torch: not while the plugins are collected (before the command's checks); loaded where it runs
         import dohnuts.api as api
         from dohnuts.model.lora import LoRAConfig
         from dohnuts.runtime.predict import Predictor
@@ -79,11 +82,13 @@ class DohnutsTarget:
         cfg = self.model.lora
         self.lora_info = {"rank": cfg.rank, "targets": list(cfg.targets), "merged": False} if cfg else None
         if cfg is None and adapter is not None:  # merged into the base for prediction: the file says what it was
+            # torch: not while the plugins are collected (before the command's checks); loaded where it runs
             from dohnuts.adapters import read_adapter_meta
 
             meta = read_adapter_meta(adapter).lora
             self.lora_info = {"rank": meta.rank, "targets": list(meta.targets), "merged": True}
         if self.train:
+            # torch: not while the plugins are collected (before the command's checks); loaded where it runs
             from dohnuts.runtime.collectives import gradient_bytes
             from dohnuts.runtime.process_group import current_world
             from dohnuts.train.objective import RLCDConfig
@@ -113,7 +118,6 @@ class DohnutsTarget:
             extra = ({"loss": res.loss, "grad_norm": res.grad_norm} | self.allreduce | self._cache_stats(res.work)
                      | self._graph_delta(before))
             if res.work is None:  # more ranks than microbatches: this one only joined the all-reduce
-                from dohnuts.runtime.work import WorkCounts
 
                 return CallResult(decisions=0, work=WorkCounts(0, (), 0, train=True), extra=extra)
             return CallResult(decisions=res.work.sequences, work=res.work, extra=extra)
@@ -149,11 +153,12 @@ class DohnutsTarget:
     def serve(self, calls, arrivals, *, capacity, timer_for, deadline=None) -> list | None:
         """Requests arriving at `arrivals` (times, or a closed loop of clients; request i is
         `calls[i % len(calls)]`) served by the pipelined predictor from a bounded queue
-        (dohnuts.bench.serving.pipelined). None where the workload cannot be served so (training; a
+        (dohnuts.bench.measure.serving.pipelined). None where the workload cannot be served so (training; a
         cache cleared per call)."""
         if self.train or any(not isinstance(c, PredictCall) or c.cold_cache for c in calls):
             return None
-        from dohnuts.bench.serving.pipelined import serve_pipelined
+        # torch: not while the plugins are collected (before the command's checks); loaded where it runs
+        from dohnuts.bench.measure.serving.pipelined import serve_pipelined
 
         return serve_pipelined(self.predictor, [c.request for c in calls], arrivals, capacity=capacity,
                                timer_for=timer_for, deadline=deadline)

@@ -20,16 +20,20 @@ Options:
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
+import importlib.util
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget
-from dohnuts_bench_plugins.targets.transformers_target import build_peer_backbone
 from dohnuts.bench.calls import CallResult, TrainCall
 from dohnuts.errors import ConfigError
 from dohnuts.runtime.policy import ExecutionPolicy
+from dohnuts.runtime.work import WorkCounts
+from dohnuts.schema import Invalid
+from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget
+from dohnuts_bench_plugins.targets.transformers_target import build_peer_backbone
 
 if TYPE_CHECKING:  # torch is imported where it runs (transformers_target says why)
     import torch
@@ -48,8 +52,8 @@ class TransformersPeftTarget:
         gradient_checkpointing: bool = False
 
         def __post_init__(self) -> None:
+            # torch: not while the plugins are collected (before the command's checks); loaded where it runs
             from dohnuts.model.lora import LoRAConfig
-            from dohnuts.schema import Invalid
 
             try:
                 LoRAConfig(rank=self.lora_rank)
@@ -59,8 +63,6 @@ class TransformersPeftTarget:
     @staticmethod
     def unavailable() -> str | None:
         """Why this target cannot run on this machine (the runner skips it and says so), or None."""
-        import importlib.util
-
         missing = [m for m in ("transformers", "peft") if importlib.util.find_spec(m) is None]
         return f"{' and '.join(missing)} not installed (pip install 'dohnuts[peer]')" if missing else None
 
@@ -68,9 +70,11 @@ class TransformersPeftTarget:
         if spec.kind not in KINDS:
             raise ConfigError(f"the transformers+peft target runs train-step workloads only, not {spec.kind!r}",
                               source=spec.file, field="targets")
+        # an optional dependency (the `peer` extra): imported where the peer runs
         import peft
         import torch
 
+        # torch: not while the plugins are collected (before the command's checks); loaded where it runs
         import dohnuts.api as api
         from dohnuts.model.lora import LoRAConfig
         from dohnuts.ops import prepare_delta_rule_backward
@@ -114,10 +118,11 @@ class TransformersPeftTarget:
                          dtype == torch.bfloat16 else nullcontext())
 
     def run_call(self, call, timer) -> CallResult:
+        # torch: not while the plugins are collected (before the command's checks); loaded where it runs
         import torch
 
+        # torch: not while the plugins are collected (before the command's checks); loaded where it runs
         from dohnuts.model.scorer import candidate_logits
-        from dohnuts.runtime.work import WorkCounts
         from dohnuts.train.objective import rlcd_loss
         from dohnuts.train.step import MICROBATCHES
 
@@ -161,6 +166,7 @@ class TransformersPeftTarget:
 
 def _padding_mask(hb) -> torch.Tensor | None:
     """(B, L) 1 on real tokens, 0 on right-padding; None when every row is full."""
+    # torch: not while the plugins are collected (before the command's checks); loaded where it runs
     import torch
 
     lengths = torch.tensor(hb.plan.lengths)
@@ -170,8 +176,6 @@ def _padding_mask(hb) -> torch.Tensor | None:
 
 
 def _version(dist: str) -> str | None:
-    import importlib.metadata
-
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import importlib.util
 import logging
 import sys
 from typing import TYPE_CHECKING
@@ -26,10 +27,11 @@ from typing import TYPE_CHECKING
 from dohnuts.bench.calls import CallResult, PredictCall
 from dohnuts.bench.contracts import NoOptions
 from dohnuts.errors import ConfigError
+from dohnuts.hf_config import to_hf_text_config
 from dohnuts.runtime.policy import ExecutionPolicy
 
 if TYPE_CHECKING:  # torch is imported where it runs: the plugin manager imports this module to learn
-    import torch   # the target's name, and `dohnuts-bench run` checks workload files before torch loads
+    import torch  # the target's name, and `dohnuts-bench run` checks workload files before torch loads
 
 TEXT_KINDS = ("text", "shared-prefix")
 
@@ -47,6 +49,7 @@ def _import_transformers(device: torch.device):
         sys.modules.setdefault("fla", None)  # type: ignore[assignment]
     _quiet_fallback_warnings()
     try:
+        # an optional dependency (the `peer` extra): imported where the peer runs
         from transformers import Qwen3_5TextConfig, Qwen3_5TextModel
         from transformers.models.qwen3_5 import modeling_qwen3_5
     except ImportError as exc:
@@ -135,9 +138,9 @@ def _version(dist: str) -> str | None:
 def build_peer_backbone(ours, device: torch.device):
     """transformers' Qwen3_5TextModel over the backbone tensors of the dohnuts session `ours`
     (shared, not copied), with SDPA attention, and the peer facts of how it runs."""
+    # torch: not while the plugins are collected (before the command's checks); loaded where it runs
     import torch
 
-    from dohnuts.hf_config import to_hf_text_config
 
     Config, Model, modeling = _import_transformers(device)
     hf_cfg = Config(**to_hf_text_config(ours.cfg.text))
@@ -158,8 +161,6 @@ class TransformersTarget:
     @staticmethod
     def unavailable() -> str | None:
         """Why this target cannot run on this machine (the runner skips it and says so), or None."""
-        import importlib.util
-
         if importlib.util.find_spec("transformers") is None:
             return "transformers is not installed (pip install 'dohnuts[peer]')"
         return None
@@ -168,6 +169,7 @@ class TransformersTarget:
         if spec.kind not in TEXT_KINDS:
             raise ConfigError(f"the transformers target runs text workloads only ({', '.join(TEXT_KINDS)}), "
                               f"not {spec.kind!r}", source=spec.file, field="targets")
+        # torch: not while the plugins are collected (before the command's checks); loaded where it runs
         import dohnuts.api as api
 
         self.device = device
@@ -178,6 +180,7 @@ class TransformersTarget:
         self.model = model.eval()
 
     def run_call(self, call, timer) -> CallResult:
+        # torch: not while the plugins are collected (before the command's checks); loaded where it runs
         import torch
 
         if not isinstance(call, PredictCall):
@@ -186,8 +189,10 @@ class TransformersTarget:
             return self._run_call(call, timer)
 
     def _run_call(self, call, timer) -> CallResult:
+        # torch: not while the plugins are collected (before the command's checks); loaded where it runs
         import torch
 
+        # torch: not while the plugins are collected (before the command's checks); loaded where it runs
         from dohnuts.runtime.predict import Predictor
 
         with timer.stage("prepare"):

@@ -3,7 +3,7 @@
 
 A sampler whose library or device is missing records why in `unavailable`; the runner says so
 once and leaves it out. Both GPU samplers report the keys the one validity rule reads
-(dohnuts.bench.telemetry: `throttling`, `power_capped`, the clock and its maximum, `idle`), read
+(dohnuts.bench.measure.telemetry: `throttling`, `power_capped`, the clock and its maximum, `idle`), read
 the device's cumulative energy counter (`energy_counter`) and describe the device for provenance
 (`device_facts`).
 """
@@ -14,19 +14,14 @@ import os
 
 import psutil
 
+from dohnuts.bench.hookspecs import hookimpl
+from dohnuts.bench.measure.telemetry import Sampler
 from dohnuts_bench_plugins.telemetry.amd import AMD_THROTTLERS, AmdSmiSampler, decode_amd_throttlers  # noqa: F401
 from dohnuts_bench_plugins.telemetry.devices import parse_pci, pick_device, torch_pci_address  # noqa: F401
 from dohnuts_bench_plugins.telemetry.nvml import (  # noqa: F401
-    NVML_CLOCK_EVENT_REASONS,
-    NVML_GPU_IDLE,
-    NVML_POWER_CAP_BITS,
-    NVML_THROTTLING_BITS,
-    NvmlSampler,
-    decode_nvml_reasons,
-    nvml_power_capped,
+    NVML_CLOCK_EVENT_REASONS, NVML_GPU_IDLE, NVML_POWER_CAP_BITS, NVML_THROTTLING_BITS, NvmlSampler,
+    decode_nvml_reasons, nvml_power_capped,
 )
-from dohnuts.bench.hookspecs import hookimpl
-from dohnuts.bench.telemetry import Sampler
 
 
 class PsutilSampler(Sampler):
@@ -49,6 +44,7 @@ def _absent(cls, reason: str):
 def own_gpu_sampler():
     """The GPU sampler of this process's device (torch's current device: NVML on NVIDIA, amdsmi on
     AMD), for tools beside the harness (benchmarks/); `unavailable` says why when it cannot read."""
+    # torch: not while the plugins are collected (before the command's checks); loaded where it runs
     import torch
 
     if not torch.cuda.is_available():
@@ -65,6 +61,7 @@ def clock_mhz(reading: dict) -> float | None:
 
 @hookimpl
 def dohnuts_bench_register_telemetry():
+    # torch: not while the plugins are collected (before the command's checks); loaded where it runs
     import torch
 
     samplers = [PsutilSampler()]

@@ -1,7 +1,7 @@
 """AMD GPU telemetry from amdsmi (the `amd` extra, or the copy ROCm ships).
 
 Readings: GFX clock (MHz) and its maximum, activity (%), power (W), temperatures (°C) and the
-throttle state, classified by the rule NVML's readings follow (dohnuts.bench.telemetry): what holds
+throttle state, classified by the rule NVML's readings follow (dohnuts.bench.measure.telemetry): what holds
 the power or current limit — the sustained regime of dense work — goes to `power_capped` (kept,
 counted); thermal limits, hot voltage regulators, PROCHOT and fast current protection go to
 `throttling` (the call is excluded). The energy counter (`amdsmi_get_energy_count`) gives each call
@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import threading
 
+from dohnuts.bench.measure.telemetry import Sampler
 from dohnuts_bench_plugins.telemetry.devices import pick_device
-from dohnuts.bench.telemetry import Sampler
 
 # indep_throttle_status: the Linux driver's ASIC-independent throttler bits (amdgpu_smu.h).
 AMD_THROTTLERS = {
@@ -94,7 +94,9 @@ class AmdSmiSampler(Sampler):
 
     def __init__(self, index: int = 0, pci: str | None = None):
         try:
-            import amdsmi  # raises KeyError, not ImportError, when libamd_smi.so is missing
+            # an optional dependency (the `amd` extra), found or not where the sampler starts; it
+            # raises KeyError, not ImportError, when libamd_smi.so is missing
+            import amdsmi
 
             amdsmi.amdsmi_init()
             handles = amdsmi.amdsmi_get_processor_handles()

@@ -29,6 +29,7 @@ def parse_pci(text) -> tuple[int, int, int] | None:
 
 def torch_pci_address(index: int) -> str | None:
     """`DDDD:BB:DD` of torch's CUDA/HIP device `index`, or None when this torch does not say."""
+    # torch: not while the plugins are collected (before the command's checks); loaded where it runs
     import torch
 
     props = torch.cuda.get_device_properties(index)

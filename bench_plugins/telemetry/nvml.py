@@ -10,8 +10,8 @@ energy; `device_facts` the driver, the power limit and the maximum clocks for pr
 
 from __future__ import annotations
 
+from dohnuts.bench.measure.telemetry import Sampler
 from dohnuts_bench_plugins.telemetry.devices import pick_device
-from dohnuts.bench.telemetry import Sampler
 
 # NVML clock-event ("throttle") reason bits: nvmlClocksEventReason* (= nvmlClocksThrottleReason*)
 # in nvidia-ml-py / nvml.h. Decoded by name; only THROTTLING_BITS count against a call.
@@ -68,6 +68,7 @@ class NvmlSampler(Sampler):
 
     def __init__(self, index: int = 0, pci: str | None = None):
         try:
+            # an optional dependency (the `nvidia` / `amd` extra): imported where the sampler starts
             import pynvml
 
             pynvml.nvmlInit()

@@ -10,7 +10,7 @@ Every kind generates its requests itself (seeded, no downloads), sized in model 
     requests         distinct requests, cycled through warm-up and measured calls
 
 A workload's `serving.vary` asks the text and image kinds for a varied served set as well
-(`varied_calls`: one request a size drawn by dohnuts.bench.serving.variety.draw_sizes, the shape's
+(`varied_calls`: one request a size drawn by dohnuts.bench.measure.serving.variety.draw_sizes, the shape's
 other fields kept); the single calls keep `shape:`.
 
 With the byte tokenizer of the presets the sizes are exact; with a checkpoint's tokenizer they
@@ -18,7 +18,7 @@ are met within a few tokens (the records carry the exact counts).
 
 Upper bounds (so a typo cannot ask for inputs that never finish generating): requests ≤ 1024,
 questions ≤ 4096, candidates ≤ 1024, seq_tokens ≤ the model's context (checked when the file is
-validated: `sequence_tokens` below against dohnuts.bench.workload.check_context; never above
+validated: `sequence_tokens` below against dohnuts.bench.measure.workload.check_context; never above
 2¹⁸), and requests × questions × seq_tokens ≤ 2²⁶ generated tokens (about half a minute of
 text generation). Image kinds: distinct_images ≤ 1024, at most 1024 resolutions, each image
 ≤ 8192² pixels and the image pool ≤ 2³⁰ pixels in all.
@@ -32,12 +32,15 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 from msgspec import Meta
+from PIL import Image
 
 from dohnuts.bench.calls import PredictCall, TrainCall
 from dohnuts.bench.hookspecs import hookimpl
+from dohnuts.bench.measure.serving.variety import draw_sizes
 from dohnuts.errors import ConfigError
 from dohnuts.runtime.requests import Question, Request
 from dohnuts.schema import Invalid
+from dohnuts_bench_plugins.workloads.requests import RequestsKind
 
 MAX_SEQ_TOKENS = 2**18  # above any context the runtime accepts; the model's context is checked too
 MAX_GENERATED_TOKENS = 2**26  # requests × questions × seq_tokens: the text a workload generates
@@ -180,10 +183,8 @@ def text_requests(ctx, *, image_for=None, answers: bool = False) -> list[Request
 
 
 def varied_requests(ctx, vary, *, resolutions: list[tuple[int, int]] | None = None, image_for=None) -> list[Request]:
-    """The served set of `serving.vary` (dohnuts.bench.serving.variety): one request a drawn size,
+    """The served set of `serving.vary` (dohnuts.bench.measure.serving.variety): one request a drawn size,
     the shape's other fields kept; `image_for(r, (width, height))` the image of request r."""
-    from dohnuts.bench.serving.variety import draw_sizes
-
     shape = ctx.spec.shape
     sizes = draw_sizes(vary, seq_tokens=shape.seq_tokens, questions=shape.questions, resolutions=resolutions,
                        seed=ctx.spec.seed)
@@ -249,6 +250,7 @@ def _pool(shape: ImageShape) -> list[tuple[int, int]]:
 
 def image_tokens(width: int, height: int, vision) -> int:
     """Text positions one generated image takes (dohnuts.runtime.images.prepare_image's arithmetic)."""
+    # torch: not while the plugins are collected (before the command's checks); loaded where it runs
     from dohnuts.runtime.images import smart_resize
 
     th, tw = smart_resize(height, width, vision.patch_size * vision.spatial_merge_size)
@@ -259,8 +261,6 @@ def image_tokens(width: int, height: int, vision) -> int:
 def _write_image(path, size: tuple[int, int], gen) -> str:
     """A generated PNG of `size` (width, height): a smooth random colour field, not noise — it
     compresses like a photo, so decode time is realistic."""
-    from PIL import Image
-
     w, h = size
     small = gen.integers(0, 256, (max(1, h // 32), max(1, w // 32), 3), dtype=np.uint8)
     Image.fromarray(small).resize((w, h), Image.BILINEAR).save(path)
@@ -355,7 +355,5 @@ class TrainStepKind:
 
 @hookimpl
 def dohnuts_bench_register_workload_kinds():
-    from dohnuts_bench_plugins.workloads.requests import RequestsKind
-
     kinds = (TextKind(), SharedPrefixKind(), ImageKind(), ImageCacheKind(), TrainStepKind(), RequestsKind())
     return {k.name: k for k in kinds}

@@ -8,11 +8,12 @@
 inputs folder at its default seed: the split `python -m dohnuts.train.digits DIR` writes), so a
 trained adapter (`{name: dohnuts, options: {adapter: runs/digits/best.safetensors}}`) is measured
 on the requests it serves, and with `accuracy: {set: digits}` its accuracy is reported beside its
-speed (dohnuts.bench.quality).
+speed (dohnuts.bench.measure.quality).
 """
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -35,7 +36,6 @@ class RequestsKind:
 
     def validate(self, shape: RequestsShape, source: str) -> None:
         if shape.set == "digits":
-            import importlib.util
 
             if importlib.util.find_spec("sklearn") is None:
                 raise ConfigError("the digits set needs scikit-learn (pip install scikit-learn)", source=source,
@@ -49,7 +49,8 @@ class RequestsKind:
                               field="shape.set")
 
     def calls(self, ctx) -> list:
-        from dohnuts.bench.quality import request_set
+        # torch: not while the plugins are collected (before the command's checks); loaded where it runs
+        from dohnuts.bench.measure.quality import request_set
 
         shape = ctx.spec.shape
         _, requests = request_set(shape.set, shape.split, shape.limit, ctx.workdir, labelled=False,

@@ -64,10 +64,10 @@ def _git(*args: str, cwd: Path = ROOT) -> str:
 
 
 def _machine() -> str:
-    """This machine's id as the gate's baselines name it (dohnuts.bench.machine_id), one torch thread."""
+    """This machine's id as the gate's baselines name it (dohnuts.bench.measure.machine_id), one torch thread."""
     import torch
 
-    from dohnuts.bench.machine_id import this_machine
+    from dohnuts.bench.measure.machine_id import this_machine
 
     torch.set_num_threads(1)
     return this_machine(torch.device("cpu"))

@@ -51,9 +51,9 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
 
     import dohnuts
-    from dohnuts.bench.plugins import collect, plugin_manager
     from dohnuts.bench.contracts import WorkloadContext
-    from dohnuts.bench.workload import load_workload
+    from dohnuts.bench.measure.workload import load_workload
+    from dohnuts.bench.plugins import collect, plugin_manager
     from dohnuts.model.build import resolve_source
     from dohnuts.runtime.tokenizer import tokenizer_for
 

@@ -28,11 +28,11 @@ from what the hardware allows.
     dohnuts-bench schema [record|workload]   the JSON Schemas of a results.jsonl record and a workload
                                              file, generated from the types that read them
 
-The commands live beside this module: dohnuts.bench.run_command (`run`), dohnuts.bench.offline
-(`analyze`, `compare`), dohnuts.bench.baseline and dohnuts.bench.gate (`baseline`, `gate`; the interleaved gate's driver
-is dohnuts.bench.interleave), dohnuts.bench.export (`export`), dohnuts.bench.schema_command (`schema`).
-Reports go to stdout; status, progress and warnings to stderr through `logging`
-(dohnuts.bench.status).
+Each command is a module of dohnuts.bench.commands (`run` is dohnuts.bench.commands.run, `list`
+dohnuts.bench.commands.list_plugins): its `setup_arguments(subparsers)` adds its parser, its `run(args)`
+does the work and returns the exit status; this module builds the parser from them and maps errors
+to exit statuses. Reports go to stdout; status, progress and warnings to stderr through `logging`
+(dohnuts.bench.report.status).
 
 Bad input (a malformed or invalid workload file, an unknown kind/target/preset or target option, a
 size out of its bounds or a sequence over the model's context, a bad hwspec, an `--out` that is a
@@ -51,129 +51,30 @@ from __future__ import annotations
 
 import argparse
 import sys
-from importlib import resources
-from pathlib import Path
 
-from dohnuts.bench.offline import cmd_analyze, cmd_compare
-from dohnuts.bench.run_command import cmd_run
+from dohnuts import __version__
+from dohnuts.bench.commands import (
+    analyze, baseline, calibrate, compare, export, gate, history, list_plugins, report, run, schema, store,
+)
+from dohnuts.bench.report.status import configure_logging
 from dohnuts.errors import DohnutsError
-from dohnuts.threads import DEFAULT_CPU_THREADS
 
-DEFAULT_RESULTS = Path("runs/bench")  # ignored (.gitignore): results/ holds curated reference runs only
-
-
-def console_for_output():
-    """The console the commands print to (stdout, no automatic highlighting)."""
-    from dohnuts.bench.terminal import SafeConsole
-
-    return SafeConsole(stderr=False)
-
-
-def standard_files() -> list[Path]:
-    """The standard suite (workloads/*.yaml, embedded as package data): text, shared prefix, image,
-    cold/warm image cache and train step, each sized for a CPU and (its `on_gpu` fields) a GPU."""
-    root = resources.files("dohnuts.bench") / "standard"
-    return sorted(Path(str(p)) for p in root.iterdir() if p.name.endswith(".yaml"))
-
-
-def cmd_list(args) -> int:
-    from rich.table import Table
-
-    from dohnuts.bench.plugins import collect, plugin_manager, samplers
-
-    pm = plugin_manager()
-    console = console_for_output()
-    t = Table(title="dohnuts-bench plugins")
-    t.add_column("plugin")
-    t.add_column("hooks")
-    for name, plugin in pm.list_name_plugin():
-        t.add_row(str(name), ", ".join(h.name.removeprefix("dohnuts_bench_") for h in pm.get_hookcallers(plugin)))
-    console.print(t)
-    for hook, title in (("dohnuts_bench_register_workload_kinds", "workload kinds"),
-                        ("dohnuts_bench_register_targets", "targets")):
-        console.print(f"{title}: {', '.join(sorted(collect(pm, hook)))}")
-    from dohnuts.bench.workload import shape_fields
-
-    for name, kind in sorted(collect(pm, "dohnuts_bench_register_workload_kinds").items()):
-        console.print(f"  {name} shape: " + "; ".join(shape_fields(kind)))
-    console.print("telemetry: " + ", ".join(f"{s.name} ({s.unavailable or 'available'})" for s in samplers(pm)))
-    return 0
+# every subcommand, in the order `dohnuts-bench --help` lists them
+COMMANDS = (run, analyze, compare, list_plugins, history, store, baseline, gate, report, calibrate, export, schema)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dohnuts import __version__
-
     summary = " ".join(__doc__.split("\n\n")[0].split())  # the docstring's first paragraph, whole
     p = argparse.ArgumentParser(prog="dohnuts-bench", description=summary,
                                 epilog="Status and progress go to stderr, reports to stdout.")
     p.add_argument("--version", action="version", version=f"dohnuts-bench {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="measure workloads (default: the embedded standard suite, workloads/*.yaml)")
-    r.add_argument("workloads", nargs="*", help="workload YAML files")
-    r.add_argument("--out", default=str(DEFAULT_RESULTS), help="folder for run directories (default: runs/bench)")
-    r.add_argument("--label", help="run directory label (default: the workload name)")
-    r.add_argument("--hwspec", help="hardware spec name (hwspecs/NAME.yaml) or path (default: by device name)")
-    r.add_argument("--telemetry-interval", type=float, default=0.1,
-                   help="seconds between telemetry samples (0.001 to 60; default: 0.1)")
-    r.add_argument("--threads", type=int, default=DEFAULT_CPU_THREADS,
-                   help="torch threads of a CPU run (1 to 4096; default: 1 — steady on a shared machine, see "
-                        "docs/measurement.md); a GPU run keeps torch's default")
-    r.add_argument("--quiet", action="store_true",
-                   help="no progress bars, heartbeat or status lines on stderr, warnings only (default: shown)")
-    r.add_argument("--profile", action="store_true",
-                   help="also write a torch.profiler trace a workload and target (RUN/traces/*.json.gz, opened by "
-                        "Perfetto) of 3 more steady calls, each harness stage a named range; those calls are not "
-                        "measured (default: no profiling)")
-    r.add_argument("--store", help="the run store every record also goes to (default: store.sqlite beside the "
-                                   "--out folder: runs/store.sqlite)")
-    r.add_argument("--checkpoint", metavar="PATH",
-                   help="benchmark a trained model: a `dohnuts train --out` directory, one of its checkpoints or an "
-                        "adapter file; the prediction workloads run on its base with the adapter merged, dohnuts "
-                        "alone (default: the workloads' own models)")
-    r.add_argument("--output", metavar="FILE.jsonl",
-                   help="also write the run's raw records (results.jsonl) to FILE.jsonl when it ends, its folder "
-                        "made if needed (default: the run directory only)")
-    r.set_defaults(func=cmd_run)
-    a = sub.add_parser("analyze", help="re-analyse a results.jsonl")
-    a.add_argument("results", help="a results.jsonl (or the run directory holding it)")
-    a.add_argument("--hwspec", help="hardware spec name or path (default: the run's)")
-    a.add_argument("--out", help="folder for the report files (default: a new temporary folder, named on stderr; "
-                                 "never the input's folder)")
-    a.add_argument("--revalidate", action="store_true",
-                   help="re-apply today's validity gates to the telemetry each record kept (runs recorded "
-                        "under an older rule, e.g. one that excluded power-capped calls; default: the records' own)")
-    a.set_defaults(func=cmd_analyze)
-    c = sub.add_parser("compare", help="compare run B against run A (ratio of medians, interval, verdict)")
-    c.add_argument("run_a", metavar="RUN_A", help="run directory or results.jsonl (the baseline)")
-    c.add_argument("run_b", metavar="RUN_B", help="run directory or results.jsonl (compared against RUN_A)")
-    c.add_argument("--confidence", type=float, default=0.95, help="confidence of the intervals (default: 0.95)")
-    c.add_argument("--min-effect", type=float, default=0.02,
-                   help="smallest relative change given a verdict (default: 0.02)")
-    c.add_argument("--json", metavar="OUT", help="also write the comparison as JSON to OUT (default: the table only)")
-    c.set_defaults(func=cmd_compare)
-    ls = sub.add_parser("list", help="list plugins, workload kinds, targets and telemetry")
-    ls.set_defaults(func=cmd_list)
-    from dohnuts.bench.calibrate import add_parser as add_calibrate
-    from dohnuts.bench.export import add_parser as add_export
-    from dohnuts.bench.schema_command import add_parser as add_schema
-    from dohnuts.bench.baseline import add_parser as add_baseline
-    from dohnuts.bench.gate import add_parser as add_gate
-    from dohnuts.bench.report_command import add_parser as add_report
-    from dohnuts.bench.store_command import add_parsers
-
-    add_parsers(sub)
-    add_baseline(sub)
-    add_gate(sub)
-    add_report(sub)
-    add_calibrate(sub)
-    add_export(sub)
-    add_schema(sub)
+    subparsers = p.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.setup_arguments(subparsers)  # each sets `func`: the function `main` calls
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dohnuts.bench.status import configure_logging
-
     args = build_parser().parse_args(argv)
     configure_logging(quiet=getattr(args, "quiet", False))
     try:

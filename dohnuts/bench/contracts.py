@@ -30,9 +30,9 @@ if TYPE_CHECKING:
     import torch
 
     from dohnuts.bench.calls import CallResult, PredictCall, TrainCall
-    from dohnuts.bench.report import Section
+    from dohnuts.bench.measure.workload import WorkloadSpec
+    from dohnuts.bench.sections import Section
     from dohnuts.bench.sink import RecordSink
-    from dohnuts.bench.workload import WorkloadSpec
     from dohnuts.runtime.process_group import World
     from dohnuts.runtime.timing import StageTimer
     from dohnuts.runtime.work import WorkCounts
@@ -58,7 +58,7 @@ class RunContext:
     measured: dict = field(default_factory=dict)  # measured ceilings etc., written to run.json
     notes: list = field(default_factory=list)
     failures: list = field(default_factory=list)  # {"workload", "file", "target", "error"}: written to run.json
-    profile: bool = False  # `run --profile`: a torch.profiler trace a workload and target (dohnuts.bench.trace)
+    profile: bool = False  # `run --profile`: a torch.profiler trace a workload and target (dohnuts.bench.measure.trace)
     traces: list = field(default_factory=list)  # {"workload", "target", "path", "calls"}: written to run.json
     # Tests only: called as before_call(world, i) before measured call i (a fault injected into a rank).
     before_call: Callable[[World, int], None] | None = None
@@ -182,7 +182,7 @@ class WorkloadKindCapabilities:
     # model's context when the file is validated. Absent: not checked.
     sequence_tokens: Callable[..., int] | None = _optional_member(None, "a method or None", _callable_or_none)
     # (ctx, vary) -> list of calls: the varied served set a workload's `serving.vary` asks for
-    # (dohnuts.bench.serving.variety.draw_sizes draws the sizes; `ctx.rng` the text); its Shape has
+    # (dohnuts.bench.measure.serving.variety.draw_sizes draws the sizes; `ctx.rng` the text); its Shape has
     # `seq_tokens` and `questions` (and `resolution` for images). Absent: None, `serving.vary` is refused.
     varied_calls: Callable[..., list] | None = _optional_member(None, "a method or None", _callable_or_none)
     # (spec) -> bool: warm every distinct call once (e.g. a warm cache). Absent: never.
@@ -220,9 +220,9 @@ class TargetCapabilities:
         None, "a method or None", _callable_or_none)
     # (calls, arrivals, *, capacity, timer_for, deadline) -> [ServedRequest]: serve requests arriving
     # at `arrivals` (seconds from now, or a closed loop of clients: take them from
-    # dohnuts.bench.serving.server.admission) through a bounded queue of `capacity`, as the target serves
-    # users (dohnuts.bench.serving.pipelined). Absent: the harness serves them one at a time through
-    # `run_call` (dohnuts.bench.serving.server.serve_serial).
+    # dohnuts.bench.measure.serving.server.admission) through a bounded queue of `capacity`, as the target serves
+    # users (dohnuts.bench.measure.serving.pipelined). Absent: the harness serves them one at a time through
+    # `run_call` (dohnuts.bench.measure.serving.server.serve_serial).
     serve: Callable[..., list] | None = _optional_member(None, "a method or None", _callable_or_none)
     # () -> {"captures", "capture_ms", "replays", "eager": {reason: passes}} | None: the target's CUDA
     # graph counts so far (None: it captures none, e.g. eager or on a CPU); a serving point or stream
@@ -273,7 +273,7 @@ class Launcher(Protocol):
 
 class TelemetrySampler(Protocol):
     """A source of readings taken in the background while a run measures (base class with the
-    defaults: dohnuts.bench.telemetry.Sampler). Registered by `dohnuts_bench_register_telemetry`."""
+    defaults: dohnuts.bench.measure.telemetry.Sampler). Registered by `dohnuts_bench_register_telemetry`."""
 
     name: str  # the key of its readings in each telemetry row
 

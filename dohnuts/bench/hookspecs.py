@@ -7,7 +7,7 @@ the register hooks return, and what the other hooks are handed, is typed in
 dohnuts.bench.contracts: every object a register hook returns is checked against its contract
 when the plugin manager collects it (dohnuts.bench.plugins.collect).
 
-Lifecycle of `dohnuts-bench run`:
+Lifecycle of `dohnuts-bench run` (its phases: dohnuts.bench.commands.session.RunSession):
 
     1. register   dohnuts_bench_register_workload_kinds / _targets / _telemetry / _launchers
     2. prepare    dohnuts_bench_prepare_run                                      (once per run)
@@ -15,6 +15,10 @@ Lifecycle of `dohnuts-bench run`:
     4. sample     telemetry samplers run in a background thread during the run
     5. analyze    dohnuts_bench_analyze                                          (from JSONL alone)
     6. report     dohnuts_bench_report
+
+The harness's own analysis and text report are called directly (dohnuts.bench.analysis.run_sections,
+dohnuts.bench.report.text_report); `dohnuts_bench_analyze` and `dohnuts_bench_report` extend them:
+an analyzer's sections follow the built-in ones, a reporter runs after the text report.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ def dohnuts_bench_register_targets():
 @hookspec
 def dohnuts_bench_register_telemetry():
     """Return a list of telemetry samplers (`dohnuts.bench.contracts.TelemetrySampler`; the base
-    class `dohnuts.bench.telemetry.Sampler` holds the defaults).
+    class `dohnuts.bench.measure.telemetry.Sampler` holds the defaults).
 
     A sampler whose library or device is absent says why once (its `unavailable` reason) and
     steps aside; it never fails the run.
@@ -87,7 +91,7 @@ def dohnuts_bench_prepare_run(run):
     Plugins may measure the machine here (e.g. the measured-ceiling microbenchmarks) and store
     results in `run.measured` (a dict written to run.json). `dohnuts-bench calibrate` calls it too,
     with a context of its own (run_id `calibrate`, no hwspec), and writes `run.measured["ceilings"]`
-    into the `measured:` section of a hwspec copy (dohnuts.bench.calibrate)."""
+    into the `measured:` section of a hwspec copy (dohnuts.bench.commands.calibrate)."""
 
 
 # -- 3. iterate --------------------------------------------------------------------------------
@@ -96,7 +100,7 @@ def dohnuts_bench_prepare_run(run):
 @hookspec
 def dohnuts_bench_before_call(run, spec, target_name, iteration):
     """Called before each measured call (not before warm-up calls), with the
-    `dohnuts.bench.contracts.RunContext`, the `dohnuts.bench.workload.WorkloadSpec`, the target's
+    `dohnuts.bench.contracts.RunContext`, the `dohnuts.bench.measure.workload.WorkloadSpec`, the target's
     label and the call's index."""
 
 
@@ -111,9 +115,10 @@ def dohnuts_bench_after_call(run, spec, target_name, record):
 
 @hookspec
 def dohnuts_bench_analyze(records, hwspec, measured, run_dir):
-    """Turn raw records (list of dicts read back from JSONL) into analysis sections.
+    """Turn raw records (list of dicts read back from JSONL) into analysis sections, added after
+    the built-in analysis's.
 
-    Return a list of `dohnuts.bench.report.Section` (title + rich renderable + plain dict), or
+    Return a list of `dohnuts.bench.sections.Section` (title + rich renderable + plain dict), or
     None. Must depend only on its arguments: any run can be re-analysed later. A plugin that
     implements it is a `dohnuts.bench.contracts.Analyzer`."""
 
@@ -123,5 +128,5 @@ def dohnuts_bench_analyze(records, hwspec, measured, run_dir):
 
 @hookspec
 def dohnuts_bench_report(console, records, sections, run_dir):
-    """Render results: print to the rich `console`, write files into `run_dir`. A plugin that
-    implements it is a `dohnuts.bench.contracts.Reporter`."""
+    """Render results: print to the rich `console`, write files into `run_dir` (called after the
+    built-in text report). A plugin that implements it is a `dohnuts.bench.contracts.Reporter`."""

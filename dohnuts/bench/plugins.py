@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import pluggy
 
 from dohnuts.bench import hookspecs
@@ -65,6 +66,7 @@ def checkout_project(pyproject: Path | None = None) -> dict:
     if not pyproject.is_file():
         return {}
     try:
+        # Python 3.11 and later (3.10 reads an install's metadata instead)
         import tomllib
     except ImportError:  # Python 3.10: what an install recorded (`pip install -e .` maps the plugins too)
         try:
@@ -132,8 +134,6 @@ class RegisteredTarget(TargetFactoryCapabilities):
     def options(self, raw: dict, *, source: str, field: str = "targets"):
         """The workload's `options:` for this target as its `Options` (types checked); an unknown
         key or a wrong type is one ConfigError naming the file and `field`."""
-        import msgspec
-
         known = [f.name for f in dataclasses.fields(self.Options)]
         if raw and not known:
             raise ConfigError(f"the {self.name} target takes no options", source=source, field=field)

@@ -20,7 +20,7 @@ from dohnuts.schema import JsonlFile, dumps
 class RecordSink:
     """Appends records to a results file (a run's results.jsonl, or a rank's own JSONL): a
     `JsonlFile` (whole lines), or an open text file (each line written in one call and flushed);
-    hands each record, once written, to its mirrors (the run store: dohnuts.bench.store)."""
+    hands each record, once written, to its mirrors (the run store: dohnuts.bench.store.run_store)."""
 
     def __init__(self, file: TextIO | JsonlFile, mirrors: tuple = ()):
         self.file = file

@@ -21,6 +21,7 @@ from typing import Annotated
 
 import msgspec
 import torch
+from safetensors import safe_open
 from torch import nn
 
 from dohnuts.config import ModelConfig
@@ -183,8 +184,6 @@ def load_state_dicts(root: Path, files: dict[str, Path]) -> tuple[Tensors, Tenso
     """Read every tensor once: (text backbone state dict, vision tower state dict). Every weight must
     be floating point (its dtype read from the header, before the tensor) and finite: a NaN or an
     infinity in a weight makes every score NaN, so it is refused here naming the tensor and file."""
-    from safetensors import safe_open
-
     by_file: dict[Path, list[str]] = {}
     for tensor, path in files.items():
         by_file.setdefault(path, []).append(tensor)

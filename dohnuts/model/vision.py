@@ -23,6 +23,7 @@ from torch import nn
 
 from dohnuts.config import VisionConfig
 from dohnuts.model.blocks import Embedding
+from dohnuts.model.checkpoint import allocate, assign_weights, init_weights
 from dohnuts.ops import rotary_qk
 
 # One function for each activation VisionConfig accepts (dohnuts.config.VisionActivation).
@@ -299,8 +300,6 @@ def mrope_position_ids(input_ids: torch.Tensor, image_grid_thw: torch.Tensor | l
 def build_vision_tower(cfg: VisionConfig, *, tensors=None, seed: int = 0, device: torch.device | str = "cpu",
                        dtype: torch.dtype = torch.float32, source: str = "<vision tower>") -> VisionTower:
     """The tower with a checkpoint's vision tensors (`Tensors`, prefix stripped) or seeded random weights."""
-    from dohnuts.model.checkpoint import allocate, assign_weights, init_weights
-
     with torch.device("meta"):
         tower = VisionTower(cfg)
     if tensors is not None:

@@ -15,8 +15,9 @@ states, and the delta rule's two L2-norm kernels: a launch a layer instead of ab
 - The final state (the last W inputs, the layout of `dohnuts.ops.conv`) is written through the
   strides of the caller's buffer: each part writes its channels of the one-conv (B, D, W) state.
 
-The backward (dohnuts.ops._conv_bwd_kernel) recomputes the conv from x and the state instead of
-saving it. CPU tensors run in Triton's interpreter (the CPU tests).
+The backward (dohnuts.ops._conv_bwd_kernel, with the autograd Function that pairs it with this
+forward) recomputes the conv from x and the state instead of saving it. CPU tensors run in
+Triton's interpreter (the CPU tests).
 """
 
 from __future__ import annotations
@@ -180,54 +181,3 @@ def _check_parts(x, weight, head_dim, sizes, normalized_parts, initial_state, fi
             raise ValueError(f"conv_silu: {name} {tuple(s.shape)} for x {tuple(x.shape)} and width {W}: need (B, C, W)")
     if final_state is not None and final_state.shape[0] != B:
         raise ValueError(f"conv_silu: final_state {tuple(final_state.shape)} needs batch {B}")
-
-
-class ConvSiluParts(torch.autograd.Function):
-    """`conv_silu_parts_triton` with its backward (`conv_silu_parts_bwd_triton`): → (*parts, final
-    state or None). Gradients reach x, the weight and the initial state — also a forked one, a
-    batch-broadcast view of a prefix's state that is part of the graph (the shared training pass):
-    its gradient is per branch, and autograd's expand sums the branches into the prefix."""
-
-    @staticmethod
-    def forward(ctx, x, weight, initial_state, head_dim, sizes, normalized_parts, output_final_state, eps,
-                cpu_block_t):
-        B, _, C = x.shape
-        final = x.new_empty(B, C, weight.shape[-1]) if output_final_state else None
-        # Tap-major weight (one small copy a layer): each tap's channels are then contiguous.
-        weight = weight.t().contiguous().t()  # (C, W) with strides (1, C)
-        outs = conv_silu_parts_triton(x, weight, head_dim, sizes, normalized_parts=normalized_parts,
-                                      initial_state=initial_state, final_state=final, eps=eps, cpu_block_t=cpu_block_t)
-        ctx.save_for_backward(x, weight, initial_state)
-        ctx.args = (head_dim, list(sizes), normalized_parts, eps, cpu_block_t)
-        ctx.set_materialize_grads(False)
-        return (*outs, final)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        from dohnuts.ops._conv_bwd_kernel import conv_silu_parts_bwd_triton
-
-        x, weight, initial_state = ctx.saved_tensors
-        head_dim, sizes, normalized_parts, eps, cpu_block_t = ctx.args
-        B, T, _ = x.shape
-        dys = [x.new_zeros(B, T, n) if g is None else g.to(x.dtype).contiguous() for n, g in zip(sizes, grads)]
-        state_grad = initial_state is not None and ctx.needs_input_grad[2]
-        dx, dw, ds0 = conv_silu_parts_bwd_triton(x, weight, head_dim, sizes, normalized_parts, dys, initial_state,
-                                                 grads[-1], state_grad, ctx.needs_input_grad[1], eps, cpu_block_t)
-        if ds0 is not None:
-            if initial_state.shape[0] != B:  # one state read by every row
-                ds0 = ds0.sum(0, keepdim=True)
-            ds0 = ds0.to(initial_state.dtype)
-        return dx, None if dw is None else dw.to(weight.dtype), ds0, None, None, None, None, None, None
-
-
-def conv_silu_parts(x: torch.Tensor, weight: torch.Tensor, head_dim: int, sizes: list[int], *,
-                    normalized_parts: int, initial_state: torch.Tensor | None = None,
-                    output_final_state: bool = False, eps: float = 1e-6,
-                    cpu_block_t: int = 32) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
-    """The differentiable `conv_silu_parts_triton`: x (B, T, C), weight (C, W) (any layout: the
-    kernel reads a tap-major copy) → (parts, final state (B, C, W) or None). One forward kernel with
-    or without autograd; under autograd the backward is `conv_silu_parts_bwd_triton`."""
-    _check_parts(x, weight, head_dim, sizes, normalized_parts, initial_state, None)
-    *outs, final = ConvSiluParts.apply(x, weight, initial_state, head_dim, tuple(sizes), normalized_parts,
-                                       output_final_state, eps, cpu_block_t)
-    return tuple(outs), final

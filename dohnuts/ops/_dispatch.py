@@ -32,6 +32,7 @@ from contextvars import ContextVar
 
 import torch
 
+from dohnuts.ops._fla import fla
 from dohnuts.ops._tuned import seed
 
 _REFERENCE: ContextVar[bool] = ContextVar("dohnuts_ops_reference", default=False)
@@ -50,7 +51,7 @@ def reference() -> Iterator[None]:
 def probe_fused_kernels(device: torch.device) -> None:
     """Raise when `device` cannot run the fused paths: fla's entry points must import, and a 16 × 16
     BF16 `tl.dot` kernel must compile for the device, run, and match torch's matmul."""
-    from dohnuts.ops._fla import fla
+    # Triton and fla: on a GPU only (the CPU runs the reference path without them)
     from dohnuts.ops._probe_kernel import dot16_triton
 
     if device.type != "cuda":

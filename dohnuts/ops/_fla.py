@@ -25,6 +25,7 @@ from types import SimpleNamespace
 @functools.cache
 def fla() -> SimpleNamespace:
     """The fla entry points dohnuts uses (imported on first use)."""
+    # Triton and fla: on a GPU only (the CPU runs the reference path without them)
     from fla.modules.activations import swiglu
     from fla.modules.causal_conv1d import causal_conv1d
     from fla.modules.norm.fused_norm_gate import rms_norm_gated
@@ -51,6 +52,7 @@ def hopper_backward_hazard() -> bool:
     """Whether this machine has the #640 hazard (Hopper GPU and Triton in [3.4, 3.7.1)).
 
     Read once, before any lift, from fla's own flags."""
+    # Triton and fla: on a GPU only (the CPU runs the reference path without them)
     import fla.ops.common.chunk_o as chunk_o
 
     return bool(chunk_o.IS_NVIDIA_HOPPER and chunk_o.TRITON_ABOVE_3_4_0 and not chunk_o.TRITON_ABOVE_3_7_1)
@@ -59,6 +61,7 @@ def hopper_backward_hazard() -> bool:
 @functools.cache
 def allow_hopper_backward_for_bk128() -> None:
     """Lift fla's #640 guard once (see module docstring); callers check the head dim first."""
+    # Triton and fla: on a GPU only (the CPU runs the reference path without them)
     import fla.ops.common.chunk_o as chunk_o
     import triton
 

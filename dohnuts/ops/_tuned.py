@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import json
 import sys
 from pathlib import Path
+
+import torch
 
 TABLES = Path(__file__).with_name("tuned")
 
@@ -30,6 +33,7 @@ TABLES = Path(__file__).with_name("tuned")
 def fingerprint() -> str:
     """Triton's version key and the active GPU backend's hash (architecture, ptxas/LLVM): what
     every autotune cache directory name starts from."""
+    # Triton and fla: on a GPU only (the CPU runs the reference path without them)
     import triton.runtime.autotuner as autotuner  # the names its disk cache uses, wherever they live
     from triton.compiler.compiler import make_backend
 
@@ -39,8 +43,6 @@ def fingerprint() -> str:
 
 def source_digest(kernel) -> str:
     """SHA-256 of a Triton kernel's Python source (an Autotuner, a heuristics wrapper or a JITFunction)."""
-    import inspect
-
     fn = kernel
     while hasattr(fn, "fn"):
         fn = fn.fn
@@ -55,8 +57,6 @@ def load_tables() -> list[dict]:
 def seed() -> int:
     """Write the matching table's autotune entries this Triton cache lacks (once a process).
     Returns how many it wrote; on a machine no table was made for, says so once on stderr."""
-    import torch
-
     if not torch.cuda.is_available():
         return 0
     try:
@@ -65,6 +65,7 @@ def seed() -> int:
         print(f"dohnuts: no tuned-kernel table applies ({type(err).__name__}: {err}); Triton kernels are "
               "tuned at their first use", file=sys.stderr)
         return 0
+    # Triton and fla: on a GPU only (the CPU runs the reference path without them)
     from triton.runtime.cache import get_cache_manager
 
     written = 0

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from dohnuts.ops._dispatch import use_fused
+from dohnuts.ops._fla import fla
 
 
 def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -14,8 +15,6 @@ def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def swiglu_fused(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    from dohnuts.ops._fla import fla
-
     return fla().swiglu(gate, up)
 
 
@@ -35,6 +34,7 @@ def swiglu_packed_reference(gu: torch.Tensor) -> torch.Tensor:
 
 def swiglu_packed_fused(gu: torch.Tensor) -> torch.Tensor:
     _halves(gu)  # the shape check
+    # Triton and fla: on a GPU only (the CPU runs the reference path without them)
     from dohnuts.ops._swiglu_kernel import swiglu_packed_fn
 
     return swiglu_packed_fn(gu)

@@ -96,6 +96,7 @@ def gated_output_reference(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
 
 
 def gated_output_fused(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    # Triton and fla: on a GPU only (the CPU runs the reference path without them)
     from dohnuts.ops._gate_kernel import gated_output_fn
 
     return gated_output_fn(o, gate)

@@ -5,8 +5,9 @@ sequence starts from zeros. This is the layout of both fla's Triton kernel and t
 cache, so a state can be handed from a prefix pass to suffix passes (shared-prefix forking).
 
 Gated DeltaNet's conv (`causal_conv1d_qkv`, and `causal_conv1d_parts`) runs dohnuts' Triton
-kernel on CUDA, with and without autograd (dohnuts.ops._conv_kernel: one forward kernel, its
-own backward), reading a forked state in place; `causal_conv1d` is fla's conv.
+kernel on CUDA, with and without autograd (dohnuts.ops._conv_kernel: one forward kernel;
+dohnuts.ops._conv_bwd_kernel: its own backward, and the autograd Function), reading a forked
+state in place; `causal_conv1d` is fla's conv.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from dohnuts.ops._dispatch import use_fused
+from dohnuts.ops._fla import fla
 
 
 def causal_conv1d_reference(
@@ -44,7 +46,6 @@ def causal_conv1d_fused(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    from dohnuts.ops._fla import fla
 
     if initial_state is not None:
         initial_state = initial_state.to(x.dtype).contiguous()  # the kernel indexes it densely
@@ -95,7 +96,8 @@ def causal_conv1d_parts_fused(
     if not tile:
         y, final = causal_conv1d_fused(x, weight, initial_state, output_final_state)
         return y.split(sizes, dim=-1), final
-    from dohnuts.ops._conv_kernel import conv_silu_parts
+    # Triton and fla: on a GPU only (the CPU runs the reference path without them)
+    from dohnuts.ops._conv_bwd_kernel import conv_silu_parts
 
     return conv_silu_parts(x, weight, tile, list(sizes), normalized_parts=0, initial_state=initial_state,
                            output_final_state=output_final_state)
@@ -133,12 +135,13 @@ def causal_conv1d_qkv(
     suffix that starts from a forked one), one Triton kernel computes the three parts: conv + SiLU,
     plus the L2 norm for q and k, reading the state through its strides (a forked state may be a
     batch-broadcast view) and writing the (B, D, W) final state; its backward gives x, the weight
-    and the state their gradients (dohnuts.ops._conv_kernel). The caller then skips the delta
+    and the state their gradients (dohnuts.ops._conv_bwd_kernel). The caller then skips the delta
     rule's own normalisation (normalised = True). On the reference path this is
     `causal_conv1d_parts` and the delta rule normalises (normalised = False)."""
     if (use_fused(x) and len(sizes) == 3 and key_head_dim & (key_head_dim - 1) == 0
             and all(n % key_head_dim == 0 for n in sizes)):
-        from dohnuts.ops._conv_kernel import conv_silu_parts
+        # Triton and fla: on a GPU only (the CPU runs the reference path without them)
+        from dohnuts.ops._conv_bwd_kernel import conv_silu_parts
 
         # q, k and v in one launch, each a contiguous block of one buffer: faster than a launch a
         # part at every measured size (`kernel_lab.py conv_parts`, docs/history/evolution.md M21)

@@ -15,6 +15,7 @@ from dohnuts.ops._dispatch import recording, use_fused
 def copy4d(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """dst[...] = src; dst (B, H, R, C), src (B or 1, H, R, C) or a view broadcast to it. Returns dst."""
     if use_fused(dst) and not recording(src, dst) and dst.dim() == 4 and dst.stride(-1) == 1 and src.stride(-1) == 1:
+        # Triton and fla: on a GPU only (the CPU runs the reference path without them)
         from dohnuts.ops._copy_kernel import copy4d_triton
 
         if src.shape[0] != 1 and src.stride(0) == 0:  # an expanded view: read its one batch row

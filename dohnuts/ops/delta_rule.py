@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from dohnuts.ops._dispatch import use_fused
+from dohnuts.ops._fla import allow_hopper_backward_for_bk128, fla, hopper_backward_hazard
 
 CHUNK = 64
 
@@ -115,8 +116,6 @@ def gated_delta_rule_fused(q, k, v, g, beta, scale=None, initial_state=None, out
                            use_qk_l2norm=True):
     """`ChunkedDeltaRule` on explicit gates: g (B, T, HV) the per-token log decay, chunk-cumulated
     (log2, fla's convention) in torch so that its gradient flows back."""
-    from dohnuts.ops._fla import fla
-
     B, T, HV = g.shape
     pad = (-T) % CHUNK
     gc = F.pad(g.float(), (0, 0, 0, pad)).view(B, -1, CHUNK, HV).cumsum(2).view(B, -1, HV)[:, :T]
@@ -149,7 +148,7 @@ def gated_delta_rule_from_logits(q, k, v, a, b, A_log, dt_bias, initial_state=No
     of the prediction path, fla's gated-delta-rule backward. On the reference path the gates are
     computed in torch and passed on."""
     if use_fused(q):
-        from dohnuts.ops._fla import fla
+        # Triton and fla: on a GPU only (the CPU runs the reference path without them)
         from dohnuts.ops._gdn_gates_kernel import gdn_gates
 
         with _device(q):
@@ -187,6 +186,7 @@ def _kkt_solve(f, k, g, beta, zero_upper: bool = False):
     by head counts and sizes alone, so the first launch's shape chose the config for every later
     one (a GPU test's small pass chose 4 warps, far slower at the workloads' passes), while one
     config is the fastest at every shape measured (docs/history/evolution.md M29)."""
+    # Triton and fla: on a GPU only (the CPU runs the reference path without them)
     import triton
 
     N, T, H, K = k.shape
@@ -206,9 +206,9 @@ _KKT_CONFIG = {"BK": 64, "num_warps": 1}
 def _kkt_kernel():
     """fla's kkt_solve kernel itself, from under its `@triton.heuristics` (whose two flags
     `_kkt_solve` passes) and its autotuner."""
+    # Triton and fla: on a GPU only (the CPU runs the reference path without them)
     from triton.runtime import Autotuner, Heuristics
 
-    from dohnuts.ops._fla import fla
 
     fn = fla().chunk_gated_delta_rule_fwd_kkt_solve_kernel
     while isinstance(fn, (Autotuner, Heuristics)):
@@ -243,8 +243,6 @@ def prepare_delta_rule_backward(K: int) -> None:
     dim K: fla's #640 guard lifted where dohnuts' GPU gradient-parity tests prove that backward
     (block size BK=128 on Hopper), refused elsewhere (docs/known-issues.md KI-1). The training
     peer (transformers + PEFT) calls it too: its backward is the same fla kernels."""
-    from dohnuts.ops._fla import allow_hopper_backward_for_bk128, hopper_backward_hazard
-
     if hopper_backward_hazard():
         if 1 << (K - 1).bit_length() < 128:  # fla picks BK = min(next_pow2(K), 128) on Hopper
             raise RuntimeError(
@@ -278,8 +276,8 @@ class ChunkedDeltaRule(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, scale, output_final_state, use_qk_l2norm):
+        # Triton and fla: on a GPU only (the CPU runs the reference path without them)
         from dohnuts.ops._delta_h_kernel import delta_h_triton, delta_rule_output_wy_triton
-        from dohnuts.ops._fla import fla
 
         f = fla()
         K = k.shape[-1]
@@ -314,8 +312,8 @@ class ChunkedDeltaRule(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dht):
+        # Triton and fla: on a GPU only (the CPU runs the reference path without them)
         from dohnuts.ops._delta_h_kernel import delta_h_triton
-        from dohnuts.ops._fla import fla
 
         f = fla()
         q, q_rstd, k, k_rstd, v, g, beta, A, h0 = ctx.saved_tensors

@@ -32,6 +32,7 @@ def fma_chain_reference(x: torch.Tensor, iters: int) -> torch.Tensor:
 
 
 def fma_chain_fused(x: torch.Tensor, iters: int) -> torch.Tensor:
+    # Triton and fla: on a GPU only (the CPU runs the reference path without them)
     from dohnuts.ops._fma_kernel import fma_chain_triton
 
     return fma_chain_triton(x.contiguous(), iters)

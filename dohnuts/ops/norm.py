@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from dohnuts.ops._dispatch import use_fused
+from dohnuts.ops._fla import fla
 
 
 def _scale(weight: torch.Tensor, offset: float) -> torch.Tensor:
@@ -29,6 +30,7 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, weight
 
 
 def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
+    # Triton and fla: on a GPU only (the CPU runs the reference path without them)
     from dohnuts.ops._norm_kernels import rms_norm_fn
 
     return rms_norm_fn(x, weight, eps, weight_offset)
@@ -77,8 +79,6 @@ def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.
 
 
 def gated_rms_norm_fused(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    from dohnuts.ops._fla import fla
-
     return fla().rms_norm_gated(x, gate, weight, None, activation="swish", eps=eps)
 
 

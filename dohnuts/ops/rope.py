@@ -38,6 +38,7 @@ def norm_rope_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, weigh
 
 def norm_rope_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float,
                     cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # Triton and fla: on a GPU only (the CPU runs the reference path without them)
     from dohnuts.ops._norm_kernels import norm_rope_fn
 
     return norm_rope_fn(x, weight, eps, weight_offset, cos, sin)
@@ -59,6 +60,7 @@ def rotary_qk_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
 
 
 def rotary_qk_fused(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # Triton: on a GPU only (the CPU runs the reference path without it)
     from dohnuts.ops._rope_kernel import rotary_qk_triton
 
     return rotary_qk_triton(qkv, cos, sin)

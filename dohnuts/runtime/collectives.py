@@ -14,14 +14,13 @@ gradients travel in one flat bucket after the backward passes instead of overlap
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from dohnuts.runtime.process_group import World
 
 
 def collective_device() -> torch.device:
     """Where a tensor the ranks reduce lives: NCCL reduces only CUDA tensors (this rank's GPU)."""
-    import torch.distributed as dist
-
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -31,7 +30,6 @@ def max_over_ranks(value: int, world: World) -> int:
     """The largest of every rank's `value` (every rank gets it): ranks agree on a count."""
     if not world.distributed:
         return value
-    import torch.distributed as dist
 
     t = torch.tensor([int(value)], dtype=torch.int64, device=collective_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -52,7 +50,6 @@ def all_reduce_gradients(params: list[torch.nn.Parameter], world: World) -> None
     """Sum every parameter's gradient over the ranks, in one flat bucket (missing grads count as 0)."""
     if not world.distributed:
         return
-    import torch.distributed as dist
 
     for p in params:
         if p.grad is None:
@@ -68,7 +65,6 @@ def all_reduce_gradients(params: list[torch.nn.Parameter], world: World) -> None
 
 def all_reduce_sum(x: torch.Tensor, world: World) -> torch.Tensor:
     if world.distributed:
-        import torch.distributed as dist
 
         dist.all_reduce(x)
     return x
@@ -76,6 +72,5 @@ def all_reduce_sum(x: torch.Tensor, world: World) -> torch.Tensor:
 
 def barrier(world: World) -> None:
     if world.distributed:
-        import torch.distributed as dist
 
         dist.barrier()

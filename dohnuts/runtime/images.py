@@ -39,13 +39,16 @@ from __future__ import annotations
 import hashlib
 import io
 import math
+import threading
 import time
 import warnings
 import zlib
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import pyspng
 import torch
 from PIL import Image
 
@@ -118,9 +121,6 @@ class ImageKeyMemo:
     RACY_FINE_S = 0.1
 
     def __init__(self, max_entries: int = 4096):
-        import threading
-        from collections import OrderedDict
-
         self.max_entries = max_entries
         self._entries: OrderedDict[str, PreparedImage] = OrderedDict()
         self._stats: OrderedDict[str, tuple[tuple, str]] = OrderedDict()  # path → (signature, digest)
@@ -170,7 +170,6 @@ class ImageKeyMemo:
         """Remember `img` without its patches (the memo holds metadata, not pixels)."""
         if digest is None:
             return
-        from dataclasses import replace
 
         with self._lock:
             self._entries[digest] = replace(img, patches=None)
@@ -281,8 +280,6 @@ def decode_pixels(source: str | Path | bytes, *, name: str | None = None) -> np.
         source, max_bytes=MAX_IMAGE_BYTES, error=ImageError, what="an image file")
     size = _plain_png_size(data)
     if size is not None:
-        import pyspng  # the PNG decoder: only for the files it takes
-
         try:
             pixels = pyspng.load(data)
         except Exception:  # corrupt or truncated: Pillow decodes it again and words the error

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import resource
 
+import psutil
 import torch
 
 from dohnuts.errors import RequestError
@@ -64,7 +65,6 @@ def free_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    import psutil
 
     free = psutil.virtual_memory().available
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)

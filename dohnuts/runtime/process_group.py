@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
+
+from dohnuts.errors import DohnutsError
 
 
 @dataclass(frozen=True)
@@ -54,8 +57,6 @@ def current_world() -> World:
 def _env_int(name: str, raw: str | None, *, low: int, default: int | None = None) -> int:
     """torchrun's variable `name` (its value `raw`, read by the caller where the variable is named)
     as an integer ≥ low; a missing or garbled one is one DohnutsError line."""
-    from dohnuts.errors import DohnutsError
-
     if raw is None or not raw.strip():
         if default is not None:
             return default
@@ -81,8 +82,6 @@ def launched() -> bool:
 def launch_world() -> World:
     """The world torchrun's variables describe (SINGLE when not launched), checked: RANK in
     0..WORLD_SIZE−1, LOCAL_RANK ≥ 0; a missing or garbled one is one DohnutsError line."""
-    from dohnuts.errors import DohnutsError
-
     if not launched():
         return SINGLE
     size = _env_int("WORLD_SIZE", os.environ.get("WORLD_SIZE"), low=1)
@@ -99,7 +98,6 @@ def join(device: str | None) -> tuple[World, str | None]:
     global _current
     if not launched():
         return SINGLE, device
-    import torch.distributed as dist
 
     world = launch_world()
     cuda = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
@@ -114,7 +112,6 @@ def join(device: str | None) -> tuple[World, str | None]:
 
 def leave() -> None:
     global _current
-    import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

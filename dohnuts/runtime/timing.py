@@ -24,6 +24,7 @@ stage run back to back.
 
 from __future__ import annotations
 
+import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -171,8 +172,6 @@ def empty_stage_cost(device: torch.device, n: int = 200, warmup: int = 20, batch
     can measure about itself; `device_ms` (CUDA): the median device time between an empty stage's
     events, the floor of every stage's device time.
     """
-    import statistics
-
     timer = StageTimer(device)
     for _ in range(warmup):
         with timer.stage("empty"):

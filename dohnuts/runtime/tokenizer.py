@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from dohnuts.config import ModelConfig
 from dohnuts.errors import CheckpointError
 
@@ -48,8 +50,6 @@ class HFTokenizer:
     name = "tokenizer.json"
 
     def __init__(self, path: Path, cfg: ModelConfig):
-        from tokenizers import Tokenizer
-
         try:
             self._tok = Tokenizer.from_file(str(path))
         except Exception as exc:

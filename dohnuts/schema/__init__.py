@@ -5,9 +5,9 @@ One import point (`from dohnuts.schema import ...`) over seven small modules: `d
 conversion and its errors), `strict_yaml`, `strict_json`, `user_files` (a path a user names:
 refused by type and size before any read), `jsonl_file` (records written whole or not at all), `output_paths` (the one rule for where a
 command may write) and
-`values` (helpers for messages and numbers). Every reader of the project uses it: workloads (dohnuts.bench.workload and the kinds'
+`values` (helpers for messages and numbers). Every reader of the project uses it: workloads (dohnuts.bench.measure.workload and the kinds'
 `Shape`s), hwspecs (dohnuts.bench.analysis.hwspec_file), benchmark records
-(dohnuts.bench.analysis.records), run.json (dohnuts.bench.offline), requests
+(dohnuts.bench.analysis.records), run.json (dohnuts.bench.store.summary_file), requests
 (dohnuts.runtime.requests), model configs and config.json (dohnuts.config, dohnuts.hf_config), adapter
 metadata (dohnuts.adapters), the training config (dohnuts.train.config) and checkpoint manifests
 (dohnuts.train.checkpoints).

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import re
 import types
@@ -20,6 +21,7 @@ from typing import Annotated, Any
 import msgspec
 
 from dohnuts.errors import ConfigError, DohnutsError
+from dohnuts.schema.user_files import read_file
 from dohnuts.schema.values import first_nonfinite, one_line, one_line_error, short
 
 MAX_FLOAT = 1.7976931348623157e308
@@ -112,8 +114,6 @@ def read_json(path, type_: Any = Any, *, max_bytes: int, error: type[DohnutsErro
     """A JSON file a user names, as `type_`: a regular file within `max_bytes` (checked by its stat
     before it is opened: dohnuts.schema.user_files), one strict JSON document; one `error` line
     naming the file (and the field) otherwise."""
-    from dohnuts.schema.user_files import read_file
-
     raw = read_file(path, max_bytes=max_bytes, error=error, what=what)
     return decode_json(raw, type_, source=str(path), error=error, dec_hook=dec_hook)
 
@@ -121,8 +121,6 @@ def read_json(path, type_: Any = Any, *, max_bytes: int, error: type[DohnutsErro
 def _nonfinite_token(raw: bytes | str) -> tuple[str, str] | None:
     """(path, NaN or infinite) of the first NaN / Infinity token of a document that is JSON but for
     them (Python's reader takes them), else None."""
-    import json
-
     try:
         obj = json.loads(raw)
     except (ValueError, RecursionError, TypeError):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +71,6 @@ def write_bytes_atomic(path: str | Path, data: bytes, *, error: type[DohnutsErro
     planted under its name is followed), then a rename, so an interrupted write (or a full disk)
     leaves the previous file (or none), never half of one — and a symbolic link at `path` is
     replaced, never written through. A write that fails is one `error` line naming the file."""
-    import tempfile
-
     path = Path(path)
     tmp = None
     try:

@@ -74,7 +74,7 @@ def printable(text: Any) -> str:
     unprintable character (a newline, an escape sequence's ESC, BEL, NUL, a C1 control, a bidi
     override) written as its escape, so a user's workload name or path cannot move the cursor,
     recolour the screen or write the clipboard. Rich markup is a matter of the console:
-    dohnuts.bench.terminal.SafeConsole never reads it, and writes its text through this."""
+    dohnuts.bench.report.terminal.SafeConsole never reads it, and writes its text through this."""
     return _escape(str(text)) or ""
 
 

@@ -17,6 +17,13 @@ from pathlib import Path
 import msgspec
 
 from dohnuts.errors import ConfigError, DohnutsError
+from dohnuts.limits import check_processes
+from dohnuts.runtime.requests import read_requests, require_rewards
+from dohnuts.schema import check_dir, check_file
+from dohnuts.threads import apply_threads
+from dohnuts.train.progress import TrainingProgress
+from dohnuts.train.run_lock import RunLock
+from dohnuts.train.task import synthetic_requests
 
 MAX_SYNTHETIC_TRAIN = 100_000  # synthetic training requests (8 questions each): bounded, as every size is
 
@@ -44,6 +51,7 @@ def _given(argv: list[str], flag: str) -> bool:
 def finished(ckpt: Path, cfg) -> bool:
     """The run's last checkpoint is its final update and its summary (the selection, calibration
     and test) is written: a resume would have nothing to do."""
+    # imports torch: only once the command line's checks have passed (they run before torch)
     from dohnuts.train.checkpoints import SUMMARY, read_checkpoint
 
     return read_checkpoint(ckpt).update >= cfg.updates and (Path(cfg.out) / SUMMARY).is_file()
@@ -53,6 +61,7 @@ def _resume_defaults(args) -> None:
     """`--resume`: every run argument not written on the command line takes the value the run
     started with (its checkpoint's config), so `dohnuts train --out RUN --resume` continues RUN
     as it was; arguments that are written are checked against it (check_resumable)."""
+    # imports torch: only once the command line's checks have passed (they run before torch)
     from dohnuts.train.checkpoints import check_run_dir, read_checkpoint
 
     try:
@@ -79,16 +88,13 @@ def train_command(args, *, launch) -> int:
     (dohnuts.cli); progress goes to stderr (dohnuts.train.progress)."""
     if args.data:
         _check_data(Path(args.data))  # before torch's import (seconds): a typo is one line at once
+    # imports torch: only once the command line's checks have passed (they run before torch)
     from dohnuts.adapters import read_adapter_meta
     from dohnuts.api import check_device
     from dohnuts.runtime.process_group import launch_world, launched
-    from dohnuts.runtime.requests import read_requests, require_rewards
-    from dohnuts.schema import check_dir
     from dohnuts.train.checkpoints import check_resumable, check_run_dir, data_fingerprint, read_checkpoint
     from dohnuts.train.config import SPLITS, Partitions, train_config
-    from dohnuts.train.task import synthetic_requests
 
-    from dohnuts.limits import check_processes
 
     check_processes(args.nproc_per_node)
     main_rank = launch_world().is_main  # garbled torchrun variables: one line, before anything
@@ -161,8 +167,6 @@ SPLIT_FILES = ("train.jsonl", "dev.jsonl", "calib.jsonl", "test.jsonl")  # dohnu
 def _check_data(root: Path) -> None:
     """`--data`: a directory holding the four split files, each a regular file (a FIFO would block,
     a device never end). Imports no torch, so `train_command` checks it before anything heavy."""
-    from dohnuts.schema import check_dir, check_file
-
     check_dir(root, field="--data", what="a directory of train/dev/calib/test.jsonl")
     for name in SPLIT_FILES:
         if not os.path.lexists(root / name):
@@ -174,8 +178,6 @@ def _check_data(root: Path) -> None:
 def _run_directory(out: Path, *, hold: bool):
     """The run directory, created if need be and locked (RunLock) while the body runs; a folder
     this call created and left empty (a refusal before anything was written) is removed again."""
-    from dohnuts.train.run_lock import RunLock
-
     if not hold:
         yield
         return
@@ -197,14 +199,12 @@ def _run_directory(out: Path, *, hold: bool):
 
 
 def _train(args, cfg, data) -> int:
+    # imports torch: only once the command line's checks have passed (they run before torch)
     from dohnuts.runtime.collectives import barrier
     from dohnuts.runtime.process_group import join, leave
-    from dohnuts.train.progress import TrainingProgress
     from dohnuts.train.trainer import Trainer
 
     # Several processes (torchrun): every rank has checked the run directory before rank 0 writes.
-    from dohnuts.threads import apply_threads
-
     world, device = join(args.device)
     apply_threads(args.threads, device)
     cfg = msgspec.structs.replace(cfg, device=device)

@@ -37,11 +37,12 @@ Used by the end-to-end training tests and by hand:
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from dohnuts.errors import DohnutsError
 from dohnuts.schema import dumps
@@ -62,6 +63,7 @@ class MissingScikitLearn(ImportError):
 def load_digits() -> tuple[np.ndarray, np.ndarray]:
     """(images uint8 [N, 8, 8] scaled to 0..255, labels int64 [N]) of sklearn's digits."""
     try:
+        # scikit-learn: a test tool (the `test` extra), needed for the digits alone
         from sklearn.datasets import load_digits as _load
     except ImportError as exc:
         raise MissingScikitLearn(SKLEARN_MISSING) from exc
@@ -121,8 +123,6 @@ def _check_args(seed: int, limit: int | None, n_digits: int = 10) -> None:
 
 
 def _save_png(pixels: np.ndarray, path: Path) -> None:
-    from PIL import Image
-
     # A 2-D uint8 array becomes an 8-bit grayscale ("L") image; the runtime converts it to RGB.
     Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8)).save(path, format="PNG")
 

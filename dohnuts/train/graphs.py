@@ -30,6 +30,7 @@ import torch
 from dohnuts.model.lora import refresh_adapter_copies
 from dohnuts.runtime.batch import Batch
 from dohnuts.runtime.graphs import GraphStats, ShapeBuckets
+from dohnuts.train.loss import microbatch_loss
 from dohnuts.train.objective import RLCDConfig
 
 
@@ -114,8 +115,6 @@ class MicrobatchGraphs:
         return static, buf("image_features", features)
 
     def _loss_fn(self, batch: Batch, features: torch.Tensor | None) -> Callable[[], torch.Tensor]:
-        from dohnuts.train.step import microbatch_loss
-
         model, objective, divisor = self.model, self.objective, self.divisor
 
         def forward() -> torch.Tensor:  # the eager microbatch's loss, exactly

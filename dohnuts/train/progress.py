@@ -17,6 +17,8 @@ from __future__ import annotations
 import sys
 import time
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
 LINE_EVERY_S = 30.0  # in a pipe: at most this long between two progress lines while updates run
 
 
@@ -76,7 +78,6 @@ class TrainingProgress:
         self._last_line: float | None = None
         self._bar = self._task = None
         if enabled and self.terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
             self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[pace]}"), transient=False)

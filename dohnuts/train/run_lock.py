@@ -14,6 +14,7 @@ With several processes (`--nproc-per-node`), rank 0 alone holds it (it alone wri
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -86,8 +87,6 @@ class RunLock:
 
     def _open_locked(self) -> int:
         """The lock file opened (created if need be) and flock-ed, or the one-line refusal naming its holder."""
-        import fcntl
-
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         except OSError as exc:

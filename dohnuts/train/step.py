@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -31,8 +30,6 @@ import torch
 from msgspec import Meta
 
 from dohnuts.model.lora import refresh_adapter_copies
-from dohnuts.model.scorer import candidate_logits
-from dohnuts.runtime.batch import Batch
 from dohnuts.runtime.collectives import all_reduce_gradients, all_reduce_sum
 from dohnuts.runtime.pipeline import Pipeline
 from dohnuts.runtime.process_group import SINGLE, World
@@ -41,7 +38,8 @@ from dohnuts.runtime.timing import NULL_TIMER
 from dohnuts.runtime.work import WorkCounts
 from dohnuts.schema import NonNegative, Positive, number_in
 from dohnuts.train.graphs import MicrobatchGraphs
-from dohnuts.train.objective import RLCDConfig, rlcd_loss
+from dohnuts.train.loss import microbatch_loss
+from dohnuts.train.objective import RLCDConfig
 
 MICROBATCHES = 4
 # The questions an update averages, what the defaults (lr 2e-3, 200 updates) were tuned with: 4
@@ -81,22 +79,6 @@ def make_optimizer(session, cfg: OptimConfig) -> torch.optim.AdamW:
         raise ValueError("the model has no trainable parameters (load it with lora=LoRAConfig(...))")
     fused = session.device.type == "cuda"
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=fused)
-
-
-def microbatch_loss(model, batch: Batch, objective: RLCDConfig, *, image_features: torch.Tensor | None = None,
-                    autocast_cache: bool = True) -> torch.Tensor:
-    """RLCD loss (mean over the microbatch's questions) of the pure model on one request's batch
-    (on the model's device) with its image's features: the pass prediction runs (`choose_pass`),
-    with every layer recomputed in the backward pass (the execution policy's activation
-    checkpointing). `autocast_cache=False` inside CUDA graph capture (the cache would hold tensors
-    made outside the graph)."""
-    if batch.rewards is None:
-        raise ValueError("a training batch needs rewards")
-    cuda = model.device.type == "cuda"
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=autocast_cache) if cuda else nullcontext()
-    with autocast:
-        scores = model(batch.score_inputs(image_features), recompute=True)
-    return rlcd_loss(candidate_logits(scores, batch.cand_matrix), batch.rewards, objective)
 
 
 @dataclass(frozen=True)

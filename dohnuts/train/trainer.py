@@ -33,17 +33,20 @@ from pathlib import Path
 import msgspec
 import psutil
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
+import dohnuts.api as api
 from dohnuts.adapters import fsync_dir, fsync_file, load_adapter, save_adapter, save_safetensors
 from dohnuts.errors import CheckpointError, ConfigError, DohnutsError
-from dohnuts.runtime.process_group import SINGLE, World
 from dohnuts.runtime.predict import RequestResult
+from dohnuts.runtime.process_group import SINGLE, World
 from dohnuts.schema import GIB, append_line, dumps, read_file, short
 from dohnuts.train.calibration import expected_calibration_error, fit_temperature, nll
 from dohnuts.train.checkpoints import (
     BEST, CHECKPOINT_FORMAT, CHECKPOINTS, LOG, POINTER, SUMMARY, check_resumable, check_run_dir, config_record,
-    data_fingerprint, optimizer_state, optimizer_tensors, prune_checkpoints, read_checkpoint, scheduler_state, sha256_of,
-    write_atomic, write_durable,
+    data_fingerprint, optimizer_state, optimizer_tensors, prune_checkpoints, read_checkpoint, scheduler_state,
+    sha256_of, write_atomic, write_durable,
 )
 from dohnuts.train.config import Partitions, TrainConfig, validate_config, validate_data
 from dohnuts.train.step import MICROBATCHES, Updater, make_optimizer, requests_per_microbatch
@@ -110,8 +113,6 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, data: Partitions, log=print, world: World = SINGLE, after_update=None):
         """`after_update(world, update)`, when given, is called after each update (tests inject
         faults through it)."""
-        import dohnuts.api as api
-
         validate_config(cfg)
         validate_data(data)
         self.cfg, self.data, self.log, self.world = cfg, data, log, world
@@ -205,8 +206,6 @@ class Trainer:
         ckpt = check_run_dir(self.out, resume=True)
         if ckpt is None:
             return False
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
 
         manifest = read_checkpoint(ckpt)
         check_resumable(manifest, self.cfg, self.fingerprint, str(self.out))
@@ -340,8 +339,6 @@ class Trainer:
 
     def finish(self) -> dict:
         """Best adapter → merge → calibrate on `calib` → test. Writes summary.json."""
-        import dohnuts.api as api
-
         model = api.load(self.cfg.model, adapter=self.out / BEST, merge=True, device=self.cfg.device,
                          seed=self.cfg.seed)
         logits, correct = question_logits(model.predict(self.data.calib), self.data.calib)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from dohnuts.bench.cli import main, standard_files
+from dohnuts.bench.cli import main
 from dohnuts.bench.hookspecs import hookimpl
+from dohnuts.bench.measure.workload import load_workload, standard_files
 from dohnuts.bench.plugins import collect, plugin_manager
-from dohnuts.bench.workload import load_workload
 from dohnuts.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

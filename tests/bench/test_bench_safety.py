@@ -15,7 +15,7 @@ import torch
 
 from dohnuts.bench.cli import main
 from dohnuts.bench.hookspecs import hookimpl
-from dohnuts.bench.workload import load_workload
+from dohnuts.bench.measure.workload import load_workload
 from dohnuts.errors import ConfigError
 from tests.bench.test_bench_harness import _registry
 from tests.hostile import HOSTILE_ADAPTER_IDS, HOSTILE_ADAPTER_META, SMALL_TEXT_WORKLOAD, hostile_adapter
@@ -236,7 +236,7 @@ def test_filler_is_linear_and_draws_exactly_what_the_quadratic_one_drew():
 
 
 def test_concurrent_run_directories_never_collide(tmp_path, monkeypatch):
-    from dohnuts.bench import rundir
+    from dohnuts.bench.store import rundir
 
     monkeypatch.setattr(rundir.time, "strftime", lambda fmt: "20270101-000000")  # every creator collides
     barrier = threading.Barrier(48)
@@ -260,7 +260,7 @@ def test_concurrent_run_directories_never_collide(tmp_path, monkeypatch):
 
 
 def test_labels_and_workload_names_stay_inside_the_run_directory(tmp_path):
-    from dohnuts.bench.rundir import new_run_dir, safe_name
+    from dohnuts.bench.store.rundir import new_run_dir, safe_name
 
     _, path = new_run_dir(tmp_path, "../../etc/x y")
     assert path.parent == tmp_path and "/" not in path.name and ".." not in path.name
@@ -567,8 +567,8 @@ def test_duplicate_keys_in_a_hwspec_are_refused(tmp_path):
 ], ids=["OutOfMemoryError", "RuntimeError"])
 @pytest.mark.slow
 def test_an_out_of_memory_target_is_recorded_as_failed_and_the_run_goes_on(tmp_path, monkeypatch, capsys, error):
-    from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget
     from dohnuts.runtime.timing import NULL_TIMER
+    from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget
 
     real = DohnutsTarget.run_call
 
@@ -601,7 +601,7 @@ def test_an_out_of_memory_target_is_recorded_as_failed_and_the_run_goes_on(tmp_p
 
 
 def test_only_out_of_memory_errors_are_caught():
-    from dohnuts.bench.runner import is_out_of_memory
+    from dohnuts.bench.measure.runner import is_out_of_memory
 
     assert is_out_of_memory(torch.cuda.OutOfMemoryError("x"))
     assert is_out_of_memory(RuntimeError("CUDA error: out of memory"))

@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from dohnuts.bench.analysis.hwspec import find_hwspec, load_hwspec, parse_hwspec
-from dohnuts.bench.calibrate import with_measured_section
 from dohnuts.bench.cli import main
+from dohnuts.bench.commands.calibrate import with_measured_section
 from dohnuts.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,7 +84,7 @@ def test_the_kit_dry_run_on_the_cpu(tmp_path):
 def test_calibrate_writes_the_section_into_a_copy(tmp_path, monkeypatch):
     """`dohnuts-bench calibrate` with the measurements stubbed (the dry run above times the real
     ones): a second calibration replaces the section, the rest of the text stays."""
-    import dohnuts.bench.calibrate as calibrate
+    import dohnuts.bench.commands.calibrate as calibrate
 
     values = iter([1.0e14, 2.0e14])
     monkeypatch.setattr(calibrate, "measure", lambda device, console: {

@@ -18,9 +18,7 @@ import msgspec
 import pytest
 
 from dohnuts.bench.calls import CallResult
-from dohnuts.bench.contracts import (
-    CONTRACTS, NoOptions, PluginError, TargetCapabilities, WorkloadKindCapabilities,
-)
+from dohnuts.bench.contracts import CONTRACTS, NoOptions, PluginError, TargetCapabilities, WorkloadKindCapabilities
 from dohnuts.bench.hookspecs import hookimpl
 from dohnuts.bench.plugins import collect, plugin_manager, register_kind, register_target, samplers
 from dohnuts.bench.sink import RecordSink
@@ -293,7 +291,7 @@ def test_only_the_runtime_timer_records_timing_events():
 
 # workload.py (being moved to msgspec on another branch) still spells three reads of the registered
 # entries' attributes as getattr; they always find them (RegisteredKind, RegisteredTarget).
-PENDING = {Path("dohnuts/bench/workload.py")}
+PENDING = {Path("dohnuts/bench/measure/workload.py")}
 
 
 def test_optional_members_are_read_only_by_the_contracts():

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from dohnuts.bench.cli import main
-from tests.hostile import SMALL_TEXT_WORKLOAD, one_error_line
-from dohnuts.bench.store import APPLICATION_ID, RunStore
+from dohnuts.bench.store.run_store import APPLICATION_ID, RunStore
 from tests.bench.test_compare import _records, _run_dir
 from tests.bench.test_serving_store import OLD, V1
+from tests.hostile import SMALL_TEXT_WORKLOAD, one_error_line
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "cpu-standard-suite"
 WORKLOAD = SMALL_TEXT_WORKLOAD
@@ -76,7 +76,7 @@ def test_a_corrupt_store_is_one_line_for_history(tmp_path, capsys, case):
 @pytest.mark.parametrize("case", sorted(CORRUPTIONS))
 def test_a_run_into_a_corrupt_store_is_refused_before_it_measures(tmp_path, capsys, monkeypatch, case):
     """A `run` into a store with a renamed column once measured everything, then crashed with no report."""
-    from dohnuts.bench import runner
+    from dohnuts.bench.measure import runner
 
     def never(*args, **kw):
         raise AssertionError("measured into a store it cannot fill")
@@ -135,7 +135,7 @@ def read_only_stores(monkeypatch):
     never write it. The tests run as root, who writes even a 0444 file, so a writable open is made
     read-only here (as an ordinary user the file's mode alone does it). With `folder=True` the folder is
     read-only too: SQLite cannot make the `-shm` a WAL store's reader needs (it says "unable to open")."""
-    from dohnuts.bench import store as store_module
+    from dohnuts.bench.store import run_store as store_module
 
     real = sqlite3.connect
 

@@ -1,4 +1,4 @@
-"""A target's energy per call over a window of back-to-back calls (dohnuts.bench.measure
+"""A target's energy per call over a window of back-to-back calls (dohnuts.bench.measure.call
 .energy_window): a stepped counter like NVML's (one step per 100 ms) reads 0 or a whole step
 for one short call, so the summary takes the window instead. Checked against a fake counter of
 known power: the window is within one step of power × its duration, and per call that is
@@ -13,12 +13,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dohnuts_bench_plugins.reporters import energy_summary, summarize
+from dohnuts.bench.analysis.summary import energy_summary, summarize
 from dohnuts.bench.calls import CallResult
 from dohnuts.bench.contracts import RunContext
-from dohnuts.bench.measure import ENERGY_WINDOW_MIN_CALLS, ENERGY_WINDOW_S, energy_window, measure_call
-from dohnuts.bench.record import TargetContext
-from dohnuts.bench.telemetry import Sampler, TelemetryThread
+from dohnuts.bench.measure.call import ENERGY_WINDOW_MIN_CALLS, ENERGY_WINDOW_S, energy_window, measure_call
+from dohnuts.bench.measure.record import TargetContext
+from dohnuts.bench.measure.telemetry import Sampler, TelemetryThread
 from dohnuts.runtime.work import WorkCounts
 
 POWER_W, STEP_S = 400.0, 0.1

@@ -23,11 +23,11 @@ import pytest
 import yaml
 
 from dohnuts.bench.analysis.records import MAX_MS, check_reportable, read_jsonl, stage_ms
-from dohnuts_bench_plugins.reporters import summarize
+from dohnuts.bench.analysis.summary import summarize
 from dohnuts.bench.cli import main
-from dohnuts.bench.export import CSV_COLUMNS, PyTorchRecord, per_call_groups
-from dohnuts.bench.schema_command import record_schema, workload_schema
-from dohnuts.bench.workload import WorkloadFile
+from dohnuts.bench.commands.schema import record_schema, workload_schema
+from dohnuts.bench.measure.workload import WorkloadFile
+from dohnuts.bench.report.export_formats import CSV_COLUMNS, PyTorchRecord, per_call_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "cpu-standard-suite"
@@ -135,7 +135,7 @@ def test_pytest_benchmark_reads_the_export_with_its_own_storage_and_statistics(r
 
 
 def test_pytest_benchmark_compare_and_the_gate_read_the_export(run_dir, records, tmp_path):
-    from dohnuts.bench.gate import timings
+    from dohnuts.bench.commands.gate import timings
 
     out = _export(run_dir, "pytest-benchmark", tmp_path / "0001_export.json")
     done = subprocess.run([str(Path(sys.executable).parent / "pytest-benchmark"), "compare", str(out),
@@ -253,7 +253,7 @@ def test_the_quartile_rule_is_pytest_benchmarks_at_every_count(n):
     import numpy as np
     from pytest_benchmark.stats import Stats
 
-    from dohnuts.bench.export import pytest_benchmark_stats
+    from dohnuts.bench.report.export_formats import pytest_benchmark_stats
 
     data = list(np.random.default_rng(n).lognormal(0, 1, n))
     own = Stats()

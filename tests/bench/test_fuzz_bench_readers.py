@@ -7,8 +7,6 @@ another exception."""
 
 from __future__ import annotations
 
-import pytest
-
 import copy
 import gzip
 import json
@@ -18,13 +16,13 @@ import string
 import warnings
 from pathlib import Path
 
+import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from dohnuts.bench.analysis.hwspec import HwSpec, load_hwspec, parse_hwspec
 from dohnuts.bench.analysis.records import RecordError, check_record, check_reportable, read_jsonl
-from dohnuts.bench.workload import WorkloadSpec, load_workload
+from dohnuts.bench.measure.workload import WorkloadSpec, load_workload
 from dohnuts.errors import DohnutsError
 from tests.bench.test_bench_harness import ROOT, _registry
 

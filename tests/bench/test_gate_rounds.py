@@ -15,7 +15,7 @@ import pytest
 
 from dohnuts.bench.analysis.compare import NO_CHANGE, SLOWER
 from dohnuts.bench.analysis.rounds import judge_rounds, round_effect, smallest_detectable
-from dohnuts.bench.interleave import BASE, CANDIDATE, RoundsResult, first_side, run_rounds
+from dohnuts.bench.measure.interleave import BASE, CANDIDATE, RoundsResult, first_side, run_rounds
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -215,7 +215,7 @@ def test_a_worker_that_fails_stops_the_round_and_every_worker():
 
 
 def test_the_gate_lines_name_each_verdict_and_the_smallest_detectable_slowdown():
-    from dohnuts.bench.gate import rounds_gate
+    from dohnuts.bench.commands.gate import rounds_gate
 
     slowed = simulated_rounds(1, factor=1.15)
     same = simulated_rounds(2, factor=1.0)
@@ -244,7 +244,7 @@ needs_git = pytest.mark.skipif(not _in_git_checkout(), reason="not a git checkou
 
 @needs_git
 def test_the_base_revision_is_exported_without_touching_the_repository(tmp_path):
-    from dohnuts.bench.interleave import export_revision, work_tree
+    from dohnuts.bench.measure.interleave import export_revision, work_tree
 
     worktrees = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
     commit = export_revision(ROOT, "HEAD", tmp_path / "base")
@@ -311,7 +311,7 @@ def test_a_worker_that_cannot_time_its_side_says_why_in_one_line(tmp_path):
     import shutil
     import tomllib
 
-    from dohnuts.bench.interleave import Side, WorkerProcess
+    from dohnuts.bench.measure.interleave import Side, WorkerProcess
     from dohnuts.errors import DohnutsError
 
     with pytest.raises(DohnutsError, match=r"the base \(abc\) could not be timed: .*missing\.yaml"):
@@ -343,7 +343,7 @@ def test_a_worker_times_calls_on_the_cpu_it_is_given(tmp_path):
     for, as the gate pins both sides of a round), open, calls with positive wall times, close."""
     import os
 
-    from dohnuts.bench.interleave import Side, WorkerProcess
+    from dohnuts.bench.measure.interleave import Side, WorkerProcess
 
     w = tmp_path / "w.yaml"
     w.write_text(SMALL)

@@ -31,7 +31,7 @@ from dohnuts.bench.analysis.headline import MEASUREMENT_ONLY, NO_PEER, NOT_RECOR
 from dohnuts.bench.analysis.hwspec import measured_hwspec
 from dohnuts.bench.analysis.records import LOCATION_KEY, group_key, per_call_records, valid_records
 from dohnuts.bench.cli import main
-from dohnuts.bench.report_command import write_html
+from dohnuts.bench.commands.report import write_html
 from dohnuts.schema import median
 from tests.bench.report_checks import html_cells, impossible_figures, text_tables
 

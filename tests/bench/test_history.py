@@ -1,4 +1,4 @@
-"""`dohnuts-bench history` per machine (dohnuts.bench.history): a series is one machine, device,
+"""`dohnuts-bench history` per machine (dohnuts.bench.store.history): a series is one machine, device,
 model, precision and hwspec, so CPU and H200 runs never meet in one; level shifts are found over
 the whole series (an L1 piecewise-constant fit, asv's step detection) and judged by compare's
 statistics with a threshold from measured noise; a flat noisy series flags nothing; a shift the
@@ -19,8 +19,8 @@ import pytest
 from dohnuts.bench.analysis.compare import SLOWER, compare_samples
 from dohnuts.bench.analysis.load_verdict import SLOWER_BY_LOAD
 from dohnuts.bench.cli import main
-from dohnuts.bench.history import aa_halfwidth, history, level_penalty, level_starts
-from dohnuts.bench.store import APPLICATION_ID, SCHEMA_VERSION, RunStore
+from dohnuts.bench.store.history import aa_halfwidth, history, level_penalty, level_starts
+from dohnuts.bench.store.run_store import APPLICATION_ID, SCHEMA_VERSION, RunStore
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_RUNS = [ROOT / "results" / "baselines" / "cpu-amd-epyc-2cores-1thread" / f"run-{k}" for k in (1, 2, 3)]

@@ -144,12 +144,12 @@ def test_cli_compare_prints_the_load_explanation_and_exits_0(tmp_path, capsys, m
 
 
 def test_gate_passes_a_slowdown_the_load_explains_and_fails_the_same_one_at_equal_load(tmp_path):
-    from dohnuts.bench.gate import gate, run_loads
+    from dohnuts.bench.commands.gate import gate, run_loads
 
     bases = [_run_dir(tmp_path, f"base-{k}", _calls(12, 10.0, 0.98, 0.03, seed=k)) for k in range(3)]
     loaded = _run_dir(tmp_path, "loaded", _calls(12, 18.9, 0.52, 1.45, seed=7))
     quiet = _run_dir(tmp_path, "quiet", _calls(12, 18.9, 0.98, 0.03, seed=8))
-    from dohnuts.bench.gate import timings
+    from dohnuts.bench.commands.gate import timings
 
     baselines = [timings(b) for b in bases]
     ok, lines = gate(baselines, timings(loaded), base_loads=run_loads(bases), current_loads=run_loads([loaded]))

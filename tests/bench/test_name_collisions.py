@@ -47,7 +47,7 @@ def test_two_workloads_of_one_name_are_refused_naming_both_files(tmp_path, capsy
 
 
 def test_derived_names_are_one_to_one():
-    from dohnuts.bench.rundir import derived_name
+    from dohnuts.bench.store.rundir import derived_name
 
     names = ["a b", "a/b", "a-b", "a\\b", "a?b", "..", "../..", "", "x" * 300, "x" * 301, "text-2b", "é"]
     derived = [derived_name(n) for n in names]
@@ -59,11 +59,11 @@ def test_derived_names_are_one_to_one():
 
 def test_a_launch_gets_a_folder_of_its_own_and_its_records_are_gathered_once(tmp_path, monkeypatch):
     """Two launches whose names sanitise alike (`a b`, `a/b`) at 2 processes: each gathers its own 2 ranks'
-    records once (the ranks append to their files, as dohnuts.bench.worker does: a shared folder was read
+    records once (the ranks append to their files, as dohnuts.bench.measure.worker does: a shared folder was read
     again by the second launch)."""
-    from dohnuts_bench_plugins import launchers
     from dohnuts.bench.contracts import RunContext
-    from dohnuts.bench.workload import load_workload
+    from dohnuts.bench.measure.workload import load_workload
+    from dohnuts_bench_plugins import launchers
     from tests.bench.test_bench_harness import _registry
 
     calls = 6
@@ -98,7 +98,7 @@ def test_a_launch_gets_a_folder_of_its_own_and_its_records_are_gathered_once(tmp
 
 def test_names_that_sanitise_alike_write_their_own_trace_files(tmp_path):
     """With --profile, `a b` and `a/b` once wrote one trace file (the second over the first)."""
-    from dohnuts.bench.rundir import safe_name
+    from dohnuts.bench.store.rundir import safe_name
 
     files = [_workload(tmp_path / "w0.yaml", "a b"), _workload(tmp_path / "w1.yaml", "a/b")]
     assert main(["run", *files, "--out", str(tmp_path / "runs"), "--profile", "--quiet"]) == 0

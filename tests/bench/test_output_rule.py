@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from dohnuts.bench.cli import main
-from tests.hostile import SMALL_TEXT_WORKLOAD, one_error_line
-from dohnuts.bench.store import RunStore
+from dohnuts.bench.store.run_store import RunStore
 from tests.bench.test_compare import _records, _run_dir
+from tests.hostile import SMALL_TEXT_WORKLOAD, one_error_line
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "cpu-standard-suite"  # a committed run folder
 WORKLOAD = SMALL_TEXT_WORKLOAD

@@ -16,9 +16,9 @@ import torch
 from dohnuts.bench.analysis.records import check_record, overhead_summary
 from dohnuts.bench.calls import CallResult
 from dohnuts.bench.contracts import RunContext
-from dohnuts.bench.measure import harness_overhead, measure_call
-from dohnuts.bench.record import TargetContext
-from dohnuts.bench.telemetry import TelemetryThread
+from dohnuts.bench.measure.call import harness_overhead, measure_call
+from dohnuts.bench.measure.record import TargetContext
+from dohnuts.bench.measure.telemetry import TelemetryThread
 from dohnuts.runtime import timing
 from dohnuts.runtime.timing import StageTimer, empty_stage_cost
 from dohnuts.runtime.work import WorkCounts
@@ -193,7 +193,7 @@ def test_without_twins_a_gpu_figure_is_an_upper_bound_and_a_cpu_figure_is_real()
 def test_the_twin_is_the_same_call_without_the_timer(tmp_path):
     """`untimed_call_ms` runs the call with NULL_TIMER (no stage recorded) and its time lands in
     the measured call's record."""
-    from dohnuts.bench.measure import untimed_call_ms
+    from dohnuts.bench.measure.call import untimed_call_ms
     from dohnuts.model.build import resolve_source
 
     cfg, _ = resolve_source("tiny")

@@ -11,11 +11,11 @@ import textwrap
 import pytest
 import torch
 
-from dohnuts_bench_plugins.targets.transformers_target import _bound_implementation, peer_facts
 from dohnuts.bench.contracts import WorkloadContext
+from dohnuts.bench.measure.workload import load_workload
 from dohnuts.bench.plugins import collect, plugin_manager
-from dohnuts.bench.workload import load_workload
 from dohnuts.runtime.timing import NULL_TIMER
+from dohnuts_bench_plugins.targets.transformers_target import _bound_implementation, peer_facts
 
 pytest.importorskip("transformers")
 hub_kernels = pytest.importorskip("transformers.integrations.hub_kernels")

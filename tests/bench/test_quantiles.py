@@ -17,8 +17,9 @@ import pytest
 
 from dohnuts.bench.analysis.quantiles import QUANTILE_METHOD, mean_and_std, quantile, quantiles
 from dohnuts.bench.analysis.records import _paired_overhead, read_jsonl
-from dohnuts_bench_plugins.reporters import summarize, summary_table
-from dohnuts.bench.serving.stats import Rules, metrics_of, summarize_point, wilson_interval
+from dohnuts.bench.analysis.summary import summarize
+from dohnuts.bench.measure.serving.stats import Rules, metrics_of, summarize_point, wilson_interval
+from dohnuts.bench.report.text_report import summary_table
 from dohnuts.schema import median
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "cpu-standard-suite" / "results.jsonl.gz"
@@ -70,7 +71,7 @@ def test_mean_and_the_sample_standard_deviation():
 
 
 def _old_reporters_quantile(xs: list[float], q: float) -> float:
-    """dohnuts_bench_plugins.reporters._quantile as it was (the reports' p10/p90 and stream percentiles)."""
+    """the built-in reporter's `_quantile` as it was (the reports' p10/p90 and stream percentiles)."""
     xs = sorted(xs)
     if len(xs) == 1:
         return xs[0]

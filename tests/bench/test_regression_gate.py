@@ -1,4 +1,4 @@
-"""The regression gate (`dohnuts-bench gate`, dohnuts.bench.gate) catches a 2× slowdown injected on
+"""The regression gate (`dohnuts-bench gate`, dohnuts.bench.commands.gate) catches a 2× slowdown injected on
 purpose and passes an unchanged re-run: against a baseline made by `dohnuts-bench baseline` (runs
 spread over time, per machine) and `dohnuts-bench run`s of this build; and it judges pytest-benchmark
 files (a run exported, or pytest-benchmark's own) the same way. Its exit codes are 0 passed, 1
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _gate_module():
-    import dohnuts.bench.gate as gate
+    import dohnuts.bench.commands.gate as gate
 
     return gate
 
@@ -212,7 +212,7 @@ def test_the_baseline_and_gate_refuse_bad_input(tmp_path, capsys, small_ceilings
     mine = into / "cpu-acme"
     mine.mkdir()
     (mine / "baseline.json").write_text("{}")
-    import dohnuts.bench.machine_id as machine_id
+    import dohnuts.bench.measure.machine_id as machine_id
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(machine_id, "this_machine", lambda device: "cpu-acme")

@@ -22,8 +22,10 @@ from rich.console import Console, Group
 
 from dohnuts.bench.analysis import analysis_tables, analyze_records, find_hwspec, read_jsonl
 from dohnuts.bench.analysis.render import Col, FitTable
-from dohnuts_bench_plugins.reporters import dohnuts_bench_report, full_width, summarize, summary_table
-from dohnuts.bench.report import Section
+from dohnuts.bench.analysis.summary import summarize, summary_json
+from dohnuts.bench.report.run_report import write_summary
+from dohnuts.bench.report.text_report import full_width, print_report, summary_table
+from dohnuts.bench.sections import Section
 
 RUN = Path(__file__).resolve().parent / "fixtures" / "h200-graphs" / "results.jsonl.gz"
 # a number cell or a number inside a cell ("13.6–14.0", "16074 / 0"), not the digits of a name
@@ -106,7 +108,9 @@ def test_report_txt_is_full_width_and_the_console_fits(records, analysis, tmp_pa
         run_dir = tmp_path / str(width)
         run_dir.mkdir()
         console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
-        dohnuts_bench_report(console=console, records=records, sections=sections, run_dir=run_dir)
+        rows = summarize(records)
+        write_summary(run_dir, summary_json(rows, sections))
+        print_report(console, rows, sections, run_dir)
         shown = console.export_text().split("report: ")[0]  # not the paths of the files written
         if width < 200:
             _assert_fits(shown, width)

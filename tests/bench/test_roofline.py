@@ -83,6 +83,6 @@ def test_user_named_strings_reach_the_figure_as_plain_text(tmp_path):
 
 
 def test_a_summary_without_roofs_says_so():
-    from dohnuts.bench.html_report import _rooflines
+    from dohnuts.bench.report.html_page import _rooflines
 
     assert "holds no roofs" in _rooflines([], None)

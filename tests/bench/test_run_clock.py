@@ -1,4 +1,4 @@
-"""run.json's `measured.timing` (dohnuts.bench.run_command.RunClock): seconds from the process's
+"""run.json's `measured.timing` (dohnuts.bench.measure.run_clock.RunClock): seconds from the process's
 start to the ceilings, to each workload's first and last record, and to the end of measuring."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import types
 
 import psutil
 
-from dohnuts.bench.run_command import RunClock
+from dohnuts.bench.measure.run_clock import RunClock
 
 
 def test_milestones_are_seconds_from_the_process_start(monkeypatch):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dohnuts.bench.serving.arrivals import all_at_once, poisson_arrivals, read_trace, trace_arrivals, trace_rate
+from dohnuts.bench.measure.serving.arrivals import all_at_once, poisson_arrivals, read_trace, trace_arrivals, trace_rate
 from dohnuts.errors import ConfigError
 
 
@@ -122,8 +122,8 @@ def test_bursty_gaps_are_gamma_with_the_rate_asked_for(k):
     ("{slo_ms: 100, search: {over: clients}}", "serving.search.over", "rate"),
 ])
 def test_closed_loop_and_burstiness_fields_are_checked(tmp_path, serving, field, problem):
+    from dohnuts.bench.measure.workload import load_workload
     from dohnuts.bench.plugins import collect, plugin_manager
-    from dohnuts.bench.workload import load_workload
 
     (tmp_path / "t.jsonl").write_text('{"arrival_s": 0}\n')
     path = tmp_path / "w.yaml"
@@ -137,8 +137,8 @@ def test_closed_loop_and_burstiness_fields_are_checked(tmp_path, serving, field,
 
 
 def test_concurrency_belongs_to_the_server_scenario(tmp_path):
+    from dohnuts.bench.measure.workload import load_workload
     from dohnuts.bench.plugins import collect, plugin_manager
-    from dohnuts.bench.workload import load_workload
 
     path = tmp_path / "w.yaml"
     path.write_text("kind: text\nscenario: offline\nserving: {concurrency: [2]}\n")

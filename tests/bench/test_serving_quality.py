@@ -15,7 +15,7 @@ import torch
 
 import dohnuts.api as api
 from dohnuts.bench.cli import main
-from dohnuts.bench.quality import agreement, best_answer
+from dohnuts.bench.measure.quality import agreement, best_answer
 from dohnuts.model.lora import LoRAConfig
 from dohnuts.runtime.predict import QuestionResult, RequestResult
 from dohnuts.runtime.requests import read_requests

@@ -10,12 +10,12 @@ import math
 import numpy as np
 import pytest
 
-from dohnuts.bench.serving.arrivals import poisson_arrivals
-from dohnuts.bench.serving.clock import SimulatedClock
-from dohnuts.bench.serving.queueing import md1_latency_quantile, md1_max_rate, md1_mean_wait, md1_wait_cdf
-from dohnuts.bench.serving.search import SearchPlan, next_rate, search_result, slo_search
-from dohnuts.bench.serving.server import serve_serial
-from dohnuts.bench.serving.stats import (
+from dohnuts.bench.measure.serving.arrivals import poisson_arrivals
+from dohnuts.bench.measure.serving.clock import SimulatedClock
+from dohnuts.bench.measure.serving.queueing import md1_latency_quantile, md1_max_rate, md1_mean_wait, md1_wait_cdf
+from dohnuts.bench.measure.serving.search import SearchPlan, next_rate, search_result, slo_search
+from dohnuts.bench.measure.serving.server import serve_serial
+from dohnuts.bench.measure.serving.stats import (
     Rules, min_requests_for, quantile_interval, summarize_point, wilson_interval,
 )
 
@@ -156,9 +156,9 @@ def test_a_slow_target_s_search_starts_at_the_lowest_rate_its_budget_allows():
     the instant the boundary was found."""
     import types
 
-    from dohnuts.bench.serving import scenario
-    from dohnuts.bench.serving.config import SearchFields, ServingFields
-    from dohnuts.bench.serving.search import PointSummary
+    from dohnuts.bench.measure.serving import scenario
+    from dohnuts.bench.measure.serving.config import SearchFields, ServingFields
+    from dohnuts.bench.measure.serving.search import PointSummary
 
     serving = ServingFields(slo_ms=100, percentile=99, queue=64, min_duration_s=2, max_duration_s=40, budget_s=60,
                             search=SearchFields(low_rps=1, points=6, resolution=0.05, step=1.25))
@@ -194,7 +194,7 @@ def test_a_slow_target_s_search_starts_at_the_lowest_rate_its_budget_allows():
 
 
 def closed_server(clients, *, think=0.0, seed=0, min_requests=1, min_duration=0.0, deadline=None, service=D):
-    from dohnuts.bench.serving.arrivals import ClosedLoop
+    from dohnuts.bench.measure.serving.arrivals import ClosedLoop
 
     return fake_server(ClosedLoop(clients, think, seed, min_requests, min_duration), deadline=deadline,
                        service=service)
@@ -238,7 +238,7 @@ def test_think_times_are_seeded_per_client():
     c = closed_server(4, think=0.01, seed=10, min_requests=200)
     assert [r.arrival for r in a] == [r.arrival for r in b]  # reproducible
     assert [r.arrival for r in a] != [r.arrival for r in c]
-    from dohnuts.bench.serving.arrivals import ClosedLoop
+    from dohnuts.bench.measure.serving.arrivals import ClosedLoop
 
     loop = ClosedLoop(4, 0.01, seed=9)
     assert _take(loop.think_times(2), 5) == _take(ClosedLoop(4, 0.01, seed=9).think_times(2), 5)  # its own stream,

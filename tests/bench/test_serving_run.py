@@ -18,7 +18,7 @@ import pytest
 
 import dohnuts.api as api
 from dohnuts.bench.cli import main
-from dohnuts.bench.serving.pipelined import serve_pipelined
+from dohnuts.bench.measure.serving.pipelined import serve_pipelined
 from dohnuts.runtime.predict import Predictor
 from dohnuts.runtime.requests import Question, Request
 
@@ -297,8 +297,8 @@ def test_closed_loop_and_bursty_points_end_to_end(concurrency_run):
     import csv
     import io
 
-    from dohnuts.bench.export import csv_text
     from dohnuts.bench.analysis.records import read_jsonl
+    from dohnuts.bench.report.export_formats import csv_text
 
     rows = list(csv.DictReader(io.StringIO(csv_text(read_jsonl(concurrency_run / "results.jsonl")))))
     closed_rows = [r for r in rows if r["concurrency"]]
@@ -341,7 +341,7 @@ def test_the_pytorch_export_carries_the_points_vllm_metrics(concurrency_run):
     import msgspec
 
     from dohnuts.bench.analysis.records import read_jsonl
-    from dohnuts.bench.export import PyTorchRecord, pytorch_records
+    from dohnuts.bench.report.export_formats import PyTorchRecord, pytorch_records
 
     got = msgspec.convert(pytorch_records(read_jsonl(concurrency_run / "results.jsonl"), {}), list[PyTorchRecord])
     summary = json.loads((concurrency_run / "summary.json").read_text())["sections"]["serving"]

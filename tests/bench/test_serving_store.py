@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from dohnuts.bench.store import APPLICATION_ID, SCHEMA_VERSION, RunStore
+from dohnuts.bench.store.run_store import APPLICATION_ID, SCHEMA_VERSION, RunStore
 
 V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

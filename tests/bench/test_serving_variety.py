@@ -15,10 +15,10 @@ import pytest
 
 from dohnuts.bench.cli import main
 from dohnuts.bench.contracts import WorkloadContext
+from dohnuts.bench.measure.serving.config import ImageVary, VaryFields
+from dohnuts.bench.measure.serving.variety import RequestSize, ServedSet, draw_sizes, issue_order, spread
+from dohnuts.bench.measure.workload import load_workload
 from dohnuts.bench.plugins import collect, plugin_manager
-from dohnuts.bench.serving.config import ImageVary, VaryFields
-from dohnuts.bench.serving.variety import RequestSize, ServedSet, draw_sizes, issue_order, spread
-from dohnuts.bench.workload import load_workload
 from dohnuts.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,10 +98,10 @@ TEXT = ("kind: text\ntargets: [dohnuts]\nmodel: tiny\n"
 def test_the_text_kind_builds_the_drawn_requests(tmp_path):
     """Each request of the set has the drawn sizes (exact with the byte tokenizer), and the same
     seed builds the same requests."""
-    from dohnuts_bench_plugins.workloads import TextKind
+    from dohnuts.config import preset
     from dohnuts.runtime.plan import plan_request
     from dohnuts.runtime.tokenizer import tokenizer_for
-    from dohnuts.config import preset
+    from dohnuts_bench_plugins.workloads import TextKind
 
     spec = _spec(tmp_path, TEXT + "serving: {vary: {distinct: 5, seq_tokens: [40, 100], questions: [1, 3]}}\n")
     calls = TextKind().varied_calls(_ctx(spec), spec.serving.vary)
@@ -231,8 +231,8 @@ def test_graph_captures_inside_measured_points_are_counted(tmp_path, monkeypatch
     counts, dohnuts.runtime.graphs), the first point captures every bucket of the set that the
     warm-up's single calls (2 questions × 64 tokens) did not, the second none; a stream of the
     same set after them none either."""
-    from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget
     from dohnuts.runtime.graphs import PassGraphs
+    from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget
 
     built = DohnutsTarget.__init__
 

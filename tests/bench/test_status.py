@@ -18,7 +18,7 @@ import pytest
 
 from dohnuts.bench.cli import main
 from dohnuts.bench.hookspecs import hookimpl
-from dohnuts.bench.status import MeasureProgress, configure_logging
+from dohnuts.bench.report.status import MeasureProgress, configure_logging
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = """\
@@ -50,7 +50,7 @@ def test_the_heartbeat_says_what_is_measured_at_least_every_interval(capsys):
 
 
 def test_warnings_say_so_and_quiet_leaves_only_them(capsys):
-    from dohnuts.bench.status import log
+    from dohnuts.bench.report.status import log
 
     configure_logging(terminal=False, quiet=True)
     log.info("status")
@@ -68,7 +68,7 @@ def test_a_terminal_stamps_the_time_alone_never_a_date():
 
     from rich.console import Console
 
-    from dohnuts.bench.status import log
+    from dohnuts.bench.report.status import log
 
     handler = configure_logging(terminal=True)
     try:

@@ -1,4 +1,4 @@
-"""The run store (dohnuts.bench.store) and history across commits (dohnuts.bench.history): the
+"""The run store (dohnuts.bench.store.run_store) and history across commits (dohnuts.bench.store.history): the
 store holds exactly what the JSONL holds, imports committed runs, survives concurrent writers,
 refuses corrupt and foreign files in one line, and history flags a real step but not noise."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from dohnuts.bench.cli import main
-from dohnuts.bench.history import history
-from dohnuts.bench.store import RunStore, StoreError
+from dohnuts.bench.store.history import history
+from dohnuts.bench.store.run_store import RunStore, StoreError
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "tests" / "bench" / "fixtures" / "h200-ab-after"  # a committed H200 run (gzipped JSONL)
@@ -30,15 +30,15 @@ def _lines(path: Path) -> list[dict]:
 
 def _summary_of(records, tmp_path, name):
     """The summary the analysis writes for these records (through the JSONL, as `analyze` does)."""
-    from dohnuts.bench.offline import analyze_and_report
-    from dohnuts.bench.offline import make_console
+    from dohnuts.bench.commands.analyze import analyze_and_report
+    from dohnuts.bench.report.terminal import stdout_console
     from dohnuts.schema import dumps
 
     path = tmp_path / f"{name}.jsonl"
     path.write_text("".join(dumps(r) + "\n" for r in records))
     out = tmp_path / name
     out.mkdir()
-    analyze_and_report(path, None, {}, out, make_console())
+    analyze_and_report(path, None, {}, out, stdout_console())
     return json.loads((out / "summary.json").read_text())["summary"]
 
 

@@ -1,6 +1,6 @@
 """A user's string on display (issue 47): names with rich markup (`text [/x]`) or terminal escape
 sequences (clear screen, clipboard write) reach the terminal and report.txt as text only, through
-`run`, `analyze`, `compare`, `history` and `calibrate` alike (dohnuts.bench.terminal); a string that
+`run`, `analyze`, `compare`, `history` and `calibrate` alike (dohnuts.bench.report.terminal); a string that
 becomes a link in report.html is one only when its scheme is allowed (html_report.link_href)."""
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def test_analyze_compare_and_history_print_hostile_names_as_text(hostile_run, tm
 
 def test_calibrate_prints_a_hostile_hwspec_name_as_text(tmp_path, monkeypatch, capsys):
     """calibrate with a hwspec named `text [/x]` once crashed on the name read as markup."""
-    import dohnuts.bench.calibrate as calibrate
+    import dohnuts.bench.commands.calibrate as calibrate
 
     spec = tmp_path / "card.yaml"
     text = (ROOT / "hwspecs" / "rx7900xtx.yaml").read_text()
@@ -107,7 +107,7 @@ def test_calibrate_prints_a_hostile_hwspec_name_as_text(tmp_path, monkeypatch, c
 def test_a_progress_bar_takes_a_hostile_description_as_text():
     from rich.progress import Progress
 
-    from dohnuts.bench.terminal import SafeConsole, progress_text_column
+    from dohnuts.bench.report.terminal import SafeConsole, progress_text_column
 
     console = SafeConsole(file=io.StringIO(), force_terminal=True, width=100)
     with Progress(progress_text_column(), console=console) as bar:
@@ -137,7 +137,7 @@ def test_every_console_of_the_bench_is_a_safe_console():
     ("vbscript:msgbox", False), ("//evil.example/x", False), ("\\\\evil\\share", False),
 ])
 def test_only_an_allowed_scheme_becomes_a_link_in_html(target, linked):
-    from dohnuts.bench.html_report import link, link_href
+    from dohnuts.bench.report.html_page import link, link_href
 
     assert (link_href(target) is not None) == linked
     html = link(target, "w · t", key="trace")
@@ -146,7 +146,7 @@ def test_only_an_allowed_scheme_becomes_a_link_in_html(target, linked):
 
 def test_a_javascript_trace_path_in_run_json_is_text_on_the_page(hostile_run, tmp_path):
     """report.html once turned a run.json `traces[].path` of `javascript:…` into a live link."""
-    from dohnuts.bench.report_command import write_html
+    from dohnuts.bench.commands.report import write_html
 
     run, _, _ = hostile_run
     copy = tmp_path / "run"

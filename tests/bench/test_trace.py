@@ -79,7 +79,7 @@ def test_a_stage_is_a_named_range_only_when_asked():
 def test_stage_kernels_places_each_kernel_by_the_stage_range_on_the_device():
     """Hand-built trace, 2 calls: kernels inside a stage's device range count to it (a graph's
     kernels have no launching operator, only a time); one outside every range is said apart."""
-    from dohnuts.bench.trace import stage_kernels, stage_kernels_text
+    from dohnuts.bench.measure.trace import stage_kernels, stage_kernels_text
 
     def ev(cat, name, ts, dur):
         return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}

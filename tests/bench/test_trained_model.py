@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dohnuts.bench.trained_model import serving_specs, trained_model
+from dohnuts.bench.measure.trained_model import serving_specs, trained_model
 from dohnuts.cli import main as dohnuts_main
 from dohnuts.errors import CheckpointError
 
@@ -45,8 +45,8 @@ def test_a_run_its_checkpoint_and_its_adapter_name_one_trained_model(trained_run
 
 
 def test_prediction_workloads_serve_the_adapter_alone(trained_run):
+    from dohnuts.bench.measure.workload import load_workload
     from dohnuts.bench.plugins import collect, plugin_manager
-    from dohnuts.bench.workload import load_workload
 
     pm = plugin_manager()
     kinds, targets = collect(pm, "dohnuts_bench_register_workload_kinds"), collect(pm, "dohnuts_bench_register_targets")

@@ -17,19 +17,15 @@ import pytest
 import torch
 
 from dohnuts.bench.analysis.records import check_record, valid_records, validity_summary
-from dohnuts_bench_plugins.telemetry import (
-    NVML_CLOCK_EVENT_REASONS,
-    NVML_THROTTLING_BITS,
-    AmdSmiSampler,
-    NvmlSampler,
-    decode_nvml_reasons,
-)
 from dohnuts.bench.calls import CallResult
 from dohnuts.bench.contracts import RunContext
-from dohnuts.bench.measure import measure_call
-from dohnuts.bench.record import TargetContext
-from dohnuts.bench.telemetry import TelemetryThread, call_validity
+from dohnuts.bench.measure.call import measure_call
+from dohnuts.bench.measure.record import TargetContext
+from dohnuts.bench.measure.telemetry import TelemetryThread, call_validity
 from dohnuts.runtime.work import WorkCounts
+from dohnuts_bench_plugins.telemetry import (
+    NVML_CLOCK_EVENT_REASONS, NVML_THROTTLING_BITS, AmdSmiSampler, NvmlSampler, decode_nvml_reasons,
+)
 
 SW_POWER_CAP, HW_SLOWDOWN, SYNC_BOOST, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE = 0x4, 0x8, 0x10, 0x20, 0x40, 0x80
 GPU_IDLE, APP_CLOCKS, DISPLAY_CLOCK = 0x1, 0x2, 0x100
@@ -394,8 +390,9 @@ def test_valid_records_without_validity_fields():
 def test_clock_summary_of_a_group_of_calls():
     """Median and lowest clock over the non-idle samples of every call, the device maximum and the
     power-capped count, from NVML (SM) or amdsmi (GFX) readings; None without any clock."""
-    from dohnuts_bench_plugins.reporters import quality_table, summarize
-    from dohnuts.bench.telemetry import clock_summary
+    from dohnuts.bench.analysis.summary import summarize
+    from dohnuts.bench.measure.telemetry import clock_summary
+    from dohnuts.bench.report.text_report import quality_table
 
     def rec(*readings):
         return {"telemetry": [{"host": {"cpu_percent": 5.0}, "nvml": r, "dt_ms": 1.0} for r in readings]}

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from dohnuts.bench.analysis.records import check_reportable, valid_records, validity_summary
+from dohnuts.bench.measure.telemetry import NO_ENERGY_COUNTER, TelemetryThread
 from dohnuts_bench_plugins.telemetry import AmdSmiSampler, NvmlSampler, dohnuts_bench_register_telemetry
-from dohnuts.bench.telemetry import NO_ENERGY_COUNTER, TelemetryThread
 from tests.bench.test_validity import GpuStateTarget, _measure
 from tests.bench.vendor_replay import AmdSmiReplay, NvmlReplay
 
@@ -209,7 +209,8 @@ def test_energy_per_call_and_per_decision_in_the_summary_and_the_report(tmp_path
     has None for both, and the report says "no energy counter"."""
     from rich.console import Console
 
-    from dohnuts_bench_plugins.reporters import summarize, summary_table
+    from dohnuts.bench.analysis.summary import summarize
+    from dohnuts.bench.report.text_report import summary_table
 
     records = _call_records(tmp_path, monkeypatch, vendor, ["power-capped", "clean", "idle"])
     recs = [rec for rec, _ in records.values()]

@@ -66,12 +66,12 @@ def _backward(outputs, grads):
                             [g.to(o.dtype) for o, g in zip(outputs, grads) if o is not None and g is not None])
 
 
-# ---- the conv (dohnuts.ops._conv_kernel.ConvSiluParts) -------------------------------------------
+# ---- the conv (dohnuts.ops._conv_bwd_kernel.ConvSiluParts) -------------------------------------------
 
 def check_conv(full: bool) -> None:
     import torch.nn.functional as F
 
-    from dohnuts.ops._conv_kernel import conv_silu_parts
+    from dohnuts.ops._conv_bwd_kernel import conv_silu_parts
     from dohnuts.ops.conv import causal_conv1d_parts_fused, causal_conv1d_parts_reference
     from dohnuts.ops.delta_rule import _l2norm
 
@@ -195,11 +195,7 @@ def check_delta_rule(full: bool) -> None:
     from dohnuts.ops import delta_rule
     from dohnuts.ops._fla import fla
     from dohnuts.ops.delta_rule import (
-        _l2norm,
-        gated_delta_rule_from_logits,
-        gated_delta_rule_fused,
-        gated_delta_rule_reference,
-        gdn_gates_reference,
+        _l2norm, gated_delta_rule_from_logits, gated_delta_rule_fused, gated_delta_rule_reference, gdn_gates_reference,
     )
 
     g = torch.Generator().manual_seed(2)

@@ -1,7 +1,7 @@
 """Comparing two runs honestly: is B faster, slower, or not distinguishable from A?
 
     comparison = compare_runs(read_jsonl("runs/a/results.jsonl"), read_jsonl("runs/b/results.jsonl"))
-    SafeConsole().print(comparison_table(comparison))     # dohnuts.bench.terminal
+    SafeConsole().print(comparison_table(comparison))     # dohnuts.bench.report.terminal
     json.dumps(comparison_dict(comparison))
 
 For every (workload, target) measured in both runs (steady-state calls only: a target's first
@@ -52,30 +52,22 @@ compares the two interleaved halves of one run (records' `aa_half`): the noise b
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dohnuts.bench.analysis.quantiles import quantiles
+from dohnuts.bench.analysis.load_verdict import Load, load_of, record_load, weigh
+from dohnuts.bench.analysis.quantiles import bootstrap_rng, quantiles
 from dohnuts.bench.analysis.records import RecordError, Timing, stage_ms, target_label, where, workload_label
+from dohnuts.bench.analysis.verdicts import FASTER, NO_CHANGE, SLOWER, TOO_FEW, UNDEFINED
 from dohnuts.errors import DohnutsError
 from dohnuts.schema import convert
 
-if TYPE_CHECKING:
-    from dohnuts.bench.analysis.load_verdict import Load  # (it imports this module's verdicts)
-
-FASTER = "faster"
-SLOWER = "slower"
-NO_CHANGE = "no detectable change"
-TOO_FEW = "too few calls"
 MIN_SHARE_OF_CALL = 0.01  # a stage verdict needs a change of at least this share of the call
-UNDEFINED = "ratio undefined (one median is 0)"
 MIN_CALLS = 3
 DEFAULT_MIN_EFFECT = 0.02
 DEFAULT_RESAMPLES = 9999
@@ -167,8 +159,6 @@ def _key(rec: dict) -> tuple[str, str]:
 
 def steady_loads(records: list[dict]) -> dict[tuple[str, str], Load]:
     """{(workload, target): load_verdict.Load} over the steady-state records that recorded a load."""
-    from dohnuts.bench.analysis.load_verdict import load_of, record_load
-
     per: dict[tuple[str, str], list] = defaultdict(list)
     for rec in records:
         if _steady(rec):
@@ -201,28 +191,20 @@ def _ratio_of_medians(a, b, axis=-1):
     return r
 
 
-def _rng_kwargs(seed_seq: list[int]) -> dict:
-    from scipy import stats
-
-    rng = np.random.default_rng(seed_seq)
-    if "rng" in inspect.signature(stats.bootstrap).parameters:   # scipy >= 1.15
-        return {"rng": rng}
-    return {"random_state": rng}
-
-
 def _row_seed(seed: int, *names: str) -> list[int]:
     return [int(seed) & 0xFFFFFFFF, zlib.crc32("\0".join(names).encode())]
 
 
 def _interval(a: np.ndarray, b: np.ndarray, confidence: float, resamples: int, method: str,
               seed_seq: list[int]) -> tuple[float, float]:
+    # scipy.stats: a second's import, only where an interval or a test is computed
     from scipy import stats
 
     if np.all(a == a[0]) and np.all(b == b[0]):        # no spread at all: the ratio is exact
         r = float(_ratio_of_medians(a, b))
         return r, r
     res = stats.bootstrap((a, b), _ratio_of_medians, n_resamples=resamples, vectorized=True, paired=False,
-                          confidence_level=confidence, method=method, **_rng_kwargs(seed_seq))
+                          confidence_level=confidence, method=method, **bootstrap_rng(seed_seq))
     lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
     # resamples whose median of A is 0 give an infinite ratio; an undefined end is an open end
     lo = 0.0 if math.isnan(lo) else lo
@@ -231,6 +213,7 @@ def _interval(a: np.ndarray, b: np.ndarray, confidence: float, resamples: int, m
 
 
 def _p_value(a: np.ndarray, b: np.ndarray) -> float:
+    # scipy.stats: a second's import, only where an interval or a test is computed
     from scipy import stats
 
     if np.all(a == a[0]) and np.all(b == a[0]):        # every value tied: nothing to rank
@@ -295,8 +278,6 @@ def compare_runs(records_a: list[dict], records_b: list[dict], *, confidence: fl
     module docstring; the loads each run measured under weighed by load_verdict). Deterministic
     for a given seed. Warnings (one line each) name groups whose spread is too large to resolve a
     change of `min_effect` with the calls measured."""
-    from dohnuts.bench.analysis.load_verdict import weigh
-
     _check_options(confidence, resamples, min_effect, method)
     sa, sb = steady_samples(records_a), steady_samples(records_b)
     loads_a, loads_b = steady_loads(records_a), steady_loads(records_b)

@@ -6,7 +6,11 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 
+from rich.text import Text
+
 from dohnuts.bench.analysis.compare import FASTER, RULE, SLOWER, WALL, Comparison
+from dohnuts.bench.analysis.load_verdict import FASTER_BY_LOAD, SLOWER_BY_LOAD
+from dohnuts.bench.analysis.render import Col, FitTable
 from dohnuts.schema import json_safe
 
 
@@ -38,12 +42,6 @@ def _num(x: float | None, fmt: str = "{:.3f}") -> str:
 def comparison_table(comparison: Comparison):
     """A FitTable (fits any console width, never cuts a number): one row per (workload, target,
     stage), then the groups measured in one run only."""
-    from rich.text import Text
-
-    from dohnuts.bench.analysis.render import Col, FitTable
-
-    from dohnuts.bench.analysis.load_verdict import FASTER_BY_LOAD, SLOWER_BY_LOAD
-
     colour = {SLOWER: "red", FASTER: "green", SLOWER_BY_LOAD: "yellow", FASTER_BY_LOAD: "yellow"}
     t = FitTable(f"B over A (A = {comparison.label_a}, B = {comparison.label_b}); median ms; "
                  f"{100 * comparison.confidence:g}% bootstrap interval of the ratio; Mann-Whitney p; "

@@ -38,7 +38,7 @@ YAML, or that holds a key twice in one mapping (dohnuts.schema.read_yaml) is ref
 `with_measured_ceilings(spec, measured)` adds the ceilings the harness measures at the start of
 a run (a large BF16 matmul, a device copy, pinned host copies, FP32 multiply-adds) as measured
 roles. A file's `measured:` section holds the same microbenchmarks, measured once on the device
-by `dohnuts-bench calibrate` (dohnuts.bench.calibrate) and written beside the datasheet numbers;
+by `dohnuts-bench calibrate` (dohnuts.bench.commands.calibrate) and written beside the datasheet numbers;
 the loader gives them the same roles (`with_measured_section`), and a run's own measurements
 replace them for that run.
 
@@ -197,6 +197,38 @@ def find_hwspec(name_or_path: str | Path) -> HwSpec:
     known = sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml")) if BUILTIN_DIR.is_dir() else []
     raise ConfigError(f"is neither a file nor a built-in hwspec (known: {', '.join(known) or 'none'})",
                       source=str(name_or_path))
+
+
+def hwspec_for_device(name: str | None, device_name: str) -> HwSpec | None:
+    """The spec named (a built-in name or a path), else the built-in matching the device, else None."""
+    if name:
+        return find_hwspec(name)
+    low = device_name.lower()
+    for key, spec in (("h200", "h200"), ("7900 xtx", "rx7900xtx"), ("7900xtx", "rx7900xtx")):
+        if key in low:
+            return find_hwspec(spec)
+    return None
+
+
+def hwspec_ref(spec: HwSpec | None) -> str | None:
+    """How run.json names a spec: a built-in's name (portable), else its file path."""
+    if spec is None or spec.source is None:
+        return None
+    path = Path(spec.source).resolve()
+    return path.stem if path.parent == BUILTIN_DIR.resolve() else str(path)
+
+
+def stored_hwspec(ref: str) -> HwSpec:
+    """The spec a run.json names (`hwspec_ref`: a file path or a built-in's name; an older run: the
+    spec's display name)."""
+    try:
+        return find_hwspec(ref)
+    except ConfigError:
+        for path in sorted(BUILTIN_DIR.glob("*.yaml")):
+            spec = find_hwspec(path)
+            if spec.name == ref:
+                return spec
+        raise
 
 
 def parse_hwspec(data: Any, *, source: str) -> HwSpec:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from dohnuts.bench.analysis.compare import FASTER, SLOWER
+from dohnuts.bench.analysis.verdicts import FASTER, SLOWER
 
 SLOWER_BY_LOAD = "slower, explained by load"
 FASTER_BY_LOAD = "faster, explained by load"

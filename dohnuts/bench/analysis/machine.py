@@ -21,7 +21,10 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 
+from rich.text import Text
+
 from dohnuts.bench.analysis.records import group_key
+from dohnuts.bench.analysis.render import Col, FitTable
 
 BUSY_OTHERS = 0.25  # cores other processes used while measuring, above which the report warns
 
@@ -59,7 +62,7 @@ class MachineConditions:
     groups: tuple[GroupLoad, ...]
     ceilings: tuple[CeilingStability, ...]
     warnings: tuple[str, ...]
-    # run.json `measured.timing` (dohnuts.bench.run_command.RunClock): seconds from the process's
+    # run.json `measured.timing` (dohnuts.bench.measure.run_clock.RunClock): seconds from the process's
     # start; None for runs made before it was kept
     timing: dict | None = None
 
@@ -194,10 +197,6 @@ STABLE_WORDS = {None: "—", True: "yes", False: "NO: moved"}  # a ceiling's `st
 
 def machine_renderables(c: MachineConditions) -> list:
     """The report's section: the load, the ceilings' stability, the warnings."""
-    from rich.text import Text
-
-    from dohnuts.bench.analysis.render import Col, FitTable
-
     parts: list = [Text("This run's machine", style="bold")]
     parts += [Text(line) for line in opening_lines(c.to_dict())]
     if c.groups:

@@ -9,7 +9,7 @@ everywhere: the per-call p10/p90 and spread, a stream's and a load point's p50/p
 first-byte time, an export's percentiles.
 
 Unserved requests: a load point counts a request it refused or abandoned as an infinite latency (it
-missed every objective: dohnuts.bench.serving.stats). numpy's interpolation turns an infinity into
+missed every objective: dohnuts.bench.measure.serving.stats). numpy's interpolation turns an infinity into
 NaN (∞ − ∞, ∞ · 0), so `quantiles` takes them apart: where the rank h reaches past the last finite
 value the quantile is ∞ (unbounded), elsewhere numpy interpolates between finite values only — the
 same number numpy gives when every value is finite.
@@ -22,6 +22,7 @@ an average.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Iterable, Sequence
 
@@ -71,3 +72,14 @@ def mean_and_std(values: Iterable[float]) -> tuple[float | None, float | None]:
 def percentile_name(p: float) -> str:
     """`p99`, `p99.9`, `p50` for p = 0.99, 0.999, 0.5 (the names the reports and summaries use)."""
     return f"p{100 * p:g}"
+
+
+def bootstrap_rng(seed_seq: list[int]) -> dict:
+    """scipy.stats.bootstrap's keyword for a seeded generator: `rng` (scipy >= 1.15) or `random_state`."""
+    from scipy import stats  # scipy.stats: a second's import, only where an interval is drawn
+
+    rng = np.random.default_rng(seed_seq)
+    if "rng" in inspect.signature(stats.bootstrap).parameters:   # scipy >= 1.15
+        return {"rng": rng}
+    return {"random_state": rng}
+

@@ -20,9 +20,9 @@ One record per measured call, schema 1 (the harness writes them, append-only):
                 "reason": str | null,                                           #   energy counter over the call;
                 "window": {"joules", "calls", "seconds"}},                      #   steady: back-to-back calls
      "harness_overhead_ms": float,   # optional: the harness's own time in this call (breakdown in
-     "harness_overhead": {...},      #   "harness_overhead", see dohnuts.bench.runner.harness_overhead)
+     "harness_overhead": {...},      #   "harness_overhead", see dohnuts.bench.measure.runner.harness_overhead)
      "agreement": {"max_abs_gap", "choice_agreement", "tolerance", "within", ...} | null,  # optional:
-                                     #   the target against the FP32 reference path (dohnuts.bench.quality)
+                                     #   the target against the FP32 reference path (dohnuts.bench.measure.quality)
      "extra": {"stream": {...}, "serving": {...}, "accuracy": {...},   # optional, per phase
                "peer": {"library", "version", "paths", "fallbacks", "messages"}, ...}}  # a peer target's
                                      #   fast paths (`PeerPaths`: what the headline shows of a peer)
@@ -51,14 +51,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
+import numpy as np
 
 from dohnuts.bench.analysis.flops import DEFAULT_LORA_TARGETS, LoraShape
+from dohnuts.bench.analysis.quantiles import bootstrap_rng
 from dohnuts.config import ModelConfig, TextConfig, VisionConfig
 from dohnuts.errors import DohnutsError
 from dohnuts.runtime.work import WorkCounts
-from dohnuts.schema import MIB, NonNegative, convert, first_nonfinite, median, one_line_error, read_file, short, size_words
+from dohnuts.schema import (
+    MIB, NonNegative, convert, first_nonfinite, median, one_line_error, read_file, short, size_words,
+)
 
-SCHEMA = 1  # the record format's version: written by dohnuts.bench.runner, read here
+SCHEMA = 1  # the record format's version: written by dohnuts.bench.measure.runner, read here
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
 LOCATION_KEY = "_source"  # read_jsonl adds "file:line" to each record it returns
 
@@ -126,7 +130,7 @@ Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class ServedSetFacts(msgspec.Struct):
-    """What a load point or stream served of its set (dohnuts.bench.serving.variety.ServedFacts);
+    """What a load point or stream served of its set (dohnuts.bench.measure.serving.variety.ServedFacts);
     absent from records written before it."""
 
     varied: bool
@@ -139,7 +143,7 @@ class ServedSetFacts(msgspec.Struct):
 
 
 class StreamTimes(msgspec.Struct):
-    """A stream record's `extra.stream` (dohnuts.bench.measure.measure_stream)."""
+    """A stream record's `extra.stream` (dohnuts.bench.measure.call.measure_stream)."""
 
     latency_ms: Ms
     queue_ms: Ms
@@ -156,7 +160,7 @@ class PointFacts(msgspec.Struct):
 
 
 class EnergyWindow(msgspec.Struct):
-    """`energy.window` (dohnuts.bench.measure.energy_window): the counter over `calls` untimed
+    """`energy.window` (dohnuts.bench.measure.call.energy_window): the counter over `calls` untimed
     back-to-back calls of the target lasting `seconds`, long enough for the counter's steps."""
 
     joules: NonNegative
@@ -165,7 +169,7 @@ class EnergyWindow(msgspec.Struct):
 
 
 class Energy(msgspec.Struct):
-    """A record's `energy` (dohnuts.bench.telemetry.call_energy): the joules the device's energy
+    """A record's `energy` (dohnuts.bench.measure.telemetry.call_energy): the joules the device's energy
     counter advanced over the call, the sampler it came from, or why there are none; a steady
     call's `window` is the target's energy over a window of back-to-back calls."""
 
@@ -176,7 +180,7 @@ class Energy(msgspec.Struct):
 
 
 class ServingTimes(msgspec.Struct):
-    """A served request's `extra.serving` (dohnuts.bench.serving.scenario); a stream scenario's
+    """A served request's `extra.serving` (dohnuts.bench.measure.serving.scenario); a stream scenario's
     records carry only the scenario and its rules."""
 
     scenario: str
@@ -188,7 +192,7 @@ class ServingTimes(msgspec.Struct):
 
 
 class AccuracyCount(msgspec.Struct):
-    """An accuracy-mode record's `extra.accuracy` (dohnuts.bench.quality)."""
+    """An accuracy-mode record's `extra.accuracy` (dohnuts.bench.measure.quality)."""
 
     questions: NonNegative
     correct: NonNegative
@@ -220,7 +224,7 @@ class Agreement(msgspec.Struct):
 
 
 class ReportedRecord(Record, kw_only=True):
-    """`Record` and what the run report (dohnuts_bench_plugins.reporters) reads (check_reportable)."""
+    """`Record` and what the run report (dohnuts.bench.report.text_report) reads (check_reportable)."""
 
     wall_ms: PositiveMs
     decisions: NonNegative
@@ -357,7 +361,7 @@ def check_record(rec: dict) -> None:
 
 
 def check_reportable(rec: dict) -> None:
-    """`check_record`, and what the run report (dohnuts_bench_plugins.reporters) reads of a record
+    """`check_record`, and what the run report (dohnuts.bench.report.text_report) reads of a record
     (`ReportedRecord`): a positive wall time, `decisions`, `tokens.useful` / `tokens.padded`, the
     device's name, and when present `peak_mem_bytes`, `validity`, `energy`, `harness_overhead`,
     `aa_half` and a stream's `extra.stream` times. RecordError names the record and the field, on one line."""
@@ -583,6 +587,14 @@ def overhead_summary(records: list[dict]) -> dict[tuple[str, str], dict]:
     return out
 
 
+def gap_words(agreement: dict) -> str:
+    """'probabilities 0.12 apart (tolerance 0.05; BF16 plain ops 0.03 apart)' for the reports."""
+    words = f"probabilities {agreement['max_abs_gap']:.3g} apart (tolerance {agreement['tolerance']:.3g}"
+    if agreement.get("yardstick_gap") is not None:
+        words += f"; the same mathematics in plain ops at this precision: {agreement['yardstick_gap']:.3g} apart"
+    return words + ")"
+
+
 def overhead_text(o: dict | None) -> str:
     """The harness overhead as the report prints it: the A/B from outside where the run has one
     (with its interval), the self-measured in-call time beside it — labelled an upper bound where
@@ -614,10 +626,9 @@ def _paired_overhead(pairs: list[tuple[float, float]], confidence: float = 0.95,
     (`scipy.stats.bootstrap` over the differences, the untimed median held fixed; seeded)."""
     if len(pairs) < AB_MIN_PAIRS:
         return None
-    import numpy as np
+    # scipy.stats: a second's import, only where an interval or a test is computed
     from scipy import stats
 
-    from dohnuts.bench.analysis.compare import _rng_kwargs  # scipy's `rng` (>= 1.15) or `random_state`
 
     timed = np.array([t for t, _ in pairs])
     untimed = np.array([u for _, u in pairs])
@@ -626,7 +637,7 @@ def _paired_overhead(pairs: list[tuple[float, float]], confidence: float = 0.95,
         return None
     diff = timed - untimed
     boot = stats.bootstrap((diff,), lambda x, axis=-1: np.median(x, axis=axis) / base, n_resamples=resamples,
-                           method="percentile", confidence_level=confidence, vectorized=True, **_rng_kwargs([0]))
+                           method="percentile", confidence_level=confidence, vectorized=True, **bootstrap_rng([0]))
     low, high = float(boot.confidence_interval.low), float(boot.confidence_interval.high)
     med = float(np.median(diff))
     return {"pairs": len(pairs), "median_ms": med, "fraction": med / base, "low": low, "high": high}

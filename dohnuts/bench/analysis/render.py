@@ -41,6 +41,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dohnuts.bench.analysis.report import Analysis, GroupAnalysis
+from dohnuts.bench.report.terminal import SafeConsole
 from dohnuts.schema import printable
 
 UNBOUNDED = 100_000  # the width a table is measured at to get its natural width
@@ -298,8 +299,6 @@ def analysis_tables(analysis: Analysis) -> list[FitTable]:
 
 def print_analysis(analysis: Analysis, console: Console | None = None) -> None:
     """Print every group's tables, then the warnings."""
-    from dohnuts.bench.terminal import SafeConsole
-
     console = console or SafeConsole()
     spec = analysis.hwspec
     console.print(Text.assemble((spec.name, "bold"), f" ({spec.source or 'built in'}); target "

@@ -29,15 +29,14 @@ import dataclasses
 from dataclasses import dataclass
 
 from dohnuts.bench.analysis.bounds import CallBounds, combine, shown_efficiency, stage_bound, target_verdict
-from dohnuts.bench.analysis.cost import (
-    StageCost, allreduce_cost, call_totals, fold_stages, stage_costs, token_counts,
-)
+from dohnuts.bench.analysis.cost import StageCost, allreduce_cost, call_totals, fold_stages, stage_costs, token_counts
 from dohnuts.bench.analysis.critical_path import STAGE_RESOURCES, CallGraph, default_call_graph
 from dohnuts.bench.analysis.hwspec import HwSpec
 from dohnuts.bench.analysis.records import (
     DTYPE_BYTES, RecordError, check_record, group_key, lora_of, model_of, per_call_records, stage_ms, valid_records,
     where, work_of, world_size,
 )
+from dohnuts.bench.analysis.roofline import roofs
 from dohnuts.schema import median
 
 # A target that times one `forward` and none of prefix / suffix / head (the training step, a
@@ -118,10 +117,12 @@ class Analysis:
     groups: tuple[GroupAnalysis, ...]
     warnings: tuple[str, ...] = ()
 
+    def precisions(self) -> list[str]:
+        """The precisions of its groups, in order (none: the spec's first, whose roofs the plot draws)."""
+        return list(dict.fromkeys(g.precision for g in self.groups)) or self.hwspec.precisions()[:1]
+
     def to_dict(self) -> dict:
         """A JSON-serialisable summary (for the run's summary file; raw records stay the source)."""
-        from dohnuts.bench.analysis.roofline import roofs
-
         spec = self.hwspec
         return {
             "hwspec": {"name": spec.name, "source": spec.source, "target_fraction": spec.target_fraction,
@@ -131,7 +132,7 @@ class Analysis:
                                              "source": c.source, "date": c.date} for c in spec.ceilings.values()}},
             "groups": [_group_dict(g) for g in self.groups],
             # per precision the roofs the roofline draws (dohnuts.bench.analysis.roofline), PNG and page alike
-            "rooflines": {p: roofs(spec, p) for p in dict.fromkeys(g.precision for g in self.groups)},
+            "rooflines": {p: roofs(spec, p) for p in self.precisions()},
             "warnings": list(self.warnings),
         }
 

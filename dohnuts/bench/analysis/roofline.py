@@ -22,8 +22,11 @@ from __future__ import annotations
 import io
 import math
 import re
+from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from dohnuts.schema import printable, write_bytes_atomic
 
 if TYPE_CHECKING:
     from dohnuts.bench.analysis.hwspec import HwSpec
@@ -67,16 +70,12 @@ def plot_text(text: str) -> str:
     """A user-named string (a workload, a target, a stage) as plain text on a figure: control
     characters as escapes (dohnuts.schema.printable; a missing glyph's warning once carried a raw
     ESC to stderr), a `$` never read as the start of mathtext."""
-    from dohnuts.schema import printable
-
     return printable(text).replace("$", r"\$")
 
 
 def save_png(fig, path: Path) -> Path:
     """`fig` as a PNG at `path`, written whole and renamed into place (dohnuts.schema.write_bytes_atomic):
     a symbolic link planted at `path` is replaced, never written through."""
-    from dohnuts.schema import write_bytes_atomic
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     write_bytes_atomic(path, buf.getvalue())
@@ -95,11 +94,14 @@ def roof_vertices(peak: float, memory: float, lo: float, hi: float, ylo: float) 
 def figure(panels: dict[str, list], roof_list: list[dict], title: str, *, canvas: str = "agg"):
     """The roofline figure: a panel a key of `panels` (at most 3 columns) with its points, every
     roof in every panel, one legend below (the roofs, then a marker a target)."""
+    # matplotlib: only when a figure is drawn
     from matplotlib.figure import Figure
 
     if canvas == "svg":
+        # matplotlib: only when a figure is drawn
         from matplotlib.backends.backend_svg import FigureCanvasSVG as Canvas
     else:
+        # matplotlib: only when a figure is drawn
         from matplotlib.backends.backend_agg import FigureCanvasAgg as Canvas
 
     names = list(panels) or ["(no measured stage)"]
@@ -161,8 +163,15 @@ def roofline_png(analysis: Analysis, path: str | Path, precision: str | None = N
     spec = analysis.hwspec
     precision = precision or (analysis.groups[0].precision if analysis.groups else spec.precisions()[0])
     data = analysis.to_dict()
-    fig = figure(stage_points(data["groups"]), roofs(spec, precision),
-                 f"Roofline · {spec.name} · {precision} · steady calls")
+    return roofline_png_of(data | {"rooflines": {precision: roofs(spec, precision)}}, path)
+
+
+def roofline_png_of(data: dict, path: str | Path) -> Path:
+    """The roofline plot of an analysis in its summary form (`Analysis.to_dict`: the efficiency
+    section's data), the roofs of its first group's precision (none: its first precision)."""
+    precision = data["groups"][0]["precision"] if data["groups"] else next(iter(data["rooflines"]))
+    fig = figure(stage_points(data["groups"]), data["rooflines"][precision],
+                 f"Roofline · {data['hwspec']['name']} · {precision} · steady calls")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     return save_png(fig, path)  # written whole and renamed: never through a planted link
@@ -172,6 +181,7 @@ def roofline_svg(points: list, roof_list: list[dict], title: str) -> str:
     """One panel as an inline <svg> element (class `chart roofline`) for the HTML page: the same
     figure as the PNG's, written by matplotlib's SVG canvas (text as text), its XML prologue,
     metadata and style sheet left out (an inline style would style the whole page)."""
+    # matplotlib: only when a figure is drawn
     import matplotlib
 
     fig = figure({title: points}, roof_list, "", canvas="svg")
@@ -186,9 +196,7 @@ def roofline_svg(points: list, roof_list: list[dict], title: str) -> str:
     svg = re.sub(r'\s*clip-path="url\(#[^)]*\)"', "", svg)
     svg = re.sub(r"<clipPath .*?</clipPath>", "", svg, flags=re.S)
     svg = re.sub(r">\s+<", "><", svg)  # indentation between elements: nothing is drawn of it
-    from html import escape
 
-    from dohnuts.schema import printable
 
     label = escape(printable(title))
     return svg.replace("<svg ", f'<svg class="chart roofline" role="img" aria-label="{label}" ', 1)

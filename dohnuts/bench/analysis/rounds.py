@@ -4,7 +4,7 @@ could it be without this run seeing it?
     effects = [round_effect(pairs) for pairs in rounds]   # pairs: [(base_ms, candidate_ms), ...]
     row = judge_rounds("text · dohnuts", effects, confidence=0.95, min_effect=0.05)
 
-The driver (dohnuts.bench.interleave) runs the base and the candidate as two processes that take
+The driver (dohnuts.bench.measure.interleave) runs the base and the candidate as two processes that take
 turns call by call, a fresh pair of processes each round. The statistics follow that design:
 
 - within a round, each pair of calls (one of each side, back to back, the order alternating) gives
@@ -72,6 +72,7 @@ def round_effect(pairs) -> float:
 
 
 def _t_crit(confidence: float, rounds: int) -> float:
+    # scipy.stats: a second's import, only where an interval or a test is computed
     from scipy import stats
 
     return float(stats.t.ppf(0.5 + confidence / 2, rounds - 1))
@@ -81,6 +82,7 @@ def smallest_detectable(spread: float, rounds: int, *, confidence: float, min_ef
                         power: float = DEFAULT_POWER) -> float:
     """The slowdown (a fraction) whose rounds would give "slower" with probability `power`, for
     rounds whose log ratios have standard deviation `spread` (module docstring)."""
+    # scipy.stats: a second's import, only where an interval or a test is computed
     from scipy import optimize, stats
 
     _check(confidence, min_effect, rounds)

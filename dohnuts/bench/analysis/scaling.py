@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dohnuts.bench.analysis.records import stage_ms, target_label, valid_records, world_size
+from dohnuts.bench.analysis.render import Col, FitTable
+from dohnuts.bench.analysis.roofline import plot_text, save_png
 from dohnuts.schema import median
 
 
@@ -134,8 +136,6 @@ def _row(key: tuple[str, str], n: int, recs: list[dict], streamed: list[dict]) -
 
 def scaling_table(rows: list[ScalingRow]):
     """The rows as a table that fits any width (dohnuts.bench.analysis.render.FitTable)."""
-    from dohnuts.bench.analysis.render import Col, FitTable
-
     t = FitTable("Scaling: throughput by process count (one device each; efficiency = speedup / processes)",
                  [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("procs"),
                   Col("per s"), Col("unit", "left"), Col("speedup"), Col("efficiency"), Col("all-reduce\nms"),
@@ -160,10 +160,10 @@ def scaling_png(rows: list[ScalingRow], path: str | Path) -> Path | None:
             lines[(r.workload, r.target)].append((r.processes, r.speedup))
     if not lines:
         return None
+    # matplotlib: only when a figure is drawn
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from dohnuts.bench.analysis.roofline import plot_text
 
     fig = Figure(figsize=(7, 5), layout="constrained")
     FigureCanvasAgg(fig)
@@ -179,6 +179,5 @@ def scaling_png(rows: list[ScalingRow], path: str | Path) -> Path | None:
     ax.set_xticks(sorted({n for pts in lines.values() for n, _ in pts}))
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    from dohnuts.bench.analysis.roofline import save_png
 
     return save_png(fig, Path(path))

@@ -3,14 +3,14 @@ bound at load, the stream scenario's validity, accuracy and the reference check.
 
 - Load points (records `phase: server | offline`, one a served request; the point's counts in
   `extra.serving.point`): each point summarised again from its records with the same function
-  the run used (dohnuts.bench.serving.stats.summarize_point): latency percentiles with their
+  the run used (dohnuts.bench.measure.serving.stats.summarize_point): latency percentiles with their
   intervals, throughput, goodput (requests within the SLO a second), the verdict, validity (the
   point's minimums, its deadline, the telemetry's gate).
-- What a point served of its set (`extra.serving.point.served_set`, dohnuts.bench.serving.variety):
+- What a point served of its set (`extra.serving.point.served_set`, dohnuts.bench.measure.serving.variety):
   whether the set was varied, the distinct requests and pass shapes served, and the graph
   captures while it was measured; per curve the distinct pass shapes over all its points (from
   the records' work counts) and the captures summed.
-- The search's answer (dohnuts.bench.serving.search.search_result): the highest valid rate that
+- The search's answer (dohnuts.bench.measure.serving.search.search_result): the highest valid rate that
   met the SLO below the lowest valid one that missed it — or, for closed-loop points (a curve of
   their own, `closed_loop`: x is the clients), the most clients.
 - The bound at load: the critical-path bound of the same target's single calls (the efficiency
@@ -29,11 +29,13 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-from dohnuts.bench.analysis.records import target_label, work_of, workload_label
-from dohnuts.bench.serving.search import SearchResult, search_result
 from dohnuts.bench.analysis.quantiles import quantiles
-from dohnuts.bench.serving.stats import METRIC_PERCENTILES, PointSummary, Rules, summarize_point, wilson_interval
-from dohnuts.bench.serving.variety import pass_shape
+from dohnuts.bench.analysis.records import target_label, work_of, workload_label
+from dohnuts.bench.measure.serving.search import SearchResult, search_result
+from dohnuts.bench.measure.serving.stats import (
+    METRIC_PERCENTILES, PointSummary, Rules, summarize_point, wilson_interval,
+)
+from dohnuts.bench.measure.serving.variety import pass_shape
 from dohnuts.schema import median
 
 SERVING_PHASES = ("server", "offline")
@@ -147,7 +149,7 @@ def served_cells(facts: dict | None) -> tuple[str, str]:
 
 
 def record_shape(record: dict) -> tuple:
-    """The pass shape a served request's record ran (dohnuts.bench.serving.variety.pass_shape)."""
+    """The pass shape a served request's record ran (dohnuts.bench.measure.serving.variety.pass_shape)."""
     return pass_shape(work_of(record))
 
 
@@ -206,7 +208,7 @@ class StreamScenario:
     rules: dict
     valid: bool
     reasons: tuple[str, ...]
-    served_set: dict | None = None  # dohnuts.bench.serving.variety.ServedFacts (None: records before them)
+    served_set: dict | None = None  # dohnuts.bench.measure.serving.variety.ServedFacts (None: records before them)
 
 
 def stream_scenarios(records: list[dict]) -> list[StreamScenario]:

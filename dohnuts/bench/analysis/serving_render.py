@@ -17,9 +17,11 @@ import math
 from rich.console import Group
 from rich.text import Text
 
+from dohnuts.bench.analysis.records import gap_words
 from dohnuts.bench.analysis.render import Col, FitTable
 from dohnuts.bench.analysis.serving import LoadCurve, QualityRow, StreamScenario, served_cells
-from dohnuts.bench.report import Section
+from dohnuts.bench.sections import Section
+from dohnuts.schema import printable
 
 CHART_WIDTH = 48
 
@@ -134,7 +136,6 @@ def curve_lines(c: LoadCurve) -> Text:
         out.append(served + "\n")
     arrivals = sorted({str(p.extra.get("arrivals")) for p in c.points if p.extra.get("arrivals")})
     if arrivals and arrivals != ["poisson"] and not c.closed_loop:  # bursty (gamma) or a trace
-        from dohnuts.schema import printable
 
         out.append(f"arrivals: {printable(', '.join(arrivals))}\n")  # a trace's file name is the user's
     s = c.search
@@ -158,7 +159,6 @@ def curve_lines(c: LoadCurve) -> Text:
         out.append("\n")
     if c.agreement and c.agreement.get("within") is False:
         g = c.agreement
-        from dohnuts.bench.quality import gap_words
 
         out.append(f"this target DISAGREES with the FP32 reference ({gap_words(g)}): its speed is not the "
                    "product's\n", style="bold red")

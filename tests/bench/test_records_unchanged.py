@@ -1,0 +1,65 @@
+"""The standard suite on the CPU gives the records it gave before the bench was reorganised
+(issue 46: the floor plan and the run's lifecycle change no record).
+
+tests/bench/fixtures/cpu-standard-suite-shapes.json is the suite's run made by the code before
+that change (d37d1f2), kept by tests/bench/record_shapes.py: every field of every record, of
+run.json and summary.json, with its value where the value does not depend on time or on the
+host (that module's docstring lists what is set aside). A fresh run must give the same file,
+field by field. Regenerate it only for a change that means to change the records:
+
+    python -m dohnuts.bench.cli run --out /tmp/suite --quiet
+    python tests/bench/record_shapes.py /tmp/suite/*/ > tests/bench/fixtures/cpu-standard-suite-shapes.json
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dohnuts.bench.cli import main
+from tests.bench.record_shapes import dumps, run_shapes
+
+GOLDEN = Path(__file__).parent / "fixtures" / "cpu-standard-suite-shapes.json"
+
+
+def _differences(golden, now, path: str = "") -> list[str]:
+    """Every field where `now` differs from `golden`, as `path: golden → now`."""
+    if isinstance(golden, dict) and isinstance(now, dict):
+        out = []
+        for key in sorted(set(golden) | set(now)):
+            here = f"{path}/{key}"
+            if key not in now:
+                out.append(f"{here}: missing now (was {json.dumps(golden[key])[:80]})")
+            elif key not in golden:
+                out.append(f"{here}: new ({json.dumps(now[key])[:80]})")
+            else:
+                out += _differences(golden[key], now[key], here)
+        return out
+    return [] if golden == now else [f"{path}: {json.dumps(golden)[:80]} → {json.dumps(now)[:80]}"]
+
+
+def test_the_differences_name_each_field():
+    assert _differences({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3, "d": 0}}) == ["/a/c: 2 → 3", "/a/d: new (0)"]
+    assert _differences({"a": [1]}, {}) == ["/a: missing now (was [1])"]
+
+
+def test_the_golden_file_is_what_the_script_writes():
+    """The golden file is the script's output format, and small (kept in git)."""
+    golden = json.loads(GOLDEN.read_text(encoding="utf-8"))
+    assert dumps(golden) + "\n" == GOLDEN.read_text(encoding="utf-8")
+    assert GOLDEN.stat().st_size < 100_000
+    groups = golden["records"]["groups"]  # every kind of record the CPU suite makes
+    assert {g.rsplit(" · ", 1)[1] for g in groups} == {"first-call", "steady", "stream"}
+    assert {g.split(" · ")[1] for g in groups} == {"dohnuts", "dohnuts-unshared", "transformers", "transformers+peft"}
+
+
+@pytest.mark.slow(seconds=40)
+def test_the_standard_suite_gives_the_records_it_gave(tmp_path):
+    assert main(["run", "--out", str(tmp_path), "--quiet"]) == 0
+    (run_dir,) = list(tmp_path.iterdir())
+    now = json.loads(dumps(run_shapes(run_dir)))
+    golden = json.loads(GOLDEN.read_text(encoding="utf-8"))
+    differences = _differences(golden, now)
+    assert not differences, f"{len(differences)} fields differ:\n" + "\n".join(differences[:40])
