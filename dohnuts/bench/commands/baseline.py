@@ -125,8 +125,8 @@ def cmd_baseline(args) -> int:
             started.append(time.strftime("%Y-%m-%dT%H:%M:%S"))
             run_args = argparse.Namespace(
                 workloads=args.workloads, out=str(staging / "raw"), label=f"baseline-{i}", hwspec=args.hwspec,
-                telemetry_interval=0.1, quiet=args.quiet, profile=False, store=str(staging / "store.sqlite"),
-                threads=args.threads)
+                telemetry_interval=0.1, quiet=args.quiet, profile=False, nvtx=False,
+                store=str(staging / "store.sqlite"), threads=args.threads)
             code = cmd_run(run_args, console=SafeConsole(file=io.StringIO(), width=120))  # reports are not wanted
             if code != 0:
                 raise DohnutsError(f"baseline run {i} ended with status {code}; no baseline written",

@@ -221,6 +221,10 @@ def _run(args, registries: Registries, files: list[Path], console=None) -> int:
 
         output = check_output_file(args.output, inputs=[*inputs, *store_files(store_path)], field="--output",
                                    what="a JSONL file to write", error=ConfigError, make_folder="later")
+    if args.nvtx:  # without the nvtx package --nvtx is refused here, in one line, before anything runs
+        from dohnuts.bench.measure.trace import nvtx_stage_ranges
+
+        nvtx_stage_ranges()
     for spec in specs:
         check_target_options(spec, targets)
     runnable = runnable_here(specs, targets, launchers)
@@ -243,7 +247,7 @@ def _run(args, registries: Registries, files: list[Path], console=None) -> int:
         _set_threads(args.threads)
     run_id, run_dir = new_run_dir(out_root, label)  # created only now: every input has been validated
     run = RunContext(run_id=run_id, run_dir=run_dir, device=device, hwspec=hwspec, console=console,
-                     profile=args.profile)
+                     profile=args.profile, nvtx=args.nvtx)
     run.measured["machine"] = {"id": this_machine(device)}  # what a gate baseline is kept per
     clock = RunClock(run.measured.setdefault("timing", {}))
 
