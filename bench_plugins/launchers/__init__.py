@@ -9,7 +9,9 @@ record stamped with `rank` and `world_size`), adds the all-reduce bandwidth rank
 the run's measured ceilings (`allreduce_busbw`: the interconnect), and keeps torchrun's log in
 `ranks/<workload>-p<N>/torchrun.log` (a new folder each launch, dohnuts.bench.store.rundir.new_dir). A failed rank (torchrun then stops the others) becomes one
 entry of the run's `failures`, naming the rank and its exit code; the records the ranks
-completed are kept. Counts above the machine's GPUs are skipped with a message.
+completed are kept. Counts above the machine's GPUs are skipped with a message. Under `run --profile`
+every rank writes its trace to `RUN/traces/<workload>-p<N>/<target>/rank<k>.json.gz` (named in
+run.json's `traces` by its folder); `run --nvtx` reaches the ranks too.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ class TorchrunLauncher:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
                "-m", "dohnuts.bench.measure.worker", "--workload", str(spec.file), "--dir", str(ranks_dir),
                "--run-id", run.run_id, "--telemetry-interval", str(telemetry_interval)] + (["--gpu"] if gpu else [])
+        cmd += ["--nvtx"] if run.nvtx else []
+        if run.profile:  # every rank's trace, one folder a target (what HTA reads): RUN/traces/<workload>-p<N>
+            cmd += ["--traces", str(run.run_dir / "traces" / ranks_dir.name)]
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -92,6 +97,10 @@ class TorchrunLauncher:
             failures = ranks_dir / f"failures-rank{r}.json"
             if failures.exists():
                 run.failures.extend(json.loads(failures.read_text()))
+        traces = ranks_dir / "traces-rank0.json"  # every rank profiled the same targets: rank 0's list names them
+        if traces.exists():
+            for entry in json.loads(traces.read_text()):
+                run.traces.append(entry | {"path": os.path.relpath(entry["path"], run.run_dir)})
         measured = ranks_dir / "measured.json"
         if measured.exists():
             entry = json.loads(measured.read_text()).get("allreduce_busbw")

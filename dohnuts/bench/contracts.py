@@ -59,7 +59,11 @@ class RunContext:
     notes: list = field(default_factory=list)
     failures: list = field(default_factory=list)  # {"workload", "file", "target", "error"}: written to run.json
     profile: bool = False  # `run --profile`: a torch.profiler trace a workload and target (dohnuts.bench.measure.trace)
-    traces: list = field(default_factory=list)  # {"workload", "target", "path", "calls"}: written to run.json
+    traces: list = field(default_factory=list)  # {"workload", "target", "path", "calls"[, "ranks"]}: to run.json
+    # `run --nvtx`: each stage of a measured (steady) call an NVTX range in the domain `dohnuts`
+    nvtx: bool = False
+    # A rank of a multi-process `--profile` run: the launch's trace folder (RUN/traces/<workload>-p<N>)
+    trace_dir: Path | None = None
     # Tests only: called as before_call(world, i) before measured call i (a fault injected into a rank).
     before_call: Callable[[World, int], None] | None = None
 

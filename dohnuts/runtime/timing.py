@@ -15,7 +15,12 @@ context manager's own enter/exit machinery — is what `empty_stage_cost()` meas
 
 With `ranges=True` (`dohnuts-bench run --profile`) each stage is also a named range in a profiler
 trace: a torch.profiler `record_function` ("dohnuts:<stage>") and, on a CUDA device, an NVTX range
-of the same name (what Nsight Systems shows). Measured calls never carry ranges.
+of the same name (what Nsight Systems shows). Measured calls carry none of those.
+
+With `nvtx=NvtxRanges(...)` (`dohnuts-bench run --nvtx`) each stage of a measured call is an NVTX
+range named after the stage in the NVTX domain `dohnuts` (NVIDIA's `nvtx` package), pushed before
+the stage's start event and popped after its end event: its cost falls inside the timer's
+`overhead_ms`, and `empty_stage_cost(device, nvtx=...)` calibrates a stage with its range.
 
 Microbenchmarks (the measured ceilings, benchmarks/*.py) time whole callables with the same timer:
 `device_times_ms(fn)` for a burst of calls, `StageTimer.device_ms_each(name)` for every entry of a
@@ -78,10 +83,29 @@ class _NamedRange:
         self._fn.__exit__(None, None, None)
 
 
+NVTX_DOMAIN = "dohnuts"  # the NVTX domain of the stage ranges of `--nvtx` (Nsight Systems groups ranges by domain)
+
+
+class NvtxRanges:
+    """Stage ranges in the NVTX domain `dohnuts`, through NVIDIA's `nvtx` module (passed in: the
+    caller imports it and says what to do when it is missing). Without a tool attached (Nsight
+    Systems) nvtx's calls return at once."""
+
+    def __init__(self, nvtx_module):
+        self._nvtx = nvtx_module
+
+    def push(self, name: str) -> None:
+        self._nvtx.push_range(name, domain=NVTX_DOMAIN)
+
+    def pop(self) -> None:
+        self._nvtx.pop_range(domain=NVTX_DOMAIN)
+
+
 @dataclass
 class StageTimer:
     device: torch.device
     ranges: bool = False  # also a named profiler range a stage (profiled calls only)
+    nvtx: NvtxRanges | None = None  # also an NVTX range a stage in the domain `dohnuts` (`run --nvtx`)
     _events: dict[str, list[tuple]] = field(default_factory=dict)
     _host: dict[str, StageTime] = field(default_factory=dict)
     _device_ms: dict[str, float] = field(default_factory=dict)  # stage device times already read back
@@ -93,6 +117,8 @@ class StageTimer:
         o0 = time.perf_counter()
         use_cuda = self.device.type == "cuda"
         named = _NamedRange(f"dohnuts:{name}", use_cuda) if self.ranges else None
+        if self.nvtx is not None:
+            self.nvtx.push(name)
         if use_cuda:
             start, end = _event_pair()
             start.record()
@@ -104,6 +130,8 @@ class StageTimer:
             if use_cuda:
                 end.record()
                 self._events.setdefault(name, []).append((start, end))
+            if self.nvtx is not None:
+                self.nvtx.pop()
             if named is not None:
                 named.close()
             st = self._host.setdefault(name, StageTime())
@@ -163,8 +191,11 @@ def device_times_ms(fn, warmup: int = 3, repeat: int = 10, device: torch.device 
     return times
 
 
-def empty_stage_cost(device: torch.device, n: int = 200, warmup: int = 20, batches: int = 5) -> dict:
-    """What one stage entered and left with no work costs on `device` (calibration).
+def empty_stage_cost(device: torch.device, n: int = 200, warmup: int = 20, batches: int = 5,
+                     nvtx: NvtxRanges | None = None) -> dict:
+    """What one stage entered and left with no work costs on `device` (calibration), with its NVTX
+    range when `nvtx` is given (the stages of `run --nvtx`'s measured calls; the result then says
+`"nvtx": True`).
 
     `host_ms`: the median, over `batches` batches of `n` empty stages, of the host time per stage
     seen from outside (the context manager included); `accounted_ms`: the part of it the timer's
@@ -172,13 +203,13 @@ def empty_stage_cost(device: torch.device, n: int = 200, warmup: int = 20, batch
     can measure about itself; `device_ms` (CUDA): the median device time between an empty stage's
     events, the floor of every stage's device time.
     """
-    timer = StageTimer(device)
+    timer = StageTimer(device, nvtx=nvtx)
     for _ in range(warmup):
         with timer.stage("empty"):
             pass
     per_stage, accounted = [], []
     for _ in range(batches):
-        timer = StageTimer(device)
+        timer = StageTimer(device, nvtx=nvtx)
         t0 = time.perf_counter()
         for _ in range(n):
             with timer.stage("empty"):
@@ -190,6 +221,8 @@ def empty_stage_cost(device: torch.device, n: int = 200, warmup: int = 20, batch
     acc = statistics.median(accounted)
     out = {"host_ms": host, "accounted_ms": acc, "unaccounted_ms": max(0.0, host - acc), "device_ms": None,
            "stages": n * batches}
+    if nvtx is not None:
+        out["nvtx"] = True
     if device.type == "cuda":
         out["device_ms"] = statistics.median(timer.device_ms_each("empty"))
     return out

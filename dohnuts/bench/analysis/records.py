@@ -553,14 +553,18 @@ def overhead_summary(records: list[dict]) -> dict[tuple[str, str], dict]:
     measured far more precisely than a difference of two noisy walls); on a GPU the A/B where it
     has ≥ 5 pairs — over the target only when its whole interval is; a GPU without an A/B claims
     nothing: True, with `basis` "upper bound". `host_bound`: the in-call figure is only an upper
-    bound (a GPU). Groups without the field are left out."""
+    bound (a GPU). `nvtx` (present when true): the calls carried NVTX stage ranges (`run --nvtx`),
+    whose cost both figures include. Groups without the field are left out."""
     groups: dict[tuple[str, str], list[tuple[float, float, float | None, float | None, str]]] = {}
+    with_ranges: set[tuple[str, str]] = set()  # groups measured with NVTX stage ranges (`run --nvtx`)
     for rec in records:
         ms, wall = rec.get("harness_overhead_ms"), rec.get("wall_ms")
         if not _number(ms) or not _number(wall) or wall <= 0:
             continue
         detail = rec.get("harness_overhead") or {}
         in_call, twin = detail.get("in_call_ms"), detail.get("untimed_twin_ms")
+        if detail.get("nvtx") is True:
+            with_ranges.add(group_key(rec))
         device = (rec.get("device") or {}).get("type", "cpu") if isinstance(rec.get("device"), dict) else "cpu"
         groups.setdefault(group_key(rec), []).append((
             float(ms), float(wall), float(in_call) if _number(in_call) else None,
@@ -584,6 +588,8 @@ def overhead_summary(records: list[dict]) -> dict[tuple[str, str], dict]:
                     "max_fraction": max(fractions), "median_in_call_ms": median(in_call) if in_call else None,
                     "median_in_call_fraction": in_frac, "ab": ab, "within_target": within, "basis": basis,
                     "host_bound": not on_cpu}
+        if key in with_ranges:
+            out[key]["nvtx"] = True
     return out
 
 
@@ -598,9 +604,14 @@ def gap_words(agreement: dict) -> str:
 def overhead_text(o: dict | None) -> str:
     """The harness overhead as the report prints it: the A/B from outside where the run has one
     (with its interval), the self-measured in-call time beside it — labelled an upper bound where
-    the host can run ahead of the device."""
+    the host can run ahead of the device; "NVTX ranges on" where the calls carried them."""
     if not o:
         return "—"
+    text = _overhead_figures(o)
+    return f"{text}; NVTX ranges on" if o.get("nvtx") else text
+
+
+def _overhead_figures(o: dict) -> str:
     inside = ""
     if o.get("median_in_call_fraction") is not None:
         bound = "≤ " if o.get("host_bound") else ""

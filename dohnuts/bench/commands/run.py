@@ -65,6 +65,10 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
                    help="also write a torch.profiler trace a workload and target (RUN/traces/*.json.gz, opened by "
                         "Perfetto) of 3 more steady calls, each harness stage a named range; those calls are not "
                         "measured (default: no profiling)")
+    r.add_argument("--nvtx", action="store_true",
+                   help="also mark each stage of the measured calls as an NVTX range in the domain `dohnuts`, for "
+                        "Nsight Systems (needs the nvtx package: pip install 'dohnuts[nvidia]'); its cost is in the "
+                        "harness overhead the report shows (default: no ranges)")
     add_store(r, help="the run store every record also goes to (default: store.sqlite beside the --out folder: "
                       "runs/store.sqlite)")
     r.add_argument("--checkpoint", metavar="PATH",

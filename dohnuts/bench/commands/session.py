@@ -21,6 +21,7 @@ from dohnuts.bench.measure.provenance import device_info, provenance
 from dohnuts.bench.measure.run_clock import RunClock
 from dohnuts.bench.measure.runner import resolve_device, runnable_here
 from dohnuts.bench.measure.telemetry import TelemetryThread, default_min_clock_fraction
+from dohnuts.bench.measure.trace import nvtx_stage_ranges
 from dohnuts.bench.measure.trained_model import serving_specs, trained_model
 from dohnuts.bench.measure.workload import check_unique_names, load_workload
 from dohnuts.bench.plugins import check_target_options, samplers
@@ -75,6 +76,8 @@ class RunSession:
         if getattr(args, "output", None):
             self.output = check_output_file(args.output, inputs=[*inputs, *store_files(store_path)], field="--output",
                                             what="a JSONL file to write", error=ConfigError, make_folder="later")
+        if getattr(args, "nvtx", False):  # without the nvtx package --nvtx is refused here, in one line
+            nvtx_stage_ranges()
         for spec in specs:
             check_target_options(spec, self.targets)
         self.runnable = runnable_here(specs, self.targets, self.launchers)
@@ -98,7 +101,8 @@ class RunSession:
         run_id, run_dir = new_run_dir(out_root, label)  # created only now: every input has been validated
         self.run_dir, self.results = run_dir, run_dir / "results.jsonl"
         self.context = RunContext(run_id=run_id, run_dir=run_dir, device=device, hwspec=self.hwspec,
-                                  console=self.console, profile=args.profile)
+                                  console=self.console, profile=args.profile,
+                                  nvtx=getattr(args, "nvtx", False))
         self.context.measured["machine"] = {"id": machine_id.this_machine(device)}  # what a gate baseline is kept per
         self.clock = RunClock(self.context.measured.setdefault("timing", {}))
         self.samplers = samplers(self.pm)

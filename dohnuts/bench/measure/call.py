@@ -20,7 +20,7 @@ from dohnuts.bench.measure.record import CallMeasurement, TargetContext, call_re
 from dohnuts.bench.measure.serving.variety import ServedFacts, ServedSet, graph_counts
 from dohnuts.bench.measure.telemetry import call_energy
 from dohnuts.bench.sink import RecordSink
-from dohnuts.runtime.timing import NULL_TIMER, StageTimer, empty_stage_cost
+from dohnuts.runtime.timing import NULL_TIMER, NvtxRanges, StageTimer, empty_stage_cost
 
 # The first measured calls of a target each follow an untimed twin: the same call with the
 # runtime's NULL_TIMER, its wall time kept in the record (`harness_overhead.untimed_twin_ms`). The
@@ -88,10 +88,13 @@ def energy_window(ctx: TargetContext, target: Target, calls: list) -> dict | Non
 def measure_call(ctx: TargetContext, target: Target, call, iteration: int, phase: str = "steady",
                  twin_ms: float | None = None) -> dict:
     """One call of `target`, measured: its record (without the rank stamp). `twin_ms`: the wall
-    time of its untimed twin, run just before (`untimed_call_ms`)."""
+    time of its untimed twin, run just before (`untimed_call_ms`). A steady call of a `--nvtx` run
+    has its stages as NVTX ranges (`ctx.stage_ranges`), and its `harness_overhead` says
+    `"nvtx": true`: their cost is in the timer's own time and in the A/B against the twin."""
     device = ctx.device
-    calibration = harness_calibration(ctx.run, device)
-    timer = StageTimer(device)
+    calibration = harness_calibration(ctx.run, device, ctx.stage_ranges)
+    ranges = ctx.stage_ranges if phase == "steady" else None
+    timer = StageTimer(device, nvtx=ranges)
     synchronize(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -112,6 +115,8 @@ def measure_call(ctx: TargetContext, target: Target, call, iteration: int, phase
     record["harness_overhead_ms"] = overhead["total_ms"]
     if twin_ms is not None:
         overhead["untimed_twin_ms"] = twin_ms
+    if ranges is not None:
+        overhead["nvtx"] = True
     record["harness_overhead"] = overhead
     return record
 
@@ -170,13 +175,14 @@ def measure_stream(ctx: TargetContext, capabilities: TargetCapabilities, served:
     return len(rows)
 
 
-def harness_calibration(run, device: torch.device) -> dict:
+def harness_calibration(run, device: torch.device, nvtx: NvtxRanges | None = None) -> dict:
     """The cost of one empty stage on `device` (`empty_stage_cost`), measured once per run and
-    device — before the first measured call on it — and kept in `run.measured["harness_calibration"]`."""
+    device — before the first measured call on it — and kept in `run.measured["harness_calibration"]`;
+    with its NVTX range in a `--nvtx` run (`nvtx`), as the measured calls' stages have one."""
     per_device = run.measured.setdefault("harness_calibration", {})
     key = str(device)
     if key not in per_device:
-        per_device[key] = empty_stage_cost(device)
+        per_device[key] = empty_stage_cost(device, nvtx=nvtx)
     return per_device[key]
 
 

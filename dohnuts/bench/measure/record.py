@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from dohnuts.bench.contracts import RunContext
     from dohnuts.bench.measure.telemetry import TelemetryThread
     from dohnuts.bench.measure.workload import TargetSpec, WorkloadSpec
-    from dohnuts.runtime.timing import StageTimer
+    from dohnuts.runtime.timing import NvtxRanges, StageTimer
 
 
 
@@ -45,6 +45,8 @@ class TargetContext:
     # the device's energy over back-to-back calls of this target (dohnuts.bench.measure.call
     # .energy_window), written into every steady record's `energy.window`; None: no counter
     energy_window: dict | None = None
+    # `run --nvtx`: the steady calls' stages as NVTX ranges (dohnuts.bench.measure.trace.nvtx_stage_ranges); None: none
+    stage_ranges: NvtxRanges | None = None
 
 
 @dataclass(frozen=True)

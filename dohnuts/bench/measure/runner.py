@@ -33,7 +33,9 @@ from dohnuts.bench.measure.quality import (
 from dohnuts.bench.measure.record import TargetContext
 from dohnuts.bench.measure.serving.scenario import measure_scenario
 from dohnuts.bench.measure.serving.variety import ServedSet
-from dohnuts.bench.measure.trace import PROFILED_CALLS, profile_calls, trace_path
+from dohnuts.bench.measure.trace import (
+    PROFILED_CALLS, measured_window, nvtx_stage_ranges, profile_calls, rank_trace_path, trace_path,
+)
 from dohnuts.bench.report.status import log
 from dohnuts.bench.store.rundir import derived_name
 from dohnuts.errors import ConfigError
@@ -153,9 +155,10 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict[str, R
         schedule = _quality_inputs(run, spec, targets, schedule, device, dtype, workdir)
     prov = provenance(device, telemetry)
     ranks = {"rank": world.rank, "world_size": world.size, "shard": "collective" if kind.collective else "data"}
+    stage_ranges = nvtx_stage_ranges() if run.nvtx else None  # `--nvtx`: the steady calls' stages as NVTX ranges
     written = 0
     for tspec in spec.targets:
-        ctx = TargetContext(run, spec, tspec, device, dtype, cfg, prov, telemetry, ranks)
+        ctx = TargetContext(run, spec, tspec, device, dtype, cfg, prov, telemetry, ranks, stage_ranges=stage_ranges)
         failed = False
         try:
             written += _measure_target(pm, ctx, targets[tspec.name], schedule, out, progress, world)
@@ -259,34 +262,36 @@ def _measure_target(pm, ctx: TargetContext, entry: RegisteredTarget, schedule: S
         start = time.perf_counter()
         i, wanted, walls = 0, spec.repeat, []
         max_calls = spec.max_repeat or 4 * spec.repeat
-        while any_rank(i < wanted or time.perf_counter() - start < spec.min_duration_s, world):
-            call = calls[(warmup + i) % len(calls)]
-            pm.hook.dohnuts_bench_before_call(run=ctx.run, spec=spec, target_name=tspec.label, iteration=i)
-            if ctx.run.before_call is not None:
-                ctx.run.before_call(world, i)
-            twin = untimed_call_ms(ctx, target, call) if i < HARNESS_AB_PAIRS else None
-            record = measure_call(ctx, target, call, i, twin_ms=twin)
-            # Even and odd calls are two interleaved halves of one measurement: their difference
-            # is the run's own noise budget (A/A, dohnuts.bench.analysis.compare.aa_noise).
-            record["aa_half"] = i % 2
-            record.update(ctx.ranks)
-            pm.hook.dohnuts_bench_after_call(run=ctx.run, spec=spec, target_name=tspec.label, record=record)
-            out.write(record)
-            written += 1
-            i += 1
-            walls.append(record["wall_ms"])
-            if i == wanted and spec.halfwidth and wanted < max_calls:
-                # As many calls as the observed spread needs for the median's confidence
-                # interval to reach ±halfwidth (capped): the count follows the noise.
-                wanted = min(max_calls, max(wanted, required_calls(walls, spec.halfwidth)))
-                wanted = max_over_ranks(wanted, world)  # the noisiest rank decides for all
+        # the measured calls alone, bracketed for `nsys --capture-range=cudaProfilerApi` (CUDA)
+        with measured_window(ctx.device):
+            while any_rank(i < wanted or time.perf_counter() - start < spec.min_duration_s, world):
+                call = calls[(warmup + i) % len(calls)]
+                pm.hook.dohnuts_bench_before_call(run=ctx.run, spec=spec, target_name=tspec.label, iteration=i)
+                if ctx.run.before_call is not None:
+                    ctx.run.before_call(world, i)
+                twin = untimed_call_ms(ctx, target, call) if i < HARNESS_AB_PAIRS else None
+                record = measure_call(ctx, target, call, i, twin_ms=twin)
+                # Even and odd calls are two interleaved halves of one measurement: their difference
+                # is the run's own noise budget (A/A, dohnuts.bench.analysis.compare.aa_noise).
+                record["aa_half"] = i % 2
+                record.update(ctx.ranks)
+                pm.hook.dohnuts_bench_after_call(run=ctx.run, spec=spec, target_name=tspec.label, record=record)
+                out.write(record)
+                written += 1
+                i += 1
+                walls.append(record["wall_ms"])
+                if i == wanted and spec.halfwidth and wanted < max_calls:
+                    # As many calls as the observed spread needs for the median's confidence
+                    # interval to reach ±halfwidth (capped): the count follows the noise.
+                    wanted = min(max_calls, max(wanted, required_calls(walls, spec.halfwidth)))
+                    wanted = max_over_ranks(wanted, world)  # the noisiest rank decides for all
+                    if progress is not None:
+                        progress.update(task, total=warmup + wanted)
                 if progress is not None:
-                    progress.update(task, total=warmup + wanted)
-            if progress is not None:
-                progress.update(task, completed=warmup + min(i, wanted))
+                    progress.update(task, completed=warmup + min(i, wanted))
         barrier(world)
-        if ctx.run.profile and not world.distributed:
-            _profile_target(ctx, target, [calls[(warmup + j) % len(calls)] for j in range(PROFILED_CALLS)])
+        if ctx.run.profile:
+            _profile_target(ctx, target, [calls[(warmup + j) % len(calls)] for j in range(PROFILED_CALLS)], world)
         served = (ServedSet(calls, varied=False, offset=warmup) if schedule.varied is None else
                   ServedSet(schedule.varied, varied=True, seed=spec.serving.seed if spec.serving.seed is not None
                             else spec.seed))
@@ -307,10 +312,20 @@ def _measure_target(pm, ctx: TargetContext, entry: RegisteredTarget, schedule: S
     return written
 
 
-def _profile_target(ctx: TargetContext, target, calls: list) -> None:
-    """A trace of a few more steady calls (not measurements: no record), named in run.json."""
+def _profile_target(ctx: TargetContext, target, calls: list, world: World) -> None:
+    """A trace of a few more steady calls (not measurements: no record), named in run.json. A rank of
+    a multi-process run writes its own (`rank_trace_path`, in the launcher's `run.trace_dir`)."""
     run, label = ctx.run, ctx.target.label
+    if world.distributed:
+        import torch.distributed as dist  # only a launched rank has a process group to ask
+
+        path = rank_trace_path(run.trace_dir, label, world.rank)
+        info = {"rank": world.rank, "world_size": world.size, "backend": str(dist.get_backend())}
+        n = profile_calls(target, calls, ctx.device, path, ctx.telemetry, distributed=info)
+        run.traces.append({"workload": ctx.spec.name, "target": label, "path": str(path.parent), "calls": n,
+                           "ranks": world.size})
+        return
     path = trace_path(run.run_dir, ctx.spec.name, label)
-    n = profile_calls(target, calls, ctx.device, path)
+    n = profile_calls(target, calls, ctx.device, path, ctx.telemetry)
     run.traces.append({"workload": ctx.spec.name, "target": label, "path": str(path.relative_to(run.run_dir)),
                        "calls": n})

@@ -1,7 +1,8 @@
 """One rank of a multi-process measurement, started by a launcher plugin (torchrun):
 
     python -m torch.distributed.run --standalone --nproc-per-node N -m dohnuts.bench.measure.worker \\
-        --workload FILE --dir RANKS_DIR --run-id ID [--gpu] [--telemetry-interval S]
+        --workload FILE --dir RANKS_DIR --run-id ID [--gpu] [--telemetry-interval S] [--nvtx]
+        [--traces TRACE_DIR]
 
 Every rank joins the process group (NCCL on GPUs, gloo on CPUs), measures the workload on its
 own device with the same run loop as a single process (dohnuts.bench.measure.runner.measure_workload,
@@ -9,7 +10,10 @@ which shards or shares the calls and keeps the ranks' counts in step), and write
 `RANKS_DIR/rank<R>.jsonl` (a RecordSink: each line flushed as it is measured). Rank 0 first measures
 the all-reduce bus bandwidth of this world (dohnuts.bench.measure.interconnect: the interconnect's measured
 ceiling) into `RANKS_DIR/measured.json`; a rank whose target failed (out of memory) writes
-`RANKS_DIR/failures-rank<R>.json`. The launcher gathers all of it into the run's files.
+`RANKS_DIR/failures-rank<R>.json`. With `--traces` (`run --profile`) every rank writes its profiler
+trace into TRACE_DIR (dohnuts.bench.measure.trace: one folder a target, a file a rank) and names it
+in `RANKS_DIR/traces-rank<R>.json`; `--nvtx` is `run --nvtx`'s. The launcher gathers all of it into
+the run's files.
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-id", required=True)
     p.add_argument("--gpu", action="store_true", help="measure the workload's GPU variant (on_gpu)")
     p.add_argument("--telemetry-interval", type=float, default=0.1)
+    p.add_argument("--nvtx", action="store_true", help="the measured calls' stages as NVTX ranges (run --nvtx)")
+    p.add_argument("--traces", help="profile every target into this folder (run --profile)")
     args = p.parse_args(argv)
 
 
@@ -74,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
 
     run = RunContext(run_id=args.run_id, run_dir=out_dir / f"rank{world.rank}", device=torch.device(device),
                      hwspec=None, console=SafeConsole(stderr=True, quiet=True),
-                     before_call=_fault_from_environment())
+                     before_call=_fault_from_environment(), nvtx=args.nvtx, profile=args.traces is not None,
+                     trace_dir=Path(args.traces) if args.traces else None)
     busbw = allreduce_busbw(world)
     if busbw is not None:
         write_json(out_dir / "measured.json", {"allreduce_busbw": busbw}, indent=2)
@@ -87,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         telemetry.stop()
     if run.failures:
         write_json(out_dir / f"failures-rank{world.rank}.json", run.failures)
+    if run.traces:
+        write_json(out_dir / f"traces-rank{world.rank}.json", run.traces)
     barrier(world)  # every rank done before any tears its process group down
     leave()
     return 0

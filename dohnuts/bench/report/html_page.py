@@ -543,7 +543,9 @@ def _traces(traces: list | None) -> str:
         return "<p class='note'>Not profiled (dohnuts-bench run --profile writes a trace a workload and target).</p>"
     items = "".join(
         f"<li>{link(t.get('path'), f'{t.get(WORKLOAD)} · {t.get(TARGET)}', key='trace')} "
-        f"({escape(str(t.get('calls')))} steady calls, not measured)</li>" for t in traces if isinstance(t, dict))
+        f"({escape(str(t.get('calls')))} steady calls, not measured"
+        + (f"; {escape(str(t['ranks']))} ranks, a trace each in this folder, as HTA reads" if t.get("ranks") else "")
+        + ")</li>" for t in traces if isinstance(t, dict))
     return ("<p>torch.profiler traces (gzipped Chrome JSON): open them in Perfetto (ui.perfetto.dev) or "
             "chrome://tracing. Every harness stage is a range named dohnuts:&lt;stage&gt;.</p><ul>" + items + "</ul>")
 

@@ -57,8 +57,9 @@ class TraceEntry(msgspec.Struct):
 
     workload: str
     target: str
-    path: str
+    path: str  # a trace file, or (a multi-process run) the folder of its ranks' traces
     calls: int
+    ranks: int | None = None  # a multi-process run: the ranks, one trace each in the folder `path`
 
 
 class RunFile(msgspec.Struct):
