@@ -20,7 +20,7 @@ def _grads(*xs):
 def _wide_tiny(monkeypatch):
     """The tiny preset with Qwen3.5's linear-attention head dims (128), which fla's kernels need
     on Hopper (KI-1)."""
-    from dataclasses import replace
+    from msgspec.structs import replace  # configs are msgspec Structs
 
     import dohnuts.config as config
 

@@ -34,7 +34,7 @@ def test_shared_prefix_equals_unshared_bf16(monkeypatch):
 
     The tiny preset's key head dim (16) is one fla's backward must not run at on Hopper (KI-1),
     so this test widens the linear-attention heads to Qwen3.5's 128."""
-    from dataclasses import replace
+    from msgspec.structs import replace  # configs are msgspec Structs
 
     import dohnuts.api as api
     import dohnuts.config as config
