@@ -174,8 +174,24 @@ def test_the_maps_name_what_exists():
     assert not missing, missing
 
 
-@pytest.mark.slow
-def test_readme_the_two_commands(sandbox):
+def make_main_job(folder: Path) -> None:
+    """The README's main job as printed, in `folder` made a user's folder (the clone's workloads,
+    hardware specs and scripts; this test's venv as `.venv`): its run under folder/results/runs,
+    its output in folder/stdout.txt and stderr.txt. The `main_job_run` fixture (tests/conftest.py)
+    makes it once for the whole test command: the standard suite on the CPU, which every test that
+    only reads a standard-suite run reads."""
+    first, _ = command_lines(example("README.md", "# the main job"))
+    main_job = first.rpartition(" && ")[2]
+    for name in ("workloads", "hwspecs", "scripts"):
+        (folder / name).symlink_to(ROOT / name)
+    (folder / ".venv").symlink_to(Path(sys.prefix))
+    done = run(main_job, folder)
+    (folder / "stdout.txt").write_text(done.stdout)
+    (folder / "stderr.txt").write_text(done.stderr)
+
+
+@pytest.mark.slow(seconds=60)  # it makes the shared main-job run; the tests that read it come later
+def test_readme_the_two_commands(main_job_run):
     """The main job, `.venv/bin/dohnuts-bench run`, as printed (the venv is this test's); the test
     command is .ci/run's (tests/test_docs.py), which CI runs whole."""
     first, second = command_lines(example("README.md", "# the main job"))
@@ -183,11 +199,13 @@ def test_readme_the_two_commands(sandbox):
     assert install.startswith("python3 -m venv .venv && .venv/bin/pip install torch==")
     assert main_job == ".venv/bin/dohnuts-bench run" and second.endswith('.venv/bin/python -m pytest -n auto --dist worksteal -m "not timing and not full" && '
                                                                   '.venv/bin/python -m pytest -m timing')
-    done = run(main_job, sandbox)
-    assert "Measured calls" in done.stdout and "This run's machine" in done.stdout
+    stdout, stderr = ((main_job_run / f"{name}.txt").read_text() for name in ("stdout", "stderr"))
+    assert "Measured calls" in stdout and "This run's machine" in stdout
     for name in ("text", "shared-prefix", "image", "image-cache-cold", "image-cache-warm", "train-step"):
-        assert f"measuring {name} · dohnuts" in done.stderr, name
-    assert "measuring" not in done.stdout.split("Load while measuring")[0]  # status is on stderr
+        assert f"measuring {name} · dohnuts" in stderr, name
+    assert "measuring" not in stdout.split("Load while measuring")[0]  # status is on stderr
+    (run_dir,) = (main_job_run / "results" / "runs").iterdir()  # where the printed command writes
+    assert (run_dir / "results.jsonl").is_file() and (run_dir / "report.txt").is_file()
 
 
 @pytest.mark.slow(seconds=140)
@@ -274,6 +292,16 @@ def at_a_test_s_size(line: str, updates: int) -> str:
     return f"{line} --updates {updates}"
 
 
+def digits_data_at_a_test_s_size(line: str, samples: int = 200) -> str:
+    """The README's digits data line at a size a test affords: a stratified subset of `samples` of
+    the 1,797 images (`--limit`, an option of that command; 200 leaves 20 questions in each of dev,
+    calib and test, which every run evaluates, where the whole set has 180). The whole set runs in
+    the `full` lane."""
+    command = line.split("#")[0].strip()
+    assert command == "python -m dohnuts.train.digits data/digits", line
+    return f"{command} --limit {samples}"
+
+
 @pytest.mark.slow(seconds=960)
 @pytest.mark.full
 def test_readme_digits(sandbox):
@@ -287,14 +315,15 @@ def test_readme_digits(sandbox):
     assert "82.1 % test accuracy" in readme
 
 
-@pytest.mark.slow(seconds=60)
+@pytest.mark.slow(seconds=30)
 def test_readme_digits_at_a_test_s_size(tmp_path):
-    """The digits example as printed but for its length (2 updates; the full 200 are
-    test_readme_digits, in the `full` lane): the data as the README makes it, a run that trains,
-    selects, calibrates and tests on it. That the task is learned: tests/train/test_digits_training.py."""
+    """The digits example as printed but for its size (2 updates on 200 of the images; the full 200
+    updates on every image are test_readme_digits, in the `full` lane): the data as the README makes
+    it, a run that trains, selects, calibrates and tests on it. That the task is learned:
+    tests/train/test_digits_training.py."""
     pytest.importorskip("sklearn")
     make, train = command_lines(example("README.md", "python -m dohnuts.train.digits data/digits"))
-    run(make, tmp_path)
+    run(digits_data_at_a_test_s_size(make), tmp_path)
     assert train.startswith("dohnuts train ") and "--updates" not in train  # the README runs the defaults
     run(at_a_test_s_size(train, 2), tmp_path)
     summary = json.loads((tmp_path / "runs" / "digits" / "summary.json").read_text())
@@ -328,13 +357,14 @@ def test_readme_benchmark_a_trained_model(sandbox):
     assert all(r["target_options"]["adapter"].endswith("runs/v1/best.safetensors") for r in records)
 
 
-@pytest.mark.slow(seconds=90)
+@pytest.mark.slow(seconds=60)
 def test_readme_several_processes_at_a_test_s_size(tmp_path):
-    """The several-processes example as printed but for its length (2 updates where it says 20; the
-    full size is test_readme_several_processes, in the `full` lane): both ways of starting torchrun
-    train and finish, and two processes predict every line in order."""
+    """The several-processes example as printed but for its size (2 updates where it says 20, on 200
+    of the digits images; the full size is test_readme_several_processes, in the `full` lane): both
+    ways of starting torchrun train and finish, and two processes predict every line in order."""
     pytest.importorskip("sklearn")
-    run(command_lines(example("README.md", "python -m dohnuts.train.digits data/digits"))[0], tmp_path)
+    run(digits_data_at_a_test_s_size(command_lines(example("README.md", "python -m dohnuts.train.digits data/digits"))[0]),
+        tmp_path)
     for line in command_lines(example("README.md", "torchrun --nproc-per-node 2")):
         run(at_a_test_s_size(line, 2) if "--updates" in line else line, tmp_path)
     assert (tmp_path / "runs" / "digits-2" / "summary.json").is_file()
