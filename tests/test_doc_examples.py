@@ -226,11 +226,15 @@ def test_readme_bench_commands(sandbox):
     assert len(list((sandbox / "results" / "runs").glob("*-before"))) == 1
 
 
-@pytest.mark.slow(seconds=120)
-def test_readme_regression_gate(tmp_path):
+@pytest.mark.slow(seconds=40)
+@pytest.mark.parametrize("full", [pytest.param(False, id="dohnuts-alone"),
+                                  pytest.param(True, id="with-its-peer", marks=pytest.mark.full)])
+def test_readme_regression_gate(tmp_path, full):
     """The interleaved gate as printed, at a size a test affords (3 rounds of 3 call pairs appended:
-    the printed 10 × 50 takes minutes), in a clone of this checkout whose `main` is its HEAD — so
-    this work tree against itself: a verdict either way (what the gate catches is
+    the printed 10 × 50 takes minutes; in the test command on the printed workload's dohnuts target
+    alone — every round starts fresh processes, and the transformers peer's import costs each of
+    them seconds — in the `full` lane with its peer), in a clone of this checkout whose `main` is
+    its HEAD — so this work tree against itself: a verdict either way (what the gate catches is
     benchmarks/gate_detection.py's to measure)."""
     repo = tmp_path / "repo"
     subprocess.run(["git", "clone", "-q", "--shared", str(ROOT), str(repo)], check=True)
@@ -238,10 +242,19 @@ def test_readme_regression_gate(tmp_path):
                       capture_output=True).returncode:
         subprocess.run(["git", "-C", str(repo), "branch", "main", "HEAD"], check=True)
     (line,) = command_lines(example("README.md", "dohnuts-bench gate --against main"))
-    done = run(line.split("#")[0].strip() + " --rounds 3 --calls 3 --json gate.json", repo, ok=(0, 1))
+    line = line.split("#")[0].strip()
+    assert line.endswith(" workloads/text.yaml")
+    if not full:  # the same workload, its dohnuts target alone (an untracked file of the work tree)
+        text = (repo / "workloads" / "text.yaml").read_text()
+        assert "\ntargets: [dohnuts, transformers]\n" in text
+        (repo / "alone").mkdir()
+        (repo / "alone" / "text.yaml").write_text(text.replace("\ntargets: [dohnuts, transformers]\n", "\ntargets: [dohnuts]\n"))
+        line = line.replace(" workloads/text.yaml", " alone/text.yaml")
+    done = run(line + " --rounds 3 --calls 3 --json gate.json", repo, ok=(0, 1))
     lines = done.stdout.splitlines()
     verdicts = [x for x in lines if " · " in x and ": ratio " in x and "over 3 rounds" in x]
     assert any(x.startswith("text · dohnuts: ratio ") for x in verdicts)
+    assert any(x.startswith("text · transformers: ratio ") for x in verdicts) == full
     (detects,) = [x for x in lines if x.startswith("smallest slowdown this run detects 9 times in 10: ")]
     assert any(x.startswith("load (cores kept busy by other processes) per round: ") for x in lines)
     data = json.loads((repo / "gate.json").read_text())
