@@ -132,15 +132,35 @@ def run(line: str, cwd: Path, *, ok=(0,), extra_path: str | None = None, timeout
     return done
 
 
-@pytest.fixture(scope="module")
-def sandbox(tmp_path_factory) -> Path:
-    """A user's folder: a clone's workloads, hardware specs and scripts, nothing else — every file
-    an example reads beyond them, an example makes."""
-    root = tmp_path_factory.mktemp("docs")
-    for folder in ("workloads", "hwspecs", "scripts"):
+def make_user_folder(root: Path, *, text_alone: bool = False) -> Path:
+    """`root` made a user's folder: a clone's workloads, hardware specs and scripts, nothing else —
+    every file an example reads beyond them, an example makes. `text_alone`: its workloads/text.yaml
+    with the dohnuts target alone (TEXT_ALONE), every other workload the clone's."""
+    for folder in ("hwspecs", "scripts") + (() if text_alone else ("workloads",)):
         (root / folder).symlink_to(ROOT / folder)
+    if text_alone:
+        (root / "workloads").mkdir()
+        for given in (ROOT / "workloads").iterdir():
+            if given.name != "text.yaml":
+                (root / "workloads" / given.name).symlink_to(given)
+        (root / "workloads" / "text.yaml").write_text(text_alone_yaml())
     (root / ".venv").symlink_to(Path(sys.prefix))  # the README's `.venv/bin/...`: this test's venv
     return root
+
+
+def text_alone_yaml() -> str:
+    """workloads/text.yaml with its dohnuts target alone: what the test command runs where an
+    example runs that workload several times (each run imports the transformers peer, seconds of
+    CPU time; the peer runs in the main job, and the printed workload in the `full` lane)."""
+    text = (ROOT / "workloads" / "text.yaml").read_text()
+    assert "\ntargets: [dohnuts, transformers]\n" in text
+    return text.replace("\ntargets: [dohnuts, transformers]\n", "\ntargets: [dohnuts]\n")
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory) -> Path:
+    """A user's folder (make_user_folder), one for the module's tests."""
+    return make_user_folder(tmp_path_factory.mktemp("docs"))
 
 
 # -- README ----------------------------------------------------------------------------------------
@@ -182,10 +202,7 @@ def make_main_job(folder: Path) -> None:
     only reads a standard-suite run reads."""
     first, _ = command_lines(example("README.md", "# the main job"))
     main_job = first.rpartition(" && ")[2]
-    for name in ("workloads", "hwspecs", "scripts"):
-        (folder / name).symlink_to(ROOT / name)
-    (folder / ".venv").symlink_to(Path(sys.prefix))
-    done = run(main_job, folder)
+    done = run(main_job, make_user_folder(folder))
     (folder / "stdout.txt").write_text(done.stdout)
     (folder / "stderr.txt").write_text(done.stderr)
 
@@ -208,8 +225,13 @@ def test_readme_the_two_commands(main_job_run):
     assert (run_dir / "results.jsonl").is_file() and (run_dir / "report.txt").is_file()
 
 
-@pytest.mark.slow(seconds=140)
-def test_readme_bench_commands(sandbox):
+@pytest.mark.slow(seconds=40)
+@pytest.mark.parametrize("full", [pytest.param(False, id="dohnuts-alone"),
+                                  pytest.param(True, id="as-printed", marks=pytest.mark.full)])
+def test_readme_bench_commands(tmp_path, full):
+    """The block as printed, in a user's folder whose workloads/text.yaml has its dohnuts target
+    alone in the test command (three runs of it: text_alone_yaml), the clone's in the `full` lane."""
+    sandbox = make_user_folder(tmp_path, text_alone=not full)
     for line in command_lines(example("README.md", "--label before")):
         done = run(line, sandbox, ok=(0, 1) if " compare " in line else (0,))
         if " compare " in line:
@@ -224,6 +246,9 @@ def test_readme_bench_commands(sandbox):
             (mine,) = (sandbox / "results" / "runs").glob("*-my")
             assert json.loads((mine / "run.json").read_text())["hwspec"] == str((sandbox / "my-card.yaml").resolve())
     assert len(list((sandbox / "results" / "runs").glob("*-before"))) == 1
+    (before,) = (sandbox / "results" / "runs").glob("*-before")
+    targets = {json.loads(x)["target"] for x in (before / "results.jsonl").read_text().splitlines()}
+    assert targets == ({"dohnuts", "transformers"} if full else {"dohnuts"})
 
 
 @pytest.mark.slow(seconds=40)
@@ -245,10 +270,8 @@ def test_readme_regression_gate(tmp_path, full):
     line = line.split("#")[0].strip()
     assert line.endswith(" workloads/text.yaml")
     if not full:  # the same workload, its dohnuts target alone (an untracked file of the work tree)
-        text = (repo / "workloads" / "text.yaml").read_text()
-        assert "\ntargets: [dohnuts, transformers]\n" in text
         (repo / "alone").mkdir()
-        (repo / "alone" / "text.yaml").write_text(text.replace("\ntargets: [dohnuts, transformers]\n", "\ntargets: [dohnuts]\n"))
+        (repo / "alone" / "text.yaml").write_text(text_alone_yaml())
         line = line.replace(" workloads/text.yaml", " alone/text.yaml")
     done = run(line + " --rounds 3 --calls 3 --json gate.json", repo, ok=(0, 1))
     lines = done.stdout.splitlines()
