@@ -382,11 +382,15 @@ def test_readme_several_processes(sandbox):
     assert len(out) == len((sandbox / "data" / "digits" / "test.jsonl").read_text().splitlines())
 
 
-@pytest.mark.slow(seconds=90)
-def test_readme_benchmark_a_trained_model(sandbox):
-    """Train, then the specification's benchmark command on the run, as printed."""
+@pytest.mark.slow(seconds=40)
+@pytest.mark.parametrize("full", [pytest.param(False, id="at-a-test-s-size"),
+                                  pytest.param(True, id="as-printed", marks=pytest.mark.full)])
+def test_readme_benchmark_a_trained_model(tmp_path, full):
+    """Train, then the specification's benchmark command on the run, as printed — but for the
+    training's length in the test command (2 updates where it says 20; as printed in the `full` lane)."""
+    sandbox = make_user_folder(tmp_path)
     for line in command_lines(example("README.md", "python scripts/benchmark.py dohnuts")):
-        run(line, sandbox)
+        run(line if full or "--updates" not in line else at_a_test_s_size(line, 2), sandbox)
     records = [json.loads(x) for x in (sandbox / "runs" / "v1" / "benchmarks" / "dohnuts.jsonl").read_text().splitlines()]
     kinds = {r["workload"]["kind"] for r in records}
     assert {"text", "shared-prefix", "image", "image-cache"} <= kinds and "train-step" not in kinds
