@@ -207,7 +207,7 @@ def make_main_job(folder: Path) -> None:
     (folder / "stderr.txt").write_text(done.stderr)
 
 
-@pytest.mark.slow(seconds=60)  # it makes the shared main-job run; the tests that read it come later
+@pytest.mark.slow(seconds=45)  # it makes the shared main-job run; the tests that read it come later
 def test_readme_the_two_commands(main_job_run):
     """The main job, `.venv/bin/dohnuts-bench run`, as printed (the venv is this test's); the test
     command is .ci/run's (tests/test_docs.py), which CI runs whole."""
@@ -225,7 +225,7 @@ def test_readme_the_two_commands(main_job_run):
     assert (run_dir / "results.jsonl").is_file() and (run_dir / "report.txt").is_file()
 
 
-@pytest.mark.slow(seconds=40)
+@pytest.mark.slow(seconds=35)
 @pytest.mark.parametrize("full", [pytest.param(False, id="dohnuts-alone"),
                                   pytest.param(True, id="as-printed", marks=pytest.mark.full)])
 def test_readme_bench_commands(tmp_path, full):
@@ -251,7 +251,7 @@ def test_readme_bench_commands(tmp_path, full):
     assert targets == ({"dohnuts", "transformers"} if full else {"dohnuts"})
 
 
-@pytest.mark.slow(seconds=40)
+@pytest.mark.slow(seconds=25)
 @pytest.mark.parametrize("full", [pytest.param(False, id="dohnuts-alone"),
                                   pytest.param(True, id="with-its-peer", marks=pytest.mark.full)])
 def test_readme_regression_gate(tmp_path, full):
@@ -298,7 +298,7 @@ def test_readme_api_snippet(tmp_path):
     assert len(p) == 2 and abs(sum(p) - 1) < 1e-5 and choice in ("0", "1")
 
 
-@pytest.mark.slow(seconds=100)
+@pytest.mark.slow(seconds=20)
 @pytest.mark.parametrize("full", [pytest.param(False, id="at-a-test-s-size"),
                                   pytest.param(True, id="as-printed", marks=pytest.mark.full)])
 def test_readme_predict_and_train(sandbox, tmp_path, full):
@@ -351,7 +351,7 @@ def test_readme_digits(sandbox):
     assert "82.1 % test accuracy" in readme
 
 
-@pytest.mark.slow(seconds=30)
+@pytest.mark.slow(seconds=15)
 def test_readme_digits_at_a_test_s_size(tmp_path):
     """The digits example as printed but for its size (2 updates on 200 of the images; the full 200
     updates on every image are test_readme_digits, in the `full` lane): the data as the README makes
@@ -382,7 +382,7 @@ def test_readme_several_processes(sandbox):
     assert len(out) == len((sandbox / "data" / "digits" / "test.jsonl").read_text().splitlines())
 
 
-@pytest.mark.slow(seconds=40)
+@pytest.mark.slow(seconds=25)
 @pytest.mark.parametrize("full", [pytest.param(False, id="at-a-test-s-size"),
                                   pytest.param(True, id="as-printed", marks=pytest.mark.full)])
 def test_readme_benchmark_a_trained_model(tmp_path, full):
@@ -397,7 +397,7 @@ def test_readme_benchmark_a_trained_model(tmp_path, full):
     assert all(r["target_options"]["adapter"].endswith("runs/v1/best.safetensors") for r in records)
 
 
-@pytest.mark.slow(seconds=60)
+@pytest.mark.slow(seconds=55)
 def test_readme_several_processes_at_a_test_s_size(tmp_path):
     """The several-processes example as printed but for its size (2 updates where it says 20, on 200
     of the digits images; the full size is test_readme_several_processes, in the `full` lane): both
