@@ -104,3 +104,14 @@ def made_once(tmp_path_factory):
         return folder
 
     return made
+
+
+@pytest.fixture(scope="session")
+def main_job_run(made_once):
+    """The README's main job, `.venv/bin/dohnuts-bench run` (the standard suite on the CPU), run as
+    printed once for the whole test command (tests/test_doc_examples.py's make_main_job): the
+    folder it ran in, its run under runs/bench/, its output in stdout.txt and stderr.txt. The
+    tests that only read a standard-suite run read this one (a run takes about 40 CPU seconds)."""
+    from tests.test_doc_examples import make_main_job
+
+    return made_once("readme-main-job", make_main_job)

@@ -133,15 +133,35 @@ def run(line: str, cwd: Path, *, ok=(0,), extra_path: str | None = None, timeout
     return done
 
 
-@pytest.fixture(scope="module")
-def sandbox(tmp_path_factory) -> Path:
-    """A user's folder: a clone's workloads, hardware specs and scripts, nothing else — every file
-    an example reads beyond them, an example makes."""
-    root = tmp_path_factory.mktemp("docs")
-    for folder in ("workloads", "hwspecs", "scripts"):
+def make_user_folder(root: Path, *, text_alone: bool = False) -> Path:
+    """`root` made a user's folder: a clone's workloads, hardware specs and scripts, nothing else —
+    every file an example reads beyond them, an example makes. `text_alone`: its workloads/text.yaml
+    with the dohnuts target alone (TEXT_ALONE), every other workload the clone's."""
+    for folder in ("hwspecs", "scripts") + (() if text_alone else ("workloads",)):
         (root / folder).symlink_to(ROOT / folder)
+    if text_alone:
+        (root / "workloads").mkdir()
+        for given in (ROOT / "workloads").iterdir():
+            if given.name != "text.yaml":
+                (root / "workloads" / given.name).symlink_to(given)
+        (root / "workloads" / "text.yaml").write_text(text_alone_yaml())
     (root / ".venv").symlink_to(Path(sys.prefix))  # the README's `.venv/bin/...`: this test's venv
     return root
+
+
+def text_alone_yaml() -> str:
+    """workloads/text.yaml with its dohnuts target alone: what the test command runs where an
+    example runs that workload several times (each run imports the transformers peer, seconds of
+    CPU time; the peer runs in the main job, and the printed workload in the `full` lane)."""
+    text = (ROOT / "workloads" / "text.yaml").read_text()
+    assert "\ntargets: [dohnuts, transformers]\n" in text
+    return text.replace("\ntargets: [dohnuts, transformers]\n", "\ntargets: [dohnuts]\n")
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory) -> Path:
+    """A user's folder (make_user_folder), one for the module's tests."""
+    return make_user_folder(tmp_path_factory.mktemp("docs"))
 
 
 # -- README ----------------------------------------------------------------------------------------
@@ -192,8 +212,21 @@ def test_the_maps_name_what_exists():
     assert not missing, missing
 
 
-@pytest.mark.slow
-def test_readme_the_two_commands(sandbox):
+def make_main_job(folder: Path) -> None:
+    """The README's main job as printed, in `folder` made a user's folder (the clone's workloads,
+    hardware specs and scripts; this test's venv as `.venv`): its run under folder/runs/bench,
+    its output in folder/stdout.txt and stderr.txt. The `main_job_run` fixture (tests/conftest.py)
+    makes it once for the whole test command: the standard suite on the CPU, which every test that
+    only reads a standard-suite run reads."""
+    first, _ = command_lines(example("README.md", "# the main job"))
+    main_job = first.rpartition(" && ")[2]
+    done = run(main_job, make_user_folder(folder))
+    (folder / "stdout.txt").write_text(done.stdout)
+    (folder / "stderr.txt").write_text(done.stderr)
+
+
+@pytest.mark.slow(seconds=45)  # it makes the shared main-job run; the tests that read it come later
+def test_readme_the_two_commands(main_job_run):
     """The main job, `.venv/bin/dohnuts-bench run`, as printed (the venv is this test's); the test
     command is .ci/run's (tests/test_docs.py), which CI runs whole."""
     first, second = command_lines(example("README.md", "# the main job"))
@@ -201,15 +234,22 @@ def test_readme_the_two_commands(sandbox):
     assert install.startswith("python3 -m venv .venv && .venv/bin/pip install torch==")
     assert main_job == ".venv/bin/dohnuts-bench run" and second.endswith('.venv/bin/python -m pytest -n auto --dist worksteal -m "not timing and not full" && '
                                                                   '.venv/bin/python -m pytest -m timing')
-    done = run(main_job, sandbox)
-    assert "Measured calls" in done.stdout and "This run's machine" in done.stdout
+    stdout, stderr = ((main_job_run / f"{name}.txt").read_text() for name in ("stdout", "stderr"))
+    assert "Measured calls" in stdout and "This run's machine" in stdout
     for name in ("text", "shared-prefix", "image", "image-cache-cold", "image-cache-warm", "train-step"):
-        assert f"measuring {name} · dohnuts" in done.stderr, name
-    assert "measuring" not in done.stdout.split("Load while measuring")[0]  # status is on stderr
+        assert f"measuring {name} · dohnuts" in stderr, name
+    assert "measuring" not in stdout.split("Load while measuring")[0]  # status is on stderr
+    (run_dir,) = (main_job_run / "runs" / "bench").iterdir()  # where the printed command writes
+    assert (run_dir / "results.jsonl").is_file() and (run_dir / "report.txt").is_file()
 
 
-@pytest.mark.slow(seconds=140)
-def test_readme_bench_commands(sandbox):
+@pytest.mark.slow(seconds=35)
+@pytest.mark.parametrize("full", [pytest.param(False, id="dohnuts-alone"),
+                                  pytest.param(True, id="as-printed", marks=pytest.mark.full)])
+def test_readme_bench_commands(tmp_path, full):
+    """The block as printed, in a user's folder whose workloads/text.yaml has its dohnuts target
+    alone in the test command (three runs of it: text_alone_yaml), the clone's in the `full` lane."""
+    sandbox = make_user_folder(tmp_path, text_alone=not full)
     for line in command_lines(example("README.md", "--label before")):
         done = run(line, sandbox, ok=(0, 1) if " compare " in line else (0,))
         if " compare " in line:
@@ -224,13 +264,20 @@ def test_readme_bench_commands(sandbox):
             (mine,) = (sandbox / "runs" / "bench").glob("*-my")
             assert json.loads((mine / "run.json").read_text())["hwspec"] == str((sandbox / "my-card.yaml").resolve())
     assert len(list((sandbox / "runs" / "bench").glob("*-before"))) == 1
+    (before,) = (sandbox / "runs" / "bench").glob("*-before")
+    targets = {json.loads(x)["target"] for x in (before / "results.jsonl").read_text().splitlines()}
+    assert targets == ({"dohnuts", "transformers"} if full else {"dohnuts"})
 
 
-@pytest.mark.slow(seconds=120)
-def test_readme_regression_gate(tmp_path):
+@pytest.mark.slow(seconds=25)
+@pytest.mark.parametrize("full", [pytest.param(False, id="dohnuts-alone"),
+                                  pytest.param(True, id="with-its-peer", marks=pytest.mark.full)])
+def test_readme_regression_gate(tmp_path, full):
     """The interleaved gate as printed, at a size a test affords (3 rounds of 3 call pairs appended:
-    the printed 10 × 50 takes minutes), in a clone of this checkout whose `main` is its HEAD — so
-    this work tree against itself: a verdict either way (what the gate catches is
+    the printed 10 × 50 takes minutes; in the test command on the printed workload's dohnuts target
+    alone — every round starts fresh processes, and the transformers peer's import costs each of
+    them seconds — in the `full` lane with its peer), in a clone of this checkout whose `main` is
+    its HEAD — so this work tree against itself: a verdict either way (what the gate catches is
     benchmarks/maintainers/gate_detection.py's to measure)."""
     repo = tmp_path / "repo"
     subprocess.run(["git", "clone", "-q", "--shared", str(ROOT), str(repo)], check=True)
@@ -238,10 +285,17 @@ def test_readme_regression_gate(tmp_path):
                       capture_output=True).returncode:
         subprocess.run(["git", "-C", str(repo), "branch", "main", "HEAD"], check=True)
     (line,) = command_lines(example("README.md", "dohnuts-bench gate --against main"))
-    done = run(line.split("#")[0].strip() + " --rounds 3 --calls 3 --json gate.json", repo, ok=(0, 1))
+    line = line.split("#")[0].strip()
+    assert line.endswith(" workloads/text.yaml")
+    if not full:  # the same workload, its dohnuts target alone (an untracked file of the work tree)
+        (repo / "alone").mkdir()
+        (repo / "alone" / "text.yaml").write_text(text_alone_yaml())
+        line = line.replace(" workloads/text.yaml", " alone/text.yaml")
+    done = run(line + " --rounds 3 --calls 3 --json gate.json", repo, ok=(0, 1))
     lines = done.stdout.splitlines()
     verdicts = [x for x in lines if " · " in x and ": ratio " in x and "over 3 rounds" in x]
     assert any(x.startswith("text · dohnuts: ratio ") for x in verdicts)
+    assert any(x.startswith("text · transformers: ratio ") for x in verdicts) == full
     (detects,) = [x for x in lines if x.startswith("smallest slowdown this run detects 9 times in 10: ")]
     assert any(x.startswith("load (cores kept busy by other processes) per round: ") for x in lines)
     data = json.loads((repo / "gate.json").read_text())
@@ -262,7 +316,7 @@ def test_readme_api_snippet(tmp_path):
     assert len(p) == 2 and abs(sum(p) - 1) < 1e-5 and choice in ("0", "1")
 
 
-@pytest.mark.slow(seconds=100)
+@pytest.mark.slow(seconds=20)
 @pytest.mark.parametrize("full", [pytest.param(False, id="at-a-test-s-size"),
                                   pytest.param(True, id="as-printed", marks=pytest.mark.full)])
 def test_readme_predict_and_train(sandbox, tmp_path, full):
@@ -292,6 +346,16 @@ def at_a_test_s_size(line: str, updates: int) -> str:
     return f"{line} --updates {updates}"
 
 
+def digits_data_at_a_test_s_size(line: str, samples: int = 200) -> str:
+    """The README's digits data line at a size a test affords: a stratified subset of `samples` of
+    the 1,797 images (`--limit`, an option of that command; 200 leaves 20 questions in each of dev,
+    calib and test, which every run evaluates, where the whole set has 180). The whole set runs in
+    the `full` lane."""
+    command = line.split("#")[0].strip()
+    assert command == "python -m dohnuts.train.digits data/digits", line
+    return f"{command} --limit {samples}"
+
+
 @pytest.mark.slow(seconds=960)
 @pytest.mark.full
 def test_readme_digits(sandbox):
@@ -305,14 +369,15 @@ def test_readme_digits(sandbox):
     assert "82.1 % test accuracy" in readme
 
 
-@pytest.mark.slow(seconds=60)
+@pytest.mark.slow(seconds=15)
 def test_readme_digits_at_a_test_s_size(tmp_path):
-    """The digits example as printed but for its length (2 updates; the full 200 are
-    test_readme_digits, in the `full` lane): the data as the README makes it, a run that trains,
-    selects, calibrates and tests on it. That the task is learned: tests/train/test_digits_training.py."""
+    """The digits example as printed but for its size (2 updates on 200 of the images; the full 200
+    updates on every image are test_readme_digits, in the `full` lane): the data as the README makes
+    it, a run that trains, selects, calibrates and tests on it. That the task is learned:
+    tests/train/test_digits_training.py."""
     pytest.importorskip("sklearn")
     make, train = command_lines(example("README.md", "python -m dohnuts.train.digits data/digits"))
-    run(make, tmp_path)
+    run(digits_data_at_a_test_s_size(make), tmp_path)
     assert train.startswith("dohnuts train ") and "--updates" not in train  # the README runs the defaults
     run(at_a_test_s_size(train, 2), tmp_path)
     summary = json.loads((tmp_path / "runs" / "digits" / "summary.json").read_text())
@@ -335,24 +400,29 @@ def test_readme_several_processes(sandbox):
     assert len(out) == len((sandbox / "data" / "digits" / "test.jsonl").read_text().splitlines())
 
 
-@pytest.mark.slow(seconds=90)
-def test_readme_benchmark_a_trained_model(sandbox):
-    """Train, then the specification's benchmark command on the run, as printed."""
+@pytest.mark.slow(seconds=25)
+@pytest.mark.parametrize("full", [pytest.param(False, id="at-a-test-s-size"),
+                                  pytest.param(True, id="as-printed", marks=pytest.mark.full)])
+def test_readme_benchmark_a_trained_model(tmp_path, full):
+    """Train, then the specification's benchmark command on the run, as printed — but for the
+    training's length in the test command (2 updates where it says 20; as printed in the `full` lane)."""
+    sandbox = make_user_folder(tmp_path)
     for line in command_lines(example("README.md", "python scripts/benchmark.py dohnuts")):
-        run(line, sandbox)
+        run(line if full or "--updates" not in line else at_a_test_s_size(line, 2), sandbox)
     records = [json.loads(x) for x in (sandbox / "runs" / "v1" / "benchmarks" / "dohnuts.jsonl").read_text().splitlines()]
     kinds = {r["workload"]["kind"] for r in records}
     assert {"text", "shared-prefix", "image", "image-cache"} <= kinds and "train-step" not in kinds
     assert all(r["target_options"]["adapter"].endswith("runs/v1/best.safetensors") for r in records)
 
 
-@pytest.mark.slow(seconds=90)
+@pytest.mark.slow(seconds=55)
 def test_readme_several_processes_at_a_test_s_size(tmp_path):
-    """The several-processes example as printed but for its length (2 updates where it says 20; the
-    full size is test_readme_several_processes, in the `full` lane): both ways of starting torchrun
-    train and finish, and two processes predict every line in order."""
+    """The several-processes example as printed but for its size (2 updates where it says 20, on 200
+    of the digits images; the full size is test_readme_several_processes, in the `full` lane): both
+    ways of starting torchrun train and finish, and two processes predict every line in order."""
     pytest.importorskip("sklearn")
-    run(command_lines(example("README.md", "python -m dohnuts.train.digits data/digits"))[0], tmp_path)
+    run(digits_data_at_a_test_s_size(command_lines(example("README.md", "python -m dohnuts.train.digits data/digits"))[0]),
+        tmp_path)
     for line in command_lines(example("README.md", "torchrun --nproc-per-node 2")):
         run(at_a_test_s_size(line, 2) if "--updates" in line else line, tmp_path)
     assert (tmp_path / "runs" / "digits-2" / "summary.json").is_file()

@@ -57,7 +57,7 @@ def test_prediction_workloads_serve_the_adapter_alone(trained_run):
     assert target.name == "dohnuts" and target.options == {"adapter": str(trained_run / "best.safetensors")}
 
 
-@pytest.mark.slow(seconds=60)
+@pytest.mark.slow(seconds=15)
 def test_the_specification_s_command_writes_the_records(trained_run, tmp_path):
     output = tmp_path / "benchmarks" / "dohnuts.jsonl"  # its folder does not exist yet
     assert _script().main(["dohnuts", "--checkpoint", str(trained_run), "--output", str(output),

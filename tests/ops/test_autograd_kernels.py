@@ -43,7 +43,7 @@ def test_gdn_gates_kernel_gradients_in_the_interpreter():
     _interpret("gates", 300)
 
 
-@pytest.mark.slow(seconds=150)
+@pytest.mark.slow(seconds=35)
 @pytest.mark.parametrize("full", [pytest.param(False, id="covering"), pytest.param(True, id="every-case",
                                                                                    marks=pytest.mark.full)])
 def test_delta_rule_gradients_in_the_interpreter(full):

@@ -256,6 +256,7 @@ from dohnuts.ops.delta_rule import _l2norm
 
 Bc, Cc, Dc, Wc = 2, 3 * 16, 16, 4
 wc = torch.randn(Cc, Wc, generator=g)
+case = 0  # FULL (the `full` lane): every token block for every case; else each case one block, in turn
 for Tc in (45, 2):  # a partial block of the kernel's 32; fewer tokens than the conv width
     packed = torch.randn(Bc, Tc, Cc + 20, generator=g)
     xc = packed[..., 5:5 + Cc]  # a strided column slice, as the packed projection gives
@@ -265,7 +266,8 @@ for Tc in (45, 2):  # a partial block of the kernel's 32; fewer tokens than the 
         ref, ref_state = causal_conv1d_reference(xc, wc, None if s0 is None else s0.expand(Bc, -1, -1), True)
         for normalize in (True, False):
             want = _l2norm(ref.view(Bc, Tc, Cc // Dc, Dc)).view(Bc, Tc, Cc) if normalize else ref
-            for bt in (32, 64, 128):  # the tuner's token blocks: partial, and larger than the sequence
+            # the tuner's token blocks: partial, and larger than the sequence
+            for bt in (32, 64, 128) if FULL else ((32, 64, 128)[case % 3],):
                 wide = torch.full((Bc, Cc + 8, Wc), float("nan"))
                 got = conv_silu_triton(xc, wc, Dc, normalize=normalize, initial_state=s0,
                                        final_state=wide[:, 8:], cpu_block_t=bt)
@@ -277,6 +279,7 @@ for Tc in (45, 2):  # a partial block of the kernel's 32; fewer tokens than the 
             tap_major = wc.t().contiguous().t()  # the layout the runtime passes: strides (1, C)
             assert torch.equal(conv_silu_triton(xc, tap_major, Dc, normalize=normalize, initial_state=s0,
                                                 cpu_block_t=32), got), "tap-major weight"
+            case += 1
 # The q, k and v parts in one launch (q and k normalised): each part, a contiguous block of one
 # buffer, equals the part's own launch on its channels, and the final state the one-conv state.
 from dohnuts.ops._conv_kernel import conv_silu_parts_triton
@@ -370,10 +373,10 @@ def _chunk_o_torch(q, k, vn, hs, g, scale, BT=64):
     return o
 
 qd = torch.randn(N, T, H, K, generator=g) / K ** 0.5
-for s0 in (None, torch.randn(N, HV, K, V, generator=g), one.expand(N, -1, -1, -1), one):
+for i, s0 in enumerate((None, torch.randn(N, HV, K, V, generator=g), one.expand(N, -1, -1, -1), one)):
     hs, vn, final = _delta_h_torch(kd, wd, ud, gd, s0)
     want = _chunk_o_torch(qd, kd, vn, hs, gd, 0.3)
-    for bv in (16, 32, 64):
+    for bv in (16, 32, 64) if FULL else ((16, 32, 64)[i % 3],):  # every value block, or each state one in turn
         o, got_final = delta_rule_output_triton(qd, kd, wd, ud, gd, 0.3, s0, True, cpu_block_v=bv)
         assert o.shape == want.shape and (o - want).abs().max() < 1e-4, ("fused o", bv, (o - want).abs().max())
         assert (got_final - final).abs().max() < 1e-4, ("fused final state", bv)
@@ -405,9 +408,9 @@ Ad, wy_w, wy_u = _wy_torch(kd, vd, betad, gd)
 # fla's kkt_solve kernel writes A's lower blocks only (dohnuts allocates it uninitialised): the
 # kernel must ignore the upper triangle, here NaN
 Ad = Ad.masked_fill(torch.arange(64)[None, :] > (torch.arange(T) % 64)[:, None, None], float("nan"))
-for s0 in (None, torch.randn(N, HV, K, V, generator=g), one.expand(N, -1, -1, -1)):
+for i, s0 in enumerate((None, torch.randn(N, HV, K, V, generator=g), one.expand(N, -1, -1, -1))):
     want_o, want_final = delta_rule_output_triton(qd, kd, wy_w, wy_u, gd, 0.3, s0, True, cpu_block_v=32)
-    for bv in (16, 64):
+    for bv in (16, 64) if FULL else ((16, 64)[i % 2],):
         o, got_final = delta_rule_output_wy_triton(qd, kd, vd, betad, Ad, gd, 0.3, s0, True, cpu_block_v=bv)
         assert (o - want_o).abs().max() < 1e-4 * want_o.abs().max(), ("fused w/u: o", bv, (o - want_o).abs().max())
         assert (got_final - want_final).abs().max() < 1e-4 * want_final.abs().max(), ("fused w/u: final", bv)
@@ -456,19 +459,23 @@ print("ok")
 """
 
 
-@pytest.mark.slow(seconds=100)
-def test_norm_triton_kernels_in_the_interpreter():
+@pytest.mark.slow(seconds=30)
+@pytest.mark.parametrize("full", [pytest.param(False, id="covering"), pytest.param(True, id="every-case",
+                                                                                   marks=pytest.mark.full)])
+def test_norm_triton_kernels_in_the_interpreter(full):
     """The RMSNorm, norm+rotary and output-gate Triton kernels against the torch references on the
     CPU, in Triton's interpreter: offsets, a residual, strided rows, heads that are not a power of
     two, a partial rotary dimension, a broadcast table, two attention-output layouts and an empty
-    input."""
+    input; and the conv, copy, delta-rule state and output, and gate kernels. Every token and value
+    block for every case in the `full` lane; each case one block, in turn, in the test command (every
+    block and every case still run)."""
     import os
     import subprocess
     import sys
 
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, "-c", _INTERPRETED_NORMS], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", f"FULL = {full!r}\n" + _INTERPRETED_NORMS], env=env, capture_output=True, text=True,
                          timeout=300, check=False)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 

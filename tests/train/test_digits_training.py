@@ -19,21 +19,23 @@ def _train(tmp_path, name, **kw):
     data = tmp_path / f"{name}-data"
     write_digits(data, digits=(0, 1), **kw)
     out = tmp_path / name
-    assert main(["train", "--model", "tiny", "--data", str(data), "--out", str(out), "--updates", "30",
-                 "--eval-every", "15", "--device", "cpu"]) == 0
+    # 16 updates at lr 1e-2 (the default 2e-3 needs about 30 to learn the task: twice the CPU time)
+    assert main(["train", "--model", "tiny", "--data", str(data), "--out", str(out), "--updates", "16",
+                 "--eval-every", "8", "--lr", "1e-2", "--device", "cpu"]) == 0
     return json.loads((out / "summary.json").read_text())
 
 
-@pytest.mark.slow(seconds=150)
+@pytest.mark.slow(seconds=50)
 def test_digits_train_end_to_end(tmp_path):
     real = _train(tmp_path, "real")
     assert real["test_questions"] == 36
-    # measured 0.972 (30 updates of 4 microbatches × 8 one-question requests, 2-core CPU; 1.000 with 60 updates
-    # of 4 requests before KI-10's fix); 36 held-out questions, chance 0.5 between the two digits
+    # measured 0.944 (16 updates of 4 microbatches × 8 one-question requests at lr 1e-2; 0.972 and 0.972 with
+    # --seed 1 and 2, 0.917 at 12 updates; 0.972 at 30 updates of the default lr 2e-3); 36 held-out questions,
+    # chance 0.5 between the two digits
     assert real["test_accuracy"] >= 0.9
 
 
-@pytest.mark.slow(seconds=150)
+@pytest.mark.slow(seconds=50)
 @pytest.mark.full
 def test_the_constant_image_control_does_not_learn(tmp_path):
     """The same run on one constant image: what test_digits_train_end_to_end learns came through

@@ -495,7 +495,7 @@ def _interruption_points(steps: list[str], every: bool) -> list[int]:
     return sorted(points)
 
 
-@pytest.mark.slow(seconds=100)
+@pytest.mark.slow(seconds=35)
 @pytest.mark.parametrize("every", [pytest.param(False, id="each-kind-of-operation"),
                                    pytest.param(True, id="every-operation", marks=pytest.mark.full)])
 def test_interrupting_a_checkpoint_at_every_step_resumes_consistently(tmp_path, monkeypatch, every):
