@@ -75,6 +75,9 @@ EXAMPLES = {
     ("docs/measurement.md", "burstiness: 0.5"): "test_examples_checked_not_run",
     ("docs/measurement.md", "distinct: 64"): "test_examples_checked_not_run",
     ("docs/measurement.md", "--json gate.json"): "test_examples_checked_not_run",
+    ("docs/measurement.md", "nsys profile --capture-range=cudaProfilerApi"): "test_examples_checked_not_run",
+    ("docs/measurement.md", "from hta.trace_analysis import TraceAnalysis"): "test_examples_checked_not_run",
+    ("docs/measurement.md", "RUN/traces/<workload>-p<N>/<target>/rank0.json.gz"): "test_examples_checked_not_run",
     ("docs/gpu.md", "workloads/serving/text-2b-server.yaml"): "test_examples_checked_not_run",
     ("hwspecs/README.md", "method: dohnuts-bench calibrate"): "test_examples_checked_not_run",
     ("docs/gpu.md", "pip download --no-deps fla-core"): "test_gpu_session_examples",
@@ -559,5 +562,20 @@ def test_examples_checked_not_run():
     for word in example("docs/gpu.md", "workloads/serving/text-2b-server.yaml").split():
         if word.strip("'").startswith("workloads/"):
             assert (ROOT / word.split("=")[-1].strip("'")).is_file(), word
+    # Nsight Systems' capture of the measured calls (a GPU and nsys): dohnuts-bench's part parses as a
+    # `run --nvtx` of a workload file that exists, and nsys captures from the profiler API only
+    capture = " ".join(example("docs/measurement.md", "nsys profile --capture-range=cudaProfilerApi").split("\\\n"))
+    words = shlex.split(capture)
+    assert words[0] == "nsys" and "--capture-range=cudaProfilerApi" in words and "nvtx" in words[words.index("-t") + 1]
+    args = build_parser().parse_args(words[words.index("dohnuts-bench") + 1:])
+    assert args.command == "run" and args.nvtx and all((ROOT / w).is_file() for w in args.workloads)
+    from dohnuts.bench.measure.trace import rank_trace_path
+
+    layout = example("docs/measurement.md", "RUN/traces/<workload>-p<N>/<target>/rank0.json.gz").split()[0].rstrip(",")
+    assert layout.replace("<target>", "dohnuts") == str(rank_trace_path(Path("RUN/traces/<workload>-p<N>"), "dohnuts", 0))
+    # HTA (not a dependency): the snippet parses, and reads the folder the layout above names
+    hta = example("docs/measurement.md", "from hta.trace_analysis import TraceAnalysis")
+    compile(hta, "docs/measurement.md", "exec")
+    assert 'trace_dir="runs/bench/RUN/traces/text-2b-p2/dohnuts"' in hta
     measured = example("hwspecs/README.md", "method: dohnuts-bench calibrate")
     assert measured.startswith("measured:") and "date:" in measured and "device:" in measured
