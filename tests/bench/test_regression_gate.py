@@ -123,6 +123,16 @@ def _quiet_run(tmp_path, workload, name: str, factor: float = 1.0) -> Path:
     pytest.skip(f"the machine is too noisy for a timing gate now (the median of {name} to ±{half:.0%})")
 
 
+def _median_ms(run: Path) -> float:
+    """The median wall time (ms) of a run's steady calls of its one target, as the gate reads them."""
+    import statistics
+
+    from dohnuts.bench.commands.gate import timings
+
+    (samples,) = timings(run).values()
+    return statistics.median(samples)
+
+
 def _own_share(run: Path) -> float:
     """The median share of a core this process got while the run measured (its `load` telemetry)."""
     import statistics
@@ -135,29 +145,49 @@ def _own_share(run: Path) -> float:
     return statistics.median(own)
 
 
+# Unchanged code on the shared 2-core machine moves 1.5–1.7× within seconds, with no load or steal time to
+# show for it (KI-12); the gate takes its tolerance from the drift between its baseline's runs. So the test
+# injects twice the slowest speed its baseline saw: `2 × (1 + drift)` (2× on a steady machine), and judges
+# only when this build's unchanged runs, either side of the slowed one, ran within the baseline's speeds.
+MAX_DRIFT = 1.0  # a baseline whose runs differ more than 2× is remade once, then the test skips
+SPEED_MARGIN = 0.25  # how far an unchanged run may stray outside the baseline's medians
+
+
 @pytest.mark.slow
 @pytest.mark.timing
-def test_the_baseline_command_then_the_gate_fails_a_2x_slowdown_and_passes_an_unchanged_rerun(
+def test_the_baseline_command_then_the_gate_fails_a_2x_slowdown_beyond_its_drift_and_passes_an_unchanged_rerun(
         tmp_path, capsys, small_ceilings):
     """One documented command makes this machine's baseline (3 runs, 2 s apart here; 10 minutes by
     default); `gate RUN` finds it by the run's machine id, passes this build unchanged and fails it
-    2× slower (exit 1), naming the workload."""
+    slower (exit 1), naming the workload — slower by 2× on top of the drift its baseline measured."""
     from dohnuts.bench.cli import main
 
     workload = tmp_path / "gated.yaml"
     workload.write_text(GATED)
-    into = tmp_path / "baselines"
-    assert main(["baseline", str(workload), "--runs", "3", "--every", "2", "--into", str(into), "--quiet"]) == 0
-    out = capsys.readouterr().out
-    (folder,) = list(into.iterdir())
+    for attempt in ("baselines", "baselines-again"):
+        into = tmp_path / attempt
+        assert main(["baseline", str(workload), "--runs", "3", "--every", "2", "--into", str(into), "--quiet"]) == 0
+        out = capsys.readouterr().out
+        (folder,) = list(into.iterdir())
+        medians = [_median_ms(run) for run in sorted(folder.glob("run-*"))]
+        if (drift := max(medians) / min(medians) - 1.0) <= MAX_DRIFT:
+            break
+    else:
+        pytest.skip(f"this machine's speed moved by {drift:.0%} between baseline runs seconds apart, twice (KI-12)")
     assert folder.name.startswith("cpu-") and folder.name.endswith("-1thread")
     meta = json.loads((folder / "baseline.json").read_text())
     assert meta["runs"] == ["run-1", "run-2", "run-3"] and meta["machine"] == folder.name and meta["every_s"] == 2
     assert all(sorted(p.name for p in (folder / r).iterdir()) == ["results.jsonl.gz", "run.json"] for r in meta["runs"])
     assert "gated · dohnuts: medians" in out and "drift" in out
 
+    factor = 2.0 * (1.0 + drift)
     unchanged = _quiet_run(tmp_path, workload, "unchanged")
-    slowed = _quiet_run(tmp_path, workload, "slowed", factor=2.0)
+    slowed = _quiet_run(tmp_path, workload, "slowed", factor=factor)
+    after = _quiet_run(tmp_path, workload, "unchanged-after")
+    low, high = min(medians) / (1 + SPEED_MARGIN), max(medians) * (1 + SPEED_MARGIN)
+    if not all(low <= _median_ms(run) <= high for run in (unchanged, after)):
+        pytest.skip(f"this machine's speed left its baseline's ({min(medians):.2f}–{max(medians):.2f} ms) around the "
+                    f"slowed run: unchanged {_median_ms(unchanged):.2f} ms before it, {_median_ms(after):.2f} after (KI-12)")
     root = ["--baselines-root", str(into), "--min-effect", "0.3"]
     # capped at one core: a one-thread run's share reads above 1 when its helper threads (telemetry, the
     # store) run beside it; only a share below a core says it was starved (KI-12)
@@ -179,6 +209,7 @@ def test_the_baseline_command_then_the_gate_fails_a_2x_slowdown_and_passes_an_un
     assert "gate: REGRESSION" in captured.err
     (line,) = [line for line in captured.out.splitlines() if line.startswith("gated · dohnuts")]
     assert "slower" in line and float(line.split("ratio ")[1].split(",")[0]) > 1.6
+    assert f"tolerance {drift:.0%}" in line or drift < 0.3  # the tolerance is the baseline's drift (or --min-effect)
     # compare says the same, with its exit code: 1 when a whole call is slower
     assert main(["compare", str(unchanged), str(slowed)]) == 1
     assert main(["compare", str(unchanged), str(unchanged)]) == 0
