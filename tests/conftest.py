@@ -57,6 +57,15 @@ from dohnuts.bench.plugins import import_checkout_packages  # noqa: E402
 import_checkout_packages()
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker a core, and one more. A test that starts processes (the CLI examples,
+    torchrun ranks, served runs) waits for them; with one worker a core the 2-core machine was busy
+    1.7 cores of 2 through the test command, with three workers 1.95 (session 23: 8:17 → 7:39,
+    of which about 20 s the golden-records test's run no longer made twice)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores + 1
+
+
 def pytest_collection_modifyitems(config, items):
     # The longest tests first, longest first (`slow(seconds=N)`: about N s on the 2-core CPU machine),
     # then the other slow ones: under pytest-xdist (the README's test command) each starts while
