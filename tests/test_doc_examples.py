@@ -234,7 +234,7 @@ def test_readme_the_two_commands(main_job_run):
     command is .ci/run's (tests/test_docs.py), which CI runs whole."""
     first, second = command_lines(example("README.md", "# the main job"))
     install, _, main_job = first.rpartition(" && ")
-    assert install.startswith("python3 -m venv .venv && .venv/bin/pip install torch==")
+    assert install.startswith("python3 -m venv .venv && .venv/bin/pip install --no-compile torch==")
     assert main_job == ".venv/bin/dohnuts-bench run" and second.endswith('.venv/bin/python -m pytest -n auto --dist worksteal -m "not timing and not full" && '
                                                                   '.venv/bin/python -m pytest -m timing')
     stdout, stderr = ((main_job_run / f"{name}.txt").read_text() for name in ("stdout", "stderr"))
