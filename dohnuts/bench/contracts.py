@@ -306,7 +306,8 @@ class Analyzer(Protocol):
     """A plugin implementing the analyze hook (it may implement any other hook too, e.g. the
     measured ceilings in `dohnuts_bench_prepare_run`)."""
 
-    def dohnuts_bench_analyze(self, records: list[CallRecord], hwspec, measured: dict, run_dir: Path) -> list[Section] | None:
+    def dohnuts_bench_analyze(self, records: list[CallRecord], hwspec, measured: dict,
+                              run_dir: Path) -> list[Section] | None:
         """Sections computed from the records alone (any run can be re-analysed later)."""
 
 

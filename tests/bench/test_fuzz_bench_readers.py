@@ -1,6 +1,6 @@
 """Property-based fuzzing of dohnuts-bench's three readers: workload files (load_workload with the
 registered kinds and targets), hardware specs (parse_hwspec / load_hwspec) and raw JSONL records
-(read_records: migrate + CallRecord, then check_reportable). Whatever they are fed — arbitrary YAML/JSON values, near-valid
+(read_records, then check_reportable). Whatever they are fed — arbitrary YAML/JSON values, near-valid
 documents with one field replaced, arbitrary bytes — they return a valid object or raise the
 project's one-line error (ConfigError / RecordError, a DohnutsError) naming the file; never
 another exception."""

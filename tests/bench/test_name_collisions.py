@@ -76,8 +76,8 @@ def test_a_launch_gets_a_folder_of_its_own_and_its_records_are_gathered_once(tmp
         name = load_workload(cmd[cmd.index("--workload") + 1], *_registry()).name
         for rank in range(2):
             with open(folder / f"rank{rank}.jsonl", "a") as f:
-                f.writelines(json.dumps(NEUTRAL | {"schema": 2, "workload": {"name": name}, "rank": rank, "iteration": i}) + "\n"
-                             for i in range(calls))
+                f.writelines(json.dumps(NEUTRAL | {"schema": 2, "workload": {"name": name}, "rank": rank,
+                                                   "iteration": i}) + "\n" for i in range(calls))
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(launchers.subprocess, "run", fake_torchrun)

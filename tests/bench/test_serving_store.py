@@ -23,11 +23,13 @@ CREATE TABLE records (
 CREATE TABLE summaries (run_id TEXT PRIMARY KEY, summary TEXT NOT NULL);
 """
 
-SERVED = NEUTRAL | {"schema": 1, "workload": {"name": "w"}, "target": "dohnuts", "phase": "server", "scenario": "server",
-          "wall_ms": 4.0, "agreement": {"max_abs_gap": 0.002, "tolerance": 0.05, "within": True},
-          "extra": {"serving": {"scenario": "server", "latency_ms": 12.5, "point": {"rate_rps": 40.0}}}}
-ACCURACY = NEUTRAL | {"schema": 1, "workload": {"name": "w"}, "target": "dohnuts", "phase": "accuracy", "scenario": "single",
-            "wall_ms": 3.0, "extra": {"accuracy": {"questions": 1, "correct": 1}}}
+SERVED = NEUTRAL | {
+    "schema": 1, "workload": {"name": "w"}, "target": "dohnuts", "phase": "server", "scenario": "server",
+    "wall_ms": 4.0, "agreement": {"max_abs_gap": 0.002, "tolerance": 0.05, "within": True},
+    "extra": {"serving": {"scenario": "server", "latency_ms": 12.5, "point": {"rate_rps": 40.0}}}}
+ACCURACY = NEUTRAL | {
+    "schema": 1, "workload": {"name": "w"}, "target": "dohnuts", "phase": "accuracy", "scenario": "single",
+    "wall_ms": 3.0, "extra": {"accuracy": {"questions": 1, "correct": 1}}}
 # a record written before `scenario`: a single call's (the reader's default)
 OLD = NEUTRAL | {"schema": 1, "workload": {"name": "w"}, "target": "dohnuts", "phase": "steady", "wall_ms": 5.0}
 

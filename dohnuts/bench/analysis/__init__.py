@@ -8,7 +8,8 @@ path over the call pipeline, and reports over raw JSONL records.
 
 Modules: hwspec (YAML ceilings with their derivation), flops (counting rules), cost (stage costs
 of one call from its WorkCounts), bounds (T_lower, efficiency, verdict), critical_path (the
-pipeline model), records (the record type, its reader, writer and migration), report (analyze_records), render (tables), roofline (the
+pipeline model), records (the record type, its reader, writer and migration), report (analyze_records),
+render (tables), roofline (the
 one roofline drawing: PNG and HTML), quantiles (the one quantile method, mean and deviation),
 headline (the table that opens every report: dohnuts against its peer and against the bound).
 """
@@ -28,5 +29,6 @@ __all__ = [
     "LoraShape", "RecordError", "RecordWarning", "StageBound", "StageCost", "StageRow", "Work",
     "analysis_tables", "analyze_records", "call_table", "call_totals", "combine", "default_call_graph",
     "efficiency", "find_hwspec", "fold_stages", "load_hwspec", "parse_hwspec", "print_analysis",
-    "read_jsonl", "read_records", "roofline_png", "stage_bound", "target_verdict", "stage_costs", "stage_table", "token_counts",
+    "read_jsonl", "read_records", "roofline_png", "stage_bound", "target_verdict", "stage_costs", "stage_table",
+    "token_counts",
 ]

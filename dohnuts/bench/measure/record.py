@@ -93,7 +93,7 @@ def call_record(ctx: TargetContext, m: CallMeasurement) -> CallRecord:
         variant=ctx.variant,  # a measurement-only variant of the product (dohnuts.runtime.policy), or None
         iteration=m.iteration,
         phase=m.phase,
-        scenario=getattr(spec, "scenario", "single"),  # how the workload issued its calls (dohnuts.bench.measure.serving)
+        scenario=getattr(spec, "scenario", "single"),  # how the workload issued its calls (measure.serving)
         stages=m.stages,
         wall_ms=m.wall_ms,
         decisions=m.decisions,
