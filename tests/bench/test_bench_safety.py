@@ -353,7 +353,7 @@ def _edit(**changes):
     ("no_stages", _edit(stages=...), "field 'stages': is missing"),
     ("nan_wall", _edit(wall_ms=float("nan")), "not finite (NaN or infinite) at wall_ms"),
     ("inf_overhead", _edit(harness_overhead_ms=float("inf")), "not finite (NaN or infinite) at harness_overhead_ms"),
-    ("huge_number", lambda line: line.replace('"wall_ms": ', '"wall_ms": 1e999, "x": ', 1),
+    ("huge_number", lambda line: line.replace('"wall_ms":', '"wall_ms": 1e999, "x":', 1),
      "not finite (NaN or infinite) at wall_ms"),
     ("no_tokens", _edit(tokens=...), "field 'tokens'"),
     ("zero_wall", _edit(wall_ms=0), "field 'wall_ms': must be positive"),
