@@ -239,7 +239,7 @@ class PointRunner:
             for r in served:
                 stages = stages_dict(timers[r.index]) if r.completion is not None and r.index in timers else {}
                 if "serialize" in stages:
-                    r.first_byte = max(r.start, r.completion - stages["serialize"]["host_ms"] / 1e3)
+                    r.first_byte = max(r.start, r.completion - stages["serialize"].host_ms / 1e3)
         summary, facts = self._summary(arrivals, served, role, server, capacity)
         done = [r for r in served if r.outcome == "served" and r.completion is not None]
         facts["served_set"] = ServedFacts.of(self.served, [order[r.index % len(order)] for r in done],
