@@ -85,15 +85,8 @@ class TorchrunLauncher:
         written = 0
         for r in range(processes):
             path = ranks_dir / f"rank{r}.jsonl"
-            if not path.exists():
-                continue
-            for line in path.read_text(encoding="utf-8").splitlines():
-                try:
-                    record = json.loads(line)
-                except ValueError:  # the last line of a rank killed mid-write
-                    continue
-                out.write(record)
-                written += 1
+            if path.exists():
+                written += out.copy_records(path)  # a last line cut by a rank killed mid-write: skipped
             failures = ranks_dir / f"failures-rank{r}.json"
             if failures.exists():
                 run.failures.extend(json.loads(failures.read_text()))

@@ -29,6 +29,7 @@ from dohnuts.schema import short
 if TYPE_CHECKING:
     import torch
 
+    from dohnuts.bench.analysis.records import CallRecord
     from dohnuts.bench.calls import CallResult, PredictCall, TrainCall
     from dohnuts.bench.measure.workload import WorkloadSpec
     from dohnuts.bench.sections import Section
@@ -305,14 +306,15 @@ class Analyzer(Protocol):
     """A plugin implementing the analyze hook (it may implement any other hook too, e.g. the
     measured ceilings in `dohnuts_bench_prepare_run`)."""
 
-    def dohnuts_bench_analyze(self, records: list[dict], hwspec, measured: dict, run_dir: Path) -> list[Section] | None:
+    def dohnuts_bench_analyze(self, records: list[CallRecord], hwspec, measured: dict,
+                              run_dir: Path) -> list[Section] | None:
         """Sections computed from the records alone (any run can be re-analysed later)."""
 
 
 class Reporter(Protocol):
     """A plugin implementing the report hook."""
 
-    def dohnuts_bench_report(self, console, records: list[dict], sections: list[Section], run_dir: Path) -> None:
+    def dohnuts_bench_report(self, console, records: list[CallRecord], sections: list[Section], run_dir: Path) -> None:
         """Print to `console` and write files into `run_dir`."""
 
 

@@ -106,8 +106,10 @@ def dohnuts_bench_before_call(run, spec, target_name, iteration):
 
 @hookspec
 def dohnuts_bench_after_call(run, spec, target_name, record):
-    """Called after each measured call with its record (a dict) before it is written; a plugin
-    may add fields under its own key."""
+    """Called after each measured call with its record (a `dohnuts.bench.sink.CallRecord`, the typed
+    record of dohnuts.bench.analysis.records) before it is written; a plugin may add its fields
+    under its own key of `record.extra`, the record's one open place (`record.extra["myplugin"] = {...}`),
+    which is written and read back with the record."""
 
 
 # -- 5. analyze --------------------------------------------------------------------------------
@@ -115,7 +117,10 @@ def dohnuts_bench_after_call(run, spec, target_name, record):
 
 @hookspec
 def dohnuts_bench_analyze(records, hwspec, measured, run_dir):
-    """Turn raw records (list of dicts read back from JSONL) into analysis sections, added after
+    """Turn a run's records (a list of `dohnuts.bench.sink.CallRecord`, read back from its JSONL and
+    upgraded to the current schema: attribute access, `record.wall_ms`, a stage's
+    `record.stages["prefix"].host_ms`, a plugin's own fields in `record.extra`;
+    `msgspec.to_builtins(record)` gives the plain JSON values) into analysis sections, added after
     the built-in analysis's.
 
     Return a list of `dohnuts.bench.sections.Section` (title + rich renderable + plain dict), or
@@ -129,4 +134,5 @@ def dohnuts_bench_analyze(records, hwspec, measured, run_dir):
 @hookspec
 def dohnuts_bench_report(console, records, sections, run_dir):
     """Render results: print to the rich `console`, write files into `run_dir` (called after the
-    built-in text report). A plugin that implements it is a `dohnuts.bench.contracts.Reporter`."""
+    built-in text report). `records` are the run's `CallRecord`s, as `dohnuts_bench_analyze` gets
+    them. A plugin that implements it is a `dohnuts.bench.contracts.Reporter`."""

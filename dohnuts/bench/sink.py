@@ -1,10 +1,11 @@
 """Where a run's records go: the public record sink the runner and the launcher plugins write to.
 
-A record is one JSON object (schema: dohnuts.bench.analysis.records) written as one strict-JSON
-line — a non-finite number becomes null, never a bare NaN — at once, so a run killed at any moment
-(Ctrl-C, a dead rank) leaves a file holding every completed record. A sink opened on a path
-(`RecordSink.open`) writes each line whole or not at all (dohnuts.schema.JsonlFile): a full disk
-leaves the file valid up to its last complete record, and the run ends with one line saying so.
+A record is a `CallRecord` (schema: dohnuts.bench.analysis.records) written as one strict-JSON
+line (`encode_record`: a non-finite number becomes null, never a bare NaN) at once, so a run
+killed at any moment (Ctrl-C, a dead rank) leaves a file holding every completed record. A sink
+opened on a path (`RecordSink.open`) writes each line whole or not at all (dohnuts.schema.JsonlFile):
+a full disk leaves the file valid up to its last complete record, and the run ends with one line
+saying so. `copy_records` moves a rank's own results file into the run's sink (a launcher's job).
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from dohnuts.schema import JsonlFile, dumps
+from dohnuts.bench.analysis.records import CallRecord, encode_record, read_records
+from dohnuts.schema import JsonlFile
+
+__all__ = ["CallRecord", "RecordSink"]
 
 
 class RecordSink:
@@ -34,9 +38,9 @@ class RecordSink:
         with JsonlFile(path) as f:
             yield cls(f, mirrors)
 
-    def write(self, record: dict) -> None:
+    def write(self, record: CallRecord) -> None:
         """Append one record as one strict-JSON line (whole, or not at all on a JsonlFile)."""
-        line = dumps(record)
+        line = encode_record(record)
         if isinstance(self.file, JsonlFile):
             self.file.write_line(line)
         else:
@@ -45,3 +49,11 @@ class RecordSink:
         self.written += 1
         for m in self.mirrors:
             m.write(record)
+
+    def copy_records(self, path: str | Path) -> int:
+        """Write every record of the results file `path` (a rank's own JSONL) here; a last line
+        cut by a rank killed mid-write is skipped with a warning. Returns how many."""
+        records = read_records(path)
+        for record in records:
+            self.write(record)
+        return len(records)

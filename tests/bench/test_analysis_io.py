@@ -8,10 +8,10 @@ import pytest
 from rich.console import Console
 
 from dohnuts.bench.analysis import (
-    LoraShape, RecordError, RecordWarning, analyze_records, find_hwspec, print_analysis, read_jsonl, roofline_png,
+    LoraShape, RecordError, RecordWarning, analyze_records, find_hwspec, print_analysis, read_records, roofline_png,
     stage_bound, stage_costs,
 )
-from dohnuts.bench.analysis.records import stage_ms
+from dohnuts.bench.analysis.records import StageTime, record_from_dict, stage_ms, where
 from dohnuts.config import preset
 from dohnuts.runtime.work import WorkCounts
 from tests.bench.test_bounds import _record
@@ -31,18 +31,18 @@ def test_truncated_last_line_is_skipped_with_a_warning(tmp_path):
     lines = _lines(3)
     path.write_text("\n".join(lines[:2]) + "\n" + lines[2][: len(lines[2]) // 2])  # killed mid-append
     with pytest.warns(RecordWarning, match=r"run.jsonl:3: skipped a truncated last line"):
-        recs = read_jsonl(path)
-    assert [r["iteration"] for r in recs] == [0, 1]
-    assert recs[0]["_source"] == f"{path}:1"
+        recs = read_records(path)
+    assert [r.iteration for r in recs] == [0, 1]
+    assert where(recs[0]) == f"{path}:1"
 
 
 def test_other_schema_records_are_skipped_with_a_warning(tmp_path):
     path = tmp_path / "run.jsonl"
-    other = json.loads(_lines(1)[0]) | {"schema": 2}
+    other = json.loads(_lines(1)[0]) | {"schema": 3}
     path.write_text("\n".join([_lines(1)[0], json.dumps(other), "", _lines(2)[1]]) + "\n")
-    with pytest.warns(RecordWarning, match=r"skipped 1 record\(s\) of schema 2 .*lines 2"):
-        recs = read_jsonl(path)
-    assert len(recs) == 2 and all(r["schema"] == 1 for r in recs)
+    with pytest.warns(RecordWarning, match=r"skipped 1 record\(s\) of schema 3 .*lines 2"):
+        recs = read_records(path)
+    assert len(recs) == 2 and all(r.schema == 2 for r in recs)  # (schema 1 on disk, migrated)
 
 
 def test_a_corrupt_line_in_the_middle_is_an_error_with_its_line_number(tmp_path):
@@ -51,28 +51,28 @@ def test_a_corrupt_line_in_the_middle_is_an_error_with_its_line_number(tmp_path)
     lines[1] = lines[1][:40]
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(RecordError, match=r"run.jsonl: field 'line 2': line 2 is not valid JSON"):
-        read_jsonl(path)
+        read_records(path)
 
 
 def test_missing_fields_and_inconsistent_counts_name_the_record(tmp_path):
     spec = find_hwspec("rx7900xtx")
-    rec = json.loads(_lines(1)[0]) | {"_source": "run.jsonl:7"}
+    rec = json.loads(_lines(1)[0])
     del rec["work"]
     with pytest.raises(RecordError, match=r"run.jsonl:7: field 'work': is missing"):
-        analyze_records([rec], spec)
-    bad = json.loads(_lines(1)[0]) | {"_source": "run.jsonl:8"}
+        record_from_dict(rec, "run.jsonl:7")  # (as the reader reads line 7)
+    bad = json.loads(_lines(1)[0])
     bad["work"]["padded_len"] = 5
     with pytest.raises(RecordError, match=r"run.jsonl:8: field 'work': padded_len=5"):
-        analyze_records([bad], spec)
-    mixed = [json.loads(line) for line in _lines(2)]
-    mixed[1]["precision"] = "fp32"
+        analyze_records([record_from_dict(bad, "run.jsonl:8")], spec)
+    mixed = [record_from_dict(json.loads(line)) for line in _lines(2)]
+    mixed[1].precision = "fp32"
     with pytest.raises(RecordError, match="mixes precisions"):
         analyze_records(mixed, spec)
 
 
 def test_device_time_is_preferred_over_host_time():
-    assert stage_ms({"host_ms": 5.0, "device_ms": 3.0, "count": 1}) == 3.0
-    assert stage_ms({"host_ms": 5.0, "device_ms": None, "count": 1}) == 5.0
+    assert stage_ms(StageTime(host_ms=5.0, device_ms=3.0)) == 3.0
+    assert stage_ms(StageTime(host_ms=5.0, device_ms=None)) == 5.0
 
 
 def test_groups_by_workload_and_target_and_renders(tmp_path):
@@ -81,7 +81,7 @@ def test_groups_by_workload_and_target_and_renders(tmp_path):
                                target="transformers", device="NVIDIA H200")) for i in range(2)]
     path.write_text("\n".join(_lines(3, device="NVIDIA H200") + peer) + "\n")
     spec = find_hwspec("h200")
-    analysis = analyze_records(read_jsonl(path), spec)
+    analysis = analyze_records(read_records(path), spec)
     assert [(g.workload, g.target, g.calls) for g in analysis.groups] == [("w", "dohnuts", 3), ("w", "transformers", 2)]
     dohnuts, peer_group = analysis.groups
     assert dohnuts.bases == ("datasheet", "measured")
@@ -103,16 +103,16 @@ def test_groups_by_workload_and_target_and_renders(tmp_path):
 
 def test_a_cpu_run_or_another_device_is_flagged():
     spec = find_hwspec("rx7900xtx")
-    rec = json.loads(_lines(1, device="NVIDIA H200")[0])
+    rec = record_from_dict(json.loads(_lines(1, device="NVIDIA H200")[0]))
     assert "not one AMD Radeon RX 7900 XTX describes" in analyze_records([rec], spec).warnings[0]
-    rec["device"] = {"name": "cpu", "type": "cpu"}
+    rec.device.name, rec.device.type = "cpu", "cpu"
     assert "CPU run" in analyze_records([rec], spec).warnings[0]
 
 
 def test_a_stage_faster_than_its_lower_bound_is_flagged():
     rec = json.loads(_lines(1)[0])
     rec["stages"]["suffix"]["device_ms"] = 1e-9  # impossible: below any lower bound
-    analysis = analyze_records([rec], find_hwspec("rx7900xtx"))
+    analysis = analyze_records([record_from_dict(rec)], find_hwspec("rx7900xtx"))
     (w,) = [w for w in analysis.warnings if "stage suffix" in w]
     assert "stage suffix is bound-suspect against its datasheet bound: measured 1e-09 ms, under its" in w
     assert "%" not in w  # the impossible efficiency is never written as a number
@@ -128,7 +128,7 @@ def test_a_training_step_timed_as_one_forward_gets_the_bound_of_its_parts():
     stages = {"prepare": 1.0, "h2d": 0.1, "forward": 4.0, "backward": 8.0, "optimizer": 0.5}
     rec = _record(call, stages, wall=14.0, model="tiny") | {"target_options": {"lora_rank": 8}}
     spec = find_hwspec("rx7900xtx")
-    g = analyze_records([rec], spec).groups[0]
+    g = analyze_records([record_from_dict(rec)], spec).groups[0]
     rows = {r.stage: r for r in g.stages}
     assert list(rows) == ["prepare", "h2d", "forward", "backward", "optimizer", "d2h"]
     assert all(r.modelled for n, r in rows.items() if n != "prepare")
@@ -139,7 +139,7 @@ def test_a_training_step_timed_as_one_forward_gets_the_bound_of_its_parts():
 
 
 def test_analysis_serialises_to_json():
-    analysis = analyze_records([json.loads(line) for line in _lines(2)], find_hwspec("h200"))
+    analysis = analyze_records([record_from_dict(json.loads(line)) for line in _lines(2)], find_hwspec("h200"))
     d = json.loads(json.dumps(analysis.to_dict()))
     assert d["groups"][0]["stages"][0]["stage"] == "prepare"
     assert d["groups"][0]["call"]["bound"]["measured"]["critical_ms"] > 0
@@ -148,7 +148,7 @@ def test_analysis_serialises_to_json():
 
 @pytest.mark.slow
 def test_an_archived_run_reads_like_its_jsonl(tmp_path):
-    """Committed runs are kept as results.jsonl.gz: read_jsonl, `analyze DIR` and `compare` read it;
+    """Committed runs are kept as results.jsonl.gz: read_records, `analyze DIR` and `compare` read it;
     a damaged archive is one error naming the file."""
     import gzip
 
@@ -161,8 +161,7 @@ def test_an_archived_run_reads_like_its_jsonl(tmp_path):
     packed.parent.mkdir()
     plain.write_text(text)
     packed.write_bytes(gzip.compress(text.encode()))
-    strip = [{k: v for k, v in r.items() if k != "_source"} for r in read_jsonl(packed)]
-    assert strip == [{k: v for k, v in r.items() if k != "_source"} for r in read_jsonl(plain)]
+    assert read_records(packed) == read_records(plain)
     # a real archived run (the committed CPU run at 1, 2 and 4 processes), analysed and compared
     import shutil
     from pathlib import Path
@@ -175,7 +174,7 @@ def test_an_archived_run_reads_like_its_jsonl(tmp_path):
     bad = tmp_path / "bad.jsonl.gz"
     bad.write_bytes(gzip.compress(text.encode())[:40])
     with pytest.raises(DohnutsError, match="bad.jsonl.gz.*cannot be read"):
-        read_jsonl(bad)
+        read_records(bad)
 
 
 def test_the_sustained_basis_is_bounded_by_the_sustained_matmul(tmp_path):
@@ -192,7 +191,7 @@ def test_the_sustained_basis_is_bounded_by_the_sustained_matmul(tmp_path):
     spec = with_measured_ceilings(find_hwspec("h200"), {
         "bf16_matmul": {"value": 800e12, "kind": "compute"},
         "bf16_matmul_sustained": {"value": 640e12, "kind": "compute"}})
-    g = analyze_records(read_jsonl(path), spec).groups[0]
+    g = analyze_records(read_records(path), spec).groups[0]
     assert g.bases == ("datasheet", "measured", "sustained")
     forward = {r.stage: r for r in g.stages}["forward"]
     assert forward.limiter["sustained"].startswith("compute")
@@ -200,7 +199,7 @@ def test_the_sustained_basis_is_bounded_by_the_sustained_matmul(tmp_path):
     assert g.call.efficiency["sustained"] == pytest.approx(g.call.efficiency["measured"] * 800 / 640)
     assert g.call.efficiency["sustained"] < 1.0
     console = Console(record=True, width=300)
-    print_analysis(analyze_records(read_jsonl(path), spec), console)
+    print_analysis(analyze_records(read_records(path), spec), console)
     assert "sustained" in console.export_text()
 
 
@@ -212,7 +211,7 @@ def test_a_shared_pass_timed_as_one_stage_gets_the_bound_of_prefix_and_suffix():
     stages = {k: v for k, v in STAGES.items() if k not in ("prefix", "suffix")} | {"shared": 3.5}
     rec = _record(WORK, stages, wall=7.0, model="tiny")
     spec = find_hwspec("rx7900xtx")
-    rows = {r.stage: r for r in analyze_records([rec], spec).groups[0].stages}
+    rows = {r.stage: r for r in analyze_records([record_from_dict(rec)], spec).groups[0].stages}
     assert "shared" in rows and not {"prefix", "suffix"} & set(rows)
     assert list(rows).index("vision") < list(rows).index("shared") < list(rows).index("head")
     parts = stage_costs(preset("tiny"), WORK)

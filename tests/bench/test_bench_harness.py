@@ -79,7 +79,7 @@ def test_quickstart_runs_on_cpu_and_records_every_call(main_job_run, tmp_path, c
     # each target's first call is recorded apart (iteration −1), once, when it has warm-up calls
     assert len(first) == sum(len(s.targets) for s in specs if s.warmup) and all(r["iteration"] == -1 for r in first)
     for r in records:
-        assert r["schema"] == 1 and r["wall_ms"] > 0 and r["decisions"] > 0
+        assert r["schema"] == 2 and r["wall_ms"] > 0 and r["decisions"] > 0
         assert sum(s["host_ms"] for s in r["stages"].values()) <= r["wall_ms"] * 1.05
         assert r["provenance"]["git"] and r["provenance"]["packages"]["torch"]
         rows = r["work"]["sequences"] + r["work"]["padded_rows"]
@@ -134,7 +134,7 @@ def test_bad_workload_is_one_line_exit_2(case, tmp_path, capsys):
 class _Interrupt:
     @hookimpl
     def dohnuts_bench_after_call(self, run, spec, target_name, record):
-        if record["iteration"] == 2:
+        if record.iteration == 2:
             raise KeyboardInterrupt
 
 
@@ -150,7 +150,7 @@ def test_interrupt_leaves_valid_jsonl(tmp_path, monkeypatch):
     assert code == 130
     (run_dir,) = list(tmp_path.iterdir())
     records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
-    assert all(r["schema"] == 1 for r in records)  # the first call, then the measured calls 0 and 1
+    assert all(r["schema"] == 2 for r in records)  # the first call, then the measured calls 0 and 1
     assert [r["iteration"] for r in records] == [-1, 0, 1]
 
 
@@ -233,7 +233,8 @@ def test_a_run_against_itself_slowed_down_compares_as_slower_with_its_interval(t
     """A real CPU run, compared with itself (no detectable change) and with a copy whose every time
     is doubled (an injected 2× slowdown: slower, the interval holding 2); the quality table and the
     stream table are in its report; calls flagged invalid are left out of the analysis, counted."""
-    from dohnuts.bench.analysis import analyze_records, read_jsonl
+    from dohnuts.bench.analysis import analyze_records, read_records
+    from dohnuts.bench.analysis.records import Validity
     from dohnuts.bench.analysis.hwspec import find_hwspec
 
     assert main(["run", str(ROOT / "workloads" / "text.yaml"), "--out", str(tmp_path / "a"), "--quiet"]) == 0
@@ -261,8 +262,8 @@ def test_a_run_against_itself_slowed_down_compares_as_slower_with_its_interval(t
     rows = json.loads((tmp_path / "cmp.json").read_text())["rows"]
     wall = next(r for r in rows if r["target"] == "dohnuts" and r["stage"] == "wall")
     assert wall["verdict"] == "slower" and wall["ci_low"] <= 2.0 <= wall["ci_high"]
-    records = read_jsonl(run_dir / "results.jsonl")
-    records[1]["validity"] = {"valid": False, "reasons": ["sw_thermal_slowdown"]}
+    records = read_records(run_dir / "results.jsonl")
+    records[1].validity = Validity(valid=False, reasons=["sw_thermal_slowdown"])
     hw = find_hwspec("rx7900xtx")
     analysis = analyze_records(records, hw)
     assert any("1 call(s) left out" in w for w in analysis.warnings)

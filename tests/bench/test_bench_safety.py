@@ -307,7 +307,7 @@ class _InterruptReport:
 
     @hookimpl
     def dohnuts_bench_after_call(self, run, spec, target_name, record):
-        if self.during_run and record["iteration"] == 2:
+        if self.during_run and record.iteration == 2:
             raise KeyboardInterrupt
 
     @hookimpl
@@ -326,7 +326,7 @@ def test_ctrl_c_during_the_report_exits_130_with_results_intact(tmp_path, monkey
     records = [_strict_json(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     iterations = [r["iteration"] for r in records if r["phase"] != "stream"]
     assert iterations == ([-1, 0, 1] if during_run else [-1, 0, 1, 2, 3])
-    assert all(r["schema"] == 1 for r in records)
+    assert all(r["schema"] == 2 for r in records)
     assert _strict_json((run_dir / "run.json").read_text())["run_id"] == run_dir.name
 
 
@@ -353,7 +353,7 @@ def _edit(**changes):
     ("no_stages", _edit(stages=...), "field 'stages': is missing"),
     ("nan_wall", _edit(wall_ms=float("nan")), "not finite (NaN or infinite) at wall_ms"),
     ("inf_overhead", _edit(harness_overhead_ms=float("inf")), "not finite (NaN or infinite) at harness_overhead_ms"),
-    ("huge_number", lambda line: line.replace('"wall_ms": ', '"wall_ms": 1e999, "x": ', 1),
+    ("huge_number", lambda line: line.replace('"wall_ms":', '"wall_ms": 1e999, "x":', 1),
      "not finite (NaN or infinite) at wall_ms"),
     ("no_tokens", _edit(tokens=...), "field 'tokens'"),
     ("zero_wall", _edit(wall_ms=0), "field 'wall_ms': must be positive"),
@@ -651,7 +651,7 @@ def test_a_full_disk_during_a_run_keeps_every_complete_record(tmp_path, monkeypa
     data = (run_dir / "results.jsonl").read_bytes()
     assert data.endswith(b"\n") and len(data) <= limit
     records = [_strict_json(line) for line in data.decode().splitlines()]
-    assert len(records) >= 2 and all(r["schema"] == 1 for r in records)
+    assert len(records) >= 2 and all(r["schema"] == 2 for r in records)
     # what was measured before the disk filled is analysed and reported
     assert (run_dir / "report.txt").exists() and _strict_json((run_dir / "summary.json").read_text())["summary"]
 

@@ -12,6 +12,7 @@ from dohnuts.bench.analysis.bounds import efficiency, stage_bound, target_verdic
 from dohnuts.bench.analysis.cost import Work, stage_costs
 from dohnuts.bench.analysis.critical_path import CallGraph, Dependency, default_call_graph
 from dohnuts.bench.analysis.hwspec import find_hwspec
+from dohnuts.bench.analysis.records import record_from_dict
 from dohnuts.bench.analysis.report import analyze_records
 from dohnuts.config import preset
 from dohnuts.runtime.work import WorkCounts
@@ -82,7 +83,7 @@ def test_a_2b_workload_analysed_by_hand():
     measured = {"prepare": 1.0, "h2d": 0.05, "forward": forward_ms / 0.8, "head": head_ms * 10, "d2h": 0.02}
     recs = [_record(work, {**measured, "forward": measured["forward"] * f}, wall=8.0 * f, iteration=i)
             for i, f in enumerate((1.0, 1.5, 0.9))]  # the median call is the first
-    g = analyze_records(recs, RX).groups[0]
+    g = analyze_records(list(map(record_from_dict, recs)), RX).groups[0]
     rows = {r.stage: r for r in g.stages}
     assert g.bases == ("datasheet",)  # no measured ceilings for this card yet
     assert [r.stage for r in g.stages] == ["prepare", "h2d", "forward", "head", "d2h"]
@@ -118,7 +119,7 @@ def test_padding_never_raises_efficiency(lens, prefix, pad, slowdown):
     recs = [_record(base, times, wall=20.0, workload="base", model="tiny"),
             _record(padded, {n: t * slowdown for n, t in times.items()}, wall=20.0 * slowdown, workload="padded",
                     model="tiny")]
-    a, b = analyze_records(recs, RX).groups
+    a, b = analyze_records(list(map(record_from_dict, recs)), RX).groups
     for ra, rb in zip(a.stages, b.stages):
         assert rb.bound_ms == ra.bound_ms, f"{ra.stage}: padding changed the useful-work bound"
         assert rb.efficiency["datasheet"] <= ra.efficiency["datasheet"], ra.stage

@@ -15,9 +15,10 @@ from dohnuts.bench.analysis.compare import (
     FASTER, NO_CHANGE, SLOWER, TOO_FEW, aa_noise, compare_runs, required_calls, spread_warning,
 )
 from dohnuts.bench.analysis.compare_table import comparison_dict, comparison_table
-from dohnuts.bench.analysis.records import RecordError
+from dohnuts.bench.analysis.records import CallRecord, RecordError
 from dohnuts.bench.cli import main
 from dohnuts.errors import DohnutsError
+from tests.bench.typed_records import NEUTRAL, typed_all
 
 STAGES = {"prefix": 40.0, "suffix": 50.0}   # ms around which each stage's calls scatter; wall around 100 ms
 
@@ -31,11 +32,16 @@ def _records(n: int, *, scale: float = 1.0, seed: int = 0, sigma: float = 0.1, w
     def t(ms: float) -> float:
         return float(ms * scale * math.exp(sigma * rng.standard_normal()))
 
-    return [{"schema": 1, "run_id": "r", "iteration": i, "workload": {"name": workload}, "target": target,
+    return [NEUTRAL | {"schema": 1, "run_id": "r", "iteration": i, "workload": {"name": workload}, "target": target,
              "phase": "steady", "wall_ms": t(100.0),
              "stages": {"prefix": {"host_ms": t(STAGES["prefix"]), "device_ms": None, "count": 1},
                         "suffix": {"host_ms": 0.5, "device_ms": t(STAGES["suffix"]), "count": 1}}}
             for i in range(n)]
+
+
+def _recs(n: int, **kw) -> list[CallRecord]:
+    """`_records` as the reader gives them back."""
+    return typed_all(_records(n, **kw))
 
 
 def _verdicts(comp, workload="w", target="dohnuts") -> dict[str, str]:
@@ -43,7 +49,7 @@ def _verdicts(comp, workload="w", target="dohnuts") -> dict[str, str]:
 
 
 def test_two_samples_of_one_distribution_show_no_detectable_change():
-    comp = compare_runs(_records(12, seed=1), _records(12, seed=2))
+    comp = compare_runs(_recs(12, seed=1), _recs(12, seed=2))
     assert _verdicts(comp) == {"wall": NO_CHANGE, "prefix": NO_CHANGE, "suffix": NO_CHANGE}
     wall = comp.row("w", "dohnuts")
     assert wall.n_a == wall.n_b == 12
@@ -53,16 +59,16 @@ def test_two_samples_of_one_distribution_show_no_detectable_change():
 
 
 def test_false_alarms_are_rare_and_a_2x_slowdown_is_always_found_with_10_calls():
-    alarms = sum(compare_runs(_records(10, seed=2 * s), _records(10, seed=2 * s + 1), resamples=999)
+    alarms = sum(compare_runs(_recs(10, seed=2 * s), _recs(10, seed=2 * s + 1), resamples=999)
                  .row("w", "dohnuts").verdict != NO_CHANGE for s in range(40))
     assert alarms <= 2                                     # at most 5 % of 40 A/A pairs
-    found = sum(compare_runs(_records(10, seed=2 * s), _records(10, seed=2 * s + 1, scale=2.0), resamples=999)
+    found = sum(compare_runs(_recs(10, seed=2 * s), _recs(10, seed=2 * s + 1, scale=2.0), resamples=999)
                 .row("w", "dohnuts").verdict == SLOWER for s in range(20))
     assert found == 20
 
 
 def test_twice_as_slow_is_slower_with_an_interval_around_2():
-    comp = compare_runs(_records(10, seed=1), _records(10, seed=2, scale=2.0))
+    comp = compare_runs(_recs(10, seed=1), _recs(10, seed=2, scale=2.0))
     assert _verdicts(comp) == {"wall": SLOWER, "prefix": SLOWER, "suffix": SLOWER}
     for r in comp.rows:
         assert 1.0 < r.ci_low < 2.0 < r.ci_high, r
@@ -73,21 +79,21 @@ def test_twice_as_slow_is_slower_with_an_interval_around_2():
 
 
 def test_half_the_time_is_faster():
-    comp = compare_runs(_records(10, seed=1), _records(10, seed=2, scale=0.5))
+    comp = compare_runs(_recs(10, seed=1), _recs(10, seed=2, scale=0.5))
     assert _verdicts(comp) == {"wall": FASTER, "prefix": FASTER, "suffix": FASTER}
     wall = comp.row("w", "dohnuts")
     assert wall.ci_low < 0.5 < wall.ci_high < 1.0
 
 
 def test_the_result_is_deterministic_for_a_seed():
-    a, b = _records(10, seed=1), _records(10, seed=2, scale=1.1)
+    a, b = _recs(10, seed=1), _recs(10, seed=2, scale=1.1)
     first, again = compare_runs(a, b, seed=3), compare_runs(a, b, seed=3)
     assert first.rows == again.rows
     assert compare_runs(a, b, seed=4).row("w", "dohnuts").ci_low != first.row("w", "dohnuts").ci_low
 
 
 def test_a_change_smaller_than_min_effect_is_no_verdict_even_when_certain():
-    a, b = _records(20, seed=1, sigma=0.001), _records(20, seed=2, sigma=0.001, scale=1.01)
+    a, b = _recs(20, seed=1, sigma=0.001), _recs(20, seed=2, sigma=0.001, scale=1.01)
     wall = compare_runs(a, b).row("w", "dohnuts")               # min_effect 2 %: a certain 1 % is no verdict
     assert 1.0 < wall.ci_low and wall.ci_high < 1.02 and wall.p_value < 1e-6
     assert wall.verdict == NO_CHANGE
@@ -100,7 +106,7 @@ def test_groups_and_stages_in_one_run_only_and_first_calls_are_listed_apart():
     b = _records(5, seed=2) + _records(5, seed=4, target="transformers")
     for rec in b[:5]:
         rec["stages"]["vision"] = {"host_ms": 3.0, "device_ms": None, "count": 1}
-    comp = compare_runs(a, b)
+    comp = compare_runs(typed_all(a), typed_all(b))
     assert comp.only_in_a == (("only-a", "dohnuts"),)
     assert comp.only_in_b == (("w", "transformers"),)
     assert comp.groups == [("w", "dohnuts")]
@@ -114,19 +120,19 @@ def test_groups_and_stages_in_one_run_only_and_first_calls_are_listed_apart():
 
 
 def test_too_few_calls_give_no_verdict_and_three_calls_cannot_pass_the_rank_test():
-    two = compare_runs(_records(2, seed=1), _records(10, seed=2, scale=3.0)).row("w", "dohnuts")
+    two = compare_runs(_recs(2, seed=1), _recs(10, seed=2, scale=3.0)).row("w", "dohnuts")
     assert two.verdict == TOO_FEW and two.ci_low is None and two.ratio > 2
-    three = compare_runs(_records(3, seed=1), _records(3, seed=2, scale=3.0)).row("w", "dohnuts")
+    three = compare_runs(_recs(3, seed=1), _recs(3, seed=2, scale=3.0)).row("w", "dohnuts")
     assert three.p_value == pytest.approx(0.1)                  # exact two-sided minimum for 3 vs 3
     assert three.ci_low > 2.0                                   # the interval alone would have said slower
     assert three.verdict == NO_CHANGE
-    four = compare_runs(_records(4, seed=1), _records(4, seed=2, scale=3.0)).row("w", "dohnuts")
+    four = compare_runs(_recs(4, seed=1), _recs(4, seed=2, scale=3.0)).row("w", "dohnuts")
     assert four.p_value == pytest.approx(2 / 70) and four.verdict == SLOWER
 
 
 def test_identical_and_zero_times():
-    a = [{"schema": 1, "workload": {"name": "w"}, "target": "t", "wall_ms": 5.0,
-          "stages": {"idle": {"host_ms": 0.0, "device_ms": None, "count": 1}}} for _ in range(4)]
+    a = typed_all([{"schema": 1, "workload": {"name": "w"}, "target": "t", "wall_ms": 5.0,
+                    "stages": {"idle": {"host_ms": 0.0, "device_ms": None, "count": 1}}} for _ in range(4)])
     comp = compare_runs(a, a)
     assert comp.row("w", "t").ci_low == comp.row("w", "t").ci_high == 1.0
     assert comp.row("w", "t").verdict == NO_CHANGE and comp.row("w", "t", "idle").verdict == NO_CHANGE
@@ -134,17 +140,17 @@ def test_identical_and_zero_times():
 
 def test_bad_options_and_records_are_errors_naming_the_field():
     with pytest.raises(DohnutsError, match="field 'confidence'"):
-        compare_runs(_records(3), _records(3), confidence=95)
+        compare_runs(_recs(3), _recs(3), confidence=95)
     bad = _records(3)
     bad[1]["wall_ms"] = "slow"
-    with pytest.raises(RecordError, match="field 'wall_ms'"):
-        compare_runs(bad, _records(3))
+    with pytest.raises(RecordError, match="field 'wall_ms'"):  # (as the reader reads the record)
+        compare_runs(typed_all(bad), _recs(3))
 
 
 def test_the_table_renders_every_row():
     from rich.console import Console
 
-    comp = compare_runs(_records(10, seed=1), _records(10, seed=2, scale=2.0) + _records(3, workload="new"))
+    comp = compare_runs(_recs(10, seed=1), _recs(10, seed=2, scale=2.0) + _recs(3, workload="new"))
     console = Console(width=200, record=True, file=io.StringIO())
     console.print(comparison_table(comp))
     text = console.export_text()
@@ -177,17 +183,17 @@ def test_spread_warning_fires_for_the_issue_spread_not_for_2_percent():
 
 
 def test_aa_noise_compares_the_interleaved_halves():
-    recs = _records(20, seed=5)
+    recs = _recs(20, seed=5)
     for i, rec in enumerate(recs):
-        rec["aa_half"] = i % 2
-    budget = aa_noise(recs + _records(4, workload="other"), ("w", "dohnuts"))
+        rec.aa_half = i % 2
+    budget = aa_noise(recs + _recs(4, workload="other"), ("w", "dohnuts"))
     wall = budget.row()
     assert (wall.n_a, wall.n_b) == (10, 10)
     assert wall.ci_low < 1.0 < wall.ci_high and wall.verdict == NO_CHANGE
     assert 0.0 < budget.halfwidth() < 0.2
     assert {r.stage for r in budget.rows} == {"wall", "prefix", "suffix"}
     with pytest.raises(RecordError, match="field 'aa_half'"):
-        aa_noise(_records(4), ("w", "dohnuts"))
+        aa_noise(_recs(4), ("w", "dohnuts"))
     with pytest.raises(DohnutsError, match="no steady-state records"):
         aa_noise(recs, ("w", "transformers"))
 

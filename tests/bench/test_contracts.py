@@ -21,6 +21,7 @@ from dohnuts.bench.calls import CallResult
 from dohnuts.bench.contracts import CONTRACTS, NoOptions, PluginError, TargetCapabilities, WorkloadKindCapabilities
 from dohnuts.bench.hookspecs import hookimpl
 from dohnuts.bench.plugins import collect, plugin_manager, register_kind, register_target, samplers
+from dohnuts.bench.analysis.records import encode_record
 from dohnuts.bench.sink import RecordSink
 from dohnuts.errors import ConfigError
 
@@ -249,16 +250,20 @@ def test_a_third_party_target_declares_its_options():
 
 
 def test_the_record_sink_writes_strict_json_lines_flushed_at_once(tmp_path):
+    from tests.bench.typed_records import typed
+
     path = tmp_path / "r.jsonl"
+    a, b, c = (typed({"workload": {"name": "w"}, "target": "t", "wall_ms": 1.0, "iteration": i}) for i in range(3))
+    a.extra["x"], b.extra["y"] = math.nan, [math.inf, 2.0]
     with RecordSink.open(path) as out:
-        out.write({"a": 1, "x": math.nan})
-        assert path.read_text() == '{"a": 1, "x": null}\n'  # on disk before the sink is closed
-        out.write({"b": [math.inf, 2.0]})
+        out.write(a)
+        assert path.read_text() == encode_record(a) + "\n"  # on disk before the sink is closed
+        out.write(b)
     with RecordSink.open(path) as out:  # appends
-        out.write({"c": 3})
+        out.write(c)
         assert out.written == 1
-    assert [json.loads(line) for line in path.read_text().splitlines()] == [
-        {"a": 1, "x": None}, {"b": [None, 2.0]}, {"c": 3}]
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["iteration"], r["extra"]) for r in lines] == [(0, {"x": None}), (1, {"y": [None, 2.0]}), (2, {})]
 
 
 def _imported_names(path: Path) -> list[tuple[str, str]]:

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from dohnuts.bench.analysis.records import EnergyWindow
 from dohnuts.bench.analysis.summary import energy_summary, summarize
 from dohnuts.bench.calls import CallResult
 from dohnuts.bench.contracts import RunContext
@@ -75,7 +76,7 @@ def test_the_window_is_power_times_its_duration_within_one_step(tmp_path):
     # in the records and the summary: per call = the window over its calls (not the per-call steps)
     ctx = dataclasses.replace(ctx, energy_window=window)
     recs = [measure_call(ctx, target, [0], i) for i in range(4)]
-    assert all(r["energy"]["window"] == window for r in recs)
+    assert all(r.energy.window == EnergyWindow(**window) for r in recs)
     summary = energy_summary(recs)
     per_call = window["joules"] / window["calls"]
     assert summary["energy_j_per_call"] == pytest.approx(per_call)
@@ -85,7 +86,7 @@ def test_the_window_is_power_times_its_duration_within_one_step(tmp_path):
     call_s = window["seconds"] / window["calls"]
     assert per_call == pytest.approx(POWER_W * call_s, rel=POWER_W * STEP_S * 1.05 / window["joules"])
     # one 12 ms call reads 0 or a 40 J step: never near the truth on its own
-    assert all(r["energy"]["joules"] in (0.0, POWER_W * STEP_S, 2 * POWER_W * STEP_S) for r in recs)
+    assert all(r.energy.joules in (0.0, POWER_W * STEP_S, 2 * POWER_W * STEP_S) for r in recs)
     [row] = summarize(recs)
     assert row["energy_j_per_call"] == pytest.approx(per_call)
 
@@ -96,4 +97,4 @@ def test_no_counter_no_window_and_no_call(tmp_path):
     target = SleepTarget(1)
     assert energy_window(ctx, target, [[0]]) is None and target.calls == 0
     rec = measure_call(ctx, target, [0], 0)
-    assert "window" not in rec["energy"] and energy_summary([rec])["energy_method"] is None
+    assert rec.energy.window is None and energy_summary([rec])["energy_method"] is None

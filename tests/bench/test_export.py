@@ -22,7 +22,7 @@ import msgspec
 import pytest
 import yaml
 
-from dohnuts.bench.analysis.records import MAX_MS, check_reportable, read_jsonl, stage_ms
+from dohnuts.bench.analysis.records import MAX_MS, CallRecord, check_reportable, read_jsonl, read_records, stage_ms
 from dohnuts.bench.analysis.summary import summarize
 from dohnuts.bench.cli import main
 from dohnuts.bench.commands.schema import record_schema, workload_schema
@@ -41,8 +41,8 @@ def run_dir(tmp_path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def records() -> list[dict]:
-    return read_jsonl(FIXTURE / "results.jsonl.gz")
+def records() -> list[CallRecord]:
+    return read_records(FIXTURE / "results.jsonl.gz")
 
 
 def _export(run: Path, fmt: str, out: Path) -> Path:
@@ -59,16 +59,17 @@ def test_schema_prints_what_msgspec_generates_from_the_readers(capsys):
     assert main(["schema"]) == 0
     both = json.loads(capsys.readouterr().out)
     assert set(both) == {"record", "workload"}
-    assert both["record"]["$defs"]["ReportedRecord"]["required"][:3] == ["workload", "target", "wall_ms"]
+    required = both["record"]["$defs"]["ReportedRecord"]["required"]
+    assert required[:4] == ["run_id", "workload", "target", "iteration"] and "wall_ms" in required
 
 
 def test_the_record_schema_states_the_bounds_the_reader_enforces(records):
     props = record_schema()["$defs"]["ReportedRecord"]["properties"]
     assert props["wall_ms"] == {"type": "number", "exclusiveMinimum": 0.0, "maximum": MAX_MS}
-    rec = dict(records[1])
+    rec = records[1]
     check_reportable(rec)  # a committed record is within every bound
     for value, ok in ((0.0, False), (MAX_MS, True), (MAX_MS * 1.01, False), (1e-9, True)):
-        bad = dict(rec, wall_ms=value)
+        bad = msgspec.structs.replace(rec, wall_ms=value)
         if ok:
             check_reportable(bad)
         else:
@@ -76,7 +77,7 @@ def test_the_record_schema_states_the_bounds_the_reader_enforces(records):
                 check_reportable(bad)
     assert props["precision"] == {"enum": ["bf16", "fp32"]}
     with pytest.raises(Exception, match="precision"):
-        check_reportable(dict(rec, precision="fp16"))
+        check_reportable(msgspec.structs.replace(rec, precision="fp16"))
 
 
 def test_the_workload_schema_types_every_field_of_the_standard_suite():
@@ -122,7 +123,7 @@ def test_pytest_benchmark_reads_the_export_with_its_own_storage_and_statistics(r
     assert [b["name"] for b in loaded] == [f"{w}[{t}]" for w, t in groups]
     summary = {(r["workload"], r["target"]): r for r in summarize(records)}
     for bench, ((workload, target), recs) in zip(loaded, groups.items()):
-        assert bench["data"] == [r["wall_ms"] / 1e3 for r in recs]  # seconds, measured order
+        assert bench["data"] == [r.wall_ms / 1e3 for r in recs]  # seconds, measured order
         own = Stats()
         for x in bench["data"]:
             own.update(x)
@@ -147,11 +148,11 @@ def test_pytest_benchmark_compare_and_the_gate_read_the_export(run_dir, records,
         rows = list(csv.DictReader(f))
     groups = per_call_groups(records)
     assert len(rows) == len(groups)
-    medians = {f"{w}[{t}]": statistics.median(r["wall_ms"] / 1e3 for r in recs) for (w, t), recs in groups.items()}
+    medians = {f"{w}[{t}]": statistics.median(r.wall_ms / 1e3 for r in recs) for (w, t), recs in groups.items()}
     for row in rows:  # pytest-benchmark's own CSV of the file it read
         assert float(row["median"]) == pytest.approx(medians[row["name"].removeprefix("dohnuts-bench::")], rel=1e-9)
     got = timings(out)  # dohnuts-bench gate's reader of pytest-benchmark files
-    assert got == {f"{w}[{t}]": [r["wall_ms"] / 1e3 for r in recs] for (w, t), recs in groups.items()}
+    assert got == {f"{w}[{t}]": [r.wall_ms / 1e3 for r in recs] for (w, t), recs in groups.items()}
 
 
 # -- PyTorch's benchmark database --------------------------------------------------------------------------
@@ -164,15 +165,15 @@ def test_the_pytorch_export_decodes_as_the_documented_v3_schema(run_dir, records
     by_metric = {(r.model.name, r.model.backend, r.metric.name): r for r in got}
     steady = {k: v for k, v in groups.items() if "·" not in k[1]}
     for (workload, target), recs in steady.items():
-        walls = [r["wall_ms"] for r in recs]
+        walls = [r.wall_ms for r in recs]
         assert by_metric[(workload, target, "wall_ms")].metric.benchmark_values == walls
         assert by_metric[(workload, target, "median_wall_ms")].metric.benchmark_values == [statistics.median(walls)]
         assert by_metric[(workload, target, "std_wall_ms")].metric.benchmark_values[0] == pytest.approx(
             statistics.stdev(walls), rel=1e-9)
-        rate = statistics.median(r["decisions"] for r in recs) / (statistics.median(walls) / 1e3)
+        rate = statistics.median(r.decisions for r in recs) / (statistics.median(walls) / 1e3)
         assert by_metric[(workload, target, "decisions_per_s")].metric.benchmark_values[0] == pytest.approx(rate)
         record = by_metric[(workload, target, "wall_ms")]
-        assert record.benchmark.mode == ("training" if recs[0]["workload"]["kind"] == "train-step" else "inference")
+        assert record.benchmark.mode == ("training" if recs[0].workload.kind == "train-step" else "inference")
         assert record.benchmark.dtype == "float32" and record.model.extra_info["model"] == "tiny"
         assert record.runners[0].name == "cpu" and record.runners[0].cpu_count == 2
     first_calls = [r for r in got if r.metric.name == "first_call_wall_ms"]
@@ -197,24 +198,25 @@ def test_the_csv_holds_one_row_a_record_under_its_header(run_dir, records, tmp_p
     with open(out, newline="") as f:
         reader = csv.DictReader(f)
         rows = list(reader)
-    stages = list(dict.fromkeys(f"stage_ms:{s}" for r in records for s in r["stages"]))
+    stages = list(dict.fromkeys(f"stage_ms:{s}" for r in records for s in r.stages))
     assert reader.fieldnames == [*CSV_COLUMNS, *stages]
     assert len(rows) == len(records)
     for row, rec in zip(rows, records):
-        assert float(row["wall_ms"]) == rec["wall_ms"]  # repr round-trips exactly
-        assert row["workload"] == rec["workload"]["name"] and row["phase"] == rec.get("phase", "steady")
-        assert row["iteration"] == str(rec["iteration"]) and row["valid"] == "true"
-        for name, entry in rec["stages"].items():
+        assert float(row["wall_ms"]) == rec.wall_ms  # repr round-trips exactly
+        assert row["workload"] == rec.workload.name and row["phase"] == rec.phase
+        assert row["iteration"] == str(rec.iteration) and row["valid"] == "true"
+        for name, entry in rec.stages.items():
             assert float(row[f"stage_ms:{name}"]) == stage_ms(entry)
-        assert all(row[s] == "" for s in stages if s.split(":", 1)[1] not in rec["stages"])
+        assert all(row[s] == "" for s in stages if s.split(":", 1)[1] not in rec.stages)
 
 
-def test_hostile_names_reach_the_csv_inert(tmp_path, records, capsys):
+def test_hostile_names_reach_the_csv_inert(tmp_path, capsys):
     run = tmp_path / "hostile"
     run.mkdir()
     name = '=HYPERLINK("http://x")\x1b[31m\nred'
+    plain = read_jsonl(FIXTURE / "results.jsonl.gz")[:3]
     lines = [json.dumps({k: v for k, v in r.items() if k != "_source"} | {"workload": r["workload"] | {"name": name}})
-             for r in records[:3]]
+             for r in plain]
     (run / "results.jsonl").write_text("\n".join(lines) + "\n")
     assert main(["export", "--format", "csv", str(run)]) == 0
     text = capsys.readouterr().out

@@ -25,11 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from dohnuts.bench.analysis import analyze_records, read_jsonl
+from dohnuts.bench.analysis import analyze_records, read_jsonl, read_records
 from dohnuts.bench.analysis.compare import compare_samples
 from dohnuts.bench.analysis.headline import MEASUREMENT_ONLY, NO_PEER, NOT_RECORDED, PEER
 from dohnuts.bench.analysis.hwspec import measured_hwspec
-from dohnuts.bench.analysis.records import LOCATION_KEY, group_key, per_call_records, valid_records
+from dohnuts.bench.analysis.records import (
+    LOCATION_KEY, group_key, per_call_records, record_from_dict, valid_records,
+)
 from dohnuts.bench.cli import main
 from dohnuts.bench.commands.report import write_html
 from dohnuts.schema import median
@@ -44,6 +46,7 @@ PEER_RECORD = {"library": "transformers", "version": "5.17.0",
 
 
 def _records() -> list[dict]:
+    """The committed run's records as plain values (a test changes them, then writes them)."""
     return [{k: v for k, v in r.items() if k != LOCATION_KEY} for r in read_jsonl(FIXTURE / "results.jsonl.gz")]
 
 
@@ -79,10 +82,11 @@ def default_run(tmp_path_factory) -> Path:
 
 
 def _steady_walls(records: list[dict]) -> dict[tuple[str, str], list[float]]:
-    kept, _ = valid_records([r for r in per_call_records(records) if r.get("phase", "steady") == "steady"])
+    typed = [record_from_dict(r) for r in records]
+    kept, _ = valid_records([r for r in per_call_records(typed) if r.phase == "steady"])
     out: dict[tuple[str, str], list[float]] = {}
     for r in kept:
-        out.setdefault(group_key(r), []).append(float(r["wall_ms"]))
+        out.setdefault(group_key(r), []).append(r.wall_ms)
     return out
 
 
@@ -123,7 +127,7 @@ def test_on_a_cpu_h2d_and_d2h_are_no_transfers_and_have_no_bound(default_run):
                          and r["phase"] == "steady"])
     for r in gpu:
         r["device"]["type"] = "cuda"
-    (g,) = analyze_records(gpu, spec).groups
+    (g,) = analyze_records([record_from_dict(r) for r in gpu], spec).groups
     h2d = next(s for s in g.stages if s.stage == "h2d")
     assert h2d.modelled and h2d.bound_ms["measured"] > 0 and h2d.unbounded == ""
     assert h2d.limiter["measured"] == "bandwidth (host_copy_this_run)"
@@ -300,7 +304,7 @@ def test_the_headline_fits_a_narrow_console_and_keeps_every_number(width):
     from dohnuts.bench.analysis.headline import build_headline, headline_renderables
 
     meta = json.loads((FIXTURE / "run.json").read_text())
-    records = read_jsonl(FIXTURE / "results.jsonl.gz")
+    records = read_records(FIXTURE / "results.jsonl.gz")
     headline = build_headline(records, analyze_records(records, measured_hwspec("x86_64", meta["measured"]["ceilings"])),
                               meta["measured"])
 

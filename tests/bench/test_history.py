@@ -21,6 +21,7 @@ from dohnuts.bench.analysis.load_verdict import SLOWER_BY_LOAD
 from dohnuts.bench.cli import main
 from dohnuts.bench.store.history import aa_halfwidth, history, level_penalty, level_starts
 from dohnuts.bench.store.run_store import APPLICATION_ID, SCHEMA_VERSION, RunStore
+from tests.bench.typed_records import NEUTRAL, typed, typed_all
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_RUNS = [ROOT / "results" / "baselines" / "cpu-amd-epyc-2cores-1thread" / f"run-{k}" for k in (1, 2, 3)]
@@ -44,13 +45,13 @@ def _add_run(store: RunStore, k: int, median: float, rng: np.random.Generator, *
             "provenance": {"git": rev + ("+dirty" if dirty else ""),
                            "device": {"type": where["kind"], "name": where["device"]}}}
     telemetry = [] if load is None else [{"load": {"own_cores": load[0], "others_cores": load[1], "cpus": 2}}]
-    recs = [{"schema": 1, "run_id": run_id, "iteration": i, "workload": {"name": workload}, "target": target,
+    recs = [NEUTRAL | {"schema": 1, "run_id": run_id, "iteration": i, "workload": {"name": workload}, "target": target,
              "phase": "steady", "aa_half": i % 2, "wall_ms": float(median * math.exp(within * rng.standard_normal())),
              "stages": {}, "model_source": where["model"], "precision": where["precision"],
              "device": {"name": where["device"], "type": where["kind"]}, "telemetry": telemetry}
             for i in range(calls)]
     store.add_run(run_id, meta)
-    store.add_records(run_id, recs)
+    store.add_records(run_id, typed_all(recs))
     return run_id
 
 
@@ -224,7 +225,7 @@ def test_a_schema_2_store_is_migrated_to_the_series_and_load_columns(tmp_path):
     meta = {"run_id": "r", "measured": {"machine": {"id": "cpu-acme-2cores-1thread"}}}
     db.execute("INSERT INTO runs (run_id, started, run_json) VALUES ('r', '2026-12-01T00:00:00', ?)",
                (json.dumps(meta),))
-    rec = {"schema": 1, "workload": {"name": "w"}, "target": "dohnuts", "phase": "steady", "wall_ms": 5.0,
+    rec = NEUTRAL | {"schema": 1, "workload": {"name": "w"}, "target": "dohnuts", "phase": "steady", "wall_ms": 5.0,
            "aa_half": 1, "model_source": "tiny", "precision": "fp32", "device": {"name": "x86_64", "type": "cpu"},
            "telemetry": [{"load": {"own_cores": 0.5, "others_cores": 1.5, "cpus": 2}},
                          {"load": {"own_cores": 0.7, "others_cores": 1.1, "cpus": 2}}]}
@@ -238,7 +239,7 @@ def test_a_schema_2_store_is_migrated_to_the_series_and_load_columns(tmp_path):
         assert store.db.execute("SELECT machine FROM runs").fetchone() == ("cpu-acme-2cores-1thread",)
         assert store.db.execute("SELECT device, model, precision, aa_half, own_cores, others_cores, cpus "
                                 "FROM records").fetchone() == ("x86_64", "tiny", "fp32", 1, 0.6, 1.3, 2)
-        assert store.records("r") == [rec]
+        assert store.records("r") == [typed(rec)]
         (series,) = history(store)
         assert series.key.context == "cpu-acme-2cores-1thread · x86_64 · tiny · fp32 · none"
         assert store.integrity() == "ok"

@@ -18,6 +18,7 @@ import yaml
 
 from dohnuts.bench.analysis.cost import Work, allreduce_cost
 from dohnuts.bench.analysis.scaling import scaling_rows, scaling_table
+from tests.bench.typed_records import typed
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = {"kind": "train-step", "model": "tiny", "warmup": 1, "repeat": 3, "halfwidth": 0, "processes": [1, 2],
@@ -169,9 +170,9 @@ def _rec(world, rank, iteration, wall, shard, allreduce=None, decisions=4, phase
     stages = {"forward": {"host_ms": wall, "device_ms": None, "count": 1}}
     if allreduce is not None:
         stages["allreduce"] = {"host_ms": allreduce, "device_ms": None, "count": 1}
-    return {"workload": {"name": "w"}, "target": "t", "world_size": world, "rank": rank, "iteration": iteration,
-            "wall_ms": wall, "shard": shard, "stages": stages, "decisions": decisions, "phase": phase,
-            "extra": extra or {}}
+    return typed({"workload": {"name": "w"}, "target": "t", "world_size": world, "rank": rank, "iteration": iteration,
+                  "wall_ms": wall, "shard": shard, "stages": stages, "decisions": decisions, "phase": phase,
+                  "extra": extra or {}})
 
 
 def test_scaling_of_collective_calls_by_hand():
@@ -191,8 +192,9 @@ def test_scaling_of_collective_calls_by_hand():
 def test_scaling_of_data_parallel_calls_by_hand():
     recs = [_rec(1, 0, i, 50.0, "data") for i in range(3)]
     recs += [_rec(2, 0, i, 50.0, "data") for i in range(3)] + [_rec(2, 1, i, 40.0, "data") for i in range(3)]
-    stream = {"stream": {"total_ms": 200.0}}
-    recs += [_rec(2, r, i, 1.0, "data", phase="stream", extra={"stream": {"total_ms": 150.0 + 50 * r}})
+    times = {"latency_ms": 1.0, "queue_ms": 0.0}
+    stream = {"stream": times | {"total_ms": 200.0}}
+    recs += [_rec(2, r, i, 1.0, "data", phase="stream", extra={"stream": times | {"total_ms": 150.0 + 50 * r}})
              for r in range(2) for i in range(4)]
     recs += [_rec(1, 0, i, 1.0, "data", phase="stream", extra=stream) for i in range(4)]
     one, two = scaling_rows(recs)

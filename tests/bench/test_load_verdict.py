@@ -16,6 +16,7 @@ from dohnuts.bench.analysis.load_verdict import (
     FASTER_BY_LOAD, SLOWER_BY_LOAD, Load, explain, record_load, records_load, weigh,
 )
 from dohnuts.bench.cli import main
+from tests.bench.typed_records import NEUTRAL, typed, typed_all
 
 QUIET = Load(own_cores=0.98, others_cores=0.03, cpus=2, records=20)
 BUSY = Load(own_cores=0.52, others_cores=1.45, cpus=2, records=20)  # the issue's busy 2-core machine
@@ -72,19 +73,19 @@ def _telemetry(own, others, cpus=2):
 
 
 def test_a_records_load_is_the_median_of_its_samples_and_a_sets_the_median_of_its_records():
-    rec = {"telemetry": _telemetry([0.9, 0.5, 0.7], [0.1, 1.5, 1.0]) + [{"host": {"cpu_percent": 100}}]}
+    rec = typed({"telemetry": _telemetry([0.9, 0.5, 0.7], [0.1, 1.5, 1.0]) + [{"host": {"cpu_percent": 100}}]})
     assert record_load(rec) == (0.7, 1.0, 2)
-    recs = [{"telemetry": _telemetry([s], [o])} for s, o in ((0.4, 1.6), (0.5, 1.5), (0.9, 0.2))]
+    recs = typed_all([{"telemetry": _telemetry([s], [o])} for s, o in ((0.4, 1.6), (0.5, 1.5), (0.9, 0.2))])
     load = records_load(recs)
     assert (load.own_cores, load.others_cores, load.cpus, load.records, load.own_estimated) == (0.5, 1.5, 2, 3, False)
-    assert records_load([{"telemetry": []}, {}]) is None
+    assert records_load(typed_all([{"telemetry": []}, {}])) is None
 
 
 def test_records_without_own_cores_estimate_the_share_and_say_so():
     """The committed CPU baselines recorded `others_cores` only: a one-thread run's share is then
     what the others left of the machine, up to one core."""
-    busy = records_load([{"telemetry": _telemetry(None, [1.6])}] * 3)
-    quiet = records_load([{"telemetry": _telemetry(None, [0.1])}] * 3)
+    busy = records_load(typed_all([{"telemetry": _telemetry(None, [1.6])}] * 3))
+    quiet = records_load(typed_all([{"telemetry": _telemetry(None, [0.1])}] * 3))
     assert busy.own_estimated and busy.own_cores == pytest.approx(0.4) and quiet.own_cores == 1.0
     verdict, reason = weigh(SLOWER, 2.2, quiet, busy)
     assert verdict == SLOWER_BY_LOAD and "estimated" in reason
@@ -96,7 +97,7 @@ def test_records_without_own_cores_estimate_the_share_and_say_so():
 def _calls(n: int, wall: float, own: float, others: float, *, seed: int, workload: str = "text") -> list[dict]:
     """n steady calls around `wall` ms (2 % noise), each with the load telemetry of its call."""
     rng = np.random.default_rng(seed)
-    return [{"schema": 1, "run_id": "r", "iteration": i, "workload": {"name": workload}, "target": "dohnuts",
+    return [NEUTRAL | {"schema": 1, "run_id": "r", "iteration": i, "workload": {"name": workload}, "target": "dohnuts",
              "phase": "steady", "aa_half": i % 2, "wall_ms": float(wall * math.exp(0.02 * rng.standard_normal())),
              "stages": {"forward": {"host_ms": 0.8 * wall, "device_ms": None, "count": 1}},
              "telemetry": _telemetry([own, own], [others, others])} for i in range(n)]
@@ -113,7 +114,7 @@ def _run_dir(root, name: str, records: list[dict]):
 def test_compare_weighs_the_loads_of_each_workload():
     a = _calls(12, 10.0, 0.98, 0.03, seed=1) + _calls(12, 10.0, 0.98, 0.03, seed=2, workload="image")
     b = _calls(12, 18.9, 0.52, 1.45, seed=3) + _calls(12, 18.9, 0.98, 0.03, seed=4, workload="image")
-    comp = compare_runs(a, b)
+    comp = compare_runs(typed_all(a), typed_all(b))
     loaded, plain = comp.row("text", "dohnuts"), comp.row("image", "dohnuts")
     assert loaded.verdict == SLOWER_BY_LOAD and "0.52 of a core in B" in loaded.load
     assert comp.row("text", "dohnuts", "forward").verdict == SLOWER_BY_LOAD  # the stages too

@@ -6,6 +6,7 @@ read twice (36 records for 24 calls); `a b` and `a/b` wrote one trace file; `com
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 from pathlib import Path
@@ -64,7 +65,9 @@ def test_a_launch_gets_a_folder_of_its_own_and_its_records_are_gathered_once(tmp
     from dohnuts.bench.contracts import RunContext
     from dohnuts.bench.measure.workload import load_workload
     from dohnuts_bench_plugins import launchers
+    from dohnuts.bench.sink import RecordSink
     from tests.bench.test_bench_harness import _registry
+    from tests.bench.typed_records import NEUTRAL
 
     calls = 6
 
@@ -73,14 +76,17 @@ def test_a_launch_gets_a_folder_of_its_own_and_its_records_are_gathered_once(tmp
         name = load_workload(cmd[cmd.index("--workload") + 1], *_registry()).name
         for rank in range(2):
             with open(folder / f"rank{rank}.jsonl", "a") as f:
-                f.writelines(json.dumps({"workload": {"name": name}, "rank": rank, "iteration": i}) + "\n"
-                             for i in range(calls))
+                f.writelines(json.dumps(NEUTRAL | {"schema": 2, "workload": {"name": name}, "rank": rank,
+                                                   "iteration": i}) + "\n" for i in range(calls))
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(launchers.subprocess, "run", fake_torchrun)
 
-    class Sink:
+    class Sink(RecordSink):  # the records kept in memory
         records: list = []
+
+        def __init__(self):
+            super().__init__(io.StringIO())
 
         def write(self, record):
             self.records.append(record)
@@ -92,7 +98,7 @@ def test_a_launch_gets_a_folder_of_its_own_and_its_records_are_gathered_once(tmp
         assert launchers.TorchrunLauncher().launch(run, spec, 2, sink, gpu=False) == 2 * calls
     assert len(sink.records) == 2 * 2 * calls  # 24 records for 24 calls, not 36
     for name in ("a b", "a/b"):
-        assert sum(r["workload"]["name"] == name for r in sink.records) == 2 * calls
+        assert sum(r.workload.name == name for r in sink.records) == 2 * calls
     assert len(list((tmp_path / "run" / "ranks").iterdir())) == 2
 
 

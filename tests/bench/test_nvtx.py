@@ -115,13 +115,13 @@ def test_ranges_are_on_steady_calls_only_and_their_records_say_so(tmp_path):
     first = measure_call(ctx, SleepyTarget(), call, -1, phase="first-call")
     assert run.measured["harness_calibration"]["cpu"]["nvtx"] is True  # calibrated as the steady stages run
     calibration_ranges = len(log)
-    assert "nvtx" not in first["harness_overhead"]
+    assert first.harness_overhead.nvtx is False
     twin = untimed_call_ms(ctx, SleepyTarget(), call)  # the A/B's untimed twin: no timer, no range
     assert len(log) == calibration_ranges
     steady = measure_call(ctx, SleepyTarget(), call, 0, twin_ms=twin)
-    assert steady["harness_overhead"]["nvtx"] is True
+    assert steady.harness_overhead.nvtx is True
     assert balanced_names(log[calibration_ranges:]) == ["prepare", "forward", "forward"]
-    assert steady["harness_overhead"]["stage_entries"] == 3
+    assert steady.harness_overhead.stage_entries == 3
 
 
 def test_the_measured_window_brackets_its_body_on_cuda_only(monkeypatch):
@@ -180,7 +180,7 @@ def test_a_nvtx_run_puts_ranges_and_the_capture_window_around_the_measured_calls
     assert balanced_names([e for e in events[:start] if e[0] in ("push", "pop")]) == ["empty"] * (20 + 200 * 5)
 
     assert all(r["harness_overhead"]["nvtx"] is True for r in steady)
-    assert all("nvtx" not in r.get("harness_overhead", {}) for r in records if r["phase"] != "steady")
+    assert all("nvtx" not in (r["harness_overhead"] or {}) for r in records if r["phase"] != "steady")
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["measured"]["harness_calibration"]["cpu"]["nvtx"] is True
     rows = {r["target"]: r for r in json.loads((run_dir / "summary.json").read_text())["summary"]}

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dohnuts.bench.analysis.records import check_record, overhead_summary
+from dohnuts.bench.analysis.measurement_quality import overhead_summary
+from dohnuts.bench.analysis.records import Validity
 from dohnuts.bench.calls import CallResult
 from dohnuts.bench.contracts import RunContext
 from dohnuts.bench.measure.call import harness_overhead, measure_call
@@ -22,6 +23,7 @@ from dohnuts.bench.measure.telemetry import TelemetryThread
 from dohnuts.runtime import timing
 from dohnuts.runtime.timing import StageTimer, empty_stage_cost
 from dohnuts.runtime.work import WorkCounts
+from tests.bench.typed_records import typed, written
 
 CPU = torch.device("cpu")
 
@@ -109,17 +111,17 @@ def test_every_record_carries_its_harness_overhead(tmp_path):
     cal = run.measured["harness_calibration"]["cpu"]  # measured once, at the run's first call
     assert 0.0 < cal["host_ms"] < 1.0
     for rec in records:
-        check_record(rec)
-        ms, h = rec["harness_overhead_ms"], rec["harness_overhead"]
-        assert 0.0 <= ms <= rec["wall_ms"]
-        assert ms == pytest.approx(h["in_call_ms"] + h["telemetry_ms"] + h["record_ms"])
-        assert h["in_call_ms"] == pytest.approx(h["timer_ms"] + h["timer_unaccounted_ms"])
-        assert h["stage_entries"] == 4 and h["empty_stage_ms"] == cal["host_ms"]
-        assert min(h["timer_ms"], h["telemetry_ms"], h["record_ms"]) >= 0.0
-        assert rec["wall_ms"] >= 9.0  # the work slept 9 ms
+        written(rec)  # within every bound of the record's type
+        ms, h = rec.harness_overhead_ms, rec.harness_overhead
+        assert 0.0 <= ms <= rec.wall_ms
+        assert ms == pytest.approx(h.in_call_ms + h.telemetry_ms + h.record_ms)
+        assert h.in_call_ms == pytest.approx(h.timer_ms + h.timer_unaccounted_ms)
+        assert h.stage_entries == 4 and h.empty_stage_ms == cal["host_ms"]
+        assert min(h.timer_ms, h.telemetry_ms, h.record_ms) >= 0.0
+        assert rec.wall_ms >= 9.0  # the work slept 9 ms
         # the timer's own cost sits inside the call, apart from the stage times it reports
-        assert sum(s["host_ms"] for s in rec["stages"].values()) + h["in_call_ms"] <= rec["wall_ms"]
-        assert rec["validity"] == {"valid": True, "reasons": [], "detail": [], "gpu_samples": 0}
+        assert sum(s.host_ms for s in rec.stages.values()) + h.in_call_ms <= rec.wall_ms
+        assert rec.validity == Validity(valid=True, reasons=[], detail=[], gpu_samples=0)
     summary = overhead_summary(records)
     assert set(summary) == {("w", "sleepy")} and summary[("w", "sleepy")]["n"] == 5
     assert summary[("w", "sleepy")]["median_fraction"] < 0.05  # a few stages cost little beside 9 ms of work
@@ -130,7 +132,7 @@ def _rec(workload, target, wall, overhead, phase="steady", in_call=None):
     if overhead is not None:
         rec["harness_overhead_ms"] = overhead
         rec["harness_overhead"] = {"in_call_ms": in_call if in_call is not None else overhead / 2}
-    return rec
+    return typed(rec)
 
 
 def test_overhead_summary_medians_per_workload_and_target():
@@ -155,9 +157,9 @@ def test_overhead_summary_medians_per_workload_and_target():
 
 
 def _twin(wall, twin, in_call, device="cuda"):
-    return {"workload": {"name": "w"}, "target": "t", "phase": "steady", "wall_ms": wall, "device": {"type": device},
-            "harness_overhead_ms": in_call + 0.2,
-            "harness_overhead": {"in_call_ms": in_call, **({} if twin is None else {"untimed_twin_ms": twin})}}
+    return typed({"workload": {"name": "w"}, "target": "t", "phase": "steady", "wall_ms": wall,
+                  "device": {"name": device, "type": device}, "harness_overhead_ms": in_call + 0.2,
+                  "harness_overhead": {"in_call_ms": in_call, **({} if twin is None else {"untimed_twin_ms": twin})}})
 
 
 def test_the_ab_twins_decide_the_overhead_and_its_warning():
@@ -206,5 +208,5 @@ def test_the_twin_is_the_same_call_without_the_timer(tmp_path):
     twin = untimed_call_ms(ctx, SleepyTarget(), call)
     assert 6.0 <= twin < 60.0
     rec = measure_call(ctx, SleepyTarget(), call, 0, twin_ms=twin)
-    check_record(rec)
-    assert rec["harness_overhead"]["untimed_twin_ms"] == twin
+    written(rec)
+    assert rec.harness_overhead.untimed_twin_ms == twin

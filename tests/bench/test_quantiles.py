@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from dohnuts.bench.analysis.quantiles import QUANTILE_METHOD, mean_and_std, quantile, quantiles
-from dohnuts.bench.analysis.records import _paired_overhead, read_jsonl
+from dohnuts.bench.analysis.measurement_quality import _paired_overhead
+from dohnuts.bench.analysis.records import read_records
 from dohnuts.bench.analysis.summary import summarize
 from dohnuts.bench.measure.serving.stats import Rules, metrics_of, summarize_point, wilson_interval
 from dohnuts.bench.report.text_report import summary_table
@@ -84,21 +85,21 @@ def _old_reporters_quantile(xs: list[float], q: float) -> float:
 def test_the_standard_suite_s_reports_keep_their_numbers_and_add_mean_and_std():
     """Before (the hand-written interpolation) and after (numpy.quantile, linear) on the committed
     CPU suite: every p10/p90 and spread the report prints is the same; mean and std are added."""
-    records = read_jsonl(FIXTURE)
+    records = read_records(FIXTURE)
     rows = summarize(records)
     from dohnuts.bench.analysis.records import group_key, per_call_records, valid_records
 
     kept, _ = valid_records(per_call_records(records))
     for row in rows:
-        walls = [r["wall_ms"] for r in kept if group_key(r) == (row["workload"], row["target"])]
+        walls = [r.wall_ms for r in kept if group_key(r) == (row["workload"], row["target"])]
         for key, q in (("wall_p10_ms", 0.1), ("wall_p90_ms", 0.9)):
             assert row[key] == pytest.approx(_old_reporters_quantile(walls, q), rel=1e-12)
             assert f"{row[key]:.2f}" == f"{_old_reporters_quantile(walls, q):.2f}"
         assert row["wall_mean_ms"] == pytest.approx(statistics.mean(walls), rel=1e-12)
         assert row["wall_std_ms"] == (pytest.approx(statistics.stdev(walls), rel=1e-12) if len(walls) > 1 else None)
         for name, stage in row["stages"].items():
-            xs = [r["stages"][name]["host_ms"] for r in kept if group_key(r) == (row["workload"], row["target"])
-                  and name in r["stages"]]
+            xs = [r.stages[name].host_ms for r in kept if group_key(r) == (row["workload"], row["target"])
+                  and name in r.stages]
             assert stage["p90_ms"] == pytest.approx(_old_reporters_quantile(xs, 0.9), rel=1e-12)
             assert stage["mean_ms"] == pytest.approx(statistics.mean(xs), rel=1e-12)
         if "stream" in row:
@@ -140,7 +141,7 @@ def test_the_wilson_interval_is_scipys_and_what_the_hand_formula_gave(k, n):
 
 
 def _old_paired_overhead(pairs, confidence=0.95, resamples=2000):
-    """dohnuts.bench.analysis.records._paired_overhead's hand bootstrap as it was."""
+    """dohnuts.bench.analysis.measurement_quality._paired_overhead's hand bootstrap as it was."""
     timed = np.array([t for t, _ in pairs])
     untimed = np.array([u for _, u in pairs])
     base = float(np.median(untimed))

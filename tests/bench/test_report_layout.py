@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console, Group
 
-from dohnuts.bench.analysis import analysis_tables, analyze_records, find_hwspec, read_jsonl
+from dohnuts.bench.analysis import analysis_tables, analyze_records, find_hwspec, read_records
 from dohnuts.bench.analysis.render import Col, FitTable
 from dohnuts.bench.analysis.summary import summarize, summary_json
 from dohnuts.bench.report.run_report import write_summary
@@ -35,7 +35,7 @@ NUMBER = re.compile(r"(?<![\w.\-/])\d+(?:\.\d+)?(?:e[+-]\d+)?%?(?![\w.])")
 
 @pytest.fixture(scope="module")
 def records():
-    return read_jsonl(RUN)
+    return read_records(RUN)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import dohnuts.bench.analysis.roofline as roofline
-from dohnuts.bench.analysis import analyze_records, find_hwspec, read_jsonl
+from dohnuts.bench.analysis import analyze_records, find_hwspec, read_records
 from dohnuts.bench.analysis.hwspec import with_measured_ceilings
 from dohnuts.bench.cli import main
 
@@ -68,10 +68,10 @@ def test_a_roof_is_min_of_peak_and_bandwidth_at_its_vertices():
 
 
 def test_user_named_strings_reach_the_figure_as_plain_text(tmp_path):
-    records = read_jsonl(H200_RUN / "results.jsonl.gz")[:40]
+    records = read_records(H200_RUN / "results.jsonl.gz")[:40]
     name = "$\\frac{1}{<b>x</b>$\x1b[31m"
     for r in records:
-        r["workload"] = dict(r["workload"], name=name)
+        r.workload.name = name
     analysis = analyze_records(records, find_hwspec("h200"))
     png = roofline.roofline_png(analysis, tmp_path / "roofline.png")  # mathtext would raise on this name
     assert png.read_bytes()[:4] == b"\x89PNG"

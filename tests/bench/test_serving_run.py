@@ -297,10 +297,10 @@ def test_closed_loop_and_bursty_points_end_to_end(concurrency_run):
     import csv
     import io
 
-    from dohnuts.bench.analysis.records import read_jsonl
+    from dohnuts.bench.analysis.records import read_records
     from dohnuts.bench.report.export_formats import csv_text
 
-    rows = list(csv.DictReader(io.StringIO(csv_text(read_jsonl(concurrency_run / "results.jsonl")))))
+    rows = list(csv.DictReader(io.StringIO(csv_text(read_records(concurrency_run / "results.jsonl")))))
     closed_rows = [r for r in rows if r["concurrency"]]
     assert len(closed_rows) == sum(1 for r in served if "client" in r["extra"]["serving"])
     assert {r["concurrency"] for r in closed_rows} >= {"1", "3"}
@@ -340,10 +340,10 @@ def test_a_point_s_metrics_carry_vllms_names(concurrency_run):
 def test_the_pytorch_export_carries_the_points_vllm_metrics(concurrency_run):
     import msgspec
 
-    from dohnuts.bench.analysis.records import read_jsonl
+    from dohnuts.bench.analysis.records import read_records
     from dohnuts.bench.report.export_formats import PyTorchRecord, pytorch_records
 
-    got = msgspec.convert(pytorch_records(read_jsonl(concurrency_run / "results.jsonl"), {}), list[PyTorchRecord])
+    got = msgspec.convert(pytorch_records(read_records(concurrency_run / "results.jsonl"), {}), list[PyTorchRecord])
     summary = json.loads((concurrency_run / "summary.json").read_text())["sections"]["serving"]
     served = [r for r in got if r.benchmark.name == "dohnuts-bench serving"]
     for c in summary["curves"]:

@@ -8,6 +8,7 @@ import json
 import sqlite3
 
 from dohnuts.bench.store.run_store import APPLICATION_ID, SCHEMA_VERSION, RunStore
+from tests.bench.typed_records import NEUTRAL, typed, typed_all
 
 V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -22,12 +23,15 @@ CREATE TABLE records (
 CREATE TABLE summaries (run_id TEXT PRIMARY KEY, summary TEXT NOT NULL);
 """
 
-SERVED = {"schema": 1, "workload": {"name": "w"}, "target": "dohnuts", "phase": "server", "scenario": "server",
-          "wall_ms": 4.0, "agreement": {"max_abs_gap": 0.002, "tolerance": 0.05, "within": True},
-          "extra": {"serving": {"scenario": "server", "latency_ms": 12.5, "point": {"rate_rps": 40.0}}}}
-ACCURACY = {"schema": 1, "workload": {"name": "w"}, "target": "dohnuts", "phase": "accuracy", "scenario": "single",
-            "wall_ms": 3.0, "extra": {"accuracy": {"questions": 1, "correct": 1}}}
-OLD = {"schema": 1, "workload": {"name": "w"}, "target": "dohnuts", "phase": "steady", "wall_ms": 5.0}
+SERVED = NEUTRAL | {
+    "schema": 1, "workload": {"name": "w"}, "target": "dohnuts", "phase": "server", "scenario": "server",
+    "wall_ms": 4.0, "agreement": {"max_abs_gap": 0.002, "tolerance": 0.05, "within": True},
+    "extra": {"serving": {"scenario": "server", "latency_ms": 12.5, "point": {"rate_rps": 40.0}}}}
+ACCURACY = NEUTRAL | {
+    "schema": 1, "workload": {"name": "w"}, "target": "dohnuts", "phase": "accuracy", "scenario": "single",
+    "wall_ms": 3.0, "extra": {"accuracy": {"questions": 1, "correct": 1}}}
+# a record written before `scenario`: a single call's (the reader's default)
+OLD = NEUTRAL | {"schema": 1, "workload": {"name": "w"}, "target": "dohnuts", "phase": "steady", "wall_ms": 5.0}
 
 COLUMNS = "scenario, rate_rps, latency_ms, correct, questions, agreement_gap"
 
@@ -47,9 +51,11 @@ def test_a_schema_1_store_is_migrated_and_filled(tmp_path):
     with RunStore(path) as store:
         assert store.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (str(SCHEMA_VERSION),)
         rows = store.db.execute(f"SELECT {COLUMNS} FROM records ORDER BY seq").fetchall()
-        assert rows == [(None,) * 6, ("server", 40.0, 12.5, None, None, 0.002)]
-        assert store.records("r") == [OLD, SERVED]  # the records themselves untouched
-        store.add_records("r", [ACCURACY])
+        assert rows == [("single",) + (None,) * 5, ("server", 40.0, 12.5, None, None, 0.002)]
+        assert store.records("r") == typed_all([OLD, SERVED])  # read as the reader reads them (migrated) ...
+        stored = [json.loads(text) for (text,) in store.db.execute("SELECT record FROM records ORDER BY seq")]
+        assert stored == [OLD, SERVED]  # ... and the records themselves untouched
+        store.add_records("r", [typed(ACCURACY)])
         assert store.db.execute(f"SELECT {COLUMNS} FROM records WHERE seq = 2").fetchone() == (
             "single", None, None, 1, 1, None)
         assert store.integrity() == "ok"

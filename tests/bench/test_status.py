@@ -188,11 +188,11 @@ def test_the_report_gives_the_load_and_flags_a_ceiling_that_moved():
 
     from dohnuts.bench.analysis.machine import machine_conditions, machine_renderables
     from dohnuts_bench_plugins.analyzers.microbench import stability
+    from tests.bench.typed_records import typed
 
     def record(target, others):
-        return {"workload": {"name": "text"}, "target": target, "device": {"type": "cpu", "name": "x86_64",
-                                                                            "threads": 1},
-                "telemetry": [{"load": {"others_cores": o, "load1": 3.0, "cpus": 2}} for o in others]}
+        return typed({"workload": {"name": "text"}, "target": target, "device": {"type": "cpu", "name": "x86_64"},
+                      "telemetry": [{"load": {"others_cores": o, "load1": 3.0, "cpus": 2}} for o in others]})
 
     records = [record("dohnuts", [1.5, 1.7, 1.6]), record("quiet", [0.0, 0.1, 0.05])]
     measured = {"machine": {"cpus": 2, "threads": 1, "before": {"others_cores": 1.2, "load1": 3.1, "cpus": 2}},

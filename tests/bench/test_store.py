@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from dohnuts.bench.analysis.records import encode_record, read_records
 from dohnuts.bench.cli import main
 from dohnuts.bench.store.history import history
 from dohnuts.bench.store.run_store import RunStore, StoreError
+from tests.bench.typed_records import typed, typed_all
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "tests" / "bench" / "fixtures" / "h200-ab-after"  # a committed H200 run (gzipped JSONL)
@@ -32,10 +34,9 @@ def _summary_of(records, tmp_path, name):
     """The summary the analysis writes for these records (through the JSONL, as `analyze` does)."""
     from dohnuts.bench.commands.analyze import analyze_and_report
     from dohnuts.bench.report.terminal import stdout_console
-    from dohnuts.schema import dumps
 
     path = tmp_path / f"{name}.jsonl"
-    path.write_text("".join(dumps(r) + "\n" for r in records))
+    path.write_text("".join(encode_record(r) + "\n" for r in records))
     out = tmp_path / name
     out.mkdir()
     analyze_and_report(path, None, {}, out, stdout_console())
@@ -43,10 +44,11 @@ def _summary_of(records, tmp_path, name):
 
 
 def test_a_run_round_trips_through_the_store(tmp_path):
-    """JSONL → store → the same records, and the same summary from either."""
+    """JSONL → store → the same records (a schema-1 run: as the reader upgrades them), and the same
+    summary from either."""
     with RunStore(tmp_path / "s.sqlite") as store:
         run_id, n = store.import_run(COMMITTED)
-        want = _lines(COMMITTED / "results.jsonl.gz")
+        want = read_records(COMMITTED / "results.jsonl.gz")
         got = store.records(run_id)
         assert n == len(want) == len(got) and got == want
         (run,) = store.runs()
@@ -64,7 +66,8 @@ def test_a_run_writes_the_store_as_it_goes(tmp_path):
     (run_dir,) = (tmp_path / "runs").iterdir()
     with RunStore(store_path) as store:
         (run,) = store.runs()
-        assert store.records(run["run_id"]) == _lines(run_dir / "results.jsonl")
+        # the line the store holds is the line results.jsonl holds
+        assert [json.loads(encode_record(r)) for r in store.records(run["run_id"])] == _lines(run_dir / "results.jsonl")
         assert store.summary(run["run_id"]) == json.loads((run_dir / "summary.json").read_text())
 
 
@@ -72,7 +75,7 @@ def _writer(path: str, run_id: str, n: int) -> None:
     with RunStore(path) as store:
         store.add_run(run_id, {"run_id": run_id})
         for i in range(n):
-            store.add_records(run_id, [{"run_id": run_id, "workload": {"name": "w"}, "target": "t", "wall_ms": i}])
+            store.add_records(run_id, [typed({"run_id": run_id, "wall_ms": i})])
 
 
 def test_two_concurrent_writers_lose_nothing(tmp_path):
@@ -88,7 +91,7 @@ def test_two_concurrent_writers_lose_nothing(tmp_path):
     with RunStore(path) as store:
         assert store.integrity() == "ok"
         for k in range(2):
-            assert [r["wall_ms"] for r in store.records(f"run{k}")] == list(range(150))
+            assert [r.wall_ms for r in store.records(f"run{k}")] == list(range(150))
 
 
 @pytest.mark.parametrize("content", [b"not a database at all" * 100, b"SQLite format 3\x00" + b"\xff" * 4000])
@@ -113,10 +116,10 @@ def test_a_foreign_sqlite_file_is_refused(tmp_path):
 
 def _run_records(run_id: str, rev: str, wall: float, rng: random.Random, calls: int = 12) -> tuple[dict, list]:
     meta = {"run_id": run_id, "provenance": {"git": rev}}
-    recs = [{"schema": 1, "run_id": run_id, "workload": {"name": "text-2b"}, "target": "dohnuts",
-             "phase": "steady", "aa_half": i % 2, "wall_ms": wall * rng.gauss(1.0, 0.01),
-             "stages": {"forward": {"device_ms": 0.9 * wall * rng.gauss(1.0, 0.01), "host_ms": 0.0}}}
-            for i in range(calls)]
+    recs = typed_all([{"schema": 1, "run_id": run_id, "workload": {"name": "text-2b"}, "target": "dohnuts",
+                       "phase": "steady", "aa_half": i % 2, "wall_ms": wall * rng.gauss(1.0, 0.01),
+                       "stages": {"forward": {"device_ms": 0.9 * wall * rng.gauss(1.0, 0.01), "host_ms": 0.0}}}
+                      for i in range(calls)])
     return meta, recs
 
 
@@ -163,7 +166,7 @@ def test_an_archived_run_is_what_the_store_imports(tmp_path, capsys):
     assert (tmp_path / "a" / "results.jsonl.gz").read_bytes() == (tmp_path / "b" / "results.jsonl.gz").read_bytes()
     with RunStore(tmp_path / "s.sqlite") as store:
         run_id, n = store.import_run(tmp_path / "a")
-        assert store.records(run_id) == _lines(COMMITTED / "results.jsonl.gz")
+        assert store.records(run_id) == read_records(COMMITTED / "results.jsonl.gz")
     capsys.readouterr()
     assert main(["store", "archive", str(run), str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err.strip().splitlines()

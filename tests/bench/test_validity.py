@@ -16,7 +16,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dohnuts.bench.analysis.records import check_record, valid_records, validity_summary
+import msgspec
+
+from dohnuts.bench.analysis.measurement_quality import validity_summary
+from dohnuts.bench.analysis.records import Validity, valid_records
 from dohnuts.bench.calls import CallResult
 from dohnuts.bench.contracts import RunContext
 from dohnuts.bench.measure.call import measure_call
@@ -26,6 +29,7 @@ from dohnuts.runtime.work import WorkCounts
 from dohnuts_bench_plugins.telemetry import (
     NVML_CLOCK_EVENT_REASONS, NVML_THROTTLING_BITS, AmdSmiSampler, NvmlSampler, decode_nvml_reasons,
 )
+from tests.bench.typed_records import typed, typed_all, written
 
 SW_POWER_CAP, HW_SLOWDOWN, SYNC_BOOST, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE = 0x4, 0x8, 0x10, 0x20, 0x40, 0x80
 GPU_IDLE, APP_CLOCKS, DISPLAY_CLOCK = 0x1, 0x2, 0x100
@@ -301,22 +305,21 @@ def test_nvml_flags_reach_the_record_and_valid_records(tmp_path, nvml):
     }
     records = {name: _measure(tmp_path, target, telemetry, call, i) for i, (name, call) in enumerate(calls.items())}
     for rec in records.values():
-        check_record(rec)
-        assert rec["validity"]["gpu_samples"] == 3
-    assert records["clean"]["validity"]["valid"] and records["idle-gaps"]["validity"]["valid"]
-    assert records["power-capped"]["validity"]["valid"] and records["power-capped"]["validity"]["power_capped"] == 1
-    assert records["slow-clock"]["validity"]["reasons"] == ["nvml: SM clock below 0.9 × max 1980 MHz"]
-    assert records["thermal"]["validity"]["reasons"] == [
+        written(rec)  # within every bound of the record's type
+        assert rec.validity.gpu_samples == 3
+    assert records["clean"].validity.valid and records["idle-gaps"].validity.valid
+    assert records["power-capped"].validity.valid and records["power-capped"].validity.power_capped == 1
+    assert records["slow-clock"].validity.reasons == ["nvml: SM clock below 0.9 × max 1980 MHz"]
+    assert records["thermal"].validity.reasons == [
         "nvml: throttled (hw_slowdown)", "nvml: throttled (hw_thermal_slowdown)",
         "nvml: SM clock below 0.9 × max 1980 MHz"]
     # the record's telemetry window holds what was decided on
-    assert [w["nvml"]["sm_clock_mhz"] for w in records["thermal"]["telemetry"]] == [990, 1980, 1980]
+    assert [w["nvml"]["sm_clock_mhz"] for w in records["thermal"].telemetry] == [990, 1980, 1980]
 
-    legacy = dict(records["clean"])
-    del legacy["validity"]  # a record of an older run: counts as valid
+    legacy = msgspec.structs.replace(records["clean"], validity=None)  # a record of an older run: counts as valid
     kept, dropped = valid_records([*records.values(), legacy])
     assert dropped == 2
-    assert [r["iteration"] for r in kept] == [0, 1, 3, 0]
+    assert [r.iteration for r in kept] == [0, 1, 3, 0]
     summary = validity_summary([*records.values(), legacy])
     assert summary == {("w", "fake"): {"n": 6, "invalid": 2, "power_capped": 1, "reasons": {
         "nvml: SM clock below 0.9 × max 1980 MHz": 2,
@@ -327,7 +330,7 @@ def test_nvml_threshold_from_the_telemetry_thread(tmp_path, nvml):
     telemetry = TelemetryThread([NvmlSampler()], min_clock_fraction=0.5)
     target = GpuStateTarget(telemetry, nvml.state.update)
     rec = _measure(tmp_path, target, telemetry, [{"sm": 1200, "reasons": 0}])
-    assert rec["validity"]["valid"] is True  # 1200 ≥ 0.5 × 1980
+    assert rec.validity.valid is True  # 1200 ≥ 0.5 × 1980
 
 
 def test_amd_violation_residency_flags_reach_the_record(tmp_path, amd):
@@ -347,17 +350,17 @@ def test_amd_violation_residency_flags_reach_the_record(tmp_path, amd):
         {"metrics": mi300_metrics(counter=1500, ppt=30)}], iteration=1)
     hot = _measure(tmp_path, target, telemetry, [
         {"metrics": mi300_metrics(counter=1600, ppt=30, hbm=5), "clk": 1500}], iteration=2)
-    assert clean["validity"] == {"valid": True, "reasons": [], "detail": [], "gpu_samples": 2}
-    reading = capped["telemetry"][1]["amdsmi"]
+    assert clean.validity == Validity(valid=True, reasons=[], detail=[], gpu_samples=2)
+    reading = capped.telemetry[1]["amdsmi"]
     assert reading["gfx_clock_mhz"] == 2100 and reading["max_gfx_clock_mhz"] == 2100
     assert reading["throttle_source"] == "violation_residency"
     assert reading["violation_percent"] == {"prochot_thrm": 0, "ppt_pwr": 30, "socket_thrm": 0, "vr_thrm": 0,
                                             "hbm_thrm": 0}
     # PVIOL is the power cap: kept and counted, as NVML's software power cap is
     assert reading["throttling"] == [] and reading["power_capped"] == ["ppt_pwr"] and reading["power_w"] == 640
-    assert capped["validity"] == {"valid": True, "reasons": [], "detail": [], "gpu_samples": 3, "power_capped": 1}
+    assert capped.validity == Validity(valid=True, reasons=[], detail=[], gpu_samples=3, power_capped=1)
     # HBM thermal is throttling, and no power cap explains the low clock (ppt did not rise)
-    assert hot["validity"]["reasons"] == ["amdsmi: throttled (hbm_thrm)", "amdsmi: GFX clock below 0.9 × max 2100 MHz"]
+    assert hot.validity.reasons == ["amdsmi: throttled (hbm_thrm)", "amdsmi: GFX clock below 0.9 × max 2100 MHz"]
     kept, dropped = valid_records([clean, capped, hot])
     assert (len(kept), dropped) == (2, 1) and kept == [clean, capped]
 
@@ -368,9 +371,9 @@ def test_amd_throttle_status_on_older_asics(tmp_path, amd):
     target = GpuStateTarget(telemetry, amd.state.update)
     ok = _measure(tmp_path, target, telemetry, [{}, {"gfx_activity": 0, "clk": 100}])  # idle: parked clock
     bad = _measure(tmp_path, target, telemetry, [{"metrics": navi_metrics(True), "gfx_activity": 100, "clk": 2100}])
-    assert ok["validity"]["valid"] is True and ok["telemetry"][1]["amdsmi"]["idle"] is True
-    assert bad["telemetry"][0]["amdsmi"]["throttle_source"] == "throttle_status"
-    assert bad["validity"]["reasons"] == ["amdsmi: throttled (throttle_status)"]
+    assert ok.validity.valid is True and ok.telemetry[1]["amdsmi"]["idle"] is True
+    assert bad.telemetry[0]["amdsmi"]["throttle_source"] == "throttle_status"
+    assert bad.validity.reasons == ["amdsmi: throttled (throttle_status)"]
     assert valid_records([ok, bad])[1] == 1
 
 
@@ -380,10 +383,10 @@ def test_amd_unavailable_without_the_library(monkeypatch):
 
 
 def test_valid_records_without_validity_fields():
-    recs = [{"iteration": 0}, {"iteration": 1, "validity": {"valid": True, "reasons": []}},
-            {"iteration": 2, "validity": {"valid": False, "reasons": ["nvml: throttled (sync_boost)"]}}]
+    recs = typed_all([{"iteration": 0}, {"iteration": 1, "validity": {"valid": True, "reasons": []}},
+                      {"iteration": 2, "validity": {"valid": False, "reasons": ["nvml: throttled (sync_boost)"]}}])
     kept, dropped = valid_records(recs)
-    assert [r["iteration"] for r in kept] == [0, 1] and dropped == 1
+    assert [r.iteration for r in kept] == [0, 1] and dropped == 1
     assert valid_records([]) == ([], 0)
 
 
@@ -395,7 +398,7 @@ def test_clock_summary_of_a_group_of_calls():
     from dohnuts.bench.report.text_report import quality_table
 
     def rec(*readings):
-        return {"telemetry": [{"host": {"cpu_percent": 5.0}, "nvml": r, "dt_ms": 1.0} for r in readings]}
+        return typed({"telemetry": [{"host": {"cpu_percent": 5.0}, "nvml": r, "dt_ms": 1.0} for r in readings]})
 
     capped = {"sm_clock_mhz": 1590, "max_sm_clock_mhz": 1980, "power_capped": ["sw_power_cap"]}
     recs = [rec(capped, {"sm_clock_mhz": 1980, "max_sm_clock_mhz": 1980, "power_capped": []}),
@@ -403,10 +406,10 @@ def test_clock_summary_of_a_group_of_calls():
                 {"sm_clock_mhz": 210, "max_sm_clock_mhz": 1980, "idle": True})]  # idle: not counted
     assert clock_summary(recs) == {"median_mhz": 1590, "min_mhz": 1290, "max_mhz": 1980, "samples": 3,
                                    "power_capped_samples": 2}
-    amd = [{"telemetry": [{"amdsmi": {"gfx_clock_mhz": 2400, "max_gfx_clock_mhz": 2500}},
-                          {"amdsmi": {"gfx_clock_mhz": 2300, "max_gfx_clock_mhz": 2500}}]}]
+    amd = [typed({"telemetry": [{"amdsmi": {"gfx_clock_mhz": 2400, "max_gfx_clock_mhz": 2500}},
+                                {"amdsmi": {"gfx_clock_mhz": 2300, "max_gfx_clock_mhz": 2500}}]})]
     assert clock_summary(amd)["median_mhz"] == 2350 and clock_summary(amd)["max_mhz"] == 2500
-    assert clock_summary([{"telemetry": [{"host": {"cpu_percent": 1.0}}]}, {}]) is None
+    assert clock_summary([typed({"telemetry": [{"host": {"cpu_percent": 1.0}}]}), typed({})]) is None
 
     # In the report's quality table: one column per group, "—" where nothing was sampled.
     from tests.bench.test_bounds import _record
@@ -415,9 +418,9 @@ def test_clock_summary_of_a_group_of_calls():
     def full(r):  # the fields the summary reads beside the analysis record
         return r | {"tokens": {"useful": 70, "padded": 10, "repeated": 0}, "extra": {}}
 
-    gpu = [full(_record(work, {"forward": 5.0}, wall=6.0, iteration=i, device="NVIDIA H200")) | recs[i]
-           for i in range(2)]
-    cpu = [full(_record(work, {"forward": 5.0}, wall=6.0, iteration=i, target="transformers")) for i in range(2)]
+    gpu = [typed(full(_record(work, {"forward": 5.0}, wall=6.0, iteration=i, device="NVIDIA H200"))
+                 | {"telemetry": recs[i].telemetry}) for i in range(2)]
+    cpu = [typed(full(_record(work, {"forward": 5.0}, wall=6.0, iteration=i, target="transformers"))) for i in range(2)]
     rows = summarize(gpu + cpu)
     assert rows[0]["gpu_clock"]["median_mhz"] == 1590 and rows[1]["gpu_clock"] is None
     from rich.console import Console

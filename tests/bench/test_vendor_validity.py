@@ -18,7 +18,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dohnuts.bench.analysis.records import check_reportable, valid_records, validity_summary
+from dohnuts.bench.analysis.measurement_quality import validity_summary
+from dohnuts.bench.analysis.records import Energy, Validity, check_reportable, valid_records
 from dohnuts.bench.measure.telemetry import NO_ENERGY_COUNTER, TelemetryThread
 from dohnuts_bench_plugins.telemetry import AmdSmiSampler, NvmlSampler, dohnuts_bench_register_telemetry
 from tests.bench.test_validity import GpuStateTarget, _measure
@@ -65,32 +66,32 @@ def _call_records(tmp_path, monkeypatch, vendor, scenarios, pci=None):
 def test_one_rule_for_both_vendors(tmp_path, monkeypatch, vendor):
     name, label, top = vendor, VENDORS[vendor][3], VENDORS[vendor][4]
     records = _call_records(tmp_path, monkeypatch, vendor, SCENARIOS)
-    v = {s: rec["validity"] for s, (rec, _) in records.items()}
+    v = {s: rec.validity for s, (rec, _) in records.items()}
     for rec, _ in records.values():
         check_reportable(rec)
-        assert rec["validity"]["gpu_samples"] == 3
+        assert rec.validity.gpu_samples == 3
     # clean and idle: valid, nothing capped
-    assert v["clean"] == {"valid": True, "reasons": [], "detail": [], "gpu_samples": 3}
-    assert v["idle"] == {"valid": True, "reasons": [], "detail": [], "gpu_samples": 3}
+    assert v["clean"] == Validity(valid=True, reasons=[], detail=[], gpu_samples=3)
+    assert v["idle"] == Validity(valid=True, reasons=[], detail=[], gpu_samples=3)
     # dense work at the power limit, its clock below 0.9 × max: kept and counted
-    capped_clocks = [w[name][f"{label.lower()}_clock_mhz"] for w in records["power-capped"][0]["telemetry"]]
+    capped_clocks = [w[name][f"{label.lower()}_clock_mhz"] for w in records["power-capped"][0].telemetry]
     assert max(capped_clocks) < 0.9 * top
-    assert v["power-capped"] == {"valid": True, "reasons": [], "detail": [], "gpu_samples": 3, "power_capped": 3}
+    assert v["power-capped"] == Validity(valid=True, reasons=[], detail=[], gpu_samples=3, power_capped=3)
     # thermal: excluded, and said so by a thermal reason
-    assert v["thermal"]["valid"] is False
-    assert any(r.startswith(f"{name}: throttled (") and any(t in r for t in THERMAL) for r in v["thermal"]["reasons"])
+    assert v["thermal"].valid is False
+    assert any(r.startswith(f"{name}: throttled (") and any(t in r for t in THERMAL) for r in v["thermal"].reasons)
     # a low clock no power cap explains: excluded for its clock alone
-    assert v["low-clock-no-cap"]["reasons"] == [f"{name}: {label} clock below 0.9 × max {top} MHz"]
-    assert v["low-clock-no-cap"]["detail"] == [f"{capped_low(records, name, label)} MHz in 3/3 samples"]
+    assert v["low-clock-no-cap"].reasons == [f"{name}: {label} clock below 0.9 × max {top} MHz"]
+    assert v["low-clock-no-cap"].detail == [f"{capped_low(records, name, label)} MHz in 3/3 samples"]
 
     kept, dropped = valid_records([rec for rec, _ in records.values()])
-    assert dropped == 2 and [r["iteration"] for r in kept] == [0, 1, 4]
+    assert dropped == 2 and [r.iteration for r in kept] == [0, 1, 4]
     summary = validity_summary([rec for rec, _ in records.values()])[("w", "fake")]
     assert (summary["n"], summary["invalid"], summary["power_capped"]) == (5, 2, 1)
 
 
 def capped_low(records, name, label) -> str:
-    clocks = [w[name][f"{label.lower()}_clock_mhz"] for w in records["low-clock-no-cap"][0]["telemetry"]]
+    clocks = [w[name][f"{label.lower()}_clock_mhz"] for w in records["low-clock-no-cap"][0].telemetry]
     return f"{min(clocks):g}–{max(clocks):g}"
 
 
@@ -99,12 +100,12 @@ def test_energy_of_a_call_from_the_vendor_counter(tmp_path, monkeypatch, vendor)
     records = _call_records(tmp_path, monkeypatch, vendor, ["power-capped", "idle"])
     for scenario, (rec, replay) in records.items():
         expected = replay.energy_j(1, 2) - replay.energy_j(1, 0)  # the counter over the call's window
-        assert rec["energy"]["source"] == vendor and rec["energy"]["reason"] is None
-        assert rec["energy"]["joules"] == pytest.approx(expected, rel=1e-9)
+        assert rec.energy.source == vendor and rec.energy.reason is None
+        assert rec.energy.joules == pytest.approx(expected, rel=1e-9)
     # two 100 ms intervals at the power limit (NVML: 690 W; amdsmi: 355 W) and at idle
     power = {"nvml": 690, "amdsmi": 355}[vendor]
-    assert records["power-capped"][0]["energy"]["joules"] == pytest.approx(2 * 0.1 * power, rel=0.01)
-    assert records["idle"][0]["energy"]["joules"] < 0.25 * records["power-capped"][0]["energy"]["joules"]
+    assert records["power-capped"][0].energy.joules == pytest.approx(2 * 0.1 * power, rel=0.01)
+    assert records["idle"][0].energy.joules < 0.25 * records["power-capped"][0].energy.joules
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
@@ -119,16 +120,16 @@ def test_energy_counter_unavailable_is_said(tmp_path, monkeypatch, vendor):
     sampler = VENDORS[vendor][1](0)
     telemetry = TelemetryThread([sampler])
     rec = _measure(tmp_path, GpuStateTarget(telemetry, _walk(replay)), telemetry, [0, 1])
-    assert rec["energy"]["joules"] is None and rec["energy"]["source"] == vendor
-    assert "energy counter unavailable" in rec["energy"]["reason"] and "not supported" in rec["energy"]["reason"]
-    assert rec["validity"]["valid"] is True  # the rest of the telemetry still works
+    assert rec.energy.joules is None and rec.energy.source == vendor
+    assert "energy counter unavailable" in rec.energy.reason and "not supported" in rec.energy.reason
+    assert rec.validity.valid is True  # the rest of the telemetry still works
     assert sampler.device_facts()["energy_counter"].startswith("unavailable")
 
 
 def test_energy_on_a_cpu_run(tmp_path):
     telemetry = TelemetryThread([])
     rec = _measure(tmp_path, GpuStateTarget(telemetry, lambda state: None), telemetry, [0])
-    assert rec["energy"] == {"joules": None, "source": None, "reason": NO_ENERGY_COUNTER}
+    assert rec.energy == Energy(joules=None, source=None, reason=NO_ENERGY_COUNTER)
     check_reportable(rec)
 
 
@@ -174,13 +175,13 @@ def test_device_facts_for_provenance(monkeypatch, vendor):
 def test_amd_throttler_bits_when_the_binding_returns_the_mask(tmp_path, monkeypatch, scenario, throttlers, valid):
     records = _call_records(tmp_path, monkeypatch, "amdsmi", [scenario])
     rec = records[scenario][0]
-    reading = rec["telemetry"][1]["amdsmi"]
+    reading = rec.telemetry[1]["amdsmi"]
     assert reading["throttlers"] == throttlers and reading["throttle_source"] == "indep_throttle_status"
-    assert rec["validity"]["valid"] is valid
+    assert rec.validity.valid is valid
     if valid:
-        assert reading["power_capped"] == ["ppt0"] and rec["validity"]["power_capped"] == 3
+        assert reading["power_capped"] == ["ppt0"] and rec.validity.power_capped == 3
     else:
-        assert "amdsmi: throttled (temp_hotspot)" in rec["validity"]["reasons"]
+        assert "amdsmi: throttled (temp_hotspot)" in rec.validity.reasons
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
@@ -217,7 +218,7 @@ def test_energy_per_call_and_per_decision_in_the_summary_and_the_report(tmp_path
     joules = [replay.energy_j(1, 2) - replay.energy_j(1, 0) for _, replay in records.values()]
     [row] = summarize(recs)
     assert row["energy_j_per_call"] == pytest.approx(sum(joules) / 3, rel=1e-9)
-    assert row["energy_j_per_decision"] == pytest.approx(sum(joules) / sum(r["decisions"] for r in recs), rel=1e-9)
+    assert row["energy_j_per_decision"] == pytest.approx(sum(joules) / sum(r.decisions for r in recs), rel=1e-9)
     assert (row["energy_source"], row["energy_calls"]) == (vendor, 3)
     assert row["energy_j_per_call"] > 20  # two 100 ms intervals near the board power, and one idle
 

@@ -1,6 +1,6 @@
 """Comparing two runs honestly: is B faster, slower, or not distinguishable from A?
 
-    comparison = compare_runs(read_jsonl("runs/a/results.jsonl"), read_jsonl("runs/b/results.jsonl"))
+    comparison = compare_runs(read_records("runs/a/results.jsonl"), read_records("runs/b/results.jsonl"))
     SafeConsole().print(comparison_table(comparison))     # dohnuts.bench.report.terminal
     json.dumps(comparison_dict(comparison))
 
@@ -62,10 +62,9 @@ import numpy as np
 
 from dohnuts.bench.analysis.load_verdict import Load, load_of, record_load, weigh
 from dohnuts.bench.analysis.quantiles import bootstrap_rng, quantiles
-from dohnuts.bench.analysis.records import RecordError, Timing, stage_ms, target_label, where, workload_label
+from dohnuts.bench.analysis.records import CallRecord, RecordError, stage_ms, target_label, where, workload_label
 from dohnuts.bench.analysis.verdicts import FASTER, NO_CHANGE, SLOWER, TOO_FEW, UNDEFINED
 from dohnuts.errors import DohnutsError
-from dohnuts.schema import convert
 
 MIN_SHARE_OF_CALL = 0.01  # a stage verdict needs a change of at least this share of the call
 MIN_CALLS = 3
@@ -147,17 +146,15 @@ class NoiseBudget:
 # samples
 
 
-def _steady(rec: dict) -> bool:
-    return rec.get("phase", "steady") == "steady"
+def _steady(rec: CallRecord) -> bool:
+    return rec.phase == "steady"
 
 
-def _key(rec: dict) -> tuple[str, str]:
-    """(workload, target) of a record whose times compare can read (`Timing`), else RecordError."""
-    convert(rec, Timing, source=where(rec), error=RecordError)
+def _key(rec: CallRecord) -> tuple[str, str]:
     return workload_label(rec), target_label(rec)
 
 
-def steady_loads(records: list[dict]) -> dict[tuple[str, str], Load]:
+def steady_loads(records: list[CallRecord]) -> dict[tuple[str, str], Load]:
     """{(workload, target): load_verdict.Load} over the steady-state records that recorded a load."""
     per: dict[tuple[str, str], list] = defaultdict(list)
     for rec in records:
@@ -166,16 +163,16 @@ def steady_loads(records: list[dict]) -> dict[tuple[str, str], Load]:
     return {k: load for k, v in per.items() if (load := load_of(v)) is not None}
 
 
-def steady_samples(records: list[dict]) -> dict[tuple[str, str], dict[str, list[float]]]:
+def steady_samples(records: list[CallRecord]) -> dict[tuple[str, str], dict[str, list[float]]]:
     """{(workload, target): {"wall": [...], stage: [...]}} over the steady-state records."""
     out: dict[tuple[str, str], dict[str, list[float]]] = {}
     for rec in records:
         if not _steady(rec):
             continue
         groups = out.setdefault(_key(rec), defaultdict(list))
-        groups[WALL].append(float(rec["wall_ms"]))
-        for name, entry in rec.get("stages", {}).items():
-            groups[str(name)].append(stage_ms(entry))
+        groups[WALL].append(rec.wall_ms)
+        for name, entry in rec.stages.items():
+            groups[name].append(stage_ms(entry))
     return out
 
 
@@ -271,7 +268,7 @@ def _check_options(confidence: float, resamples: int, min_effect: float, method:
 # public API
 
 
-def compare_runs(records_a: list[dict], records_b: list[dict], *, confidence: float = 0.95,
+def compare_runs(records_a: list[CallRecord], records_b: list[CallRecord], *, confidence: float = 0.95,
                  resamples: int = DEFAULT_RESAMPLES, seed: int = 0, min_effect: float = DEFAULT_MIN_EFFECT,
                  method: str = "percentile", label_a: str = "A", label_b: str = "B") -> Comparison:
     """B against A per (workload, target) measured in both, for "wall" and every stage (rule:
@@ -378,26 +375,23 @@ def spread_warning(samples, claimed_precision: float, *, confidence: float = 0.9
             f"about ±{100 * half:.1f}%, not ±{100 * claimed_precision:g}%; about {need:,} calls needed")
 
 
-def aa_noise(records: list[dict], group: tuple[str, str], *, confidence: float = 0.95,
+def aa_noise(records: list[CallRecord], group: tuple[str, str], *, confidence: float = 0.95,
              resamples: int = DEFAULT_RESAMPLES, seed: int = 0, method: str = "percentile") -> NoiseBudget:
     """The noise budget of a run: its steady-state calls of `group` (workload, target), measured as
     two interleaved halves (each record's integer `aa_half`, 0 or 1), compared half 1 over half 0
     like two runs. The interval around 1 is what the run's own noise allows; `halfwidth()` is the
     smallest relative change it can tell from noise."""
     _check_options(confidence, resamples, 0.0, method)
-    halves: list[list[dict]] = [[], []]
+    halves: list[list[CallRecord]] = [[], []]
     found = False
     for rec in records:
         if not _steady(rec) or _key(rec) != tuple(group):
             continue
         found = True
-        half = rec.get("aa_half")
-        if half is None:
+        if rec.aa_half is None:  # (0 or 1 otherwise: the record's type)
             raise RecordError("is missing: the run was not measured as two interleaved halves", source=where(rec),
                               field="aa_half")
-        if isinstance(half, bool) or half not in (0, 1):
-            raise RecordError(f"must be 0 or 1, got {half!r}", source=where(rec), field="aa_half")
-        halves[int(half)].append(rec)
+        halves[rec.aa_half].append(rec)
     if not found:
         raise DohnutsError(f"no steady-state records of workload {group[0]!r}, target {group[1]!r}")
     comp = compare_runs(halves[0], halves[1], confidence=confidence, resamples=resamples, seed=seed,

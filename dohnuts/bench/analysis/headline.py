@@ -31,7 +31,7 @@ from rich.text import Text
 from dohnuts.bench.analysis.compare import compare_samples
 from dohnuts.bench.analysis.machine import BUSY_OTHERS, MachineConditions, machine_conditions
 from dohnuts.bench.analysis.records import (
-    PeerPaths, group_key, is_dohnuts, is_product, peer_paths, per_call_records, valid_records,
+    CallRecord, PeerPaths, group_key, is_dohnuts, is_product, peer_paths, per_call_records, valid_records,
 )
 from dohnuts.bench.analysis.render import VERDICT_STYLE, Col, FitTable, efficiency_cell
 from dohnuts.schema import median, printable
@@ -157,8 +157,8 @@ def peer_messages(h: Headline) -> list[str]:
     return list(out)
 
 
-def _standing(target: str, recs: list[dict], group) -> Standing:
-    wall = median(float(r["wall_ms"]) for r in recs)
+def _standing(target: str, recs: list[CallRecord], group) -> Standing:
+    wall = median(r.wall_ms for r in recs)
     if group is None or not group.bases:
         return Standing(target, len(recs), wall, None, None, None)
     basis = PREFERRED_BASIS if PREFERRED_BASIS in group.bases else group.bases[0]
@@ -176,10 +176,10 @@ def speedup(workload: str, other: str, dohnuts_walls: list[float], other_walls: 
     return Speedup(c.ratio, c.ci_low, c.ci_high, SPEEDUP_WORDS.get(c.verdict, c.verdict))
 
 
-def build_headline(records: list[dict], analysis=None, measured: dict | None = None) -> Headline:
+def build_headline(records: list[CallRecord], analysis=None, measured: dict | None = None) -> Headline:
     """The headline of `records` (a run's, as read) and their `analysis` (None: no bounds)."""
-    steady, _ = valid_records([r for r in per_call_records(records) if r.get("phase", "steady") == "steady"])
-    groups: dict[tuple[str, str], list[dict]] = {}
+    steady, _ = valid_records([r for r in per_call_records(records) if r.phase == "steady"])
+    groups: dict[tuple[str, str], list[CallRecord]] = {}
     for rec in steady:
         groups.setdefault(group_key(rec), []).append(rec)
     analysed = {(g.workload, g.target): g for g in analysis.groups} if analysis is not None else {}
@@ -192,14 +192,14 @@ def build_headline(records: list[dict], analysis=None, measured: dict | None = N
         variants = [t for t, recs in mine.items() if is_dohnuts(recs[0]) and not is_product(recs[0])]
         for product in products or [None]:
             base = standing[(workload, product)] if product else None
-            walls = [float(r["wall_ms"]) for r in mine[product]] if product else []
+            walls = [r.wall_ms for r in mine[product]] if product else []
             if not peers and base is not None:
                 rows.append(HeadlineRow(workload, base, NO_PEER))
             for role, others in ((PEER, peers), (MEASUREMENT_ONLY, variants)):
                 for other in others:
                     recs = mine[other]
                     peer = next((p for p in map(peer_paths, recs) if p is not None), None) if role == PEER else None
-                    ratio = speedup(workload, other, walls, [float(r["wall_ms"]) for r in recs]) if walls else None
+                    ratio = speedup(workload, other, walls, [r.wall_ms for r in recs]) if walls else None
                     rows.append(HeadlineRow(workload, base, role, standing[(workload, other)], ratio, peer))
     m = machine_conditions(records, measured)
     cpu = CpuScope(printable(m.device), m.threads, m.cpus) if m.device_type == "cpu" else None

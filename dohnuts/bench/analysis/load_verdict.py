@@ -39,6 +39,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from dohnuts.bench.analysis.records import CallRecord
 from dohnuts.bench.analysis.verdicts import FASTER, SLOWER
 
 SLOWER_BY_LOAD = "slower, explained by load"
@@ -66,11 +67,11 @@ def _number(x) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
-def record_load(rec: dict) -> tuple[float | None, float | None, int | None]:
+def record_load(rec: CallRecord) -> tuple[float | None, float | None, int | None]:
     """(own_cores, others_cores, cpus) of one record: medians over its call's `load` samples
     (None where it has none)."""
     own, others, cpus = [], [], None
-    for row in rec.get("telemetry") or ():
+    for row in rec.telemetry:
         reading = row.get("load") if isinstance(row, dict) else None
         if not isinstance(reading, dict):
             continue
@@ -98,8 +99,8 @@ def load_of(per_record: list[tuple[float | None, float | None, int | None]]) -> 
     return Load(max(0.0, min(1.0, cpus - others_median)), others_median, cpus, len(others), own_estimated=True)
 
 
-def records_load(records: list[dict]) -> Load | None:
-    """The Load of a list of records (dicts as written)."""
+def records_load(records: list[CallRecord]) -> Load | None:
+    """The Load of a list of records."""
     return load_of([record_load(r) for r in records])
 
 

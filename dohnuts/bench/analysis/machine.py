@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 from rich.text import Text
 
-from dohnuts.bench.analysis.records import group_key
+from dohnuts.bench.analysis.records import CallRecord, Device, group_key
 from dohnuts.bench.analysis.render import Col, FitTable
 
 BUSY_OTHERS = 0.25  # cores other processes used while measuring, above which the report warns
@@ -78,11 +78,11 @@ def _number(x) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
-def group_loads(records: list[dict]) -> list[GroupLoad]:
+def group_loads(records: list[CallRecord]) -> list[GroupLoad]:
     """Per workload · target, the `load` telemetry of its calls (records without it: none)."""
     per: dict[tuple[str, str], list[tuple[float, float | None, float | None]]] = {}
     for rec in records:
-        for row in rec.get("telemetry") or ():
+        for row in rec.telemetry:
             reading = row.get("load") if isinstance(row, dict) else None
             others = _number(reading.get("others_cores")) if isinstance(reading, dict) else None
             if others is not None:
@@ -110,15 +110,15 @@ def ceiling_stability(ceilings: dict) -> list[CeilingStability]:
     return out
 
 
-def machine_conditions(records: list[dict], measured: dict | None) -> MachineConditions:
+def machine_conditions(records: list[CallRecord], measured: dict | None) -> MachineConditions:
     measured = measured or {}
-    device = (records[0].get("device") or {}) if records else {}
+    device = records[0].device if records else Device(name="?", type="?")
     machine = measured.get("machine") if isinstance(measured.get("machine"), dict) else {}
     before = machine.get("before") if isinstance(machine.get("before"), dict) else None
     groups = tuple(group_loads(records))
     ceilings = tuple(ceiling_stability(measured.get("ceilings") or {}))
     cpus = machine.get("cpus") if isinstance(machine.get("cpus"), int) else None
-    threads = device.get("threads") if isinstance(device.get("threads"), int) else machine.get("threads")
+    threads = machine.get("threads")
     warnings = []
     busy = [g for g in groups if g.others_cores_median > BUSY_OTHERS]
     if busy:
@@ -130,7 +130,7 @@ def machine_conditions(records: list[dict], measured: dict | None) -> MachineCon
         warnings.append("ceiling(s) " + ", ".join(f"{c.name} (moved {c.spread:.0%} between its {c.repeats} repeats)"
                                                   for c in unstable)
                         + " not stable: the bounds and efficiencies they set are uncertain by as much")
-    return MachineConditions(str(device.get("type", "?")), str(device.get("name", "?")), cpus,
+    return MachineConditions(str(device.type), device.name, cpus,
                              threads if isinstance(threads, int) else None, before, groups, ceilings, tuple(warnings),
                              timing_of(measured.get("timing")))
 

@@ -1,74 +1,76 @@
-"""Raw JSONL records: reading them safely and turning their parts back into typed objects.
+"""The benchmark's record: one measured call, typed (`CallRecord`), versioned (`SCHEMA`), read and
+written in one place each.
 
-One record per measured call, schema 1 (the harness writes them, append-only):
+One record per measured call, schema 2, one JSON object a line of a run's results.jsonl
+(append-only). `CallRecord` below declares every field the harness writes, in the order it writes
+them; the nested Structs type each part whose shape is known:
 
-    {"schema": 1, "run_id": str, "workload": {"name", "kind", "file", "file_hash"},
-     "target": "dohnuts" | "transformers", "iteration": int,
-     "phase": "steady" | "first-call" | "stream" | "server" | "offline" | "accuracy",  # optional (steady):
-                                         # a target's first call is recorded apart; `stream` the
-                                         # pipelined stream; `server` / `offline` one served request of
-                                         # a load point, `accuracy` one request of the accuracy mode (these
-                                         # three are analysed apart: dohnuts.bench.analysis.serving)
-     "scenario": "single" | "stream" | "server" | "offline",   # optional: the workload's scenario
-     "stages": {name: {"host_ms": float, "device_ms": float | null, "count": int}},
-     "wall_ms": float, "decisions": int, "work": WorkCounts.to_dict(), "model": ModelConfig.to_dict(),
-     "precision": "bf16" | "fp32", "device": {"name": str, "type": "cuda" | "cpu"},
-     "peak_mem_bytes": int | null,
-     "lora": {"rank": int, "targets": [str], "merged": bool},    # optional: the adapters' shape
-     "validity": {"valid": bool, "reasons": [str], "detail": [str], "gpu_samples": int},  # optional: the gate
-     "energy": {"joules": float | null, "source": "nvml" | "amdsmi" | null,   # optional: the device's
-                "reason": str | null,                                           #   energy counter over the call;
-                "window": {"joules", "calls", "seconds"}},                      #   steady: back-to-back calls
-     "harness_overhead_ms": float,   # optional: the harness's own time in this call (breakdown in
-     "harness_overhead": {...},      #   "harness_overhead", see dohnuts.bench.measure.runner.harness_overhead)
-     "agreement": {"max_abs_gap", "choice_agreement", "tolerance", "within", ...} | null,  # optional:
-                                     #   the target against the FP32 reference path (dohnuts.bench.measure.quality)
-     "extra": {"stream": {...}, "serving": {...}, "accuracy": {...},   # optional, per phase
-               "peer": {"library", "version", "paths", "fallbacks", "messages"}, ...}}  # a peer target's
-                                     #   fast paths (`PeerPaths`: what the headline shows of a peer)
+    schema 2 · run_id · workload {name, kind, file, file_hash} · target (the label) · target_name
+    (the plugin) · target_options · variant (a measurement-only variant of the product, or null) ·
+    iteration · phase ("steady", "first-call", "stream", "server", "offline", "accuracy": the last
+    three are analysed apart, dohnuts.bench.analysis.serving) · scenario · stages {name: {host_ms,
+    device_ms, count}} · wall_ms · decisions · tokens {useful, padded, computed} · lora {rank,
+    targets, merged} · work (WorkCounts.to_dict()) · model (ModelConfig.to_dict()) · model_source ·
+    config_hash · precision · device {name, type} · hwspec · peak_mem_bytes · telemetry (the samples
+    taken during the call) · validity {valid, reasons, detail, gpu_samples, power_capped} · energy
+    {joules, source, reason, window} · extra · agreement (against the FP32 reference path) ·
+    provenance · harness_overhead_ms · harness_overhead {…} · aa_half · the rank stamp {rank,
+    world_size, shard}
 
-The schema is declared once, below, as msgspec Structs: `Record` (what the analysis reads) and
-`ReportedRecord` (also what the run report reads); `SCHEMA` is the one version constant, which the
-runner writes. A record carries more than the Structs name (telemetry, provenance, fields a plugin
-adds): the analysis keeps reading the dict, the Structs only check it.
+`extra` is the one open place: what a target adds about its call (a stream's times `stream`, a
+served request's `serving`, the accuracy mode's `accuracy`, a peer's fast paths `peer`, the image
+cache's counters, a training step's loss) and what a plugin adds (`dohnuts_bench_after_call`).
+Every top-level field is written, null where a call has none (a first call has no `aa_half`);
+`agreement` and `harness_overhead` leave out their optional parts where unknown.
 
-Reading never produces a wrong number: a truncated last line (a writer killed mid-append) is
-skipped with a warning, records of another schema version are skipped with a warning, and a
-corrupt line anywhere else is an error that names the file and the line — so is a line that is
-not UTF-8 text, and a number that is not finite (NaN, Infinity, 1e999: never written by the
-harness, whose JSON is strict) anywhere in a record. `check_record` checks what the analysis
-reads, `check_reportable` also what the run report reads; their errors name the record
+Writing: the runner builds a `CallRecord` (dohnuts.bench.measure.record.call_record) and
+`encode_record` turns it into one strict-JSON line (msgspec; a non-finite number is null), which
+dohnuts.bench.sink appends whole. Reading: `read_records` is the one reader of results files. It
+never produces a wrong number: a truncated last line (a writer killed mid-append) is skipped with
+a warning, records of a schema this version does not know (a newer one) are skipped with a
+warning, and a corrupt line anywhere else is an error naming the file and the line — so is a line
+that is not UTF-8 text, and a number that is not finite (NaN, Infinity, 1e999) anywhere in a
+record. Each line is upgraded to schema 2 by `migrate` (asv's `Results` with its `api_version` is
+the model), then decoded; a field out of its type or bounds is an error naming the record
 (`file:line`) and the field, e.g. `results.jsonl:7: field 'stages.prefix.host_ms': is missing`.
+
+Schema 1 (every run before issue 46) differs in three ways, all undone by `migrate`: a field a
+call had no value for was left out; `target_name` and `variant` were missing in the oldest runs
+(read from the target's label and options); a plugin's fields sat at the top level (now in
+`extra`). `read_jsonl` gives the records as plain dicts, for scripts and tests that index them.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import warnings
 import zlib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
-import numpy as np
 
 from dohnuts.bench.analysis.flops import DEFAULT_LORA_TARGETS, LoraShape
-from dohnuts.bench.analysis.quantiles import bootstrap_rng
 from dohnuts.config import ModelConfig, TextConfig, VisionConfig
 from dohnuts.errors import DohnutsError
 from dohnuts.runtime.work import WorkCounts
 from dohnuts.schema import (
-    MIB, NonNegative, convert, first_nonfinite, median, one_line_error, read_file, short, size_words,
+    MIB, NonNegative, convert, first_nonfinite, one_line_error, read_file, short, size_words,
 )
 
-SCHEMA = 1  # the record format's version: written by dohnuts.bench.measure.runner, read here
+SCHEMA = 2  # the record format's version: written by dohnuts.bench.measure.record, read here
+READABLE_SCHEMAS = (1, 2)  # what `migrate` upgrades to SCHEMA
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
-LOCATION_KEY = "_source"  # read_jsonl adds "file:line" to each record it returns
+LOCATION_KEY = "_source"  # a record's "file:line" in its plain-dict form (`record_dict`)
+T = TypeVar("T")
 
 
 class RecordError(DohnutsError):
     """A raw result record that cannot be analysed as it is."""
+
+
+class RecordWarning(UserWarning):
+    """A record that was skipped (truncated last line, a schema this version does not read)."""
 
 
 # A time in milliseconds: at most 10^10 ms (115 days; a run's calls are bounded by min_duration_s,
@@ -76,57 +78,160 @@ class RecordError(DohnutsError):
 MAX_MS = 1e10
 Ms = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_MS)]
 PositiveMs = Annotated[float, msgspec.Meta(gt=0.0, le=MAX_MS)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Phase = Literal["steady", "first-call", "stream", "server", "offline", "accuracy"]
 
 
 class StageTime(msgspec.Struct):
+    """One stage of a call: host time, device time (CUDA events; null on the CPU), times entered."""
+
     host_ms: Ms
-    device_ms: Ms | None = None  # CUDA events; null on the CPU
+    device_ms: Ms | None = None
+    count: Count = 1
 
 
 class WorkloadRef(msgspec.Struct):
-    name: Any
-    kind: Any = None
-    file: Any = None
-    file_hash: Any = None
+    """The workload a call belongs to: its name, kind and file (with the file's hash)."""
 
-
-class Timing(msgspec.Struct, kw_only=True):
-    """What `compare` reads of a record: whose times (workload, target) and the times themselves."""
-
-    workload: WorkloadRef
-    target: Any
-    wall_ms: Ms
-    stages: dict[str, StageTime] = {}
-
-
-class Record(Timing, kw_only=True):
-    """What the analysis reads of a record (check_record); other fields are carried as written."""
-
-    schema: Literal[1] = 1
-    run_id: Any
-    iteration: Any
-    stages: dict[str, StageTime]
-    work: Any  # WorkCounts.to_dict(), read by work_of
-    model: Any  # ModelConfig.to_dict(), read by model_of
-    precision: Literal["bf16", "fp32"]
-    device: dict[str, Any]
+    name: str
+    kind: str | None = None
+    file: str | None = None
+    file_hash: str | None = None
 
 
 class Tokens(msgspec.Struct):
-    useful: NonNegative
-    padded: NonNegative
+    """The call's tokens: useful, padding, and computed (summed over a train step's microbatches)."""
+
+    useful: Count
+    padded: Count
+    computed: Count | None = None
 
 
 class Device(msgspec.Struct):
     name: str
-    type: Any = None
+    type: str | None = None  # "cuda" or "cpu"
+
+
+class LoraInfo(msgspec.Struct):
+    """The adapters' shape (a target's `lora_info`); `targets` null: the default projections."""
+
+    rank: Count
+    targets: list[str] | None = None
+    merged: bool = False
 
 
 class Validity(msgspec.Struct):
-    reasons: list[Any] | None = None
+    """dohnuts.bench.measure.telemetry.call_validity of the samples taken during the call: whether
+    the GPU ran unthrottled at full clock, why not, and how many samples were power-capped."""
+
+    valid: bool = True
+    reasons: list[str] = []
+    detail: list[str] = []
+    gpu_samples: Count = 0
+    power_capped: Count = 0
 
 
-Count = Annotated[int, msgspec.Meta(ge=0)]
+class EnergyWindow(msgspec.Struct):
+    """`energy.window` (dohnuts.bench.measure.call.energy_window): the counter over `calls` untimed
+    back-to-back calls of the target lasting `seconds`, long enough for the counter's steps."""
+
+    joules: NonNegative
+    calls: Annotated[int, msgspec.Meta(ge=1)]
+    seconds: Annotated[float, msgspec.Meta(gt=0.0, le=1e6)]
+
+
+class Energy(msgspec.Struct):
+    """A record's `energy` (dohnuts.bench.measure.telemetry.call_energy): the joules the device's energy
+    counter advanced over the call, the sampler it came from, or why there are none; a steady
+    call's `window` is the target's energy over a window of back-to-back calls."""
+
+    joules: NonNegative | None = None
+    source: str | None = None
+    reason: str | None = None
+    window: EnergyWindow | None = None
+
+
+class Agreement(msgspec.Struct, omit_defaults=True):
+    """The target's probabilities against the FP32 reference path (dohnuts.bench.measure.quality.agreement);
+    the fields after `within` are written where known."""
+
+    max_abs_gap: NonNegative
+    tolerance: NonNegative
+    within: bool
+    requests: Count | None = None
+    questions: Count | None = None
+    choice_agreement: NonNegative | None = None
+    agreeing_choices: Count | None = None
+    reference: str | None = None
+    stated_tolerance: NonNegative | None = None  # with a yardstick: the tolerance as stated
+    yardstick: str | None = None
+    yardstick_gap: NonNegative | None = None
+
+
+class HarnessOverhead(msgspec.Struct, omit_defaults=True):
+    """The harness's own time in one call (dohnuts.bench.measure.call.harness_overhead), the untimed
+    twin's wall time where the call had one, and whether the stages were NVTX ranges (each part
+    written where known)."""
+
+    total_ms: Ms | None = None
+    in_call_ms: Ms | None = None
+    timer_ms: Ms | None = None
+    timer_unaccounted_ms: Ms | None = None
+    stage_entries: Count | None = None
+    telemetry_ms: Ms | None = None
+    record_ms: Ms | None = None
+    empty_stage_ms: Ms | None = None
+    empty_stage_device_ms: Ms | None = None
+    untimed_twin_ms: Ms | None = None
+    nvtx: bool = False
+
+
+class CallRecord(msgspec.Struct, kw_only=True, dict=True):
+    """One measured call (schema 2): what the harness writes, what the analysis reads. The fields
+    without a default are the ones every analysis needs; `where` says which file and line a record
+    read back came from."""
+
+    schema: Literal[2] = SCHEMA
+    run_id: str
+    workload: WorkloadRef
+    target: str  # the target's label as the workload names it
+    target_name: str | None = None  # the target plugin
+    target_options: dict[str, Any] = {}
+    variant: str | None = None  # a measurement-only variant of the product (dohnuts.runtime.policy)
+    iteration: int
+    phase: Phase = "steady"
+    scenario: str = "single"  # how the workload issued its calls (dohnuts.bench.measure.serving)
+    stages: dict[str, StageTime]
+    wall_ms: Ms
+    decisions: Count | None = None
+    tokens: Tokens | None = None
+    lora: LoraInfo | None = None
+    work: dict[str, Any]  # WorkCounts.to_dict(), read by work_of
+    model: dict[str, Any]  # ModelConfig.to_dict(), read by model_of
+    model_source: str | None = None
+    config_hash: str | None = None
+    precision: Literal["bf16", "fp32"]
+    device: Device
+    hwspec: str | None = None
+    peak_mem_bytes: Count | None = None
+    telemetry: list[dict[str, Any]] = []
+    validity: Validity | None = None
+    energy: Energy | None = None
+    extra: dict[str, Any] = {}
+    agreement: Agreement | None = None
+    provenance: dict[str, Any] | None = None
+    harness_overhead_ms: Ms | None = None
+    harness_overhead: HarnessOverhead | None = None
+    aa_half: Literal[0, 1] | None = None  # the interleaved half of a steady call (A/A noise)
+    rank: Count = 0
+    world_size: Annotated[int, msgspec.Meta(ge=1)] = 1
+    shard: Literal["data", "collective"] | None = None
+
+
+FIELDS = frozenset(CallRecord.__struct_fields__)
+
+
+# -- the typed parts of `extra` (checked by check_reportable) ------------------------------------
 
 
 class ServedSetFacts(msgspec.Struct):
@@ -157,26 +262,6 @@ class PointFacts(msgspec.Struct):
     serving analysis as it goes (dohnuts.bench.analysis.serving)."""
 
     served_set: ServedSetFacts | None = None
-
-
-class EnergyWindow(msgspec.Struct):
-    """`energy.window` (dohnuts.bench.measure.call.energy_window): the counter over `calls` untimed
-    back-to-back calls of the target lasting `seconds`, long enough for the counter's steps."""
-
-    joules: NonNegative
-    calls: Annotated[int, msgspec.Meta(ge=1)]
-    seconds: Annotated[float, msgspec.Meta(gt=0.0, le=1e6)]
-
-
-class Energy(msgspec.Struct):
-    """A record's `energy` (dohnuts.bench.measure.telemetry.call_energy): the joules the device's energy
-    counter advanced over the call, the sampler it came from, or why there are none; a steady
-    call's `window` is the target's energy over a window of back-to-back calls."""
-
-    joules: NonNegative | None = None
-    source: str | None = None
-    reason: str | None = None
-    window: EnergyWindow | None = None
 
 
 class ServingTimes(msgspec.Struct):
@@ -211,45 +296,107 @@ class PeerPaths(msgspec.Struct, frozen=True):
 
 
 class Extra(msgspec.Struct):
+    """The parts of `extra` the analysis and the reports read (other keys stay as written)."""
+
     stream: StreamTimes | None = None
     serving: ServingTimes | None = None
     accuracy: AccuracyCount | None = None
     peer: PeerPaths | None = None
 
 
-class Agreement(msgspec.Struct):
-    max_abs_gap: NonNegative
-    tolerance: NonNegative
-    within: bool
-
-
-class ReportedRecord(Record, kw_only=True):
-    """`Record` and what the run report (dohnuts.bench.report.text_report) reads (check_reportable)."""
+class ReportedRecord(CallRecord, kw_only=True):
+    """`CallRecord` with what the run report (dohnuts.bench.report.text_report) needs of every
+    record: a positive wall time, `decisions`, `tokens`, and `extra`'s known parts typed. The
+    published schema (`dohnuts-bench schema record`) is this one."""
 
     wall_ms: PositiveMs
-    decisions: NonNegative
+    decisions: Count
     tokens: Tokens
-    device: Device
-    peak_mem_bytes: NonNegative | None = None
-    validity: Validity | None = None
-    energy: Energy | None = None
-    harness_overhead: dict[str, Any] | None = None
-    extra: Extra | None = None
-    aa_half: Literal[0, 1] | None = None
-    agreement: Agreement | None = None
+    extra: Extra = msgspec.field(default_factory=Extra)
 
 
-class RecordWarning(UserWarning):
-    """A record that was skipped (truncated last line, other schema version)."""
+# -- migration -----------------------------------------------------------------------------------
+
+
+def migrate(raw: dict) -> dict:
+    """A parsed record of any schema this version reads, as schema 2 (a schema-2 record as it is).
+
+    Schema 1: the target's plugin (`target_name`) and measurement-only variant (`variant`),
+    missing in the oldest runs, are read from the label and the options as the analysis once read
+    them; a `world_size` that is not a positive integer is left out (read as 1); a field outside
+    the schema (a plugin's) moves into `extra`; a field the call had no value for takes the
+    schema's default. A record without `schema` (made by hand, in a test) is read as schema 1."""
+    if raw.get("schema", 1) == SCHEMA:
+        return raw
+    out = {k: v for k, v in raw.items() if k in FIELDS}
+    extra = raw.get("extra") if isinstance(raw.get("extra"), dict) else {}
+    plugin_fields = {k: v for k, v in raw.items() if k not in FIELDS and k != LOCATION_KEY}
+    if plugin_fields:
+        out["extra"] = plugin_fields | extra
+    out["schema"] = SCHEMA
+    out["variant"] = _schema1_variant(raw)
+    if not isinstance(raw.get("target_name"), str):
+        label = raw.get("target")
+        out["target_name"] = "dohnuts" if isinstance(label, str) and label.startswith("dohnuts") else None
+    if not _positive_int(raw.get("world_size")):
+        out.pop("world_size", None)
+    return out
+
+
+def _schema1_variant(raw: dict) -> str | None:
+    """A schema-1 record's variant: its `variant`, else (written before the field) the dohnuts
+    target's options that made one (`share_prefix: false` → unshared, `cuda_graphs: false` → eager)."""
+    v = raw.get("variant")
+    if isinstance(v, str) and v:
+        return v
+    opts = raw.get("target_options")
+    if raw.get("target_name") != "dohnuts" or not isinstance(opts, dict):
+        return None
+    parts = [name for name, key in (("unshared", "share_prefix"), ("eager", "cuda_graphs")) if opts.get(key) is False]
+    return "+".join(parts) or None
+
+
+def _positive_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+
+def read_records(path: str | Path) -> list[CallRecord]:
+    """The records of a results file (JSONL, or its gzip archive `.jsonl.gz`) as schema-2
+    `CallRecord`s, each knowing its `file:line` (`where`)."""
+    try:
+        return _read_records(Path(path))
+    except RecordError as exc:
+        raise one_line_error(exc) from None
+
+
+def record_from_dict(raw: dict, source: str | None = None) -> CallRecord:
+    """One parsed record (any readable schema, `migrate`d) as a `CallRecord`; a field out of its
+    type or bounds is a RecordError naming `source` (or the record's `_source`) and the field."""
+    if not isinstance(raw, dict):
+        raise RecordError(f"must be a JSON object, got {type(raw).__name__}", source=source or "record")
+    located = raw.get(LOCATION_KEY)  # a record_dict's "file:line"
+    source = source or (located if isinstance(located, str) else None)
+    if raw.get("schema", 1) not in READABLE_SCHEMAS:
+        raise one_line_error(RecordError(f"has schema {_schema_name(raw.get('schema'))}; this version reads "
+                                         f"{', '.join(map(str, READABLE_SCHEMAS))}", source=source, field="schema"))
+    rec = convert(migrate(raw), CallRecord, source=source or _fallback_where(raw), error=RecordError)
+    if source:
+        rec._where = source
+    return rec
+
+
+def record_dict(rec: CallRecord) -> dict:
+    """A record as plain JSON values (what `encode_record` writes), with `_source` = where it was read."""
+    return msgspec.to_builtins(rec) | {LOCATION_KEY: where(rec)}
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
-    """The schema-1 records of a JSONL file (or its gzip archive, `.jsonl.gz`), each with
-    `_source` = "file:line"."""
-    try:
-        return _read_jsonl(Path(path))
-    except RecordError as exc:
-        raise one_line_error(exc) from None
+    """`read_records` as plain dicts (`record_dict`): for a caller that indexes records by key
+    (a script, a test's helper); the bench's own code reads `CallRecord`s."""
+    return [record_dict(r) for r in read_records(path)]
 
 
 # What a results file may hold, read or once decompressed: tens of thousands of records (a run
@@ -280,21 +427,37 @@ def _gunzip(raw: bytes, limit: int, path: Path) -> bytes:
     return bytes(out)
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def _read_records(path: Path) -> list[CallRecord]:
+    out, other_schema = [], {}
+    for n, raw in _parsed_lines(path):
+        if raw.get("schema") not in READABLE_SCHEMAS:
+            other_schema.setdefault(_schema_name(raw.get("schema")), []).append(n)
+            continue
+        out.append(record_from_dict(raw, f"{path}:{n}"))
+    for schema, lines in other_schema.items():
+        warnings.warn(f"{path}: skipped {len(lines)} record(s) of schema {schema} (this version reads "
+                      f"{', '.join(map(str, READABLE_SCHEMAS))}; lines {', '.join(map(str, lines[:10]))}"
+                      f"{' ...' if len(lines) > 10 else ''})", RecordWarning, stacklevel=3)
+    return out
+
+
+def _parsed_lines(path: Path) -> list[tuple[int, dict]]:
+    """(line number, JSON object) of each non-blank line; a truncated last line is skipped with a
+    warning, any other line that is not a finite JSON object is an error naming it."""
     # a regular file within the limit, checked by its stat before it is opened (a FIFO, a device, a
     # directory or an over-long name is one line)
     data = read_file(path, max_bytes=MAX_RESULTS_BYTES, error=RecordError, what="a results file")
     if path.suffix == ".gz":  # an archived run (results.jsonl.gz: committed runs stay small)
         data = _gunzip(data, MAX_RESULTS_BYTES, path)
     lines = [(n, line) for n, line in enumerate(data.split(b"\n"), start=1) if line.strip()]
-    out, other_schema = [], {}
+    out = []
     for pos, (n, raw) in enumerate(lines):
         try:
             rec, strict = _parse_line(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             if pos == len(lines) - 1:
                 warnings.warn(f"{path}:{n}: skipped a truncated last line ({_reason(exc)})", RecordWarning,
-                              stacklevel=2)
+                              stacklevel=4)
                 continue
             raise RecordError(f"line {n} is not valid JSON ({_reason(exc)})", source=str(path),
                               field=f"line {n}") from None
@@ -306,15 +469,7 @@ def _read_jsonl(path: Path) -> list[dict]:
         if bad is not None:
             raise RecordError(f"line {n} holds a number that is not finite (NaN or infinite) at {bad}",
                               source=str(path), field=f"line {n}")
-        if rec.get("schema") != SCHEMA:
-            other_schema.setdefault(_schema_name(rec.get("schema")), []).append(n)
-            continue
-        rec[LOCATION_KEY] = f"{path}:{n}"
-        out.append(rec)
-    for schema, where in other_schema.items():
-        warnings.warn(f"{path}: skipped {len(where)} record(s) of schema {schema} (this version reads {SCHEMA}; "
-                      f"lines {', '.join(map(str, where[:10]))}{' ...' if len(where) > 10 else ''})",
-                      RecordWarning, stacklevel=2)
+        out.append((n, rec))
     return out
 
 
@@ -340,8 +495,32 @@ def _schema_name(value: Any) -> str:
     return short(value, 40)
 
 
-def where(rec: dict) -> str:
-    return str(rec.get(LOCATION_KEY) or f"record {_text(rec.get('run_id', '?'))}#{_text(rec.get('iteration', '?'))}")
+# -- writing -------------------------------------------------------------------------------------
+
+
+def _plain(obj: Any) -> Any:
+    """A value msgspec does not encode itself, as JSON: a NumPy or torch scalar by its `item()`,
+    anything else by its repr (a target's `extra` is its own)."""
+    item = getattr(obj, "item", None)
+    return item() if callable(item) else repr(obj)
+
+
+def encode_record(rec: CallRecord) -> str:
+    """One record as one strict-JSON line (no newline): every field in the schema's order, a
+    non-finite number as null. The one place records become text (dohnuts.bench.sink writes it)."""
+    return msgspec.json.encode(rec, enc_hook=_plain).decode()
+
+
+# -- where a record came from, and what the report needs of it --------------------------------------
+
+
+def where(rec: CallRecord) -> str:
+    """`file:line` of a record read back, else `record RUN_ID#ITERATION`."""
+    return getattr(rec, "_where", None) or f"record {_text(rec.run_id)}#{_text(rec.iteration)}"
+
+
+def _fallback_where(raw: dict) -> str:
+    return f"record {_text(raw.get('run_id', '?'))}#{_text(raw.get('iteration', '?'))}"
 
 
 def _text(x: Any, limit: int = 40) -> str:
@@ -349,24 +528,12 @@ def _text(x: Any, limit: int = 40) -> str:
     return short(x, limit, convert=str)
 
 
-def check_record(rec: dict) -> None:
-    """Structural checks of one schema-1 record (`Record`); RecordError names the record and the
-    field (on one line: a key holding a newline is written with escapes)."""
-    if not isinstance(rec, dict):
-        raise RecordError(f"must be a JSON object, got {type(rec).__name__}", source="record")
-    if rec.get("schema", SCHEMA) != SCHEMA:
-        raise one_line_error(RecordError(f"has schema {_schema_name(rec.get('schema'))}; this version reads {SCHEMA}",
-                                         source=where(rec), field="schema"))
-    convert(rec, Record, source=where(rec), error=RecordError)
-
-
-def check_reportable(rec: dict) -> None:
-    """`check_record`, and what the run report (dohnuts.bench.report.text_report) reads of a record
-    (`ReportedRecord`): a positive wall time, `decisions`, `tokens.useful` / `tokens.padded`, the
-    device's name, and when present `peak_mem_bytes`, `validity`, `energy`, `harness_overhead`,
-    `aa_half` and a stream's `extra.stream` times. RecordError names the record and the field, on one line."""
-    check_record(rec)
-    convert(rec, ReportedRecord, source=where(rec), error=RecordError)
+def check_reportable(rec: CallRecord) -> None:
+    """What the run report (dohnuts.bench.report.text_report) needs of a record beyond the schema
+    (`ReportedRecord`): a positive wall time, `decisions`, `tokens.useful` / `tokens.padded`, and a
+    stream's `extra.stream` times, a peer's `extra.peer`, ... typed. RecordError names the record
+    and the field, on one line."""
+    convert(msgspec.to_builtins(rec), ReportedRecord, source=where(rec), error=RecordError)
 
 
 # Records of load points and of the accuracy mode: analysed apart (dohnuts.bench.analysis.serving),
@@ -374,101 +541,78 @@ def check_reportable(rec: dict) -> None:
 LOAD_PHASES = ("server", "offline", "accuracy")
 
 
-def per_call_records(records: list[dict]) -> list[dict]:
+def per_call_records(records: list[CallRecord]) -> list[CallRecord]:
     """The records the per-call analysis and summary read: all but `LOAD_PHASES`' (order kept)."""
-    return [r for r in records if r.get("phase", "steady") not in LOAD_PHASES]
+    return [r for r in records if r.phase not in LOAD_PHASES]
 
 
-def _number(x: Any) -> bool:
-    """A finite non-negative number (not a bool)."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return False
-    return x >= 0 and (isinstance(x, int) or math.isfinite(x))
-
-
-def stage_ms(entry: dict) -> float:
+def stage_ms(entry: StageTime) -> float:
     """A stage's measured time: device time when recorded (CUDA events), else host time."""
-    return float(entry["device_ms"] if entry.get("device_ms") is not None else entry["host_ms"])
+    return float(entry.device_ms if entry.device_ms is not None else entry.host_ms)
 
 
 MEASUREMENT_ONLY = "measurement-only"
 
 
-def variant_of(rec: dict) -> str | None:
-    """The measurement-only variant a record measured (dohnuts.runtime.policy: `unshared`,
-    `eager`, ...), or None for the product. Records written before the field existed are read
-    from the dohnuts target's options."""
-    v = rec.get("variant")
-    if isinstance(v, str) and v:
-        return v
-    opts = rec.get("target_options")
-    if rec.get("target_name") != "dohnuts" or not isinstance(opts, dict):
-        return None
-    parts = [name for name, key in (("unshared", "share_prefix"), ("eager", "cuda_graphs")) if opts.get(key) is False]
-    return "+".join(parts) or None
-
-
-def target_label(rec: dict) -> str:
+def target_label(rec: CallRecord) -> str:
     """The record's target as reports name it: a measurement-only variant of the product
-    (`variant_of`) says so, in every report and comparison."""
-    target = str(rec["target"])
-    return target + f" ({MEASUREMENT_ONLY})" if variant_of(rec) is not None else target
+    (`variant`) says so, in every report and comparison."""
+    return rec.target + f" ({MEASUREMENT_ONLY})" if rec.variant else rec.target
 
 
-def group_key(rec: dict) -> tuple[str, str]:
+def group_key(rec: CallRecord) -> tuple[str, str]:
     """(workload, target) a record is summarised under: a target's first call (`phase`
     "first-call") is its own group, never mixed with the steady-state calls; a measurement by
     several processes (`world_size` N > 1, every rank pooled) is the workload `NAME ×N`; a
-    measurement-only variant of the product (`variant_of`) says so in its target's name, in every
+    measurement-only variant of the product (`variant`) says so in its target's name, in every
     report."""
     target = target_label(rec)
-    if rec.get("phase", "steady") != "steady":
-        target += f" · {rec['phase']}"
+    if rec.phase != "steady":
+        target += f" · {rec.phase}"
     return workload_label(rec), target
 
 
-def world_size(rec: dict) -> int:
-    n = rec.get("world_size", 1)
-    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
-
-
-def workload_label(rec: dict) -> str:
+def workload_label(rec: CallRecord) -> str:
     """The workload's name, with ` ×N` when N processes measured it."""
-    name, n = str(rec["workload"]["name"]), world_size(rec)
+    name, n = rec.workload.name, rec.world_size
     return name if n == 1 else f"{name} ×{n}"
 
 
-def peer_paths(rec: dict) -> PeerPaths | None:
-    """The record's `extra.peer` (`PeerPaths`), or None where it has none (the product, a peer
-    recorded before the field existed); a malformed one is a RecordError naming the field."""
-    peer = (rec.get("extra") or {}).get("peer") if isinstance(rec.get("extra"), dict) else None
-    if peer is None:
+def extra_part(rec: CallRecord, key: str, type_: type[T]) -> T | None:
+    """The record's `extra[key]` as `type_` (`StreamTimes`, `ServingTimes`, `PeerPaths`, ...), or
+    None where it has none; a malformed one is a RecordError naming the field."""
+    part = rec.extra.get(key)
+    if part is None:
         return None
-    return convert(peer, PeerPaths, source=where(rec), error=RecordError, prefix="extra.peer")
+    return convert(part, type_, source=where(rec), error=RecordError, prefix=f"extra.{key}")
 
 
-def is_dohnuts(rec: dict) -> bool:
-    """A record of the dohnuts target: the product or one of its measurement-only variants
-    (`variant_of`). Records written before `target_name` existed are read from their label."""
-    name = rec.get("target_name")
-    return name == "dohnuts" if isinstance(name, str) else str(rec.get("target", "")).startswith("dohnuts")
+def peer_paths(rec: CallRecord) -> PeerPaths | None:
+    """The record's `extra.peer` (`PeerPaths`), or None where it has none (the product, a peer
+    recorded before the field existed)."""
+    return extra_part(rec, "peer", PeerPaths)
 
 
-def is_product(rec: dict) -> bool:
+def is_dohnuts(rec: CallRecord) -> bool:
+    """A record of the dohnuts target: the product or one of its measurement-only variants."""
+    return rec.target_name == "dohnuts"
+
+
+def is_product(rec: CallRecord) -> bool:
     """A record of dohnuts as users run it: the dohnuts target, no measurement-only variant."""
-    return is_dohnuts(rec) and variant_of(rec) is None
+    return is_dohnuts(rec) and not rec.variant
 
 
-def work_of(rec: dict) -> WorkCounts:
+def work_of(rec: CallRecord) -> WorkCounts:
     try:
-        return WorkCounts.from_dict(rec["work"])
+        return WorkCounts.from_dict(rec.work)
     except (TypeError, KeyError, AttributeError) as exc:
         raise RecordError(f"cannot be read as WorkCounts ({exc})", source=where(rec), field="work") from None
 
 
-def model_of(rec: dict) -> ModelConfig:
+def model_of(rec: CallRecord) -> ModelConfig:
     """ModelConfig.to_dict() read back (validated by the config classes themselves)."""
-    d = rec["model"]
+    d = rec.model
     try:
         text = TextConfig(**d["text"], source=where(rec))
         vision = VisionConfig(**d["vision"], source=where(rec)) if d.get("vision") else None
@@ -478,198 +622,36 @@ def model_of(rec: dict) -> ModelConfig:
         raise RecordError(f"cannot be read as a model config ({exc})", source=where(rec), field="model") from None
 
 
-def lora_of(rec: dict) -> LoraShape | None:
-    """The adapters' shape: the record's `lora` object, else (training calls of the built-in
-    dohnuts target) its `target_options.lora_rank` with the default targets; None = unknown."""
-    d = rec.get("lora")
-    if d is None:
-        rank = (rec.get("target_options") or {}).get("lora_rank")
-        if rank is None or not (rec.get("work") or {}).get("train"):
-            return None
-        d = {"rank": rank}
+def lora_of(rec: CallRecord) -> LoraShape | None:
+    """The adapters' shape: the record's `lora`, else (training calls of the built-in dohnuts
+    target) its `target_options.lora_rank` with the default targets; None = unknown."""
+    if rec.lora is not None:
+        targets = tuple(rec.lora.targets) if rec.lora.targets is not None else DEFAULT_LORA_TARGETS
+        return LoraShape(rank=rec.lora.rank, targets=targets, merged=rec.lora.merged)
+    rank = rec.target_options.get("lora_rank")
+    if rank is None or not rec.work.get("train"):
+        return None
     try:
-        rank = int(d["rank"])
+        rank = int(rank)
         if rank < 0:
             raise ValueError(rank)
-        targets = tuple(d["targets"]) if d.get("targets") is not None else DEFAULT_LORA_TARGETS
-        return LoraShape(rank=rank, targets=targets, merged=bool(d.get("merged", False)))
-    except (TypeError, KeyError, ValueError) as exc:
-        raise RecordError(f"needs a non-negative rank ({exc})", source=where(rec), field="lora") from None
+    except (TypeError, ValueError) as exc:
+        raise RecordError(f"needs a non-negative rank ({exc})", source=where(rec),
+                          field="target_options.lora_rank") from None
+    return LoraShape(rank=rank, targets=DEFAULT_LORA_TARGETS)
 
 
-def valid_records(records: list[dict]) -> tuple[list[dict], int]:
+def valid_records(records: list[CallRecord]) -> tuple[list[CallRecord], int]:
     """(the records whose call ran on an unthrottled GPU at full clock, how many were left out).
 
     A record is left out when its `validity.valid` is false (the runner found a throttling reason
     or a clock below the threshold in a telemetry sample taken during the call); records without
     a `validity` field (older runs, other harnesses) count as valid. Order is kept.
     """
-    kept = [r for r in records if not _invalid(r)]
+    kept = [r for r in records if not left_out(r)]
     return kept, len(records) - len(kept)
 
 
-def _invalid(rec: dict) -> bool:
-    validity = rec.get("validity")
-    return isinstance(validity, dict) and validity.get("valid") is False
-
-
-def validity_summary(records: list[dict]) -> dict[tuple[str, str], dict]:
-    """Per `group_key` (workload, target): {"n", "invalid", "reasons": {reason: calls},
-    "power_capped"} — how many calls the validity gate left out and why, and how many ran (and
-    were kept) at the device's power limit."""
-    out: dict[tuple[str, str], dict] = {}
-    for rec in records:
-        g = out.setdefault(group_key(rec), {"n": 0, "invalid": 0, "reasons": {}, "power_capped": 0})
-        g["n"] += 1
-        validity = rec.get("validity")
-        if isinstance(validity, dict) and validity.get("power_capped"):
-            g["power_capped"] += 1
-        if _invalid(rec):
-            g["invalid"] += 1
-            for reason in rec["validity"].get("reasons") or ["(no reason given)"]:
-                reason = str(reason)
-                g["reasons"][reason] = g["reasons"].get(reason, 0) + 1
-    return out
-
-
-OVERHEAD_TARGET_FRACTION = 0.01  # the harness may cost at most 1 % of the measured (wall) time
-
-
-def overhead_summary(records: list[dict]) -> dict[tuple[str, str], dict]:
-    """Per `group_key` (workload, target), over the records that carry `harness_overhead_ms`:
-    {"n", "median_ms", "median_fraction" (of wall_ms), "max_fraction", "median_in_call_ms",
-    "median_in_call_fraction", "ab", "within_target", "basis", "host_bound"}.
-
-    Two figures. The self-measured one: the timer's own host time inside the measured interval
-    (`in_call`; the rest, telemetry lookup and building the record, runs between calls). On the
-    CPU that host time is the call's time; on a GPU the host usually runs ahead of the device and
-    hides it, so there it is only an upper bound. The figure from outside (`ab`): the records
-    whose call followed an untimed twin (`harness_overhead.untimed_twin_ms`, the same call with no
-    timer), paired: {"pairs", "median_ms" (of timed − untimed), "fraction" (of the untimed median),
-    "low", "high" (95 % bootstrap interval of that fraction)}.
-
-    `within_target` (≤ 1 % of the call) decides the report's warning, on the evidence that holds
-    (`basis`): on the CPU the in-call figure (the timer's host work is the call's time there, and
-    measured far more precisely than a difference of two noisy walls); on a GPU the A/B where it
-    has ≥ 5 pairs — over the target only when its whole interval is; a GPU without an A/B claims
-    nothing: True, with `basis` "upper bound". `host_bound`: the in-call figure is only an upper
-    bound (a GPU). `nvtx` (present when true): the calls carried NVTX stage ranges (`run --nvtx`),
-    whose cost both figures include. Groups without the field are left out."""
-    groups: dict[tuple[str, str], list[tuple[float, float, float | None, float | None, str]]] = {}
-    with_ranges: set[tuple[str, str]] = set()  # groups measured with NVTX stage ranges (`run --nvtx`)
-    for rec in records:
-        ms, wall = rec.get("harness_overhead_ms"), rec.get("wall_ms")
-        if not _number(ms) or not _number(wall) or wall <= 0:
-            continue
-        detail = rec.get("harness_overhead") or {}
-        in_call, twin = detail.get("in_call_ms"), detail.get("untimed_twin_ms")
-        if detail.get("nvtx") is True:
-            with_ranges.add(group_key(rec))
-        device = (rec.get("device") or {}).get("type", "cpu") if isinstance(rec.get("device"), dict) else "cpu"
-        groups.setdefault(group_key(rec), []).append((
-            float(ms), float(wall), float(in_call) if _number(in_call) else None,
-            float(twin) if _number(twin) and twin > 0 else None, str(device)))
-    out = {}
-    for key, rows in groups.items():
-        fractions = [m / w for m, w, _, _, _ in rows]
-        in_call = [c for _, _, c, _, _ in rows if c is not None]
-        in_call_fraction = [c / w for _, w, c, _, _ in rows if c is not None]
-        in_frac = median(in_call_fraction) if in_call_fraction else None
-        ab = _paired_overhead([(w, t) for _, w, _, t, _ in rows if t is not None])
-        on_cpu = all(d == "cpu" for *_, d in rows)
-        if on_cpu:
-            within = (median(fractions) if in_frac is None else in_frac) <= OVERHEAD_TARGET_FRACTION
-            basis = "in call"
-        elif ab is not None:
-            within, basis = ab["low"] <= OVERHEAD_TARGET_FRACTION, "A/B"
-        else:
-            within, basis = True, "upper bound"
-        out[key] = {"n": len(rows), "median_ms": median([m for m, *_ in rows]), "median_fraction": median(fractions),
-                    "max_fraction": max(fractions), "median_in_call_ms": median(in_call) if in_call else None,
-                    "median_in_call_fraction": in_frac, "ab": ab, "within_target": within, "basis": basis,
-                    "host_bound": not on_cpu}
-        if key in with_ranges:
-            out[key]["nvtx"] = True
-    return out
-
-
-def gap_words(agreement: dict) -> str:
-    """'probabilities 0.12 apart (tolerance 0.05; BF16 plain ops 0.03 apart)' for the reports."""
-    words = f"probabilities {agreement['max_abs_gap']:.3g} apart (tolerance {agreement['tolerance']:.3g}"
-    if agreement.get("yardstick_gap") is not None:
-        words += f"; the same mathematics in plain ops at this precision: {agreement['yardstick_gap']:.3g} apart"
-    return words + ")"
-
-
-def overhead_text(o: dict | None) -> str:
-    """The harness overhead as the report prints it: the A/B from outside where the run has one
-    (with its interval), the self-measured in-call time beside it — labelled an upper bound where
-    the host can run ahead of the device; "NVTX ranges on" where the calls carried them."""
-    if not o:
-        return "—"
-    text = _overhead_figures(o)
-    return f"{text}; NVTX ranges on" if o.get("nvtx") else text
-
-
-def _overhead_figures(o: dict) -> str:
-    inside = ""
-    if o.get("median_in_call_fraction") is not None:
-        bound = "≤ " if o.get("host_bound") else ""
-        inside = f"{bound}{o['median_in_call_ms']:.3f} ms in call ({100 * o['median_in_call_fraction']:.2f}%)"
-    ab = o.get("ab")
-    if ab:
-        ab_text = (f"A/B {100 * ab['fraction']:+.2f}% ({100 * ab['low']:+.2f}…{100 * ab['high']:+.2f}%, "
-                   f"{ab['pairs']} pairs)")
-        if o.get("basis") == "in call" and inside:  # the CPU: the self-measure is the precise figure
-            return f"{inside}; {ab_text}"
-        return ab_text + (f"; self-measured {inside}" if inside else "")
-    if inside:
-        return inside + (" (upper bound)" if o.get("basis") == "upper bound" else "") + f", {o['median_ms']:.2f} ms in all"
-    return f"{o['median_ms']:.2f} ms ({100 * o['median_fraction']:.2f}%)"
-
-
-AB_MIN_PAIRS = 5
-
-
-def _paired_overhead(pairs: list[tuple[float, float]], confidence: float = 0.95, resamples: int = 2000) -> dict | None:
-    """The timer's cost from (timed wall, untimed wall) pairs of the same call: the median paired
-    difference as a fraction of the untimed median, with its percentile bootstrap interval
-    (`scipy.stats.bootstrap` over the differences, the untimed median held fixed; seeded)."""
-    if len(pairs) < AB_MIN_PAIRS:
-        return None
-    # scipy.stats: a second's import, only where an interval or a test is computed
-    from scipy import stats
-
-
-    timed = np.array([t for t, _ in pairs])
-    untimed = np.array([u for _, u in pairs])
-    base = float(np.median(untimed))
-    if base <= 0:
-        return None
-    diff = timed - untimed
-    boot = stats.bootstrap((diff,), lambda x, axis=-1: np.median(x, axis=axis) / base, n_resamples=resamples,
-                           method="percentile", confidence_level=confidence, vectorized=True, **bootstrap_rng([0]))
-    low, high = float(boot.confidence_interval.low), float(boot.confidence_interval.high)
-    med = float(np.median(diff))
-    return {"pairs": len(pairs), "median_ms": med, "fraction": med / base, "low": low, "high": high}
-
-
-def quality_cells(r: dict) -> tuple[str, str, str, str, str]:
-    """A summary row's measurement quality as both reports write it (report.txt's quality table,
-    report.html's): calls left out (and power-capped calls kept), the GPU clock, the A/A noise, the
-    harness's overhead, and the note — the spread too large for the claimed precision, or the
-    harness overhead above 1 %."""
-    o = r.get("harness_overhead")
-    over = overhead_text(o)
-    aa = "—" if r.get("aa_noise_halfwidth") is None else f"{100 * r['aa_noise_halfwidth']:.1f}%"
-    excluded = str(r.get("excluded_calls", 0))
-    if r.get("excluded_calls"):
-        excluded += " (" + ", ".join(f"{k}: {v}" for k, v in (r.get("excluded_reasons") or {}).items()) + ")"
-    if r.get("power_capped_calls"):
-        excluded += f"; {r['power_capped_calls']} power-capped, kept"
-    note = r.get("spread_warning") or (f"harness overhead above 1 % ({o['basis']})" if o and not o["within_target"]
-                                       else "")
-    c = r.get("gpu_clock")
-    clock = "—" if not c else (f"{c['median_mhz']:.0f} ({c['min_mhz']:.0f})"
-                               + (f" / {c['max_mhz']:.0f}" if c["max_mhz"] else ""))
-    return excluded, clock, aa, over, note or ""
+def left_out(rec: CallRecord) -> bool:
+    """Whether the validity gate left the call out (its `validity.valid` is false)."""
+    return rec.validity is not None and not rec.validity.valid

@@ -33,8 +33,8 @@ from dohnuts.bench.analysis.cost import StageCost, allreduce_cost, call_totals, 
 from dohnuts.bench.analysis.critical_path import STAGE_RESOURCES, CallGraph, default_call_graph
 from dohnuts.bench.analysis.hwspec import HwSpec
 from dohnuts.bench.analysis.records import (
-    DTYPE_BYTES, RecordError, check_record, group_key, lora_of, model_of, per_call_records, stage_ms, valid_records,
-    where, work_of, world_size,
+    DTYPE_BYTES, CallRecord, RecordError, group_key, lora_of, model_of, per_call_records, stage_ms, valid_records,
+    where, work_of,
 )
 from dohnuts.bench.analysis.roofline import roofs
 from dohnuts.schema import median
@@ -153,11 +153,9 @@ def _group_dict(g: GroupAnalysis) -> dict:
     }
 
 
-def analyze_records(records: list[dict], hwspec: HwSpec, *, buffers: int = 2) -> Analysis:
-    """Analyse schema-1 records (read_jsonl's output) against `hwspec`."""
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for rec in records:
-        check_record(rec)
+def analyze_records(records: list[CallRecord], hwspec: HwSpec, *, buffers: int = 2) -> Analysis:
+    """Analyse records (`read_records`' output) against `hwspec`."""
+    groups: dict[tuple[str, str], list[CallRecord]] = {}
     records = per_call_records(records)  # load points and the accuracy mode: dohnuts.bench.analysis.serving
     records, dropped = valid_records(records)  # calls on a throttled or down-clocked GPU
     for rec in records:
@@ -170,20 +168,20 @@ def analyze_records(records: list[dict], hwspec: HwSpec, *, buffers: int = 2) ->
     return Analysis(hwspec, tuple(out), warnings)
 
 
-def _group(key: tuple[str, str], recs: list[dict], spec: HwSpec, buffers: int) -> GroupAnalysis:
+def _group(key: tuple[str, str], recs: list[CallRecord], spec: HwSpec, buffers: int) -> GroupAnalysis:
     workload, target = key
     first = recs[0]
-    precision, model = first["precision"], model_of(first)
+    precision, model = first.precision, model_of(first)
     for rec in recs[1:]:
-        if rec["precision"] != precision:
-            raise RecordError(f"mixes precisions {precision!r} and {rec['precision']!r} in workload {workload!r} "
+        if rec.precision != precision:
+            raise RecordError(f"mixes precisions {precision!r} and {rec.precision!r} in workload {workload!r} "
                               f"({target})", source=where(rec), field="precision")
         if model_of(rec).config_hash() != model.config_hash():
             raise RecordError(f"mixes model architectures in workload {workload!r} ({target})", source=where(rec),
                               field="model")
     warnings = []
-    device = str(first["device"].get("name", "?"))
-    if first["device"].get("type") == "cpu" and spec.roles:  # (a spec measured on this CPU does apply)
+    device = first.device.name
+    if first.device.type == "cpu" and spec.roles:  # (a spec measured on this CPU does apply)
         warnings.append(f"{workload} ({target}): a CPU run analysed against {spec.name}: the bounds do not apply")
     elif spec.device_names and not spec.matches(device):
         warnings.append(f"{workload} ({target}): device {device!r} is not one {spec.name} describes")
@@ -194,8 +192,8 @@ def _group(key: tuple[str, str], recs: list[dict], spec: HwSpec, buffers: int) -
     lora = lora_of(first)
 
     # On a CPU host and device memory are one: h2d / d2h copy nothing, and no link bounds them.
-    one_memory = first["device"].get("type") == "cpu"
-    timed = {n for r in recs for n in r["stages"]}
+    one_memory = first.device.type == "cpu"
+    timed = {n for r in recs for n in r.stages}
     fold = "forward" in timed and not timed & set(FOLDED_INTO_FORWARD[:-1])
     costs: list[dict[str, StageCost]] = []
     for rec in recs:
@@ -207,16 +205,16 @@ def _group(key: tuple[str, str], recs: list[dict], spec: HwSpec, buffers: int) -
         c = fold_stages(c, "shared", FOLDED_INTO_SHARED) if "shared" in timed else c
         if one_memory:
             c = {n: x for n, x in c.items() if x.resource not in TRANSFER_RESOURCES}
-        grad_bytes = (rec.get("extra") or {}).get("allreduce_bytes")
-        if world_size(rec) > 1 and isinstance(grad_bytes, (int, float)) and not isinstance(grad_bytes, bool):
-            c = c | {"allreduce": allreduce_cost(grad_bytes, world_size(rec))}
+        grad_bytes = rec.extra.get("allreduce_bytes")  # a collective train step's gradients (extra: the target's)
+        if rec.world_size > 1 and isinstance(grad_bytes, (int, float)) and not isinstance(grad_bytes, bool):
+            c = c | {"allreduce": allreduce_cost(grad_bytes, rec.world_size)}
         costs.append(c)
     if any("allreduce" in c for c in costs):
         missing = [b for b in bases if not spec.has_role("interconnect", precision, b)]
         if missing:
             warnings.append(f"{workload} ({target}): hwspec {spec.name} has no interconnect ceiling "
                             f"({', '.join(missing)} basis): the all-reduce stage is not bounded there")
-    names = list(dict.fromkeys([n for c in costs for n in c] + [n for r in recs for n in r["stages"]]))
+    names = list(dict.fromkeys([n for c in costs for n in c] + [n for r in recs for n in r.stages]))
     known = {s for s, _ in STAGE_RESOURCES}
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -227,7 +225,7 @@ def _group(key: tuple[str, str], recs: list[dict], spec: HwSpec, buffers: int) -
 
     rows, measured_med, bound_med = [], {}, {b: {} for b in bases}
     for name in graph.names:
-        times = [stage_ms(r["stages"][name]) for r in recs if name in r["stages"]]
+        times = [stage_ms(r.stages[name]) for r in recs if name in r.stages]
         measured = median(times) if times else None
         have = [c[name] for c in costs if name in c]
         bound = {b: median(stage_bound(c, spec, precision, b).ms for c in have) if have else 0.0 for b in bases}
@@ -259,13 +257,13 @@ def _group(key: tuple[str, str], recs: list[dict], spec: HwSpec, buffers: int) -
     for b, why in call.suspect.items():
         warnings.append(f"{workload} ({target}): the whole call is bound-suspect against its {b} bound: {why}")
     return GroupAnalysis(workload, target, precision, device, model.name, len(recs),
-                         tuple(sorted({str(r["run_id"]) for r in recs})), bases, tuple(rows), call, graph,
+                         tuple(sorted({r.run_id for r in recs})), bases, tuple(rows), call, graph,
                          tuple(warnings))
 
 
 def _call_row(recs, costs, graph, bases, measured_med, bound_med, spec) -> CallRow:
-    wall = median(float(r["wall_ms"]) for r in recs)
-    decisions = median(float(r.get("decisions") or 0) for r in recs)
+    wall = median(r.wall_ms for r in recs)
+    decisions = median(float(r.decisions or 0) for r in recs)
     bound = {b: combine(bound_med[b], graph) for b in bases}
     shown = {b: shown_efficiency(bound[b].critical_ms, wall, "critical path") for b in bases}
     eff = {b: shown[b][0] for b in bases}

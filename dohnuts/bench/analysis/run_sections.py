@@ -16,6 +16,7 @@ from dohnuts.bench.analysis.headline import build_headline, headline_renderables
 from dohnuts.bench.analysis.hwspec import HwSpec, measured_hwspec, with_measured_ceilings
 from dohnuts.bench.analysis.machine import machine_conditions, machine_renderables
 from dohnuts.bench.analysis.render import analysis_tables
+from dohnuts.bench.analysis.records import CallRecord
 from dohnuts.bench.analysis.report import analyze_records
 from dohnuts.bench.analysis.scaling import scaling_rows, scaling_table
 from dohnuts.bench.analysis.serving import attach_bounds, load_curves, quality_rows, stream_scenarios
@@ -23,14 +24,14 @@ from dohnuts.bench.analysis.serving_render import serving_section
 from dohnuts.bench.sections import Section
 
 
-def run_sections(records: list[dict], hwspec: HwSpec | None, measured: dict) -> list[Section]:
+def run_sections(records: list[CallRecord], hwspec: HwSpec | None, measured: dict) -> list[Section]:
     """The built-in analysis of a run's records, as report sections: the headline (it leads), the
     efficiency (bounds against `hwspec`, or the ceilings `measured` at the run's start where no
     datasheet spec describes the device), scaling (several processes), serving and the machine's
     conditions. From its arguments alone, writing nothing: any run can be analysed again later (the
     plots are the built-in reporter's, bench_plugins/reporters)."""
     ceilings = (measured or {}).get("ceilings", {})
-    device = records[0]["device"]["name"] if records else "?"
+    device = records[0].device.name if records else "?"
     if hwspec is None:
         # No datasheet spec describes this device (the CPU, an unknown GPU): bound every stage by
         # what this machine measured at the start of the run, and say so.

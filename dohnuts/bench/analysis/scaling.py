@@ -26,7 +26,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dohnuts.bench.analysis.records import stage_ms, target_label, valid_records, world_size
+from dohnuts.bench.analysis.records import CallRecord, StreamTimes, extra_part, stage_ms, target_label, valid_records
 from dohnuts.bench.analysis.render import Col, FitTable
 from dohnuts.bench.analysis.roofline import plot_text, save_png
 from dohnuts.schema import median
@@ -51,19 +51,18 @@ class ScalingRow:
         return asdict(self)
 
 
-def scaling_rows(records: list[dict]) -> list[ScalingRow]:
+def scaling_rows(records: list[CallRecord]) -> list[ScalingRow]:
     """One row per (workload, target, processes); empty when every record is one process and no
     workload was measured at several counts."""
     records, _ = valid_records(records)
-    steady: dict[tuple[str, str], dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
-    stream: dict[tuple[str, str], dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    steady: dict[tuple[str, str], dict[int, list[CallRecord]]] = defaultdict(lambda: defaultdict(list))
+    stream: dict[tuple[str, str], dict[int, list[CallRecord]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
-        key = (str(r["workload"]["name"]), target_label(r))
-        phase = r.get("phase", "steady")
-        if phase == "steady":
-            steady[key][world_size(r)].append(r)
-        elif phase == "stream":
-            stream[key][world_size(r)].append(r)
+        key = (r.workload.name, target_label(r))
+        if r.phase == "steady":
+            steady[key][r.world_size].append(r)
+        elif r.phase == "stream":
+            stream[key][r.world_size].append(r)
     if not any(n > 1 for counts in steady.values() for n in counts):
         return []
     rows = []
@@ -80,39 +79,38 @@ def scaling_rows(records: list[dict]) -> list[ScalingRow]:
     return rows
 
 
-def _by_rank(recs: list[dict]) -> dict[int, list[dict]]:
-    out: dict[int, list[dict]] = defaultdict(list)
+def _by_rank(recs: list[CallRecord]) -> dict[int, list[CallRecord]]:
+    out: dict[int, list[CallRecord]] = defaultdict(list)
     for r in recs:
-        rank = r.get("rank", 0)
-        out[rank if isinstance(rank, int) else 0].append(r)
+        out[r.rank].append(r)
     return out
 
 
-def _allreduce(r: dict) -> float:
-    st = r["stages"].get("allreduce")
+def _allreduce(r: CallRecord) -> float:
+    st = r.stages.get("allreduce")
     return stage_ms(st) if st else 0.0
 
 
-def _row(key: tuple[str, str], n: int, recs: list[dict], streamed: list[dict]) -> ScalingRow:
+def _row(key: tuple[str, str], n: int, recs: list[CallRecord], streamed: list[CallRecord]) -> ScalingRow:
     ranks = _by_rank(recs)
-    collective = any(r.get("shard") == "collective" for r in recs)
+    collective = any(r.shard == "collective" for r in recs)
     if collective:
-        by_iter: dict[int, list[dict]] = defaultdict(list)
+        by_iter: dict[int, list[CallRecord]] = defaultdict(list)
         for r in recs:
-            by_iter[r.get("iteration", 0)].append(r)
+            by_iter[r.iteration].append(r)
         complete = [v for v in by_iter.values() if len(v) == len(ranks)] or list(by_iter.values())
-        per_call = median(max(float(r["wall_ms"]) for r in v) for v in complete)
+        per_call = median(max(r.wall_ms for r in v) for v in complete)
         per_s = 1e3 / per_call if per_call > 0 else 0.0
-        decisions = median(sum(float(r.get("decisions") or 0) for r in v) for v in complete)
+        decisions = median(sum(float(r.decisions or 0) for r in v) for v in complete)
         decisions_per_s = decisions * per_s
-        allreduce = median(_allreduce(r) for r in recs) if any("allreduce" in r["stages"] for r in recs) else None
-        imbalance = median(max(float(r["wall_ms"]) - _allreduce(r) for r in v)
-                            - min(float(r["wall_ms"]) - _allreduce(r) for r in v) for v in complete) if n > 1 else None
+        allreduce = median(_allreduce(r) for r in recs) if any("allreduce" in r.stages for r in recs) else None
+        imbalance = median(max(r.wall_ms - _allreduce(r) for r in v)
+                            - min(r.wall_ms - _allreduce(r) for r in v) for v in complete) if n > 1 else None
         unit = "update"
     else:
-        medians = {k: median(float(r["wall_ms"]) for r in v) for k, v in ranks.items()}
+        medians = {k: median(r.wall_ms for r in v) for k, v in ranks.items()}
         per_s = sum(1e3 / m for m in medians.values() if m > 0)
-        decisions_per_s = sum(median(float(r.get("decisions") or 0) for r in ranks[k]) * 1e3 / m
+        decisions_per_s = sum(median(float(r.decisions or 0) for r in ranks[k]) * 1e3 / m
                               for k, m in medians.items() if m > 0)
         allreduce = None
         imbalance = (max(medians.values()) - min(medians.values())) if n > 1 else None
@@ -122,11 +120,10 @@ def _row(key: tuple[str, str], n: int, recs: list[dict], streamed: list[dict]) -
         totals: dict[int, float] = {}
         counts: dict[int, int] = defaultdict(int)
         for r in streamed:
-            s = (r.get("extra") or {}).get("stream") or {}
-            rank = r.get("rank", 0)
-            if isinstance(s.get("total_ms"), (int, float)):
-                totals[rank] = max(totals.get(rank, 0.0), float(s["total_ms"]))
-            counts[rank] += 1
+            s = extra_part(r, "stream", StreamTimes)
+            if s is not None:
+                totals[r.rank] = max(totals.get(r.rank, 0.0), s.total_ms)
+            counts[r.rank] += 1
         slowest = max(totals.values(), default=0.0)
         if slowest > 0:
             stream_per_s = sum(counts.values()) / slowest * 1e3

@@ -29,8 +29,10 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
+import msgspec
+
 from dohnuts.bench.analysis.quantiles import quantiles
-from dohnuts.bench.analysis.records import target_label, work_of, workload_label
+from dohnuts.bench.analysis.records import CallRecord, StreamTimes, extra_part, target_label, work_of, workload_label
 from dohnuts.bench.measure.serving.search import SearchResult, search_result
 from dohnuts.bench.measure.serving.stats import (
     METRIC_PERCENTILES, PointSummary, Rules, summarize_point, wilson_interval,
@@ -110,26 +112,27 @@ class LoadCurve:
                                "shapes": self.shapes, "graph_captures": self.graph_captures}}
 
 
-def load_curves(records: list[dict]) -> list[LoadCurve]:
-    """Every (workload, target, scenario)'s load points, in the order they were measured."""
-    points: dict[tuple, list[dict]] = defaultdict(list)
+def load_curves(records: list[CallRecord]) -> list[LoadCurve]:
+    """Every (workload, target, scenario)'s load points, in the order they were measured. A served
+    request's `extra.serving` (and its `point`: the load point's facts) is read as it goes."""
+    points: dict[tuple, list[CallRecord]] = defaultdict(list)
     for r in records:
-        if r.get("phase") not in SERVING_PHASES:
+        if r.phase not in SERVING_PHASES:
             continue
-        s = (r.get("extra") or {}).get("serving") or {}
+        s = r.extra.get("serving") or {}
         facts = s.get("point") or {}
         closed = facts.get("concurrency") is not None
-        key = (workload_label(r), target_label(r), facts.get("scenario", r["phase"]), closed, str(r.get("run_id")),
+        key = (workload_label(r), target_label(r), facts.get("scenario", r.phase), closed, r.run_id,
                facts.get("point", 0))
         points[key].append(r)
     curves: dict[tuple, LoadCurve] = {}
     shapes: dict[tuple, set] = defaultdict(set)
     for (workload, target, scenario, closed, _run, _k), recs in points.items():
         shapes[(workload, target, scenario, closed)].update(record_shape(r) for r in recs)
-        facts = recs[0]["extra"]["serving"]["point"]
+        facts = recs[0].extra["serving"]["point"]
         curve = curves.setdefault((workload, target, scenario, closed), LoadCurve(
             workload, target, scenario, float(facts.get("percentile", 99.0)) / 100.0, facts.get("slo_ms"),
-            agreement=next((r["agreement"] for r in recs if isinstance(r.get("agreement"), dict)), None),
+            agreement=_agreement_dict(recs),
             closed_loop=closed, think_ms=facts.get("think_ms") if closed else None))
         curve.points.append(point_summary(recs))
         curve.roles.append(str(facts.get("role", "fixed")))
@@ -148,15 +151,20 @@ def served_cells(facts: dict | None) -> tuple[str, str]:
     return str(facts["shapes"]), "—" if captures is None else str(captures)
 
 
-def record_shape(record: dict) -> tuple:
+def _agreement_dict(recs: list[CallRecord]) -> dict | None:
+    """The first record's `agreement` that has one, as plain values (the curve's JSON)."""
+    return next((msgspec.to_builtins(r.agreement) for r in recs if r.agreement is not None), None)
+
+
+def record_shape(record: CallRecord) -> tuple:
     """The pass shape a served request's record ran (dohnuts.bench.measure.serving.variety.pass_shape)."""
     return pass_shape(work_of(record))
 
 
-def point_summary(recs: list[dict]) -> PointSummary:
+def point_summary(recs: list[CallRecord]) -> PointSummary:
     """One load point summarised from its records (module docstring)."""
-    facts = recs[0]["extra"]["serving"]["point"]
-    times = [r["extra"]["serving"] for r in recs]
+    facts = recs[0].extra["serving"]["point"]
+    times = [r.extra["serving"] for r in recs]
     rules = facts.get("rules") or {}
     rate = facts.get("rate_rps")
     first_byte = [(t["first_byte_ms"] - t["arrival_ms"]) for t in times if "first_byte_ms" in t]
@@ -172,8 +180,7 @@ def point_summary(recs: list[dict]) -> PointSummary:
         concurrency=int(facts["concurrency"]) if facts.get("concurrency") is not None else None,
         first_byte_s=[x / 1e3 for x in first_byte] if len(first_byte) == len(times) else None,
         metric_percentiles=percentiles)
-    gate = [str(x) for r in recs[:1] for x in ((r.get("validity") or {}).get("reasons") or [])
-            if (r.get("validity") or {}).get("valid") is False]
+    gate = [x for r in recs[:1] if r.validity is not None and not r.validity.valid for x in r.validity.reasons]
     extra = {"first_byte_p50_ms": quantiles(first_byte, [0.5])[0] if first_byte else None,
              "arrivals": facts.get("arrivals"), "queue": facts.get("queue"), "served_set": facts.get("served_set")}
     if gate:
@@ -181,7 +188,7 @@ def point_summary(recs: list[dict]) -> PointSummary:
     return replace(summary, extra=extra)
 
 
-def attach_bounds(curves: list[LoadCurve], analysis, records: list[dict]) -> None:
+def attach_bounds(curves: list[LoadCurve], analysis, records: list[CallRecord]) -> None:
     """Each curve's floor and ceiling from the target's single calls in `analysis` (an Analysis of
     this run's per-call records), and its single call's median wall time."""
     groups = {(g.workload, g.target): g for g in (analysis.groups if analysis is not None else ())}
@@ -211,18 +218,19 @@ class StreamScenario:
     served_set: dict | None = None  # dohnuts.bench.measure.serving.variety.ServedFacts (None: records before them)
 
 
-def stream_scenarios(records: list[dict]) -> list[StreamScenario]:
+def stream_scenarios(records: list[CallRecord]) -> list[StreamScenario]:
     """The stream scenario's runs (records `phase: stream` stamped with their rules)."""
-    groups: dict[tuple, list[dict]] = defaultdict(list)
+    groups: dict[tuple, list[CallRecord]] = defaultdict(list)
     for r in records:
-        s = (r.get("extra") or {}).get("serving")
-        if r.get("phase") == "stream" and isinstance(s, dict) and s.get("scenario") == "stream":
-            groups[(workload_label(r), target_label(r), str(r.get("run_id")))].append(r)
+        s = r.extra.get("serving")
+        if r.phase == "stream" and isinstance(s, dict) and s.get("scenario") == "stream":
+            groups[(workload_label(r), target_label(r), r.run_id)].append(r)
     out = []
     for (workload, target, _run), recs in groups.items():
-        rules = recs[0]["extra"]["serving"].get("rules") or {}
-        total = float(recs[0]["extra"]["stream"]["total_ms"])
-        lat = [float(r["extra"]["stream"]["latency_ms"]) for r in recs]
+        rules = recs[0].extra["serving"].get("rules") or {}
+        streams = [extra_part(r, "stream", StreamTimes) for r in recs]
+        total = streams[0].total_ms
+        lat = [s.latency_ms for s in streams]
         reasons = []
         if len(recs) < rules.get("min_requests", 0):
             reasons.append(f"{len(recs)} requests < the minimum {rules['min_requests']}")
@@ -230,7 +238,7 @@ def stream_scenarios(records: list[dict]) -> list[StreamScenario]:
             reasons.append(f"{total / 1e3:.3g} s < the minimum {rules['min_duration_s']:g} s")
         out.append(StreamScenario(workload, target, len(recs), total, len(recs) / (total / 1e3),
                                   *quantiles(lat, [0.5, 0.99]), rules, not reasons, tuple(reasons),
-                                  recs[0]["extra"]["stream"].get("served_set")))
+                                  recs[0].extra["stream"].get("served_set")))
     return out
 
 
@@ -245,35 +253,33 @@ class QualityRow:
     agreement: dict | None
 
 
-def quality_rows(records: list[dict]) -> list[QualityRow]:
+def quality_rows(records: list[CallRecord]) -> list[QualityRow]:
     """Per (workload, target): accuracy, the reference check and the single calls' speed."""
-    steady: dict[tuple, list[dict]] = defaultdict(list)
-    accuracy: dict[tuple, list[dict]] = defaultdict(list)
+    steady: dict[tuple, list[CallRecord]] = defaultdict(list)
+    accuracy: dict[tuple, list[CallRecord]] = defaultdict(list)
     agreement: dict[tuple, dict] = {}
     for r in records:
         key = (workload_label(r), target_label(r))
-        phase = r.get("phase", "steady")
-        if phase == "steady":
+        if r.phase == "steady":
             steady[key].append(r)
-        elif phase == "accuracy":
+        elif r.phase == "accuracy":
             accuracy[key].append(r)
-        if isinstance(r.get("agreement"), dict):
-            agreement.setdefault(key, r["agreement"])
+        if r.agreement is not None:
+            agreement.setdefault(key, msgspec.to_builtins(r.agreement))
     out = []
     for key in dict.fromkeys([*steady, *accuracy, *agreement]):
         recs = steady.get(key, [])
-        wall = median(r["wall_ms"] for r in recs) if recs else None
-        decisions = median(r["decisions"] for r in recs) if recs else None
+        wall = median(r.wall_ms for r in recs) if recs else None
+        decisions = median(r.decisions for r in recs) if recs else None
         acc = None
         if accuracy.get(key):
-            counts = [r["extra"]["accuracy"] for r in accuracy[key]]
+            counts = [r.extra["accuracy"] for r in accuracy[key]]
             right, total = sum(c["correct"] for c in counts), sum(c["questions"] for c in counts)
             low, high = wilson_interval(right, total)
             acc = {"set": counts[0].get("set"), "questions": total, "correct": right,
                    "value": right / total if total else None, "low": low, "high": high}
-        sample = (recs or accuracy.get(key) or [{}])[0]
-        opts = sample.get("target_options") or {}
-        adapter = opts.get("adapter") if isinstance(opts, dict) else None
+        sample = (recs or accuracy.get(key) or [None])[0]
+        adapter = sample.target_options.get("adapter") if sample is not None else None
         out.append(QualityRow(key[0], key[1], adapter, wall, decisions / wall * 1e3 if wall else None, acc,
                               agreement.get(key)))
     return [q for q in out if q.accuracy is not None or q.agreement is not None]

@@ -17,7 +17,7 @@ import math
 from rich.console import Group
 from rich.text import Text
 
-from dohnuts.bench.analysis.records import gap_words
+from dohnuts.bench.analysis.measurement_quality import gap_words
 from dohnuts.bench.analysis.render import Col, FitTable
 from dohnuts.bench.analysis.serving import LoadCurve, QualityRow, StreamScenario, served_cells
 from dohnuts.bench.sections import Section

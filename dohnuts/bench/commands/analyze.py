@@ -18,7 +18,7 @@ from pathlib import Path
 
 from dohnuts.bench import plugins
 from dohnuts.bench.analysis.hwspec import find_hwspec, stored_hwspec
-from dohnuts.bench.analysis.records import RecordError
+from dohnuts.bench.analysis.records import RecordError, Validity
 from dohnuts.bench.analysis.summary import summarize, summary_json
 from dohnuts.bench.commands.options import add_hwspec
 from dohnuts.bench.measure.telemetry import call_validity, default_min_clock_fraction
@@ -52,8 +52,7 @@ def analyze_and_report(results: Path, hwspec, measured: dict, out_dir: Path, con
     if revalidate:  # the validity gates of today, applied to the telemetry each record kept
         fraction = default_min_clock_fraction()
         for rec in records:
-            if isinstance(rec.get("telemetry"), list):
-                rec["validity"] = call_validity(rec["telemetry"], fraction)
+            rec.validity = Validity(**call_validity(rec.telemetry, fraction))
     sections = analysis_sections(pm, records, hwspec, measured, out_dir)
     rows = summarize(records)
     write_summary(out_dir, summary_json(rows, sections))

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from dohnuts.bench.analysis.compare import SLOWER, WALL, compare_runs
 from dohnuts.bench.analysis.compare_table import comparison_dict, comparison_table, load_lines
-from dohnuts.bench.analysis.records import read_jsonl
+from dohnuts.bench.analysis.records import read_records
 from dohnuts.bench.commands.options import add_json_output, check_json_output
 from dohnuts.bench.report.status import log
 from dohnuts.bench.report.terminal import stdout_console
@@ -41,10 +41,10 @@ def run(args) -> int:
     for path in paths:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            records = read_jsonl(path)
+            records = read_records(path)
         for w in caught:
             log.warning("%s", w.message)
-        if not any(r.get("phase", "steady") == "steady" for r in records):
+        if not any(r.phase == "steady" for r in records):
             raise DohnutsError("holds no steady-state records", source=str(path))
         runs.append(records)
     inputs = [p for path in paths for p in run_inputs(path)]

@@ -14,7 +14,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from dohnuts.bench.analysis.records import check_reportable, read_jsonl
+from dohnuts.bench.analysis.records import CallRecord, check_reportable, read_records
 from dohnuts.bench.report.export_formats import FORMATS, export_text
 from dohnuts.bench.report.status import log
 from dohnuts.bench.store.rundir import results_path
@@ -55,15 +55,15 @@ def check_not_an_input(out: Path, results: Path) -> None:
                                "elsewhere)", source=str(out), field="--out")
 
 
-def read_run(results: Path, meta_path: Path | None) -> tuple[list[dict], dict]:
-    """The run's schema-1 records (each checked as the report reads it) and its run.json ({})."""
+def read_run(results: Path, meta_path: Path | None) -> tuple[list[CallRecord], dict]:
+    """The run's records (each checked as the report reads it) and its run.json ({})."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        records = read_jsonl(results)
+        records = read_records(results)
     for w in caught:
         log.warning("%s", w.message)
     if not records:
-        raise DohnutsError("holds no schema-1 records of a dohnuts-bench run", source=str(results))
+        raise DohnutsError("holds no records of a dohnuts-bench run", source=str(results))
     for rec in records:
         check_reportable(rec)
     return records, read_run_meta(meta_path) if meta_path is not None else {}

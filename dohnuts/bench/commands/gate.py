@@ -54,7 +54,7 @@ from pathlib import Path
 from dohnuts.bench import plugins
 from dohnuts.bench.analysis.compare import SLOWER, WALL, compare_samples, steady_loads, steady_samples
 from dohnuts.bench.analysis.load_verdict import weigh
-from dohnuts.bench.analysis.records import read_jsonl
+from dohnuts.bench.analysis.records import read_records
 from dohnuts.bench.analysis.rounds import judge_rounds, round_effect
 from dohnuts.bench.commands.options import add_json_output, check_json_output
 from dohnuts.bench.measure import interleave
@@ -94,7 +94,7 @@ def _run_timings(path: Path) -> dict[str, list[float]]:
         path = next((path / n for n in ("results.jsonl", "results.jsonl.gz") if (path / n).is_file()), path)
     if not path.is_file():
         raise DohnutsError("holds no results.jsonl (a dohnuts-bench run directory)", source=str(path))
-    samples = steady_samples(read_jsonl(path))
+    samples = steady_samples(read_records(path))
     return {f"{wl} · {tg}": s[WALL] for (wl, tg), s in samples.items() if s.get(WALL)}
 
 
@@ -106,8 +106,8 @@ def run_load(path: str | Path) -> float | None:
         path = next((path / n for n in ("results.jsonl", "results.jsonl.gz") if (path / n).is_file()), path)
     if not path.name.startswith("results.jsonl") or not path.is_file():
         return None
-    others = [r.get("load", {}).get("others_cores") for rec in read_jsonl(path) for r in rec.get("telemetry") or ()
-              if isinstance(r, dict) and isinstance(r.get("load"), dict)]
+    others = [r["load"].get("others_cores") for rec in read_records(path) for r in rec.telemetry
+              if isinstance(r.get("load"), dict)]
     others = [x for x in others if isinstance(x, (int, float))]
     return statistics.median(others) if others else None
 
@@ -120,7 +120,7 @@ def run_loads(paths: list[str | Path]) -> dict:
         if path.is_dir():
             path = next((path / n for n in ("results.jsonl", "results.jsonl.gz") if (path / n).is_file()), path)
         if path.name.startswith("results.jsonl") and path.is_file():
-            records += read_jsonl(path)
+            records += read_records(path)
     return {f"{wl} · {tg}": load for (wl, tg), load in steady_loads(records).items()}
 
 

@@ -59,9 +59,7 @@ def stage_names(store: RunStore) -> list[str]:
     """Every stage a steady-state record of the store measured, sorted."""
     names = set()
     for call in store.steady_calls(with_record=True):
-        stages = call["record"].get("stages")
-        if isinstance(stages, dict):
-            names.update(str(k) for k in stages)
+        names.update(call["record"].stages)
     return sorted(names)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dohnuts.bench.analysis.compare import RULE, compare_runs
 from dohnuts.bench.analysis.compare_table import comparison_dict
-from dohnuts.bench.analysis.records import read_jsonl
+from dohnuts.bench.analysis.records import read_records
 from dohnuts.bench.report.html_page import write_page
 from dohnuts.bench.store.history import trends_for
 from dohnuts.bench.store.run_store import store_files
@@ -45,7 +45,7 @@ def write_html(run_dir: Path, *, store: str | Path | None = None, against: Path 
         def results(d: Path) -> Path:
             return next((d / n for n in ("results.jsonl", "results.jsonl.gz") if (d / n).is_file()), d)
 
-        comp = compare_runs(read_jsonl(results(against)), read_jsonl(results(run_dir)), label_a=str(against),
+        comp = compare_runs(read_records(results(against)), read_records(results(run_dir)), label_a=str(against),
                             label_b=str(run_dir))
         comparison = comparison_dict(comp) | {"rule": RULE, "label_a": against.name, "label_b": run_dir.name}
     out = check_html_output(out or run_dir / "report.html", run_dir, store=store, against=against)

@@ -2,10 +2,11 @@
 generated from the msgspec types the project itself reads them with — so the published schema is
 the reader, never a copy that drifts.
 
-- `record`: one line of a run's results.jsonl, as `analyze`, `compare` and the report read it
-  (dohnuts.bench.analysis.records.ReportedRecord: the fields the analysis reads with their bounds —
-  `wall_ms` in (0, 10¹⁰] ms, `precision` bf16 or fp32, ...). A record carries more than the schema
-  names (telemetry, provenance, a plugin's fields): every object stays open to other keys.
+- `record`: one line of a run's results.jsonl (schema 2), as the reader decodes it and the report
+  checks it (dohnuts.bench.analysis.records.ReportedRecord: `CallRecord`, every field the harness
+  writes with its type and bounds — `wall_ms` in (0, 10¹⁰] ms, `precision` bf16 or fp32, ... — and
+  the parts of `extra` the reports read). `extra` is the one open place (a target's or a plugin's
+  fields); the reader upgrades older schemas first (`migrate`).
 - `workload`: a workload YAML file (dohnuts.bench.measure.workload.WorkloadFile, the serving fields of
   dohnuts.bench.measure.serving.config), with each registered kind's `shape` (its `Shape` Struct, the
   built-in kinds' and any installed plugin's) bound to its `kind` by an if/then rule. The reader

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from dohnuts.bench.analysis.hwspec import hwspec_for_device, hwspec_ref
+from dohnuts.bench.analysis.records import CallRecord
 from dohnuts.bench.analysis.summary import summarize, summary_json
 from dohnuts.bench.contracts import RunContext
 from dohnuts.bench.measure import machine_id, runner
@@ -46,7 +47,7 @@ class RunSession:
         self.pm, self.kinds, self.targets, self.launchers = (registries.pm, registries.kinds, registries.targets,
                                                              registries.launchers)
         self.interrupted, self.error = False, None  # how measuring ended: Ctrl-C, or a refusal while measuring
-        self.records: list[dict] = []  # the analyse phase's: the records, the sections, summary.json's rows
+        self.records: list[CallRecord] = []  # the analyse phase's: the records, the sections, summary.json's rows
         self.sections: list = []
         self.rows: list[dict] = []
         self.summary: dict | None = None  # summary.json's content, once analysed (as the file holds it, once stored)

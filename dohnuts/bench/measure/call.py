@@ -14,9 +14,10 @@ from collections.abc import Callable
 
 import torch
 
+from dohnuts.bench.analysis.records import CallRecord, HarnessOverhead
 from dohnuts.bench.calls import CallResult
 from dohnuts.bench.contracts import Target, TargetCapabilities
-from dohnuts.bench.measure.record import CallMeasurement, TargetContext, call_record, stages_dict
+from dohnuts.bench.measure.record import CallMeasurement, TargetContext, call_record, stages_dict, stamped
 from dohnuts.bench.measure.serving.variety import ServedFacts, ServedSet, graph_counts
 from dohnuts.bench.measure.telemetry import call_energy
 from dohnuts.bench.sink import RecordSink
@@ -86,7 +87,7 @@ def energy_window(ctx: TargetContext, target: Target, calls: list) -> dict | Non
 
 
 def measure_call(ctx: TargetContext, target: Target, call, iteration: int, phase: str = "steady",
-                 twin_ms: float | None = None) -> dict:
+                 twin_ms: float | None = None) -> CallRecord:
     """One call of `target`, measured: its record (without the rank stamp). `twin_ms`: the wall
     time of its untimed twin, run just before (`untimed_call_ms`). A steady call of a `--nvtx` run
     has its stages as NVTX ranges (`ctx.stage_ranges`), and its `harness_overhead` says
@@ -112,12 +113,8 @@ def measure_call(ctx: TargetContext, target: Target, call, iteration: int, phase
         energy=call_energy(e0, e1), extra=result.extra))
     t3 = time.perf_counter()
     overhead = harness_overhead(timer, calibration, telemetry_s=t2 - t1, record_s=t3 - t2)
-    record["harness_overhead_ms"] = overhead["total_ms"]
-    if twin_ms is not None:
-        overhead["untimed_twin_ms"] = twin_ms
-    if ranges is not None:
-        overhead["nvtx"] = True
-    record["harness_overhead"] = overhead
+    record.harness_overhead_ms = overhead["total_ms"]
+    record.harness_overhead = HarnessOverhead(**overhead, untimed_twin_ms=twin_ms, nvtx=ranges is not None)
     return record
 
 
@@ -171,7 +168,7 @@ def measure_stream(ctx: TargetContext, capabilities: TargetCapabilities, served:
             decisions=row["decisions"], work=row["work"], window=window, validity=validity, energy=energy,
             extra={"stream": stream}))
         previous = row["done"]
-        out.write(record | ctx.ranks)
+        out.write(stamped(record, ctx.ranks))
     return len(rows)
 
 

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from dohnuts.bench.analysis.records import gap_words
+from dohnuts.bench.analysis.measurement_quality import gap_words
 from dohnuts.bench.calls import PredictCall
-from dohnuts.bench.measure.record import CallMeasurement, TargetContext, call_record, stages_dict
+from dohnuts.bench.measure.record import CallMeasurement, TargetContext, call_record, stages_dict, stamped
 from dohnuts.bench.measure.telemetry import call_energy
 from dohnuts.bench.report.status import log
 from dohnuts.errors import ConfigError, DohnutsError
@@ -199,10 +199,10 @@ def measure_accuracy(ctx: TargetContext, target, name: str, requests: list[Reque
                                       "choices": choices, "answers": answers}}))
     window, validity = ctx.telemetry.window_and_validity(t_start, time.perf_counter())
     for j, stages, wall, result, energy, extra in records:
-        out.write(call_record(ctx, CallMeasurement(
+        out.write(stamped(call_record(ctx, CallMeasurement(
             iteration=j, phase="accuracy", stages=stages, wall_ms=max(wall, 1e-6), decisions=result.decisions,
             work=result.work, window=window if j == 0 else [], validity=validity, energy=energy,
-            extra=extra)) | ctx.ranks)
+            extra=extra)), ctx.ranks))
     right = sum(e["accuracy"]["correct"] for *_, e in records)
     total = sum(e["accuracy"]["questions"] for *_, e in records)
     log.info("%s · %s: accuracy on %s %d/%d = %.3f", ctx.spec.name, ctx.target.label, name, right, total,

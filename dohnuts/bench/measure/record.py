@@ -1,9 +1,9 @@
-"""One measured call as a raw JSONL record (schema: dohnuts.bench.analysis.records).
+"""One measured call as a record (`CallRecord`, schema: dohnuts.bench.analysis.records).
 
 `TargetContext` holds what every record of one target of one workload shares (the run, the
 workload, the target entry, device and precision, the model, provenance, the telemetry, the rank
 stamp); `CallMeasurement` what one call or one streamed request measured; `call_record` joins
-them into the record's dict, its keys in the schema's order.
+them into the typed record the sink writes (dohnuts.bench.sink).
 """
 
 from __future__ import annotations
@@ -12,9 +12,12 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import torch
 
-from dohnuts.bench.analysis.records import SCHEMA
+from dohnuts.bench.analysis.records import (
+    Agreement, CallRecord, Device, Energy, EnergyWindow, LoraInfo, StageTime, Tokens, Validity, WorkloadRef,
+)
 
 if TYPE_CHECKING:
     from dohnuts.bench.contracts import RunContext
@@ -55,7 +58,7 @@ class CallMeasurement:
 
     iteration: int
     phase: str  # "steady", "first-call", "stream", "server", "offline" or "accuracy"
-    stages: dict  # stage name → {"host_ms", "device_ms", "count"}
+    stages: dict[str, StageTime]
     wall_ms: float
     decisions: int
     work: Any  # dohnuts.runtime.work.WorkCounts
@@ -65,8 +68,8 @@ class CallMeasurement:
     extra: dict
 
 
-def stages_dict(timer: StageTimer) -> dict:
-    return {name: {"host_ms": st.host_ms, "device_ms": st.device_ms, "count": st.count}
+def stages_dict(timer: StageTimer) -> dict[str, StageTime]:
+    return {name: StageTime(host_ms=st.host_ms, device_ms=st.device_ms, count=st.count)
             for name, st in timer.result().items()}
 
 
@@ -77,42 +80,45 @@ def _model_facts(cfg) -> tuple[dict, str]:
     return cfg.to_dict(), cfg.config_hash()
 
 
-def call_record(ctx: TargetContext, m: CallMeasurement) -> dict:
-    """One raw JSONL record (schema: dohnuts.bench.analysis.records), without the rank stamp."""
+def call_record(ctx: TargetContext, m: CallMeasurement) -> CallRecord:
+    """One call's record (schema: dohnuts.bench.analysis.records), without the rank stamp."""
     spec, device = ctx.spec, ctx.device
-    return {
-        "schema": SCHEMA,
-        "run_id": ctx.run.run_id,
-        "workload": {"name": spec.name, "kind": spec.kind, "file": spec.file, "file_hash": spec.file_hash},
-        "target": ctx.target.label,
-        "target_name": ctx.target.name,
-        "target_options": ctx.target.options,
-        # a measurement-only variant of the product (dohnuts.runtime.policy), or None
-        "variant": ctx.variant,
-        "iteration": m.iteration,
-        "phase": m.phase,
-        "scenario": getattr(spec, "scenario", "single"),  # how the workload issued its calls (dohnuts.bench.measure.serving)
-        "stages": m.stages,
-        "wall_ms": m.wall_ms,
-        "decisions": m.decisions,
-        "tokens": token_totals(m.work),
-        "lora": ctx.lora,
-        "work": m.work.to_dict(),
-        "model": _model_facts(ctx.model_cfg)[0],
-        "model_source": spec.model,
-        "config_hash": _model_facts(ctx.model_cfg)[1],
-        "precision": "bf16" if ctx.dtype == torch.bfloat16 else "fp32",
-        "device": {"name": ctx.provenance["device"]["name"], "type": device.type},
-        "hwspec": ctx.run.hwspec.name if ctx.run.hwspec is not None else None,
-        "peak_mem_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
-        "telemetry": m.window,
-        "validity": m.validity,
-        "energy": m.energy | {"window": ctx.energy_window} if ctx.energy_window and m.phase == "steady"
-        else m.energy,
-        "extra": m.extra,
-        "agreement": ctx.agreement,
-        "provenance": ctx.provenance,
-    }
+    window = ctx.energy_window if m.phase == "steady" else None
+    return CallRecord(
+        run_id=ctx.run.run_id,
+        workload=WorkloadRef(name=spec.name, kind=spec.kind, file=spec.file, file_hash=spec.file_hash),
+        target=ctx.target.label,
+        target_name=ctx.target.name,
+        target_options=ctx.target.options,
+        variant=ctx.variant,  # a measurement-only variant of the product (dohnuts.runtime.policy), or None
+        iteration=m.iteration,
+        phase=m.phase,
+        scenario=getattr(spec, "scenario", "single"),  # how the workload issued its calls (measure.serving)
+        stages=m.stages,
+        wall_ms=m.wall_ms,
+        decisions=m.decisions,
+        tokens=Tokens(**token_totals(m.work)),
+        lora=msgspec.convert(ctx.lora, LoraInfo) if ctx.lora is not None else None,  # (a plugin's dict)
+        work=m.work.to_dict(),
+        model=_model_facts(ctx.model_cfg)[0],
+        model_source=spec.model,
+        config_hash=_model_facts(ctx.model_cfg)[1],
+        precision="bf16" if ctx.dtype == torch.bfloat16 else "fp32",
+        device=Device(name=ctx.provenance["device"]["name"], type=device.type),
+        hwspec=ctx.run.hwspec.name if ctx.run.hwspec is not None else None,
+        peak_mem_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+        telemetry=m.window,
+        validity=Validity(**m.validity),
+        energy=Energy(**m.energy, window=EnergyWindow(**window) if window else None),
+        extra=m.extra,
+        agreement=Agreement(**ctx.agreement) if ctx.agreement is not None else None,
+        provenance=ctx.provenance,
+    )
+
+
+def stamped(record: CallRecord, ranks: dict) -> CallRecord:
+    """`record` with the rank stamp (`TargetContext.ranks`: rank, world_size, shard)."""
+    return msgspec.structs.replace(record, **ranks)
 
 
 def token_totals(work) -> dict:

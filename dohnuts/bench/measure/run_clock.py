@@ -7,6 +7,8 @@ import time
 
 import psutil
 
+from dohnuts.bench.analysis.records import CallRecord
+
 
 class RunClock:
     """A run's wall-clock milestones in seconds from its process's start, kept in run.json
@@ -25,11 +27,9 @@ class RunClock:
     def mark(self, name: str) -> None:
         self.timing[f"{name}_s"] = self.seconds()
 
-    def write(self, record: dict) -> None:
-        w = record.get("workload")
-        name = w.get("name") if isinstance(w, dict) else w
+    def write(self, record: CallRecord) -> None:
         now = self.seconds()
-        self.timing["workloads"].setdefault(str(name), {"first_result_s": now})["last_result_s"] = now
+        self.timing["workloads"].setdefault(record.workload.name, {"first_result_s": now})["last_result_s"] = now
 
 
 def _iso(epoch: float) -> str:

@@ -30,7 +30,7 @@ from dohnuts.bench.measure.provenance import provenance
 from dohnuts.bench.measure.quality import (
     can_score, check_agreement, labelled_set, measure_accuracy, reference_key, reference_outputs, sample_calls,
 )
-from dohnuts.bench.measure.record import TargetContext
+from dohnuts.bench.measure.record import TargetContext, stamped
 from dohnuts.bench.measure.serving.scenario import measure_scenario
 from dohnuts.bench.measure.serving.variety import ServedSet
 from dohnuts.bench.measure.trace import (
@@ -244,7 +244,7 @@ def _measure_target(pm, ctx: TargetContext, entry: RegisteredTarget, schedule: S
                 # The target's first call (compilation, autotuning, graph capture, cold caches)
                 # is part of end-to-end cost: recorded on its own, never mixed into the steady state.
                 record = measure_call(ctx, target, calls[0], -1, phase="first-call")
-                out.write(record | ctx.ranks)
+                out.write(stamped(record, ctx.ranks))
                 written += 1
             else:
                 target.run_call(calls[i % len(calls)], StageTimer(ctx.device))
@@ -273,13 +273,13 @@ def _measure_target(pm, ctx: TargetContext, entry: RegisteredTarget, schedule: S
                 record = measure_call(ctx, target, call, i, twin_ms=twin)
                 # Even and odd calls are two interleaved halves of one measurement: their difference
                 # is the run's own noise budget (A/A, dohnuts.bench.analysis.compare.aa_noise).
-                record["aa_half"] = i % 2
-                record.update(ctx.ranks)
+                record = stamped(record, ctx.ranks)
+                record.aa_half = i % 2
                 pm.hook.dohnuts_bench_after_call(run=ctx.run, spec=spec, target_name=tspec.label, record=record)
                 out.write(record)
                 written += 1
                 i += 1
-                walls.append(record["wall_ms"])
+                walls.append(record.wall_ms)
                 if i == wanted and spec.halfwidth and wanted < max_calls:
                     # As many calls as the observed spread needs for the median's confidence
                     # interval to reach ±halfwidth (capped): the count follows the noise.

@@ -41,8 +41,12 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from dohnuts.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dohnuts.bench.analysis.records import CallRecord
 
 DEFAULT_MIN_CLOCK_FRACTION = 0.9
 _LOOKBACK_S = 5.0
@@ -130,7 +134,7 @@ def call_validity(samples: list[dict], min_clock_fraction: float = DEFAULT_MIN_C
     return out
 
 
-def clock_summary(records: list[dict]) -> dict | None:
+def clock_summary(records: list[CallRecord]) -> dict | None:
     """The GPU clock while a group of calls ran: median and lowest clock over every non-idle sample
     of their telemetry (NVML's SM or amdsmi's GFX clock), the device's maximum, and how many samples
     showed the power cap. None when no sample had a clock (a CPU run, no GPU sampler).
@@ -139,9 +143,7 @@ def clock_summary(records: list[dict]) -> dict | None:
     runs of one build can differ by their clocks; the report says at which clock each was taken."""
     clocks, tops, capped = [], [], 0
     for rec in records:
-        for row in rec.get("telemetry") or ():
-            if not isinstance(row, dict):
-                continue
+        for row in rec.telemetry:
             for reading in row.values():
                 if not isinstance(reading, dict) or reading.get("idle"):
                     continue

@@ -49,7 +49,7 @@ import msgspec
 from dohnuts import __version__
 from dohnuts.bench.analysis.quantiles import mean_and_std
 from dohnuts.bench.analysis.records import (
-    LOCATION_KEY, group_key, per_call_records, stage_ms, target_label, valid_records, workload_label,
+    CallRecord, group_key, per_call_records, stage_ms, target_label, valid_records, where, workload_label,
 )
 from dohnuts.bench.analysis.serving import load_curves
 from dohnuts.schema import dumps, printable
@@ -58,18 +58,18 @@ FORMATS = ("pytest-benchmark", "pytorch", "csv")
 BENCHMARK_NAME = "dohnuts-bench"
 
 
-def per_call_groups(records: list[dict]) -> dict[tuple[str, str], list[dict]]:
+def per_call_groups(records: list[CallRecord]) -> dict[tuple[str, str], list[CallRecord]]:
     """The summary's per-call groups (workload, target) → valid records, in measured order."""
     kept, _ = valid_records(per_call_records(records))
-    groups: dict[tuple[str, str], list[dict]] = {}
+    groups: dict[tuple[str, str], list[CallRecord]] = {}
     for r in kept:
         groups.setdefault(group_key(r), []).append(r)
     return groups
 
 
-def _provenance(records: list[dict], meta: dict) -> dict:
+def _provenance(records: list[CallRecord], meta: dict) -> dict:
     p = meta.get("provenance") if isinstance(meta.get("provenance"), dict) else None
-    p = p or next((r["provenance"] for r in records if isinstance(r.get("provenance"), dict)), {})
+    p = p or next((r.provenance for r in records if r.provenance is not None), {})
     return p
 
 
@@ -122,7 +122,7 @@ def pytest_benchmark_stats(data: list[float]) -> dict:
             "ops": len(data) / total if total else 0, "total": total}
 
 
-def pytest_benchmark_json(records: list[dict], meta: dict) -> dict:
+def pytest_benchmark_json(records: list[CallRecord], meta: dict) -> dict:
     """The run as a pytest-benchmark JSON file (module docstring)."""
     prov, machine = _provenance(records, meta), _machine(meta)
     device = prov.get("device") if isinstance(prov.get("device"), dict) else {}
@@ -141,15 +141,15 @@ def pytest_benchmark_json(records: list[dict], meta: dict) -> dict:
                    "dirty": git.endswith("+dirty"), "project": "dohnuts", "branch": None}
     benchmarks = []
     for (workload, target), recs in per_call_groups(records).items():
-        data = [r["wall_ms"] / 1e3 for r in recs]  # seconds: pytest-benchmark's unit
+        data = [r.wall_ms / 1e3 for r in recs]  # seconds: pytest-benchmark's unit
         first = recs[0]
         benchmarks.append({
             "group": workload, "name": f"{workload}[{target}]", "fullname": f"{BENCHMARK_NAME}::{workload}[{target}]",
             "params": {"workload": workload, "target": target}, "param": target,
-            "extra_info": {"run_id": first.get("run_id"), "phase": first.get("phase", "steady"),
-                           "kind": first["workload"].get("kind"), "model": first.get("model_source"),
-                           "precision": first.get("precision"), "device": first["device"].get("name"),
-                           "decisions_median": statistics.median(r["decisions"] for r in recs)},
+            "extra_info": {"run_id": first.run_id, "phase": first.phase,
+                           "kind": first.workload.kind, "model": first.model_source,
+                           "precision": first.precision, "device": first.device.name,
+                           "decisions_median": statistics.median(r.decisions for r in recs)},
             "options": {"timer": "perf_counter", "disable_gc": False, "min_rounds": None, "max_time": None,
                         "min_time": None, "warmup": None},
             "stats": pytest_benchmark_stats(data) | {"data": data, "iterations": 1}})
@@ -204,7 +204,7 @@ class PyTorchRecord(msgspec.Struct, forbid_unknown_fields=True):
     runners: list[PyTorchRunner] = []
 
 
-def pytorch_records(records: list[dict], meta: dict) -> list[dict]:
+def pytorch_records(records: list[CallRecord], meta: dict) -> list[dict]:
     """The run in the PyTorch OSS benchmark database's v3 format (module docstring)."""
     prov, machine = _provenance(records, meta), _machine(meta)
     device = prov.get("device") if isinstance(prov.get("device"), dict) else {}
@@ -219,22 +219,21 @@ def pytorch_records(records: list[dict], meta: dict) -> list[dict]:
     out = []
     for recs in per_call_groups(records).values():
         first = recs[0]
-        phase = first.get("phase", "steady")
+        phase = first.phase
         prefix = "" if phase == "steady" else phase.replace("-", "_") + "_"  # first_call_, stream_
-        walls = [float(r["wall_ms"]) for r in recs]
+        walls = [r.wall_ms for r in recs]
         median = statistics.median(walls)
         mean, std = mean_and_std(walls)
-        decisions = statistics.median(r["decisions"] for r in recs)
-        kind = first["workload"].get("kind")
+        decisions = statistics.median(r.decisions for r in recs)
+        kind = first.workload.kind
         benchmark = {"name": BENCHMARK_NAME, "mode": "training" if kind == "train-step" else "inference",
-                     "dtype": {"bf16": "bfloat16", "fp32": "float32"}[first["precision"]],
-                     "extra_info": {"phase": phase, "run_id": first.get("run_id"),
-                                    "device": first["device"].get("name")}}
+                     "dtype": {"bf16": "bfloat16", "fp32": "float32"}[first.precision],
+                     "extra_info": {"phase": phase, "run_id": first.run_id, "device": first.device.name}}
         model = {"name": workload_label(first), "type": str(kind), "backend": target_label(first),
                  "origins": ["dohnuts"],
-                 "extra_info": {"model": first.get("model_source") or first["model"].get("name"),
-                                "target_name": first.get("target_name"), "variant": first.get("variant"),
-                                "config_hash": first.get("config_hash")}}
+                 "extra_info": {"model": first.model_source or first.model.get("name"),
+                                "target_name": first.target_name, "variant": first.variant,
+                                "config_hash": first.config_hash}}
         metrics = [("wall_ms", walls, "ms", "every call, in measured order"),
                    ("median_wall_ms", [median], "ms", "median call"),
                    ("mean_wall_ms", [mean], "ms", "mean call"),
@@ -249,12 +248,12 @@ def pytorch_records(records: list[dict], meta: dict) -> list[dict]:
     return out + _serving_records(records, runner)
 
 
-def _serving_records(records: list[dict], runner: dict) -> list[dict]:
+def _serving_records(records: list[CallRecord], runner: dict) -> list[dict]:
     """The load points as vLLM uploads a serving run: a record a metric a point, the metrics under
     vLLM's names (`mean_e2el_ms`, `p99_ttft_ms`, ..., dohnuts.bench.measure.serving.stats) and
     `request_throughput`, `request_goodput`, `completed`; the point's rate or clients in
     `benchmark.extra_info`."""
-    precision = {(workload_label(r), target_label(r)): r["precision"] for r in records}
+    precision = {(workload_label(r), target_label(r)): r.precision for r in records}
     out = []
     for c in load_curves(records):
         model = {"name": c.workload, "type": "serving", "backend": c.target, "origins": ["dohnuts"], "extra_info": {}}
@@ -294,33 +293,30 @@ def _cell(value: Any) -> Any:
     return "'" + text if text.startswith(FORMULA_START) else text
 
 
-def _csv_row(r: dict) -> dict:
-    extra = r.get("extra") if isinstance(r.get("extra"), dict) else {}
-    serving = extra.get("serving") if isinstance(extra.get("serving"), dict) else {}
+def _csv_row(r: CallRecord) -> dict:
+    serving = r.extra["serving"] if isinstance(r.extra.get("serving"), dict) else {}  # (extra: open, read as written)
     point = serving.get("point") if isinstance(serving.get("point"), dict) else {}
-    tokens = r.get("tokens") or {}
-    energy = r.get("energy") if isinstance(r.get("energy"), dict) else {}
-    validity = r.get("validity") if isinstance(r.get("validity"), dict) else {}
     ttft = (serving["first_byte_ms"] - serving["arrival_ms"] if "first_byte_ms" in serving
             and "arrival_ms" in serving else None)
-    row = {"run_id": r.get("run_id"), "workload": r["workload"].get("name"), "kind": r["workload"].get("kind"),
-           "target": r.get("target"), "target_name": r.get("target_name"), "variant": r.get("variant"),
-           "phase": r.get("phase", "steady"), "scenario": r.get("scenario"), "iteration": r.get("iteration"),
-           "rank": r.get("rank"), "world_size": r.get("world_size"), "aa_half": r.get("aa_half"),
-           "valid": validity.get("valid", True), "wall_ms": r["wall_ms"], "decisions": r.get("decisions"),
-           "useful_tokens": tokens.get("useful"), "padded_tokens": tokens.get("padded"),
-           "computed_tokens": tokens.get("computed"), "precision": r.get("precision"),
-           "device": r["device"].get("name"), "device_type": r["device"].get("type"),
-           "peak_mem_bytes": r.get("peak_mem_bytes"), "energy_j": energy.get("joules"),
+    tokens = r.tokens
+    row = {"run_id": r.run_id, "workload": r.workload.name, "kind": r.workload.kind,
+           "target": r.target, "target_name": r.target_name, "variant": r.variant,
+           "phase": r.phase, "scenario": r.scenario, "iteration": r.iteration,
+           "rank": r.rank, "world_size": r.world_size, "aa_half": r.aa_half,
+           "valid": r.validity.valid if r.validity is not None else True, "wall_ms": r.wall_ms,
+           "decisions": r.decisions, "useful_tokens": tokens.useful if tokens else None,
+           "padded_tokens": tokens.padded if tokens else None, "computed_tokens": tokens.computed if tokens else None,
+           "precision": r.precision, "device": r.device.name, "device_type": r.device.type,
+           "peak_mem_bytes": r.peak_mem_bytes, "energy_j": r.energy.joules if r.energy is not None else None,
            "e2el_ms": serving.get("latency_ms"), "queue_ms": serving.get("queue_ms"), "ttft_ms": ttft,
            "service_ms": serving.get("service_ms"), "rate_rps": point.get("rate_rps"),
-           "concurrency": point.get("concurrency"), "source": r.get(LOCATION_KEY)}
-    for name, entry in (r.get("stages") or {}).items():
+           "concurrency": point.get("concurrency"), "source": where(r)}
+    for name, entry in r.stages.items():
         row[f"stage_ms:{name}"] = stage_ms(entry)
     return row
 
 
-def csv_text(records: list[dict]) -> str:
+def csv_text(records: list[CallRecord]) -> str:
     """One row a record (module docstring)."""
     rows = [_csv_row(r) for r in records]
     stages = list(dict.fromkeys(k for row in rows for k in row if k.startswith("stage_ms:")))
@@ -335,7 +331,7 @@ def csv_text(records: list[dict]) -> str:
 # -- the text of a format --------------------------------------------------------------------------
 
 
-def export_text(fmt: str, records: list[dict], meta: dict) -> str:
+def export_text(fmt: str, records: list[CallRecord], meta: dict) -> str:
     """The run's records (and its run.json's `meta`) as format `fmt`'s text."""
     if fmt == "pytest-benchmark":
         return dumps(pytest_benchmark_json(records, meta), indent=4) + "\n"

@@ -32,7 +32,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from dohnuts.bench.analysis.machine import STABLE_WORDS, opening_lines, timing_line
-from dohnuts.bench.analysis.records import gap_words, overhead_text, quality_cells
+from dohnuts.bench.analysis.measurement_quality import gap_words, overhead_text, quality_cells
 from dohnuts.bench.analysis.roofline import roofline_svg, stage_points
 from dohnuts.bench.analysis.serving import served_cells
 from dohnuts.bench.report.svg import headline_chart, latency_curve, throughput_curve, trend

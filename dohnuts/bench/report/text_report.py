@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.measure import Measurement
 from rich.text import Text
 
-from dohnuts.bench.analysis.records import gap_words, quality_cells
+from dohnuts.bench.analysis.measurement_quality import gap_words, quality_cells
 from dohnuts.bench.analysis.render import UNBOUNDED, Col, FitTable
 from dohnuts.bench.analysis.serving import served_cells
 from dohnuts.bench.analysis.summary import CLAIMED_PRECISION

@@ -48,17 +48,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import NormalDist
 
-import msgspec
 import numpy as np
 from rich.text import Text
 
 from dohnuts.bench.analysis.compare import DEFAULT_MIN_EFFECT, FASTER, SLOWER, WALL, compare_samples
 from dohnuts.bench.analysis.hwspec import BUILTIN_DIR, load_hwspec
 from dohnuts.bench.analysis.load_verdict import EXPLAINED, load_of, weigh
+from dohnuts.bench.analysis.records import stage_ms
 from dohnuts.bench.analysis.render import Col, FitTable
 from dohnuts.bench.store.run_store import RunStore
 from dohnuts.errors import DohnutsError
-from dohnuts.schema import NonNegative, convert, json_safe
+from dohnuts.schema import json_safe
 from dohnuts.schema.values import printable
 
 MIN_RUNS_FOR_NOISE = 4   # runs a series needs before the noise between its runs is measured
@@ -260,23 +260,11 @@ def _builtin_names() -> dict[str, str]:
     return names
 
 
-class StoredStage(msgspec.Struct):
-    """A stage's times in a stored record, as `history` reads them (typed: a hand-edited record is
-    one line naming the store and the record)."""
-
-    host_ms: NonNegative | None = None
-    device_ms: NonNegative | None = None
-
-
-def stored_stage_ms(store, call: dict, stage: str) -> float | None:
-    """The time of `stage` in a steady call's stored record (device time where recorded), or None."""
-    stages = call["record"].get("stages")
-    entry = stages.get(stage) if isinstance(stages, dict) else None
-    if entry is None:
-        return None
-    times = convert(entry, StoredStage, source=str(store.path), error=DohnutsError,
-                    prefix=f"record {call['seq']} of run {call['run_id']}: stages.{stage}")
-    return times.device_ms if times.device_ms is not None else times.host_ms
+def stored_stage_ms(call: dict, stage: str) -> float | None:
+    """The time of `stage` in a steady call's stored record (a `CallRecord`, typed when the store
+    read it; device time where recorded), or None where the call has no such stage."""
+    entry = call["record"].stages.get(stage)
+    return stage_ms(entry) if entry is not None else None
 
 
 def history(store, *, machine: str | None = None, device: str | None = None, model: str | None = None,
@@ -297,7 +285,7 @@ def history(store, *, machine: str | None = None, device: str | None = None, mod
         if stage == WALL:
             value = c["wall_ms"]
         else:
-            value = stored_stage_ms(store, c, stage)
+            value = stored_stage_ms(c, stage)
         if value is None:
             continue
         run = runs.setdefault(key, {}).setdefault(c["run_id"], _Run(c))

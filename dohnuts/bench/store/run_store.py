@@ -35,8 +35,10 @@ run.json's JSON; a row whose JSON cannot be read stops the migration, and nothin
 existing store is checked when opened — its schema version a whole number, every table with every
 column (`TABLE_COLUMNS`) — and never rebuilt in place, so a `run` never measures into a store it
 cannot fill; every value read of it is typed (`SteadyCall`, JSON objects), one line naming the store
-and the record otherwise. Readers (`history`, `report`) open it read-only (`read_only=True`). Records are kept as compact JSON (dohnuts.schema.dumps): the store holds what
-the JSONL holds.
+and the record otherwise. Readers (`history`, `report`) open it read-only (`read_only=True`).
+Records are kept as results.jsonl holds them (dohnuts.bench.analysis.records.encode_record; rows
+stored before the record's schema 2 are schema-1 records, upgraded by `migrate` as they are read,
+as `CallRecord`s): the store holds what the JSONL holds.
 """
 
 from __future__ import annotations
@@ -51,11 +53,13 @@ from typing import Any
 import msgspec
 
 from dohnuts.bench.analysis.load_verdict import record_load
-from dohnuts.bench.analysis.records import read_jsonl, target_label, workload_label
+from dohnuts.bench.analysis.records import (
+    CallRecord, RecordError, encode_record, read_records, record_from_dict, target_label, workload_label,
+)
 from dohnuts.bench.measure.machine_id import recorded_machine
 from dohnuts.bench.store.summary_file import RunFile, SummaryFile, read_run_json
 from dohnuts.errors import DohnutsError
-from dohnuts.schema import convert, dumps, short
+from dohnuts.schema import convert, dumps, one_line_error, short
 
 APPLICATION_ID = 0x646F686E  # "dohn"
 SCHEMA_VERSION = 3
@@ -215,7 +219,7 @@ class RunStore:
             sets = ", ".join(f"{c} = ?" for c, _ in fill)
             rows = self.db.execute("SELECT run_id, seq, record FROM records").fetchall()
             for run_id, seq, text in rows:
-                rec = self._json_object(text, f"record {seq} of run {run_id}", "migrated")
+                rec = self._record(text, f"record {seq} of run {run_id}", "migrated")
                 values = (serving_columns(rec) if version < 2 else ()) + series_columns(rec)
                 added.append((*values, run_id, seq))
             self.db.executemany(f"UPDATE records SET {sets} WHERE run_id = ? AND seq = ?", added)
@@ -236,6 +240,14 @@ class RunStore:
             raise StoreError(f"holds {what}, which is not a JSON object: the store cannot be {doing}; rebuild it "
                              "(`dohnuts-bench store import RUN_DIR ...` into a new file)", source=str(self.path))
         return value
+
+    def _record(self, text, what: str, doing: str = "read") -> CallRecord:
+        """A record the store holds (written by any schema `migrate` reads), or one line naming it."""
+        try:
+            return record_from_dict(self._json_object(text, what, doing))
+        except RecordError as exc:  # the store's file, the record and its field
+            raise one_line_error(StoreError(exc.message, source=str(self.path),
+                                            field=f"{what}: {exc.field}" if exc.field else what)) from None
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -273,13 +285,13 @@ class RunStore:
             self.db.execute(f"INSERT OR REPLACE INTO runs ({', '.join(RUN_FIELDS)}) "
                             f"VALUES ({', '.join('?' * len(RUN_FIELDS))})", row)
 
-    def add_records(self, run_id: str, records: Iterable[dict], *, start: int | None = None) -> int:
+    def add_records(self, run_id: str, records: Iterable[CallRecord], *, start: int | None = None) -> int:
         """Append records of a run (numbered after those it holds); returns how many."""
         with self._transaction():
             seq = start if start is not None else self.db.execute(
                 "SELECT COALESCE(MAX(seq) + 1, 0) FROM records WHERE run_id = ?", (run_id,)).fetchone()[0]
-            rows = [(run_id, seq + n, workload_label(rec), target_label(rec), str(rec.get("phase", "steady")),
-                     _number(rec.get("wall_ms")), dumps(rec, compact=True), *serving_columns(rec), *series_columns(rec))
+            rows = [(run_id, seq + n, workload_label(rec), target_label(rec), rec.phase, rec.wall_ms,
+                     encode_record(rec), *serving_columns(rec), *series_columns(rec))
                     for n, rec in enumerate(records)]
             self.db.executemany(f"INSERT OR REPLACE INTO records ({', '.join(RECORD_FIELDS)}) "
                                 f"VALUES ({', '.join('?' * len(RECORD_FIELDS))})", rows)
@@ -303,13 +315,12 @@ class RunStore:
         results = next((run_dir / n for n in ("results.jsonl", "results.jsonl.gz") if (run_dir / n).is_file()), None)
         if results is None:
             raise DohnutsError("holds no results.jsonl or results.jsonl.gz", source=str(run_dir))
-        records = [{k: v for k, v in r.items() if k != "_source"} for r in read_jsonl(results)]  # (where each came from)
-
+        records = read_records(results)
         meta = read_run_json(run_dir / "run.json", RunFile) or {}  # typed: a hand-edited file is one line
-        run_id = str(meta.get("run_id") or (records[0].get("run_id") if records else None) or run_dir.name)
+        run_id = str(meta.get("run_id") or (records[0].run_id if records else None) or run_dir.name)
         meta.setdefault("run_id", run_id)
         if not meta.get("provenance") and records:
-            meta["provenance"] = records[0].get("provenance") or {}
+            meta["provenance"] = records[0].provenance or {}
         self.add_run(run_id, meta)
         with self._transaction():
             self.db.execute("DELETE FROM records WHERE run_id = ?", (run_id,))
@@ -328,7 +339,7 @@ class RunStore:
         return [dict(zip(("run_id", "started", "revision", "dirty", "device", "hwspec"), r)) for r in rows]
 
     def records(self, run_id: str | None = None, *, workload: str | None = None, target: str | None = None,
-                phase: str | None = None) -> list[dict]:
+                phase: str | None = None) -> list[CallRecord]:
         """The records, in their run's order, filtered by run, workload, target and phase."""
         sql, args = "SELECT record, run_id, seq FROM records JOIN runs USING (run_id) WHERE 1", []
         for column, value in (("run_id", run_id), ("workload", workload), ("target", target), ("phase", phase)):
@@ -336,7 +347,7 @@ class RunStore:
                 sql += f" AND records.{column} = ?"
                 args.append(value)
         sql += " ORDER BY runs.started, runs.run_id, records.seq"
-        return [self._json_object(text, f"record {seq} of run {run}") for text, run, seq in self._query(sql, args)]
+        return [self._record(text, f"record {seq} of run {run}") for text, run, seq in self._query(sql, args)]
 
     def steady_calls(self, *, workload: str | None = None, target: str | None = None, machine: str | None = None,
                      with_record: bool = False) -> list[dict[str, Any]]:
@@ -361,7 +372,7 @@ class RunStore:
             item = msgspec.structs.asdict(convert(dict(zip(names, row)), SteadyCall, source=str(self.path),
                                                   error=StoreError, prefix=what))
             if with_record:
-                item["record"] = self._json_object(row[-1], what)
+                item["record"] = self._record(row[-1], what)
             out.append(item)
         return out
 
@@ -417,33 +428,28 @@ class SteadyCall(msgspec.Struct, frozen=True):
     seq: int
 
 
-def serving_columns(rec: dict) -> tuple:
+def serving_columns(rec: CallRecord) -> tuple:
     """A record's values of `SERVING_COLUMNS`: scenario, offered rate, latency, accuracy counts and
-    the reference gap (None where the record has none)."""
-    extra = rec.get("extra") if isinstance(rec.get("extra"), dict) else {}
-    serving = extra.get("serving") if isinstance(extra.get("serving"), dict) else {}
-    point = serving.get("point") if isinstance(serving.get("point"), dict) else {}
-    accuracy = extra.get("accuracy") if isinstance(extra.get("accuracy"), dict) else {}
-    agreement = rec.get("agreement") if isinstance(rec.get("agreement"), dict) else {}
-    scenario = rec.get("scenario") if isinstance(rec.get("scenario"), str) else None
-    return (scenario, _number(point.get("rate_rps")), _number(serving.get("latency_ms")),
+    the reference gap (None where the record has none). `extra` is open: its parts are read as
+    far as they are the shape the harness writes."""
+    serving = _part(rec.extra, "serving")
+    point, accuracy = _part(serving, "point"), _part(rec.extra, "accuracy")
+    return (rec.scenario, _number(point.get("rate_rps")), _number(serving.get("latency_ms")),
             _integer(accuracy.get("correct")), _integer(accuracy.get("questions")),
-            _number(agreement.get("max_abs_gap")))
+            rec.agreement.max_abs_gap if rec.agreement is not None else None)
 
 
-def series_columns(rec: dict) -> tuple:
+def _part(d: dict, key: str) -> dict:
+    return d[key] if isinstance(d.get(key), dict) else {}
+
+
+def series_columns(rec: CallRecord) -> tuple:
     """A record's values of `SERIES_COLUMNS`: its device's name, model (the preset or checkpoint it
     names, else its config's name), precision, A/A half and load (None where it has none)."""
-    device = rec.get("device") if isinstance(rec.get("device"), dict) else {}
-    model = rec.get("model_source")
-    if not isinstance(model, str):
-        config = rec.get("model") if isinstance(rec.get("model"), dict) else {}
-        model = config.get("name") if isinstance(config.get("name"), str) else None
-    half = rec.get("aa_half")
-    own, others, cpus = record_load(rec)
-    return (device.get("name") if isinstance(device.get("name"), str) else None, model,
-            rec.get("precision") if isinstance(rec.get("precision"), str) else None,
-            half if half in (0, 1) and not isinstance(half, bool) else None, own, others, cpus)
+    model = rec.model_source
+    if model is None:
+        model = rec.model.get("name") if isinstance(rec.model.get("name"), str) else None
+    return (rec.device.name, model, rec.precision, rec.aa_half, *record_load(rec))
 
 
 def _integer(value) -> int | None:
@@ -481,7 +487,7 @@ class StoreMirror:
         self.store, self.run_id, self.warn = store, run_id, warn
         self.failed = False
 
-    def write(self, record: dict) -> None:
+    def write(self, record: CallRecord) -> None:
         if self.failed:
             return
         try:

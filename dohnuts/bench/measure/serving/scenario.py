@@ -35,8 +35,9 @@ import dataclasses
 import math
 import time
 
+from dohnuts.bench.analysis.records import CallRecord
 from dohnuts.bench.measure.call import measure_stream, stage_timers, synchronize
-from dohnuts.bench.measure.record import CallMeasurement, TargetContext, call_record, stages_dict
+from dohnuts.bench.measure.record import CallMeasurement, TargetContext, call_record, stages_dict, stamped
 from dohnuts.bench.measure.serving.arrivals import (
     Arrivals, ClosedLoop, all_at_once, poisson_arrivals, read_trace, trace_arrivals,
 )
@@ -238,7 +239,7 @@ class PointRunner:
             for r in served:
                 stages = stages_dict(timers[r.index]) if r.completion is not None and r.index in timers else {}
                 if "serialize" in stages:
-                    r.first_byte = max(r.start, r.completion - stages["serialize"]["host_ms"] / 1e3)
+                    r.first_byte = max(r.start, r.completion - stages["serialize"].host_ms / 1e3)
         summary, facts = self._summary(arrivals, served, role, server, capacity)
         done = [r for r in served if r.outcome == "served" and r.completion is not None]
         facts["served_set"] = ServedFacts.of(self.served, [order[r.index % len(order)] for r in done],
@@ -339,7 +340,7 @@ class PointRunner:
                 wall_ms=max((r.completion - r.start) * 1e3, 1e-6), decisions=decisions, work=work,
                 window=window if first else [], validity=validity, energy=energy,
                 extra={"serving": times | {"point": facts}}))
-            self.out.write(record | ctx.ranks)
+            self.out.write(stamped(record, ctx.ranks))
             self.written += 1
             first = False
 
@@ -368,8 +369,8 @@ class _Stamped:
     def __init__(self, out, stamp: dict):
         self.out, self.stamp = out, stamp
 
-    def write(self, record: dict) -> None:
-        record.setdefault("extra", {})["serving"] = self.stamp
+    def write(self, record: CallRecord) -> None:
+        record.extra["serving"] = self.stamp
         self.out.write(record)
 
 
