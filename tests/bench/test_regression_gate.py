@@ -105,10 +105,10 @@ def _run(tmp_path, workload, name: str, factor: float = 1.0) -> Path:
 def _halfwidth(run: Path) -> float:
     """The relative half-width (95 %) its steady calls give the median wall time of the run."""
     from dohnuts.bench.analysis.compare import WALL, median_halfwidth, steady_samples
-    from dohnuts.bench.analysis.records import read_jsonl
+    from dohnuts.bench.analysis.records import read_records
 
     path = next(p for p in (run / "results.jsonl", run / "results.jsonl.gz") if p.is_file())
-    (samples,) = steady_samples(read_jsonl(path)).values()
+    (samples,) = steady_samples(read_records(path)).values()
     return median_halfwidth(samples[WALL])
 
 
