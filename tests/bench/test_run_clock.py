@@ -9,6 +9,7 @@ import types
 import psutil
 
 from dohnuts.bench.measure.run_clock import RunClock
+from tests.bench.typed_records import typed
 
 
 def test_milestones_are_seconds_from_the_process_start(monkeypatch):
@@ -18,10 +19,10 @@ def test_milestones_are_seconds_from_the_process_start(monkeypatch):
     timing: dict = {}
     clock = RunClock(timing)
     clock.mark("prepared")                                           # 12.5 s: the ceilings
-    clock.write({"workload": {"name": "text"}})                      # text's first record at 15.25 s
-    clock.write({"workload": {"name": "text"}})                      # and its last at 16 s
-    clock.write({"workload": {"name": "train-step"}})                # 40 s
-    clock.write({"workload": "train-step"})                          # a bare name counts the same: 41 s
+    clock.write(typed({"workload": {"name": "text"}}))               # text's first record at 15.25 s
+    clock.write(typed({"workload": {"name": "text"}}))               # and its last at 16 s
+    clock.write(typed({"workload": {"name": "train-step"}}))         # 40 s
+    clock.write(typed({"workload": {"name": "train-step"}}))         # 41 s
     clock.mark("measured")
     assert timing["process_started"] == "1970-01-01T00:16:40+00:00"
     assert timing["prepared_s"] == 12.5 and timing["measured_s"] == 140.0
