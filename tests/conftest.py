@@ -59,9 +59,7 @@ import_checkout_packages()
 
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: one worker a core, and one more. A test that starts processes (the CLI examples,
-    torchrun ranks, served runs) waits for them; with one worker a core the 2-core machine was busy
-    1.7 cores of 2 through the test command, with three workers 1.95 (session 23: 8:17 → 7:39,
-    of which about 20 s the golden-records test's run no longer made twice)."""
+    torchrun ranks, served runs) waits for them, and a core would idle meanwhile (the ledger, M36)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return cores + 1
 
