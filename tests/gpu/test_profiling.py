@@ -72,10 +72,10 @@ def test_a_measured_call_with_nvtx_ranges_inside_the_capture_bracket(tmp_path):
             records.append(measure_call(ctx, target, None, i, twin_ms=twin))
     torch.cuda.synchronize()
     for rec in records:
-        assert rec["harness_overhead"]["nvtx"] is True and rec["harness_overhead"]["untimed_twin_ms"] > 0
-        assert set(rec["stages"]) == {"h2d", "forward"}
-        assert all(s["device_ms"] > 0 and s["count"] == 1 for s in rec["stages"].values())
-        assert rec["stages"]["forward"]["device_ms"] <= rec["wall_ms"]
+        assert rec.harness_overhead.nvtx is True and rec.harness_overhead.untimed_twin_ms > 0
+        assert set(rec.stages) == {"h2d", "forward"}
+        assert all(s.device_ms > 0 and s.count == 1 for s in rec.stages.values())
+        assert rec.stages["forward"].device_ms <= rec.wall_ms
     assert run.measured["harness_calibration"][str(CUDA)]["nvtx"] is True
     if log:  # the stand-in: every range opened was closed, in the domain dohnuts
         assert [e for e in log if e[0] == "push"] and len([e for e in log if e[0] == "push"]) == len(
