@@ -28,6 +28,11 @@ from dohnuts.runtime.timing import NULL_TIMER, NvtxRanges, StageTimer, empty_sta
 # paired difference is the harness's cost measured from outside (dohnuts.bench.analysis.records
 # .overhead_summary), what the timer's self-measured host time only bounds from above on a GPU.
 HARNESS_AB_PAIRS = 8
+# ... while the twins so far took less than HARNESS_AB_BUDGET_S (at least HARNESS_AB_MIN_PAIRS pairs):
+# a call of seconds (a peer's training update) is a poor instrument for microseconds of harness, and
+# eight twins of 2.5 s were 20 s of the H200 suite's 240 (docs/history/evolution.md M37).
+HARNESS_AB_BUDGET_S = 2.0
+HARNESS_AB_MIN_PAIRS = 2
 
 # A device's energy counter advances in steps (NVML's may be ~100 ms apart), so one short call reads
 # 0 or a whole step. A target's energy per call is measured instead over untimed back-to-back calls
@@ -52,6 +57,12 @@ def stage_timers(device: torch.device) -> tuple[dict[int, StageTimer], Callable[
         return timers[i]
 
     return timers, timer_for
+
+
+def wants_twin(pairs: int, twins_ms: float) -> bool:
+    """Whether the next measured call follows an untimed twin, after `pairs` pairs whose twins took
+    `twins_ms` in all (HARNESS_AB_PAIRS, HARNESS_AB_BUDGET_S, HARNESS_AB_MIN_PAIRS)."""
+    return pairs < HARNESS_AB_MIN_PAIRS or (pairs < HARNESS_AB_PAIRS and twins_ms < HARNESS_AB_BUDGET_S * 1e3)
 
 
 def untimed_call_ms(ctx: TargetContext, target: Target, call) -> float:

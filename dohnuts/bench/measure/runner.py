@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import random
+import statistics
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -25,7 +26,7 @@ import torch
 
 from dohnuts.bench.analysis.compare import required_calls
 from dohnuts.bench.contracts import RunContext, WorkloadContext
-from dohnuts.bench.measure.call import HARNESS_AB_PAIRS, energy_window, measure_call, untimed_call_ms
+from dohnuts.bench.measure.call import energy_window, measure_call, untimed_call_ms, wants_twin
 from dohnuts.bench.measure.provenance import provenance
 from dohnuts.bench.measure.quality import (
     can_score, check_agreement, labelled_set, measure_accuracy, reference_key, reference_outputs, sample_calls,
@@ -213,6 +214,17 @@ def _quality_inputs(run: RunContext, spec: WorkloadSpec, targets: dict[str, Regi
     return dataclasses.replace(schedule, sample=sample, references=references, labelled=labelled)
 
 
+# The spread-driven extension stops once the measured calls would pass this many seconds, as asv's
+# `repeat` tuple caps its samples by `max_time` (20 s by default): a peer's checkpointed update of 2.5 s
+# otherwise ran 20 calls, 50 s of the H200 suite's 240 (docs/history/evolution.md M37).
+EXTEND_FOR_S = 20.0
+
+
+def extended_calls(walls_ms: list[float], seconds: float) -> int:
+    """How many calls of the median measured so far fit in `seconds` (at least one)."""
+    return max(1, int(seconds * 1e3 / max(statistics.median(walls_ms), 1e-9)))
+
+
 OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
 
@@ -260,7 +272,7 @@ def _measure_target(pm, ctx: TargetContext, entry: RegisteredTarget, schedule: S
             ctx, target, [calls[(warmup + j) % len(calls)] for j in range(len(calls))]))
         barrier(world)  # the ranks start measuring together
         start = time.perf_counter()
-        i, wanted, walls = 0, spec.repeat, []
+        i, wanted, walls, twins_ms = 0, spec.repeat, [], 0.0
         max_calls = spec.max_repeat or 4 * spec.repeat
         # the measured calls alone, bracketed for `nsys --capture-range=cudaProfilerApi` (CUDA)
         with measured_window(ctx.device):
@@ -269,7 +281,9 @@ def _measure_target(pm, ctx: TargetContext, entry: RegisteredTarget, schedule: S
                 pm.hook.dohnuts_bench_before_call(run=ctx.run, spec=spec, target_name=tspec.label, iteration=i)
                 if ctx.run.before_call is not None:
                     ctx.run.before_call(world, i)
-                twin = untimed_call_ms(ctx, target, call) if i < HARNESS_AB_PAIRS else None
+                # every rank runs a twin or none (a training call all-reduces)
+                twin = untimed_call_ms(ctx, target, call) if any_rank(wants_twin(i, twins_ms), world) else None
+                twins_ms += twin or 0.0
                 record = measure_call(ctx, target, call, i, twin_ms=twin)
                 # Even and odd calls are two interleaved halves of one measurement: their difference
                 # is the run's own noise budget (A/A, dohnuts.bench.analysis.compare.aa_noise).
@@ -282,8 +296,10 @@ def _measure_target(pm, ctx: TargetContext, entry: RegisteredTarget, schedule: S
                 walls.append(record.wall_ms)
                 if i == wanted and spec.halfwidth and wanted < max_calls:
                     # As many calls as the observed spread needs for the median's confidence
-                    # interval to reach ±halfwidth (capped): the count follows the noise.
+                    # interval to reach ±halfwidth (capped): the count follows the noise, for
+                    # EXTEND_FOR_S of measuring at most (asv's max_time; the report states the interval).
                     wanted = min(max_calls, max(wanted, required_calls(walls, spec.halfwidth)))
+                    wanted = min(wanted, max(i, extended_calls(walls, EXTEND_FOR_S)))
                     wanted = max_over_ranks(wanted, world)  # the noisiest rank decides for all
                     if progress is not None:
                         progress.update(task, total=warmup + wanted)

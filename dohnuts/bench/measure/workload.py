@@ -13,7 +13,8 @@
     min_duration_s: 0           # ... and at least this long (finite, 0..86400: one day) ...
     halfwidth: 0.05             # ... and as many as the observed spread needs for the median's 95 %
                                 #     interval to be ±5 % (0: exactly `repeat`) ...
-    max_repeat: 0               # ... but at most this many (0: 4 × repeat; at most 100000)
+    max_repeat: 0               # ... but at most this many (0: 4 × repeat; at most 100000), and no
+                                #     more than 20 s of measured calls past `repeat` (asv's max_time)
     seed: 0                     # 0..2³²−1
     hwspec: h200                # optional: hwspecs/<name>.yaml or a path (default: by device name)
     processes: 1                # one process per device, or a list ([1, 2]) to measure scaling: each
