@@ -9,9 +9,11 @@ Policy v1 (the Qwen3-VL image processor's arithmetic, with a smaller pixel budge
 1. Decode with Pillow (first frame only; EXIF orientation is *not* applied, like transformers).
    Images over `MAX_DECODE_PIXELS` are refused from the header, before any pixel is decoded.
    The common PNG — 8-bit truecolour, not interlaced, no transparency — is decoded by libspng
-   (pyspng) instead: the same pixels (PNG is lossless), in half Pillow's time (its zlib inflate
-   and row filters were two thirds of a cold 448² image's preparation on the H200's host); any
-   other file, or one libspng refuses, goes to Pillow, whose errors are the ones reported.
+   (through imagecodecs) instead: the same pixels (PNG is lossless), in two thirds of Pillow's time
+   on the H200's host, and with the GIL released, so the prediction workers decode in parallel while
+   the launching thread runs (pyspng, the binding used before, held it: four 448² decodes on four
+   threads took 18.5 ms there against 5.8 ms; docs/history/evolution.md M37); any other file, or
+   one libspng refuses, goes to Pillow, whose errors are the ones reported.
 2. Convert to RGB, compositing transparency onto white (as transformers' `convert_to_rgb`).
 3. Resize (bicubic, on uint8) to `smart_resize`: both sides multiples of patch·merge (32), aspect
    kept, pixel count within [MIN_PIXELS, MAX_PIXELS] = [256², 1024²], i.e. 64..1024 text tokens.
@@ -47,8 +49,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import imagecodecs
 import numpy as np
-import pyspng
 import torch
 from PIL import Image
 
@@ -250,7 +252,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def _plain_png_size(data: bytes) -> tuple[int, int] | None:
     """(width, height) of an 8-bit truecolour, non-interlaced PNG with no tRNS chunk before its
     image data (no transparency to composite), within the decode limit and with every chunk's CRC
-    intact (libspng, as pyspng calls it, ignores CRCs where Pillow refuses the file); None otherwise."""
+    intact (libspng, as imagecodecs calls it, ignores some CRCs where Pillow refuses the file); None otherwise."""
     if len(data) < 33 or data[:8] != PNG_SIGNATURE or data[12:16] != b"IHDR":
         return None
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
@@ -281,7 +283,7 @@ def decode_pixels(source: str | Path | bytes, *, name: str | None = None) -> np.
     size = _plain_png_size(data)
     if size is not None:
         try:
-            pixels = pyspng.load(data)
+            pixels = imagecodecs.spng_decode(data)
         except Exception:  # corrupt or truncated: Pillow decodes it again and words the error
             pixels = None
         if pixels is not None and pixels.shape == (size[1], size[0], 3) and pixels.dtype == np.uint8:

@@ -181,13 +181,13 @@ def _png(array: np.ndarray, **save) -> bytes:
 def test_plain_pngs_decode_by_libspng_to_pillows_pixels(monkeypatch):
     """An 8-bit truecolour PNG goes to libspng and gives Pillow's pixels; every other PNG (alpha,
     palette, grey, 16-bit, interlaced, a transparent colour) goes to Pillow and is unchanged."""
-    import pyspng
+    import imagecodecs
 
     from dohnuts.runtime import images
 
     calls = []
-    real = pyspng.load
-    monkeypatch.setattr(pyspng, "load", lambda data: calls.append(1) or real(data))
+    real = imagecodecs.spng_decode
+    monkeypatch.setattr(imagecodecs, "spng_decode", lambda data: calls.append(1) or real(data))
     rng = np.random.default_rng(0)
     rgb = rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)
     pillow = lambda data: np.asarray(images.decode_rgb(data))  # noqa: E731
