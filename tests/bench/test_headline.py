@@ -281,6 +281,30 @@ def test_peers_their_fast_paths_and_fallbacks_in_text_html_and_json(tmp_path):
     assert "<script>alert" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
 
 
+def test_a_peer_that_leaves_its_gpu_idle_while_it_holds_a_core_is_named_host_bound(tmp_path):
+    """transformers+peft: GPU 34 % busy, 0.99 of a core → host-bound, in JSON, text and HTML; the
+    checkpointing peer keeps its GPU 92 % busy (not), and the text peer holds 0.3 of a core (not)."""
+    def telemetry(util: float, own: float) -> list[dict]:
+        return [{"load": {"own_cores": own, "others_cores": 0.0, "cpus": 16}, "nvml": {"gpu_util_percent": util}}] * 3
+
+    records = _with_peers(_records())
+    for r in records:
+        if r["phase"] == "steady":
+            util, own = {"transformers+peft": (34, 0.99), "transformers+peft (checkpointing)": (92, 0.99),
+                         "transformers": (40, 0.3)}.get(r["target"], (None, None))
+            if util is not None:
+                r["telemetry"] = telemetry(util, own)
+    out = _analyse(tmp_path, records)
+    text, summary, html = _files(out)
+    (said,) = summary["sections"]["headline"]["host_bound"]
+    assert said.startswith("transformers+peft on train-step kept its GPU 34 % busy while its process kept 0.99 cores")
+    assert f"host-bound peer: {said[:40]}" in " ".join(text.split())
+    assert f"host-bound peer: {said[:40]}" in html
+    # the CPU run's records carry no GPU utilisation: no peer is named
+    (tmp_path / "cpu").mkdir()
+    assert _files(_analyse(tmp_path / "cpu", _with_peers(_records())))[1]["sections"]["headline"]["host_bound"] == []
+
+
 def test_a_malformed_peer_record_is_one_line_naming_the_field(tmp_path, capsys):
     records = _records()
     bad = next(r for r in records if r["target"] == "transformers" and r["phase"] == "steady")

@@ -18,6 +18,11 @@ A row per workload and comparison, from the steady calls the analysis keeps (val
   graphs are worth), labelled (measurement-only);
 - "no peer" where the workload measured none (the image kinds): dohnuts' efficiency alone.
 
+A peer whose calls left its GPU idle over a quarter of the time while its process held a whole core of the host is
+named host-bound under the table (`host_bound`): its time, and the speed-up against it, follow the
+machine's CPU — on two H200 leases transformers + PEFT's update took 792 and 1,464 ms at one GPU
+clock, its GPU 34 and 67 % busy (docs/history/evolution.md M37), while dohnuts' took 339 ms on both.
+
 On a CPU the headline also says what such a run can and cannot show: it is read first.
 """
 
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 from rich.text import Text
 
 from dohnuts.bench.analysis.compare import compare_samples
+from dohnuts.bench.analysis.load_verdict import record_load
 from dohnuts.bench.analysis.machine import BUSY_OTHERS, MachineConditions, machine_conditions
 from dohnuts.bench.analysis.records import (
     CallRecord, PeerPaths, group_key, is_dohnuts, is_product, peer_paths, per_call_records, valid_records,
@@ -37,6 +43,8 @@ from dohnuts.bench.analysis.render import VERDICT_STYLE, Col, FitTable, efficien
 from dohnuts.schema import median, printable
 
 PEER, MEASUREMENT_ONLY, NO_PEER = "peer", "measurement-only", "no peer"
+HOST_BOUND_GPU_BUSY = 75.0  # % of the time the GPU ran a kernel (the median over the group's samples) ...
+HOST_BOUND_OWN_CORES = 0.9  # ... while the process kept at least this much of a core busy
 PREFERRED_BASIS = "measured"
 FALLBACK = "FALLBACK"
 NOT_RECORDED = "fast paths not recorded"
@@ -105,12 +113,14 @@ class Headline:
     cpu: CpuScope | None = None  # a CPU run: what it can and cannot show
     # the machine's conditions that weaken every number above (dohnuts.bench.analysis.machine)
     caveats: tuple[str, ...] = ()
+    host_bound: tuple[str, ...] = ()  # one sentence for each host-bound peer (module docstring)
 
     def to_dict(self) -> dict:
         return {"target_fraction": self.target_fraction, "preferred_basis": PREFERRED_BASIS,
                 "rows": [_row_dict(r) for r in self.rows],
                 "cpu": dataclasses.asdict(self.cpu) if self.cpu else None,
-                "peer_messages": peer_messages(self), "caveats": list(self.caveats)}
+                "peer_messages": peer_messages(self), "caveats": list(self.caveats),
+                "host_bound": list(self.host_bound)}
 
 
 def peer_dict(p: PeerPaths | None) -> dict | None:
@@ -167,6 +177,27 @@ def _standing(target: str, recs: list[CallRecord], group) -> Standing:
                     c.suspect.get(basis))
 
 
+def _percent(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 100 else None
+
+
+def host_bound(workload: str, target: str, recs: list[CallRecord]) -> str | None:
+    """The sentence naming `target` host-bound on `workload` (module docstring), or None: its GPU's
+    utilisation (any telemetry reading's `gpu_util_percent`) and its process's share of a core
+    (the `load` readings), medians over its calls' samples; None where either was not recorded."""
+    util = [u for r in recs for row in r.telemetry if isinstance(row, dict) for reading in row.values()
+            if isinstance(reading, dict) and (u := _percent(reading.get("gpu_util_percent"))) is not None]
+    own = [o for o in (record_load(r)[0] for r in recs) if o is not None]
+    if not util or not own:
+        return None
+    busy, cores = median(util), median(own)
+    if busy >= HOST_BOUND_GPU_BUSY or cores < HOST_BOUND_OWN_CORES:
+        return None
+    return printable(f"{target} on {workload} kept its GPU {busy:.0f} % busy while its process kept "
+                     f"{cores:.2f} cores of the host busy: host-bound — its time, and the speed-up against "
+                     "it, follow this machine's CPU")
+
+
 SPEEDUP_WORDS = {"slower": "dohnuts faster", "faster": "dohnuts slower", "no detectable change": "no detectable difference"}
 
 
@@ -204,7 +235,9 @@ def build_headline(records: list[CallRecord], analysis=None, measured: dict | No
     m = machine_conditions(records, measured)
     cpu = CpuScope(printable(m.device), m.threads, m.cpus) if m.device_type == "cpu" else None
     fraction = analysis.hwspec.target_fraction if analysis is not None else 0.8
-    return Headline(tuple(rows), fraction, cpu, caveats(m))
+    bound = (host_bound(r.workload, r.against.target, groups[(r.workload, r.against.target)])
+             for r in rows if r.role == PEER and r.against is not None)
+    return Headline(tuple(rows), fraction, cpu, caveats(m), tuple(dict.fromkeys(b for b in bound if b)))
 
 
 def caveats(m: MachineConditions) -> tuple[str, ...]:
@@ -290,6 +323,8 @@ def headline_renderables(h: Headline) -> list:
                                   f"{s.suspect}", style="yellow"))
     for m in peer_messages(h):
         parts.append(Text(f"peer fallback: {m}", style="red"))
+    for b in h.host_bound:
+        parts.append(Text(f"host-bound peer: {b}", style="yellow"))
     for c in h.caveats:
         parts.append(Text(f"caveat: {c} (\"This run's machine\", at the end)", style="yellow"))
     return parts

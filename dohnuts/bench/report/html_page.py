@@ -354,6 +354,7 @@ def _headline(data: dict | None) -> str:
                    f"<p>{escape(str(cpu.get('shows', '')))}</p><p>{escape(str(cpu.get('cannot', '')))}</p></div>")
     out += [f"<p class='note suspect'>bound-suspect: {escape(n)}</p>" for n in notes]
     out += [f"<p class='note flag'>peer fallback: {escape(m)}</p>" for m in data.get("peer_messages") or []]
+    out += [f"<p class='note suspect'>host-bound peer: {escape(b)}</p>" for b in data.get("host_bound") or []]
     out += [f"<p class='note suspect'>caveat: {escape(c)} (“This run's machine” in the text report)</p>"
             for c in data.get("caveats") or []]
     return "".join(out)
