@@ -21,6 +21,8 @@ import triton.language as tl
 from PIL import Image
 import imagecodecs
 
+from dohnuts.runtime.timing import device_times_ms
+
 
 @triton.jit
 def _unfilter(F, P, H, W, stride_f, BLOCK_R: tl.constexpr):
@@ -132,19 +134,10 @@ def main() -> int:
                 t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
             t[name] = statistics.median(ts) * 1e3
         f = pinned.to("cuda")
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         big = torch.randint(0, 256, (1024, 1 + 1024 * 3), dtype=torch.uint8, device="cuda")
         big[:, 0] = 4
-        for _ in range(5):
-            unfilter(f, H, W)
-        torch.cuda.synchronize()
-        ks = []
-        for _ in range(50):
-            e0.record(); unfilter(f, H, W); e1.record(); torch.cuda.synchronize(); ks.append(e0.elapsed_time(e1))
-        t["device: unfilter kernel 448²"] = statistics.median(ks)
-        ks = []
-        for _ in range(20):
-            e0.record(); unfilter(big, 1024, 1024); e1.record(); torch.cuda.synchronize(); ks.append(e0.elapsed_time(e1))
+        t["device: unfilter kernel 448²"] = statistics.median(device_times_ms(lambda: unfilter(f, H, W), 5, 50))
+        ks = device_times_ms(lambda: unfilter(big, 1024, 1024), 2, 20)
         t["device: unfilter kernel 1024² (Paeth rows)"] = statistics.median(ks)
         ts = []
         for _ in range(50):
