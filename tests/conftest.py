@@ -6,6 +6,12 @@ waits at every barrier for a thread the scheduler has parked — a tiny-preset t
 0.2–0.4 s on one thread and 1.5–18 s on two while other work kept the cores busy (issue 34 saw a
 7-minute test run take 27 under load; docs/measurement.md, "A CPU run").
 
+A thread that waits at a barrier sleeps instead of spinning (OMP_WAIT_POLICY=passive, unless
+set already): the test command runs a process a core and one more, so a test that asks for two
+threads (tests/test_threads_option.py) shares its cores with other tests, and its spinning
+threads burnt 4× the CPU time of its work (18.5 s against 4.4 s alone; 4.3 s passive on a loaded
+machine).
+
 transformers (the reference implementation) picks fla's kernels whenever `fla` imports, even
 for CPU tensors where they cannot run, and it decides when its Qwen3.5 module is imported. The
 tests always compare against transformers' plain-torch paths: on a GPU machine, hide fla while
@@ -18,6 +24,7 @@ import os
 import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch starts its thread pool (module docstring)
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # read when the thread pool starts (module docstring)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
