@@ -59,8 +59,13 @@ def _update_worker(rank: int, size: int, port: int, out: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("size", [pytest.param(2, marks=pytest.mark.full), 3])
 def test_a_distributed_update_equals_one_process(tmp_path, size):
+    """The update of N gloo processes (microbatch i on rank i mod N) equals one process's, on every
+    rank. The test command runs N = 3, the uneven split (one rank runs two microbatches); N = 2 runs
+    in the `full` lane — in the test command two processes' updates are tests/bench/test_launcher.py's
+    (test_two_process_train_step_computes_the_one_process_updates: each update's loss on both ranks
+    that of one process, update after update)."""
     mp.spawn(_update_worker, args=(size, _free_port(), str(tmp_path)), nprocs=size, join=True)
     torch.set_num_threads(torch.get_num_threads())
     single, params = _one_update()
