@@ -6,16 +6,25 @@ waits at every barrier for a thread the scheduler has parked — a tiny-preset t
 0.2–0.4 s on one thread and 1.5–18 s on two while other work kept the cores busy (issue 34 saw a
 7-minute test run take 27 under load; docs/measurement.md, "A CPU run").
 
+A thread that waits at a barrier sleeps instead of spinning (OMP_WAIT_POLICY=passive, unless
+set already): the test command runs a process a core and one more, so a test that asks for two
+threads (tests/test_threads_option.py) shares its cores with other tests, and its spinning
+threads burnt 4× the CPU time of its work (18.5 s against 4.4 s alone; 4.3 s passive on a loaded
+machine).
+
 transformers (the reference implementation) picks fla's kernels whenever `fla` imports, even
 for CPU tensors where they cannot run, and it decides when its Qwen3.5 module is imported. The
-tests always compare against transformers' plain-torch paths: hide fla while that module is
-imported, then un-hide it so dohnuts' own fused ops can import fla on a GPU machine.
+tests always compare against transformers' plain-torch paths: on a GPU machine, hide fla while
+that module is imported, then un-hide it so dohnuts' own fused ops can import fla; without a GPU,
+fla stays hidden, and transformers is imported by the first test that needs it (its import, ≈ 4
+CPU s, is not paid by the test command's controlling process, which runs no test).
 """
 
 import os
 import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch starts its thread pool (module docstring)
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # read when the thread pool starts (module docstring)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -32,6 +41,9 @@ hypothesis_settings.load_profile("dohnuts")
 
 
 def _import_reference_without_fla() -> None:
+    if not torch.cuda.is_available():
+        sys.modules.setdefault("fla", None)  # no GPU: nothing may use fla (its kernels need CUDA)
+        return
     had = sys.modules.get("fla", ...)
     sys.modules["fla"] = None  # type: ignore[assignment]
     try:
@@ -43,8 +55,6 @@ def _import_reference_without_fla() -> None:
             del sys.modules["fla"]
         else:
             sys.modules["fla"] = had
-    if not torch.cuda.is_available():
-        sys.modules.setdefault("fla", None)  # no GPU: nothing may use fla (its kernels need CUDA)
 
 
 _import_reference_without_fla()

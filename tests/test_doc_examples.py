@@ -324,15 +324,16 @@ def test_readme_api_snippet(tmp_path):
                                   pytest.param(True, id="as-printed", marks=pytest.mark.full)])
 def test_readme_predict_and_train(sandbox, tmp_path, full):
     """The README's predict and train lines: as printed (100 updates, and the synthetic task learned)
-    in the `full` lane; at 10 updates in the test command (that the tiny preset learns the synthetic
-    task: tests/train/test_learning.py)."""
+    in the `full` lane; at 2 updates in the test command, as the other training examples (the lines
+    run, the run finishes, selects, tests and says so on --resume; that the tiny preset learns the
+    synthetic task: tests/train/test_learning.py)."""
     for given in sandbox.iterdir():  # the user's files, in a folder of this parametrization's own
         if given.name not in ("runs", "out.jsonl", "requests.jsonl", "photo.png"):
             (tmp_path / given.name).symlink_to(given)
     for line in command_lines(example("README.md", '{"id": "r1"')):  # the request file these commands read
         run(line, tmp_path)
     lines = command_lines(example("README.md", "dohnuts predict --model tiny requests.jsonl"))
-    outputs = [run(line if full or "--updates" not in line else at_a_test_s_size(line, 10), tmp_path)
+    outputs = [run(line if full or "--updates" not in line else at_a_test_s_size(line, 2), tmp_path)
                for line in lines]
     (record,) = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert record["id"] == "r1" and len(record["questions"][0]["probabilities"]) == 3

@@ -153,7 +153,7 @@ def read_only_stores(monkeypatch):
 
 
 @pytest.mark.parametrize("folder", [False, True], ids=["read-only file", "read-only folder"])
-def test_history_and_report_read_a_read_only_store(tmp_path, capsys, read_only_stores, folder):
+def test_history_and_report_read_a_read_only_store(tmp_path, capsys, read_only_stores, folder, reportable):
     """`history` and `report --html` refused a read-only store they only read."""
     path = _store(tmp_path)
     _edit(path)  # the write-ahead log folded into the file: what a copied or committed store looks like
@@ -164,9 +164,7 @@ def test_history_and_report_read_a_read_only_store(tmp_path, capsys, read_only_s
         assert main(["history", "--store", str(path), "--tables"]) == 0
         assert "w · dohnuts · wall" in capsys.readouterr().out
         run = tmp_path / "run"
-        shutil.copytree(FIXTURE, run)
-        assert main(["analyze", str(run), "--out", str(tmp_path / "derived")]) == 0  # (analyze opens no store)
-        shutil.copy(tmp_path / "derived" / "summary.json", run / "summary.json")
+        shutil.copytree(reportable, run)  # a run with its summary.json, analysed once for the module
         capsys.readouterr()
         assert main(["report", str(run), "--html", "--store", str(path)]) == 0
         assert (run / "report.html").is_file()
@@ -185,6 +183,7 @@ def test_a_misspelled_stage_names_the_stages_there_are(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def reportable(tmp_path_factory) -> Path:
+    """The committed CPU run with the summary.json `analyze` derives from it (the tests copy it)."""
     tmp = tmp_path_factory.mktemp("reportable")
     run = tmp / "run"
     shutil.copytree(FIXTURE, run)

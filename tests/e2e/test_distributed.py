@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from dohnuts.cli import main
 from dohnuts.train.task import synthetic_requests
 from tests.hostile import LONG_NAME
 from tests.reference import adapted_tiny, relative_error
@@ -60,8 +59,13 @@ def _update_worker(rank: int, size: int, port: int, out: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("size", [pytest.param(2, marks=pytest.mark.full), 3])
 def test_a_distributed_update_equals_one_process(tmp_path, size):
+    """The update of N gloo processes (microbatch i on rank i mod N) equals one process's, on every
+    rank. The test command runs N = 3, the uneven split (one rank runs two microbatches); N = 2 runs
+    in the `full` lane — in the test command two processes' updates are tests/bench/test_launcher.py's
+    (test_two_process_train_step_computes_the_one_process_updates: each update's loss on both ranks
+    that of one process, update after update)."""
     mp.spawn(_update_worker, args=(size, _free_port(), str(tmp_path)), nprocs=size, join=True)
     torch.set_num_threads(torch.get_num_threads())
     single, params = _one_update()
@@ -72,14 +76,17 @@ def test_a_distributed_update_equals_one_process(tmp_path, size):
     assert [r["microbatches"] for r in ranks] == [len(range(k, 4, size)) for k in range(size)]  # i mod size
 
 
-def _predict(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "dohnuts.cli", "predict", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+def _predict(args: list[str], capsys) -> tuple[int, str]:
+    """`dohnuts predict ARGS` called in this process (its ranks, with --nproc-per-node, are
+    torchrun's processes): the exit status and what it wrote to stderr. The command's own process
+    does nothing a test of several processes needs; started anew it would import torch again."""
+    capsys.readouterr()
+    code = main(["predict", *args])
+    return code, capsys.readouterr().err
 
 
 @pytest.mark.slow
-def test_distributed_predict_equals_one_process_in_order(tmp_path):
+def test_distributed_predict_equals_one_process_in_order(tmp_path, capsys):
     reqs = [json.dumps({"id": f"r{i}", "prefix": "context " * (i % 3),
                         "questions": [{"id": "q", "text": f"question {i}?", "candidates": ["yes", "no", "maybe"]}]})
             for i in range(7)]
@@ -89,11 +96,11 @@ def test_distributed_predict_equals_one_process_in_order(tmp_path):
     reqs.insert(6, json.dumps({"id": "long", "image": LONG_NAME, "questions": [{"text": "q?", "candidates": ["a"]}]}))
     src = tmp_path / "r.jsonl"
     src.write_text("\n".join(reqs) + "\n")
-    one = _predict([str(src), "-o", str(tmp_path / "one.jsonl")], tmp_path)
-    assert one.returncode == 2, one.stderr
+    code, err = _predict([str(src), "-o", str(tmp_path / "one.jsonl")], capsys)
+    assert code == 2, err
     for n in (2, 3):
-        many = _predict([str(src), "-o", str(tmp_path / f"n{n}.jsonl"), "--nproc-per-node", str(n)], tmp_path)
-        assert many.returncode == 2, many.stderr
+        code, err = _predict([str(src), "-o", str(tmp_path / f"n{n}.jsonl"), "--nproc-per-node", str(n)], capsys)
+        assert code == 2, err
         a = [json.loads(x) for x in (tmp_path / "one.jsonl").read_text().splitlines()]
         b = [json.loads(x) for x in (tmp_path / f"n{n}.jsonl").read_text().splitlines()]
         assert [r["id"] for r in a] == [r["id"] for r in b] and len(a) == 9
@@ -105,29 +112,28 @@ def test_distributed_predict_equals_one_process_in_order(tmp_path):
                 sy = torch.tensor([s for q in y["questions"] for s in q["scores"]])
                 assert relative_error(sy, sx) < 1e-5
         assert "name longer than the file system allows" in b[6]["error"]
-        assert "refused 2" in many.stderr and not list(tmp_path.glob("*.part*"))  # shards merged, removed
+        assert "refused 2" in err and not list(tmp_path.glob("*.part*"))  # shards merged, removed
 
 
 @pytest.mark.slow
-def test_a_killed_rank_ends_the_run_and_the_checkpoint_survives(tmp_path):
+def test_a_killed_rank_ends_the_run_and_the_checkpoint_survives(tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
     args = ["train", "--model", "tiny", "--out", str(out), "--updates", "6", "--eval-every", "2",
             "--synthetic-train", "16", "--device", "cpu", "--nproc-per-node", "2"]
-    # tests.faulty_cli: the CLI with the fault injected through the trainer's after_update callback
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    run = subprocess.run([sys.executable, "-m", "tests.faulty_cli", "1", "3", *args], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode != 0
-    last = run.stderr.strip().splitlines()[-1]
-    assert last.startswith("dohnuts: error:") and "rank 1" in last and "update 2" in last, run.stderr
+    # tests.faulty_cli: the CLI with the fault injected through the trainer's after_update callback,
+    # called in this process; torchrun starts its ranks through the same entry (`-m tests.faulty_cli`)
+    from tests.faulty_cli import run
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    assert run(["1", "3", *args]) != 0
+    stderr = capsys.readouterr().err
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("dohnuts: error:") and "rank 1" in last and "update 2" in last, stderr
     from dohnuts.train.checkpoints import latest_checkpoint
 
     assert latest_checkpoint(out).name == "update-000002"  # the last good checkpoint, intact
     # resumed at another world size: a checkpoint does not depend on how many processes wrote it
     one_process = args[:-2]  # without "--nproc-per-node 2"
-    resumed = subprocess.run([sys.executable, "-m", "dohnuts.cli", *one_process, "--resume"], cwd=tmp_path,
-                             env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr
+    assert main([*one_process, "--resume"]) == 0, capsys.readouterr().err
     log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
     assert [r["update"] for r in log if r["kind"] == "update"] == [1, 2, 3, 4, 5, 6]

@@ -4,7 +4,6 @@ to a kernel source that still exists unchanged."""
 
 from __future__ import annotations
 
-import importlib
 import json
 
 import pytest
@@ -68,49 +67,57 @@ def test_the_table_builder_recovers_the_autotuner_s_key():
     assert _hex_key(directory) == key
 
 
-def test_committed_entries_match_today_s_kernel_sources():
-    """A kernel edited after its table was made has a stale entry (never read: its cache directory
-    hashes the old source, so that kernel tunes on first use again). Remake the table on the GPU
-    (benchmarks/maintainers/tuned_table.py) in the session that changed the kernel. In a new process: fla's
-    kernels are among the entries, and this one keeps fla out (tests/conftest.py)."""
+# The kernels as a new process imports them (fla's among them: this process keeps fla out,
+# tests/conftest.py), read once for both tests below: which committed entries no longer match their
+# kernel's source, and which of fla's and dohnuts' kernels the table builder does not find.
+FLA_AND_OWN_KERNELS = ("chunk_fwd_kernel_o", "chunk_gated_delta_rule_fwd_kernel_h_blockdim64",
+                       "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64", "prepare_wy_repr_bwd_kernel",
+                       "_delta_h_kernel", "_conv_kernel")
+_KERNEL_FACTS = f"""
+import importlib, json
+from benchmarks.maintainers.tuned_table import kernels
+from dohnuts.ops import _tuned
+stale = sorted({{f"{{e['module']}}.{{e['kernel']}}" for t in _tuned.load_tables() for e in t["entries"]
+                if _tuned.source_digest(getattr(importlib.import_module(e["module"]), e["kernel"]))
+                != e["source_sha256"]}})
+found = kernels()
+print(json.dumps({{"stale": stale, "not_found": [n for n in {FLA_AND_OWN_KERNELS!r} if n not in found]}}))
+"""
+
+
+def _read_kernel_facts(folder) -> None:
     import subprocess
     import sys
 
+    done = subprocess.run([sys.executable, "-c", _KERNEL_FACTS], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (folder / "facts.json").write_text(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def kernel_facts(made_once) -> dict:
+    """_KERNEL_FACTS' answer, from one new process for the test command (tests/conftest.py's made_once)."""
+    return json.loads((made_once("tuned-kernel-facts", _read_kernel_facts) / "facts.json").read_text())
+
+
+def test_committed_entries_match_today_s_kernel_sources(kernel_facts):
+    """A kernel edited after its table was made has a stale entry (never read: its cache directory
+    hashes the old source, so that kernel tunes on first use again). Remake the table on the GPU
+    (benchmarks/maintainers/tuned_table.py) in the session that changed the kernel. In a new process
+    (kernel_facts): fla's kernels are among the entries, and this one keeps fla out (tests/conftest.py)."""
     tables = _tuned.load_tables()
     if not tables:
         pytest.skip("no tuned table committed")
-    pytest.importorskip("triton")
     for table in tables:
         assert table["entries"], "a table without entries"
         for entry in table["entries"]:
             json.loads(entry["content"])["configs_timings"]
-    code = """
-import importlib, json
-from dohnuts.ops import _tuned
-stale = sorted({f"{e['module']}.{e['kernel']}" for t in _tuned.load_tables() for e in t["entries"]
-                if _tuned.source_digest(getattr(importlib.import_module(e["module"]), e["kernel"]))
-                != e["source_sha256"]})
-print(json.dumps(stale))
-"""
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    stale = json.loads(done.stdout.strip().splitlines()[-1])
+    stale = kernel_facts["stale"]
     assert not stale, f"stale tuned entries (kernel source changed): {stale}"
 
 
-def test_the_table_builder_finds_autotuners_under_other_wrappers():
+def test_the_table_builder_finds_autotuners_under_other_wrappers(kernel_facts):
     """fla puts `@triton.heuristics` outside `@triton.autotune` on most of its kernels: the builder
     finds those autotuners too (a table without them leaves most of fla's kernels to tune).
-    In a new process: this one keeps fla out (tests/conftest.py)."""
-    import subprocess
-    import sys
-
-    pytest.importorskip("triton")
-    names = ("chunk_fwd_kernel_o", "chunk_gated_delta_rule_fwd_kernel_h_blockdim64",
-             "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64", "prepare_wy_repr_bwd_kernel",
-             "_delta_h_kernel", "_conv_kernel")
-    code = ("from benchmarks.maintainers.tuned_table import kernels; found = kernels(); "
-            f"print([n for n in {names!r} if n not in found])")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "[]"
+    In a new process (kernel_facts): this one keeps fla out (tests/conftest.py)."""
+    assert kernel_facts["not_found"] == []
