@@ -8,16 +8,15 @@ waits at every barrier for a thread the scheduler has parked — a tiny-preset t
 
 A thread that waits at a barrier sleeps instead of spinning (OMP_WAIT_POLICY=passive, unless
 set already): the test command runs a process a core and one more, so a test that asks for two
-threads (tests/test_threads_option.py) shares its cores with other tests, and its spinning
-threads burnt 4× the CPU time of its work (18.5 s against 4.4 s alone; 4.3 s passive on a loaded
-machine).
+threads (tests/test_threads_option.py) shares its cores with other tests, where spinning threads
+burn CPU time the other tests need (docs/history/evolution.md M37).
 
 transformers (the reference implementation) picks fla's kernels whenever `fla` imports, even
 for CPU tensors where they cannot run, and it decides when its Qwen3.5 module is imported. The
 tests always compare against transformers' plain-torch paths: on a GPU machine, hide fla while
 that module is imported, then un-hide it so dohnuts' own fused ops can import fla; without a GPU,
-fla stays hidden, and transformers is imported by the first test that needs it (its import, ≈ 4
-CPU s, is not paid by the test command's controlling process, which runs no test).
+fla stays hidden, and transformers is imported by the first test that needs it (not by the test
+command's controlling process, which runs no test).
 """
 
 import os

@@ -8,10 +8,8 @@ step before: a barrier between steps) and keeping left / upper-left in registers
     TRITON_INTERPRET=1 python benchmarks/maintainers/unfilter_lab.py --check   # the logic, on a CPU
     python benchmarks/maintainers/unfilter_lab.py OUT.json                      # a GPU: parity and times
 
-Measured on the H200 (M37): bit-exact on 12 images (all five filter types, 33×900 to 1024²); the
-kernel 0.95–0.97 ms for 448², 4.1–4.2 ms for 1024²; zlib-ng's inflate and a pinned copy 1.34–1.96 ms
-against libspng's whole decode 4.19–6.14 ms on the same hosts. Reading the row above through
-`tl.gather` instead of memory was slower (2.62 ms for 448²).
+Its results on the H200, and the variant that read the row above through `tl.gather` (slower,
+closed), are in docs/history/evolution.md M37.
 """
 import hashlib, io, json, statistics, sys, time, zlib
 import numpy as np

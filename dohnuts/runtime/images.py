@@ -9,11 +9,10 @@ Policy v1 (the Qwen3-VL image processor's arithmetic, with a smaller pixel budge
 1. Decode with Pillow (first frame only; EXIF orientation is *not* applied, like transformers).
    Images over `MAX_DECODE_PIXELS` are refused from the header, before any pixel is decoded.
    The common PNG — 8-bit truecolour, not interlaced, no transparency — is decoded by libspng
-   (through imagecodecs) instead: the same pixels (PNG is lossless), in two thirds of Pillow's time
-   on the H200's host, and with the GIL released, so the prediction workers decode in parallel while
-   the launching thread runs (pyspng, the binding used before, held it: four 448² decodes on four
-   threads took 18.5 ms there against 5.8 ms; docs/history/evolution.md M37); any other file, or
-   one libspng refuses, goes to Pillow, whose errors are the ones reported.
+   (through imagecodecs) instead: the same pixels (PNG is lossless) in less time than Pillow's, and
+   with the GIL released, so the prediction workers decode in parallel while the launching thread
+   runs (pyspng, the binding used before, held it; docs/history/evolution.md M35, M37); any other
+   file, or one libspng refuses, goes to Pillow, whose errors are the ones reported.
 2. Convert to RGB, compositing transparency onto white (as transformers' `convert_to_rgb`).
 3. Resize (bicubic, on uint8) to `smart_resize`: both sides multiples of patch·merge (32), aspect
    kept, pixel count within [MIN_PIXELS, MAX_PIXELS] = [256², 1024²], i.e. 64..1024 text tokens.

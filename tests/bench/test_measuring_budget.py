@@ -1,7 +1,7 @@
 """Time bounds on the calls a target's measurement adds (dohnuts.bench.measure): the spread-driven
 extension past `repeat` stops at EXTEND_FOR_S of measured calls (asv's max_time), and the untimed
-twins of the harness A/B stop once they took HARNESS_AB_BUDGET_S (at least HARNESS_AB_MIN_PAIRS).
-On the H200 a peer's 2.5-s update had run 20 calls and 8 twins: 70 of the suite's 240 s."""
+twins of the harness A/B stop once they took HARNESS_AB_BUDGET_S (at least HARNESS_AB_MIN_PAIRS):
+why, in docs/history/evolution.md M37."""
 
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ A row per workload and comparison, from the steady calls the analysis keeps (val
 
 A peer whose calls left its GPU idle over a quarter of the time while its process held a whole core of the host is
 named host-bound under the table (`host_bound`): its time, and the speed-up against it, follow the
-machine's CPU — on two H200 leases transformers + PEFT's update took 792 and 1,464 ms at one GPU
-clock, its GPU 34 and 67 % busy (docs/history/evolution.md M37), while dohnuts' took 339 ms on both.
+machine's CPU, as transformers + PEFT's training update does from one H200 lease to the next
+(docs/history/evolution.md M37).
 
 On a CPU the headline also says what such a run can and cannot show: it is read first.
 """

@@ -30,7 +30,7 @@ from dohnuts.runtime.timing import NULL_TIMER, NvtxRanges, StageTimer, empty_sta
 HARNESS_AB_PAIRS = 8
 # ... while the twins so far took less than HARNESS_AB_BUDGET_S (at least HARNESS_AB_MIN_PAIRS pairs):
 # a call of seconds (a peer's training update) is a poor instrument for microseconds of harness, and
-# eight twins of 2.5 s were 20 s of the H200 suite's 240 (docs/history/evolution.md M37).
+# its twins were a third of the H200 suite's time (docs/history/evolution.md M37).
 HARNESS_AB_BUDGET_S = 2.0
 HARNESS_AB_MIN_PAIRS = 2
 

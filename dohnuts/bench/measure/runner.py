@@ -215,8 +215,8 @@ def _quality_inputs(run: RunContext, spec: WorkloadSpec, targets: dict[str, Regi
 
 
 # The spread-driven extension stops once the measured calls would pass this many seconds, as asv's
-# `repeat` tuple caps its samples by `max_time` (20 s by default): a peer's checkpointed update of 2.5 s
-# otherwise ran 20 calls, 50 s of the H200 suite's 240 (docs/history/evolution.md M37).
+# `repeat` tuple caps its samples by `max_time` (20 s by default): a peer's update of seconds otherwise
+# ran to the cap of calls (docs/history/evolution.md M37).
 EXTEND_FOR_S = 20.0
 
 
