@@ -11,6 +11,14 @@ set already): the test command runs a process a core and one more, so a test tha
 threads (tests/test_threads_option.py) shares its cores with other tests, where spinning threads
 burn CPU time the other tests need (docs/history/evolution.md M37).
 
+Every test process writes the bytecode of what it imports (PYTHONDONTWRITEBYTECODE removed from
+the environment the test processes inherit, and `sys.dont_write_bytecode` off in this one): the
+README installs with `pip --no-compile`, so the first process to import a module compiles it and
+leaves its .pyc for the next. Where the environment forbade writing (a machine or image that sets
+PYTHONDONTWRITEBYTECODE=1, as this project's own session machines do), each of the test command's
+hundred-odd processes compiled torch and transformers again: about 140 CPU seconds of the test
+command (docs/history/evolution.md M38).
+
 transformers (the reference implementation) picks fla's kernels whenever `fla` imports, even
 for CPU tensors where they cannot run, and it decides when its Qwen3.5 module is imported. The
 tests always compare against transformers' plain-torch paths: on a GPU machine, hide fla while
@@ -22,6 +30,8 @@ command's controlling process, which runs no test).
 import os
 import sys
 
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # every process the tests start (module docstring)
+sys.dont_write_bytecode = False  # and this one: it imports torch before the workers start
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch starts its thread pool (module docstring)
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # read when the thread pool starts (module docstring)
 
