@@ -7,7 +7,11 @@ average. Every record carries the samples taken during its call, so the report c
 the machine was while each workload was measured (dohnuts.bench.analysis.machine), and
 `dohnuts-bench analyze` can say it again from the records alone. `own_cores` is this process's
 share over the same interval (1.0: one core all the time): a one-thread run that gets much less
-than a core was waiting for the CPU.
+than a core was waiting for the CPU. It is read from the process's CPU clock
+(`time.process_time`, nanoseconds), not from the kernel's per-process counters in clock ticks
+(10 ms): the run polls every few milliseconds, and in ticks most polls of a busy process read 0
+CPU seconds (the median of a fast workload's shares read 0.0, a process that had a whole core).
+The system's busy time exists in ticks alone, so `others_cores` stays coarse over a short poll.
 """
 
 from __future__ import annotations
@@ -29,14 +33,12 @@ class LoadSampler(Sampler):
     name = "load"
 
     def __init__(self):
-        self.proc = psutil.Process(os.getpid())
         self.cpus = psutil.cpu_count() or 1
         self._lock = threading.Lock()  # polled by the telemetry thread, and at times by the run loop
         self._last = self._read()
 
     def _read(self) -> tuple[float, float, float]:
-        own = self.proc.cpu_times()
-        return time.monotonic(), _busy_s(psutil.cpu_times()), own.user + own.system
+        return time.monotonic(), _busy_s(psutil.cpu_times()), time.process_time()
 
     def sample(self) -> dict:
         with self._lock:

@@ -158,3 +158,22 @@ def test_gate_passes_a_slowdown_the_load_explains_and_fails_the_same_one_at_equa
                   "baseline" in lines[0]
     ok, lines = gate(baselines, timings(quiet), base_loads=run_loads(bases), current_loads=run_loads([quiet]))
     assert not ok and lines[0].endswith(": slower")
+
+
+def test_a_process_that_ran_between_two_polls_reads_a_share_above_zero():
+    """The load sampler's own share is read at the CPU clock's resolution: a poll after ≥ 1 ms of
+    this process's CPU time reads more than 0 (in the kernel's 10-ms ticks, most such polls read
+    0 CPU seconds, and a fast workload's median share read 0.0 though it had a whole core), and at
+    most the wall time between the polls allows (one thread: ≤ 1 core, whatever the machine's load)."""
+    import time
+
+    from dohnuts_bench_plugins.analyzers.load import LoadSampler
+
+    sampler = LoadSampler()
+    shares = []
+    for _ in range(30):
+        start = time.process_time()
+        while time.process_time() - start < 1e-3:
+            pass
+        shares.append(sampler.sample()["own_cores"])
+    assert all(0 < s <= 1.05 for s in shares), shares
