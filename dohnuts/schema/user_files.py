@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import stat
 from pathlib import Path
 from typing import BinaryIO
@@ -112,7 +113,7 @@ def open_file(path: str | os.PathLike, *, max_bytes: int | None = None, error: t
               field: str | None = None, what: str = "a regular file", streams: bool = False) -> BinaryIO:
     """`check_file`, then the file opened for reading (binary). The open itself cannot block (O_NONBLOCK)
     and the descriptor is checked again, so a file replaced after the stat is refused as well.
-    With `streams` a FIFO is read as a stream (then blocking, as a pipe is read)."""
+    With `streams` a FIFO is read as a stream: it waits for a writer, then reads blocking, as a pipe is read."""
     check_file(path, max_bytes=max_bytes, error=error, field=field, what=what, streams=streams)
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
@@ -128,11 +129,21 @@ def open_file(path: str | os.PathLike, *, max_bytes: int | None = None, error: t
         raise
     if not stat.S_ISFIFO(st.st_mode):
         return os.fdopen(fd, "rb")
-    os.close(fd)  # a pipe the user named as a stream: opened again, waiting for its writer as pipes do
+    # A pipe the user named as a stream, read from the descriptor already open: closing it and opening
+    # the pipe again lost what a writer had written and closed in between (the pipe's buffer goes with
+    # its last descriptor), then waited for a writer that had gone. Wait as a blocking open would, for
+    # a writer to come (data, or its end closed: Linux reports no hang-up before a writer), then read
+    # blocking, as pipes are read.
     try:
-        return open(path, "rb")
-    except OSError as exc:
-        raise _fail(error, _why_not(exc, path), path, field) from None
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLHUP)
+        while not poller.poll():
+            pass
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
 
 
 def read_file(path: str | os.PathLike, *, max_bytes: int, error: type[DohnutsError] = DohnutsError,

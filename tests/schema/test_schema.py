@@ -147,6 +147,31 @@ def test_a_pipe_is_read_as_a_stream_where_streams_are_allowed(tmp_path):
         writer.wait()
 
 
+def test_a_pipe_whose_writer_came_and_went_while_it_was_checked_is_read_whole(tmp_path, monkeypatch):
+    """A writer that opens the pipe, writes and closes between the reader's open and its checks (a
+    short writer, a loaded machine): its bytes are read, not lost to a second open that then waits
+    for a writer that has gone (seen: a 300-s hang of the test above)."""
+    import dohnuts.schema.user_files as user_files
+    from dohnuts.schema import open_file
+    from tests.hostile import no_hang
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    real_fstat = os.fstat
+
+    def fstat_after_a_writer(fd):
+        w = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)  # succeeds: the reader has it open
+        os.write(w, b"a\nb\n")
+        os.close(w)
+        return real_fstat(fd)
+
+    monkeypatch.setattr(user_files.os, "fstat", fstat_after_a_writer)
+    with no_hang(120):
+        with open_file(pipe, error=ConfigError, streams=True) as f:
+            monkeypatch.setattr(user_files.os, "fstat", real_fstat)
+            assert f.read() == b"a\nb\n"
+
+
 def test_outputs_must_be_new_or_regular_files(tmp_path):
     from dohnuts.schema import check_output
     from tests.hostile import LONG_NAME, fifo
