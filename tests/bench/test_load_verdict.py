@@ -164,7 +164,8 @@ def test_a_process_that_ran_between_two_polls_reads_a_share_above_zero():
     """The load sampler's own share is read at the CPU clock's resolution: a poll after ≥ 1 ms of
     this process's CPU time reads more than 0 (in the kernel's 10-ms ticks, most such polls read
     0 CPU seconds, and a fast workload's median share read 0.0 though it had a whole core), and at
-    most the wall time between the polls allows (one thread: ≤ 1 core, whatever the machine's load)."""
+    most the machine's cores (the share counts every thread of the process: the test process's
+    other threads took it to 1.07 of a core over one such millisecond)."""
     import time
 
     from dohnuts_bench_plugins.analyzers.load import LoadSampler
@@ -176,4 +177,4 @@ def test_a_process_that_ran_between_two_polls_reads_a_share_above_zero():
         while time.process_time() - start < 1e-3:
             pass
         shares.append(sampler.sample()["own_cores"])
-    assert all(0 < s <= 1.05 for s in shares), shares
+    assert all(0 < s <= sampler.cpus for s in shares), shares
