@@ -16,8 +16,8 @@ the environment the test processes inherit, and `sys.dont_write_bytecode` off in
 README installs with `pip --no-compile`, so the first process to import a module compiles it and
 leaves its .pyc for the next. Where the environment forbade writing (a machine or image that sets
 PYTHONDONTWRITEBYTECODE=1, as this project's own session machines do), each of the test command's
-hundred-odd processes compiled torch and transformers again: about 140 CPU seconds of the test
-command (docs/history/evolution.md M38).
+hundred-odd processes compiled torch and transformers again, a quarter of the test command's CPU
+time (docs/history/evolution.md M38).
 
 transformers (the reference implementation) picks fla's kernels whenever `fla` imports, even
 for CPU tensors where they cannot run, and it decides when its Qwen3.5 module is imported. The
