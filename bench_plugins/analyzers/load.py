@@ -10,7 +10,7 @@ share over the same interval (1.0: one core all the time): a one-thread run that
 than a core was waiting for the CPU. It is read from the process's CPU clock
 (`time.process_time`, nanoseconds), not from the kernel's per-process counters in clock ticks
 (10 ms): the run polls every few milliseconds, and in ticks most polls of a busy process read 0
-CPU seconds (the median of a fast workload's shares read 0.0, a process that had a whole core).
+CPU seconds, so a fast workload's median share read no core at all (docs/history/evolution.md M38).
 The system's busy time exists in ticks alone, so `others_cores` stays coarse over a short poll.
 """
 

@@ -164,8 +164,8 @@ def test_a_process_that_ran_between_two_polls_reads_a_share_above_zero():
     """The load sampler's own share is read at the CPU clock's resolution: a poll after ≥ 1 ms of
     this process's CPU time reads more than 0 (in the kernel's 10-ms ticks, most such polls read
     0 CPU seconds, and a fast workload's median share read 0.0 though it had a whole core), and at
-    most the machine's cores (the share counts every thread of the process: the test process's
-    other threads took it to 1.07 of a core over one such millisecond)."""
+    most the machine's cores (the share counts every thread of the process, so over a millisecond
+    the test process's other threads can take it past one core)."""
     import time
 
     from dohnuts_bench_plugins.analyzers.load import LoadSampler

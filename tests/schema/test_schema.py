@@ -157,19 +157,22 @@ def test_a_pipe_whose_writer_came_and_went_while_it_was_checked_is_read_whole(tm
 
     pipe = tmp_path / "pipe"
     os.mkfifo(pipe)
-    real_fstat = os.fstat
+    real_fstat, inode, wrote = os.fstat, os.stat(pipe).st_ino, []
 
     def fstat_after_a_writer(fd):
-        w = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)  # succeeds: the reader has it open
-        os.write(w, b"a\nb\n")
-        os.close(w)
-        return real_fstat(fd)
+        st = real_fstat(fd)
+        if st.st_ino == inode and not wrote:  # the reader's check of the pipe, once (other callers untouched)
+            w = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)  # succeeds: the reader has it open
+            os.write(w, b"a\nb\n")
+            os.close(w)
+            wrote.append(True)
+        return st
 
     monkeypatch.setattr(user_files.os, "fstat", fstat_after_a_writer)
     with no_hang(120):
         with open_file(pipe, error=ConfigError, streams=True) as f:
             monkeypatch.setattr(user_files.os, "fstat", real_fstat)
-            assert f.read() == b"a\nb\n"
+            assert wrote and f.read() == b"a\nb\n"
 
 
 def test_outputs_must_be_new_or_regular_files(tmp_path):
