@@ -18,14 +18,74 @@ lift is announced once on stderr; it is never silent.
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import sys
+import threading
+import types
 from types import SimpleNamespace
+
+
+# fla's two umbrella packages: each one's __init__ imports every op or module fla has (about 40 ops),
+# 214 of the 274 modules a plain `from fla.ops.gated_delta_rule import ...` loads.
+DEFERRED_PACKAGES = ("fla.ops", "fla.modules")
+
+
+class _DeferredPackage(types.ModuleType):
+    """A package of fla whose own __init__ has not run yet: its submodules import as usual (the
+    import system needs only its `__path__`), and the first name asked of it that a submodule
+    import has not set — `from fla.modules import FusedRMSNormGated`, `fla.ops.__all__`, `dir()` —
+    runs the real __init__ in this same module object, which from then on is an ordinary module. (A
+    bare `import fla.ops` asks the package for nothing: its __init__ waits for the first name.)"""
+
+    _lock = threading.RLock()
+
+    def _complete(self) -> None:
+        with _DeferredPackage._lock:
+            if type(self) is _DeferredPackage:  # not completed by another thread meanwhile
+                self.__class__ = types.ModuleType
+                try:
+                    self.__spec__.loader.exec_module(self)
+                except BaseException:
+                    self.__class__ = _DeferredPackage  # as it was: the next use tries again
+                    raise
+
+    def __getattr__(self, name: str):
+        self._complete()
+        return getattr(self, name)  # an ordinary module now (its own module-level __getattr__ included)
+
+    def __dir__(self):
+        self._complete()
+        return dir(self)
+
+
+def defer_package_inits(root: str = "fla", names: tuple[str, ...] = DEFERRED_PACKAGES) -> None:
+    """Put a `_DeferredPackage` in `sys.modules` for each of `names` (packages under `root`) not
+    yet imported. `root` itself is imported as usual (fla's own __init__ imports fla.layers and
+    fla.models where flash-linear-attention installed them)."""
+    importlib.import_module(root)
+    for name in names:
+        if name in sys.modules:
+            continue  # imported already (by the user, or another library): nothing to save
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.submodule_search_locations is None:
+            continue  # not a package here: the imports below say what is missing
+        package = _DeferredPackage(name)
+        package.__spec__, package.__loader__, package.__package__ = spec, spec.loader, name
+        package.__file__, package.__path__ = spec.origin, list(spec.submodule_search_locations)
+        sys.modules[name] = package
+        head, _, tail = name.rpartition(".")
+        setattr(sys.modules[head], tail, package)
 
 
 @functools.cache
 def fla() -> SimpleNamespace:
-    """The fla entry points dohnuts uses (imported on first use)."""
+    """The fla entry points dohnuts uses (imported on first use).
+
+    Only the modules these names live in are imported: fla.ops and fla.modules are left deferred
+    (`_DeferredPackage`), so the process does not import the ops dohnuts never calls."""
     # Triton and fla: on a GPU only (the CPU runs the reference path without them)
+    defer_package_inits()
     from fla.modules.activations import swiglu
     from fla.modules.causal_conv1d import causal_conv1d
     from fla.modules.norm.fused_norm_gate import rms_norm_gated
