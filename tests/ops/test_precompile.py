@@ -1,0 +1,170 @@
+"""The table's recorded kernels compiled on threads (dohnuts/ops/_precompile.py), on the CPU.
+
+Triton compiles for the H200 (sm_90) here without a GPU (tests/ops/triton_offline.py): inside
+`offline_launches` a launch compiles its kernel and runs nothing. That is enough to prove what the
+mechanism must get right: a specialisation recorded at a launch, preloaded on threads into a
+process that has never compiled it, is the very kernel a later launch looks up — that launch
+compiles nothing. A compile counter (Triton's `jit_cache_hook`, called before every compile) says
+so; the same launches without the preload compile every kernel (the counter's control).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # as the H200's Triton 3.6 compiles (test_kernels_compile)
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+from triton import knobs  # noqa: E402
+
+from dohnuts.ops import _precompile  # noqa: E402
+from tests.ops.test_kernels_compile import _fla_inference, fla_entry_points  # noqa: E402,F401 (a fixture)
+from tests.ops.triton_offline import offline_launches  # noqa: E402
+
+
+@triton.jit
+def _scale(x, y, n, factor, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + offs, tl.load(x + offs, mask=offs < n) * factor, mask=offs < n)
+
+
+@triton.heuristics({"EVEN": lambda args: args["n"] % 64 == 0})
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}, num_warps=2)], key=["n"])
+@triton.jit
+def _exp_tuned(x, y, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x + offs) if EVEN else tl.load(x + offs, mask=offs < n)
+    tl.store(y + offs, tl.exp(v.to(tl.float32)).to(y.dtype.element_ty), mask=offs < n)
+
+
+def _launch_all():
+    """Three specialisations: two of `_scale` (BF16 / FP32, different blocks), one of the wrapped
+    `_exp_tuned` (heuristics over an autotuner: the offline driver runs its first config)."""
+    for dtype, block in ((torch.bfloat16, 128), (torch.float32, 256)):
+        x = torch.empty(1000, dtype=dtype)
+        _scale[(4,)](x, torch.empty_like(x), 1000, 0.5, BLOCK=block)
+    x = torch.empty(4096, dtype=torch.bfloat16)
+    _exp_tuned[(64,)](x, torch.empty_like(x), 4096)
+
+
+def _forget():
+    for fn in (_scale, _exp_tuned.fn.fn):
+        fn.device_caches.clear()  # this process's compiled kernels (the disk cache is the fixture's)
+    _precompile._STARTED.clear()
+
+
+@pytest.fixture
+def compiles(tmp_path, monkeypatch):
+    """A fresh Triton disk cache, no compiled kernel in memory, and the names of the kernels
+    compiled from now on (by launch or preload)."""
+    monkeypatch.setattr(knobs.cache, "dir", str(tmp_path / "cache"))
+    _forget()
+    seen: list[str] = []
+    before = knobs.runtime.jit_cache_hook
+
+    def count(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
+        seen.append(fn.name)
+        return False
+
+    knobs.runtime.jit_cache_hook = count
+    yield seen
+    knobs.runtime.jit_cache_hook = before
+    _forget()
+
+
+def _recorded() -> dict:
+    with offline_launches("sm_90"), _precompile.record() as made:
+        _launch_all()
+    return made
+
+
+def test_a_recorded_kernel_preloaded_on_threads_is_the_one_a_launch_looks_up(compiles, monkeypatch, tmp_path):
+    table = _recorded()
+    assert sorted(e["name"] for e in table["compiled"]) == ["_exp_tuned", "_scale", "_scale"]
+    assert len(compiles) == 3
+    monkeypatch.setattr(knobs.cache, "dir", str(tmp_path / "second"))  # the preload compiles: nothing on disk
+    _forget()
+    compiles.clear()
+    with offline_launches("sm_90"):
+        started = _precompile.precompile(torch.device("cpu"), table=table, threads=2)
+        done = started.wait()
+        assert done["kernels"] == 3 and done["failed"] == 0 and done["threads"] == 2, done
+        assert sorted(compiles) == ["_exp_tuned", "_scale", "_scale"]  # compiled by the preload
+        assert _precompile.precompile(torch.device("cpu"), table=table) is started  # once a process
+        compiles.clear()
+        _launch_all()
+    assert compiles == []  # every launch found its kernel
+
+
+def test_without_the_preload_every_launch_compiles(compiles):
+    table = _recorded()
+    _forget()
+    compiles.clear()
+    with offline_launches("sm_90"):
+        assert _precompile.precompile(torch.device("cpu"), table={"compiled": []}) is None
+        _launch_all()
+    assert len(compiles) == len(table["compiled"]) == 3
+
+
+def test_a_table_recorded_where_triton_lives_elsewhere_is_rewritten_to_this_libdevice(compiles):
+    table = _recorded()
+    here = table["libdevice"]
+    assert here and here.endswith(".bc")
+    elsewhere = "/opt/other-site/triton/backends/nvidia/lib/libdevice.10.bc"
+    moved = {"libdevice": elsewhere,
+             "compiled": [dict(e, data=e["data"].replace(here, elsewhere)) for e in table["compiled"]]}
+    assert all(elsewhere in e["data"] for e in moved["compiled"])  # the path is in each recorded key
+
+    for recorded, compiled_again in ((moved, 0), ({"compiled": moved["compiled"]}, 3)):  # rewritten; not
+        _forget()
+        compiles.clear()
+        with offline_launches("sm_90"):
+            _precompile.precompile(torch.device("cpu"), table=recorded, threads=2).wait()
+            compiles.clear()
+            _launch_all()
+        assert len(compiles) == compiled_again
+
+
+def test_a_kernel_the_table_names_that_no_longer_exists_is_skipped_and_said(compiles, capsys):
+    table = _recorded()
+    gone = dict(table["compiled"][0], name="_no_such_kernel")
+    _forget()
+    with offline_launches("sm_90"):
+        started = _precompile.precompile(torch.device("cpu"), table={"compiled": [gone, *table["compiled"][1:]]},
+                                         threads=2)
+        assert started.wait()["kernels"] == 2
+    assert "1 recorded kernel(s) not found" in capsys.readouterr().err
+
+
+def test_a_cpu_session_precompiles_nothing():
+    assert _precompile.precompile(torch.device("cpu")) is None
+
+
+@pytest.mark.slow
+def test_fla_s_kernels_along_dohnuts_calls_preload_to_the_keys_their_launches_look_up(compiles, tmp_path,
+                                                                                       monkeypatch, fla_entry_points):
+    """fla's kernels have long argument lists, heuristics outermost, autotuners and integer
+    specialisation: the recorded key must still be the launch's."""
+    with offline_launches("sm_90"), _precompile.record() as table:
+        _fla_inference(fla_entry_points, torch)
+    kernels = {(e["module"], e["name"]) for e in table["compiled"]}
+    assert len(table["compiled"]) >= 6 and any(m.startswith("fla.ops") for m, _ in kernels)
+
+    def forget_fla():
+        for module, name in kernels:
+            _precompile.jit_function(module, name).device_caches.clear()
+        _precompile._STARTED.clear()
+
+    monkeypatch.setattr(knobs.cache, "dir", str(tmp_path / "second"))
+    forget_fla()
+    compiles.clear()
+    with offline_launches("sm_90"):
+        assert _precompile.precompile(torch.device("cpu"), table=table, threads=2).wait()["failed"] == 0
+        compiles.clear()
+        _fla_inference(fla_entry_points, torch)
+    forget_fla()
+    assert compiles == []
