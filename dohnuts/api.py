@@ -90,6 +90,11 @@ def load(source: str | Path = "tiny", *, adapter: str | Path | None = None, lora
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
     cfg, ckpt = resolve_source(source)
+    if device.type == "cuda":  # the recorded kernels compile on threads while the model is built
+        # Triton: on a GPU only
+        from dohnuts.ops._precompile import precompile
+
+        precompile(device)
     tokenizer = tokenizer_for(cfg, ckpt)
     check_vocabulary(cfg, tokenizer, ckpt)  # before any weight is read: an id past the embedding is refused now
     backbone, vision_tensors = build_text_backbone(cfg, device=device, dtype=dtype, seed=seed, checkpoint_dir=ckpt)

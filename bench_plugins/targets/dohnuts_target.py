@@ -26,6 +26,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from dohnuts.bench.calls import CallResult, PredictCall, TrainCall
+from dohnuts.bench.report.status import log
 from dohnuts.runtime.policy import ExecutionPolicy
 from dohnuts.runtime.work import WorkCounts
 from dohnuts.schema import Invalid
@@ -79,6 +80,7 @@ class DohnutsTarget:
         # Prediction runs a deployed model (adapters merged: no adapter cost); training carries them.
         self.model = api.load(spec.model, device=device, dtype=dtype, seed=spec.seed, lora=lora, adapter=adapter,
                               merge=adapter is not None and not self.train, _policy=policy)
+        self._kernels_compiled(self.model.device)
         cfg = self.model.lora
         self.lora_info = {"rank": cfg.rank, "targets": list(cfg.targets), "merged": False} if cfg else None
         if cfg is None and adapter is not None:  # merged into the base for prediction: the file says what it was
@@ -103,6 +105,19 @@ class DohnutsTarget:
                               if world.distributed else {})
         else:
             self.predictor = Predictor(self.model)
+
+    @staticmethod
+    def _kernels_compiled(device) -> None:
+        """Wait for the recorded kernels `api.load` set compiling on threads (dohnuts.ops._precompile):
+        no call this target runs, warm-up or measured, shares the CPU with them."""
+        # torch: not while the plugins are collected (before the command's checks); loaded where it runs
+        from dohnuts.ops._precompile import precompile
+
+        started = precompile(device) if device.type == "cuda" else None
+        if started is not None and started.finished is None:
+            done = started.wait()
+            log.info("compiled %d recorded kernels on %d threads in %.1f s%s", done["kernels"], done["threads"],
+                     done["seconds"], f" ({done['failed']} failed: {done['first_failure']})" if done["failed"] else "")
 
     def run_call(self, call, timer) -> CallResult:
         if isinstance(call, PredictCall) and not self.train:

@@ -19,6 +19,9 @@
 #   TUNE_TABLE=1                                             benchmarks/maintainers/tuned_table.py on the cache → $OUT/tuned_h200.json
 #                                                            (start from an empty cache: carry no .triton_cache.tgz;
 #                                                            the WORKLOADS then run before the TESTS)
+#   COMPILED_TABLE=1                                         the WORKLOADS run records the kernels dohnuts compiles
+#                                                            (benchmarks/maintainers/compiled_kernels.py) → $OUT/compiled_h200.json,
+#                                                            the table with its `compiled` list (dohnuts/ops/_precompile.py)
 #   PACK_CACHE=1                                             pack .triton_cache, trimmed, into $OUT (15 MB parts)
 #                                                            (past 8 files in all, the loose ones go into logs.tar.gz)
 #   BUDGET=seconds (default 540)                             stop starting new steps after this
@@ -79,7 +82,10 @@ if [ -n "${WORKLOADS:-}" ] && [ "$(left)" -gt 60 ]; then
   echo "== dohnuts-bench run $WORKLOADS ($(left) s left)"
   # shellcheck disable=SC2086
   prof=(); [ -n "${PROFILE_RUN:-}" ] && prof=(--profile)
-  rm -rf /tmp/runs; timeout $(($(left) - 30)) python3 -m dohnuts.bench.cli run $WORKLOADS "${prof[@]}" --out /tmp/runs --label "$LABEL" --quiet \
+  bench=(python3 -m dohnuts.bench.cli)  # COMPILED_TABLE: the same run, its kernels recorded into the table
+  [ -n "${COMPILED_TABLE:-}" ] && bench=(python3 benchmarks/maintainers/compiled_kernels.py "dohnuts/ops/tuned/$LABEL.json"
+                                       "$OUT/compiled_$LABEL.json" --)
+  rm -rf /tmp/runs; timeout $(($(left) - 30)) "${bench[@]}" run $WORKLOADS "${prof[@]}" --out /tmp/runs --label "$LABEL" --quiet \
     2>&1 | tee /tmp/bench_log.txt | grep -v '^\s*$' | tail -60
   d=$(ls -d /tmp/runs/*/ | tail -1)
   # a warm machine keeps /tmp: an earlier call's traces once went into this archive, too big to return

@@ -168,3 +168,15 @@ def test_fla_s_kernels_along_dohnuts_calls_preload_to_the_keys_their_launches_lo
         _fla_inference(fla_entry_points, torch)
     forget_fla()
     assert compiles == []
+
+
+def test_the_recording_script_leaves_out_a_peer_s_launches():
+    """benchmarks/maintainers/compiled_kernels.py keeps what dohnuts launches: a compile under a
+    frame of transformers (its Qwen3.5 calls fla) is the peer's."""
+    from benchmarks.maintainers.compiled_kernels import launched_by_dohnuts
+
+    scope: dict = {"check": launched_by_dohnuts}
+    exec(compile("def forward():\n    return check()\n", "/site-packages/transformers/models/qwen3_5/m.py", "exec"),
+         scope)
+    assert launched_by_dohnuts() is True
+    assert scope["forward"]() is False
