@@ -73,6 +73,7 @@ class DohnutsTarget:
         from dohnuts.runtime.predict import Predictor
 
         self.train = spec.kind == "train-step"
+        self._first_extra: dict = {}  # what the first call's record also carries
         adapter = options.adapter
         policy = ExecutionPolicy(share_prefix=options.share_prefix, cuda_graphs=options.cuda_graphs)
         self.variant = policy.variant  # None: the product
@@ -106,18 +107,22 @@ class DohnutsTarget:
         else:
             self.predictor = Predictor(self.model)
 
-    @staticmethod
-    def _kernels_compiled(device) -> None:
+    def _kernels_compiled(self, device) -> None:
         """Wait for the recorded kernels `api.load` set compiling on threads (dohnuts.ops._precompile):
         no call this target runs, warm-up or measured, shares the CPU with them."""
         # torch: not while the plugins are collected (before the command's checks); loaded where it runs
         from dohnuts.ops._precompile import precompile
 
         started = precompile(device) if device.type == "cuda" else None
-        if started is not None and started.finished is None:
+        if started is not None and started.finished is None:  # the first target of the process to wait
             done = started.wait()
+            self._first_extra = {"kernels_precompiled": done}  # in this target's first-call record
             log.info("compiled %d recorded kernels on %d threads in %.1f s%s", done["kernels"], done["threads"],
                      done["seconds"], f" ({done['failed']} failed: {done['first_failure']})" if done["failed"] else "")
+
+    def _take_first_extra(self) -> dict:
+        extra, self._first_extra = self._first_extra, {}
+        return extra
 
     def run_call(self, call, timer) -> CallResult:
         if isinstance(call, PredictCall) and not self.train:
@@ -125,13 +130,13 @@ class DohnutsTarget:
                 self.model.image_cache.clear()
             before = self._graph_stats()
             result, work = self.predictor.call(call.request, timer, source=call.request.id)
-            extra = self._cache_stats(work) | self._graph_delta(before)
+            extra = self._cache_stats(work) | self._graph_delta(before) | self._take_first_extra()
             return CallResult(decisions=len(result.questions), work=work, extra=extra, output=result)
         if isinstance(call, TrainCall) and self.train:
             before = self._graph_stats()
             res = self.updater.update(call.requests, timer)
             extra = ({"loss": res.loss, "grad_norm": res.grad_norm} | self.allreduce | self._cache_stats(res.work)
-                     | self._graph_delta(before))
+                     | self._graph_delta(before) | self._take_first_extra())
             if res.work is None:  # more ranks than microbatches: this one only joined the all-reduce
 
                 return CallResult(decisions=0, work=WorkCounts(0, (), 0, train=True), extra=extra)

@@ -84,8 +84,8 @@ def fla() -> SimpleNamespace:
 
     Only the modules these names live in are imported: fla.ops and fla.modules are left deferred
     (`_DeferredPackage`), so the process does not import the ops dohnuts never calls."""
-    # Triton and fla: on a GPU only (the CPU runs the reference path without them)
     defer_package_inits()
+    # Triton and fla: on a GPU only (the CPU runs the reference path without them)
     from fla.modules.activations import swiglu
     from fla.modules.causal_conv1d import causal_conv1d
     from fla.modules.norm.fused_norm_gate import rms_norm_gated

@@ -126,6 +126,7 @@ def _start(index: int, cuda: bool, table: dict | None, threads: int | None) -> P
     if not entries:
         return None
     if any(e["module"].startswith("fla.") for e in entries):
+        # fla (and Triton): only where the table names fla's kernels
         from dohnuts.ops._fla import fla
 
         fla()  # fla's modules as dohnuts imports them (fla.ops and fla.modules deferred)

@@ -180,3 +180,33 @@ def test_the_recording_script_leaves_out_a_peer_s_launches():
          scope)
     assert launched_by_dohnuts() is True
     assert scope["forward"]() is False
+
+
+def test_the_bench_s_dohnuts_target_waits_for_the_compiles_and_its_first_call_says_so(monkeypatch):
+    """The first dohnuts target of a run waits before any call (no call shares the CPU with a
+    compile); its first-call record carries what compiled, once; a later target waits for nothing."""
+    import threading
+    from concurrent.futures import Future
+
+    from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget
+
+    gate = threading.Event()
+    future: Future = Future()
+    threading.Thread(target=lambda: (gate.wait(10), future.set_result(None)), daemon=True).start()
+    started = _precompile.Precompiled(kernels=5, threads=4, started=0.0, futures=[future])
+    monkeypatch.setattr(_precompile, "precompile", lambda device: started)
+
+    first, second = object.__new__(DohnutsTarget), object.__new__(DohnutsTarget)
+    first._first_extra = second._first_extra = {}
+    waited = threading.Thread(target=first._kernels_compiled, args=(torch.device("cuda"),))
+    waited.start()
+    waited.join(0.2)
+    assert waited.is_alive()  # still compiling: the target is not built yet
+    gate.set()
+    waited.join(10)
+    assert not waited.is_alive()
+    extra = first._take_first_extra()["kernels_precompiled"]
+    assert extra["kernels"] == 5 and extra["threads"] == 4 and extra["failed"] == 0
+    assert first._take_first_extra() == {}  # the first call only
+    second._kernels_compiled(torch.device("cuda"))
+    assert second._take_first_extra() == {}  # compiled already: nothing to wait for or to say
