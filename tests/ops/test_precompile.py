@@ -210,3 +210,11 @@ def test_the_bench_s_dohnuts_target_waits_for_the_compiles_and_its_first_call_sa
     assert first._take_first_extra() == {}  # the first call only
     second._kernels_compiled(torch.device("cuda"))
     assert second._take_first_extra() == {}  # compiled already: nothing to wait for or to say
+
+
+def test_a_table_that_cannot_be_read_leaves_the_kernels_to_their_launches_and_says_so(compiles, capsys):
+    """Compiling ahead is a head start only: whatever goes wrong (here, a table entry without its
+    specialisation) is one line on stderr, and `dohnuts.load` goes on."""
+    with offline_launches("sm_90"):
+        assert _precompile.precompile(torch.device("cpu"), table={"compiled": [{"module": __name__}]}) is None
+    assert "not compiled ahead (KeyError" in capsys.readouterr().err
