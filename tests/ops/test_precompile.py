@@ -163,7 +163,8 @@ def test_fla_s_kernels_along_dohnuts_calls_preload_to_the_keys_their_launches_lo
     forget_fla()
     compiles.clear()
     with offline_launches("sm_90"):
-        assert _precompile.precompile(torch.device("cpu"), table=table, threads=2).wait()["failed"] == 0
+        done = _precompile.precompile(torch.device("cpu"), table=table, threads=2).wait()
+        assert done["failed"] == 0, done
         compiles.clear()
         _fla_inference(fla_entry_points, torch)
     forget_fla()
