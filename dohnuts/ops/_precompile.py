@@ -106,7 +106,8 @@ def precompile(device: torch.device, *, table: dict | None = None, threads: int 
     """Start compiling the table's recorded kernels for `device` on threads (once a process and
     device; later calls return the first one's `Precompiled`). None: nothing recorded for this GPU
     and Triton, or not a CUDA device. `table` and `threads` are the tests' (they compile for a GPU
-    target on the CPU, tests/ops/triton_offline.py; default: the matching table, a thread for each core this process may run on)."""
+    target on the CPU, tests/ops/triton_offline.py; default: the matching table, a thread for each
+    core this process may run on)."""
     if device.type != "cuda" and table is None:
         return None
     try:
