@@ -198,7 +198,7 @@ def test_the_bench_s_dohnuts_target_waits_for_the_compiles_and_its_first_call_sa
 
     gate = threading.Event()
     future: Future = Future()
-    threading.Thread(target=lambda: (gate.wait(10), future.set_result(None)), daemon=True).start()
+    threading.Thread(target=lambda: (gate.wait(600), future.set_result(None)), daemon=True).start()
     started = _precompile.Precompiled(kernels=5, threads=4, started=0.0, futures=[future])
     monkeypatch.setattr(_precompile, "precompile", lambda device: started)
 
@@ -209,7 +209,7 @@ def test_the_bench_s_dohnuts_target_waits_for_the_compiles_and_its_first_call_sa
     waited.join(0.2)
     assert waited.is_alive()  # still compiling: the target is not built yet
     gate.set()
-    waited.join(10)
+    waited.join(600)
     assert not waited.is_alive()
     extra = first._take_first_extra()["kernels_precompiled"]
     assert extra["kernels"] == 5 and extra["threads"] == 4 and extra["failed"] == 0
