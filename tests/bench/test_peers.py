@@ -17,15 +17,20 @@ from dohnuts.bench.plugins import collect, plugin_manager
 from dohnuts.runtime.timing import NULL_TIMER
 from dohnuts_bench_plugins.targets.transformers_target import _bound_implementation, peer_facts
 
-pytest.importorskip("transformers")
-hub_kernels = pytest.importorskip("transformers.integrations.hub_kernels")
+
+
+@pytest.fixture
+def hub_kernels():
+    """transformers' kernel binding, imported by the tests that use it (not at collection, where
+    every test process of the test command would import transformers)."""
+    return pytest.importorskip("transformers.integrations.hub_kernels")
 
 
 def _reference_conv(x):  # stands for transformers' own reference code
     return x
 
 
-def test_bound_implementation_reads_transformers_own_binding():
+def test_bound_implementation_reads_transformers_own_binding(hub_kernels):
     """transformers' real decorator: a package that imports is the bound implementation (fast); one
     that does not leaves transformers' reference function (a fallback)."""
     bind = hub_kernels.use_kernel_func_from_hub_with_fallback
@@ -38,7 +43,7 @@ def test_bound_implementation_reads_transformers_own_binding():
     assert _bound_implementation(lambda x: x) is None  # not bound by transformers: unknown
 
 
-def test_peer_facts_name_each_path_and_label_fallbacks():
+def test_peer_facts_name_each_path_and_label_fallbacks(hub_kernels):
     import types
 
     bind = hub_kernels.use_kernel_func_from_hub_with_fallback

@@ -10,13 +10,13 @@ import math
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from dohnuts.bench.measure.serving.arrivals import all_at_once, poisson_arrivals, read_trace, trace_arrivals, trace_rate
 from dohnuts.errors import ConfigError
 
 
 def test_poisson_gaps_have_the_rate_asked_for():
+    from scipy import stats  # here, not at collection: only this test's process needs scipy
     rate, n = 250.0, 40_000
     a = poisson_arrivals(rate, seed=7, min_requests=n)
     gaps = np.diff((0.0,) + a.times_s)
@@ -97,6 +97,7 @@ def test_burstiness_one_is_the_poisson_schedule_as_it_always_was():
 def test_bursty_gaps_are_gamma_with_the_rate_asked_for(k):
     """vLLM's --burstiness: gaps Gamma(shape k, scale 1/(k·rate)): mean 1/rate, squared coefficient of
     variation 1/k — bursts and lulls below 1, evener than Poisson above; rates stretch one pattern."""
+    from scipy import stats  # here, not at collection: only this test's process needs scipy
     rate, n = 50.0, 40_000
     a = poisson_arrivals(rate, seed=2, min_requests=n, burstiness=k)
     gaps = np.diff((0.0,) + a.times_s)

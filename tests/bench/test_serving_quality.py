@@ -20,8 +20,6 @@ from dohnuts.model.lora import LoRAConfig
 from dohnuts.runtime.predict import QuestionResult, RequestResult
 from dohnuts.runtime.requests import read_requests
 
-pytest.importorskip("sklearn")
-
 FAULTY = textwrap.dedent('''
     """A dohnuts target whose fast path is wrong: it reverses each question's probabilities (and so
     its choice). Its reference options turn the fault off, as a plain reference path would."""
@@ -63,7 +61,9 @@ FAULTY = textwrap.dedent('''
 @pytest.fixture(scope="module")
 def digits_run(made_once):
     """One run of the digits requests: dohnuts, dohnuts with an adapter, and the faulty plugin
-    (made once for every test process: tests/conftest.py's made_once)."""
+    (made once for every test process: tests/conftest.py's made_once). The digits come from
+    scikit-learn, imported here rather than at collection, where every test process would."""
+    pytest.importorskip("sklearn")
     tmp = made_once("digits-run", _make_digits_run)
     (run_dir,) = list((tmp / "runs").iterdir())
     records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]

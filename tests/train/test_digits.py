@@ -10,13 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("sklearn")
-from PIL import Image  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
+from PIL import Image
 
-from dohnuts.errors import DohnutsError  # noqa: E402
-from dohnuts.runtime.requests import Request, read_requests  # noqa: E402
-from dohnuts.train import digits  # noqa: E402
+from dohnuts.errors import DohnutsError
+from dohnuts.runtime.requests import Request, read_requests
+from dohnuts.train import digits
 
 SPLITS = ("train", "dev", "calib", "test")
 CLASS_COUNTS = [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]  # sklearn's digits, 1797 in all
@@ -24,7 +22,8 @@ CLASS_COUNTS = [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]  # sklearn's d
 
 @pytest.fixture(scope="module")
 def sk():
-    d = load_digits()
+    """scikit-learn's digits, imported here rather than at collection, where every test process would."""
+    d = pytest.importorskip("sklearn.datasets").load_digits()
     return d.images, d.target
 
 

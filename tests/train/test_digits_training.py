@@ -10,10 +10,9 @@ import pytest
 
 from dohnuts.cli import main
 
-pytest.importorskip("sklearn")
-
 
 def _train(tmp_path, name, **kw):
+    pytest.importorskip("sklearn")  # here, not at collection, where every test process would import it
     from dohnuts.train.digits import write_digits
 
     data = tmp_path / f"{name}-data"
