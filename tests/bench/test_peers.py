@@ -18,7 +18,6 @@ from dohnuts.runtime.timing import NULL_TIMER
 from dohnuts_bench_plugins.targets.transformers_target import _bound_implementation, peer_facts
 
 
-
 @pytest.fixture
 def hub_kernels():
     """transformers' kernel binding, imported by the tests that use it (not at collection, where

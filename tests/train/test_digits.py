@@ -35,6 +35,7 @@ def full(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
+    pytest.importorskip("sklearn")  # the writer reads scikit-learn's digits (test_cli_without_sklearn: without it)
     out = tmp_path_factory.mktemp("small")
     return out, digits.write_digits(out, seed=0, limit=100)
 
