@@ -10,13 +10,12 @@ command's CPU:
     # then sort /tmp/pytest_cpu.jsonl by self + children
 """
 import json
-import os
 import resource
 import time
 
 import pytest
 
-LOG = os.environ.get("PYTEST_CPU_LOG", "/tmp/pytest_cpu.jsonl")
+LOG = "/tmp/pytest_cpu.jsonl"
 
 
 def _cpu() -> tuple[float, float]:
