@@ -1,5 +1,5 @@
-"""A PNG's row filters undone on the GPU as a wavefront (KI-23's lever, not in the runtime), checked bit
-for bit against libspng and timed beside the host decode (ledger M37).
+"""A PNG's row filters undone on the GPU as a wavefront (the runtime's kernel, dohnuts/ops/_unfilter_kernel.py),
+checked bit for bit against libspng and timed beside the host decode (ledger M37).
 
 Pixel (r, c) needs (r, c-1), (r-1, c), (r-1, c-1): step s handles every row r at column c = s - r, so a
 single program of BLOCK_R rows runs H + W - 1 steps, each reading the row above from memory (written the
@@ -14,68 +14,22 @@ closed), are in docs/history/evolution.md M37.
 import hashlib, io, json, statistics, sys, time, zlib
 import numpy as np
 import torch
-import triton
-import triton.language as tl
 from PIL import Image
 import imagecodecs
 
+from dohnuts.ops._unfilter_kernel import unfilter_triton
 from dohnuts.runtime.timing import device_times_ms
-
-
-@triton.jit
-def _unfilter(F, P, H, W, stride_f, BLOCK_R: tl.constexpr):
-    r = tl.arange(0, BLOCK_R)[:, None]
-    k = tl.arange(0, 4)[None, :]
-    row_ok = r < H
-    ftype = tl.load(F + r * stride_f, mask=row_ok, other=0).to(tl.int32)
-    left = tl.zeros([BLOCK_R, 4], tl.int32)
-    upleft = tl.zeros([BLOCK_R, 4], tl.int32)
-    for s in range(0, H + W - 1):
-        c = s - r
-        ok = row_ok & (c >= 0) & (c < W) & (k < 3)
-        raw = tl.load(F + r * stride_f + 1 + c * 3 + k, mask=ok, other=0).to(tl.int32)
-        up = tl.load(P + (r - 1) * (W * 3) + c * 3 + k, mask=ok & (r > 0), other=0).to(tl.int32)
-        p = left + up - upleft
-        pa = tl.abs(p - left)
-        pb = tl.abs(p - up)
-        pc = tl.abs(p - upleft)
-        paeth = tl.where((pa <= pb) & (pa <= pc), left, tl.where(pb <= pc, up, upleft))
-        pred = tl.where(ftype == 0, 0, tl.where(ftype == 1, left, tl.where(ftype == 2, up,
-                        tl.where(ftype == 3, (left + up) >> 1, paeth))))
-        val = (raw + pred) & 255
-        tl.store(P + r * (W * 3) + c * 3 + k, val.to(tl.uint8), mask=ok)
-        left = tl.where(ok, val, left)
-        upleft = tl.where(ok, up, upleft)
-        tl.debug_barrier()
+from tests.runtime.png_cases import png
 
 
 def unfilter(filtered: torch.Tensor, H: int, W: int) -> torch.Tensor:
     """(H, 1 + 3W) filtered scanlines (uint8, filter byte first) → (H, W, 3) pixels, on their device."""
-    out = torch.empty((H, W, 3), dtype=torch.uint8, device=filtered.device)
-    block = triton.next_power_of_2(H)
-    _unfilter[(1,)](filtered, out, H, W, filtered.stride(0), BLOCK_R=block, num_warps=min(32, max(4, block * 4 // 128)))
-    return out
+    return unfilter_triton(filtered, H, W)
 
 
 def png_with_filters(pixels: np.ndarray, kinds: np.ndarray) -> bytes:
     """A plain 8-bit RGB PNG whose row r uses filter kinds[r] (0..4), encoded here."""
-    H, W, _ = pixels.shape
-    x = pixels.astype(np.int32).reshape(H, W * 3)
-    rows = []
-    for r in range(H):
-        a = np.concatenate([[0, 0, 0], x[r, :-3]])
-        b = x[r - 1] if r else np.zeros(W * 3, np.int32)
-        c = np.concatenate([[0, 0, 0], b[:-3]])
-        p = a + b - c
-        pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-        paeth = np.where((pa <= pb) & (pa <= pc), a, np.where(pb <= pc, b, c))
-        pred = [np.zeros_like(a), a, b, (a + b) // 2, paeth][kinds[r]]
-        rows.append(bytes([kinds[r]]) + ((x[r] - pred) & 255).astype(np.uint8).tobytes())
-    raw = zlib.compress(b"".join(rows), 6)
-    def chunk(t, d):
-        return len(d).to_bytes(4, "big") + t + d + zlib.crc32(t + d).to_bytes(4, "big")
-    ihdr = W.to_bytes(4, "big") + H.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", raw) + chunk(b"IEND", b"")
+    return png(pixels, kinds)
 
 
 def idat(data: bytes) -> bytes:

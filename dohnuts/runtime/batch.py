@@ -55,7 +55,7 @@ class Batch:
     def pin(self) -> Batch:
         """The batch in page-locked memory (so its host→device copies can be asynchronous)."""
         return self.packed(lambda n: torch.empty(n, dtype=torch.long, pin_memory=True),
-                           lambda t: t.pin_memory())
+                           lambda t: t if t.device.type != "cpu" else t.pin_memory())  # patches cut on the GPU stay
 
     def packed(self, allocate=lambda n: torch.empty(n, dtype=torch.long), keep=lambda t: t) -> Batch:
         """The batch with its integer (long) tensors as views of ONE buffer from `allocate(n)`,

@@ -101,6 +101,9 @@ class ImageFeatureCache:
                 staged: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         parts = [staged[img.key] for img in misses] if all(img.key in staged for img in misses) else \
             [img.patches for img in misses]
+        for part in parts:  # patches cut on the GPU by a preparing thread's stream: read on this one too
+            if part.is_cuda:
+                part.record_stream(torch.cuda.current_stream(part.device))
         patches = parts[0] if len(parts) == 1 else torch.cat(parts)  # (Σ N_i, C·Tp·P·P)
         grids = torch.tensor([img.grid_thw for img in misses], dtype=torch.long)  # (n, 3)
         out = encode(patches, grids)  # (Σ token_count_i, out_hidden)

@@ -28,7 +28,10 @@ Where each step runs: the host decodes, keys, resizes and cuts the uint8 pixels 
 repeat); steps 4 and 5 run on the device, where the tower reads them (`pixel_values`, the same
 arithmetic element by element, so the values equal the reference processor's bit for bit). On the
 H200's host the float steps and the copy into pinned memory had been half of a cold image's
-preparation (docs/history/evolution.md M32).
+preparation (docs/history/evolution.md M32). On a GPU that runs the fused kernels, a plain PNG
+already on the tower's grid skips libspng as well: the host only inflates its zlib stream (zlib-ng,
+into page-locked memory), and the GPU undoes the row filters (dohnuts.ops.png_unfilter) and cuts
+the patches, which stay there; the pixels come back once for the key (`_prepare_on_device`).
 
 The content key is sha256 over the policy identity, the patch geometry, the original width and
 height and the decoded RGB bytes: the same pixels hit under any file name or lossless format,
@@ -37,6 +40,7 @@ different pixels never do.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import math
@@ -55,6 +59,8 @@ from PIL import Image
 
 from dohnuts.config import VisionConfig
 from dohnuts.errors import DohnutsError, ImageError
+from dohnuts.ops import kernel_status
+from dohnuts.ops.unfilter import MAX_UNFILTER_ROWS, png_unfilter
 from dohnuts.schema import check_file, read_file
 
 PREPROCESS_POLICY = (
@@ -273,6 +279,20 @@ def _plain_png_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
+def _png_image_data(data: bytes) -> bytes:
+    """The IDAT chunks' payloads of a PNG `_plain_png_size` accepted (its chunks walked and checked
+    there), joined: one zlib stream of filtered scanlines."""
+    parts, at, view = [], 8, memoryview(data)
+    while at + 12 <= len(data):
+        length, kind = int.from_bytes(data[at:at + 4], "big"), data[at + 4:at + 8]
+        if kind == b"IEND":
+            break
+        if kind == b"IDAT":
+            parts.append(view[at + 8:at + 8 + length])
+        at += 12 + length
+    return b"".join(parts)
+
+
 def decode_pixels(source: str | Path | bytes, *, name: str | None = None) -> np.ndarray:
     """Decode an image file (path or bytes) to RGB pixels (H, W, 3) uint8 under the policy's step
     1–2; ImageError otherwise. Plain PNGs by libspng, everything else by Pillow (module docstring)."""
@@ -343,13 +363,94 @@ def pixel_values(patches: torch.Tensor, temporal_patch_size: int) -> torch.Tenso
     return x.expand(N, C, temporal_patch_size, row // C).reshape(N, C * temporal_patch_size * (row // C))
 
 
-def prepare_image(source: str | Path | bytes, vision: VisionConfig, *, name: str | None = None) -> PreparedImage:
-    """Decode, key, resize, normalise and patchify one image under PREPROCESS_POLICY."""
+def patchify_device(pixels: torch.Tensor, patch_size: int, merge_size: int) -> torch.Tensor:
+    """`patchify` of (H, W, C) uint8 pixels already on a GPU: the same rows, one copy kernel there."""
+    H, W, C = pixels.shape
+    P, m = patch_size, merge_size
+    gh, gw = H // P, W // P
+    x = pixels.view(gh // m, m, P, gw // m, m, P, C).permute(0, 3, 1, 4, 6, 2, 5)
+    return x.reshape(gh * gw, C * P * P)
+
+
+_STREAMS = threading.local()  # per preparing thread: its own stream on each device
+
+
+def _own_stream(device: torch.device) -> torch.cuda.Stream:
+    streams = _STREAMS.__dict__.setdefault("by_device", {})
+    if device not in streams:
+        streams[device] = torch.cuda.Stream(device)
+    return streams[device]
+
+
+def _unfilters_on(device: torch.device) -> bool:
+    """Whether a plain PNG is prepared on `device`: a GPU whose probe shows the fused kernels."""
+    return device.type == "cuda" and kernel_status(device) == "fused"
+
+
+def _prepare_on_device(data: bytes, vision: VisionConfig, device: torch.device, where: str) -> PreparedImage | None:
+    """A plain PNG already on the tower's grid (no resize) prepared where the tower runs: the host
+    inflates its stream into page-locked memory (zlib-ng), the device undoes the row filters and
+    cuts the patches (dohnuts.ops.png_unfilter, on this thread's own stream), and the pixels come
+    back once for the content key — the same key and patches as the host path, with libspng's
+    decode (most of a cold call's preparation) replaced by an
+    inflate (docs/history/evolution.md M37 has the times). None where the image does not qualify or
+    its stream is not a whole, valid one (the host path then decodes it and words any error)."""
+    size = _plain_png_size(data)
+    if size is None:
+        return None
+    width, height = size
+    factor = vision.patch_size * vision.spatial_merge_size
+    if height > MAX_UNFILTER_ROWS or height % factor or width % factor:
+        return None
+    try:
+        if smart_resize(height, width, factor) != (height, width):
+            return None
+    except ValueError:
+        return None
+    stride = 1 + 3 * width
+    cuda = device.type == "cuda"  # prepare_image sends a GPU; the CPU tests call this with the CPU
+    rows = torch.empty(height * stride, dtype=torch.uint8, pin_memory=cuda)
+    try:
+        inflated = imagecodecs.zlibng_decode(_png_image_data(data), out=rows.numpy())
+    except Exception:  # too long, truncated, a bad checksum: the host path reports it
+        return None
+    if len(inflated) != rows.numel() or int(rows.numpy()[::stride].max()) > 4:
+        return None
+    stream = _own_stream(device) if cuda else None
+    with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+        filtered = rows.to(device, non_blocking=True).view(height, stride)
+        pixels = png_unfilter(filtered, height, width)
+        patches = patchify_device(pixels, vision.patch_size, vision.spatial_merge_size)
+        back = torch.empty((height, width, 3), dtype=torch.uint8, pin_memory=cuda)
+        back.copy_(pixels, non_blocking=cuda)
+    if cuda:
+        stream.synchronize()  # the patches are complete before any other stream reads them
+    key = content_key(back.numpy(), vision)
+    grid = (1, height // vision.patch_size, width // vision.patch_size)
+    m = vision.spatial_merge_size
+    return PreparedImage(key=key, patches=patches, grid_thw=grid, token_count=grid[1] * grid[2] // (m * m),
+                         width=width, height=height, source=where)
+
+
+def prepare_image(source: str | Path | bytes, vision: VisionConfig, *, name: str | None = None,
+                  device: torch.device | None = None) -> PreparedImage:
+    """Decode, key, resize, normalise and patchify one image under PREPROCESS_POLICY.
+
+    `device`: where the tower runs (the session passes its own). On a GPU that runs the fused
+    kernels a plain PNG that needs no resize is unfiltered and cut into patches there
+    (`_prepare_on_device`: its `patches` are on that device); every other image, and every image
+    on another device, on the host. Both give the same key and patches."""
     where = name if name is not None else ("<bytes>" if isinstance(source, (bytes, bytearray)) else str(source))
     if vision.in_channels != 3:
         raise ImageError(f"the vision tower expects {vision.in_channels} channels; policy v1 produces RGB",
                          source=where)
-    pixels = decode_pixels(source, name=where)  # (H, W, 3) uint8
+    data = bytes(source) if isinstance(source, (bytes, bytearray)) else read_file(
+        source, max_bytes=MAX_IMAGE_BYTES, error=ImageError, what="an image file")
+    if device is not None and _unfilters_on(device):
+        img = _prepare_on_device(data, vision, device, where)
+        if img is not None:
+            return img
+    pixels = decode_pixels(data, name=where)  # (H, W, 3) uint8
     key = content_key(pixels, vision)
     height, width = pixels.shape[:2]
     factor = vision.patch_size * vision.spatial_merge_size

@@ -171,7 +171,7 @@ class Session:
         known = self._image_keys.get(digest)
         if known is not None and known.key in self.image_cache:
             return replace(known, source=path)
-        img = prepare_image(path, self.cfg.vision)
+        img = prepare_image(path, self.cfg.vision, device=self.device)
         self._image_keys.put(digest, img)
         return img
 
@@ -185,7 +185,7 @@ class Session:
         # An image prepared without pixels (its features were cached) whose entry has been evicted
         # since: decode it now (rare: the cache filled up between preparation and use).
         imgs = [img if img.patches is not None or img.key in self.image_cache
-                else prepare_image(img.source, self.cfg.vision) for img in imgs]
+                else prepare_image(img.source, self.cfg.vision, device=self.device) for img in imgs]
         staged = {hb.image.key: dev.pixel_patches for hb, dev in batches
                   if hb.image is not None and dev is not None and dev.pixel_patches is not None}
         # Which batch encodes its image: the first occurrence of a key not cached before this call.

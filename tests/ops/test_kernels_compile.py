@@ -81,8 +81,8 @@ def _delta_flags(fuse_o: bool, fuse_wu: bool, s0: bool = True, st: bool = True) 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_small_kernels_compile(target):
-    """Norms, rotary, gate, SwiGLU, copies, the Gated DeltaNet gates, the device probe and the FP32
-    multiply-add microbenchmark, at the blocks and warps the runtime launches them with (2b: hidden
+    """Norms, rotary, gate, SwiGLU, copies, the Gated DeltaNet gates, a PNG's unfilter, the device
+    probe and the FP32 multiply-add microbenchmark, at the blocks and warps the runtime launches them with (2b: hidden
     2048, 8 query heads of 256, 16 value heads)."""
     from dohnuts.ops._copy_kernel import _copy4d_kernel
     from dohnuts.ops._fma_kernel import _fma_chain_kernel
@@ -91,6 +91,7 @@ def test_small_kernels_compile(target):
     from dohnuts.ops._norm_kernels import _norm_rope_kernel, _rms_norm_kernel
     from dohnuts.ops._probe_kernel import _dot16_kernel
     from dohnuts.ops._swiglu_kernel import BLOCK, swiglu_packed_kernel
+    from dohnuts.ops._unfilter_kernel import _unfilter_kernel
 
     t = TARGETS[target]
     for has_res in (True, False):
@@ -110,6 +111,10 @@ def test_small_kernels_compile(target):
     fma = compile_kernel(_fma_chain_kernel, t, dict(ITERS=256, BLOCK=1024), {"X": FP32, "Y": FP32, "N": I32},
                          num_warps=8)  # the FP32 vector microbenchmark (dohnuts.ops.fma), as microbench launches it
     assert fma.metadata.name == "_fma_chain_kernel"
+    for rows, warps in ((448, 16), (1024, 32)):  # a 448² image, and the tallest the kernel takes
+        unfilter = compile_kernel(_unfilter_kernel, t, dict(BLOCK_R=triton.next_power_of_2(rows)),
+                                  _types(_unfilter_kernel, {"F": "*u8", "P": "*u8"}), num_warps=warps)
+        assert unfilter.metadata.name == "_unfilter_kernel"
     probe = compile_kernel(_dot16_kernel, t, dict(N=16), {"A": BF16, "B": BF16, "C": FP32}, num_warps=1)
     assert probe.metadata.target == t
     assert set(probe.asm) >= ({"ptx", "cubin"} if t.backend == "cuda" else {"amdgcn", "hsaco"})

@@ -1,0 +1,176 @@
+"""A plain PNG prepared where the tower runs (KI-23): the host inflates its stream, the device undoes
+the row filters and cuts the patches. The same key and patches as the host path's libspng decode;
+what does not qualify stays on the host. On the CPU the unfilter takes the op's reference path (and
+the Triton kernel runs in Triton's interpreter); tests/gpu/test_images_device.py runs the GPU path."""
+
+from __future__ import annotations
+
+import io
+import zlib
+
+import imagecodecs
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from dohnuts.config import preset
+from dohnuts.errors import ImageError
+from dohnuts.ops.unfilter import png_unfilter, png_unfilter_reference
+from dohnuts.runtime import images
+from dohnuts.runtime.images import _png_image_data, _prepare_on_device, patchify, patchify_device, prepare_image
+from tests.runtime.png_cases import filtered_rows, noise, png, smooth
+
+VISION = preset("tiny").vision  # patch 16, merge 2: a 32-pixel grid
+CPU = torch.device("cpu")
+
+
+def _inflated(data: bytes, h: int, w: int) -> torch.Tensor:
+    rows = np.frombuffer(imagecodecs.zlibng_decode(_png_image_data(data)), np.uint8)
+    return torch.from_numpy(rows.copy()).view(h, 1 + 3 * w)
+
+
+@pytest.mark.parametrize("h, w", [(1, 9), (7, 5), (24, 19), (40, 33)])
+@pytest.mark.parametrize("kind", ["each filter", "every filter mixed", "pillow"])
+def test_the_reference_unfilter_equals_libspng(h, w, kind):
+    pixels = smooth(h, w, seed=h) if kind == "pillow" else noise(h, w, seed=w)
+    kinds = None if kind == "pillow" else (np.arange(h) % 5 if kind == "each filter"
+                                            else np.random.default_rng(h).integers(0, 5, h))
+    data = png(pixels, kinds)
+    want = imagecodecs.spng_decode(data)
+    assert np.array_equal(want, pixels)
+    got = png_unfilter(_inflated(data, h, w), h, w)  # a CPU tensor: the reference path
+    assert got.dtype == torch.uint8 and np.array_equal(got.numpy(), want)
+
+
+def test_the_reference_refuses_a_filter_type_past_paeth():
+    rows = torch.from_numpy(np.frombuffer(filtered_rows(noise(2, 3), [0, 4]), np.uint8).copy()).view(2, 10)
+    rows[1, 0] = 5
+    with pytest.raises(ValueError, match="row 1 has filter type 5"):
+        png_unfilter_reference(rows, 2, 3)
+
+
+_INTERPRETED = """
+import numpy as np, imagecodecs, torch
+from dohnuts.ops._unfilter_kernel import unfilter_triton
+from dohnuts.runtime.images import _png_image_data
+from tests.runtime.png_cases import noise, png, smooth
+rng = np.random.default_rng(0)
+for h, w in [(1, 9), (7, 5), (24, 19), (33, 40)]:
+    for pixels, kinds in [(noise(h, w, 1), np.arange(h) % 5), (noise(h, w, 2), rng.integers(0, 5, h)), (smooth(h, w), None)]:
+        data = png(pixels, kinds)
+        rows = np.frombuffer(imagecodecs.zlibng_decode(_png_image_data(data)), np.uint8).copy()
+        wide = np.zeros((h, 1 + 3 * w + 5), np.uint8)  # a row stride wider than the row
+        wide[:, : 1 + 3 * w] = rows.reshape(h, -1)
+        for f in (torch.from_numpy(rows).view(h, -1), torch.from_numpy(wide)):
+            got = unfilter_triton(f, h, w).numpy()
+            assert np.array_equal(got, imagecodecs.spng_decode(data)), (h, w, kinds)
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_the_unfilter_kernel_in_the_interpreter_equals_libspng():
+    """The Triton kernel (one program, a wavefront over H + W − 1 steps) gives libspng's pixels for
+    every filter type, on contiguous rows and on rows with a wider stride."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    root = Path(__file__).parents[2]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
+    out = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True,
+                         timeout=600, check=False, cwd=root)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_patches_cut_on_the_device_equal_the_hosts():
+    pixels = noise(64, 96)
+    host = patchify(pixels, VISION.patch_size, VISION.spatial_merge_size)
+    dev = patchify_device(torch.from_numpy(pixels.copy()), VISION.patch_size, VISION.spatial_merge_size)
+    assert dev.is_contiguous() and torch.equal(dev, host)
+
+
+@pytest.mark.parametrize("case", ["every filter, 3 IDAT chunks", "pillow's filters", "pillow's, 2 chunks"])
+def test_the_device_path_gives_the_host_paths_key_and_patches(case, monkeypatch):
+    h, w = (256, 288) if case.startswith("every") else (288, 256)
+    if case.startswith("every"):
+        data = png(noise(h, w), np.random.default_rng(1).integers(0, 5, h), idat_parts=3)
+    else:
+        data = png(smooth(h, w), idat_parts=2 if "2 chunks" in case else 1)
+    on_device = _prepare_on_device(data, VISION, CPU, "x.png")
+    assert on_device is not None  # the path was taken (on the CPU: the op's reference unfilter)
+    host = prepare_image(data, VISION, name="x.png")
+    monkeypatch.setattr(images, "_unfilters_on", lambda device: True)  # the CPU as if it were such a GPU
+    via_device = prepare_image(data, VISION, name="x.png", device=CPU)
+    for img in (on_device, via_device):
+        assert img.key == host.key and torch.equal(img.patches, host.patches)
+        assert (img.grid_thw, img.token_count, img.width, img.height) == \
+               (host.grid_thw, host.token_count, host.width, host.height)
+
+
+@pytest.mark.parametrize("case", ["needs a resize", "off the grid", "a filter byte of 5", "a short stream",
+                                  "a long stream", "a corrupt stream", "greyscale", "too many rows"])
+def test_what_does_not_qualify_stays_on_the_host(case, monkeypatch):
+    h, w = 256, 288
+    pixels = noise(h, w)
+    kinds = np.arange(h) % 5
+    rows = filtered_rows(pixels, kinds)
+    if case == "needs a resize":
+        data = png(noise(64, 64), np.zeros(64, int))  # below the minimum pixels: upscaled
+    elif case == "off the grid":
+        data = png(noise(260, 300), np.zeros(260, int))
+    elif case == "a filter byte of 5":
+        bad = bytearray(rows)
+        bad[(1 + 3 * w) * 7] = 5
+        data = png(pixels, stream=zlib.compress(bytes(bad)))
+    elif case == "a short stream":
+        data = png(pixels, stream=zlib.compress(rows[:-(1 + 3 * w)]))
+    elif case == "a long stream":
+        data = png(pixels, stream=zlib.compress(rows + rows[: 1 + 3 * w]))
+    elif case == "a corrupt stream":
+        z = bytearray(zlib.compress(rows))
+        z[-2] ^= 0xFF  # the Adler-32 checksum
+        data = png(pixels, stream=bytes(z))
+    elif case == "greyscale":
+        buf = io.BytesIO()
+        Image.fromarray(pixels[..., 0]).save(buf, format="PNG")
+        data = buf.getvalue()
+    else:
+        data = png(noise(1056, 64), np.zeros(1056, int))  # 1,056 rows: over the kernel's 1,024
+    assert _prepare_on_device(data, VISION, CPU, "x.png") is None
+    monkeypatch.setattr(images, "_unfilters_on", lambda device: True)
+    # the host path decides, as it would without a device: the same image, or the same error
+    outcomes = []
+    for device in (CPU, None):
+        try:
+            img = prepare_image(data, VISION, name="x.png", device=device)
+            outcomes.append((img.key, img.patches.numpy().tobytes()))
+        except ImageError as exc:
+            assert "x.png" in str(exc)
+            outcomes.append(str(exc))
+    assert outcomes[0] == outcomes[1]
+    if case in ("a filter byte of 5", "a corrupt stream"):
+        assert isinstance(outcomes[0], str)  # refused, in the host path's words
+
+
+def test_only_a_gpu_with_the_fused_kernels_prepares_on_the_device(monkeypatch):
+    """The device decides: the CPU (and a GPU whose probe failed) prepares on the host."""
+    assert not images._unfilters_on(CPU)
+    monkeypatch.setattr(images, "kernel_status", lambda device: "reference (no backend)")
+    assert not images._unfilters_on(torch.device("cuda", 0))
+    monkeypatch.setattr(images, "kernel_status", lambda device: "fused")
+    assert images._unfilters_on(torch.device("cuda", 0))
+    data = png(noise(256, 288), np.arange(256) % 5)
+    monkeypatch.setattr(images, "_prepare_on_device", lambda *a: pytest.fail("the CPU went to the device path"))
+    assert prepare_image(data, VISION, device=CPU).key == prepare_image(data, VISION).key
+
+
+def test_the_row_limit_is_the_kernels():
+    pytest.importorskip("triton")
+    from dohnuts.ops._unfilter_kernel import MAX_ROWS
+    from dohnuts.ops.unfilter import MAX_UNFILTER_ROWS
+
+    assert MAX_UNFILTER_ROWS == MAX_ROWS
