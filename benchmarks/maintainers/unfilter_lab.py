@@ -17,7 +17,9 @@ import torch
 from PIL import Image
 import imagecodecs
 
+from dohnuts.config import preset
 from dohnuts.ops._unfilter_kernel import unfilter_triton
+from dohnuts.runtime.images import prepare_image
 from dohnuts.runtime.timing import device_times_ms
 from tests.runtime.png_cases import png
 
@@ -97,6 +99,14 @@ def main() -> int:
             f = pinned.to("cuda", non_blocking=True); px = unfilter(f, H, W).cpu(); hashlib.sha256(px.numpy()).digest()
             ts.append(time.perf_counter() - t0)
         t["h2d + unfilter + d2h + sha256 (host wall)"] = statistics.median(ts) * 1e3
+        # The whole preparation of this PNG both ways on one machine: the host path (no device
+        # given: libspng, key, patches) and the GPU path prepare_image takes on a fused device.
+        vision = preset("2b").vision
+        for name, kw in [("prepare_image, host path", {}), ("prepare_image, GPU path", {"device": torch.device("cuda")})]:
+            ts = []
+            for _ in range(100):
+                t0 = time.perf_counter(); prepare_image(data, vision, **kw); ts.append(time.perf_counter() - t0)
+            t[name] = statistics.median(ts) * 1e3
         for k, v in t.items():
             print(f"{k:46s} {v:7.3f} ms")
         report["times_ms"] = t
