@@ -1,5 +1,6 @@
 """A PNG's row filters undone on the GPU as a wavefront (the runtime's kernel, dohnuts/ops/_unfilter_kernel.py),
-checked bit for bit against libspng and timed beside the host decode (ledger M37).
+checked bit for bit against libspng and timed beside the host decode, then one PNG's whole
+preparation both ways (`prepare_image`'s host path and the GPU path it takes on a fused device; ledger M37, M42).
 
 Pixel (r, c) needs (r, c-1), (r-1, c), (r-1, c-1): step s handles every row r at column c = s - r, so a
 single program of BLOCK_R rows runs H + W - 1 steps, each reading the row above from memory (written the
@@ -8,8 +9,8 @@ step before: a barrier between steps) and keeping left / upper-left in registers
     TRITON_INTERPRET=1 python benchmarks/maintainers/unfilter_lab.py --check   # the logic, on a CPU
     python benchmarks/maintainers/unfilter_lab.py OUT.json                      # a GPU: parity and times
 
-Its results on the H200, and the variant that read the row above through `tl.gather` (slower,
-closed), are in docs/history/evolution.md M37.
+Its results on the H200 are in docs/history/evolution.md M37 and M42 (M37 also has the variant that
+read the row above through `tl.gather`: slower, closed).
 """
 import hashlib, io, json, statistics, sys, time, zlib
 import numpy as np
