@@ -6,8 +6,8 @@ Pixel (r, c) needs (r, c-1), (r-1, c), (r-1, c-1): step s handles every row r at
 single program of BLOCK_R rows runs H + W - 1 steps, each reading the row above from memory (written the
 step before: a barrier between steps) and keeping left / upper-left in registers.
 
-    TRITON_INTERPRET=1 python benchmarks/maintainers/unfilter_lab.py --check   # the logic, on a CPU
-    python benchmarks/maintainers/unfilter_lab.py OUT.json                      # a GPU: parity and times
+    PYTHONPATH=. TRITON_INTERPRET=1 python benchmarks/maintainers/unfilter_lab.py --check   # the logic, on a CPU
+    PYTHONPATH=. python benchmarks/maintainers/unfilter_lab.py OUT.json                      # a GPU: parity and times
 
 Its results on the H200 are in docs/history/evolution.md M37 and M42 (M37 also has the variant that
 read the row above through `tl.gather`: slower, closed).
@@ -19,30 +19,10 @@ from PIL import Image
 import imagecodecs
 
 from dohnuts.config import preset
-from dohnuts.ops._unfilter_kernel import unfilter_triton
-from dohnuts.runtime.images import prepare_image
+from dohnuts.ops._unfilter_kernel import unfilter_triton as unfilter
+from dohnuts.runtime.images import _png_image_data as idat, prepare_image
 from dohnuts.runtime.timing import device_times_ms
-from tests.runtime.png_cases import png
-
-
-def unfilter(filtered: torch.Tensor, H: int, W: int) -> torch.Tensor:
-    """(H, 1 + 3W) filtered scanlines (uint8, filter byte first) → (H, W, 3) pixels, on their device."""
-    return unfilter_triton(filtered, H, W)
-
-
-def png_with_filters(pixels: np.ndarray, kinds: np.ndarray) -> bytes:
-    """A plain 8-bit RGB PNG whose row r uses filter kinds[r] (0..4), encoded here."""
-    return png(pixels, kinds)
-
-
-def idat(data: bytes) -> bytes:
-    at, out = 8, b""
-    while at < len(data):
-        n = int.from_bytes(data[at:at + 4], "big")
-        if data[at + 4:at + 8] == b"IDAT":
-            out += data[at + 8:at + 8 + n]
-        at += 12 + n
-    return out
+from tests.runtime.png_cases import png as png_with_filters  # a PNG whose row r uses filter kinds[r]
 
 
 def cases(rng, sizes):

@@ -9,7 +9,7 @@ reads the row above from memory (written the step before; a barrier between step
 left and upper-left pixels in registers. The arithmetic is the PNG specification's, integer for
 integer, so the pixels equal libspng's bit for bit (tests/runtime/test_images_device_path.py in
 Triton's interpreter, tests/gpu/test_images_device.py on a GPU); its times on the H200 are in
-docs/history/evolution.md M37. CPU tensors run in Triton's interpreter.
+docs/history/evolution.md M37 and M42. CPU tensors run in Triton's interpreter.
 """
 
 from __future__ import annotations
