@@ -36,8 +36,17 @@ BUDGET=${BUDGET:-540}
 START=$(date +%s)
 mkdir -p "$OUT" .triton_cache
 [ -f .triton_cache.tgz ] && tar xzf .triton_cache.tgz
+BYTECODE=""
 if ls .whl/*.whl >/dev/null 2>&1; then  # the carried wheels (docs/gpu.md); elsewhere: installed already
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
+  # The lent machine's image ships torch without bytecode and sets PYTHONDONTWRITEBYTECODE, so every
+  # process compiled torch's sources again (10 s a process, docs/history/evolution.md M43). A pip
+  # install writes the bytecode at install time; this is that step, once a machine (an up-to-date
+  # file is skipped). Python reads bytecode under PYTHONDONTWRITEBYTECODE; it only writes none.
+  t=$(date +%s)
+  python3 -m compileall -q -j 0 "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    >/dev/null 2>&1
+  BYTECODE="bytecode of the machine's packages compiled in $(($(date +%s) - t)) s (before the clock of any run)"
 fi
 # NCCL_NVLS_ENABLE: NVLink multicast off on NVIDIA (docs/gpu.md); RCCL ignores it.
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$PWD/.triton_cache NCCL_NVLS_ENABLE=0
@@ -61,6 +70,7 @@ import re, torch
 n = torch.cuda.get_device_name(0).lower()
 print(next((k for k in ('h200', 'h100', 'a100', 'mi300', '7900') if k in n), re.sub('[^a-z0-9]+', '-', n).strip('-')).replace('7900', 'rx7900xtx'))")}
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
+[ -n "$BYTECODE" ] && echo "$BYTECODE" | tee -a "$OUT/gpu.txt"
 echo "triton cache at start: $(du -sh .triton_cache | cut -f1), $(find .triton_cache -name '*.autotune.json' | wc -l) autotune entries" | tee -a "$OUT/gpu.txt"
 
 # The GPU tests: before the workloads, except in a table-making run (TUNE_TABLE): many of fla's
