@@ -15,7 +15,7 @@
 #                                                            the standard suite N times back to back (one lease),
 #                                                            → baselines.tar.gz (results/baselines/<machine id>/)
 #   LAB='delta_ho,conv_parts'                               benchmarks/maintainers/kernel_lab.py experiments (kernel_lab.json)
-#   PROFILE_RUN=1                                            the WORKLOADS run with --profile (traces in bench.tar.gz)
+#   PROFILE_RUN=1                                            the WORKLOADS run with --profile (summaries, traces under 4 MB in bench.tar.gz)
 #   TUNE_TABLE=1                                             benchmarks/maintainers/tuned_table.py on the cache → $OUT/tuned_h200.json
 #                                                            (start from an empty cache: carry no .triton_cache.tgz;
 #                                                            the WORKLOADS then run before the TESTS)
@@ -102,7 +102,13 @@ if [ -n "${WORKLOADS:-}" ] && [ "$(left)" -gt 60 ]; then
   rm -rf /tmp/bench_out; mkdir -p /tmp/bench_out && cp "$d/results.jsonl" "$d/run.json" "$d/summary.json" "$d/report.txt" \
     "$d/report.html" /tmp/bench_log.txt /tmp/bench_out/ 2>/dev/null
   if [ -d "$d/traces" ]; then
-    cp -r "$d/traces" /tmp/bench_out/
+    # every summary (*.ops.txt), but only the Chrome traces under 4 MB: a file over 16 MiB does not
+    # come back, and the profiled train-step's traces made the archive 29.6 MB (M43); the rest are listed
+    mkdir -p /tmp/bench_out/traces
+    for t in "$d"/traces/*; do
+      if [ "$(stat -c %s "$t")" -le 4000000 ]; then cp "$t" /tmp/bench_out/traces/
+      else echo "$(basename "$t") $(stat -c %s "$t") bytes" >> /tmp/bench_out/traces/left_out.txt; fi
+    done
     for t in "$d"/traces/*.ops.txt; do
       echo "== $(basename "$t")"; head -16 "$t" | cut -c1-200; grep -A4 '^[a-z(].*: [0-9.]* ms$' "$t" | cut -c1-160
     done
