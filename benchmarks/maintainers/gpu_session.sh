@@ -104,11 +104,10 @@ if [ -n "${WORKLOADS:-}" ] && [ "$(left)" -gt 60 ]; then
   if [ -d "$d/traces" ]; then
     # every summary (*.ops.txt), but only the Chrome traces under 4 MB: a file over 16 MiB does not
     # come back, and the profiled train-step's traces made the archive 29.6 MB (M43); the rest are listed
+    # (a launched run's traces sit in subfolders: <workload>-p<N>/<target>/rank<R>.json.gz)
     mkdir -p /tmp/bench_out/traces
-    for t in "$d"/traces/*; do
-      if [ "$(stat -c %s "$t")" -le 4000000 ]; then cp "$t" /tmp/bench_out/traces/
-      else echo "$(basename "$t") $(stat -c %s "$t") bytes" >> /tmp/bench_out/traces/left_out.txt; fi
-    done
+    (cd "$d" && find traces -type f -size -4000001c -print0 | xargs -0 -r cp --parents -t /tmp/bench_out/)
+    (cd "$d" && find traces -type f -size +4000000c -printf '%p %s bytes\n') > /tmp/bench_out/traces/left_out.txt
     for t in "$d"/traces/*.ops.txt; do
       echo "== $(basename "$t")"; head -16 "$t" | cut -c1-200; grep -A4 '^[a-z(].*: [0-9.]* ms$' "$t" | cut -c1-160
     done
