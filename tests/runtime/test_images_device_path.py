@@ -194,3 +194,76 @@ def test_the_split_path_gives_the_synchronous_paths_key_and_patches(monkeypatch)
     assert img.key == want.key and img.patches is pending.image.patches and torch.equal(img.patches, want.patches)
     assert (img.width, img.height, img.source) == (want.width, want.height, "x.png")
     assert prepare_image(data, VISION, name="x.png", device=CPU).key == want.key  # finished at once
+
+
+def _session_on_the_device_path(monkeypatch, tmp_path):
+    """A tiny session on the CPU taking the device path (the op's reference unfilter), and a
+    request with a plain PNG on the tower's grid."""
+    import dohnuts.api as api
+    from dohnuts.runtime.requests import Question, Request
+
+    monkeypatch.setattr(images, "_unfilters_on", lambda device: True)
+    session = api.load("tiny")
+    path = tmp_path / "a.png"
+    path.write_bytes(png(noise(256, 288), np.arange(256) % 5))
+    qs = (Question("q1", "what colour?", ("red", "green")), Question("q2", "how many?", ("one", "two", "three")))
+    return session, Request(id="r", questions=qs, prefix="a photo", image=str(path)), str(path)
+
+
+def test_a_session_plans_and_collates_before_the_key_then_carries_the_keyed_image(monkeypatch, tmp_path):
+    session, req, path = _session_on_the_device_path(monkeypatch, tmp_path)
+    want = prepare_image(path, VISION)
+    order = []
+    collate, finish = session._collate, images.PendingImage.finish
+    monkeypatch.setattr(session, "_collate", lambda plan, image, *a: order.append(("collate", image.key))
+                        or collate(plan, image, *a))
+    monkeypatch.setattr(images.PendingImage, "finish", lambda self: order.append(("finish",)) or finish(self))
+    hb = session.prepare(req)
+    assert order == [("collate", ""), ("finish",)]  # the plan and collate ran with the key pending
+    assert hb.image.key == want.key and hb.image.source == path
+    assert hb.tensors.pixel_patches is hb.image.patches and torch.equal(hb.image.patches, want.patches)
+    remembered = session._image_keys.get(session._image_keys.digest(path))
+    assert remembered.key == want.key and remembered.patches is None
+    # once its features are cached, the same file is known by its bytes: nothing started, no pixels
+    session.predict([req])
+    monkeypatch.setattr(images, "_start_on_device", lambda *a: pytest.fail("a known image went to the device"))
+    again = session.prepare(req)
+    assert again.image.key == want.key and again.image.patches is None and again.tensors.pixel_patches is None
+
+
+def test_a_failed_finish_leaves_nothing_half_done(monkeypatch, tmp_path):
+    """The key's failure surfaces as `prepare_image`'s would, after the wait; the image is not remembered."""
+    session, req, path = _session_on_the_device_path(monkeypatch, tmp_path)
+    waits = []
+    wait = images.PendingImage.wait
+    monkeypatch.setattr(images.PendingImage, "wait", lambda self: waits.append(1) or wait(self))
+
+    def broken(*a):
+        raise ImageError("cannot be keyed", source=path)
+
+    monkeypatch.setattr(images, "content_key", broken)
+    with pytest.raises(ImageError, match="cannot be keyed") as sync:
+        prepare_image(path, VISION, device=CPU)
+    with pytest.raises(ImageError, match="cannot be keyed") as split:
+        session.prepare(req)
+    assert str(split.value) == str(sync.value) and path in str(split.value)
+    assert waits == [1, 1]  # each waited for its device work before keying
+    assert session._image_keys.get(session._image_keys.digest(path)) is None
+
+
+def test_a_request_failing_before_the_key_waits_for_the_device(monkeypatch, tmp_path):
+    """A plan that fails while the device unfilters (too long a request): the device's work is
+    waited for, the request's own error raised, the image not remembered."""
+    from dohnuts.errors import RequestError
+
+    session, req, path = _session_on_the_device_path(monkeypatch, tmp_path)
+    session.max_len = 64  # the image alone takes 72 tokens
+    waits, finishes = [], []
+    wait, finish = images.PendingImage.wait, images.PendingImage.finish
+    monkeypatch.setattr(images.PendingImage, "wait", lambda self: waits.append(1) or wait(self))
+    monkeypatch.setattr(images.PendingImage, "finish", lambda self: finishes.append(1) or finish(self))
+    with pytest.raises(RequestError) as failed:
+        session.prepare(req)
+    assert not isinstance(failed.value, ImageError)
+    assert waits == [1] and finishes == []
+    assert session._image_keys.get(session._image_keys.digest(path)) is None
