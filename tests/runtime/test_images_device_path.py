@@ -199,7 +199,7 @@ def test_the_split_path_gives_the_synchronous_paths_key_and_patches(monkeypatch)
 def _session_on_the_device_path(monkeypatch, tmp_path):
     """A tiny session on the CPU taking the device path (the op's reference unfilter), and a
     request with a plain PNG on the tower's grid."""
-    import dohnuts.api as api
+    from dohnuts import api
     from dohnuts.runtime.requests import Question, Request
 
     monkeypatch.setattr(images, "_unfilters_on", lambda device: True)
