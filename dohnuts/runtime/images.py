@@ -31,7 +31,7 @@ H200's host the float steps and the copy into pinned memory had been half of a c
 preparation (docs/history/evolution.md M32). On a GPU that runs the fused kernels, a plain PNG
 already on the tower's grid skips libspng as well: the host only inflates its zlib stream (zlib-ng,
 into page-locked memory), and the GPU undoes the row filters (dohnuts.ops.png_unfilter) and cuts
-the patches, which stay there; the pixels come back once for the key (`_prepare_on_device`).
+the patches, which stay there; the pixels come back once for the key (`_start_on_device`).
 
 The content key is sha256 over the policy identity, the patch geometry, the original width and
 height and the decoded RGB bytes: the same pixels hit under any file name or lossless format,
@@ -387,14 +387,39 @@ def _unfilters_on(device: torch.device) -> bool:
     return device.type == "cuda" and kernel_status(device) == "fused"
 
 
-def _prepare_on_device(data: bytes, vision: VisionConfig, device: torch.device, where: str) -> PreparedImage | None:
+class PendingImage:
+    """An image whose preparation may still run on the device (`start_image`): `image` has every
+    field but its key ("" until then); `finish()` waits for the device and returns the keyed image.
+    Until the wait it holds the page-locked buffers the device copies from and into, so a caller that
+    gives up before `finish` must still call `wait()`."""
+
+    def __init__(self, image: PreparedImage, vision: VisionConfig | None = None,
+                 stream: torch.cuda.Stream | None = None, buffers: tuple[torch.Tensor, torch.Tensor] | None = None):
+        self.image = image  # keyed already where `buffers` is None (the host path)
+        self._vision, self._stream, self._buffers = vision, stream, buffers  # buffers: (inflated rows, pixels back)
+
+    def wait(self) -> None:
+        """The device's work done: the patches complete for any stream, the buffers free to go."""
+        if self._stream is not None:
+            self._stream.synchronize()
+
+    def finish(self) -> PreparedImage:
+        """The image with its key: the wait, then sha256 over the pixels that came back."""
+        if self._buffers is None:
+            return self.image
+        self.wait()
+        return replace(self.image, key=content_key(self._buffers[1].numpy(), self._vision))
+
+
+def _start_on_device(data: bytes, vision: VisionConfig, device: torch.device, where: str) -> PendingImage | None:
     """A plain PNG already on the tower's grid (no resize) prepared where the tower runs: the host
     inflates its stream into page-locked memory (zlib-ng), the device undoes the row filters and
     cuts the patches (dohnuts.ops.png_unfilter, on this thread's own stream), and the pixels come
     back once for the content key — the same key and patches as the host path, with libspng's
-    decode (most of a cold call's preparation) replaced by an
-    inflate (docs/history/evolution.md M37 has the times). None where the image does not qualify or
-    its stream is not a whole, valid one (the host path then decodes it and words any error)."""
+    decode (most of a cold call's preparation) replaced by an inflate (docs/history/evolution.md M37
+    has the times). Returns with the device work launched, the key left to `PendingImage.finish`
+    (the caller's host work runs meanwhile). None where the image does not qualify or its stream is
+    not a whole, valid one (the host path then decodes it and words any error)."""
     size = _plain_png_size(data)
     if size is None:
         return None
@@ -417,39 +442,26 @@ def _prepare_on_device(data: bytes, vision: VisionConfig, device: torch.device, 
     if len(inflated) != rows.numel() or int(rows.numpy()[::stride].max()) > 4:
         return None
     stream = _own_stream(device) if cuda else None
-    with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
-        filtered = rows.to(device, non_blocking=True).view(height, stride)
-        pixels = png_unfilter(filtered, height, width)
-        patches = patchify_device(pixels, vision.patch_size, vision.spatial_merge_size)
-        back = torch.empty((height, width, 3), dtype=torch.uint8, pin_memory=cuda)
-        back.copy_(pixels, non_blocking=cuda)
-    if cuda:
-        stream.synchronize()  # the patches are complete before any other stream reads them
-    key = content_key(back.numpy(), vision)
+    back = torch.empty((height, width, 3), dtype=torch.uint8, pin_memory=cuda)
+    try:
+        with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+            filtered = rows.to(device, non_blocking=True).view(height, stride)
+            pixels = png_unfilter(filtered, height, width)
+            patches = patchify_device(pixels, vision.patch_size, vision.spatial_merge_size)
+            back.copy_(pixels, non_blocking=cuda)
+    except BaseException:
+        if cuda:
+            stream.synchronize()  # what was launched lands before its buffers can go
+        raise
     grid = (1, height // vision.patch_size, width // vision.patch_size)
     m = vision.spatial_merge_size
-    return PreparedImage(key=key, patches=patches, grid_thw=grid, token_count=grid[1] * grid[2] // (m * m),
-                         width=width, height=height, source=where)
+    image = PreparedImage(key="", patches=patches, grid_thw=grid, token_count=grid[1] * grid[2] // (m * m),
+                          width=width, height=height, source=where)
+    return PendingImage(image, vision, stream, (rows, back))
 
 
-def prepare_image(source: str | Path | bytes, vision: VisionConfig, *, name: str | None = None,
-                  device: torch.device | None = None) -> PreparedImage:
-    """Decode, key, resize, normalise and patchify one image under PREPROCESS_POLICY.
-
-    `device`: where the tower runs (the session passes its own). On a GPU that runs the fused
-    kernels a plain PNG that needs no resize is unfiltered and cut into patches there
-    (`_prepare_on_device`: its `patches` are on that device); every other image, and every image
-    on another device, on the host. Both give the same key and patches."""
-    where = name if name is not None else ("<bytes>" if isinstance(source, (bytes, bytearray)) else str(source))
-    if vision.in_channels != 3:
-        raise ImageError(f"the vision tower expects {vision.in_channels} channels; policy v1 produces RGB",
-                         source=where)
-    data = bytes(source) if isinstance(source, (bytes, bytearray)) else read_file(
-        source, max_bytes=MAX_IMAGE_BYTES, error=ImageError, what="an image file")
-    if device is not None and _unfilters_on(device):
-        img = _prepare_on_device(data, vision, device, where)
-        if img is not None:
-            return img
+def _prepare_on_host(data: bytes, vision: VisionConfig, where: str) -> PreparedImage:
+    """The host path: libspng or Pillow, the key, the resize and the patches (module docstring)."""
     pixels = decode_pixels(data, name=where)  # (H, W, 3) uint8
     key = content_key(pixels, vision)
     height, width = pixels.shape[:2]
@@ -466,3 +478,32 @@ def prepare_image(source: str | Path | bytes, vision: VisionConfig, *, name: str
     return PreparedImage(key=key, patches=patches, grid_thw=grid,
                          token_count=grid[0] * grid[1] * grid[2] // (m * m),
                          width=width, height=height, source=where)
+
+
+def start_image(source: str | Path | bytes, vision: VisionConfig, *, name: str | None = None,
+                device: torch.device | None = None) -> PendingImage:
+    """`prepare_image` in two steps: returns once the device path's work is launched (its image
+    without a key, the grid and token count known), `finish()` keys it; the host path's image
+    comes back finished. The session plans and collates a request in between (KI-23)."""
+    where = name if name is not None else ("<bytes>" if isinstance(source, (bytes, bytearray)) else str(source))
+    if vision.in_channels != 3:
+        raise ImageError(f"the vision tower expects {vision.in_channels} channels; policy v1 produces RGB",
+                         source=where)
+    data = bytes(source) if isinstance(source, (bytes, bytearray)) else read_file(
+        source, max_bytes=MAX_IMAGE_BYTES, error=ImageError, what="an image file")
+    if device is not None and _unfilters_on(device):
+        pending = _start_on_device(data, vision, device, where)
+        if pending is not None:
+            return pending
+    return PendingImage(_prepare_on_host(data, vision, where))
+
+
+def prepare_image(source: str | Path | bytes, vision: VisionConfig, *, name: str | None = None,
+                  device: torch.device | None = None) -> PreparedImage:
+    """Decode, key, resize, normalise and patchify one image under PREPROCESS_POLICY.
+
+    `device`: where the tower runs (the session passes its own). On a GPU that runs the fused
+    kernels a plain PNG that needs no resize is unfiltered and cut into patches there
+    (`_start_on_device`: its `patches` are on that device); every other image, and every image
+    on another device, on the host. Both give the same key and patches."""
+    return start_image(source, vision, name=name, device=device).finish()

@@ -30,7 +30,7 @@ from dohnuts.model.vision import mrope_position_ids
 from dohnuts.runtime.batch import Batch, HostBatch, collate, without_patches
 from dohnuts.runtime.graphs import PassGraphs, ShapeBuckets
 from dohnuts.runtime.image_cache import ImageFeatureCache
-from dohnuts.runtime.images import ImageKeyMemo, PreparedImage, pixel_values, prepare_image
+from dohnuts.runtime.images import ImageKeyMemo, PendingImage, PreparedImage, pixel_values, prepare_image, start_image
 from dohnuts.runtime.plan import plan_request
 from dohnuts.runtime.policy import PRODUCT, ExecutionPolicy
 from dohnuts.runtime.predict import Predictor
@@ -136,25 +136,39 @@ class Session:
         `bucket` pads the batched pass to a CUDA-graph shape (default: for prediction when the
         session replays graphs). Thread-safe (prediction and training call it from worker
         threads). Raises RequestError (ImageError for unusable images) naming the request."""
-        image, grid, n_img = None, None, 0
+        image, pending, digest = None, None, None
         if req.image is not None:
             if self.model.visual is None:
                 raise RequestError("this model has no vision tower (a text-only checkpoint)",
                                    source=source or req.id, field="image")
-            image = self._prepare_image(req.image)
-            grid, n_img = image.grid_thw, image.token_count
+            pending, digest = self._start_image(req.image)
+            image = pending.image  # on the device path: no key yet, the GPU still unfilters it
+        if bucket is None:
+            bucket = self.graphs is not None and not train
+        try:  # the plan and collate need only the image's grid, token count and patches tensor
+            hb = self._plan_and_collate(req, image, train, bucket, source)
+        except BaseException:
+            if pending is not None:
+                pending.wait()  # the device's copies land before their buffers can go
+            raise
+        if pending is not None:
+            image = pending.finish()  # the wait for the device, then the key
+            self._image_keys.put(digest, image)
+            hb = replace(hb, image=image)
+            if image.key in self.image_cache:
+                hb = without_patches(hb)  # cached features: no pixels to move (re-read from host if evicted)
+        return hb.pinned() if self.device.type == "cuda" else hb
+
+    def _plan_and_collate(self, req: Request, image: PreparedImage | None, train: bool, bucket: bool,
+                          source: str | None) -> HostBatch:
+        grid, n_img = (image.grid_thw, image.token_count) if image is not None else (None, 0)
         plan = plan_request(req, self.tokenizer, max_len=self.max_len, image_tokens=n_img, image_grid=grid,
                             share_prefix=self._policy.share_prefix, source=source)
         positions = None
         if image is not None:  # (3, T_max): every question shares the image head, so the longest decides
             positions = image_head_positions(grid, n_img, max(plan.lengths), self.cfg.image_token_id,
                                              self.cfg.vision.spatial_merge_size)
-        if bucket is None:
-            bucket = self.graphs is not None and not train
-        hb = self._collate(plan, image, train, positions, bucket)
-        if image is not None and image.key in self.image_cache:
-            hb = without_patches(hb)  # cached features: no pixels to move (re-read from host if evicted)
-        return hb.pinned() if self.device.type == "cuda" else hb
+        return self._collate(plan, image, train, positions, bucket)
 
     def _collate(self, plan, image, train: bool, positions, bucket: bool) -> HostBatch:
         shape = None
@@ -164,16 +178,15 @@ class Session:
         return collate(plan, pad_id=self.tokenizer.special.pad, image=image, train=train, positions=positions,
                        shape=shape)
 
-    def _prepare_image(self, path: str) -> PreparedImage:
-        """Decode + patches under the fixed policy; an image whose bytes were seen before and whose
-        features are cached is not decoded at all (patches None)."""
+    def _start_image(self, path: str) -> tuple[PendingImage, str | None]:
+        """The image under the fixed policy, its key perhaps still pending (`start_image`), and the
+        file digest to remember it by once keyed (None: nothing to remember). An image whose bytes
+        were seen before and whose features are cached is not decoded at all (patches None)."""
         digest = self._image_keys.digest(path)
         known = self._image_keys.get(digest)
         if known is not None and known.key in self.image_cache:
-            return replace(known, source=path)
-        img = prepare_image(path, self.cfg.vision, device=self.device)
-        self._image_keys.put(digest, img)
-        return img
+            return PendingImage(replace(known, source=path)), None
+        return start_image(path, self.cfg.vision, device=self.device), digest
 
     def image_features(self, batches: Sequence[tuple[HostBatch, Batch | None]]) -> list[ImageUse | None]:
         """Features of every batch's image through the cache, in ONE call: all distinct misses

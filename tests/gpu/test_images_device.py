@@ -14,7 +14,7 @@ import torch
 from dohnuts.config import preset
 from dohnuts.runtime import images
 from dohnuts.ops._unfilter_kernel import unfilter_triton
-from dohnuts.runtime.images import _png_image_data, _prepare_on_device, prepare_image
+from dohnuts.runtime.images import _png_image_data, _start_on_device, prepare_image
 from tests.gpu.helpers import DEV
 from tests.runtime.png_cases import noise, png, smooth
 
@@ -42,7 +42,7 @@ def test_the_unfilter_kernel_equals_libspng(name, data):
 @pytest.mark.parametrize("h, w, every_filter", [(448, 448, False), (512, 384, True), (1024, 1024, False), (256, 768, True)])
 def test_the_device_path_gives_the_host_paths_key_and_patches(h, w, every_filter):
     data = png(noise(h, w, seed=h), np.random.default_rng(w).integers(0, 5, h)) if every_filter else png(smooth(h, w))
-    dev = _prepare_on_device(data, VISION, torch.device(DEV), "x.png")
+    dev = _start_on_device(data, VISION, torch.device(DEV), "x.png").finish()
     assert dev is not None and dev.patches.is_cuda
     host = prepare_image(data, VISION, name="x.png")
     assert dev.key == host.key and torch.equal(dev.patches.cpu(), host.patches)

@@ -98,8 +98,9 @@ def test_cached_image_is_recognised_by_its_bytes_without_decoding(tmp_path, monk
 
     model = api.load("tiny")
     calls = []
-    real = session_mod.prepare_image
-    monkeypatch.setattr(session_mod, "prepare_image", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    for name in ("start_image", "prepare_image"):  # a request's preparation, and a decode at use
+        real = getattr(session_mod, name)
+        monkeypatch.setattr(session_mod, name, lambda *a, real=real, **k: calls.append(a[0]) or real(*a, **k))
     a = _png(tmp_path / "a.png", 11)
     (tmp_path / "same_bytes.png").write_bytes(Path(a).read_bytes())
     first = _scores(model.predict([_request(a)]))

@@ -18,7 +18,7 @@ from dohnuts.config import preset
 from dohnuts.errors import ImageError
 from dohnuts.ops.unfilter import png_unfilter, png_unfilter_reference
 from dohnuts.runtime import images
-from dohnuts.runtime.images import _png_image_data, _prepare_on_device, patchify, patchify_device, prepare_image
+from dohnuts.runtime.images import _png_image_data, _start_on_device, patchify, patchify_device, prepare_image
 from tests.runtime.png_cases import filtered_rows, noise, png, smooth
 
 VISION = preset("tiny").vision  # patch 16, merge 2: a 32-pixel grid
@@ -100,7 +100,7 @@ def test_the_device_path_gives_the_host_paths_key_and_patches(case, monkeypatch)
         data = png(noise(h, w), np.random.default_rng(1).integers(0, 5, h), idat_parts=3)
     else:
         data = png(smooth(h, w), idat_parts=2 if "2 chunks" in case else 1)
-    on_device = _prepare_on_device(data, VISION, CPU, "x.png")
+    on_device = _start_on_device(data, VISION, CPU, "x.png").finish()
     assert on_device is not None  # the path was taken (on the CPU: the op's reference unfilter)
     host = prepare_image(data, VISION, name="x.png")
     monkeypatch.setattr(images, "_unfilters_on", lambda device: True)  # the CPU as if it were such a GPU
@@ -140,7 +140,7 @@ def test_what_does_not_qualify_stays_on_the_host(case, monkeypatch):
         data = buf.getvalue()
     else:
         data = png(noise(1056, 64), np.zeros(1056, int))  # 1,056 rows: over the kernel's 1,024
-    assert _prepare_on_device(data, VISION, CPU, "x.png") is None
+    assert _start_on_device(data, VISION, CPU, "x.png") is None
     monkeypatch.setattr(images, "_unfilters_on", lambda device: True)
     # the host path decides, as it would without a device: the same image, or the same error
     outcomes = []
@@ -164,7 +164,7 @@ def test_only_a_gpu_with_the_fused_kernels_prepares_on_the_device(monkeypatch):
     monkeypatch.setattr(images, "kernel_status", lambda device: "fused")
     assert images._unfilters_on(torch.device("cuda", 0))
     data = png(noise(256, 288), np.arange(256) % 5)
-    monkeypatch.setattr(images, "_prepare_on_device", lambda *a: pytest.fail("the CPU went to the device path"))
+    monkeypatch.setattr(images, "_start_on_device", lambda *a: pytest.fail("the CPU went to the device path"))
     assert prepare_image(data, VISION, device=CPU).key == prepare_image(data, VISION).key
 
 
@@ -174,3 +174,96 @@ def test_the_row_limit_is_the_kernels():
     from dohnuts.ops.unfilter import MAX_UNFILTER_ROWS
 
     assert MAX_UNFILTER_ROWS == MAX_ROWS
+
+
+# -- the key resolved after the plan and collate (KI-23) ----------------------------------------------
+
+
+def test_the_split_path_gives_the_synchronous_paths_key_and_patches(monkeypatch):
+    """`start_image` returns the device path's image without its key (grid and patches known);
+    `finish` keys it: the same image as `prepare_image`. The host path comes back keyed."""
+    data = png(noise(256, 288), np.arange(256) % 5)
+    want = prepare_image(data, VISION, name="x.png")
+    host = images.start_image(data, VISION, name="x.png", device=CPU)  # the CPU: the host path
+    assert host.image.key == want.key and host.finish() is host.image
+    monkeypatch.setattr(images, "_unfilters_on", lambda device: True)
+    pending = images.start_image(data, VISION, name="x.png", device=CPU)
+    assert pending.image.key == "" and (pending.image.grid_thw, pending.image.token_count) == \
+           (want.grid_thw, want.token_count)
+    img = pending.finish()
+    assert img.key == want.key and img.patches is pending.image.patches and torch.equal(img.patches, want.patches)
+    assert (img.width, img.height, img.source) == (want.width, want.height, "x.png")
+    assert prepare_image(data, VISION, name="x.png", device=CPU).key == want.key  # finished at once
+
+
+def _session_on_the_device_path(monkeypatch, tmp_path):
+    """A tiny session on the CPU taking the device path (the op's reference unfilter), and a
+    request with a plain PNG on the tower's grid."""
+    from dohnuts import api
+    from dohnuts.runtime.requests import Question, Request
+
+    monkeypatch.setattr(images, "_unfilters_on", lambda device: True)
+    session = api.load("tiny")
+    path = tmp_path / "a.png"
+    path.write_bytes(png(noise(256, 288), np.arange(256) % 5))
+    qs = (Question("q1", "what colour?", ("red", "green")), Question("q2", "how many?", ("one", "two", "three")))
+    return session, Request(id="r", questions=qs, prefix="a photo", image=str(path)), str(path)
+
+
+def test_a_session_plans_and_collates_before_the_key_then_carries_the_keyed_image(monkeypatch, tmp_path):
+    session, req, path = _session_on_the_device_path(monkeypatch, tmp_path)
+    want = prepare_image(path, VISION)
+    order = []
+    collate, finish = session._collate, images.PendingImage.finish
+    monkeypatch.setattr(session, "_collate", lambda plan, image, *a: order.append(("collate", image.key))
+                        or collate(plan, image, *a))
+    monkeypatch.setattr(images.PendingImage, "finish", lambda self: order.append(("finish",)) or finish(self))
+    hb = session.prepare(req)
+    assert order == [("collate", ""), ("finish",)]  # the plan and collate ran with the key pending
+    assert hb.image.key == want.key and hb.image.source == path
+    assert hb.tensors.pixel_patches is hb.image.patches and torch.equal(hb.image.patches, want.patches)
+    remembered = session._image_keys.get(session._image_keys.digest(path))
+    assert remembered.key == want.key and remembered.patches is None
+    # once its features are cached, the same file is known by its bytes: nothing started, no pixels
+    session.predict([req])
+    monkeypatch.setattr(images, "_start_on_device", lambda *a: pytest.fail("a known image went to the device"))
+    again = session.prepare(req)
+    assert again.image.key == want.key and again.image.patches is None and again.tensors.pixel_patches is None
+
+
+def test_a_failed_finish_leaves_nothing_half_done(monkeypatch, tmp_path):
+    """The key's failure surfaces as `prepare_image`'s would, after the wait; the image is not remembered."""
+    session, req, path = _session_on_the_device_path(monkeypatch, tmp_path)
+    waits = []
+    wait = images.PendingImage.wait
+    monkeypatch.setattr(images.PendingImage, "wait", lambda self: waits.append(1) or wait(self))
+
+    def broken(*a):
+        raise ImageError("cannot be keyed", source=path)
+
+    monkeypatch.setattr(images, "content_key", broken)
+    with pytest.raises(ImageError, match="cannot be keyed") as sync:
+        prepare_image(path, VISION, device=CPU)
+    with pytest.raises(ImageError, match="cannot be keyed") as split:
+        session.prepare(req)
+    assert str(split.value) == str(sync.value) and path in str(split.value)
+    assert waits == [1, 1]  # each waited for its device work before keying
+    assert session._image_keys.get(session._image_keys.digest(path)) is None
+
+
+def test_a_request_failing_before_the_key_waits_for_the_device(monkeypatch, tmp_path):
+    """A plan that fails while the device unfilters (too long a request): the device's work is
+    waited for, the request's own error raised, the image not remembered."""
+    from dohnuts.errors import RequestError
+
+    session, req, path = _session_on_the_device_path(monkeypatch, tmp_path)
+    session.max_len = 64  # the image alone takes 72 tokens
+    waits, finishes = [], []
+    wait, finish = images.PendingImage.wait, images.PendingImage.finish
+    monkeypatch.setattr(images.PendingImage, "wait", lambda self: waits.append(1) or wait(self))
+    monkeypatch.setattr(images.PendingImage, "finish", lambda self: finishes.append(1) or finish(self))
+    with pytest.raises(RequestError) as failed:
+        session.prepare(req)
+    assert not isinstance(failed.value, ImageError)
+    assert waits == [1] and finishes == []
+    assert session._image_keys.get(session._image_keys.digest(path)) is None
