@@ -109,10 +109,15 @@ class DohnutsTarget:
 
     def _kernels_compiled(self, device) -> None:
         """Wait for the recorded kernels `api.load` set compiling on threads (dohnuts.ops._precompile):
-        no call this target runs, warm-up or measured, shares the CPU with them."""
+        no call this target runs, warm-up or measured, shares the CPU with them. The reference
+        check's build (inside `reference()`: plain-torch ops, no call measured) does not wait: the
+        compiles run beside it, and the first measured target waits for what is left."""
         # torch: not while the plugins are collected (before the command's checks); loaded where it runs
+        from dohnuts.ops._dispatch import in_reference
         from dohnuts.ops._precompile import precompile
 
+        if in_reference():
+            return
         started = precompile(device) if device.type == "cuda" else None
         if started is not None and started.finished is None:  # the first target of the process to wait
             done = started.wait()

@@ -48,6 +48,11 @@ def reference() -> Iterator[None]:
         _REFERENCE.reset(token)
 
 
+def in_reference() -> bool:
+    """Whether this code runs inside `reference()` (every op on its plain-torch path)."""
+    return _REFERENCE.get()
+
+
 def probe_fused_kernels(device: torch.device) -> None:
     """Raise when `device` cannot run the fused paths: fla's entry points must import, and a 16 × 16
     BF16 `tl.dot` kernel must compile for the device, run, and match torch's matmul."""

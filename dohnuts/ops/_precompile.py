@@ -10,7 +10,9 @@ input, written by `benchmarks/maintainers/compiled_kernels.py` on the GPU the ta
 
 `precompile(device)` hands those entries to a pool of threads, one `preload` each: Triton's
 compiler spends its time in C++ passes and in `ptxas`, both outside the GIL, so the compiles run
-side by side; each finished kernel lands in the same in-memory cache a launch looks up. Nothing
+side by side; each finished kernel lands in the same in-memory cache a launch looks up, and its
+launcher is built beside it (`launcher_built`: on Triton 3.6 a C stub the host's compiler builds,
+also outside the GIL). Nothing
 else changes: a launch whose kernel is not compiled yet compiles it as before (if a thread is
 compiling the same one, Triton's disk cache takes both results alike), and an entry that no
 longer matches a launch (a changed kernel, another shape) only costs its compile. The table's
@@ -163,11 +165,28 @@ def _start(index: int, cuda: bool, table: dict | None, threads: int | None) -> P
     def compile_one(fn, data):
         if cuda:
             torch.cuda.set_device(index)  # a new thread starts on device 0: Triton compiles for the current one
-        fn.preload(localised(data, table.get("libdevice"), libdevice))
+        kernel = fn.preload(localised(data, table.get("libdevice"), libdevice))
+        if cuda and kernel is not None:
+            launcher_built(kernel)
 
     done.futures = [pool.submit(compile_one, fn, data) for fn, data in work]
     pool.shutdown(wait=False)
     return done
+
+
+def launcher_built(kernel) -> None:
+    """The compiled kernel's launcher built ahead of its first launch. On the H200's Triton (3.6) a
+    launcher is a C stub per argument signature that the host's C compiler builds and Triton caches
+    on disk; a fresh H200's first call built 17 of them on its thread, 5.3 s of its graph capture,
+    after every kernel had compiled ahead (docs/history/evolution.md M44). Building it here puts the
+    stub in the disk cache, where the launch's own build finds it. Host work only: the binary is
+    loaded onto the device at the launch, as before (a thread's module load could meet a graph
+    capture on the caller's thread, which CUDA forbids)."""
+    from triton.runtime import driver
+
+    src, metadata = getattr(kernel, "src", None), getattr(kernel, "metadata", None)
+    if src is not None and metadata is not None:
+        driver.active.launcher_cls(src, metadata)
 
 
 @contextlib.contextmanager

@@ -218,6 +218,37 @@ def test_the_bench_s_dohnuts_target_waits_for_the_compiles_and_its_first_call_sa
     assert second._take_first_extra() == {}  # compiled already: nothing to wait for or to say
 
 
+def test_the_reference_check_s_build_does_not_wait_for_the_compiles(monkeypatch):
+    """The FP32 reference check builds a dohnuts target inside `reference()` (plain-torch ops, no
+    call measured): it goes on while the kernels compile, and the measured target after it still
+    waits and says so."""
+    import threading
+    from concurrent.futures import Future
+
+    from dohnuts.ops._dispatch import reference
+    from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget
+
+    gate = threading.Event()
+    future: Future = Future()
+    threading.Thread(target=lambda: (gate.wait(600), future.set_result(None)), daemon=True).start()
+    started = _precompile.Precompiled(kernels=3, threads=2, started=0.0, futures=[future])
+    monkeypatch.setattr(_precompile, "precompile", lambda device: started)
+
+    ref, measured = object.__new__(DohnutsTarget), object.__new__(DohnutsTarget)
+    ref._first_extra = measured._first_extra = {}
+    with reference():
+        ref._kernels_compiled(torch.device("cuda"))  # returns at once: the gate is still shut
+    assert not future.done() and ref._take_first_extra() == {}
+    waited = threading.Thread(target=measured._kernels_compiled, args=(torch.device("cuda"),))
+    waited.start()
+    waited.join(0.2)
+    assert waited.is_alive()  # the measured target waits for the compiles
+    gate.set()
+    waited.join(600)
+    assert not waited.is_alive()
+    assert measured._take_first_extra()["kernels_precompiled"]["kernels"] == 3
+
+
 def test_a_table_that_cannot_be_read_leaves_the_kernels_to_their_launches_and_says_so(compiles, capsys):
     """Compiling ahead is a head start only: whatever goes wrong (here, a table entry without its
     specialisation) is one line on stderr, and `dohnuts.load` goes on."""
