@@ -225,8 +225,9 @@ def test_the_reference_check_s_build_does_not_wait_for_the_compiles(monkeypatch)
     import threading
     from concurrent.futures import Future
 
-    from dohnuts.ops._dispatch import reference
     from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget
+
+    from dohnuts.ops._dispatch import reference
 
     gate = threading.Event()
     future: Future = Future()
