@@ -2,7 +2,7 @@
 
 A process that meets an empty Triton cache compiles every kernel at its first launch, one after
 another on the thread that launches it: on a fresh H200 that was most of the first call of each
-workload (docs/known-issues.md KI-20). The kernels a workload launches, and the exact
+workload (docs/history/evolution.md M39). The kernels a workload launches, and the exact
 specialisation of each (its constexprs, argument types, alignment), are the same on every machine
 of one GPU and Triton, so the tuned-configuration table (dohnuts.ops._tuned) also records them —
 `"compiled"`, each entry one launch's specialisation as Triton serialises it (`JITFunction.preload`'s
