@@ -15,9 +15,8 @@ states, and the delta rule's two L2-norm kernels: a launch a layer instead of ab
 - The final state (the last W inputs, the layout of `dohnuts.ops.conv`) is written through the
   strides of the caller's buffer: each part writes its channels of the one-conv (B, D, W) state.
 
-The backward (dohnuts.ops._conv_bwd_kernel, with the autograd Function that pairs it with this
-forward) recomputes the conv from x and the state instead of saving it. CPU tensors run in
-Triton's interpreter (the CPU tests).
+The backward (dohnuts.ops._conv_bwd_kernel, with the autograd Function that pairs it with this forward)
+recomputes the conv from x and the state instead of saving it. CPU tensors: Triton's interpreter.
 """
 
 from __future__ import annotations

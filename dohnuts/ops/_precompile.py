@@ -182,6 +182,7 @@ def launcher_built(kernel) -> None:
     stub in the disk cache, where the launch's own build finds it. Host work only: the binary is
     loaded onto the device at the launch, as before (a thread's module load could meet a graph
     capture on the caller's thread, which CUDA forbids)."""
+    # Triton: on a GPU only (and in the tests that compile for one)
     from triton.runtime import driver
 
     src, metadata = getattr(kernel, "src", None), getattr(kernel, "metadata", None)

@@ -42,11 +42,16 @@ def fingerprint() -> str:
 
 
 def source_digest(kernel) -> str:
-    """SHA-256 of a Triton kernel's Python source (an Autotuner, a heuristics wrapper or a JITFunction)."""
+    """SHA-256 of a Triton kernel's Python source and the line it starts on (an Autotuner, a
+    heuristics wrapper or a JITFunction). Triton keys a kernel's autotune cache by both
+    (`JITFunction.cache_key`): a kernel moved down its file misses its table entry as surely as an
+    edited one — a docstring one line longer above `_conv_kernel` cost a fresh H200 3.4 s of
+    autotuning at its first calls (docs/history/evolution.md M44)."""
     fn = kernel
     while hasattr(fn, "fn"):
         fn = fn.fn
-    return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
+    lines, start = inspect.getsourcelines(fn)
+    return hashlib.sha256(f"{start}\n{''.join(lines)}".encode()).hexdigest()
 
 
 def load_tables() -> list[dict]:

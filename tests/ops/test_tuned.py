@@ -104,8 +104,8 @@ def kernel_facts(made_once) -> dict:
 
 
 def test_committed_entries_match_today_s_kernel_sources(kernel_facts):
-    """A kernel edited after its table was made has a stale entry (never read: its cache directory
-    hashes the old source, so that kernel tunes on first use again; a stale recorded kernel,
+    """A kernel edited, or moved to another line, after its table was made has a stale entry (never
+    read: its cache directory hashes the old source and line, so that kernel tunes on first use again; a stale recorded kernel,
     dohnuts.ops._precompile, compiles a key no launch looks up). Remake the table on the GPU
     (benchmarks/maintainers/tuned_table.py) in the session that changed the kernel. In a new process
     (kernel_facts): fla's kernels are among the entries, and this one keeps fla out (tests/conftest.py)."""
@@ -117,7 +117,7 @@ def test_committed_entries_match_today_s_kernel_sources(kernel_facts):
         for entry in table["entries"]:
             json.loads(entry["content"])["configs_timings"]
     stale = kernel_facts["stale"]
-    assert not stale, f"stale tuned entries (kernel source changed): {stale}"
+    assert not stale, f"stale tuned entries (kernel source or line changed): {stale}"
 
 
 def test_the_table_builder_finds_autotuners_under_other_wrappers(kernel_facts):
@@ -125,3 +125,26 @@ def test_the_table_builder_finds_autotuners_under_other_wrappers(kernel_facts):
     finds those autotuners too (a table without them leaves most of fla's kernels to tune).
     In a new process (kernel_facts): this one keeps fla out (tests/conftest.py)."""
     assert kernel_facts["not_found"] == []
+
+
+def test_a_kernel_moved_down_its_file_no_longer_matches_its_entry(tmp_path):
+    """Triton keys a kernel's autotune cache by its source and the line it starts on: the digest a
+    table entry is checked by changes with either, and with nothing else (M44: a docstring one
+    line longer above `_conv_kernel` made a fresh H200 autotune it again)."""
+    import importlib.util
+
+    kernel = "@triton.jit\ndef k(X, N: tl.constexpr):\n    tl.store(X + tl.arange(0, N), 0.0)\n"
+    head = "import triton\nimport triton.language as tl\n"
+
+    def digest(name: str, text: str) -> str:
+        path = tmp_path / f"{name}.py"
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location(f"moved_{name}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return _tuned.source_digest(module.k)
+
+    here = digest("a", head + "\n" + kernel)
+    assert digest("b", head + "\n" + kernel) == here  # the same source on the same line: another file
+    assert digest("c", head + "\n\n" + kernel) != here  # one line further down
+    assert digest("d", head + "\n" + kernel.replace("0.0", "1.0")) != here  # edited
