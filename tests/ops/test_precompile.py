@@ -188,29 +188,48 @@ def test_the_recording_script_leaves_out_a_peer_s_launches():
     assert scope["forward"]() is False
 
 
-def test_the_bench_s_dohnuts_target_waits_for_the_compiles_and_its_first_call_says_so(monkeypatch):
-    """The first dohnuts target of a run waits before any call (no call shares the CPU with a
-    compile); its first-call record carries what compiled, once; a later target waits for nothing."""
+@pytest.fixture
+def held_compiles(monkeypatch):
+    """`precompile` answering with 5 kernels on 4 threads still compiling until `gate.set()`."""
     import threading
     from concurrent.futures import Future
-
-    from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget
 
     gate = threading.Event()
     future: Future = Future()
     threading.Thread(target=lambda: (gate.wait(600), future.set_result(None)), daemon=True).start()
     started = _precompile.Precompiled(kernels=5, threads=4, started=0.0, futures=[future])
     monkeypatch.setattr(_precompile, "precompile", lambda device: started)
+    return gate, future
 
-    first, second = object.__new__(DohnutsTarget), object.__new__(DohnutsTarget)
-    first._first_extra = second._first_extra = {}
-    waited = threading.Thread(target=first._kernels_compiled, args=(torch.device("cuda"),))
+
+def _bench_targets(n: int) -> list:
+    """Bench dohnuts targets with only what `_kernels_compiled` reads (no model built)."""
+    from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget
+
+    targets = [object.__new__(DohnutsTarget) for _ in range(n)]
+    for t in targets:
+        t._first_extra = {}
+    return targets
+
+
+def _waits_until_released(target, gate) -> None:
+    import threading
+
+    waited = threading.Thread(target=target._kernels_compiled, args=(torch.device("cuda"),))
     waited.start()
     waited.join(0.2)
     assert waited.is_alive()  # still compiling: the target is not built yet
     gate.set()
     waited.join(600)
     assert not waited.is_alive()
+
+
+def test_the_bench_s_dohnuts_target_waits_for_the_compiles_and_its_first_call_says_so(held_compiles):
+    """The first dohnuts target of a run waits before any call (no call shares the CPU with a
+    compile); its first-call record carries what compiled, once; a later target waits for nothing."""
+    gate, _ = held_compiles
+    first, second = _bench_targets(2)
+    _waits_until_released(first, gate)
     extra = first._take_first_extra()["kernels_precompiled"]
     assert extra["kernels"] == 5 and extra["threads"] == 4 and extra["failed"] == 0
     assert first._take_first_extra() == {}  # the first call only
@@ -218,36 +237,27 @@ def test_the_bench_s_dohnuts_target_waits_for_the_compiles_and_its_first_call_sa
     assert second._take_first_extra() == {}  # compiled already: nothing to wait for or to say
 
 
-def test_the_reference_check_s_build_does_not_wait_for_the_compiles(monkeypatch):
+def test_the_reference_check_s_build_does_not_wait_for_the_compiles(held_compiles):
     """The FP32 reference check builds a dohnuts target inside `reference()` (plain-torch ops, no
     call measured): it goes on while the kernels compile, and the measured target after it still
     waits and says so."""
     import threading
-    from concurrent.futures import Future
-
-    from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget
 
     from dohnuts.ops._dispatch import reference
 
-    gate = threading.Event()
-    future: Future = Future()
-    threading.Thread(target=lambda: (gate.wait(600), future.set_result(None)), daemon=True).start()
-    started = _precompile.Precompiled(kernels=3, threads=2, started=0.0, futures=[future])
-    monkeypatch.setattr(_precompile, "precompile", lambda device: started)
+    gate, future = held_compiles
+    ref, measured = _bench_targets(2)
 
-    ref, measured = object.__new__(DohnutsTarget), object.__new__(DohnutsTarget)
-    ref._first_extra = measured._first_extra = {}
-    with reference():
-        ref._kernels_compiled(torch.device("cuda"))  # returns at once: the gate is still shut
-    assert not future.done() and ref._take_first_extra() == {}
-    waited = threading.Thread(target=measured._kernels_compiled, args=(torch.device("cuda"),))
-    waited.start()
-    waited.join(0.2)
-    assert waited.is_alive()  # the measured target waits for the compiles
-    gate.set()
-    waited.join(600)
-    assert not waited.is_alive()
-    assert measured._take_first_extra()["kernels_precompiled"]["kernels"] == 3
+    def build_reference():
+        with reference():
+            ref._kernels_compiled(torch.device("cuda"))
+
+    built = threading.Thread(target=build_reference, daemon=True)
+    built.start()
+    built.join(60)  # at once, really: the gate is still shut (a hang guard, not a timing)
+    assert not built.is_alive() and not future.done() and ref._take_first_extra() == {}
+    _waits_until_released(measured, gate)
+    assert measured._take_first_extra()["kernels_precompiled"]["kernels"] == 5
 
 
 def test_a_table_that_cannot_be_read_leaves_the_kernels_to_their_launches_and_says_so(compiles, capsys):
