@@ -29,7 +29,7 @@ repeat); steps 4 and 5 run on the device, where the tower reads them (`pixel_val
 arithmetic element by element, so the values equal the reference processor's bit for bit). On the
 H200's host the float steps and the copy into pinned memory had been half of a cold image's
 preparation (docs/history/evolution.md M32). On a GPU that runs the fused kernels, a plain PNG
-already on the tower's grid skips libspng as well: the host only inflates its zlib stream (zlib-ng,
+already on the tower's grid skips libspng as well: the host only inflates its zlib stream (libdeflate,
 into page-locked memory), and the GPU undoes the row filters (dohnuts.ops.png_unfilter) and cuts
 the patches, which stay there; the pixels come back once for the key (`_start_on_device`).
 
@@ -413,11 +413,11 @@ class PendingImage:
 
 def _start_on_device(data: bytes, vision: VisionConfig, device: torch.device, where: str) -> PendingImage | None:
     """A plain PNG already on the tower's grid (no resize) prepared where the tower runs: the host
-    inflates its stream into page-locked memory (zlib-ng), the device undoes the row filters and
-    cuts the patches (dohnuts.ops.png_unfilter, on this thread's own stream), and the pixels come
-    back once for the content key — the same key and patches as the host path, with libspng's
-    decode (most of a cold call's preparation) replaced by an inflate (docs/history/evolution.md M37
-    has the times). Returns with the device work launched, the key left to `PendingImage.finish`
+    inflates its stream into page-locked memory (libdeflate, into a buffer of the known size), the
+    device undoes the row filters and cuts the patches (dohnuts.ops.png_unfilter, on this thread's
+    own stream), and the pixels come back once for the content key — the same key and patches as
+    the host path, with libspng's decode (most of a cold call's preparation) replaced by an inflate
+    (docs/history/evolution.md M37, M42 and M44 have the times). Returns with the device work launched, the key left to `PendingImage.finish`
     (the caller's host work runs meanwhile). None where the image does not qualify or its stream is
     not a whole, valid one (the host path then decodes it and words any error)."""
     size = _plain_png_size(data)
@@ -436,7 +436,7 @@ def _start_on_device(data: bytes, vision: VisionConfig, device: torch.device, wh
     cuda = device.type == "cuda"  # prepare_image sends a GPU; the CPU tests call this with the CPU
     rows = torch.empty(height * stride, dtype=torch.uint8, pin_memory=cuda)
     try:
-        inflated = imagecodecs.zlibng_decode(_png_image_data(data), out=rows.numpy())
+        inflated = imagecodecs.deflate_decode(_png_image_data(data), out=rows.numpy())
     except Exception:  # too long, truncated, a bad checksum: the host path reports it
         return None
     if len(inflated) != rows.numel() or int(rows.numpy()[::stride].max()) > 4:
