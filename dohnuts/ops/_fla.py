@@ -86,7 +86,6 @@ def fla() -> SimpleNamespace:
     (`_DeferredPackage`), so the process does not import the ops dohnuts never calls."""
     defer_package_inits()
     # Triton and fla: on a GPU only (the CPU runs the reference path without them)
-    from fla.modules.activations import swiglu
     from fla.modules.causal_conv1d import causal_conv1d
     from fla.modules.norm.fused_norm_gate import rms_norm_gated
     from fla.modules.norm.layernorm import rms_norm

@@ -15,7 +15,12 @@ def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def swiglu_fused(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return fla().swiglu(gate, up)
+    fla()  # fla's package inits deferred before any of its modules is imported (dohnuts.ops._fla)
+    # Triton and fla: on a GPU only; and this module only here, where unpacked projections need it
+    # (its torch.compile'd helpers are imports no other path needs: docs/history/evolution.md M44)
+    from fla.modules.activations import swiglu as fla_swiglu
+
+    return fla_swiglu(gate, up)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -319,6 +319,8 @@ def _fla_inference(f, torch):
 
 def _fla_training(f, torch):
     """The fla calls of a training microbatch (dohnuts.ops under autograd), forward and backward."""
+    from dohnuts.ops.activation import swiglu_fused  # fla's SwiGLU: imported where dohnuts calls it
+
     bf = torch.bfloat16
     B, T, H, K, V, D, I = 2, 128, 16, 128, 128, 2048, 6144  # noqa: E741 - Qwen3.5-2b
     x, res, w = (torch.randn(*s, dtype=bf, requires_grad=True) for s in ((B, T, D), (B, T, D), (D,)))
@@ -328,7 +330,7 @@ def _fla_training(f, torch):
     xg, gg, wg = (torch.randn(*s, dtype=bf, requires_grad=True) for s in ((B, T, H, V), (B, T, H, V), (V,)))
     f.rms_norm_gated(xg, gg, wg, None, activation="swish", eps=1e-6).float().sum().backward()
     up, gate = (torch.randn(B, T, I, dtype=bf, requires_grad=True) for _ in range(2))
-    f.swiglu(gate, up).float().sum().backward()
+    swiglu_fused(gate, up).float().sum().backward()  # fla's SwiGLU, as dohnuts' unpacked path calls it
     xc, wc = torch.randn(B, T, 3 * H * K, dtype=bf, requires_grad=True), torch.randn(3 * H * K, 4, requires_grad=True)
     yc, _ = f.causal_conv1d(xc, wc.to(bf), None, initial_state=torch.randn(B, 3 * H * K, 4, dtype=bf),
                             output_final_state=True, activation="silu")
