@@ -8,6 +8,9 @@
 #   BACKBONE=1                                               benchmarks/maintainers/backbone_forward.py on 2b
 #   PROFILE=1 (or 'B P S')                                   benchmarks/maintainers/profile_passes.py on 2b (32 × 448 + 64)
 #   COLD=1                                                   benchmarks/maintainers/cold_start.py: 2 new processes
+#   FIRST_CALLS='workloads/a.yaml ...'                       benchmarks/maintainers/first_calls.py, first of all (nothing
+#                                                            cached yet): every compile, launcher build and autotune
+#                                                            of one run of them, by thread → $OUT/first_calls.json
 #   HOSTPROF='workloads/gpu/a.yaml ...'                      benchmarks/maintainers/prepare_cost.py --profile: host preparation
 #   SCALING='workloads/scaling/a.yaml ...'                    one dohnuts-bench run of multi-process workloads
 #   DISTKILL=1                                               NCCL: rank 1 of 2 killed in training, then --resume
@@ -72,6 +75,13 @@ print(next((k for k in ('h200', 'h100', 'a100', 'mi300', '7900') if k in n), re.
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 [ -n "$BYTECODE" ] && echo "$BYTECODE" | tee -a "$OUT/gpu.txt"
 echo "triton cache at start: $(du -sh .triton_cache | cut -f1), $(find .triton_cache -name '*.autotune.json' | wc -l) autotune entries" | tee -a "$OUT/gpu.txt"
+
+if [ -n "${FIRST_CALLS:-}" ] && [ "$(left)" -gt 60 ]; then  # first: it needs a machine that has compiled nothing
+  echo "== first calls: $FIRST_CALLS ($(left) s left)"
+  # shellcheck disable=SC2086
+  timeout $(($(left) - 30)) python3 benchmarks/maintainers/first_calls.py "$OUT/first_calls.json" -- run $FIRST_CALLS \
+    --out /tmp/first_calls_runs --label "$LABEL-first-calls" --quiet 2>&1 | tail -40
+fi
 
 # The GPU tests: before the workloads, except in a table-making run (TUNE_TABLE): many of fla's
 # autotuners key a kernel by head counts and sizes only, so the first launch's shape picks its

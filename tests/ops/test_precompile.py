@@ -266,3 +266,26 @@ def test_a_table_that_cannot_be_read_leaves_the_kernels_to_their_launches_and_sa
     with offline_launches("sm_90"):
         assert _precompile.precompile(torch.device("cpu"), table={"compiled": [{"module": __name__}]}) is None
     assert "not compiled ahead (KeyError" in capsys.readouterr().err
+
+
+def test_the_first_calls_script_counts_what_ran_where():
+    """benchmarks/maintainers/first_calls.py's summary: preloads apart from launch compiles, launcher
+    builds by thread, and only the autotunes that benchmarked (a cache lookup takes a millisecond)."""
+    from benchmarks.maintainers.first_calls import summary
+
+    def e(what, thread, kernel, seconds=0.0, key=""):
+        return {"t": 1.0, "thread": thread, "what": what, "kernel": kernel, "seconds": seconds, "key": key}
+
+    got = summary([e("compile", "dohnuts-compile_0", "m.k"), e("compile", "dohnuts-compile_3", "m.j"),
+                   e("compile", "MainThread", "m.k"), e("compile", "Dummy-1", "m.k"), e("compile", "MainThread", "m.p"),
+                   e("launcher build", "dohnuts-compile_1", "__triton_launcher", 0.4),
+                   e("launcher build", "MainThread", "__triton_launcher", 0.3),
+                   e("launcher build", "Dummy-1", "__triton_launcher", 0.2),
+                   e("module build", "MainThread", "cuda_utils", 0.5),
+                   e("autotune", "MainThread", "_conv_kernel", 2.15, "(6144, 128)"),
+                   e("autotune", "MainThread", "_delta_h_kernel", 0.001, "(16, 16)")])
+    assert got["preloads"] == 2
+    assert got["launch_compiles"] == {"m.k": 2, "m.p": 1}
+    assert got["launcher_builds"] == {"compile threads": 1, "other threads": 2, "other threads' seconds": 0.5}
+    assert got["autotunes_benchmarked"] == [{"kernel": "_conv_kernel", "seconds": 2.15, "key": "(6144, 128)",
+                                             "at_s": 1.0}]
