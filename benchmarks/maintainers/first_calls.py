@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return gcc(name, *rest, **kw)
         finally:
-            event("launcher build" if name == "__triton_launcher" else "module build", name, time.perf_counter() - start)
+            what = "launcher build" if name == "__triton_launcher" else "module build"
+            event(what, name, time.perf_counter() - start)
 
     build._build = timed_build
 

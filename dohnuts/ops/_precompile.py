@@ -177,9 +177,9 @@ def _start(index: int, cuda: bool, table: dict | None, threads: int | None) -> P
 def launcher_built(kernel) -> None:
     """The compiled kernel's launcher built ahead of its first launch. On the H200's Triton (3.6) a
     launcher is a C stub per argument signature that the host's C compiler builds and Triton caches
-    on disk; a fresh H200's first call built 17 of them on its thread, 5.3 s of its graph capture,
-    after every kernel had compiled ahead (docs/history/evolution.md M44). Building it here puts the
-    stub in the disk cache, where the launch's own build finds it. Host work only: the binary is
+    on disk; left to the launches, those builds sat in a fresh machine's first call, on its thread
+    (docs/history/evolution.md M44). Building it here puts the stub in the disk cache, where the
+    launch's own build finds it. Host work only: the binary is
     loaded onto the device at the launch, as before (a thread's module load could meet a graph
     capture on the caller's thread, which CUDA forbids)."""
     # Triton: on a GPU only (and in the tests that compile for one)

@@ -45,8 +45,7 @@ def source_digest(kernel) -> str:
     """SHA-256 of a Triton kernel's Python source and the line it starts on (an Autotuner, a
     heuristics wrapper or a JITFunction). Triton keys a kernel's autotune cache by both
     (`JITFunction.cache_key`): a kernel moved down its file misses its table entry as surely as an
-    edited one — a docstring one line longer above `_conv_kernel` cost a fresh H200 3.4 s of
-    autotuning at its first calls (docs/history/evolution.md M44)."""
+    edited one, and autotunes again at its first launch (docs/history/evolution.md M44)."""
     fn = kernel
     while hasattr(fn, "fn"):
         fn = fn.fn

@@ -3,6 +3,8 @@ gate/up GEMM output (dohnuts.model.packing)."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -14,13 +16,19 @@ def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def swiglu_fused(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+@functools.cache
+def _fla_swiglu():
+    """fla's SwiGLU, imported at the first unpacked call: its module's torch.compile'd helpers are
+    imports no other path needs (docs/history/evolution.md M44)."""
     fla()  # fla's package inits deferred before any of its modules is imported (dohnuts.ops._fla)
-    # Triton and fla: on a GPU only; and this module only here, where unpacked projections need it
-    # (its torch.compile'd helpers are imports no other path needs: docs/history/evolution.md M44)
-    from fla.modules.activations import swiglu as fla_swiglu
+    # Triton and fla: on a GPU only, and this module only where unpacked projections need it
+    from fla.modules.activations import swiglu
 
-    return fla_swiglu(gate, up)
+    return swiglu
+
+
+def swiglu_fused(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return _fla_swiglu()(gate, up)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

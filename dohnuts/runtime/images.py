@@ -417,9 +417,10 @@ def _start_on_device(data: bytes, vision: VisionConfig, device: torch.device, wh
     device undoes the row filters and cuts the patches (dohnuts.ops.png_unfilter, on this thread's
     own stream), and the pixels come back once for the content key — the same key and patches as
     the host path, with libspng's decode (most of a cold call's preparation) replaced by an inflate
-    (docs/history/evolution.md M37, M42 and M44 have the times). Returns with the device work launched, the key left to `PendingImage.finish`
-    (the caller's host work runs meanwhile). None where the image does not qualify or its stream is
-    not a whole, valid one (the host path then decodes it and words any error)."""
+    (docs/history/evolution.md M37, M42 and M44 have the times). Returns with the device work
+    launched, the key left to `PendingImage.finish` (the caller's host work runs meanwhile). None
+    where the image does not qualify or its stream is not a whole, valid one (the host path then
+    decodes it and words any error)."""
     size = _plain_png_size(data)
     if size is None:
         return None

@@ -105,8 +105,8 @@ def kernel_facts(made_once) -> dict:
 
 def test_committed_entries_match_today_s_kernel_sources(kernel_facts):
     """A kernel edited, or moved to another line, after its table was made has a stale entry (never
-    read: its cache directory hashes the old source and line, so that kernel tunes on first use again; a stale recorded kernel,
-    dohnuts.ops._precompile, compiles a key no launch looks up). Remake the table on the GPU
+    read: its cache directory hashes the old source and line, so that kernel tunes on first use
+    again; a stale recorded kernel, dohnuts.ops._precompile, compiles a key no launch looks up). Remake the table on the GPU
     (benchmarks/maintainers/tuned_table.py) in the session that changed the kernel. In a new process
     (kernel_facts): fla's kernels are among the entries, and this one keeps fla out (tests/conftest.py)."""
     tables = _tuned.load_tables()
