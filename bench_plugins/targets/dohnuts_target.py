@@ -131,8 +131,8 @@ class DohnutsTarget:
 
     def run_call(self, call, timer) -> CallResult:
         if isinstance(call, PredictCall) and not self.train:
-            if call.cold_cache and self.model.image_cache is not None:
-                self.model.image_cache.clear()
+            if call.cold_cache:
+                self.model.forget_images()  # a new image: not in the feature cache, its file not seen
             before = self._graph_stats()
             result, work = self.predictor.call(call.request, timer, source=call.request.id)
             extra = self._cache_stats(work) | self._graph_delta(before) | self._take_first_extra()
@@ -154,19 +154,19 @@ class DohnutsTarget:
         per request its decisions, work counts and trace (submitted / started / done, host
         clock). None for workloads a stream cannot reproduce (training).
 
-        A cold-cache workload streams as a user's stream of new images does: the feature cache is
-        emptied as each request enters the pipeline, so the workers decode its image while the
+        A cold-cache workload streams as a user's stream of new images does: the session forgets
+        every image as each request enters the pipeline (its feature cache and file memo emptied),
+        so the workers read, hash and decode its image while the
         device runs the requests before it, and its features are encoded when it reaches the device
         (each row's work counts say whether it encoded; a workload whose in-flight requests share
         an image would show hits)."""
         if self.train or any(not isinstance(c, PredictCall) for c in calls):
             return None
-        cache = self.model.image_cache
 
         def entering():
             for c in calls:
-                if c.cold_cache and cache is not None:
-                    cache.clear()
+                if c.cold_cache:
+                    self.model.forget_images()
                 yield c.request.id, c.request
 
         trace: dict[int, dict] = {}

@@ -319,8 +319,9 @@ class ImageKind:
 
 
 class ImageCacheKind(ImageKind):
-    """Image requests under a controlled cache state: `cold` empties the image-feature cache
-    before every call (every image is encoded), `warm` keeps it (the warm-up calls fill it)."""
+    """Image requests under a controlled cache state: `cold` makes the session forget every image
+    before every call (its feature cache and file memo emptied: every image is read, hashed,
+    decoded and encoded, as a new image is), `warm` keeps them (the warm-up calls fill them)."""
 
     name = "image-cache"
     Shape = ImageCacheShape

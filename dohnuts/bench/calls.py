@@ -14,7 +14,7 @@ class PredictCall:
     """One complete prediction call: one request, prepared, transferred, scored, serialized."""
 
     request: Request
-    cold_cache: bool = False  # clear the image-feature cache before the call
+    cold_cache: bool = False  # a new image: the session forgets every image before the call
 
 
 @dataclass(frozen=True)

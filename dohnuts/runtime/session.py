@@ -93,6 +93,13 @@ class Session:
     def device(self) -> torch.device:
         return self.model.device
 
+    def forget_images(self) -> None:
+        """Forget every image seen: the feature cache and the file memo emptied, as a freshly
+        loaded model starts; the next request with an image reads, hashes, decodes and encodes it."""
+        if self.image_cache is not None:
+            self.image_cache.clear()
+        self._image_keys.clear()
+
     @property
     def policy(self) -> ExecutionPolicy:
         """The execution policy this session runs (`PRODUCT`, or a measurement-only variant)."""
@@ -182,11 +189,11 @@ class Session:
         """The image under the fixed policy, its key perhaps still pending (`start_image`), and the
         file digest to remember it by once keyed (None: nothing to remember). An image whose bytes
         were seen before and whose features are cached is not decoded at all (patches None)."""
-        digest = self._image_keys.digest(path)
+        digest, data = self._image_keys.read(path)  # a new file's bytes are read here, once
         known = self._image_keys.get(digest)
         if known is not None and known.key in self.image_cache:
             return PendingImage(replace(known, source=path)), None
-        return start_image(path, self.cfg.vision, device=self.device), digest
+        return start_image(path if data is None else data, self.cfg.vision, name=path, device=self.device), digest
 
     def image_features(self, batches: Sequence[tuple[HostBatch, Batch | None]]) -> list[ImageUse | None]:
         """Features of every batch's image through the cache, in ONE call: all distinct misses

@@ -6,6 +6,8 @@ the Triton kernel runs in Triton's interpreter); tests/gpu/test_images_device.py
 from __future__ import annotations
 
 import io
+import os
+import time
 import zlib
 
 import imagecodecs
@@ -267,3 +269,35 @@ def test_a_request_failing_before_the_key_waits_for_the_device(monkeypatch, tmp_
     assert not isinstance(failed.value, ImageError)
     assert waits == [1] and finishes == []
     assert session._image_keys.get(session._image_keys.digest(path)) is None
+
+
+@pytest.mark.parametrize("device_path", [True, False])
+def test_a_new_file_is_read_once_and_forgetting_reads_it_again(monkeypatch, tmp_path, device_path):
+    """A new image's file is read once: the memo hashes the bytes it read and the decode takes the
+    same bytes. A known file is only stat'ed; `forget_images` (the cold workload's new image) empties
+    the feature cache and the memo, so the next request reads, hashes and decodes it again."""
+    session, req, path = _session_on_the_device_path(monkeypatch, tmp_path)
+    if not device_path:
+        monkeypatch.setattr(images, "_unfilters_on", lambda device: False)
+    old = time.time_ns() - 60 * 10**9  # written a minute ago: its stat signature is trusted (not racy)
+    os.utime(path, ns=(old, old))
+    want = prepare_image(path, VISION)
+    reads, starts = [], []
+    read_file = images.read_file
+    monkeypatch.setattr(images, "read_file", lambda p, **kw: reads.append(p) or read_file(p, **kw))
+    start = images.start_image
+    monkeypatch.setattr("dohnuts.runtime.session.start_image", lambda *a, **kw: starts.append(1) or start(*a, **kw))
+    hb = session.prepare(req)
+    assert reads == [path] and starts == [1]  # one read; the decode took its bytes
+    assert hb.image.key == want.key and hb.image.source == path and torch.equal(hb.image.patches.cpu(), want.patches)
+    session.predict([req])  # its features cached: the next request neither reads nor decodes
+    again = session.prepare(req)
+    assert reads == [path, path] and again.image.patches is None  # the predict's own prepare read it
+    assert len(starts) == 2
+    session.forget_images()
+    assert len(session.image_cache) == 0 and session._image_keys.get(session._image_keys.digest(path)) is None
+    assert reads == [path, path, path]  # the digest above read it: the memo had forgotten the file
+    session.forget_images()
+    fresh = session.prepare(req)
+    assert reads == [path] * 4 and len(starts) == 3
+    assert fresh.image.key == want.key and fresh.image.patches is not None
