@@ -11,7 +11,8 @@ record: dohnuts.bench.analysis.records), whose declared change was the only diff
 out — a first call's and a stream request's `aa_half`, a stream request's `harness_overhead_ms`
 and `harness_overhead`, `energy.window` where there is none, `validity.power_capped` (0); run.json
 and summary.json unchanged. And once for the headline's host-bound peers (M37): summary.json's
-`sections.headline.host_bound`, an empty list on the CPU; no record changed.
+`sections.headline.host_bound`, an empty list on the CPU; no record changed. And once for the cold
+workload's new image every call (M45): its comment changed, so its `workload.file_hash`; nothing else.
 Regenerate it only for a change that means to change the records:
 
     python -m dohnuts.bench.cli run --out /tmp/suite --quiet
