@@ -771,4 +771,11 @@ def test_a_run_keeps_its_milestones_from_the_process_start(measured_run):
     t = json.loads((measured_run / "run.json").read_text())["measured"]["timing"]
     (w,) = t["workloads"].values()
     assert 0 < t["run_started_s"] <= t["prepared_s"] <= w["first_result_s"] <= w["last_result_s"] <= t["measured_s"]
-    assert "Time from the process's start: ceilings measured by" in (measured_run / "report.txt").read_text()
+    report = (measured_run / "report.txt").read_text()
+    assert "Time from the process's start: ceilings measured by" in report
+    # where the measuring went: the workload's inputs and references, each target's phases, within the run
+    (phases,) = w["targets_s"].values()
+    assert {"inputs", "references"} <= set(w["spent_s"])
+    assert {"build", "first call", "measured calls", "stream and served"} <= set(phases)
+    assert 0 < sum(w["spent_s"].values()) + sum(phases.values()) <= t["measured_s"] - t["prepared_s"] + 0.1
+    assert "spent on: " in " ".join(report.split())

@@ -43,3 +43,42 @@ def test_the_report_says_the_milestones_and_ignores_malformed_ones():
     for junk in (None, [], {"workloads": []}, {"prepared_s": True}, {"measured_s": float("nan")},
                  {"measured_s": -1.0}):
         assert timing_line(timing_of(junk)) is None
+
+
+def test_spent_adds_each_phase_seconds_per_workload_and_target(monkeypatch):
+    """`spent` sums a phase's seconds where the runner names it: a workload's own phases and each
+    target's; the report sums them by phase and names the longest, largest first; malformed
+    entries are dropped."""
+    from dohnuts.bench.analysis.machine import time_spent, timing_line, timing_of
+    from dohnuts.bench.measure.run_clock import spent
+
+    clock = iter([0.0, 2.0, 10.0, 10.5, 20.0, 23.0, 30.0, 30.25])  # perf_counter at each enter and exit
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    timing: dict = {}
+    with spent(timing, "text", "references"):
+        pass                                                          # 2 s
+    with spent(timing, "text", "first call", "dohnuts"):
+        pass                                                          # 0.5 s
+    with spent(timing, "text", "first call", "dohnuts"):
+        pass                                                          # 3 s more: summed
+    try:
+        with spent(timing, "text", "measured calls", "transformers"):
+            raise KeyboardInterrupt                                   # 0.25 s: counted though interrupted
+    except KeyboardInterrupt:
+        pass
+    assert timing == {"workloads": {"text": {"spent_s": {"references": 2.0},
+                                             "targets_s": {"dohnuts": {"first call": 3.5},
+                                                           "transformers": {"measured calls": 0.25}}}}}
+    timing["workloads"]["text"]["targets_s"]["bad"] = {"warm-up": "long", "build": -1.0}
+    timing["workloads"]["text"]["first_result_s"] = 15.0
+    t = timing_of(timing)
+    assert t["workloads"]["text"] == {"first_result_s": 15.0, "spent_s": {"references": 2.0},
+                                      "targets_s": {"dohnuts": {"first call": 3.5},
+                                                    "transformers": {"measured calls": 0.25}}}
+    totals, items = time_spent(t)
+    assert list(totals.items()) == [("first call", 3.5), ("references", 2.0), ("measured calls", 0.25)]
+    assert items[0] == ("text", "dohnuts", "first call", 3.5) and items[1] == ("text", "", "references", 2.0)
+    assert timing_line(t) == ("Time from the process's start: first result of each workload at: text 15.0 s; "
+                              "spent on: first call 3.5 s, references 2.0 s, measured calls 0.2 s; the longest: "
+                              "text · dohnuts first call 3.5 s, text references 2.0 s, text · transformers "
+                              "measured calls 0.2 s.")

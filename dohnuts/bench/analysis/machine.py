@@ -137,7 +137,8 @@ def machine_conditions(records: list[CallRecord], measured: dict | None) -> Mach
 
 def timing_of(t) -> dict | None:
     """The run's milestones, only the well-formed ones: {"prepared_s", "measured_s", "workloads":
-    {name: {"first_result_s", "last_result_s"}}}."""
+    {name: {"first_result_s", "last_result_s", "spent_s": {phase: s}, "targets_s": {label: {phase:
+    s}}}}} (the phases: dohnuts.bench.measure.run_clock.spent)."""
     if not isinstance(t, dict):
         return None
 
@@ -145,17 +146,40 @@ def timing_of(t) -> dict | None:
         v = _number(x)
         return v if v is not None and math.isfinite(v) and v >= 0 else None
 
+    def phases(x) -> dict:
+        return {str(k): v for k, p in x.items() if (v := seconds(p)) is not None} if isinstance(x, dict) else {}
+
+    def workload(w: dict) -> dict:
+        out = {k: v for k in ("first_result_s", "last_result_s") if (v := seconds(w.get(k))) is not None}
+        if own := phases(w.get("spent_s")):
+            out["spent_s"] = own
+        targets = w.get("targets_s") if isinstance(w.get("targets_s"), dict) else {}
+        if by_target := {str(n): p for n, x in targets.items() if (p := phases(x))}:
+            out["targets_s"] = by_target
+        return out
+
     out: dict = {k: v for k in ("prepared_s", "measured_s") if (v := seconds(t.get(k))) is not None}
     workloads = t.get("workloads") if isinstance(t.get("workloads"), dict) else {}
-    out["workloads"] = {str(n): {k: v for k in ("first_result_s", "last_result_s")
-                                 if (v := seconds(w.get(k))) is not None}
-                        for n, w in workloads.items() if isinstance(w, dict)}
+    out["workloads"] = {str(n): workload(w) for n, w in workloads.items() if isinstance(w, dict)}
     return out if len(out) > 1 or out["workloads"] else None
+
+
+def time_spent(t: dict | None) -> tuple[dict[str, float], list[tuple[str, str, str, float]]]:
+    """From `timing_of`: seconds by phase over the whole run (largest first), and every
+    (workload, target or "", phase, seconds), largest first."""
+    items = []
+    for name, w in (t or {}).get("workloads", {}).items():
+        items += [(name, "", p, v) for p, v in w.get("spent_s", {}).items()]
+        items += [(name, label, p, v) for label, x in w.get("targets_s", {}).items() for p, v in x.items()]
+    totals: dict[str, float] = {}
+    for *_, p, v in items:
+        totals[p] = totals.get(p, 0.0) + v
+    return (dict(sorted(totals.items(), key=lambda kv: -kv[1])), sorted(items, key=lambda i: -i[3]))
 
 
 def timing_line(t: dict | None) -> str | None:
     """One sentence: what a user waits for from the process's start (a fresh machine compiles, and
-    may tune, at each first call)."""
+    may tune, at each first call), and where the measuring time went."""
     if not t:
         return None
     parts = []
@@ -165,6 +189,11 @@ def timing_line(t: dict | None) -> str | None:
     said = [f"ceilings measured by {t['prepared_s']:.1f} s"] if "prepared_s" in t else []
     said += [f"first result of each workload at: {', '.join(parts)}"] if parts else []
     said += [f"all measured by {t['measured_s']:.1f} s"] if "measured_s" in t else []
+    totals, items = time_spent(t)
+    if totals:
+        said.append("spent on: " + ", ".join(f"{p} {v:.1f} s" for p, v in totals.items()))
+        said.append("the longest: " + ", ".join(f"{' · '.join(x for x in (w, label) if x)} {p} {v:.1f} s"
+                                                for w, label, p, v in items[:3]))
     return "Time from the process's start: " + "; ".join(said) + "." if said else None
 
 

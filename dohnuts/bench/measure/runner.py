@@ -32,6 +32,7 @@ from dohnuts.bench.measure.quality import (
     can_score, check_agreement, labelled_set, measure_accuracy, reference_key, reference_outputs, sample_calls,
 )
 from dohnuts.bench.measure.record import TargetContext, stamped
+from dohnuts.bench.measure.run_clock import spent
 from dohnuts.bench.measure.serving.scenario import measure_scenario
 from dohnuts.bench.measure.serving.variety import ServedSet
 from dohnuts.bench.measure.trace import (
@@ -139,11 +140,13 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict[str, R
     workdir.mkdir(parents=True, exist_ok=True)
     kind = kinds[spec.kind]
     tokenizer = tokenizer_for(cfg, ckpt)
-    calls = kind.calls(WorkloadContext(spec, tokenizer, cfg, workdir, random.Random(spec.seed)))
-    varied = None
-    if spec.serving.vary is not None:  # the served set (its text from a stream of its own)
-        varied = kind.varied_calls(WorkloadContext(spec, tokenizer, cfg, workdir, random.Random(f"served {spec.seed}")),
-                                   spec.serving.vary)
+    timing = run.measured.setdefault("timing", {})
+    with spent(timing, spec.name, "inputs"):
+        calls = kind.calls(WorkloadContext(spec, tokenizer, cfg, workdir, random.Random(spec.seed)))
+        varied = None
+        if spec.serving.vary is not None:  # the served set (its text from a stream of its own)
+            varied = kind.varied_calls(WorkloadContext(spec, tokenizer, cfg, workdir,
+                                                       random.Random(f"served {spec.seed}")), spec.serving.vary)
     if world.distributed and not kind.collective:  # this rank's share, in the same cyclic order
         calls = [calls[(j * world.size + world.rank) % len(calls)] for j in range(len(calls))]
         if varied is not None:
@@ -153,7 +156,8 @@ def measure_workload(run: RunContext, pm, spec: WorkloadSpec, kinds: dict[str, R
         warmup = max(warmup, len(calls))  # e.g. a warm cache: every distinct call seen once
     schedule = Schedule(calls, warmup, varied)
     if not world.distributed:  # quality checks: one process (a launcher's ranks shard the calls)
-        schedule = _quality_inputs(run, spec, targets, schedule, device, dtype, workdir)
+        with spent(timing, spec.name, "references"):
+            schedule = _quality_inputs(run, spec, targets, schedule, device, dtype, workdir)
     prov = provenance(device, telemetry)
     ranks = {"rank": world.rank, "world_size": world.size, "shard": "collective" if kind.collective else "data"}
     stage_ranges = nvtx_stage_ranges() if run.nvtx else None  # `--nvtx`: the steady calls' stages as NVTX ranges
@@ -245,7 +249,13 @@ def _measure_target(pm, ctx: TargetContext, entry: RegisteredTarget, schedule: S
     spec, tspec = ctx.spec, ctx.target
     calls, warmup = schedule.calls, schedule.warmup
     written = 0
-    target, capabilities = entry.build(spec, ctx.device, ctx.dtype, entry.options(tspec.options, source=spec.file))
+    timing = ctx.run.measured.setdefault("timing", {})
+
+    def phase(name: str):  # this target's seconds in `name` (run.json `measured.timing`)
+        return spent(timing, spec.name, name, tspec.label)
+
+    with phase("build"):
+        target, capabilities = entry.build(spec, ctx.device, ctx.dtype, entry.options(tspec.options, source=spec.file))
     ctx = dataclasses.replace(ctx, variant=capabilities.variant, lora=capabilities.lora_info)
     task = None
     if progress is not None:
@@ -255,27 +265,31 @@ def _measure_target(pm, ctx: TargetContext, entry: RegisteredTarget, schedule: S
             if i == 0:
                 # The target's first call (compilation, autotuning, graph capture, cold caches)
                 # is part of end-to-end cost: recorded on its own, never mixed into the steady state.
-                record = measure_call(ctx, target, calls[0], -1, phase="first-call")
+                with phase("first call"):
+                    record = measure_call(ctx, target, calls[0], -1, phase="first-call")
                 out.write(stamped(record, ctx.ranks))
                 written += 1
             else:
-                target.run_call(calls[i % len(calls)], StageTimer(ctx.device))
+                with phase("warm-up"):
+                    target.run_call(calls[i % len(calls)], StageTimer(ctx.device))
             if progress is not None:
                 progress.advance(task)
         key = reference_key(entry, tspec, spec) if entry.reference_options is not None else None
         if key in schedule.references:  # after warm-up, before the measured calls: every record carries it
-            ctx = dataclasses.replace(ctx, agreement=check_agreement(ctx, target, schedule.sample,
-                                                                     *schedule.references[key]))
+            with phase("reference check"):
+                ctx = dataclasses.replace(ctx, agreement=check_agreement(ctx, target, schedule.sample,
+                                                                         *schedule.references[key]))
         # the target's energy per call over a window of back-to-back calls (the counter's steps are
         # too coarse for one call); carried in every steady record like the agreement
-        ctx = dataclasses.replace(ctx, energy_window=energy_window(
-            ctx, target, [calls[(warmup + j) % len(calls)] for j in range(len(calls))]))
+        with phase("energy window"):
+            ctx = dataclasses.replace(ctx, energy_window=energy_window(
+                ctx, target, [calls[(warmup + j) % len(calls)] for j in range(len(calls))]))
         barrier(world)  # the ranks start measuring together
         start = time.perf_counter()
         i, wanted, walls, twins_ms = 0, spec.repeat, [], 0.0
         max_calls = spec.max_repeat or 4 * spec.repeat
         # the measured calls alone, bracketed for `nsys --capture-range=cudaProfilerApi` (CUDA)
-        with measured_window(ctx.device):
+        with phase("measured calls"), measured_window(ctx.device):
             while any_rank(i < wanted or time.perf_counter() - start < spec.min_duration_s, world):
                 call = calls[(warmup + i) % len(calls)]
                 pm.hook.dohnuts_bench_before_call(run=ctx.run, spec=spec, target_name=tspec.label, iteration=i)
@@ -307,18 +321,21 @@ def _measure_target(pm, ctx: TargetContext, entry: RegisteredTarget, schedule: S
                     progress.update(task, completed=warmup + min(i, wanted))
         barrier(world)
         if ctx.run.profile:
-            _profile_target(ctx, target, [calls[(warmup + j) % len(calls)] for j in range(PROFILED_CALLS)], world)
+            with phase("profile"):
+                _profile_target(ctx, target, [calls[(warmup + j) % len(calls)] for j in range(PROFILED_CALLS)], world)
         served = (ServedSet(calls, varied=False, offset=warmup) if schedule.varied is None else
                   ServedSet(schedule.varied, varied=True, seed=spec.serving.seed if spec.serving.seed is not None
                             else spec.seed))
-        written += measure_scenario(ctx, target, capabilities, served, walls, out)
+        with phase("stream and served"):
+            written += measure_scenario(ctx, target, capabilities, served, walls, out)
         if schedule.labelled is not None and not world.distributed:
             name, requests = schedule.labelled
             reason = can_score(entry, requests)
             if reason:
                 log.info("skipped accuracy of %s · %s: %s", spec.name, tspec.label, reason)
             else:
-                written += measure_accuracy(ctx, target, name, requests, out)
+                with phase("accuracy"):
+                    written += measure_accuracy(ctx, target, name, requests, out)
     finally:
         target.close()
         del target
