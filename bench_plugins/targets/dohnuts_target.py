@@ -150,9 +150,11 @@ class DohnutsTarget:
                         " workload")
 
     def run_stream(self, calls, timer_for) -> list[dict] | None:
-        """The calls as one pipelined stream (`Predictor.run`, as `dohnuts predict` runs a file):
-        per request its decisions, work counts and trace (submitted / started / done, host
-        clock). None for workloads a stream cannot reproduce (training).
+        """The calls as one pipelined stream, as the product runs them: predictions through
+        `Predictor.run` (as `dohnuts predict` runs a file), updates through `Updater.run` (as
+        `dohnuts train` runs its updates: the workers prepare the next update's requests while one
+        computes). Per request or update its decisions, work counts and trace (submitted /
+        started / done, host clock).
 
         A cold-cache workload streams as a user's stream of new images does: the session forgets
         every image as each request enters the pipeline (its feature cache and file memo emptied),
@@ -160,7 +162,9 @@ class DohnutsTarget:
         device runs the requests before it, and its features are encoded when it reaches the device
         (each row's work counts say whether it encoded; a workload whose in-flight requests share
         an image would show hits)."""
-        if self.train or any(not isinstance(c, PredictCall) for c in calls):
+        if self.train:
+            return self._update_stream(calls, timer_for)
+        if any(not isinstance(c, PredictCall) for c in calls):
             return None
 
         def entering():
@@ -173,6 +177,17 @@ class DohnutsTarget:
         results = list(self.predictor.run(entering(), timer_for=timer_for, trace=trace))
         return [{"decisions": len(getattr(r, "questions", ())), "work": trace[i].get("work"),
                  "submitted": trace[i]["submitted"], "started": trace[i].get("started"), "done": trace[i]["done"]}
+                for i, r in enumerate(results)]
+
+    def _update_stream(self, calls, timer_for) -> list[dict] | None:
+        if any(not isinstance(c, TrainCall) for c in calls):
+            return None
+        trace: dict[int, dict] = {}
+        results = list(self.updater.run((c.requests for c in calls), timer_for=timer_for, trace=trace))
+        # a rank past the microbatches only joined the all-reduce: no work, as its single calls say
+        return [{"decisions": r.work.sequences if r.work is not None else 0,
+                 "work": r.work if r.work is not None else WorkCounts(0, (), 0, train=True),
+                 "submitted": trace[i]["submitted"], "started": trace[i]["started"], "done": trace[i]["done"]}
                 for i, r in enumerate(results)]
 
     def serve(self, calls, arrivals, *, capacity, timer_for, deadline=None) -> list | None:

@@ -21,6 +21,7 @@ workload both run it). Its batches come from exactly the calls prediction uses:
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Annotated
@@ -133,16 +134,32 @@ class Updater:
         microbatches i with i mod size == rank."""
         return self._update(self._submit(requests), timer)
 
-    def run(self, updates: Iterable[Sequence[Request]]) -> Iterator[UpdateResult]:
-        """Updates in order; the workers prepare update u+1 while update u computes."""
+    def run(self, updates: Iterable[Sequence[Request]], *, timer_for=None,
+            trace: dict[int, dict] | None = None) -> Iterator[UpdateResult]:
+        """Updates in order; the workers prepare update u+1 while update u computes.
+
+        `timer_for(u)`: update u's stage timer (default none). `trace`, filled per update u:
+        `submitted` (its requests given to the workers), `started` (it began: waiting for them,
+        then the device), `done` (its result ready), host perf_counter seconds."""
         updates = iter(updates)
         nxt = next(updates, None)
+        u = 0
         pending = self._submit(nxt) if nxt is not None else None
+        if trace is not None and pending is not None:
+            trace[u] = {"submitted": time.perf_counter()}
         while pending is not None:
             current = pending
             nxt = next(updates, None)
             pending = self._submit(nxt) if nxt is not None else None
-            yield self._update(current, NULL_TIMER)
+            if trace is not None:
+                if pending is not None:
+                    trace[u + 1] = {"submitted": time.perf_counter()}
+                trace[u]["started"] = time.perf_counter()
+            result = self._update(current, timer_for(u) if timer_for is not None else NULL_TIMER)
+            if trace is not None:
+                trace[u]["done"] = time.perf_counter()
+            yield result
+            u += 1
 
     def _update(self, futures: list, timer) -> UpdateResult:
         session, model, pipe = self.session, self.session.model, self.pipeline

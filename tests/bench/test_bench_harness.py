@@ -66,11 +66,16 @@ def test_quickstart_runs_on_cpu_and_records_every_call(main_job_run, tmp_path, c
             assert s.repeat <= n <= (s.max_repeat or 4 * s.repeat), (s.name, t.label, n)
             halves = [r["aa_half"] for r in records if r["workload"]["name"] == s.name and r["target"] == t.label]
             assert halves == [i % 2 for i in range(len(halves))]  # interleaved A/A halves
-    # a pipelined stream per dohnuts prediction target (not for training); the cold cache streams as a
-    # stream of new images does: every streamed request encoded its image
+    # a pipelined stream per dohnuts target — predictions through Predictor.run, updates through
+    # Updater.run (not the peers'); the cold cache streams as a stream of new images does: every
+    # streamed request encoded its image
     streamed = {(r["workload"]["name"], r["target"]) for r in stream}
-    assert {("text", "dohnuts"), ("image-cache-warm", "dohnuts"), ("image-cache-cold", "dohnuts")} <= streamed
-    assert not any(name == "train-step" for name, _ in streamed)
+    assert {("text", "dohnuts"), ("image-cache-warm", "dohnuts"), ("image-cache-cold", "dohnuts"),
+            ("train-step", "dohnuts")} <= streamed
+    assert not any(name == "train-step" and t != "dohnuts" for name, t in streamed)
+    updates = [r for r in stream if r["workload"]["name"] == "train-step"]
+    train_spec = next(s for s in specs if s.name == "train-step")
+    assert len(updates) == train_spec.repeat and all(r["work"]["train"] and r["decisions"] > 0 for r in updates)
     cold = [r for r in stream if r["workload"]["name"] == "image-cache-cold"]
     assert cold and all(r["work"]["encoded_image_patches"] and not r["work"]["cached_images"] for r in cold)
     assert not any(t == "transformers" for _, t in streamed)

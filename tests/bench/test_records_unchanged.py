@@ -14,7 +14,9 @@ and summary.json unchanged. And once for the headline's host-bound peers (M37): 
 `sections.headline.host_bound`, an empty list on the CPU; no record changed. And once for the cold
 workload's new image every call (M45): its comment changed, so its `workload.file_hash`; nothing else.
 And once for where the run's time went (M45): run.json's and summary.json's `timing.workloads.<name>`
-gained `spent_s` and `targets_s` (dohnuts.bench.measure.run_clock.spent); no record changed.
+gained `spent_s` and `targets_s` (dohnuts.bench.measure.run_clock.spent); no record changed. And
+once for train-step's pipelined updates (M45): a new group, `train-step · dohnuts · stream`; no
+other record changed.
 Regenerate it only for a change that means to change the records:
 
     python -m dohnuts.bench.cli run --out /tmp/suite --quiet

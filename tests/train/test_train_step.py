@@ -118,3 +118,37 @@ def test_an_update_leaves_the_adapters_copies_fresh():
     for c in mine:
         assert c.key == c._key()
         assert torch.equal(c.a, torch.cat([m.lora_A for m in c.lora]).to(c.a.dtype))
+
+
+def test_run_pipelines_the_updates_update_computes_and_traces_each():
+    """`Updater.run` (the loop `dohnuts train` runs: the next update's requests prepared while one
+    computes) gives exactly the updates `update` gives one by one, and its trace says each update's
+    requests were given to the workers before the update before it started, then started, then done;
+    `timer_for(u)` times update u's stages."""
+    from dohnuts.runtime.timing import StageTimer
+
+    reqs = synthetic_requests(12, questions=2, seed=13)
+    updates = [reqs[4 * u:4 * u + 4] for u in range(3)]
+    cfg = OptimConfig(lr=1e-2)
+    one = _model()
+    by_one = Updater(one, make_optimizer(one, cfg), RLCDConfig(), cfg)
+    want = [by_one.update(u) for u in updates]
+    by_one.close()
+    two = _model()
+    piped = Updater(two, make_optimizer(two, cfg), RLCDConfig(), cfg)
+    trace, timers = {}, {}
+    got = list(piped.run(iter(updates), timer_for=lambda u: timers.setdefault(u, StageTimer(torch.device("cpu"))),
+                         trace=trace))
+    piped.close()
+    assert [(r.loss, r.grad_norm) for r in got] == [(r.loss, r.grad_norm) for r in want]
+    assert [r.work for r in got] == [r.work for r in want]
+    for a, b in zip(one.trainable_parameters(), two.trainable_parameters()):
+        assert torch.equal(a, b)
+    assert sorted(trace) == [0, 1, 2] and sorted(timers) == [0, 1, 2]
+    for u in range(3):
+        t = trace[u]
+        assert t["submitted"] <= t["started"] <= t["done"]
+        assert {"forward", "backward", "optimizer"} <= set(timers[u].result())
+        if u:
+            assert t["submitted"] <= trace[u - 1]["started"]  # prepared while the update before ran
+            assert trace[u - 1]["done"] <= t["started"]

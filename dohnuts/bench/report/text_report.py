@@ -48,8 +48,9 @@ def stream_table(rows: list[dict]) -> FitTable | None:
     rows = [r for r in rows if "stream" in r]
     if not rows:
         return None
-    t = FitTable("Pipelined streams (Predictor.run: prefetch, copy stream, overlapped serialization); overlap "
-                 "against the single calls (none for a varied served set: other requests)",
+    t = FitTable("Pipelined streams (Predictor.run: prefetch, copy stream, overlapped serialization; "
+                 "training: Updater.run, the next update prepared while one computes); overlap against the "
+                 "single calls (none for a varied served set: other requests)",
                  [Col("workload", "left", wrap=True), Col("target", "left", wrap=True), Col("requests"),
                   Col("ms / request"), Col("requests/s"), Col("latency p50/p90/p99 ms"), Col("queue p50 ms"),
                   Col("single call ms"), Col("overlap"), Col("shapes"), Col("graph\ncaptures"),
