@@ -60,7 +60,7 @@ def test_the_golden_file_is_what_the_script_writes():
     """The golden file is the script's output format, and small (kept in git)."""
     golden = json.loads(GOLDEN.read_text(encoding="utf-8"))
     assert dumps(golden) + "\n" == GOLDEN.read_text(encoding="utf-8")
-    assert GOLDEN.stat().st_size < 100_000
+    assert GOLDEN.stat().st_size < 120_000  # 102 KB since M45 (the run's phases, the training stream)
     groups = golden["records"]["groups"]  # every kind of record the CPU suite makes
     assert {g.rsplit(" · ", 1)[1] for g in groups} == {"first-call", "steady", "stream"}
     assert {g.split(" · ")[1] for g in groups} == {"dohnuts", "dohnuts-unshared", "transformers", "transformers+peft"}
