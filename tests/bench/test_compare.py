@@ -324,3 +324,19 @@ def test_cli_compare_refuses_an_absurd_wall_time_naming_its_line(tmp_path, capsy
     assert main(["compare", str(a), str(b)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{b / 'results.jsonl'}:4" in err and "wall_ms" in err, err
+
+
+def test_a_workload_whose_file_changed_between_the_runs_is_said():
+    """A workload measured from another file in B (its hash) gets a warning line naming both
+    hashes; the same file, or a run whose records carry no hash, none."""
+    def with_hash(records, h):
+        return typed_all([r | {"workload": {"name": r["workload"]["name"], "file_hash": h}} for r in records])
+
+    a, b = _records(6, seed=1), _records(6, seed=2)
+    changed = compare_runs(with_hash(a, "1dafef287c8ed244"), with_hash(b, "1f7dc3977c4efd82"))
+    assert changed.warnings[0] == ("w: its workload file changed between the runs (file hash 1dafef287c8ed244 → "
+                                   "1f7dc3977c4efd82): a difference may come from the workload, not the code")
+    assert _verdicts(changed) == _verdicts(compare_runs(typed_all(a), typed_all(b)))  # the verdicts stand
+    for same in (compare_runs(with_hash(a, "1dafef287c8ed244"), with_hash(b, "1dafef287c8ed244")),
+                 compare_runs(typed_all(a), with_hash(b, "1f7dc3977c4efd82"))):
+        assert not any("workload file changed" in w for w in same.warnings)

@@ -7,6 +7,7 @@ filterable, and a fresh clone's first use imports the committed archive."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import shutil
@@ -15,11 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 from dohnuts.bench.analysis.compare import SLOWER, compare_samples
 from dohnuts.bench.analysis.load_verdict import SLOWER_BY_LOAD
 from dohnuts.bench.cli import main
-from dohnuts.bench.store.history import aa_halfwidth, history, level_penalty, level_starts
+from dohnuts.bench.store.history import aa_halfwidth, history, history_tables, level_penalty, level_starts
 from dohnuts.bench.store.run_store import APPLICATION_ID, SCHEMA_VERSION, RunStore
 from tests.bench.typed_records import NEUTRAL, typed, typed_all
 
@@ -36,7 +38,8 @@ CPU = {"machine": "cpu-amd-epyc-2cores-1thread", "device": "x86_64", "kind": "cp
 
 def _add_run(store: RunStore, k: int, median: float, rng: np.random.Generator, *, where: dict = GPU,
              revision: str | None = None, dirty: bool = True, calls: int = 10, within: float = 0.02,
-             load: tuple[float, float] | None = None, workload: str = "text", target: str = "dohnuts") -> str:
+             load: tuple[float, float] | None = None, workload: str = "text", target: str = "dohnuts",
+             file_hash: str | None = None) -> str:
     """Run number k (its id orders it in time) whose calls scatter lognormally (`within`) around
     `median`, recorded as a run of `where`, each call with the load (own, others) when given."""
     run_id = f"20261201-{k // 60:02d}{k % 60:02d}00-r{k}"
@@ -44,6 +47,8 @@ def _add_run(store: RunStore, k: int, median: float, rng: np.random.Generator, *
     meta = {"run_id": run_id, "hwspec": where["hwspec"], "measured": {"machine": {"id": where["machine"]}},
             "provenance": {"git": rev + ("+dirty" if dirty else ""),
                            "device": {"type": where["kind"], "name": where["device"]}}}
+    if file_hash is not None:  # run.json's workloads: the file each was read from, by its hash
+        meta["workloads"] = [{"name": workload, "file_hash": file_hash}]
     telemetry = [] if load is None else [{"load": {"own_cores": load[0], "others_cores": load[1], "cpus": 2}}]
     recs = [NEUTRAL | {"schema": 1, "run_id": run_id, "iteration": i, "workload": {"name": workload}, "target": target,
              "phase": "steady", "aa_half": i % 2, "wall_ms": float(median * math.exp(within * rng.standard_normal())),
@@ -157,6 +162,31 @@ def test_a_shift_the_load_explains_is_said_and_not_flagged(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "slower, explained by load 1.8" in " ".join(captured.out.split())
     assert "0 flagged level shift(s)" in captured.err
+
+
+def test_a_run_whose_workload_file_changed_is_said_where_it_changed(tmp_path, capsys):
+    """Four runs at 10 ms from one workload file, four at 15 ms from another (its hash): the shift
+    is judged as any, and the line and the table say the file changed at the first run of the new
+    file; runs without a recorded hash change nothing."""
+    rng = np.random.default_rng(5)
+    path = tmp_path / "s.sqlite"
+    with RunStore(path) as store:
+        for k in range(8):
+            _add_run(store, k, 10.0 if k < 4 else 15.0, rng, file_hash="1dafef287c8ed244" if k < 4 else "1f7dc3977c4efd82")
+        _add_run(store, 8, 15.0, rng)  # a run whose run.json names no file: not a change
+        (series,) = history(store)
+        assert series.file_changes == [4] and [p.file_hash for p in series.points][3:] == [
+            "1dafef287c8ed244", "1f7dc3977c4efd82", "1f7dc3977c4efd82", "1f7dc3977c4efd82", "1f7dc3977c4efd82", None]
+        (step,) = series.changes
+        assert step.at == 4 and step.verdict == SLOWER
+        console = Console(width=400, file=io.StringIO())
+        for table in history_tables([series]):
+            console.print(table)
+        rows = [line for line in console.file.getvalue().splitlines() if "r4 " in line or "changed here" in line]
+        assert len(rows) == 1 and "20261201-000400-r4" in rows[0] and "the workload's file changed here" in rows[0]
+    assert main(["history", "--store", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "the workload's file changed at rev0004+dirty 20261201-000400-r4" in out
 
 
 # --------------------------------------------------------------------------------- machines

@@ -154,6 +154,24 @@ def _key(rec: CallRecord) -> tuple[str, str]:
     return workload_label(rec), target_label(rec)
 
 
+def workload_files(records: list[CallRecord]) -> dict[str, set[str]]:
+    """{workload: the file hashes its steady-state records name} (records without one: none)."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for rec in records:
+        if _steady(rec) and rec.workload.file_hash:
+            out[workload_label(rec)].add(rec.workload.file_hash)
+    return out
+
+
+def changed_workloads(records_a: list[CallRecord], records_b: list[CallRecord]) -> list[str]:
+    """One line per workload measured in both runs whose file changed between them (its hash):
+    a difference there may be the workload's, not the code's."""
+    fa, fb = workload_files(records_a), workload_files(records_b)
+    return [f"{name}: its workload file changed between the runs (file hash {', '.join(sorted(fa[name]))} → "
+            f"{', '.join(sorted(fb[name]))}): a difference may come from the workload, not the code"
+            for name in fa if name in fb and fa[name] and fb[name] and fa[name] != fb[name]]
+
+
 def steady_loads(records: list[CallRecord]) -> dict[tuple[str, str], Load]:
     """{(workload, target): load_verdict.Load} over the steady-state records that recorded a load."""
     per: dict[tuple[str, str], list] = defaultdict(list)
@@ -273,13 +291,14 @@ def compare_runs(records_a: list[CallRecord], records_b: list[CallRecord], *, co
                  method: str = "percentile", label_a: str = "A", label_b: str = "B") -> Comparison:
     """B against A per (workload, target) measured in both, for "wall" and every stage (rule:
     module docstring; the loads each run measured under weighed by load_verdict). Deterministic
-    for a given seed. Warnings (one line each) name groups whose spread is too large to resolve a
-    change of `min_effect` with the calls measured."""
+    for a given seed. Warnings (one line each) name workloads whose file changed between the runs
+    (`changed_workloads`), then groups whose spread is too large to resolve a change of
+    `min_effect` with the calls measured."""
     _check_options(confidence, resamples, min_effect, method)
     sa, sb = steady_samples(records_a), steady_samples(records_b)
     loads_a, loads_b = steady_loads(records_a), steady_loads(records_b)
     common = [k for k in sa if k in sb]
-    rows, notes = [], []
+    rows, notes = [], changed_workloads(records_a, records_b)
     for workload, target in common:
         stages = list(dict.fromkeys([WALL, *sa[(workload, target)], *sb[(workload, target)]]))
         wall_a = float(np.median(sa[(workload, target)][WALL]))

@@ -93,6 +93,7 @@ class Point:
     median_ms: float
     own_cores: float | None = None     # the share of a core this process got (median over its calls)
     others_cores: float | None = None  # cores other processes kept busy
+    file_hash: str | None = None       # the workload file's hash in this run (None: not recorded)
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,13 @@ class Series:
     @property
     def stage(self) -> str:
         return self.key.stage
+
+    @property
+    def file_changes(self) -> list[int]:
+        """The runs whose workload file differs from the run's before (both recorded): a level
+        there may be the workload's, not the code's."""
+        return [i for i in range(1, len(self.points)) if self.points[i].file_hash and self.points[i - 1].file_hash
+                and self.points[i].file_hash != self.points[i - 1].file_hash]
 
     @property
     def changes(self) -> list[Step]:
@@ -306,7 +314,7 @@ def _series(key: SeriesKey, runs: list[_Run], confidence: float, min_effect: flo
                             dirty=None if c["dirty"] is None else bool(c["dirty"]), calls=len(r.samples),
                             median_ms=float(np.median(r.samples)),
                             own_cores=None if load is None or load.own_estimated else load.own_cores,
-                            others_cores=None if load is None else load.others_cores))
+                            others_cores=None if load is None else load.others_cores, file_hash=c.get("file_hash")))
     medians = [p.median_ms for p in points]
     positive = all(m > 0 for m in medians)
     measured = [run_noise(medians), same_revision_noise(points)] if positive else []
@@ -373,6 +381,10 @@ def history_lines(series: list[Series]) -> list:
             colour = "yellow" if step.verdict in EXPLAINED else ("red" if step.verdict == SLOWER else "green")
             line.append("; ")
             line.append(printable(_step_words(step, s.points[step.at])), style=colour)
+        for i in s.file_changes:
+            line.append("; ")
+            line.append(printable(f"the workload's file changed at {_revision(s.points[i])} {s.points[i].run_id}"),
+                        style="yellow")
         out.append(line)
     return out
 
@@ -395,12 +407,14 @@ def history_tables(series: list[Series]) -> list:
                 f"{'?' if p.own_cores is None else f'{p.own_cores:.2f}'} / {p.others_cores:.2f}")
             cells = [printable(p.run_id), printable(_revision(p)), str(p.calls), f"{p.median_ms:.3f}", load]
             step = at.get(i)
+            changed = Text("the workload's file changed here", style="yellow") if i in s.file_changes else ""
             if step is None:
-                t.add_row(*cells, "", "", "", "")
+                t.add_row(*cells, "", "", "", changed)
                 continue
             colour = "yellow" if step.verdict in EXPLAINED else {SLOWER: "red", FASTER: "green"}.get(step.verdict, "")
             verdict = Text(f"{step.verdict} (≥ {step.min_effect:.1%}; {step.runs_before} → {step.runs_after} runs)"
-                           + (f": {step.load}" if step.load else ""), style=colour)
+                           + (f": {step.load}" if step.load else "")
+                           + ("; the workload's file changed here" if changed else ""), style=colour)
             t.add_row(*cells, f"{step.median_before:.3f} → {step.median_after:.3f}",
                       "" if step.ratio is None else f"{step.ratio:.3f}×",
                       "" if step.ci_low is None else f"{step.ci_low:.3f}–{step.ci_high:.3f}", verdict)

@@ -358,7 +358,7 @@ class RunStore:
         names = SteadyCall.__struct_fields__
         sql = ("SELECT r.run_id, runs.started, runs.git_revision, runs.git_dirty, runs.machine, runs.hwspec, "
                "r.workload, r.target, r.device, r.model, r.precision, r.wall_ms, r.aa_half, r.own_cores, "
-               "r.others_cores, r.cpus, r.seq" + (", r.record" if with_record else "")
+               "r.others_cores, r.cpus, r.seq, runs.workloads" + (", r.record" if with_record else "")
                + " FROM records r JOIN runs USING (run_id) WHERE r.phase = 'steady'")
         args: list = []
         for column, value in (("r.workload", workload), ("r.target", target), ("runs.machine", machine)):
@@ -366,11 +366,14 @@ class RunStore:
                 sql += f" AND {column} = ?"
                 args.append(value)
         sql += " ORDER BY runs.started, runs.run_id, r.seq"
-        out = []
+        out, files = [], {}
         for row in self._query(sql, args):
             what = f"record {row[16]} of run {row[0]}"
-            item = msgspec.structs.asdict(convert(dict(zip(names, row)), SteadyCall, source=str(self.path),
+            item = msgspec.structs.asdict(convert(dict(zip(names, row[:17])), SteadyCall, source=str(self.path),
                                                   error=StoreError, prefix=what))
+            if row[0] not in files:  # the run's workload files, read once a run
+                files[row[0]] = _workload_files(row[17])
+            item["file_hash"] = files[row[0]].get(item["workload"])
             if with_record:
                 item["record"] = self._record(row[-1], what)
             out.append(item)
@@ -398,6 +401,17 @@ SERIES_COLUMNS = (("device", "TEXT"), ("model", "TEXT"), ("precision", "TEXT"), 
 RUN_COLUMNS = (("machine", "TEXT"),)
 RECORD_FIELDS = ("run_id", "seq", "workload", "target", "phase", "wall_ms", "record",
                  *(c for c, _ in SERVING_COLUMNS + SERIES_COLUMNS))
+def _workload_files(cell) -> dict[str, str]:
+    """A run's `workloads` cell → {workload name: its file's hash}; what is not well formed is left out
+    (a run stored before the column held hashes, a hand-edited cell)."""
+    try:
+        items = msgspec.json.decode(cell) if isinstance(cell, (str, bytes)) else []
+    except msgspec.DecodeError:
+        return {}
+    return {w["name"]: w["file_hash"] for w in items if isinstance(items, list) and isinstance(w, dict)
+            and isinstance(w.get("name"), str) and isinstance(w.get("file_hash"), str)}
+
+
 RUN_FIELDS = ("run_id", "started", "git_revision", "git_dirty", "device", "driver", "power_limit_w", "hwspec",
               "versions", "workloads", "run_json", *(c for c, _ in RUN_COLUMNS))
 TABLE_COLUMNS = {"meta": ("key", "value"), "runs": RUN_FIELDS, "records": RECORD_FIELDS,
