@@ -1,6 +1,7 @@
 """A PNG's row filters undone on the GPU as a wavefront (the runtime's kernel, dohnuts/ops/_unfilter_kernel.py),
 checked bit for bit against libspng and timed beside the host decode and the host's hashes (a new
-file's digest, the content key), then one PNG's whole preparation both ways (`prepare_image`'s host path and the GPU path it takes on a fused device; ledger M37, M42).
+file's digest, the content key), then one PNG's whole preparation both ways (`prepare_image`'s host
+path and the GPU path it takes on a fused device; ledger M37, M42, M45).
 
 Pixel (r, c) needs (r, c-1), (r-1, c), (r-1, c-1): step s handles every row r at column c = s - r, so a
 single program of BLOCK_R rows runs H + W - 1 steps, each reading the row above from memory (written the

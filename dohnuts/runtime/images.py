@@ -118,12 +118,12 @@ class ImageKeyMemo:
     returns the bytes it hashed, which the decode takes.
 
     A file whose stat signature (device, inode, size, mtime and ctime in ns) is unchanged since it
-    was hashed is not read again. As in git's index,
-    a signature is trusted only when the file had not been modified within a "racy" window of its
-    hashing: a second write in the same timestamp tick as the read could otherwise go unseen. The
-    window is `RACY_S` where the file system stamps in whole seconds (FAT, some network file
-    systems: a modification time with no sub-second part), else `RACY_FINE_S` (sub-second stamps
-    advance with the kernel's clock tick, at most 10 ms).
+    was hashed is not read again. As in git's index, a signature is trusted only when the file had
+    not been modified within a "racy" window of its hashing: a second write in the same timestamp
+    tick as the read could otherwise go unseen. The window is `RACY_S` where the file system stamps
+    in whole seconds (FAT, some network file systems: a modification time with no sub-second
+    part), else `RACY_FINE_S` (sub-second stamps advance with the kernel's clock tick, at most
+    10 ms).
     """
 
     RACY_S = 2.0

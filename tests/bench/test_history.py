@@ -172,7 +172,8 @@ def test_a_run_whose_workload_file_changed_is_said_where_it_changed(tmp_path, ca
     path = tmp_path / "s.sqlite"
     with RunStore(path) as store:
         for k in range(8):
-            _add_run(store, k, 10.0 if k < 4 else 15.0, rng, file_hash="1dafef287c8ed244" if k < 4 else "1f7dc3977c4efd82")
+            _add_run(store, k, 10.0 if k < 4 else 15.0, rng,
+                     file_hash="1dafef287c8ed244" if k < 4 else "1f7dc3977c4efd82")
         _add_run(store, 8, 15.0, rng)  # a run whose run.json names no file: not a change
         (series,) = history(store)
         assert series.file_changes == [4] and [p.file_hash for p in series.points][3:] == [

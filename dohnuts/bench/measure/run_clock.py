@@ -15,8 +15,9 @@ from dohnuts.bench.analysis.records import CallRecord
 class RunClock:
     """A run's wall-clock milestones in seconds from its process's start, kept in run.json
     (`measured.timing`): when the ceilings were measured, each workload's first and last record,
-    the end (and, written by the runner through `spent`, the seconds of each phase). What a user meets on a fresh machine — seconds to a first result, minutes to a
-    suite — is read there, not from a stopwatch around the command. A `RecordSink` mirror."""
+    the end (and, written by the runner through `spent`, the seconds of each phase). What a user
+    meets on a fresh machine — seconds to a first result, minutes to a suite — is read there, not
+    from a stopwatch around the command. A `RecordSink` mirror."""
 
     def __init__(self, timing: dict):
         self.t0 = psutil.Process().create_time()
