@@ -1,7 +1,6 @@
 """A PNG's row filters undone on the GPU as a wavefront (the runtime's kernel, dohnuts/ops/_unfilter_kernel.py),
-checked bit for bit against libspng and timed beside the host decode and the host's hashes (a new
-file's digest, the content key), then one PNG's whole preparation both ways (`prepare_image`'s host
-path and the GPU path it takes on a fused device; ledger M37, M42, M45).
+checked bit for bit against libspng and timed beside the host decode, then one PNG's whole
+preparation both ways (`prepare_image`'s host path and the GPU path it takes on a fused device; ledger M37, M42).
 
 Pixel (r, c) needs (r, c-1), (r-1, c), (r-1, c-1): step s handles every row r at column c = s - r, so a
 single program of BLOCK_R rows runs H + W - 1 steps, each reading the row above from memory (written the
@@ -65,16 +64,10 @@ def main() -> int:
         t = {}
         def into_pinned():  # the runtime's inflate since M44 (dohnuts.runtime.images._start_on_device)
             imagecodecs.deflate_decode(z, out=pinned.numpy().reshape(-1))
-        pixels = imagecodecs.spng_decode(data)
         for name, fn in [("host: zlib-ng inflate + pinned copy", host),
                          ("host: libdeflate inflate into pinned memory", into_pinned),
                          ("host: libspng decode", lambda: imagecodecs.spng_decode(data)),
-                         ("host: zlib inflate", lambda: zlib.decompress(z)),
-                         # a new file's digest (the memo's, ImageKeyMemo: sha256 since M45) and the key's hash
-                         ("host: sha256 of the file", lambda: hashlib.sha256(data).digest()),
-                         ("host: blake2b of the file (the memo's before M45)",
-                          lambda: hashlib.blake2b(data, digest_size=20).digest()),
-                         ("host: sha256 of the pixels (the content key)", lambda: hashlib.sha256(pixels).digest())]:
+                         ("host: zlib inflate", lambda: zlib.decompress(z))]:
             ts = []
             for _ in range(100):
                 t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
