@@ -24,8 +24,11 @@ from pathlib import Path
 import imagecodecs
 import numpy as np
 
+from dohnuts.bench.plugins import import_checkout_packages
 from dohnuts.runtime.images import _png_image_data
-from dohnuts_bench_plugins.workloads import _write_image
+
+import_checkout_packages()  # bench_plugins/ as `dohnuts_bench_plugins` where dohnuts is not installed (the device)
+from dohnuts_bench_plugins.workloads import _write_image  # noqa: E402
 
 CHUNK = 1 << 18
 
