@@ -5,7 +5,7 @@ aside: what `dohnuts-bench run` must keep producing when its code is reorganised
     python tests/bench/record_shapes.py RUN_DIR > tests/bench/fixtures/cpu-standard-suite-shapes.json
 
 Set aside: times (every `*_ms`, `*_s`, `*_j` field, `wall_ms`, the run's id and clock), the host
-(telemetry samples, provenance, the machine's id and load), the loss and gradient norm of a
+(telemetry samples, provenance, the machine's id, CPU model and load), the loss and gradient norm of a
 training step (they follow its iteration, and how many iterations a run measures follows the
 spread of its times), and each measured number of the run's ceilings. What stays: every field's
 name and, for the fields that do not depend on time, its value: workloads, targets, phases, work
@@ -22,7 +22,7 @@ from pathlib import Path
 
 # fields whose value follows the clock or the host: their type is kept, not their value
 TIME_KEYS = {"run_id", "iteration", "aa_half", "telemetry", "provenance", "harness_overhead", "loss", "grad_norm",
-             "timing", "load1", "before", "id", "process_started", "cpus"}
+             "timing", "load1", "before", "id", "process_started", "cpus", "cpu_model"}
 TIME_SUFFIXES = ("_ms", "_s", "_j", "_fraction", "_cores", "_per_s")
 
 

@@ -340,3 +340,26 @@ def test_a_workload_whose_file_changed_between_the_runs_is_said():
     for same in (compare_runs(with_hash(a, "1dafef287c8ed244"), with_hash(b, "1dafef287c8ed244")),
                  compare_runs(typed_all(a), with_hash(b, "1f7dc3977c4efd82"))):
         assert not any("workload file changed" in w for w in same.warnings)
+
+
+def test_runs_measured_on_different_machines_are_said():
+    """Two runs on different devices (the records' device names) get one warning naming both, first;
+    the verdicts stand. Runs on one device, none. A hostile device name reaches the terminal escaped."""
+    def on(records, name):
+        return typed_all([r | {"device": {"name": name, "type": "cuda"}} for r in records])
+
+    a, b = _records(6, seed=1), _records(6, seed=2)
+    mixed = compare_runs(on(a, "NVIDIA H200"), on(b, "NVIDIA H100 80GB HBM3"))
+    assert mixed.warnings[0] == ("the runs measured on different machines (A: NVIDIA H200; B: NVIDIA H100 80GB HBM3): "
+                                 "every difference includes the machine's, not only the code's")
+    assert _verdicts(mixed) == _verdicts(compare_runs(on(a, "NVIDIA H200"), on(b, "NVIDIA H200")))
+    assert not any("different machines" in w for w in compare_runs(on(a, "NVIDIA H200"), on(b, "NVIDIA H200")).warnings)
+
+
+def test_cli_compare_escapes_a_hostile_device_name(tmp_path, capsys):
+    a = _run_dir(tmp_path, "a", [r | {"device": {"name": "GPU\x1b]52;c;aGk=\x07", "type": "cuda"}}
+                                for r in _records(6, seed=1)])
+    b = _run_dir(tmp_path, "b", _records(6, seed=2))
+    main(["compare", str(a), str(b)])
+    out = capsys.readouterr().out
+    assert "different machines" in out and "\x1b" not in out and "\x07" not in out and "\\x1b" in out

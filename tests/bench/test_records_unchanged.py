@@ -17,6 +17,8 @@ And once for where the run's time went (M45): run.json's and summary.json's `tim
 gained `spent_s` and `targets_s` (dohnuts.bench.measure.run_clock.spent); no record changed. And
 once for train-step's pipelined updates (M45): a new group, `train-step · dohnuts · stream`; no
 other record changed.
+And once for the host's CPU model (M46): run.json's `measured.machine.cpu_model` and summary.json's
+`sections.machine.cpu_model`, set aside as the host's; no record changed.
 Regenerate it only for a change that means to change the records:
 
     python -m dohnuts.bench.cli run --out /tmp/suite --quiet

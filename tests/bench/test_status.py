@@ -159,6 +159,7 @@ def test_a_cpu_run_measures_on_one_thread_by_default_and_gives_the_process_its_t
 
     import torch
 
+    from dohnuts.bench.measure import machine_id
     from dohnuts_bench_plugins.analyzers import microbench
 
     monkeypatch.setattr(microbench, "measure_cpu_ceilings",
@@ -176,6 +177,7 @@ def test_a_cpu_run_measures_on_one_thread_by_default_and_gives_the_process_its_t
         assert meta["provenance"]["device"]["threads"] == expected
         assert meta["measured"]["machine"]["id"].endswith(f"-{expected}thread" + ("s" if expected > 1 else ""))
         assert meta["measured"]["machine"]["threads"] == expected
+        assert meta["measured"]["machine"]["cpu_model"] == machine_id.cpu_model()  # what host stages follow
         record = json.loads((run / "results.jsonl").read_text().splitlines()[0])
         assert any("load" in row for row in record["telemetry"])
         entry = meta["measured"]["ceilings"]["fp32_matmul"]
@@ -212,3 +214,17 @@ def test_the_report_gives_the_load_and_flags_a_ceiling_that_moved():
     assert "A CPU run shows" not in text and "can and cannot show opens the report (the headline)" in text
     assert "NO: moved" in text and "1.20 cores busy (load average 3.10)" in text
     assert machine_conditions([], {}).warnings == ()  # a run recorded before the load sampler: nothing to say
+
+
+def test_a_gpu_runs_machine_section_names_its_host_cpu_escaped():
+    """A GPU run's host stages and a host-bound peer follow the host's CPU: the section names it (run.json
+    `measured.machine.cpu_model`), a hostile model escaped; a run recorded before it was kept, nothing."""
+    from dohnuts.bench.analysis.machine import machine_conditions, opening_lines
+    from tests.bench.typed_records import typed
+
+    rec = typed({"workload": {"name": "text"}, "target": "dohnuts", "device": {"type": "cuda", "name": "NVIDIA H200"}})
+    c = machine_conditions([rec], {"machine": {"cpus": 16, "cpu_model": "AMD EPYC 9654\x1b[2J 96-Core"}})
+    (line, *_) = opening_lines(c.to_dict())
+    assert line.startswith("The host: AMD EPYC 9654\\x1b[2J 96-Core, 16 logical cores.") and "\x1b" not in line
+    assert "host-bound target" in line
+    assert not any("The host" in x for x in opening_lines(machine_conditions([rec], {"machine": {"cpus": 16}}).to_dict()))

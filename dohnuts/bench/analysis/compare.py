@@ -172,6 +172,20 @@ def changed_workloads(records_a: list[CallRecord], records_b: list[CallRecord]) 
             for name in fa if name in fb and fa[name] and fb[name] and fa[name] != fb[name]]
 
 
+def changed_machines(records_a: list[CallRecord], records_b: list[CallRecord]) -> list[str]:
+    """One line when the two runs measured on different devices (the records' device names): every
+    difference then includes the machine's, not only the code's (`history` keeps machines apart,
+    `gate` refuses another machine's baseline; compare says it and goes on)."""
+    def names(records: list[CallRecord]) -> list[str]:
+        return sorted({rec.device.name for rec in records if _steady(rec)})
+
+    a, b = names(records_a), names(records_b)
+    if not a or not b or a == b:
+        return []
+    return [f"the runs measured on different machines (A: {', '.join(a)}; B: {', '.join(b)}): every "
+            "difference includes the machine's, not only the code's"]
+
+
 def steady_loads(records: list[CallRecord]) -> dict[tuple[str, str], Load]:
     """{(workload, target): load_verdict.Load} over the steady-state records that recorded a load."""
     per: dict[tuple[str, str], list] = defaultdict(list)
@@ -291,14 +305,15 @@ def compare_runs(records_a: list[CallRecord], records_b: list[CallRecord], *, co
                  method: str = "percentile", label_a: str = "A", label_b: str = "B") -> Comparison:
     """B against A per (workload, target) measured in both, for "wall" and every stage (rule:
     module docstring; the loads each run measured under weighed by load_verdict). Deterministic
-    for a given seed. Warnings (one line each) name workloads whose file changed between the runs
+    for a given seed. Warnings (one line each) say the runs measured on different machines
+    (`changed_machines`), name workloads whose file changed between the runs
     (`changed_workloads`), then groups whose spread is too large to resolve a change of
     `min_effect` with the calls measured."""
     _check_options(confidence, resamples, min_effect, method)
     sa, sb = steady_samples(records_a), steady_samples(records_b)
     loads_a, loads_b = steady_loads(records_a), steady_loads(records_b)
     common = [k for k in sa if k in sb]
-    rows, notes = [], changed_workloads(records_a, records_b)
+    rows, notes = [], changed_machines(records_a, records_b) + changed_workloads(records_a, records_b)
     for workload, target in common:
         stages = list(dict.fromkeys([WALL, *sa[(workload, target)], *sb[(workload, target)]]))
         wall_a = float(np.median(sa[(workload, target)][WALL]))

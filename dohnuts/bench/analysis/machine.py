@@ -25,6 +25,7 @@ from rich.text import Text
 
 from dohnuts.bench.analysis.records import CallRecord, Device, group_key
 from dohnuts.bench.analysis.render import Col, FitTable
+from dohnuts.schema import printable
 
 BUSY_OTHERS = 0.25  # cores other processes used while measuring, above which the report warns
 
@@ -65,6 +66,7 @@ class MachineConditions:
     # run.json `measured.timing` (dohnuts.bench.measure.run_clock.RunClock): seconds from the process's
     # start; None for runs made before it was kept
     timing: dict | None = None
+    cpu_model: str | None = None  # run.json `measured.machine.cpu_model`; None for runs made before it was kept
 
     @property
     def unstable(self) -> tuple[str, ...]:
@@ -132,7 +134,8 @@ def machine_conditions(records: list[CallRecord], measured: dict | None) -> Mach
                         + " not stable: the bounds and efficiencies they set are uncertain by as much")
     return MachineConditions(str(device.type), device.name, cpus,
                              threads if isinstance(threads, int) else None, before, groups, ceilings, tuple(warnings),
-                             timing_of(measured.get("timing")))
+                             timing_of(measured.get("timing")),
+                             machine["cpu_model"] if isinstance(machine.get("cpu_model"), str) else None)
 
 
 def timing_of(t) -> dict | None:
@@ -210,6 +213,10 @@ def opening_lines(c: dict) -> list[str]:
         lines.append(f"{c.get('device', '?')}: a CPU run with {c.get('threads') or '?'} torch thread(s){cores} "
                      "(dohnuts-bench run --threads); what a CPU run can and cannot show opens the report (the "
                      "headline).")
+    elif c.get("cpu_model"):  # a GPU run: its host stages and any host-bound target follow this CPU
+        cores = f", {c['cpus']} logical cores" if c.get("cpus") else ""
+        lines.append(f"The host: {printable(str(c['cpu_model']))}{cores}. Host stages (prepare, serialize) and "
+                     "a host-bound target's calls follow this CPU: compare them only with runs on the same one.")
     before = c.get("before") if isinstance(c.get("before"), dict) else None
     if before:
         others, load1 = _number(before.get("others_cores")), _number(before.get("load1"))

@@ -104,7 +104,8 @@ class RunSession:
         self.context = RunContext(run_id=run_id, run_dir=run_dir, device=device, hwspec=self.hwspec,
                                   console=self.console, profile=args.profile,
                                   nvtx=getattr(args, "nvtx", False))
-        self.context.measured["machine"] = {"id": machine_id.this_machine(device)}  # what a gate baseline is kept per
+        # the id is what a gate baseline is kept per; the CPU model, what host stages and a host-bound peer follow
+        self.context.measured["machine"] = {"id": machine_id.this_machine(device), "cpu_model": machine_id.cpu_model()}
         self.clock = RunClock(self.context.measured.setdefault("timing", {}))
         self.samplers = samplers(self.pm)
         for s in self.samplers:
