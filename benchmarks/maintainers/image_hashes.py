@@ -25,12 +25,14 @@ import imagecodecs
 import numpy as np
 
 from dohnuts.bench.plugins import import_checkout_packages
-from dohnuts.runtime.images import _png_image_data
+from dohnuts.config import preset
+from dohnuts.runtime.images import _png_image_data, content_key
 
 import_checkout_packages()  # bench_plugins/ as `dohnuts_bench_plugins` where dohnuts is not installed (the device)
 from dohnuts_bench_plugins.workloads import _write_image  # noqa: E402
 
 CHUNK = 1 << 18
+VISION = preset("qwen3.5-2b").vision
 
 
 def median_ms(fn, n: int) -> float:
@@ -83,6 +85,7 @@ def main(argv=None) -> int:
             "sha256 of the file beside the inflate (2 threads)": median_ms(digest_beside_inflate, a.n),
             "content key: sha256 of the pixels": median_ms(lambda: hashlib.sha256(view).digest(), a.n),
             f"content key: {len(chunks)} chunks of 256 KB on threads": median_ms(key_in_chunks, a.n),
+            "content key: the runtime's content_key": median_ms(lambda: content_key(pixels, VISION), a.n),
         }
         pool.shutdown()
     cpuinfo = Path("/proc/cpuinfo")  # Linux: whether the CPU has the SHA extensions sha256 runs on

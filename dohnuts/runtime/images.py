@@ -34,14 +34,17 @@ into page-locked memory), and the GPU undoes the row filters (dohnuts.ops.png_un
 the patches, which stay there; the pixels come back once for the key (`_start_on_device`).
 
 The content key is sha256 over the policy identity, the patch geometry, the original width and
-height and the decoded RGB bytes: the same pixels hit under any file name or lossless format,
-different pixels never do.
+height and the decoded RGB bytes — the bytes as a list of sha256 digests of `KEY_CHUNK`-byte
+pieces, hashed at once on a few threads (hashlib releases the GIL): the same pixels hit under any
+file name or lossless format, different pixels never do (a collision of the outer hash or of a
+piece's is one of sha256). A fixed piece size keeps the key one machine's and the next's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import io
 import math
 import threading
@@ -49,6 +52,7 @@ import time
 import warnings
 import zlib
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -333,15 +337,44 @@ def _to_rgb(im: Image.Image) -> Image.Image:
     return im.convert("RGB")
 
 
+KEY_CHUNK = 128 * 1024  # bytes of pixels a piece of the content key covers (part of the key's definition)
+KEY_THREADS = max(1, min(4, (os.cpu_count() or 2) - 1))  # threads beside the caller that hash pieces
+_KEY_POOL: list[ThreadPoolExecutor] = []
+_KEY_POOL_LOCK = threading.Lock()
+os.register_at_fork(after_in_child=_KEY_POOL.clear)  # a forked child has none of the parent's threads
+
+
+def _key_pool() -> ThreadPoolExecutor:
+    """The threads that hash a key's pieces beside the caller (made once, on first use)."""
+    if not _KEY_POOL:
+        with _KEY_POOL_LOCK:
+            if not _KEY_POOL:
+                _KEY_POOL.append(ThreadPoolExecutor(max_workers=KEY_THREADS, thread_name_prefix="dohnuts-key"))
+    return _KEY_POOL[0]
+
+
+def _piece_digest(piece: memoryview) -> bytes:
+    return hashlib.sha256(piece).digest()
+
+
 def content_key(rgb: Image.Image | np.ndarray, vision: VisionConfig) -> str:
-    """sha256 over policy, patch geometry, size and decoded RGB bytes (hex): a Pillow RGB image
-    or its (H, W, 3) uint8 pixels give the same key."""
+    """sha256 over policy, patch geometry, size and the sha256 of each `KEY_CHUNK` bytes of the
+    decoded RGB pixels (hex; module docstring): a Pillow RGB image or its (H, W, 3) uint8 pixels
+    give the same key. The first piece is hashed on the calling thread, the others beside it."""
     pixels = np.ascontiguousarray(np.asarray(rgb))
     h, w = pixels.shape[:2]
     header = (f"{PREPROCESS_POLICY}|patch={vision.patch_size}|temporal={vision.temporal_patch_size}"
-              f"|merge={vision.spatial_merge_size}|channels={vision.in_channels}|{w}x{h}|").encode()
+              f"|merge={vision.spatial_merge_size}|channels={vision.in_channels}|{w}x{h}"
+              f"|sha256 of {KEY_CHUNK}-byte pieces|").encode()
+    data = memoryview(pixels).cast("B")
+    pieces = [data[i:i + KEY_CHUNK] for i in range(0, len(data), KEY_CHUNK)] or [data]
+    # every (KEY_THREADS + 1)-th piece on this thread, the others on the pool: an even share each
+    mine = range(0, len(pieces), KEY_THREADS + 1)
+    later = {i: _key_pool().submit(_piece_digest, p) for i, p in enumerate(pieces) if i not in mine}
+    digests = {i: _piece_digest(pieces[i]) for i in mine}
     digest = hashlib.sha256(header)
-    digest.update(memoryview(pixels).cast("B"))
+    for i in range(len(pieces)):
+        digest.update(digests[i] if i in digests else later[i].result())
     return digest.hexdigest()
 
 

@@ -111,6 +111,30 @@ def test_same_pixels_same_key_in_any_lossless_format(tmp_path):
     assert not torch.equal(other.patches, prepare_image(tmp_path / "a.png", VISION).patches)
 
 
+@pytest.mark.parametrize("shape", [(4, 6, 3), (256, 171, 3), (448, 448, 3)])
+def test_the_key_is_sha256_over_the_header_and_each_pieces_sha256(shape):
+    """The key by hand: sha256(header ‖ sha256(piece 0) ‖ sha256(piece 1) ‖ …) over KEY_CHUNK-byte
+    pieces of the pixels (one piece, one just over a piece, 4.6 pieces); any changed byte of any
+    piece changes it."""
+    import hashlib
+
+    from dohnuts.runtime.images import KEY_CHUNK, PREPROCESS_POLICY, content_key
+
+    pixels = np.random.default_rng(len(shape)).integers(0, 256, shape, dtype=np.uint8)
+    h, w = shape[:2]
+    header = (f"{PREPROCESS_POLICY}|patch={VISION.patch_size}|temporal={VISION.temporal_patch_size}"
+              f"|merge={VISION.spatial_merge_size}|channels={VISION.in_channels}|{w}x{h}"
+              f"|sha256 of {KEY_CHUNK}-byte pieces|").encode()
+    raw = pixels.tobytes()
+    want = hashlib.sha256(header + b"".join(hashlib.sha256(raw[i:i + KEY_CHUNK]).digest()
+                                            for i in range(0, len(raw), KEY_CHUNK))).hexdigest()
+    assert content_key(pixels, VISION) == want == content_key(Image.fromarray(pixels), VISION)
+    for at in {0, len(raw) // 2, len(raw) - 1}:
+        changed = pixels.copy().reshape(-1)
+        changed[at] ^= 1
+        assert content_key(changed.reshape(shape), VISION) != want
+
+
 def test_key_includes_dimensions():
     """The same RGB bytes laid out as 4×6 and 6×4 are different images."""
     raw = np.random.default_rng(1).integers(0, 256, (4 * 6 * 3,), dtype=np.uint8)
@@ -241,3 +265,32 @@ def test_prepare_keys_and_patches_are_unchanged_by_the_png_decoder(tmp_path, mon
     monkeypatch.setattr(images, "_plain_png_size", lambda data: None)
     slow = prepare_image(path, vision)
     assert fast.key == slow.key and torch.equal(fast.patches, slow.patches) and fast.grid_thw == slow.grid_thw
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this platform")
+def test_a_forked_child_keys_images_with_its_own_threads():
+    """The key's piece threads do not survive a fork: the child makes its own, and keys alike."""
+    import os
+
+    from dohnuts.runtime.images import content_key
+
+    pixels = np.random.default_rng(5).integers(0, 256, (448, 448, 3), dtype=np.uint8)
+    want = content_key(pixels, VISION)  # the parent's pool exists now
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a hang here would fail the test by its timeout, not pass it
+        try:
+            os.write(w, content_key(pixels, VISION).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    import select
+    import signal
+
+    answered, _, _ = select.select([r], [], [], 300)  # a hang guard only: the child answers in milliseconds
+    if not answered:
+        os.kill(pid, signal.SIGKILL)
+    with os.fdopen(r, "rb") as f:
+        got = f.read().decode() if answered else "no answer: the child hung on the parent's threads"
+    os.waitpid(pid, 0)
+    assert got == want
