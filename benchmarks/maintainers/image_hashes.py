@@ -29,7 +29,7 @@ from dohnuts.config import preset
 from dohnuts.runtime.images import _png_image_data, content_key
 
 import_checkout_packages()  # bench_plugins/ as `dohnuts_bench_plugins` where dohnuts is not installed (the device)
-from dohnuts_bench_plugins.workloads import _write_image  # noqa: E402
+from dohnuts_bench_plugins.workloads import _write_image
 
 CHUNK = 1 << 18
 VISION = preset("qwen3.5-2b").vision

@@ -44,9 +44,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import io
 import math
+import os
 import threading
 import time
 import warnings

@@ -182,8 +182,8 @@ def changed_machines(records_a: list[CallRecord], records_b: list[CallRecord]) -
     a, b = names(records_a), names(records_b)
     if not a or not b or a == b:
         return []
-    return [f"the runs measured on different machines (A: {', '.join(a)}; B: {', '.join(b)}): every "
-            "difference includes the machine's, not only the code's"]
+    return [(f"the runs measured on different machines (A: {', '.join(a)}; B: {', '.join(b)}): every "
+             "difference includes the machine's, not only the code's")]
 
 
 def steady_loads(records: list[CallRecord]) -> dict[tuple[str, str], Load]:
