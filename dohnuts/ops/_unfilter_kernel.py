@@ -6,7 +6,9 @@ to the left. The host inflates the stream (dohnuts.runtime.images); this kernel 
 where the tower reads the pixels. Pixel (r, c) needs (r, c − 1), (r − 1, c) and (r − 1, c − 1), so
 the one program runs a wavefront: step s handles every row r at column c = s − r (H + W − 1 steps),
 reads the row above from memory (written the step before; a barrier between steps) and keeps the
-left and upper-left pixels in registers. The arithmetic is the PNG specification's, integer for
+left and upper-left pixels in registers. Each step's filtered bytes are loaded the step before, so
+only the row above's read is on the chain of dependent steps; 32 warps for 448 rows and more
+(docs/history/evolution.md M46 has the A/B). The arithmetic is the PNG specification's, integer for
 integer, so the pixels equal libspng's bit for bit (tests/runtime/test_images_device_path.py in
 Triton's interpreter, tests/gpu/test_images_device.py on a GPU); its times on the H200 are in
 docs/history/evolution.md M37 and M42. CPU tensors run in Triton's interpreter.
@@ -30,10 +32,13 @@ def _unfilter_kernel(F, P, H, W, stride_f, BLOCK_R: tl.constexpr):
     ftype = tl.load(F + r * stride_f, mask=row_ok, other=0).to(tl.int32)
     left = tl.zeros([BLOCK_R, 4], tl.int32)
     upleft = tl.zeros([BLOCK_R, 4], tl.int32)
+    ahead = tl.load(F + r * stride_f + 1 + k, mask=row_ok & (r == 0) & (k < 3), other=0).to(tl.int32)  # step 0
     for s in range(0, H + W - 1):
         c = s - r
         ok = row_ok & (c >= 0) & (c < W) & (k < 3)
-        raw = tl.load(F + r * stride_f + 1 + c * 3 + k, mask=ok, other=0).to(tl.int32)
+        raw = ahead  # loaded the step before: off the chain of dependent steps
+        ahead = tl.load(F + r * stride_f + 4 + c * 3 + k, mask=row_ok & (c + 1 >= 0) & (c + 1 < W) & (k < 3),
+                        other=0).to(tl.int32)  # column c + 1, the next step's
         up = tl.load(P + (r - 1) * (W * 3) + c * 3 + k, mask=ok & (r > 0), other=0).to(tl.int32)
         p = left + up - upleft
         pa = tl.abs(p - left)
@@ -61,5 +66,5 @@ def unfilter_triton(filtered: torch.Tensor, height: int, width: int) -> torch.Te
     out = torch.empty((height, width, 3), dtype=torch.uint8, device=filtered.device)
     block = triton.next_power_of_2(height)
     _unfilter_kernel[(1,)](filtered, out, height, width, filtered.stride(0), BLOCK_R=block,
-                           num_warps=min(32, max(4, block * 4 // 128)))
+                           num_warps=min(32, max(8, block // 16)))
     return out

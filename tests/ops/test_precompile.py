@@ -289,3 +289,29 @@ def test_the_first_calls_script_counts_what_ran_where():
     assert got["launcher_builds"] == {"compile threads": 1, "other threads": 2, "other threads' seconds": 0.5}
     assert got["autotunes_benchmarked"] == [{"kernel": "_conv_kernel", "seconds": 2.15, "key": "(6144, 128)",
                                              "at_s": 1.0}]
+
+
+def test_the_h200_tables_unfilter_entry_is_what_a_448_row_launch_looks_up(compiles):
+    """The table's entry for the PNG unfilter kernel (edited by hand when the kernel's warps changed,
+    M46) is the specialisation a 448-row image's launch records here: its signature, constants,
+    argument attributes and launch options (warps, stages). Its source digest is the kernel's own
+    (tests/ops/test_tuned.py). Triton's version-dependent options (this machine's against the
+    H200's) are not compared."""
+    import json
+
+    from dohnuts.ops._tuned import TABLES
+    from dohnuts.ops._unfilter_kernel import unfilter_triton
+
+    (entry,) = [e for e in json.loads((TABLES / "h200.json").read_text())["compiled"] if e["name"] == "_unfilter_kernel"]
+    with offline_launches("sm_90"), _precompile.record() as made:
+        unfilter_triton(torch.zeros((448, 1 + 3 * 448), dtype=torch.uint8), 448, 448)
+    (launched,) = [e for e in made["compiled"] if e["name"] == "_unfilter_kernel"]
+
+    def spec(data: str) -> dict:
+        d = json.loads(data)
+        attrs = {str(k): v for k, v in zip(d["attrs_keys"], d["attrs_vals"], strict=True) if v}  # (newer Triton
+        # lists the constexpr argument with no attribute too)
+        return {k: d[k] for k in ("name", "signature", "constant_keys", "constant_vals")} | {"attrs": attrs} | {
+            k: d["options"][k] for k in ("num_warps", "num_ctas", "num_stages")}
+
+    assert spec(entry["data"]) == spec(launched["data"])
