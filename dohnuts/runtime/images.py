@@ -338,10 +338,21 @@ def _to_rgb(im: Image.Image) -> Image.Image:
 
 
 KEY_CHUNK = 128 * 1024  # bytes of pixels a piece of the content key covers (part of the key's definition)
-KEY_THREADS = max(1, min(4, (os.cpu_count() or 2) - 1))  # threads beside the caller that hash pieces
+# Threads beside the caller that hash a key's pieces: none on a host of fewer than 4 cores, where a
+# thread hand-off cost more than it saved within a prepare (docs/history/evolution.md M46).
+KEY_THREADS = min(4, (os.cpu_count() or 1) - 1) if (os.cpu_count() or 1) >= 4 else 0
 _KEY_POOL: list[ThreadPoolExecutor] = []
 _KEY_POOL_LOCK = threading.Lock()
-os.register_at_fork(after_in_child=_KEY_POOL.clear)  # a forked child has none of the parent's threads
+
+
+def _forget_key_pool() -> None:
+    """In a forked child, which has none of the parent's threads (nor a lock one of them held)."""
+    global _KEY_POOL_LOCK
+    _KEY_POOL.clear()
+    _KEY_POOL_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_key_pool)
 
 
 def _key_pool() -> ThreadPoolExecutor:
@@ -360,7 +371,8 @@ def _piece_digest(piece: memoryview) -> bytes:
 def content_key(rgb: Image.Image | np.ndarray, vision: VisionConfig) -> str:
     """sha256 over policy, patch geometry, size and the sha256 of each `KEY_CHUNK` bytes of the
     decoded RGB pixels (hex; module docstring): a Pillow RGB image or its (H, W, 3) uint8 pixels
-    give the same key. The first piece is hashed on the calling thread, the others beside it."""
+    give the same key. Every (KEY_THREADS + 1)-th piece is hashed on the calling thread, the others
+    beside it (all on the caller where KEY_THREADS is 0)."""
     pixels = np.ascontiguousarray(np.asarray(rgb))
     h, w = pixels.shape[:2]
     header = (f"{PREPROCESS_POLICY}|patch={vision.patch_size}|temporal={vision.temporal_patch_size}"

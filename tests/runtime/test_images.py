@@ -111,11 +111,24 @@ def test_same_pixels_same_key_in_any_lossless_format(tmp_path):
     assert not torch.equal(other.patches, prepare_image(tmp_path / "a.png", VISION).patches)
 
 
+@pytest.fixture
+def key_threads(request, monkeypatch):
+    """The key's piece threads set to `request.param` (0: every piece on the caller), a new pool."""
+    from dohnuts.runtime import images
+
+    monkeypatch.setattr(images, "KEY_THREADS", request.param)
+    monkeypatch.setattr(images, "_KEY_POOL", [])
+    yield request.param
+    for pool in images._KEY_POOL:
+        pool.shutdown()
+
+
+@pytest.mark.parametrize("key_threads", [0, 1, 4], indirect=True)
 @pytest.mark.parametrize("shape", [(4, 6, 3), (256, 171, 3), (448, 448, 3)])
-def test_the_key_is_sha256_over_the_header_and_each_pieces_sha256(shape):
+def test_the_key_is_sha256_over_the_header_and_each_pieces_sha256(shape, key_threads):
     """The key by hand: sha256(header ‖ sha256(piece 0) ‖ sha256(piece 1) ‖ …) over KEY_CHUNK-byte
-    pieces of the pixels (one piece, one just over a piece, 4.6 pieces); any changed byte of any
-    piece changes it."""
+    pieces of the pixels (one piece, one just over a piece, 4.6 pieces), whatever the threads
+    hashing the pieces; any changed byte of any piece changes it."""
     import hashlib
 
     from dohnuts.runtime.images import KEY_CHUNK, PREPROCESS_POLICY, content_key
@@ -268,14 +281,17 @@ def test_prepare_keys_and_patches_are_unchanged_by_the_png_decoder(tmp_path, mon
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this platform")
-def test_a_forked_child_keys_images_with_its_own_threads():
+@pytest.mark.parametrize("key_threads", [2], indirect=True)  # a pool, whatever this host's cores
+def test_a_forked_child_keys_images_with_its_own_threads(key_threads):
     """The key's piece threads do not survive a fork: the child makes its own, and keys alike."""
     import os
 
+    from dohnuts.runtime import images
     from dohnuts.runtime.images import content_key
 
     pixels = np.random.default_rng(5).integers(0, 256, (448, 448, 3), dtype=np.uint8)
-    want = content_key(pixels, VISION)  # the parent's pool exists now
+    want = content_key(pixels, VISION)
+    assert images._KEY_POOL  # the parent's pool exists now
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: a hang here would fail the test by its timeout, not pass it
@@ -287,7 +303,7 @@ def test_a_forked_child_keys_images_with_its_own_threads():
     import select
     import signal
 
-    answered, _, _ = select.select([r], [], [], 300)  # a hang guard only: the child answers in milliseconds
+    answered, _, _ = select.select([r], [], [], 60)  # a hang guard only: the child answers in milliseconds
     if not answered:
         os.kill(pid, signal.SIGKILL)
     with os.fdopen(r, "rb") as f:
