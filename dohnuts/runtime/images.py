@@ -35,7 +35,8 @@ the patches, which stay there; the pixels come back once for the key (`_start_on
 
 The content key is sha256 over the policy identity, the patch geometry, the original width and
 height and the decoded RGB bytes — the bytes as a list of sha256 digests of `KEY_CHUNK`-byte
-pieces, hashed at once on a few threads (hashlib releases the GIL): the same pixels hit under any
+pieces, hashed at once on up to 4 threads where the host has 4 cores or more (hashlib releases the
+GIL; `KEY_THREADS`): the same pixels hit under any
 file name or lossless format, different pixels never do (a collision of the outer hash or of a
 piece's is one of sha256). A fixed piece size keeps the key one machine's and the next's.
 """
