@@ -190,6 +190,24 @@ def test_a_run_whose_workload_file_changed_is_said_where_it_changed(tmp_path, ca
     assert "the workload's file changed at rev0004+dirty 20261201-000400-r4" in out
 
 
+@pytest.mark.parametrize("cell", ["5", '{"name": "w"}', '"text"', "null", "not json", '[3, {"name": 1}]'])
+def test_a_hand_edited_workloads_cell_names_no_file_and_breaks_nothing(tmp_path, capsys, cell):
+    """A run's `workloads` cell edited into a number, an object, a string, null, broken JSON or a list
+    of the wrong things: that run's points carry no file hash, the history reads as before."""
+    rng = np.random.default_rng(6)
+    path = tmp_path / "s.sqlite"
+    with RunStore(path) as store:
+        for k in range(3):
+            _add_run(store, k, 10.0, rng, file_hash="1dafef287c8ed244")
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE runs SET workloads = ? WHERE run_id = ?", (cell, "20261201-000100-r1"))
+    with RunStore(path) as store:
+        (series,) = history(store)
+        assert [p.file_hash for p in series.points] == ["1dafef287c8ed244", None, "1dafef287c8ed244"]
+        assert series.file_changes == []
+    assert main(["history", "--store", str(path)]) == 0
+
+
 # --------------------------------------------------------------------------------- machines
 
 

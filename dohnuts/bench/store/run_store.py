@@ -401,6 +401,13 @@ SERIES_COLUMNS = (("device", "TEXT"), ("model", "TEXT"), ("precision", "TEXT"), 
 RUN_COLUMNS = (("machine", "TEXT"),)
 RECORD_FIELDS = ("run_id", "seq", "workload", "target", "phase", "wall_ms", "record",
                  *(c for c, _ in SERVING_COLUMNS + SERIES_COLUMNS))
+RUN_FIELDS = ("run_id", "started", "git_revision", "git_dirty", "device", "driver", "power_limit_w", "hwspec",
+              "versions", "workloads", "run_json", *(c for c, _ in RUN_COLUMNS))
+TABLE_COLUMNS = {"meta": ("key", "value"), "runs": RUN_FIELDS, "records": RECORD_FIELDS,
+                 "summaries": ("run_id", "summary")}  # what `_check_columns` requires of a store
+Number = float | None
+
+
 def _workload_files(cell) -> dict[str, str]:
     """A run's `workloads` cell → {workload name: its file's hash}; what is not well formed is left out
     (a run stored before the column held hashes, a hand-edited cell)."""
@@ -408,15 +415,10 @@ def _workload_files(cell) -> dict[str, str]:
         items = msgspec.json.decode(cell) if isinstance(cell, (str, bytes)) else []
     except msgspec.DecodeError:
         return {}
-    return {w["name"]: w["file_hash"] for w in items if isinstance(items, list) and isinstance(w, dict)
-            and isinstance(w.get("name"), str) and isinstance(w.get("file_hash"), str)}
-
-
-RUN_FIELDS = ("run_id", "started", "git_revision", "git_dirty", "device", "driver", "power_limit_w", "hwspec",
-              "versions", "workloads", "run_json", *(c for c, _ in RUN_COLUMNS))
-TABLE_COLUMNS = {"meta": ("key", "value"), "runs": RUN_FIELDS, "records": RECORD_FIELDS,
-                 "summaries": ("run_id", "summary")}  # what `_check_columns` requires of a store
-Number = float | None
+    if not isinstance(items, list):
+        return {}
+    return {w["name"]: w["file_hash"] for w in items
+            if isinstance(w, dict) and isinstance(w.get("name"), str) and isinstance(w.get("file_hash"), str)}
 
 
 class SteadyCall(msgspec.Struct, frozen=True):
