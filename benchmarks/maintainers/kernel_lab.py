@@ -11,6 +11,10 @@ path. It answers, on the machine at hand, whether a change is worth making:
 - `delta_configs`: each tuning config of the fused delta-rule kernel (FUSE_O, and FUSE_WU) in a
   process of its own, at full and partial last chunks, checked against fla's kernels: a config
   that faults (illegal address on Triton 3.6) takes only its own CUDA context.
+- `conv_bandwidth`: the conv kernel at each of its tuning configs and at a few configs outside
+  them, against a copy of the same bytes (the strided q/k/v columns of the projection into a
+  contiguous buffer) at the workloads' pass shapes, in CUDA graphs: how far the conv is from the
+  memory-bound it could reach, before a kernel change is tried.
 - `kkt_configs`: fla's kkt_solve kernel at each of its candidate configs, at the fused path's
   shapes (2b and 4b heads): which config each shape wants, against the one fla's size-blind
   autotuning key keeps.
@@ -194,6 +198,57 @@ def lab_conv_parts(out: dict) -> None:
         res[key] = {"ms": ms, "equal": same}
         print(f"conv_parts {key:12s} " + "  ".join(f"{k} {v * 1e3:7.1f} us" for k, v in ms.items()) + f"  equal {same}")
     out["conv_parts"] = {"clock": _clock(), "shapes": res}
+
+
+def lab_conv_bandwidth(out: dict) -> None:
+    """The conv kernel's time at 2b's pass shapes (text, a prefix returning its state, suffixes from
+    a forked state) at each tile config — its tuning configs and a few outside them — against a
+    torch copy of the same bytes (the strided columns read, a contiguous buffer written): the
+    kernel's distance from memory-bound, in CUDA graphs."""
+    import torch
+    import triton
+
+    from dohnuts.config import preset
+    from dohnuts.ops import _conv_kernel as ck
+
+    cfg = preset("qwen3.5-2b").text
+    K = cfg.linear_key_head_dim
+    sizes = [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim]
+    D, W = sum(sizes), cfg.linear_conv_kernel_dim
+    configs = [(c.kwargs["BT"], c.num_warps) for c in ck._CONFIGS] + [(16, 2), (32, 2), (32, 4), (64, 4), (256, 16)]
+    res = {}
+    for N, T, state in ((32, 512, None), (1, 448, "out"), (32, 64, "forked")):
+        gen = torch.Generator(device="cuda").manual_seed(N + T)
+        x = torch.randn(N, T, D + 32, device="cuda", generator=gen).bfloat16()[..., :D]
+        w = (0.3 * torch.randn(D, W, device="cuda", generator=gen)).bfloat16().t().contiguous().t()
+        s0 = torch.randn(1, D, W, device="cuda", generator=gen).bfloat16().expand(N, -1, -1) if state == "forked" else None
+        fin = torch.empty(N, D, W, device="cuda", dtype=torch.bfloat16) if state == "out" else None
+        y = torch.empty(N * T * D, device="cuda", dtype=torch.bfloat16)
+        landed = ck.conv_silu_parts_triton(x, w, K, sizes, normalized_parts=2, initial_state=s0, final_state=fin)
+        args = (x, w, y, s0 if s0 is not None else y, fin if fin is not None else y, T, D,
+                min(triton.next_power_of_2(T), 4096), x.stride(0), x.stride(1), w.stride(0), w.stride(1),
+                *((0, s0.stride(1), s0.stride(2)) if s0 is not None else (0, 0, 0)),
+                *(fin.stride() if fin is not None else (0, 0, 0)), 1e-6, sizes[0], sizes[0] + sizes[1], sizes[0] + sizes[1])
+        flags = dict(D=K, W=W, HP=max(2, triton.next_power_of_2(W - 1)), NORM=True, HAS_S0=s0 is not None,
+                     STORE_ST=fin is not None)
+
+        def config(bt, warps):
+            def run():
+                ck._conv_kernel.fn[(D // K, triton.cdiv(T, bt), N)](*args, **flags, BT=bt, num_warps=warps)
+            return run
+
+        fns = {f"BT {bt} warps {w_}": config(bt, w_) for bt, w_ in configs}
+        copy_to = torch.empty(N, T, D, device="cuda", dtype=torch.bfloat16)
+        fns["copy of the same bytes"] = lambda: copy_to.copy_(x)
+        fns["BT 8 warps 1"]()
+        same = torch.equal(y, torch.cat([t.reshape(-1) for t in landed]))
+        ms = _ab(fns, rounds=3, graph=True)
+        gbytes = 2 * N * T * D * 2 / 1e9
+        key = f"{N}x{T}" + (f" {state}" if state else "")
+        res[key] = {"us": {k: round(v * 1e3, 2) for k, v in ms.items()},
+                    "tb_per_s": {k: round(gbytes / v, 2) for k, v in ms.items()}, "equal_to_landed": same}
+        print(f"conv_bandwidth {key:12s} equal {same}  " + "  ".join(f"{k} {v * 1e3:6.1f} us" for k, v in ms.items()))
+    out["conv_bandwidth"] = {"clock": _clock(), "shapes": res}
 
 
 def _fwd_bwd(fn, inputs: list, seed: int):
