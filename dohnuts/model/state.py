@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dohnuts.ops import shared_chunk_index
+
 
 @dataclass(frozen=True)
 class KVState:
@@ -75,8 +77,6 @@ class SharedRows(tuple):
 
     def chunk_index(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self._chunks is None:
-            from dohnuts.ops import shared_chunk_index
-
             (_, P, _), (B, L, _) = self
             self._chunks = shared_chunk_index(P, B, L, device)
         return self._chunks
