@@ -455,8 +455,9 @@ class SharedDeltaRule(torch.autograd.Function):
         do = torch.zeros(R, HV, vp.shape[3], device=vp.device, dtype=vp.dtype) if do is None else do.contiguous()
         (gp, bp, Ap, dop), (gs, bs, As, dos) = _shared_parts(P, B, L, g, beta, A, do)
         with _device(qp):
-            dqs, dks, dvs, dgs, dbs, dh0 = _group_backward(f, qs, ks, vs, gs, bs, As, state.expand(B, -1, -1, -1),
-                                                           True, ctx.scale, dos, None)
+            h0 = state.expand(B, -1, -1, -1)
+            dqs, dks, dvs, dgs, dbs, dh0 = _group_backward(f, qs, ks, vs, gs, bs, As, h0, _forked(h0, ks.shape[-1]),
+                                                           ctx.scale, dos, None)
             dqp, dkp, dvp, dgp, dbp, _ = _group_backward(f, qp, kp, vp, gp, bp, Ap, None, False, ctx.scale, dop,
                                                          dh0.sum(0, keepdim=True))
             das, dbs_, dA_s, ddt_s = gdn_gates_bwd_triton(a[P:].view(B, L, HV), b[P:].view(B, L, HV), A_log, dt_bias,
