@@ -12,7 +12,7 @@ from dohnuts.config import TextConfig
 from dohnuts.model.blocks import ALL_ROWS, GatedRMSNorm, take_rows
 from dohnuts.model.lora import linear_group
 from dohnuts.model.packing import packed_weight
-from dohnuts.model.state import LinearAttentionState
+from dohnuts.model.state import LinearAttentionState, SharedRows
 
 
 class GatedDeltaNet(nn.Module):
@@ -54,19 +54,18 @@ class GatedDeltaNet(nn.Module):
             x, o = take_rows(x, rows), take_rows(o, rows)  # (B, Q, H), (B, Q, HV, V)
         return self.finish(x, o), new_state
 
-    def forward_shared(self, x: torch.Tensor, groups: tuple[tuple[int, int, object], ...]) -> torch.Tensor:
+    def forward_shared(self, x: torch.Tensor, groups: SharedRows) -> torch.Tensor:
         """x (R, H): the rows of a shared pass (`TextBackbone.forward_shared`), the prefix's
         (1 × P) first, then its B × L forked suffixes → output (R, H). The projections, the output
-        gate, norm and projection run over all rows at once; the recurrence per group: the
-        prefix from no state, the suffixes from its state, forked."""
+        gate, norm and projection run over all rows at once; the conv per group (the suffixes from
+        the prefix's conv state, forked), the delta rule over both groups in one op
+        (`ops.gated_delta_rule_shared`: the prefix from no state, the suffixes from its state)."""
         (_, p, _), (n, t, _) = groups
         mixed, b, a = self.project(x)  # (R, ·) each
-        qkv_p, conv_p, normalised_p = self._conv(mixed[:p].view(1, p, -1), None, True)
-        o_p, rec_p = self._delta(qkv_p, b[:p].view(1, p, -1), a[:p].view(1, p, -1), None, True, normalised_p)
-        qkv_s, _, normalised_s = self._conv(mixed[p:].view(n, t, -1), conv_p.expand(n, -1, -1), False)
-        o_s, _ = self._delta(qkv_s, b[p:].view(n, t, -1), a[p:].view(n, t, -1),
-                             rec_p.expand(n, -1, -1, -1), False, normalised_s)
-        o = torch.cat([o_p.reshape(p, *o_p.shape[2:]), o_s.reshape(n * t, *o_s.shape[2:])])
+        qkv_p, conv_p, normalised = self._conv(mixed[:p].view(1, p, -1), None, True)
+        qkv_s, _, _ = self._conv(mixed[p:].view(n, t, -1), conv_p.expand(n, -1, -1), False)
+        o = ops.gated_delta_rule_shared(self._heads(qkv_p), self._heads(qkv_s), a, b, self.A_log, self.dt_bias,
+                                        groups.chunk_index(x.device), normalised)
         return self.finish(x, o)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -100,14 +99,18 @@ class GatedDeltaNet(nn.Module):
             cfg.linear_key_head_dim, conv_state, return_state,
         )
 
-    def _delta(self, qkv, b, a, recurrent, return_state: bool, qk_normalised: bool):
-        """The gated delta rule over conv outputs (B, T, ·) → (o (B, T, HV, V), final state or None)."""
+    def _heads(self, qkv):
+        """The conv's outputs (B, T, ·) → q, k (B, T, H, K) and v (B, T, HV, V)."""
         cfg = self.cfg
         q, k, v = qkv
-        B, T, _ = b.shape
-        q = q.reshape(B, T, cfg.linear_num_key_heads, cfg.linear_key_head_dim)  # (B, T, H, K)
-        k = k.reshape(B, T, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
-        v = v.reshape(B, T, cfg.linear_num_value_heads, cfg.linear_value_head_dim)  # (B, T, HV, V)
+        B, T, _ = v.shape
+        return (q.reshape(B, T, cfg.linear_num_key_heads, cfg.linear_key_head_dim),
+                k.reshape(B, T, cfg.linear_num_key_heads, cfg.linear_key_head_dim),
+                v.reshape(B, T, cfg.linear_num_value_heads, cfg.linear_value_head_dim))
+
+    def _delta(self, qkv, b, a, recurrent, return_state: bool, qk_normalised: bool):
+        """The gated delta rule over conv outputs (B, T, ·) → (o (B, T, HV, V), final state or None)."""
+        q, k, v = self._heads(qkv)
         # The gates stay raw: beta = sigmoid(b) and the log-space decay g = -exp(A_log) ·
         # softplus(a + dt_bias) <= 0 (FP32) are computed in one kernel on the GPU (dohnuts.ops).
         return ops.gated_delta_rule_from_logits(

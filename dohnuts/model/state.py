@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dohnuts.ops import shared_chunk_index
+
 
 @dataclass(frozen=True)
 class KVState:
@@ -63,3 +65,18 @@ class BackboneState:
         if self.batch_size != 1:
             raise ValueError(f"only a batch-1 prefix state can be forked, this one has batch {self.batch_size}")
         return BackboneState(tuple(s.fork(n) for s in self.layers), self.length, self.next_position)
+
+
+class SharedRows(tuple):
+    """The groups of a shared pass's rows (`TextBackbone.forward_shared`): ((1, P, prefix rope),
+    (B, L, suffix rope)) — the prefix's P rows, then its B forked suffixes of L — and, made on first
+    use and kept for the pass (every Gated DeltaNet layer reads it), the delta rule's chunk index
+    of those rows (`dohnuts.ops.shared_chunk_index`)."""
+
+    _chunks: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def chunk_index(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._chunks is None:
+            (_, P, _), (B, L, _) = self
+            self._chunks = shared_chunk_index(P, B, L, device)
+        return self._chunks

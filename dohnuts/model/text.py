@@ -17,7 +17,7 @@ from dohnuts.model.attention import Attention
 from dohnuts.model.blocks import ALL_ROWS, MLP, Embedding, RMSNorm, recomputed, take_rows
 from dohnuts.model.deltanet import GatedDeltaNet
 from dohnuts.model.rope import rotary_cos_sin, rotary_tables, text_positions
-from dohnuts.model.state import BackboneState
+from dohnuts.model.state import BackboneState, SharedRows
 
 
 class DecoderLayer(nn.Module):
@@ -189,7 +189,7 @@ class TextBackbone(nn.Module):
         if suffix_positions is None:
             suffix_positions = text_positions(B, L, next_position, dev)
         rope_p, rope_s = self.rotary(prefix_positions, dtype), self.rotary(suffix_positions, dtype)
-        groups = ((1, P, rope_p), (B, L, rope_s))
+        groups = SharedRows(((1, P, rope_p), (B, L, rope_s)))
         x = torch.cat([prefix_embeds.reshape(P, H), suffix_embeds.reshape(B * L, H)])  # (P + B·L, H)
         delta = None
         recompute = recompute and torch.is_grad_enabled()

@@ -289,7 +289,7 @@ def delta_rule_output_triton(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, 
 def delta_rule_output_wy_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
                                 A: torch.Tensor, g: torch.Tensor, scale: float,
                                 initial_state: torch.Tensor | None = None, output_final_state: bool = False,
-                                chunk_size: int = 64, cpu_block_v: int = 32):
+                                chunk_size: int = 64, cpu_block_v: int = 32, out: torch.Tensor | None = None):
     """`delta_rule_output_triton` with fla's `recompute_w_u` folded in: from the values v (N, T, HV, V),
     β (N, T, HV) and fla's solved intra-chunk matrix A (N, T, HV, chunk) — the output of its
     kkt_solve kernel, (I + tril(β·k·kᵀ·2^(g_i − g_j), −1))⁻¹ per chunk — instead of w = A·(β·2^g·k)
@@ -300,7 +300,10 @@ def delta_rule_output_wy_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         raise ValueError(f"delta_rule_output: q {tuple(q.shape)} must be contiguous and shaped like k {tuple(k.shape)}")
     N, _, _, K = k.shape
     HV = v.shape[2]
-    o = torch.empty_like(v)
+    if out is not None and (out.shape != v.shape or out.dtype != v.dtype or not out.is_contiguous()):
+        raise ValueError(f"delta_rule_output: out {tuple(out.shape)} {out.dtype} must be contiguous and like v "
+                         f"{tuple(v.shape)} {v.dtype}")
+    o = torch.empty_like(v) if out is None else out
     final = k.new_zeros(N, HV, K, v.shape[3], dtype=torch.float32) if output_final_state else None
     _launch(q, k, A, v, g, None, None, o, initial_state, final, s0n, scale, chunk_size, cpu_block_v, beta=beta)
     return o, final

@@ -51,18 +51,18 @@ def _gdn_gates_kernel(A, Bl, A_log, dt_bias, G, BETA, T, H, sab, sat, sbb, sbt, 
 
 
 def gdn_gates_triton(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-                     chunk_size: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                     chunk_size: int, scale: float, out=None) -> tuple[torch.Tensor, torch.Tensor]:
     """a, b (B, T, H) with unit head stride (any batch and token strides) → (g, beta), (B, T, H)
-    FP32 contiguous: g the chunk-local cumulated decay times `scale` (fla's
-    `gdn_gate_chunk_cumsum`), beta = sigmoid(b) (fla's `fused_beta_sigmoid_fwd`)."""
+    FP32 contiguous: g the chunk-local cumulated decay times `scale` (fla's `gdn_gate_chunk_cumsum`),
+    beta = sigmoid(b) (fla's `fused_beta_sigmoid_fwd`); written into `out` (g, beta) if given."""
     B, T, H = a.shape
     if b.shape != a.shape or A_log.shape != (H,) or dt_bias.shape != (H,):
         raise ValueError(f"gdn_gates: a {tuple(a.shape)}, b {tuple(b.shape)}, A_log {tuple(A_log.shape)}, "
                          f"dt_bias {tuple(dt_bias.shape)}: need a and b of one shape (B, T, H), A_log and dt_bias (H,)")
     a = a if a.stride(-1) == 1 else a.contiguous()
     b = b if b.stride(-1) == 1 else b.contiguous()
-    g = torch.empty(B, T, H, dtype=torch.float32, device=a.device)
-    beta = torch.empty_like(g)
+    g = torch.empty(B, T, H, dtype=torch.float32, device=a.device) if out is None else out[0]
+    beta = torch.empty_like(g) if out is None else out[1]
     if B * T * H:
         with torch.cuda.device(a.device) if a.is_cuda else contextlib.nullcontext():
             _gdn_gates_kernel[(triton.cdiv(T, chunk_size), B)](

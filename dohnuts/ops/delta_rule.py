@@ -276,9 +276,6 @@ class ChunkedDeltaRule(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, scale, output_final_state, use_qk_l2norm):
-        # Triton and fla: on a GPU only (the CPU runs the reference path without them)
-        from dohnuts.ops._delta_h_kernel import delta_h_triton, delta_rule_output_wy_triton
-
         f = fla()
         K = k.shape[-1]
         needs_grad = any(ctx.needs_input_grad)
@@ -289,53 +286,192 @@ class ChunkedDeltaRule(torch.autograd.Function):
             q_rstd = k_rstd = None
             if use_qk_l2norm:
                 (q, q_rstd), (k, k_rstd) = f.l2norm_fwd(q), f.l2norm_fwd(k)
-            N, _, HV, V = v.shape
-            fused = _fused_output(N, HV, K, V, q.device)
-            if fused:
-                A = _kkt_solve(f, k, g, beta, zero_upper=needs_grad)
-            else:
-                w, u, A = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=CHUNK)
-            forked = _forked(initial_state, K)
-            if fused:
-                o, final = delta_rule_output_wy_triton(q, k, v, beta, A, g, scale, initial_state, output_final_state,
-                                                       chunk_size=CHUNK)
-            else:
-                state_step = delta_h_triton if forked else f.chunk_gated_delta_rule_fwd_h
-                h, v_new, final = state_step(k=k, w=w, u=u, g=g, initial_state=initial_state,
-                                             output_final_state=output_final_state, chunk_size=CHUNK)
-                o = f.chunk_fwd_o(q=q, k=k, v=v_new, h=h, g=g, scale=scale, chunk_size=CHUNK)
+            o, final, A = _group_forward(f, q, k, v, g, beta, initial_state, scale, output_final_state, needs_grad)
         if needs_grad:
             ctx.save_for_backward(q, q_rstd, k, k_rstd, v, g, beta, A, initial_state)
-            ctx.scale, ctx.use_qk_l2norm, ctx.forked = scale, use_qk_l2norm, forked
+            ctx.scale, ctx.use_qk_l2norm, ctx.forked = scale, use_qk_l2norm, _forked(initial_state, K)
         ctx.set_materialize_grads(False)
         return o.to(q.dtype), final
 
     @staticmethod
     def backward(ctx, do, dht):
+        q, q_rstd, k, k_rstd, v, g, beta, A, h0 = ctx.saved_tensors
+        with _device(q):
+            dq, dk, dv, dg, db, dh0 = _group_backward(fla(), q, k, v, g, beta, A, h0, ctx.forked, ctx.scale, do, dht)
+            if ctx.use_qk_l2norm:
+                dq, dk = fla().l2norm_bwd(q, q_rstd, dq), fla().l2norm_bwd(k, k_rstd, dk)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg, db.to(beta.dtype), dh0, None, None, None
+
+
+def _group_forward(f, q, k, v, g, beta, initial_state, scale, output_final_state, needs_grad, A=None, out=None):
+    """`ChunkedDeltaRule`'s forward kernels over one group of equal-length sequences (q and k
+    normalised, every input contiguous) → (o, final state or None, A). `A`: the group's solved
+    intra-chunk matrices when a launch for several groups made them already (`SharedDeltaRule`;
+    written in full, upper blocks zero, where the split path or the backward reads them). `out`: a
+    contiguous tensor like v that receives o."""
+    # Triton and fla: on a GPU only (the CPU runs the reference path without them)
+    from dohnuts.ops._delta_h_kernel import delta_h_triton, delta_rule_output_wy_triton
+
+    K = k.shape[-1]
+    N, _, HV, V = v.shape
+    if _fused_output(N, HV, K, V, q.device):
+        if A is None:
+            A = _kkt_solve(f, k, g, beta, zero_upper=needs_grad)
+        o, final = delta_rule_output_wy_triton(q, k, v, beta, A, g, scale, initial_state, output_final_state,
+                                               chunk_size=CHUNK, out=out)
+        return o, final, A
+    if A is None:
+        w, u, A = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=CHUNK)
+    else:
+        w, u = f.recompute_w_u_fwd(k=k, v=v, beta=beta, A=A, g=g)
+    state_step = delta_h_triton if _forked(initial_state, K) else f.chunk_gated_delta_rule_fwd_h
+    h, v_new, final = state_step(k=k, w=w, u=u, g=g, initial_state=initial_state,
+                                 output_final_state=output_final_state, chunk_size=CHUNK)
+    o = f.chunk_fwd_o(q=q, k=k, v=v_new, h=h, g=g, scale=scale, chunk_size=CHUNK)
+    return (o, final, A) if out is None else (out.copy_(o), final, A)
+
+
+def _group_backward(f, q, k, v, g, beta, A, h0, forked, scale, do, dht):
+    """fla's `chunk_gated_delta_rule_bwd` step by step over one group (q and k as the forward's
+    kernels read them: normalised) → (dq, dk, dv, dg at the log2 gates, dβ, dh0); do, dht may be
+    None (zero)."""
+    # Triton and fla: on a GPU only (the CPU runs the reference path without them)
+    from dohnuts.ops._delta_h_kernel import delta_h_triton
+
+    do = torch.zeros_like(v) if do is None else do.to(v.dtype).contiguous()
+    dht = None if dht is None else dht.float().contiguous()
+    w, u = f.recompute_w_u_fwd(k=k, v=v, beta=beta, A=A, g=g)
+    state_step = delta_h_triton if forked else f.chunk_gated_delta_rule_fwd_h
+    h, v_new, _ = state_step(k=k, w=w, u=u, g=g, initial_state=h0, output_final_state=False, chunk_size=CHUNK)
+    dv = f.chunk_bwd_dv_local(q=q, k=k, g=g, do=do, scale=scale, chunk_size=CHUNK)
+    # h0 only sizes dh0 here (empty_like: dense even for a forked view); dh0 is per branch
+    dh, dh0, dv = f.chunk_gated_delta_rule_bwd_dhu(q=q, k=k, w=w, g=g, h0=h0, dht=dht, do=do, dv=dv, scale=scale,
+                                                   chunk_size=CHUNK)
+    dq, dk, dw, dg = f.chunk_bwd_dqkwg(q=q, k=k, v=v_new, w=w, g=g, h=h, dv=dv, do=do, dh=dh, scale=scale,
+                                       chunk_size=CHUNK)
+    dk2, dv, db, dg2 = f.prepare_wy_repr_bwd(k=k, v=v, beta=beta, g=g, A=A, dw=dw, du=dv)
+    dk.add_(dk2)
+    dg.add_(dg2)
+    # fla's dg is the gradient at the natural-log gates: g here is log2, g_log2 = g_ln / ln 2
+    return dq, dk, dv, dg * math.log(2), db, dh0
+
+
+# ---- a shared pass: the prefix and its forked suffixes in one op ----------------------------------
+
+
+def shared_chunk_index(P: int, B: int, L: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunks of a shared pass's rows — the prefix's P, then B suffixes of L — as fla's varlen
+    kernels index them: (cu_seqlens (B + 2,), chunk_indices (chunks, 2): sequence, chunk) int32.
+    Made by device ops, so a CUDA graph records it; once a pass (`dohnuts.model.state.SharedRows`)."""
+    n_p, n_s = -(-P // CHUNK), -(-L // CHUNK)
+    i = torch.arange(n_p + B * n_s, device=device, dtype=torch.int32)
+    j = (i - n_p).clamp_min(0)
+    chunk_indices = torch.stack([torch.where(i < n_p, 0, 1 + j // n_s), torch.where(i < n_p, i, j % n_s)], 1)
+    cu_seqlens = torch.arange(-1, B + 1, device=device, dtype=torch.int32) * L + P
+    cu_seqlens[:1] = 0
+    return cu_seqlens, chunk_indices.to(torch.int32)
+
+
+def gated_delta_rule_shared(prefix, suffixes, a, b, A_log, dt_bias, chunk_index, qk_normalised: bool):
+    """The gated delta rule over a shared pass's rows: the prefix's sequence from no state, then
+    its B suffixes from its final state, forked. prefix = (q, k, v) of (1, P, ·) and suffixes = (q,
+    k, v) of (B, L, ·) as `gated_delta_rule_from_logits` takes them; a, b (P + B·L, HV) the gate
+    logits of all rows, prefix first; `chunk_index`: `shared_chunk_index(P, B, L)` → o (P + B·L, HV, V).
+
+    Fused (q and k normalised by the conv, as Gated DeltaNet's fused conv does), `SharedDeltaRule`:
+    one kkt_solve launch for the prefix's and the suffixes' chunks and one output buffer, the
+    numbers of the two calls it replaces. Otherwise those two calls and a concatenation."""
+    qp, kp, vp = prefix
+    qs, ks, vs = suffixes
+    P, (B, L) = kp.shape[1], ks.shape[:2]
+    if use_fused(qp) and qk_normalised:
+        return SharedDeltaRule.apply(qp, kp, vp, qs, ks, vs, a, b, A_log, dt_bias, chunk_index, kp.shape[-1] ** -0.5)
+    o_p, state = gated_delta_rule_from_logits(qp, kp, vp, a[:P].view(1, P, -1), b[:P].view(1, P, -1), A_log, dt_bias,
+                                              None, True, use_qk_l2norm=not qk_normalised)
+    o_s, _ = gated_delta_rule_from_logits(qs, ks, vs, a[P:].view(B, L, -1), b[P:].view(B, L, -1), A_log, dt_bias,
+                                          state.expand(B, -1, -1, -1), False, use_qk_l2norm=not qk_normalised)
+    return torch.cat([o_p.reshape(P, *o_p.shape[2:]), o_s.reshape(B * L, *o_s.shape[2:])])
+
+
+class SharedDeltaRule(torch.autograd.Function):
+    """`gated_delta_rule_shared`'s fused path: the gates of both groups (dohnuts' gate kernel, a
+    launch a group, into one buffer), one launch of fla's kkt_solve kernel over every chunk of the
+    prefix and the suffixes (varlen: the suffixes' chunks do not wait for the prefix's state), then
+    `ChunkedDeltaRule`'s forward per group — the prefix's (fla's split path), the suffixes' from its
+    final state, forked — writing one output buffer. The numbers are those of two
+    `ChunkedDeltaRule` calls: the same kernels on the same chunks.
+
+    The backward is `ChunkedDeltaRule`'s per group, the suffixes' first: their initial state's
+    gradients, summed over the branches, are the prefix's final state's; then the gate kernels'
+    backward per group."""
+
+    @staticmethod
+    def forward(ctx, qp, kp, vp, qs, ks, vs, a, b, A_log, dt_bias, chunk_index, scale):
         # Triton and fla: on a GPU only (the CPU runs the reference path without them)
-        from dohnuts.ops._delta_h_kernel import delta_h_triton
+        from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
 
         f = fla()
-        q, q_rstd, k, k_rstd, v, g, beta, A, h0 = ctx.saved_tensors
-        scale = ctx.scale
-        do = torch.zeros_like(v) if do is None else do.to(v.dtype).contiguous()
-        dht = None if dht is None else dht.float().contiguous()
-        with _device(q):
-            w, u = f.recompute_w_u_fwd(k=k, v=v, beta=beta, A=A, g=g)
-            state_step = delta_h_triton if ctx.forked else f.chunk_gated_delta_rule_fwd_h
-            h, v_new, _ = state_step(k=k, w=w, u=u, g=g, initial_state=h0, output_final_state=False,
-                                     chunk_size=CHUNK)
-            dv = f.chunk_bwd_dv_local(q=q, k=k, g=g, do=do, scale=scale, chunk_size=CHUNK)
-            # h0 only sizes dh0 here (empty_like: dense even for a forked view); dh0 is per branch
-            dh, dh0, dv = f.chunk_gated_delta_rule_bwd_dhu(q=q, k=k, w=w, g=g, h0=h0, dht=dht, do=do, dv=dv,
-                                                           scale=scale, chunk_size=CHUNK)
-            dq, dk, dw, dg = f.chunk_bwd_dqkwg(q=q, k=k, v=v_new, w=w, g=g, h=h, dv=dv, do=do, dh=dh, scale=scale,
-                                               chunk_size=CHUNK)
-            dk2, dv, db, dg2 = f.prepare_wy_repr_bwd(k=k, v=v, beta=beta, g=g, A=A, dw=dw, du=dv)
-            dk.add_(dk2)
-            dg.add_(dg2)
-            if ctx.use_qk_l2norm:
-                dq, dk = f.l2norm_bwd(q, q_rstd, dq), f.l2norm_bwd(k, k_rstd, dk)
-        # fla's dg is the gradient at the natural-log gates: g here is log2, g_log2 = g_ln / ln 2
-        dg = dg * math.log(2)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg, db.to(beta.dtype), dh0, None, None, None
+        P, (B, L), K, (HV, V) = kp.shape[1], ks.shape[:2], kp.shape[-1], vp.shape[2:]
+        R = P + B * L
+        needs_grad = any(ctx.needs_input_grad)
+        if needs_grad and qp.is_cuda:
+            prepare_delta_rule_backward(K)
+        with _device(qp):
+            qp, kp, vp, qs, ks, vs = (t.contiguous() for t in (qp, kp, vp, qs, ks, vs))
+            g = torch.empty(R, HV, dtype=torch.float32, device=kp.device)
+            beta = torch.empty_like(g)
+            for rows, shape in ((slice(0, P), (1, P, HV)), (slice(P, R), (B, L, HV))):
+                gdn_gates_triton(a[rows].view(shape), b[rows].view(shape), A_log, dt_bias, CHUNK, f.RCP_LN2,
+                                 out=(g[rows].view(shape), beta[rows].view(shape)))
+            k = torch.cat([kp.view(P, -1, K), ks.view(B * L, -1, K)])
+            # the prefix's split path and fla's backward read whole 64 × 64 blocks: zeros above
+            A = torch.zeros(R, HV, CHUNK, device=k.device, dtype=k.dtype)
+            cu_seqlens, chunk_indices = chunk_index
+            _kkt_kernel()[(chunk_indices.shape[0], HV)](
+                k=k, g=g, beta=beta, A=A, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, T=R, H=k.shape[1],
+                HV=HV, K=K, BT=CHUNK, BC=16, USE_G=True, IS_VARLEN=True, **_KKT_CONFIG)
+            del k
+            o = torch.empty(R, HV, V, device=vp.device, dtype=vp.dtype)
+            parts = _shared_parts(P, B, L, g, beta, A, o)
+            (gp, bp, Ap, op), (gs, bs, As, os_) = parts
+            _, state, _ = _group_forward(f, qp, kp, vp, gp, bp, None, scale, True, needs_grad, A=Ap, out=op)
+            _group_forward(f, qs, ks, vs, gs, bs, state.expand(B, -1, -1, -1), scale, False, needs_grad, A=As,
+                           out=os_)
+        if needs_grad:
+            ctx.save_for_backward(qp, kp, vp, qs, ks, vs, a, b, A_log, dt_bias, g, beta, A, state)
+            ctx.scale = scale
+        ctx.set_materialize_grads(False)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        # Triton and fla: on a GPU only (the CPU runs the reference path without them)
+        from dohnuts.ops._gdn_gates_kernel import gdn_gates_bwd_triton
+
+        qp, kp, vp, qs, ks, vs, a, b, A_log, dt_bias, g, beta, A, state = ctx.saved_tensors
+        f = fla()
+        P, (B, L), HV = kp.shape[1], ks.shape[:2], vp.shape[2]
+        R = P + B * L
+        do = torch.zeros(R, HV, vp.shape[3], device=vp.device, dtype=vp.dtype) if do is None else do.contiguous()
+        (gp, bp, Ap, dop), (gs, bs, As, dos) = _shared_parts(P, B, L, g, beta, A, do)
+        with _device(qp):
+            h0 = state.expand(B, -1, -1, -1)
+            dqs, dks, dvs, dgs, dbs, dh0 = _group_backward(f, qs, ks, vs, gs, bs, As, h0, _forked(h0, ks.shape[-1]),
+                                                           ctx.scale, dos, None)
+            dqp, dkp, dvp, dgp, dbp, _ = _group_backward(f, qp, kp, vp, gp, bp, Ap, None, False, ctx.scale, dop,
+                                                         dh0.sum(0, keepdim=True))
+            das, dbs_, dA_s, ddt_s = gdn_gates_bwd_triton(a[P:].view(B, L, HV), b[P:].view(B, L, HV), A_log, dt_bias,
+                                                          dgs, dbs.float(), CHUNK, f.RCP_LN2)
+            dap, dbp_, dA_p, ddt_p = gdn_gates_bwd_triton(a[:P].view(1, P, HV), b[:P].view(1, P, HV), A_log, dt_bias,
+                                                          dgp, dbp.float(), CHUNK, f.RCP_LN2)
+        da = torch.cat([dap.view(P, HV), das.view(B * L, HV)])
+        db = torch.cat([dbp_.view(P, HV), dbs_.view(B * L, HV)])
+        return (dqp.to(qp.dtype), dkp.to(kp.dtype), dvp.to(vp.dtype), dqs.to(qs.dtype), dks.to(ks.dtype),
+                dvs.to(vs.dtype), da, db, (dA_p + dA_s).to(A_log.dtype), (ddt_p + ddt_s).to(dt_bias.dtype), None, None)
+
+
+def _shared_parts(P: int, B: int, L: int, *rows: torch.Tensor):
+    """Tensors over a shared pass's rows (R, ...) → ((each as the prefix's (1, P, ...)), (each as the
+    suffixes' (B, L, ...))): contiguous views."""
+    return (tuple(t[:P].view(1, P, *t.shape[1:]) for t in rows),
+            tuple(t[P:].view(B, L, *t.shape[1:]) for t in rows))

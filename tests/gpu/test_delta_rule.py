@@ -287,3 +287,64 @@ def test_delta_rule_gradients_qwen_sizes(case):
         err = relative_error(a.grad.float(), b.grad)
         assert err < (5e-2 if cancels else BF16_TOL), f"{name}: relative error {err:.2e}"
         _assert_no_less_accurate(a.grad, c.grad, b.grad, name, slack=2.0 if cancels else 1.25)
+
+
+@pytest.mark.parametrize("P, B, L", [(448, 32, 64), (192, 8, 262), (64, 2, 100)])
+def test_shared_delta_rule_equals_its_two_calls(P, B, L):
+    """`gated_delta_rule_shared`'s fused op (one kkt_solve launch over the prefix's and the suffixes'
+    chunks, one output buffer) against the two `ChunkedDeltaRule` calls it replaces — the prefix from
+    no state, the suffixes from its final state, forked — at Qwen3.5-2b head sizes, q and k
+    normalised as the conv leaves them: the output within BF16 rounding of theirs (the prefix's
+    chunks are solved at another kernel config: fla's tuner picks it for a lone prefix) and no less
+    accurate against the FP32 reference; every gradient (q, k, v of both groups, the gate logits,
+    A_log, dt_bias) within BF16 rounding of theirs. Shapes: shared-prefix-2b's, image-cache-warm-2b's
+    (suffixes not a whole number of chunks), and two suffixes (the fused output kernel left for
+    fla's split path)."""
+    from dohnuts.ops._dispatch import reference as reference_ops  # private: the parity tooling's switch
+    from dohnuts.ops.delta_rule import _l2norm, gated_delta_rule_from_logits, gated_delta_rule_shared, shared_chunk_index
+
+    g = torch.Generator(device=DEV).manual_seed(5)
+    H, K = 16, 128
+    R = P + B * L
+
+    def leaf(*shape):
+        return torch.randn(*shape, device=DEV, generator=g).bfloat16().requires_grad_()
+
+    qp, kp, vp = (leaf(1, P, H, K) for _ in range(3))
+    qs, ks, vs = (leaf(B, L, H, K) for _ in range(3))
+    ab = leaf(R, 2 * H)
+    A_log = torch.rand(H, device=DEV, generator=g).mul(15).add(1).log().requires_grad_()
+    dt_bias = torch.randn(H, device=DEV, generator=g).requires_grad_()
+    do = torch.randn(R, H, K, device=DEV, generator=g).bfloat16()
+    leaves = (qp, kp, vp, qs, ks, vs, ab, A_log, dt_bias)
+
+    def run(how: str, dtype=torch.bfloat16):
+        for t in leaves:
+            t.grad = None
+        qpn, kpn, qsn, ksn = (_l2norm(t.float()).to(dtype) for t in (qp, kp, qs, ks))
+        vpn, vsn, abn = (t.to(dtype) for t in (vp, vs, ab))
+        a, b = abn[:, :H], abn[:, H:]
+        if how != "two calls":
+            o = gated_delta_rule_shared((qpn, kpn, vpn), (qsn, ksn, vsn), a, b, A_log, dt_bias,
+                                        shared_chunk_index(P, B, L, DEV), True)
+        else:
+            o_p, st = gated_delta_rule_from_logits(qpn, kpn, vpn, a[:P].view(1, P, H), b[:P].view(1, P, H), A_log,
+                                                   dt_bias, None, True, use_qk_l2norm=False)
+            o_s, _ = gated_delta_rule_from_logits(qsn, ksn, vsn, a[P:].view(B, L, H), b[P:].view(B, L, H), A_log,
+                                                  dt_bias, st.expand(B, -1, -1, -1), False, use_qk_l2norm=False)
+            o = torch.cat([o_p.view(P, H, K), o_s.view(B * L, H, K)])
+        if how == "reference":
+            return o.detach().float(), None
+        o.backward(do)
+        return o.detach(), [t.grad.float() for t in leaves]
+
+    theirs, their_grads = run("two calls")
+    ours, our_grads = run("one op")
+    with torch.no_grad(), reference_ops():
+        ref, _ = run("reference", torch.float32)
+    assert relative_error(ours.float(), theirs.float()) < BF16_TOL
+    _assert_no_less_accurate(ours, theirs, ref, "shared delta rule output")
+    names = ("dq prefix", "dk prefix", "dv prefix", "dq suffixes", "dk suffixes", "dv suffixes", "da, db", "dA_log",
+             "ddt_bias")
+    for name, x, y in zip(names, our_grads, their_grads, strict=True):
+        assert relative_error(x, y) < BF16_TOL, (name, relative_error(x, y))

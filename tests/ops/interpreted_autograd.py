@@ -280,9 +280,14 @@ def check_delta_rule(full: bool) -> None:
 def check_shared_mixer(full: bool) -> None:
     """`GatedDeltaNet.forward_shared` (a prefix, then its suffixes from its forked conv and recurrent
     states, both expanded views) with the fused conv and delta rule against the same module on the
-    reference ops: output and every gradient, so gradients of all branches reach the prefix."""
+    reference ops: output and every gradient, so gradients of all branches reach the prefix — with
+    the prefix and the suffixes each on the fused output kernel or the split path (the GPU's
+    multiprocessor count draws the line), a prefix that is not a whole number of chunks. And the
+    fused `SharedDeltaRule` (one kkt_solve launch over both groups' chunks) equals the two
+    `ChunkedDeltaRule` calls it replaces, bitwise."""
     from dohnuts.config import preset
     from dohnuts.model.deltanet import GatedDeltaNet
+    from dohnuts.model.state import SharedRows
     from dohnuts.ops import conv, delta_rule
 
     torch.manual_seed(3)
@@ -291,20 +296,35 @@ def check_shared_mixer(full: bool) -> None:
     P, n, t = 70, 3, 20
     x0 = torch.randn(P + n * t, cfg.hidden_size)
     dy = torch.randn(P + n * t, cfg.hidden_size)
+    # multiprocessors: both groups on the fused output kernel; the prefix split, the suffixes fused
+    # (a GPU's case); both split
     runs = []
-    for fused in (False, True):
+    for fused, mp in ((False, 1), (True, 1), (True, 20), (True, 10 ** 9)):
         conv.use_fused = delta_rule.use_fused = lambda x, fused=fused: fused
-        delta_rule._multiprocessors = lambda device: 1
+        delta_rule._multiprocessors = lambda device, mp=mp: mp
         mixer.zero_grad()
         x = x0.clone().requires_grad_()
-        y = mixer.forward_shared(x, ((1, P, None), (n, t, None)))
+        y = mixer.forward_shared(x, SharedRows(((1, P, None), (n, t, None))))
         y.backward(dy)
         runs.append((y.detach(), x.grad, {k: p.grad.clone() for k, p in mixer.named_parameters()}))
-    (y_r, dx_r, grads_r), (y_f, dx_f, grads_f) = runs
-    assert rel(y_f, y_r.double()) < 1e-4 and rel(dx_f, dx_r.double()) < 1e-4, (rel(y_f, y_r.double()),
-                                                                               rel(dx_f, dx_r.double()))
-    for name, grad in grads_r.items():
-        assert rel(grads_f[name], grad.double()) < 1e-3, (name, rel(grads_f[name], grad.double()))
+        if fused:  # the one op against the two calls it replaces, on the same inputs
+            with torch.no_grad():
+                mixed, b, a = mixer.project(x0)
+                qkv_p, conv_p, _ = mixer._conv(mixed[:P].view(1, P, -1), None, True)
+                qkv_s, _, _ = mixer._conv(mixed[P:].view(n, t, -1), conv_p.expand(n, -1, -1), False)
+                o_p, state = mixer._delta(qkv_p, b[:P].view(1, P, -1), a[:P].view(1, P, -1), None, True, True)
+                o_s, _ = mixer._delta(qkv_s, b[P:].view(n, t, -1), a[P:].view(n, t, -1), state.expand(n, -1, -1, -1),
+                                      False, True)
+                one = delta_rule.gated_delta_rule_shared(
+                    mixer._heads(qkv_p), mixer._heads(qkv_s), a, b, mixer.A_log, mixer.dt_bias,
+                    delta_rule.shared_chunk_index(P, n, t, x0.device), True)
+            assert torch.equal(one, torch.cat([o_p.reshape(P, *o_p.shape[2:]), o_s.reshape(n * t, *o_s.shape[2:])])), mp
+    (y_r, dx_r, grads_r), *fused_runs = runs
+    for mp, (y_f, dx_f, grads_f) in zip((1, 20, 10 ** 9), fused_runs):
+        assert rel(y_f, y_r.double()) < 1e-4 and rel(dx_f, dx_r.double()) < 1e-4, (mp, rel(y_f, y_r.double()),
+                                                                                   rel(dx_f, dx_r.double()))
+        for name, grad in grads_r.items():
+            assert rel(grads_f[name], grad.double()) < 1e-3, (mp, name, rel(grads_f[name], grad.double()))
 
 
 CHECKS = {"conv": check_conv, "gates": check_gates, "delta_rule": check_delta_rule, "shared_mixer": check_shared_mixer}

@@ -315,3 +315,37 @@ def test_the_h200_tables_unfilter_entry_is_what_a_448_row_launch_looks_up(compil
             k: d["options"][k] for k in ("num_warps", "num_ctas", "num_stages")}
 
     assert spec(entry["data"]) == spec(launched["data"])
+
+
+def test_the_h200_tables_varlen_kkt_entry_is_what_a_shared_pass_launch_looks_up(compiles, monkeypatch,
+                                                                                 fla_entry_points):
+    """The table's entry for fla's kkt_solve kernel over a shared pass's rows (varlen: the prefix's
+    and the suffixes' chunks in one launch, `SharedDeltaRule`; added by hand with that op, M47) is
+    the specialisation the op's launch records here at 2b's sizes, as for the unfilter kernel above."""
+    import json
+
+    from dohnuts.ops import delta_rule
+    from dohnuts.ops._tuned import TABLES
+
+    monkeypatch.setattr(delta_rule, "_multiprocessors", lambda device: 132)  # the H200's (no GPU here)
+    varlen = [e for e in json.loads((TABLES / "h200.json").read_text())["compiled"]
+              if e["name"] == "chunk_gated_delta_rule_fwd_kkt_solve_kernel"
+              and json.loads(e["data"])["constant_vals"][-1] is True]
+    assert len(varlen) == 1, len(varlen)
+    P, B, L, H, K = 448, 32, 64, 16, 128
+    qp, kp = (torch.empty(1, P, H, K, dtype=torch.bfloat16) for _ in range(2))
+    qs, ks = (torch.empty(B, L, H, K, dtype=torch.bfloat16) for _ in range(2))
+    ab = torch.empty(P + B * L, 2 * H, dtype=torch.bfloat16)
+    with offline_launches("sm_90"), _precompile.record() as made:
+        delta_rule.SharedDeltaRule.apply(qp, kp, torch.empty_like(qp), qs, ks, torch.empty_like(qs), ab[:, :H],
+                                         ab[:, H:], torch.zeros(H), torch.zeros(H),
+                                         delta_rule.shared_chunk_index(P, B, L, "cpu"), K ** -0.5)
+    (launched,) = [e for e in made["compiled"] if e["name"] == "chunk_gated_delta_rule_fwd_kkt_solve_kernel"]
+
+    def spec(data: str) -> dict:
+        d = json.loads(data)
+        attrs = {str(k): v for k, v in zip(d["attrs_keys"], d["attrs_vals"], strict=True) if v}
+        return {k: d[k] for k in ("name", "signature", "constant_keys", "constant_vals")} | {"attrs": attrs} | {
+            k: d["options"][k] for k in ("num_warps", "num_ctas", "num_stages")}
+
+    assert spec(varlen[0]["data"]) == spec(launched["data"])

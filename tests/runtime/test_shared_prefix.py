@@ -114,8 +114,9 @@ def test_no_state_survives_a_request(monkeypatch):
     """Poison every prefix state the shared pass made — each attention layer's keys and values when
     they are forked, each Gated DeltaNet layer's conv history and recurrent state when they are
     returned — after a request: the next request is unaffected."""
-    from dohnuts.model.state import KVState
     from dohnuts.model.deltanet import GatedDeltaNet
+    from dohnuts.model.state import KVState
+    from dohnuts.ops import delta_rule
 
     model = _model()
     a, b = _request("a" * 300), _request("b" * 300, texts=("delta", "eps", "zeta"))
@@ -132,15 +133,15 @@ def test_no_state_survives_a_request(monkeypatch):
             states.append(out[1])
         return out
 
-    def delta(self, qkv, b, a, recurrent, return_state, *args, real=GatedDeltaNet._delta, **kw):
-        out = real(self, qkv, b, a, recurrent, return_state, *args, **kw)
-        if return_state:
+    def delta(*args, real=delta_rule.gated_delta_rule_from_logits, **kw):  # the shared op's prefix state (CPU)
+        out = real(*args, **kw)
+        if out[1] is not None:
             states.append(out[1])
         return out
 
     monkeypatch.setattr(KVState, "fork", kv_fork)
     monkeypatch.setattr(GatedDeltaNet, "_conv", conv)
-    monkeypatch.setattr(GatedDeltaNet, "_delta", delta)
+    monkeypatch.setattr(delta_rule, "gated_delta_rule_from_logits", delta)
     model.predict([a])
     assert len(states) == 2 * len(model.model.backbone.layers)  # each layer's prefix state: two tensors
     with torch.inference_mode():  # the states were made under inference mode
