@@ -240,14 +240,20 @@ def lab_conv_bandwidth(out: dict) -> None:
         fns = {f"BT {bt} warps {w_}": config(bt, w_) for bt, w_ in configs}
         copy_to = torch.empty(N, T, D, device="cuda", dtype=torch.bfloat16)
         fns["copy of the same bytes"] = lambda: copy_to.copy_(x)
-        fns["BT 8 warps 1"]()
-        same = torch.equal(y, torch.cat([t.reshape(-1) for t in landed]))
+        # each config's largest difference from the landed call (the per-row L2 norm's reduction
+        # order follows the tile: a last-bit difference is expected between configs)
+        flat = torch.cat([t.reshape(-1) for t in landed]).float()
+        diff = {}
+        for (bt, w_), k in zip(configs, fns):
+            fns[k]()
+            diff[k] = (y.float() - flat).abs().max().item()
         ms = _ab(fns, rounds=3, graph=True)
         gbytes = 2 * N * T * D * 2 / 1e9
         key = f"{N}x{T}" + (f" {state}" if state else "")
         res[key] = {"us": {k: round(v * 1e3, 2) for k, v in ms.items()},
-                    "tb_per_s": {k: round(gbytes / v, 2) for k, v in ms.items()}, "equal_to_landed": same}
-        print(f"conv_bandwidth {key:12s} equal {same}  " + "  ".join(f"{k} {v * 1e3:6.1f} us" for k, v in ms.items()))
+                    "tb_per_s": {k: round(gbytes / v, 2) for k, v in ms.items()}, "max_difference_from_landed": diff}
+        print(f"conv_bandwidth {key:12s} " + "  ".join(f"{k} {v * 1e3:6.1f} us" for k, v in ms.items())
+              + f"  largest difference from the landed call {max(diff.values()):.3g}")
     out["conv_bandwidth"] = {"clock": _clock(), "shapes": res}
 
 
