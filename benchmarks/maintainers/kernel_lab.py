@@ -15,6 +15,10 @@ path. It answers, on the machine at hand, whether a change is worth making:
   them, against a copy of the same bytes (the strided q/k/v columns of the projection into a
   contiguous buffer) at the workloads' pass shapes, in CUDA graphs: how far the conv is from the
   memory-bound it could reach, before a kernel change is tried.
+- `conv_shared`: a shared pass's conv as it runs (the prefix's launch, the suffixes' from its
+  forked state, then the concatenation of k the shared delta rule's one kkt_solve launch reads)
+  against one launch over the same rows as one sequence, writing one buffer: the most that
+  merging the two launches could save, before `_conv_kernel` changes for it.
 - `kkt_configs`: fla's kkt_solve kernel at each of its candidate configs, at the fused path's
   shapes (2b and 4b heads): which config each shape wants, against the one fla's size-blind
   autotuning key keeps.
@@ -255,6 +259,41 @@ def lab_conv_bandwidth(out: dict) -> None:
         print(f"conv_bandwidth {key:12s} " + "  ".join(f"{k} {v * 1e3:6.1f} us" for k, v in ms.items())
               + f"  largest difference from the landed call {max(diff.values()):.3g}")
     out["conv_bandwidth"] = {"clock": _clock(), "shapes": res}
+
+
+def lab_conv_shared(out: dict) -> None:
+    """A shared pass's conv at shared-prefix-2b's shape (a 448-token prefix, 32 suffixes of 64): the
+    prefix's launch returning its state, the suffixes' launch from it (forked), then the k
+    concatenation `SharedDeltaRule` makes for its one kkt_solve launch — against one launch over
+    the same 2,496 rows as one sequence (the same bytes, one launch, the rows already in one buffer):
+    an upper bound on what a merged launch could save, in CUDA graphs."""
+    import torch
+
+    from dohnuts.config import preset
+    from dohnuts.ops._conv_kernel import conv_silu_parts_triton
+
+    cfg = preset("qwen3.5-2b").text
+    K = cfg.linear_key_head_dim
+    sizes = [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim]
+    D, W = sum(sizes), cfg.linear_conv_kernel_dim
+    P, n, L = 448, 32, 64
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = torch.randn(P + n * L, D + 32, device="cuda", generator=gen).bfloat16()[..., :D]
+    w = (0.3 * torch.randn(D, W, device="cuda", generator=gen)).bfloat16().t().contiguous().t()
+    fin = torch.empty(1, D, W, device="cuda", dtype=torch.bfloat16)
+
+    def two_launches():
+        _, k_p, _ = conv_silu_parts_triton(rows[:P].unsqueeze(0), w, K, sizes, normalized_parts=2, final_state=fin)
+        _, k_s, _ = conv_silu_parts_triton(rows[P:].view(n, L, D), w, K, sizes, normalized_parts=2,
+                                           initial_state=fin.expand(n, -1, -1))
+        return torch.cat([k_p.reshape(-1), k_s.reshape(-1)])
+
+    def one_launch():
+        return conv_silu_parts_triton(rows.unsqueeze(0), w, K, sizes, normalized_parts=2, final_state=fin)
+
+    ms = _ab({"prefix + suffixes + cat of k": two_launches, "one launch over every row": one_launch}, graph=True)
+    out["conv_shared"] = {"clock": _clock(), "us": {k: round(v * 1e3, 2) for k, v in ms.items()}}
+    print("conv_shared " + "  ".join(f"{k} {v * 1e3:6.1f} us" for k, v in ms.items()))
 
 
 def _fwd_bwd(fn, inputs: list, seed: int):
