@@ -12,9 +12,10 @@ path. It answers, on the machine at hand, whether a change is worth making:
   process of its own, at full and partial last chunks, checked against fla's kernels: a config
   that faults (illegal address on Triton 3.6) takes only its own CUDA context.
 - `conv_bandwidth`: the conv kernel at each of its tuning configs and at a few configs outside
-  them, against a copy of the same bytes (the strided q/k/v columns of the projection into a
-  contiguous buffer) at the workloads' pass shapes, in CUDA graphs: how far the conv is from the
-  memory-bound it could reach, before a kernel change is tried.
+  them, against torch's copy of the same bytes (the strided q/k/v columns of the projection into a
+  contiguous buffer) and a dense copy of as many (the device's copy bound at that size), at the
+  workloads' pass shapes, in CUDA graphs: how far the conv is from the memory bound it could
+  reach, before a kernel change is tried.
 - `conv_shared`: a shared pass's conv as it runs (the prefix's launch, the suffixes' from its
   forked state, then the concatenation of k the shared delta rule's one kkt_solve launch reads)
   against one launch over the same rows as one sequence, writing one buffer: the most that
@@ -207,8 +208,8 @@ def lab_conv_parts(out: dict) -> None:
 def lab_conv_bandwidth(out: dict) -> None:
     """The conv kernel's time at 2b's pass shapes (text, a prefix returning its state, suffixes from
     a forked state) at each tile config — its tuning configs and a few outside them — against a
-    torch copy of the same bytes (the strided columns read, a contiguous buffer written): the
-    kernel's distance from memory-bound, in CUDA graphs."""
+    torch copy of the same bytes (the strided columns read, a contiguous buffer written) and a
+    dense copy of as many bytes: the kernel's distance from memory-bound, in CUDA graphs."""
     import torch
     import triton
 
@@ -243,7 +244,9 @@ def lab_conv_bandwidth(out: dict) -> None:
 
         fns = {f"BT {bt} warps {w_}": config(bt, w_) for bt, w_ in configs}
         copy_to = torch.empty(N, T, D, device="cuda", dtype=torch.bfloat16)
-        fns["copy of the same bytes"] = lambda: copy_to.copy_(x)
+        dense = torch.empty(N * T * D, device="cuda", dtype=torch.bfloat16)
+        fns["copy of the same bytes"] = lambda: copy_to.copy_(x)  # the strided columns read, as the conv does
+        fns["dense copy of as many bytes"] = lambda: dense.copy_(y)  # the device's copy bound at this size
         # each config's largest difference from the landed call (the per-row L2 norm's reduction
         # order follows the tile: a last-bit difference is expected between configs)
         flat = torch.cat([t.reshape(-1) for t in landed]).float()
