@@ -1,7 +1,7 @@
 """How often the GPU's energy counter advances: the harness's energy window lasts 1.5 s so that one
 step of the counter is at most ≈ 7 % of it at 100 ms steps (dohnuts.bench.measure.call.energy_window,
 docs/measurement.md). A counter that steps faster would allow a shorter window at the same bound, and
-the windows are ≈ 20 s of a fresh standard suite (docs/known-issues.md KI-20). This measures the step
+the windows are a visible part of a fresh standard suite (docs/known-issues.md KI-20). This measures the step
 on the machine at hand, through the harness's own sampler (NVML on NVIDIA, amdsmi on AMD): the counter
 read back to back for `--seconds`, idle and then under back-to-back matmuls, and the intervals between
 its changes.
