@@ -16,10 +16,11 @@ path. It answers, on the machine at hand, whether a change is worth making:
   contiguous buffer) and a dense copy of as many (the device's copy bound at that size), at the
   workloads' pass shapes, in CUDA graphs: how far the conv is from the memory bound it could
   reach, before a kernel change is tried.
-- `conv_shared`: a shared pass's conv as it runs (the prefix's launch, the suffixes' from its
-  forked state, then the concatenation of k the shared delta rule's one kkt_solve launch reads)
-  against one launch over the same rows as one sequence, writing one buffer: the most that
-  merging the two launches could save, before `_conv_kernel` changes for it.
+- `conv_shared`: a shared pass's conv — the shared kernel's one launch over its rows (each
+  suffix's history the prefix's last rows) against the two launches it replaced (the prefix's, the
+  suffixes' from its forked state, then the concatenation of k the shared delta rule's one
+  kkt_solve launch read) and one launch over the same rows as one sequence (the bound: the same
+  bytes, no group boundaries).
 - `kkt_configs`: fla's kkt_solve kernel at each of its candidate configs, at the fused path's
   shapes (2b and 4b heads): which config each shape wants, against the one fla's size-blind
   autotuning key keeps.
@@ -265,15 +266,15 @@ def lab_conv_bandwidth(out: dict) -> None:
 
 
 def lab_conv_shared(out: dict) -> None:
-    """A shared pass's conv at shared-prefix-2b's shape (a 448-token prefix, 32 suffixes of 64): the
-    prefix's launch returning its state, the suffixes' launch from it (forked), then the k
-    concatenation `SharedDeltaRule` makes for its one kkt_solve launch — against one launch over
-    the same 2,496 rows as one sequence (the same bytes, one launch, the rows already in one buffer):
-    an upper bound on what a merged launch could save, in CUDA graphs."""
+    """A shared pass's conv at shared-prefix-2b's shape (a 448-token prefix, 32 suffixes of 64), in
+    CUDA graphs: the shared kernel (`conv_silu_shared_triton`) against the prefix's launch returning
+    its state, the suffixes' launch from it (forked), then the k concatenation `SharedDeltaRule`
+    made for its one kkt_solve launch; and one launch over the same 2,496 rows as one sequence (the
+    same bytes, no group boundaries: the bound)."""
     import torch
 
     from dohnuts.config import preset
-    from dohnuts.ops._conv_kernel import conv_silu_parts_triton
+    from dohnuts.ops._conv_kernel import conv_silu_parts_triton, conv_silu_shared_triton
 
     cfg = preset("qwen3.5-2b").text
     K = cfg.linear_key_head_dim
@@ -294,7 +295,11 @@ def lab_conv_shared(out: dict) -> None:
     def one_launch():
         return conv_silu_parts_triton(rows.unsqueeze(0), w, K, sizes, normalized_parts=2, final_state=fin)
 
-    ms = _ab({"prefix + suffixes + cat of k": two_launches, "one launch over every row": one_launch}, graph=True)
+    def shared():
+        return conv_silu_shared_triton(rows, w, K, sizes, P, L, normalized_parts=2)
+
+    ms = _ab({"prefix + suffixes + cat of k": two_launches, "the shared kernel": shared,
+              "one launch over every row": one_launch}, graph=True)
     out["conv_shared"] = {"clock": _clock(), "us": {k: round(v * 1e3, 2) for k, v in ms.items()}}
     print("conv_shared " + "  ".join(f"{k} {v * 1e3:6.1f} us" for k, v in ms.items()))
 

@@ -56,16 +56,22 @@ class GatedDeltaNet(nn.Module):
 
     def forward_shared(self, x: torch.Tensor, groups: SharedRows) -> torch.Tensor:
         """x (R, H): the rows of a shared pass (`TextBackbone.forward_shared`), the prefix's
-        (1 × P) first, then its B × L forked suffixes → output (R, H). The projections, the output
-        gate, norm and projection run over all rows at once; the conv per group (the suffixes from
-        the prefix's conv state, forked), the delta rule over both groups in one op
-        (`ops.gated_delta_rule_shared`: the prefix from no state, the suffixes from its state)."""
-        (_, p, _), (n, t, _) = groups
+        (1 × P) first, then its B × L forked suffixes → output (R, H). Every op runs over all rows
+        at once: the projections, the conv (`ops.causal_conv1d_qkv_shared`: the suffixes from the
+        prefix's conv state), the delta rule (`ops.gated_delta_rule_shared`: the prefix from no
+        state, the suffixes from its state), the output gate, norm and projection."""
+        cfg = self.cfg
+        (_, p, _), (_, t, _) = groups
         mixed, b, a = self.project(x)  # (R, ·) each
-        qkv_p, conv_p, normalised = self._conv(mixed[:p].view(1, p, -1), None, True)
-        qkv_s, _, _ = self._conv(mixed[p:].view(n, t, -1), conv_p.expand(n, -1, -1), False)
-        o = ops.gated_delta_rule_shared(self._heads(qkv_p), self._heads(qkv_s), a, b, self.A_log, self.dt_bias,
-                                        groups.chunk_index(x.device), normalised)
+        (q, k, v), normalised = ops.causal_conv1d_qkv_shared(
+            mixed, self.conv1d.weight.squeeze(1), [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim],
+            cfg.linear_key_head_dim, p, t)
+        R = x.shape[0]
+        o = ops.gated_delta_rule_shared(
+            q.view(R, cfg.linear_num_key_heads, cfg.linear_key_head_dim),
+            k.view(R, cfg.linear_num_key_heads, cfg.linear_key_head_dim),
+            v.view(R, cfg.linear_num_value_heads, cfg.linear_value_head_dim), a, b, self.A_log, self.dt_bias, p, t,
+            groups.chunk_index(x.device), normalised)
         return self.finish(x, o)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -12,7 +12,7 @@ from dohnuts.ops._dispatch import kernel_status, recording
 from dohnuts.ops.activation import swiglu, swiglu_packed
 from dohnuts.ops.attention import attention_at, causal_attention, gated_output
 from dohnuts.ops.copy import copy4d
-from dohnuts.ops.conv import causal_conv1d, causal_conv1d_parts, causal_conv1d_qkv
+from dohnuts.ops.conv import causal_conv1d, causal_conv1d_parts, causal_conv1d_qkv, causal_conv1d_qkv_shared
 from dohnuts.ops.delta_rule import (
     gated_delta_rule, gated_delta_rule_from_logits, gated_delta_rule_shared, prepare_delta_rule_backward, shared_chunk_index,
 )
@@ -21,5 +21,5 @@ from dohnuts.ops.rope import apply_rotary, norm_rope, rotary_qk
 from dohnuts.ops.unfilter import png_unfilter
 
 __all__ = ["add_rms_norm", "apply_rotary", "attention_at", "causal_attention", "causal_conv1d", "causal_conv1d_parts",
-           "causal_conv1d_qkv", "copy4d", "gated_delta_rule", "gated_delta_rule_from_logits", "gated_delta_rule_shared", "gated_output", "gated_rms_norm",
+           "causal_conv1d_qkv", "causal_conv1d_qkv_shared", "copy4d", "gated_delta_rule", "gated_delta_rule_from_logits", "gated_delta_rule_shared", "gated_output", "gated_rms_norm",
            "kernel_status", "norm_rope", "png_unfilter", "prepare_delta_rule_backward", "recording", "rms_norm", "rotary_qk", "shared_chunk_index", "swiglu", "swiglu_packed"]

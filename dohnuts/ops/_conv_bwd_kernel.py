@@ -1,6 +1,8 @@
 """Triton kernels: the backward of Gated DeltaNet's conv + SiLU (+ per-head L2 norm) —
 dohnuts.ops._conv_kernel's forward —, and the autograd Function that pairs the two
-(`ConvSiluParts`, `conv_silu_parts`: the forward kernel, then `conv_silu_parts_bwd_triton`).
+(`ConvSiluParts`, `conv_silu_parts`: the forward kernel, then `conv_silu_parts_bwd_triton`; and
+`ConvSiluShared`, `conv_silu_shared`: a shared pass's rows in one forward launch, whose backward is
+that of the prefix's call and the suffixes' it replaces).
 
 Two launches over the forward's programs (head, token block, batch row), recomputing the conv
 from x and the initial state instead of saving it:
@@ -25,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dohnuts.ops._conv_kernel import _CONFIGS, _check_parts, conv_silu_parts_triton
+from dohnuts.ops._conv_kernel import _CONFIGS, _check_parts, conv_silu_parts_triton, conv_silu_shared_triton
 
 # The gradient kernels' tuning space. The first one's token block is fixed (`_BWD_BT`): it sizes
 # the buffer of per-block weight-gradient partials, allocated before the tuner picks.
@@ -247,3 +249,51 @@ def conv_silu_parts(x: torch.Tensor, weight: torch.Tensor, head_dim: int, sizes:
     *outs, final = ConvSiluParts.apply(x, weight, initial_state, head_dim, tuple(sizes), normalized_parts,
                                        output_final_state, eps, cpu_block_t)
     return tuple(outs), final
+
+
+class ConvSiluShared(torch.autograd.Function):
+    """`conv_silu_shared_triton` with its backward: the backward of the two calls it replaces —
+    the suffixes' from the prefix's conv state (its last W inputs, a view of x), whose gradient,
+    summed over the suffixes, is the prefix's final state's; then the prefix's."""
+
+    @staticmethod
+    def forward(ctx, x, weight, head_dim, sizes, normalized_parts, prefix, suffix_len, eps, cpu_block_t):
+        weight = weight.t().contiguous().t()  # tap-major, as ConvSiluParts
+        outs = conv_silu_shared_triton(x, weight, head_dim, sizes, prefix, suffix_len,
+                                       normalized_parts=normalized_parts, eps=eps, cpu_block_t=cpu_block_t)
+        ctx.save_for_backward(x, weight)
+        ctx.args = (head_dim, list(sizes), normalized_parts, prefix, suffix_len, eps, cpu_block_t)
+        ctx.set_materialize_grads(False)
+        return outs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        x, weight = ctx.saved_tensors
+        head_dim, sizes, normalized_parts, P, L, eps, cpu_block_t = ctx.args
+        (R, C), W = x.shape, weight.shape[-1]
+        B = (R - P) // L
+        dys = [x.new_zeros(R, n) if g is None else g.to(x.dtype).contiguous() for n, g in zip(sizes, grads)]
+        history = x[max(P - W, 0):P]
+        if P < W:  # a prefix shorter than the conv: its state starts with zeros
+            history = torch.cat([history.new_zeros(W - P, C), history])
+        state = history.t().unsqueeze(0)  # (1, C, W): the prefix's final conv state, in place when P ≥ W
+        wgrad = ctx.needs_input_grad[1]
+        dx_s, dw_s, ds0 = conv_silu_parts_bwd_triton(
+            x[P:].view(B, L, C), weight, head_dim, sizes, normalized_parts, [d[P:].view(B, L, -1) for d in dys],
+            state, None, True, wgrad, eps, cpu_block_t)
+        dx_p, dw_p, _ = conv_silu_parts_bwd_triton(
+            x[:P].view(1, P, C), weight, head_dim, sizes, normalized_parts, [d[:P].view(1, P, -1) for d in dys],
+            None, ds0.sum(0, keepdim=True), False, wgrad, eps, cpu_block_t)
+        dx = torch.cat([dx_p.view(P, C), dx_s.view(B * L, C)])
+        return dx, (dw_p + dw_s).to(weight.dtype) if wgrad else None, None, None, None, None, None, None, None
+
+
+def conv_silu_shared(x: torch.Tensor, weight: torch.Tensor, head_dim: int, sizes: list[int], prefix: int,
+                     suffix_len: int, *, normalized_parts: int, eps: float = 1e-6,
+                     cpu_block_t: int = 32) -> tuple[torch.Tensor, ...]:
+    """The differentiable `conv_silu_shared_triton`: the rows x (R, C) of a shared pass (a prefix of
+    `prefix` rows, then suffixes of `suffix_len` rows from its conv state), weight (C, W) (any
+    layout) → one (R, size) output a part; under autograd the backward of the prefix's and the
+    suffixes' calls it replaces."""
+    return ConvSiluShared.apply(x, weight, head_dim, tuple(sizes), normalized_parts, prefix, suffix_len, eps,
+                                cpu_block_t)

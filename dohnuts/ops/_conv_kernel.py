@@ -180,3 +180,68 @@ def _check_parts(x, weight, head_dim, sizes, normalized_parts, initial_state, fi
             raise ValueError(f"conv_silu: {name} {tuple(s.shape)} for x {tuple(x.shape)} and width {W}: need (B, C, W)")
     if final_state is not None and final_state.shape[0] != B:
         raise ValueError(f"conv_silu: final_state {tuple(final_state.shape)} needs batch {B}")
+
+
+# A shared pass's conv (below `_conv_kernel`: a kernel's table entry hashes the line it starts on).
+@triton.autotune(configs=_CONFIGS, key=["C", "D", "W", "T_BUCKET", "NORM"], cache_results=True)
+@triton.jit
+def _conv_shared_kernel(X, Wt, Y, R, P, L, C, T_BUCKET, sxt, swc, swk, eps, c1, c2, norm_ch, D: tl.constexpr,
+                        W: tl.constexpr, NORM: tl.constexpr, BT: tl.constexpr):
+    """`_conv_kernel` over the R rows of a shared pass in one launch: a prefix of P rows from no
+    state, then B suffixes of L rows, each starting from the prefix's conv state — its last W − 1
+    rows, read in place. Program (head h, row block) over channels h·D..(h+1)·D; part p's outputs
+    are a contiguous (R, C_p) block of Y, the parts one after another. A block may straddle groups:
+    each row finds its own group's first row, and an input before it is the prefix's row as far
+    before P (zero before row 0, and for the prefix itself)."""
+    h = tl.program_id(0).to(tl.int64)
+    i_t = tl.program_id(1).to(tl.int64)
+    t = i_t * BT + tl.arange(0, BT)[:, None]
+    c = (h * D + tl.arange(0, D))[None, :]
+    c0 = h * D
+    start = tl.where(c0 >= c2, c2, tl.where(c0 >= c1, c1, 0)).to(tl.int64)
+    width = tl.where(c0 >= c2, C, tl.where(c0 >= c1, c2, c1)).to(tl.int64) - start
+    Yp = Y + R * start
+    suffix = t >= P
+    first = tl.where(suffix, P + (t - P) // L * L, 0)  # the first row of this row's group
+    acc = tl.zeros((BT, D), dtype=tl.float32)
+    for k in tl.static_range(W):
+        d = t - (W - 1) + k
+        own = d >= first
+        row = tl.where(own, d, P - first + d)  # before a suffix's first row: the prefix's history
+        ok = (t < R) & (own | (suffix & (row >= 0)))
+        xk = tl.load(X + row * sxt + c, mask=ok, other=0.0).to(tl.float32)
+        acc += xk * tl.load(Wt + c * swc + k * swk).to(tl.float32)
+    _silu_norm_store(acc, Yp, 0, t, c - start, R, width, eps, t < R, c0 < norm_ch, NORM)
+
+
+def conv_silu_shared_triton(x: torch.Tensor, weight: torch.Tensor, head_dim: int, sizes: list[int], prefix: int,
+                            suffix_len: int, *, normalized_parts: int, eps: float = 1e-6,
+                            cpu_block_t: int = 32) -> tuple[torch.Tensor, ...]:
+    """`conv_silu_parts_triton` over the rows x (R, C) of a shared pass — a prefix of `prefix` rows
+    from no state, then suffixes of `suffix_len` rows each from the prefix's final state — in one
+    launch: → one contiguous (R, size) output a part (views of one buffer). The numbers are those of
+    the prefix's call then the suffixes' from its state, forked (`tests/ops/test_ops.py`)."""
+    R, C = x.shape
+    W = weight.shape[-1]
+    _check_parts(x.view(1, R, C), weight, head_dim, sizes, normalized_parts, None, None)
+    if prefix < 1 or suffix_len < 1 or (R - prefix) % suffix_len:
+        raise ValueError(f"conv_silu_shared: {R} rows are not a prefix of {prefix} and suffixes of {suffix_len}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    buf = torch.empty(R * C, dtype=x.dtype, device=x.device)
+    ys, at = [], 0
+    for n in sizes:
+        ys.append(buf[at:at + R * n].view(R, n))
+        at += R * n
+    bounds = [*itertools.accumulate(sizes[:-1]), C, C][:2]
+    norm_ch = sum(sizes[:normalized_parts])
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+        grid = lambda meta: (C // head_dim, triton.cdiv(R, meta["BT"]))  # noqa: E731
+        args = (x, weight, buf, R, prefix, suffix_len, C, min(triton.next_power_of_2(R), 4096), x.stride(0),
+                weight.stride(0), weight.stride(1), float(eps), *bounds, norm_ch)
+        flags = dict(D=head_dim, W=W, NORM=norm_ch > 0)
+        if x.is_cuda:
+            _conv_shared_kernel[grid](*args, **flags)
+        else:  # the interpreter cannot benchmark configs: run the given block
+            _conv_shared_kernel.fn[grid](*args, **flags, BT=cpu_block_t)
+    return tuple(ys)

@@ -150,3 +150,36 @@ def causal_conv1d_qkv(
         return outs, final, True
     parts, state = causal_conv1d_parts(x, weight, sizes, initial_state, output_final_state)
     return parts, state, False
+
+
+def causal_conv1d_qkv_shared(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    sizes: list[int],
+    key_head_dim: int,
+    prefix: int,
+    suffix_len: int,
+) -> tuple[tuple[torch.Tensor, ...], bool]:
+    """`causal_conv1d_qkv` over the rows x (R, C) of a shared pass: a prefix of `prefix` rows from
+    no state, then suffixes of `suffix_len` rows each from the prefix's final state, forked →
+    ((q, k, v) of (R, ·) each, whether q and k came out normalised).
+
+    Fused, one launch of dohnuts' shared conv kernel over every row (each suffix's history read from
+    the prefix's last rows in place), each part one contiguous buffer of all rows — the delta rule
+    then takes k for both groups without a concatenation; the numbers and gradients are those of
+    the prefix's call and the suffixes' it replaces. On the reference path those two calls and a
+    concatenation per part."""
+    R, C = x.shape
+    if (use_fused(x) and len(sizes) == 3 and key_head_dim & (key_head_dim - 1) == 0
+            and all(n % key_head_dim == 0 for n in sizes)):
+        # Triton and fla: on a GPU only (the CPU runs the reference path without them)
+        from dohnuts.ops._conv_bwd_kernel import conv_silu_shared
+
+        return conv_silu_shared(x, weight, key_head_dim, list(sizes), prefix, suffix_len, normalized_parts=2), True
+    B = (R - prefix) // suffix_len
+    prefix_parts, state, normalised = causal_conv1d_qkv(x[:prefix].view(1, prefix, C), weight, sizes, key_head_dim,
+                                                        None, True)
+    suffix_parts, _, _ = causal_conv1d_qkv(x[prefix:].view(B, suffix_len, C), weight, sizes, key_head_dim,
+                                           state.expand(B, -1, -1), False)
+    return tuple(torch.cat([p.reshape(prefix, -1), s.reshape(R - prefix, -1)])
+                 for p, s in zip(prefix_parts, suffix_parts)), normalised

@@ -372,24 +372,25 @@ def shared_chunk_index(P: int, B: int, L: int, device) -> tuple[torch.Tensor, to
     return cu_seqlens, chunk_indices.to(torch.int32)
 
 
-def gated_delta_rule_shared(prefix, suffixes, a, b, A_log, dt_bias, chunk_index, qk_normalised: bool):
-    """The gated delta rule over a shared pass's rows: the prefix's sequence from no state, then
-    its B suffixes from its final state, forked. prefix = (q, k, v) of (1, P, ·) and suffixes = (q,
-    k, v) of (B, L, ·) as `gated_delta_rule_from_logits` takes them; a, b (P + B·L, HV) the gate
-    logits of all rows, prefix first; `chunk_index`: `shared_chunk_index(P, B, L)` → o (P + B·L, HV, V).
+def gated_delta_rule_shared(q, k, v, a, b, A_log, dt_bias, prefix: int, suffix_len: int, chunk_index,
+                            qk_normalised: bool):
+    """The gated delta rule over a shared pass's rows: a prefix of `prefix` rows from no state, then
+    suffixes of `suffix_len` rows each from its final state, forked. q, k (R, H, K), v (R, HV, V)
+    and the gate logits a, b (R, HV) of all rows, prefix first (as the shared conv writes them);
+    `chunk_index`: `shared_chunk_index(P, B, L)` → o (R, HV, V).
 
     Fused (q and k normalised by the conv, as Gated DeltaNet's fused conv does), `SharedDeltaRule`:
     one kkt_solve launch for the prefix's and the suffixes' chunks and one output buffer, the
     numbers of the two calls it replaces. Otherwise those two calls and a concatenation."""
-    qp, kp, vp = prefix
-    qs, ks, vs = suffixes
-    P, (B, L) = kp.shape[1], ks.shape[:2]
-    if use_fused(qp) and qk_normalised:
-        return SharedDeltaRule.apply(qp, kp, vp, qs, ks, vs, a, b, A_log, dt_bias, chunk_index, kp.shape[-1] ** -0.5)
-    o_p, state = gated_delta_rule_from_logits(qp, kp, vp, a[:P].view(1, P, -1), b[:P].view(1, P, -1), A_log, dt_bias,
-                                              None, True, use_qk_l2norm=not qk_normalised)
-    o_s, _ = gated_delta_rule_from_logits(qs, ks, vs, a[P:].view(B, L, -1), b[P:].view(B, L, -1), A_log, dt_bias,
-                                          state.expand(B, -1, -1, -1), False, use_qk_l2norm=not qk_normalised)
+    P, L = prefix, suffix_len
+    B = (k.shape[0] - P) // L
+    if use_fused(q) and qk_normalised:
+        return SharedDeltaRule.apply(q, k, v, a, b, A_log, dt_bias, chunk_index, P, L, k.shape[-1] ** -0.5)
+    (qp, kp, vp, ap, bp), (qs, ks, vs, as_, bs) = _shared_parts(P, B, L, q, k, v, a, b)
+    o_p, state = gated_delta_rule_from_logits(qp, kp, vp, ap, bp, A_log, dt_bias, None, True,
+                                              use_qk_l2norm=not qk_normalised)
+    o_s, _ = gated_delta_rule_from_logits(qs, ks, vs, as_, bs, A_log, dt_bias, state.expand(B, -1, -1, -1), False,
+                                          use_qk_l2norm=not qk_normalised)
     return torch.cat([o_p.reshape(P, *o_p.shape[2:]), o_s.reshape(B * L, *o_s.shape[2:])])
 
 
@@ -406,31 +407,30 @@ class SharedDeltaRule(torch.autograd.Function):
     backward per group."""
 
     @staticmethod
-    def forward(ctx, qp, kp, vp, qs, ks, vs, a, b, A_log, dt_bias, chunk_index, scale):
+    def forward(ctx, q, k, v, a, b, A_log, dt_bias, chunk_index, P, L, scale):
         # Triton and fla: on a GPU only (the CPU runs the reference path without them)
         from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
 
         f = fla()
-        P, (B, L), K, (HV, V) = kp.shape[1], ks.shape[:2], kp.shape[-1], vp.shape[2:]
-        R = P + B * L
+        R, K, (HV, V) = k.shape[0], k.shape[-1], v.shape[1:]
+        B = (R - P) // L
         needs_grad = any(ctx.needs_input_grad)
-        if needs_grad and qp.is_cuda:
+        if needs_grad and q.is_cuda:
             prepare_delta_rule_backward(K)
-        with _device(qp):
-            qp, kp, vp, qs, ks, vs = (t.contiguous() for t in (qp, kp, vp, qs, ks, vs))
+        with _device(q):
+            q, k, v = (t.contiguous() for t in (q, k, v))
+            (qp, kp, vp), (qs, ks, vs) = _shared_parts(P, B, L, q, k, v)
             g = torch.empty(R, HV, dtype=torch.float32, device=kp.device)
             beta = torch.empty_like(g)
             for rows, shape in ((slice(0, P), (1, P, HV)), (slice(P, R), (B, L, HV))):
                 gdn_gates_triton(a[rows].view(shape), b[rows].view(shape), A_log, dt_bias, CHUNK, f.RCP_LN2,
                                  out=(g[rows].view(shape), beta[rows].view(shape)))
-            k = torch.cat([kp.view(P, -1, K), ks.view(B * L, -1, K)])
             # the prefix's split path and fla's backward read whole 64 × 64 blocks: zeros above
             A = torch.zeros(R, HV, CHUNK, device=k.device, dtype=k.dtype)
             cu_seqlens, chunk_indices = chunk_index
             _kkt_kernel()[(chunk_indices.shape[0], HV)](
                 k=k, g=g, beta=beta, A=A, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, T=R, H=k.shape[1],
                 HV=HV, K=K, BT=CHUNK, BC=16, USE_G=True, IS_VARLEN=True, **_KKT_CONFIG)
-            del k
             o = torch.empty(R, HV, V, device=vp.device, dtype=vp.dtype)
             parts = _shared_parts(P, B, L, g, beta, A, o)
             (gp, bp, Ap, op), (gs, bs, As, os_) = parts
@@ -438,7 +438,8 @@ class SharedDeltaRule(torch.autograd.Function):
             _group_forward(f, qs, ks, vs, gs, bs, state.expand(B, -1, -1, -1), scale, False, needs_grad, A=As,
                            out=os_)
         if needs_grad:
-            ctx.save_for_backward(qp, kp, vp, qs, ks, vs, a, b, A_log, dt_bias, g, beta, A, state)
+            ctx.save_for_backward(q, k, v, a, b, A_log, dt_bias, g, beta, A, state)
+            ctx.groups = (P, B, L)
             ctx.scale = scale
         ctx.set_materialize_grads(False)
         return o
@@ -448,11 +449,11 @@ class SharedDeltaRule(torch.autograd.Function):
         # Triton and fla: on a GPU only (the CPU runs the reference path without them)
         from dohnuts.ops._gdn_gates_kernel import gdn_gates_bwd_triton
 
-        qp, kp, vp, qs, ks, vs, a, b, A_log, dt_bias, g, beta, A, state = ctx.saved_tensors
+        q, k, v, a, b, A_log, dt_bias, g, beta, A, state = ctx.saved_tensors
         f = fla()
-        P, (B, L), HV = kp.shape[1], ks.shape[:2], vp.shape[2]
-        R = P + B * L
-        do = torch.zeros(R, HV, vp.shape[3], device=vp.device, dtype=vp.dtype) if do is None else do.contiguous()
+        (P, B, L), (R, HV, V) = ctx.groups, v.shape
+        (qp, kp, vp), (qs, ks, vs) = _shared_parts(P, B, L, q, k, v)
+        do = torch.zeros(R, HV, V, device=v.device, dtype=v.dtype) if do is None else do.contiguous()
         (gp, bp, Ap, dop), (gs, bs, As, dos) = _shared_parts(P, B, L, g, beta, A, do)
         with _device(qp):
             h0 = state.expand(B, -1, -1, -1)
@@ -466,8 +467,10 @@ class SharedDeltaRule(torch.autograd.Function):
                                                           dgp, dbp.float(), CHUNK, f.RCP_LN2)
         da = torch.cat([dap.view(P, HV), das.view(B * L, HV)])
         db = torch.cat([dbp_.view(P, HV), dbs_.view(B * L, HV)])
-        return (dqp.to(qp.dtype), dkp.to(kp.dtype), dvp.to(vp.dtype), dqs.to(qs.dtype), dks.to(ks.dtype),
-                dvs.to(vs.dtype), da, db, (dA_p + dA_s).to(A_log.dtype), (ddt_p + ddt_s).to(dt_bias.dtype), None, None)
+        dq, dk, dv = (torch.cat([dp.reshape(P, *t.shape[1:]), ds.reshape(B * L, *t.shape[1:])]).to(t.dtype)
+                      for t, dp, ds in ((q, dqp, dqs), (k, dkp, dks), (v, dvp, dvs)))
+        return (dq, dk, dv, da, db, (dA_p + dA_s).to(A_log.dtype), (ddt_p + ddt_s).to(dt_bias.dtype), None, None, None,
+                None)
 
 
 def _shared_parts(P: int, B: int, L: int, *rows: torch.Tensor):

@@ -325,8 +325,9 @@ def test_shared_delta_rule_equals_its_two_calls(P, B, L):
         vpn, vsn, abn = (t.to(dtype) for t in (vp, vs, ab))
         a, b = abn[:, :H], abn[:, H:]
         if how != "two calls":
-            o = gated_delta_rule_shared((qpn, kpn, vpn), (qsn, ksn, vsn), a, b, A_log, dt_bias,
-                                        shared_chunk_index(P, B, L, DEV), True)
+            q, k, v = (torch.cat([tp.view(P, H, K), ts.view(B * L, H, K)]) for tp, ts in
+                       ((qpn, qsn), (kpn, ksn), (vpn, vsn)))
+            o = gated_delta_rule_shared(q, k, v, a, b, A_log, dt_bias, P, L, shared_chunk_index(P, B, L, DEV), True)
         else:
             o_p, st = gated_delta_rule_from_logits(qpn, kpn, vpn, a[:P].view(1, P, H), b[:P].view(1, P, H), A_log,
                                                    dt_bias, None, True, use_qk_l2norm=False)

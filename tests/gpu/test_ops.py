@@ -379,6 +379,54 @@ def test_conv_qkv_gradients_qwen_sizes(state):
             assert err < BF16_TOL, f"{name}: relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("P, B, L", [(448, 32, 64), (192, 8, 262), (2, 3, 5)])
+def test_shared_conv_equals_its_two_calls_qwen_sizes(P, B, L):
+    """`causal_conv1d_qkv_shared`'s one launch over a shared pass's rows (each suffix's history the
+    prefix's last rows, read in place) at Qwen3.5-2b sizes, BF16: its q, k and v bit for bit those
+    of the two calls it replaces (the prefix's, then the suffixes' from its final state, forked),
+    and its gradients (the packed projection, x a column slice of it; the conv weight) within BF16
+    rounding of theirs and of the FP32 reference's. Shapes: shared-prefix-2b's, image-cache-warm-2b's
+    (suffixes not a whole number of blocks), a prefix and suffixes shorter than the conv."""
+    from dohnuts.config import preset
+    from dohnuts.ops.conv import causal_conv1d_qkv, causal_conv1d_qkv_shared
+    from dohnuts.ops.delta_rule import _l2norm
+
+    cfg = preset("qwen3.5-2b").text
+    sizes = [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim]
+    D, hd = sum(sizes), cfg.linear_key_head_dim
+    R = P + B * L
+    pb, pf = _pair(R, D + 32, seed=60)
+    wb, wf = _pair(D, cfg.linear_conv_kernel_dim, scale=0.3, seed=61)
+    g = torch.Generator(device=DEV).manual_seed(62)
+    dys = [torch.randn(R, n, device=DEV, generator=g) for n in sizes]
+
+    def two_calls(x, w):
+        parts_p, st, normalised = causal_conv1d_qkv(x[:P].view(1, P, D), w, sizes, hd, None, True)
+        parts_s, _, _ = causal_conv1d_qkv(x[P:].view(B, L, D), w, sizes, hd, st.expand(B, -1, -1), False)
+        ys = [torch.cat([a.reshape(P, -1), b.reshape(B * L, -1)]) for a, b in zip(parts_p, parts_s)]
+        return ys if normalised else [_l2norm(y.view(R, -1, hd)).view(y.shape) if i < 2 else y for i, y in enumerate(ys)]
+
+    grads = {}
+    for how in ("one launch", "two calls"):
+        pb.grad = wb.grad = None
+        if how == "one launch":
+            parts, normalised = causal_conv1d_qkv_shared(pb[:, :D], wb, sizes, hd, P, L)
+            assert normalised and all(y.is_contiguous() and y.shape == (R, n) for y, n in zip(parts, sizes))
+            ours = [y.detach() for y in parts]
+        else:
+            parts = two_calls(pb[:, :D], wb)
+            assert all(torch.equal(a, b) for a, b in zip(ours, parts)), "the outputs differ from the two calls'"
+        sum((y.float() * dy).sum() for y, dy in zip(parts, dys)).backward()
+        grads[how] = (pb.grad.float(), wb.grad.float())
+    with reference_ops():
+        sum((y.float() * dy).sum() for y, dy in zip(two_calls(pf[:, :D], wf), dys)).backward()
+    for i, name in enumerate(("dx", "dweight")):
+        err = relative_error(grads["one launch"][i], grads["two calls"][i])
+        assert err < BF16_TOL, f"{name} against the two calls: relative error {err:.2e}"
+        want = (pf.grad, wf.grad)[i]
+        assert relative_error(grads["one launch"][i], want) <= 1.05 * relative_error(grads["two calls"][i], want) + 1e-4, name
+
+
 def test_fork_and_kv_append_copies_are_exact():
     """Outside autograd a fork is views (no copies: the conv and delta-rule kernels read strides);
     the broadcast-copy kernel behind the append of a forked prefix's keys/values (2b sizes) and a

@@ -139,6 +139,46 @@ def check_conv(full: bool) -> None:
     xr, sr = _leaves([x0, s00[:1]], torch.float64)
     _backward(reference(F.pad(xr, (4, 4)), w0.double(), sr, 2, False)[0], dys)
     assert rel(x.grad, xr.grad) < 1e-5 and rel(s0.grad, sr.grad) < 1e-5, "frozen weight"
+    # a shared pass's rows in one launch (conv_silu_shared): x a strided column slice of (R, ·) rows,
+    # the reference the prefix's call then the suffixes' from its final state, forked; blocks that
+    # straddle groups, a prefix and suffixes shorter than the conv's width (the `full` lane adds more)
+    from dohnuts.ops._conv_bwd_kernel import conv_silu_shared
+
+    def reference_rows(x, w, s0, rows, out_state):  # x (rows, T, C)
+        parts, st = causal_conv1d_parts_reference(x, w, sizes, None if s0 is None else s0.expand(rows, -1, -1),
+                                                  out_state)
+        return [_l2norm(p.view(rows, -1, p.shape[-1] // hd, hd)).view(p.shape) if i < 2 else p
+                for i, p in enumerate(parts)], st
+
+    for P, n, L, bt, frozen in ((45, 3, 7, 8, False), (2, 2, 3, 8, True)) + (((70, 3, 20, 32, False), (64, 2, 64, 16, False), (9, 4, 1, 8, False)) if full else ()):
+        R = P + n * L
+        packed0, w0 = torch.randn(R, C + 8, generator=g), torch.randn(C, W, generator=g) * 0.5
+        dys = [torch.randn(R, m, generator=g) for m in sizes]
+        pr, wr = _leaves([packed0, w0], torch.float64)
+        xr = pr[:, 4:4 + C]
+        ref_p, st = reference_rows(xr[:P].view(1, P, C), wr, None, 1, True)
+        ref_s, _ = reference_rows(xr[P:].view(n, L, C), wr, st, n, False)
+        _backward([torch.cat([a.reshape(P, -1), b.reshape(n * L, -1)]) for a, b in zip(ref_p, ref_s)], dys)
+        pk, w = _leaves([packed0, w0])
+        w = w0 if frozen else w
+        parts = conv_silu_shared(pk[:, 4:4 + C], w, hd, sizes, P, L, normalized_parts=2, cpu_block_t=bt)
+        _backward(parts, dys)
+        what = ("shared", P, n, L, bt)
+        assert all(q.is_contiguous() and q.shape == (R, m) for q, m in zip(parts, sizes)), what
+        assert rel(torch.cat(parts, -1), torch.cat([torch.cat([a.reshape(P, -1), b.reshape(n * L, -1)])
+                                                    for a, b in zip(ref_p, ref_s)], -1)) < 1e-5, (*what, "y")
+        assert rel(pk.grad, pr.grad) < 1e-5, (*what, "dx", rel(pk.grad, pr.grad))
+        assert frozen or rel(w.grad, wr.grad) < 1e-5, (*what, "dw")
+        with torch.no_grad():
+            parts_ng = conv_silu_shared(pk[:, 4:4 + C], w, hd, sizes, P, L, normalized_parts=2, cpu_block_t=bt)
+            x = pk[:, 4:4 + C]  # and bit for bit the two calls it replaces
+            two_p, st = conv_silu_parts(x[:P].view(1, P, C), w, hd, sizes, normalized_parts=2, output_final_state=True,
+                                        cpu_block_t=bt)
+            two_s, _ = conv_silu_parts(x[P:].view(n, L, C), w, hd, sizes, normalized_parts=2,
+                                       initial_state=st.expand(n, -1, -1), cpu_block_t=bt)
+        assert all(torch.equal(a, b) for a, b in zip(parts, parts_ng)), (*what, "no-grad forward")
+        assert all(torch.equal(a, torch.cat([b.reshape(P, -1), c.reshape(n * L, -1)]))
+                   for a, b, c in zip(parts, two_p, two_s)), (*what, "the two calls")
 
 
 # ---- the gates (dohnuts.ops._gdn_gates_kernel.GdnGates) ------------------------------------------
@@ -278,13 +318,13 @@ def check_delta_rule(full: bool) -> None:
 # ---- Gated DeltaNet's shared pass: the forked conv and recurrent states in the graph ------------
 
 def check_shared_mixer(full: bool) -> None:
-    """`GatedDeltaNet.forward_shared` (a prefix, then its suffixes from its forked conv and recurrent
-    states, both expanded views) with the fused conv and delta rule against the same module on the
+    """`GatedDeltaNet.forward_shared` (a prefix, then its suffixes from its conv state — its last rows,
+    read in place by the shared conv — and its recurrent state, an expanded view) with the fused conv and delta rule against the same module on the
     reference ops: output and every gradient, so gradients of all branches reach the prefix — with
     the prefix and the suffixes each on the fused output kernel or the split path (the GPU's
     multiprocessor count draws the line), a prefix that is not a whole number of chunks. And the
-    fused `SharedDeltaRule` (one kkt_solve launch over both groups' chunks) equals the two
-    `ChunkedDeltaRule` calls it replaces, bitwise."""
+    shared conv (one launch over both groups' rows) and the fused `SharedDeltaRule` (one kkt_solve
+    launch over both groups' chunks) equal the two calls each replaces, bitwise."""
     from dohnuts.config import preset
     from dohnuts.model.deltanet import GatedDeltaNet
     from dohnuts.model.state import SharedRows
@@ -315,9 +355,15 @@ def check_shared_mixer(full: bool) -> None:
                 o_p, state = mixer._delta(qkv_p, b[:P].view(1, P, -1), a[:P].view(1, P, -1), None, True, True)
                 o_s, _ = mixer._delta(qkv_s, b[P:].view(n, t, -1), a[P:].view(n, t, -1), state.expand(n, -1, -1, -1),
                                       False, True)
+                (q, k, v), _ = conv.causal_conv1d_qkv_shared(
+                    mixed, mixer.conv1d.weight.squeeze(1), [cfg.linear_key_dim, cfg.linear_key_dim,
+                                                            cfg.linear_value_dim], cfg.linear_key_head_dim, P, t)
+                for one_part, part_p, part_s in zip((q, k, v), qkv_p, qkv_s):
+                    assert torch.equal(one_part, torch.cat([part_p.reshape(P, -1), part_s.reshape(n * t, -1)])), mp
+                R, K = P + n * t, cfg.linear_key_head_dim
                 one = delta_rule.gated_delta_rule_shared(
-                    mixer._heads(qkv_p), mixer._heads(qkv_s), a, b, mixer.A_log, mixer.dt_bias,
-                    delta_rule.shared_chunk_index(P, n, t, x0.device), True)
+                    q.view(R, -1, K), k.view(R, -1, K), v.view(R, -1, cfg.linear_value_head_dim), a, b,
+                    mixer.A_log, mixer.dt_bias, P, t, delta_rule.shared_chunk_index(P, n, t, x0.device), True)
             assert torch.equal(one, torch.cat([o_p.reshape(P, *o_p.shape[2:]), o_s.reshape(n * t, *o_s.shape[2:])])), mp
     (y_r, dx_r, grads_r), *fused_runs = runs
     for mp, (y_f, dx_f, grads_f) in zip((1, 20, 10 ** 9), fused_runs):

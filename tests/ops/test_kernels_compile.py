@@ -65,6 +65,15 @@ def _conv(target, flag, config):
     assert kernel.metadata.name == "_conv_kernel"
 
 
+def _conv_shared(target, config):
+    from dohnuts.ops._conv_kernel import _conv_shared_kernel
+
+    types = _types(_conv_shared_kernel, _bf16("X", "Wt", "Y"))
+    kernel = compile_kernel(_conv_shared_kernel, target, dict(D=128, W=4, NORM=True, BT=config.kwargs["BT"]), types,
+                            num_warps=config.num_warps)
+    assert kernel.metadata.name == "_conv_shared_kernel"
+
+
 def _delta_h(target, flag, config, sizes=dict(H=16, HV=16, K=128, V=128)):
     from dohnuts.ops._delta_h_kernel import _delta_h_kernel
 
@@ -146,12 +155,13 @@ def test_backward_kernels_compile(target):
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_conv_and_delta_h_kernels_compile_at_their_main_config(target):
-    """The conv kernel as a stateless pass launches it (q/k normalised, final state kept) and the
-    fused delta-rule output kernel from a forked state (every autotuned kernel's first config)."""
+    """The conv kernel as a stateless pass launches it (q/k normalised, final state kept), the shared
+    pass's conv kernel, and the fused delta-rule output kernel from a forked state (every autotuned kernel's first config)."""
     from dohnuts.ops._conv_kernel import _CONFIGS
     from dohnuts.ops._delta_h_kernel import _O_CONFIGS
 
     _conv(TARGETS[target], dict(NORM=True, HAS_S0=False, STORE_ST=True), _CONFIGS[1])
+    _conv_shared(TARGETS[target], _CONFIGS[1])
     _delta_h(TARGETS[target], _delta_flags(fuse_o=True, fuse_wu=True), _O_CONFIGS[0])
 
 
@@ -164,6 +174,8 @@ def test_conv_kernel_compiles_with_every_flag_and_config(target):
     for flag in flags(NORM=(True, False), HAS_S0=(True, False), STORE_ST=(True, False)):
         for config in _CONFIGS:  # (tokens per program, warps): the tuner may pick any
             _conv(TARGETS[target], flag, config)
+    for config in _CONFIGS:  # a shared pass's conv (q and k normalised, as Gated DeltaNet launches it)
+        _conv_shared(TARGETS[target], config)
 
 
 @pytest.mark.slow

@@ -114,9 +114,8 @@ def test_no_state_survives_a_request(monkeypatch):
     """Poison every prefix state the shared pass made — each attention layer's keys and values when
     they are forked, each Gated DeltaNet layer's conv history and recurrent state when they are
     returned — after a request: the next request is unaffected."""
-    from dohnuts.model.deltanet import GatedDeltaNet
     from dohnuts.model.state import KVState
-    from dohnuts.ops import delta_rule
+    from dohnuts.ops import conv, delta_rule
 
     model = _model()
     a, b = _request("a" * 300), _request("b" * 300, texts=("delta", "eps", "zeta"))
@@ -127,9 +126,9 @@ def test_no_state_survives_a_request(monkeypatch):
         states.extend([self.key, self.value])
         return real(self, n)
 
-    def conv(self, mixed, conv_state, return_state, real=GatedDeltaNet._conv):
-        out = real(self, mixed, conv_state, return_state)
-        if return_state:
+    def conv_qkv(*args, real=conv.causal_conv1d_qkv, **kw):  # the shared conv's prefix state (CPU)
+        out = real(*args, **kw)
+        if out[1] is not None:
             states.append(out[1])
         return out
 
@@ -140,7 +139,7 @@ def test_no_state_survives_a_request(monkeypatch):
         return out
 
     monkeypatch.setattr(KVState, "fork", kv_fork)
-    monkeypatch.setattr(GatedDeltaNet, "_conv", conv)
+    monkeypatch.setattr(conv, "causal_conv1d_qkv", conv_qkv)
     monkeypatch.setattr(delta_rule, "gated_delta_rule_from_logits", delta)
     model.predict([a])
     assert len(states) == 2 * len(model.model.backbone.layers)  # each layer's prefix state: two tensors
