@@ -194,22 +194,24 @@ def _conv_shared_kernel(X, Wt, Y, R, P, L, C, T_BUCKET, sxt, swc, swk, eps, c1, 
     each row finds its own group's first row, and an input before it is the prefix's row as far
     before P (zero before row 0, and for the prefix itself)."""
     h = tl.program_id(0).to(tl.int64)
-    i_t = tl.program_id(1).to(tl.int64)
-    t = i_t * BT + tl.arange(0, BT)[:, None]
+    # row arithmetic in 32 bits (R < 2³¹; a 64-bit division is a long software sequence a row),
+    # addresses in 64
+    t32 = tl.program_id(1) * BT + tl.arange(0, BT)[:, None]
+    t = t32.to(tl.int64)
     c = (h * D + tl.arange(0, D))[None, :]
     c0 = h * D
     start = tl.where(c0 >= c2, c2, tl.where(c0 >= c1, c1, 0)).to(tl.int64)
     width = tl.where(c0 >= c2, C, tl.where(c0 >= c1, c2, c1)).to(tl.int64) - start
     Yp = Y + R * start
-    suffix = t >= P
-    first = tl.where(suffix, P + (t - P) // L * L, 0)  # the first row of this row's group
+    suffix = t32 >= P
+    first = tl.where(suffix, P + (t32 - P) // L * L, 0)  # the first row of this row's group
     acc = tl.zeros((BT, D), dtype=tl.float32)
     for k in tl.static_range(W):
-        d = t - (W - 1) + k
+        d = t32 - (W - 1) + k
         own = d >= first
         row = tl.where(own, d, P - first + d)  # before a suffix's first row: the prefix's history
-        ok = (t < R) & (own | (suffix & (row >= 0)))
-        xk = tl.load(X + row * sxt + c, mask=ok, other=0.0).to(tl.float32)
+        ok = (t32 < R) & (own | (suffix & (row >= 0)))
+        xk = tl.load(X + row.to(tl.int64) * sxt + c, mask=ok, other=0.0).to(tl.float32)
         acc += xk * tl.load(Wt + c * swc + k * swk).to(tl.float32)
     _silu_norm_store(acc, Yp, 0, t, c - start, R, width, eps, t < R, c0 < norm_ch, NORM)
 

@@ -382,9 +382,10 @@ def test_conv_qkv_gradients_qwen_sizes(state):
 @pytest.mark.parametrize("P, B, L", [(448, 32, 64), (192, 8, 262), (2, 3, 5)])
 def test_shared_conv_equals_its_two_calls_qwen_sizes(P, B, L):
     """`causal_conv1d_qkv_shared`'s one launch over a shared pass's rows (each suffix's history the
-    prefix's last rows, read in place) at Qwen3.5-2b sizes, BF16: its q, k and v bit for bit those
-    of the two calls it replaces (the prefix's, then the suffixes' from its final state, forked),
-    and its gradients (the packed projection, x a column slice of it; the conv weight) within BF16
+    prefix's last rows, read in place) at Qwen3.5-2b sizes, BF16: its q, k and v within one BF16
+    step of the two calls it replaces (the prefix's, then the suffixes' from its final state,
+    forked; bit for bit in the interpreter at one block size — here each launch's tuned config
+    orders the L2 norm's sum its own way), and its gradients (the packed projection, x a column slice of it; the conv weight) within BF16
     rounding of theirs and of the FP32 reference's. Shapes: shared-prefix-2b's, image-cache-warm-2b's
     (suffixes not a whole number of blocks), a prefix and suffixes shorter than the conv."""
     from dohnuts.config import preset
@@ -415,7 +416,10 @@ def test_shared_conv_equals_its_two_calls_qwen_sizes(P, B, L):
             ours = [y.detach() for y in parts]
         else:
             parts = two_calls(pb[:, :D], wb)
-            assert all(torch.equal(a, b) for a, b in zip(ours, parts)), "the outputs differ from the two calls'"
+            for name, a, b in zip("qkv", ours, parts):  # each output within one BF16 step of theirs
+                a, b = a.float(), b.float()
+                worst = ((a - b).abs() / b.abs().clamp_min(1e-30)).max().item()
+                assert worst <= 2 ** -7, f"{name}: {worst:.2e} from the two calls' (relative, largest)"
         sum((y.float() * dy).sum() for y, dy in zip(parts, dys)).backward()
         grads[how] = (pb.grad.float(), wb.grad.float())
     with reference_ops():
