@@ -7,7 +7,9 @@ cache, so a state can be handed from a prefix pass to suffix passes (shared-pref
 Gated DeltaNet's conv (`causal_conv1d_qkv`, and `causal_conv1d_parts`) runs dohnuts' Triton
 kernel on CUDA, with and without autograd (dohnuts.ops._conv_kernel: one forward kernel;
 dohnuts.ops._conv_bwd_kernel: its own backward, and the autograd Function), reading a forked
-state in place; `causal_conv1d` is fla's conv.
+state in place; a shared pass's rows take one launch of its shared kernel
+(`causal_conv1d_qkv_shared`: each suffix's history read from the prefix's last rows);
+`causal_conv1d` is fla's conv.
 """
 
 from __future__ import annotations
