@@ -1,8 +1,6 @@
 """Triton kernels: the backward of Gated DeltaNet's conv + SiLU (+ per-head L2 norm) —
 dohnuts.ops._conv_kernel's forward —, and the autograd Function that pairs the two
-(`ConvSiluParts`, `conv_silu_parts`: the forward kernel, then `conv_silu_parts_bwd_triton`; and
-`ConvSiluShared`, `conv_silu_shared`: a shared pass's rows in one forward launch, whose backward is
-that of the prefix's call and the suffixes' it replaces).
+(`ConvSiluParts`, `conv_silu_parts`: the forward kernel, then `conv_silu_parts_bwd_triton`).
 
 Two launches over the forward's programs (head, token block, batch row), recomputing the conv
 from x and the initial state instead of saving it:
@@ -252,7 +250,7 @@ def conv_silu_parts(x: torch.Tensor, weight: torch.Tensor, head_dim: int, sizes:
 
 
 class ConvSiluShared(torch.autograd.Function):
-    """`conv_silu_shared_triton` with its backward: the backward of the two calls it replaces —
+    """`conv_silu_shared_triton` (a shared pass's rows in one forward launch) with its backward: the backward of the two calls it replaces —
     the suffixes' from the prefix's conv state (its last W inputs, a view of x), whose gradient,
     summed over the suffixes, is the prefix's final state's; then the prefix's."""
 

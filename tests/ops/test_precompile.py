@@ -333,13 +333,11 @@ def test_the_h200_tables_varlen_kkt_entry_is_what_a_shared_pass_launch_looks_up(
               and json.loads(e["data"])["constant_vals"][-1] is True]
     assert len(varlen) == 1, len(varlen)
     P, B, L, H, K = 448, 32, 64, 16, 128
-    qp, kp = (torch.empty(1, P, H, K, dtype=torch.bfloat16) for _ in range(2))
-    qs, ks = (torch.empty(B, L, H, K, dtype=torch.bfloat16) for _ in range(2))
+    q, k, v = (torch.empty(P + B * L, H, K, dtype=torch.bfloat16) for _ in range(3))
     ab = torch.empty(P + B * L, 2 * H, dtype=torch.bfloat16)
     with offline_launches("sm_90"), _precompile.record() as made:
-        delta_rule.SharedDeltaRule.apply(qp, kp, torch.empty_like(qp), qs, ks, torch.empty_like(qs), ab[:, :H],
-                                         ab[:, H:], torch.zeros(H), torch.zeros(H),
-                                         delta_rule.shared_chunk_index(P, B, L, "cpu"), K ** -0.5)
+        delta_rule.SharedDeltaRule.apply(q, k, v, ab[:, :H], ab[:, H:], torch.zeros(H), torch.zeros(H),
+                                         delta_rule.shared_chunk_index(P, B, L, "cpu"), P, L, K ** -0.5)
     (launched,) = [e for e in made["compiled"] if e["name"] == "chunk_gated_delta_rule_fwd_kkt_solve_kernel"]
 
     def spec(data: str) -> dict:
