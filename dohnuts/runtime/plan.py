@@ -99,37 +99,38 @@ def plan_request(req: Request, tokenizer, *, max_len: int, image_tokens: int = 0
         head = [sp.vision_start] + [sp.image] * image_tokens + [sp.vision_end]
     if req.prefix:
         head += tokenizer.encode(req.prefix + "\n")
+    # Each sequence is the shared head then the question's own tokens, joined once as tuples: the
+    # head is not copied into every question's list first (docs/history/evolution.md M49).
+    head_t, h = tuple(head), len(head)
     seqs, positions = [], []
     encode, score = tokenizer.encode, sp.score
     for qi, q in enumerate(req.questions):
-        ids = encode(f"Question: {q.text}\n")  # a new list (both tokenizers): extended in place below
-        if head:  # copied only when there is one (text-2b's 32 × 512 tokens: plan 0.12 → 0.107 ms)
-            ids = head + ids
-        if len(ids) >= max_len:  # no room left for a candidate: blame what filled the context
-            if len(head) < max_len:
+        body = encode(f"Question: {q.text}\n")  # a new list (both tokenizers): extended in place below
+        if h + len(body) >= max_len:  # no room left for a candidate: blame what filled the context
+            if h < max_len:
                 what, field = "question", f"questions[{qi}].text"
             elif image_tokens and image_tokens + 2 >= max_len:
                 what, field = "image", "image"
             else:
                 what, field = "prefix", "prefix"
             raise RequestError(
-                f"the {what} brings the sequence to {len(ids)} tokens before any candidate, over the context "
+                f"the {what} brings the sequence to {h + len(body)} tokens before any candidate, over the context "
                 f"of {max_len}", source=source or req.id, field=field,
             )
         pos = []
         for ci, cand in enumerate(q.candidates):
-            ids += encode(f"Answer: {cand}")
-            ids.append(score)
-            pos.append(len(ids) - 1)
-            if len(ids) > max_len:
+            body += encode(f"Answer: {cand}")
+            body.append(score)
+            pos.append(h + len(body) - 1)
+            if h + len(body) > max_len:
                 raise RequestError(
-                    f"candidate {ci} brings the sequence to {len(ids)} tokens, over the context of {max_len}",
+                    f"candidate {ci} brings the sequence to {h + len(body)} tokens, over the context of {max_len}",
                     source=source or req.id, field=f"questions[{qi}].candidates[{ci}]",
                 )
-        seqs.append(tuple(ids))
+        seqs.append(head_t + tuple(body))
         positions.append(tuple(pos))
     seqs_t, pos_t = tuple(seqs), tuple(positions)
     # Once (the split and the work records both need it); every sequence starts with `head`.
-    common = longest_common_prefix(seqs_t, known=len(head))
+    common = longest_common_prefix(seqs_t, known=h)
     prefix = shared_prefix_split(seqs_t, pos_t, common=common) if share_prefix else 0
     return RequestPlan(req, seqs_t, pos_t, image_tokens, image_grid, prefix, common)
