@@ -425,8 +425,12 @@ class SharedDeltaRule(torch.autograd.Function):
             for rows, shape in ((slice(0, P), (1, P, HV)), (slice(P, R), (B, L, HV))):
                 gdn_gates_triton(a[rows].view(shape), b[rows].view(shape), A_log, dt_bias, CHUNK, f.RCP_LN2,
                                  out=(g[rows].view(shape), beta[rows].view(shape)))
-            # the prefix's split path and fla's backward read whole 64 × 64 blocks: zeros above
-            A = torch.zeros(R, HV, CHUNK, device=k.device, dtype=k.dtype)
+            # A group on fla's split path, and fla's backward, read whole 64 × 64 blocks: zeros above
+            # the diagonal there; the fused output kernel selects them away (as in `_kkt_solve`)
+            A = torch.empty(R, HV, CHUNK, device=k.device, dtype=k.dtype)
+            for rows, n in ((slice(0, P), 1), (slice(P, R), B)):
+                if needs_grad or not _fused_output(n, HV, K, V, q.device):
+                    A[rows].zero_()
             cu_seqlens, chunk_indices = chunk_index
             _kkt_kernel()[(chunk_indices.shape[0], HV)](
                 k=k, g=g, beta=beta, A=A, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, T=R, H=k.shape[1],

@@ -299,7 +299,8 @@ def test_shared_delta_rule_equals_its_two_calls(P, B, L):
     accurate against the FP32 reference; every gradient (q, k, v of both groups, the gate logits,
     A_log, dt_bias) within BF16 rounding of theirs. Shapes: shared-prefix-2b's, image-cache-warm-2b's
     (suffixes not a whole number of chunks), and two suffixes (the fused output kernel left for
-    fla's split path)."""
+    fla's split path). Without gradients (a prediction session's frozen parameters: A's upper blocks
+    zeroed only for a group on the split path) the output is bit for bit the same."""
     from dohnuts.ops._dispatch import reference as reference_ops  # private: the parity tooling's switch
     from dohnuts.ops.delta_rule import _l2norm, gated_delta_rule_from_logits, gated_delta_rule_shared, shared_chunk_index
 
@@ -327,7 +328,11 @@ def test_shared_delta_rule_equals_its_two_calls(P, B, L):
         if how != "two calls":
             q, k, v = (torch.cat([tp.view(P, H, K), ts.view(B * L, H, K)]) for tp, ts in
                        ((qpn, qsn), (kpn, ksn), (vpn, vsn)))
-            o = gated_delta_rule_shared(q, k, v, a, b, A_log, dt_bias, P, L, shared_chunk_index(P, B, L, DEV), True)
+            frozen = how == "frozen"  # a prediction session's: no input needs a gradient
+            o = gated_delta_rule_shared(*(t.detach() if frozen else t for t in (q, k, v, a, b, A_log, dt_bias)), P, L,
+                                        shared_chunk_index(P, B, L, DEV), True)
+            if frozen:
+                return o, None
         else:
             o_p, st = gated_delta_rule_from_logits(qpn, kpn, vpn, a[:P].view(1, P, H), b[:P].view(1, P, H), A_log,
                                                    dt_bias, None, True, use_qk_l2norm=False)
@@ -341,6 +346,8 @@ def test_shared_delta_rule_equals_its_two_calls(P, B, L):
 
     theirs, their_grads = run("two calls")
     ours, our_grads = run("one op")
+    frozen, _ = run("frozen")  # the upper blocks of A zeroed only where a split group reads them: the same numbers
+    assert torch.equal(frozen, ours), "the op without gradients differs from the op with them"
     with torch.no_grad(), reference_ops():
         ref, _ = run("reference", torch.float32)
     assert relative_error(ours.float(), theirs.float()) < BF16_TOL

@@ -12,6 +12,7 @@ checks that the forward under autograd is bitwise the forward without it (the sa
 from __future__ import annotations
 
 import ast
+import contextlib
 import sys
 
 import torch
@@ -317,6 +318,23 @@ def check_delta_rule(full: bool) -> None:
 
 # ---- Gated DeltaNet's shared pass: the forked conv and recurrent states in the graph ------------
 
+@contextlib.contextmanager
+def _nan_empty():
+    """torch.empty and empty_like fill floating tensors with NaN while active (on the CPU fresh
+    memory is often zeros, which hides a read of what no kernel wrote)."""
+    real, real_like = torch.empty, torch.empty_like
+
+    def poison(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    torch.empty = lambda *a, **kw: poison(real(*a, **kw))
+    torch.empty_like = lambda *a, **kw: poison(real_like(*a, **kw))
+    try:
+        yield
+    finally:
+        torch.empty, torch.empty_like = real, real_like
+
+
 def check_shared_mixer(full: bool) -> None:
     """`GatedDeltaNet.forward_shared` (a prefix, then its suffixes from its conv state — its last rows,
     read in place by the shared conv — and its recurrent state, an expanded view) with the fused conv and delta rule against the same module on the
@@ -347,8 +365,9 @@ def check_shared_mixer(full: bool) -> None:
         y = mixer.forward_shared(x, SharedRows(((1, P, None), (n, t, None))))
         y.backward(dy)
         runs.append((y.detach(), x.grad, {k: p.grad.clone() for k, p in mixer.named_parameters()}))
-        if fused:  # the one op against the two calls it replaces, on the same inputs
-            with torch.no_grad():
+        if fused:  # the one op against the two calls it replaces, on the same inputs; every
+            # uninitialised float allocation NaN, so a read of memory no kernel wrote shows
+            with torch.no_grad(), _nan_empty():
                 mixed, b, a = mixer.project(x0)
                 qkv_p, conv_p, _ = mixer._conv(mixed[:P].view(1, P, -1), None, True)
                 qkv_s, _, _ = mixer._conv(mixed[P:].view(n, t, -1), conv_p.expand(n, -1, -1), False)
@@ -361,9 +380,10 @@ def check_shared_mixer(full: bool) -> None:
                 for one_part, part_p, part_s in zip((q, k, v), qkv_p, qkv_s):
                     assert torch.equal(one_part, torch.cat([part_p.reshape(P, -1), part_s.reshape(n * t, -1)])), mp
                 R, K = P + n * t, cfg.linear_key_head_dim
-                one = delta_rule.gated_delta_rule_shared(
+                one = delta_rule.gated_delta_rule_shared(  # frozen parameters, as a prediction session's
                     q.view(R, -1, K), k.view(R, -1, K), v.view(R, -1, cfg.linear_value_head_dim), a, b,
-                    mixer.A_log, mixer.dt_bias, P, t, delta_rule.shared_chunk_index(P, n, t, x0.device), True)
+                    mixer.A_log.detach(), mixer.dt_bias.detach(), P, t,
+                    delta_rule.shared_chunk_index(P, n, t, x0.device), True)
             assert torch.equal(one, torch.cat([o_p.reshape(P, *o_p.shape[2:]), o_s.reshape(n * t, *o_s.shape[2:])])), mp
     (y_r, dx_r, grads_r), *fused_runs = runs
     for mp, (y_f, dx_f, grads_f) in zip((1, 20, 10 ** 9), fused_runs):
