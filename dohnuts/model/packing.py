@@ -9,6 +9,9 @@ weight is what is packed): training and prediction with adapters run the same pa
 prediction without them, each adapter's update added into its columns
 (`dohnuts.model.lora.linear_group`).
 
+The same step stores each depthwise conv's weight tap-major (`_tap_major`), as the conv kernels
+read it: the same Parameter, shape and values, without the kernels' copy of it a layer and call.
+
 `packed_weight(*linears)` hands a layer the whole tensor while the group is still stored that
 way; the layer then runs one GEMM and splits the output's columns. Anything else gets None and
 the layer runs its projections one by one: weights re-created by a load with `assign=True` or a
@@ -60,12 +63,15 @@ def packed_weight(*linears: nn.Module) -> torch.Tensor | None:
 
 @torch.no_grad()
 def fuse_projections(backbone: nn.Module) -> int:
-    """Pack every group of plain linears the backbone's layers name (`packed_projections`), in place.
+    """Pack every group of plain linears the backbone's layers name (`packed_projections`), in place;
+    and re-store each depthwise conv's weight tap-major (`_tap_major`).
 
     Idempotent: an already packed group is left as it is. A group with a biased (or
     mixed-dtype) member is skipped. Returns how many groups are packed afterwards."""
     n = 0
     for module in backbone.modules():
+        if isinstance(module, nn.Conv1d) and module.groups == module.in_channels == module.out_channels:
+            _tap_major(module)
         for names in getattr(module, "packed_projections", ()):
             linears = tuple(getattr(module, name) for name in names)
             if _packed_view(linears) is None and not _pack(linears):
@@ -86,3 +92,17 @@ def _pack(linears: tuple[nn.Module, ...]) -> bool:
         m.weight = nn.Parameter(packed[start:start + w.shape[0]], requires_grad=w.requires_grad)
         start += w.shape[0]
     return True
+
+
+def _tap_major(conv: nn.Conv1d) -> None:
+    """A depthwise conv's weight (D, 1, W) stored tap by tap — each tap's D channels contiguous, what
+    the conv kernels read (dohnuts.ops._conv_kernel) — with the same values, shape and Parameter
+    name, so state dicts, `copy_` loading and the reference path are unchanged; the kernels' copy
+    of it a layer and call is gone. A weight already so stored is left alone; one re-created later
+    (a load with `assign=True`, a move) is contiguous again and the kernels copy it as before."""
+    w = conv.weight
+    D, _, W = w.shape
+    if w.stride(0) == 1 and w.stride(2) == D:
+        return
+    stored = w.detach().squeeze(1).t().contiguous()  # (W, D)
+    conv.weight = nn.Parameter(stored.t().unsqueeze(1), requires_grad=w.requires_grad)

@@ -90,6 +90,30 @@ def test_fusion_is_idempotent_and_keeps_the_state_dict():
             assert torch.equal(packed_weight(*linears), torch.cat([m.weight for m in linears]))
 
 
+def test_depthwise_conv_weights_are_stored_tap_major():
+    """Each Gated DeltaNet conv weight is stored as the conv kernels read it, each tap's channels
+    contiguous: their tap-major form is a view of the Parameter (no copy a layer and call), with the
+    values of the plain model's; a load copies into that storage and keeps it."""
+    plain, packed = _pair()
+    convs = [(m.conv1d, p.conv1d) for m, p in zip(plain.modules(), packed.modules()) if hasattr(m, "conv1d")]
+    assert len(convs) == sum(t == "linear_attention" for t in CFG.text.layer_types)
+
+    def kernels_copy(conv):  # what dohnuts.ops._conv_bwd_kernel does with the weight it is given
+        w = conv.weight.squeeze(1)
+        return w.t().contiguous().t(), w
+
+    for plain_conv, conv in convs:
+        tap, w = kernels_copy(conv)
+        assert tap.data_ptr() == w.data_ptr() and torch.equal(conv.weight, plain_conv.weight)
+        assert isinstance(conv.weight, nn.Parameter) and conv.weight.requires_grad
+        assert kernels_copy(plain_conv)[0].data_ptr() != plain_conv.weight.data_ptr()  # the plain model's is copied
+    other, _ = build_text_backbone(CFG, seed=11)
+    packed.load_state_dict(other.state_dict())
+    for (_, conv), theirs in zip(convs, (m.conv1d for m in other.modules() if hasattr(m, "conv1d"))):
+        tap, w = kernels_copy(conv)
+        assert tap.data_ptr() == w.data_ptr() and torch.equal(conv.weight, theirs.weight)
+
+
 def test_replaced_weights_fall_back_to_separate_projections():
     """A load with assign=True re-creates the parameters: the packing is gone, the result is not."""
     _, packed = _pair()
