@@ -250,9 +250,10 @@ def conv_silu_parts(x: torch.Tensor, weight: torch.Tensor, head_dim: int, sizes:
 
 
 class ConvSiluShared(torch.autograd.Function):
-    """`conv_silu_shared_triton` (a shared pass's rows in one forward launch) with its backward: the backward of the two calls it replaces —
-    the suffixes' from the prefix's conv state (its last W inputs, a view of x), whose gradient,
-    summed over the suffixes, is the prefix's final state's; then the prefix's."""
+    """`conv_silu_shared_triton` (a shared pass's rows in one forward launch) with its backward, that
+    of the two calls it replaces: the suffixes' from the prefix's conv state (its last W inputs, a
+    view of x), whose gradient, summed over the suffixes, is the prefix's final state's; then the
+    prefix's."""
 
     @staticmethod
     def forward(ctx, x, weight, head_dim, sizes, normalized_parts, prefix, suffix_len, eps, cpu_block_t):

@@ -94,6 +94,11 @@ def test_every_op_takes_its_reference_path_there(no_kernels, capsys):
         "causal_conv1d_qkv": (ops.causal_conv1d_qkv, (r(B, T, 96), r(96, 4), [32, 32, 32], 16, r(B, 96, 4), True)),
         "gated_delta_rule_from_logits": (ops.gated_delta_rule_from_logits,
                                          (q, k, v, a, b, A_log, dt_bias, r(B, 2 * H, D, D), True)),
+        # a shared pass's rows: a prefix of 20, then 3 suffixes of 7
+        "causal_conv1d_qkv_shared": (ops.causal_conv1d_qkv_shared, (r(41, 96), r(96, 4), [32, 32, 32], 16, 20, 7)),
+        "gated_delta_rule_shared": (ops.gated_delta_rule_shared,
+                                    (r(41, H, D), r(41, H, D), r(41, 2 * H, D), r(41, 2 * H), r(41, 2 * H), A_log,
+                                     dt_bias, 20, 7, ops.shared_chunk_index(20, 3, 7, "cpu"), False)),
         "causal_attention": (ops.causal_attention, (r(B, 4, T, D), r(B, 2, T, D), r(B, 2, T, D), D ** -0.5)),
         "gated_output": (ops.gated_output, (r(B, H, T, D), r(B, T, H, D))),
         "norm_rope": (ops.norm_rope, (r(B, T, H, D), r(D), 1e-6, 1.0, r(B, T, 8), r(B, T, 8))),
