@@ -94,11 +94,12 @@ class ScoringModel(nn.Module):
 
     # -- passes -------------------------------------------------------------------------------
 
-    def encode_images(self, patches: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-        """The frozen vision tower: patches (N, C·Tp·P·P) + grids (n, 3) → merged features (Σ m_i, H)."""
+    def encode_images(self, patches: torch.Tensor, grid_thw: torch.Tensor, grid_inputs=None) -> torch.Tensor:
+        """The frozen vision tower: patches (N, C·Tp·P·P) + grids (n, 3) → merged features (Σ m_i, H).
+        `grid_inputs`: the tower's `grid_inputs(grid_thw)`, computed ahead (a CUDA graph's replays)."""
         if self.visual is None:
             raise RuntimeError("this model has no vision tower")
-        return self.visual(patches.to(self.compute_dtype), grid_thw)
+        return self.visual(patches.to(self.compute_dtype), grid_thw, grid_inputs)
 
     def embed(self, ids: torch.Tensor, features: torch.Tensor | None, start: int) -> torch.Tensor:
         """Token embeddings (B, T, H) with `features` (m, H) in place of tokens start..start+m−1.

@@ -16,6 +16,7 @@ transformers' `Qwen3_5Model.get_rope_index`.
 from __future__ import annotations
 
 import itertools
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +25,7 @@ from torch import nn
 from dohnuts.config import VisionConfig
 from dohnuts.model.blocks import Embedding
 from dohnuts.model.checkpoint import allocate, assign_weights, init_weights
-from dohnuts.ops import rotary_qk
+from dohnuts.ops import add_layer_norm, linear_gelu_tanh, rotary_qk
 
 # One function for each activation VisionConfig accepts (dohnuts.config.VisionActivation).
 _ACTIVATIONS = {
@@ -114,16 +115,29 @@ class VisionAttention(nn.Module):
 class VisionMLP(nn.Module):
     def __init__(self, cfg: VisionConfig):
         super().__init__()
+        self.tanh = cfg.hidden_act == "gelu_pytorch_tanh"  # its GELU in the first GEMM's epilogue
         self.act = _ACTIVATIONS[cfg.hidden_act]
         self.linear_fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=True)
         self.linear_fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_fc2(self.act(self.linear_fc1(x)))
+        fc1 = self.linear_fc1
+        h = linear_gelu_tanh(x, fc1.weight, fc1.bias) if self.tanh else self.act(fc1(x))
+        return self.linear_fc2(h)
+
+
+def _add_norm(x: torch.Tensor, residual: torch.Tensor, norm: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(residual + x), residual + x): the residual update and the LayerNorm after it, one op."""
+    return add_layer_norm(x, residual, norm.weight, norm.bias, norm.eps)
 
 
 class VisionBlock(nn.Module):
-    """Pre-LayerNorm transformer block (non-causal)."""
+    """Pre-LayerNorm transformer block (non-causal): x += attn(norm1(x)); x += mlp(norm2(x)).
+
+    The residual stream's adds are fused into the LayerNorm that follows each (`add_layer_norm`),
+    so a block takes its input already normalised (`h` = norm1(x)) and hands on the next norm's
+    output with the stream: the tower passes it the next block's norm1 (the merger's norm after
+    the last)."""
 
     def __init__(self, cfg: VisionConfig):
         super().__init__()
@@ -132,9 +146,11 @@ class VisionBlock(nn.Module):
         self.attn = VisionAttention(cfg)
         self.mlp = VisionMLP(cfg)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], seqlens: list[int]) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), rope, seqlens)
-        return x + self.mlp(self.norm2(x))
+    def forward(self, h: torch.Tensor, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], seqlens: list[int],
+                next_norm: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """h = norm1(x), x the stream (N, D) → (next_norm(x'), x'), x' the block's output."""
+        h, x = _add_norm(self.attn(h, rope, seqlens), x, self.norm2)
+        return _add_norm(self.mlp(h), x, next_norm)
 
 
 class VisionPatchMerger(nn.Module):
@@ -148,9 +164,13 @@ class VisionPatchMerger(nn.Module):
         self.linear_fc2 = nn.Linear(self.merged, cfg.out_hidden_size, bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.norm(x).view(-1, self.merged)  # (N, D) → (N / m², m²·D)
+        return self.project(self.norm(x))
+
+    def project(self, h: torch.Tensor) -> torch.Tensor:
+        """The merge and its MLP of already normalised patches h (N, D) → (N / m², out_hidden)."""
+        h = h.view(-1, self.merged)  # (N, D) → (N / m², m²·D)
         # The merger uses the exact (erf) GELU, unlike the blocks' tanh approximation.
-        return self.linear_fc2(F.gelu(self.linear_fc1(x)))  # (N / m², out_hidden)
+        return self.linear_fc2(F.gelu(self.linear_fc1(h)))
 
 
 def _bilinear_weights(n_out: int, n_in: int, device: torch.device) -> torch.Tensor:
@@ -166,6 +186,14 @@ def _bilinear_weights(n_out: int, n_in: int, device: torch.device) -> torch.Tens
     weights.scatter_add_(1, lo[:, None], (1 - frac)[:, None])
     weights.scatter_add_(1, hi[:, None], frac[:, None])
     return weights
+
+
+class GridInputs(NamedTuple):
+    """The tower's inputs that depend on the grids alone (`VisionTower.grid_inputs`)."""
+
+    positions: torch.Tensor  # (N, D), the learned table resampled to each grid, in the weights' dtype
+    cos: torch.Tensor  # (N, 1, Dh) FP32, the 2D rotary
+    sin: torch.Tensor
 
 
 class VisionTower(nn.Module):
@@ -218,21 +246,32 @@ class VisionTower(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # (N, 1, Dh)
         return emb.cos(), emb.sin()
 
-    def forward(self, patches: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+    def grid_inputs(self, grid_thw: torch.Tensor) -> GridInputs:
+        """What the tower's input depends on only through the grids (not the pixels): the position
+        embeddings (N, D) in the weights' dtype and the rotary's cos, sin (N, 1, Dh) in FP32. A
+        CUDA graph of one resolution computes them once, before its capture, and its replays read
+        them (dohnuts.runtime.graphs) instead of running their fifty-odd small kernels every call."""
+        grids = _check_grids(grid_thw, self.cfg)
+        return GridInputs(self.position_embeddings(grids), *self.rotary(grids, self.pos_embed.weight.device))
+
+    def forward(self, patches: torch.Tensor, grid_thw: torch.Tensor, grid_inputs: GridInputs | None = None) -> torch.Tensor:
+        """patches (N, C·Tp·P·P) in the weights' dtype → merged features; `grid_inputs` are
+        `self.grid_inputs(grid_thw)` (computed here when not given)."""
         cfg = self.cfg
         grids = _check_grids(grid_thw, cfg)
         n_patches = sum(t * h * w for t, h, w in grids)
         row = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size ** 2
         if tuple(patches.shape) != (n_patches, row):
             raise ValueError(f"patches must be ({n_patches}, {row}) for grids {grids}, got {tuple(patches.shape)}")
+        pos, cos, sin = grid_inputs if grid_inputs is not None else self.grid_inputs(grid_thw)
         x = self.patch_embed(patches)  # (N, D)
-        x = x + self.position_embeddings(grids).to(x.dtype)
-        rope = self.rotary(grids, x.device)
         # One attention block per frame: images (and frames) never attend to each other.
         seqlens = [h * w for t, h, w in grids for _ in range(t)]
-        for block in self.blocks:
-            x = block(x, rope, seqlens)
-        return self.merger(x)  # (N / m², out_hidden)
+        norms = [*(b.norm1 for b in self.blocks), self.merger.norm]
+        h, x = _add_norm(pos.to(x.dtype), x, norms[0])  # x += positions; h = the first norm's output
+        for block, next_norm in zip(self.blocks, norms[1:]):
+            h, x = block(h, x, (cos, sin), seqlens, next_norm)
+        return self.merger.project(h)  # (N / m², out_hidden)
 
 
 # --------------------------------------------------------------------------------------------

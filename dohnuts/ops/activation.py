@@ -1,5 +1,6 @@
 """SwiGLU: silu(gate) * up, the MLP's activation — on two tensors, or on one packed (..., 2I)
-gate/up GEMM output (dohnuts.model.packing)."""
+gate/up GEMM output (dohnuts.model.packing). And the vision tower's first MLP layer with its
+tanh-approximated GELU, `linear_gelu_tanh`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from dohnuts.ops._dispatch import use_fused
+from dohnuts.ops._dispatch import recording, use_fused
 from dohnuts.ops._fla import fla
 
 
@@ -56,3 +57,24 @@ def swiglu_packed_fused(gu: torch.Tensor) -> torch.Tensor:
 def swiglu_packed(gu: torch.Tensor) -> torch.Tensor:
     """silu(gu[..., :I]) * gu[..., I:] for gu (..., 2I) → (..., I): one kernel, no split copies."""
     return swiglu_packed_fused(gu) if use_fused(gu) else swiglu_packed_reference(gu)
+
+
+def linear_gelu_tanh_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return F.gelu(F.linear(x, weight, bias), approximate="tanh")
+
+
+def linear_gelu_tanh_fused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    # torch's addmm with cuBLASLt's bias + GELU (tanh) epilogue: the GEMM writes the activation, so
+    # the separate elementwise kernel and its read and write of the (rows, out) product are gone.
+    # Where cuBLASLt cannot take it, torch runs the addmm and its own tanh GELU (the same result).
+    y = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+def linear_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(x @ weight.T + bias): x (..., K), weight (N, K), bias (N,) → (..., N). The fused
+    path (the activation in the GEMM's epilogue) is inference-only (the vision tower is frozen);
+    under autograd the reference runs."""
+    if use_fused(x) and not recording(x, weight, bias):
+        return linear_gelu_tanh_fused(x, weight, bias)
+    return linear_gelu_tanh_reference(x, weight, bias)

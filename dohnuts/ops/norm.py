@@ -1,4 +1,4 @@
-"""RMSNorm and gated RMSNorm (the Gated DeltaNet output gate).
+"""RMSNorm and gated RMSNorm (the Gated DeltaNet output gate); the vision tower's LayerNorm.
 
 Both compute the normalisation in FP32. The scale is `weight_offset + weight`, taken in FP32:
 Qwen3.5's zero-centred RMSNorm multiplies by (1 + w), so the model passes its stored w with
@@ -6,7 +6,9 @@ Qwen3.5's zero-centred RMSNorm multiplies by (1 + w), so the model passes its st
 
 Fused paths: one Triton kernel per call that also applies the offset, the forward of an autograd
 function with a Triton backward (dohnuts.ops._norm_kernels): training and prediction run the same
-kernel. The gated norm is fla's (its forward and backward kernels) in both.
+kernel. The gated norm is fla's (its forward and backward kernels) in both. The LayerNorm (with
+its residual add, `add_layer_norm`) serves the frozen vision tower: its fused path is one
+inference-only Triton kernel (dohnuts.ops._layer_norm_kernel); under autograd the reference runs.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dohnuts.ops._dispatch import use_fused
+from dohnuts.ops._dispatch import recording, use_fused
 from dohnuts.ops._fla import fla
 
 
@@ -87,3 +89,38 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     if use_fused(x):
         return gated_rms_norm_fused(x, gate, weight, eps)
     return gated_rms_norm_reference(x, gate, weight, eps)
+
+
+def layer_norm_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def add_layer_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    r = residual + x
+    return layer_norm_reference(r, weight, bias, eps), r
+
+
+def _layer_norm_fused(x, weight, bias, eps, residual=None):
+    # Triton: on a GPU only (the CPU runs the reference path without it)
+    from dohnuts.ops._layer_norm_kernel import layer_norm_triton
+
+    return layer_norm_triton(x, weight, bias, eps, residual)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """LayerNorm over the last dim: (x − mean) / sqrt(var + eps) · weight + bias, computed in FP32.
+    x: (..., D); weight, bias: (D,). The fused path is inference-only (the vision tower is frozen)."""
+    if use_fused(x) and not recording(x, weight, bias):
+        return _layer_norm_fused(x, weight, bias, eps)
+    return layer_norm_reference(x, weight, bias, eps)
+
+
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual update and the LayerNorm after it: r = residual + x (in their dtype); returns
+    (layer_norm(r), r). x and residual: (..., D), one shape and dtype. The fused path (one kernel
+    instead of an add and a norm) is inference-only; under autograd the reference runs."""
+    if use_fused(x) and not recording(x, residual, weight, bias):
+        return _layer_norm_fused(x, weight, bias, eps, residual)
+    return add_layer_norm_reference(x, residual, weight, bias, eps)

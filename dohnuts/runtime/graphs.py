@@ -227,7 +227,15 @@ class PassGraphs:
         key = ("vision", tuple(tuple(int(v) for v in g) for g in grids.tolist()))
         static = self._buffer("patches", patches)
         static.copy_(patches)
-        g = self._replay(key, lambda: self.model.encode_images(pixel_values(static, temporal), grids))
+        held: list = []  # the grids' positions and rotary, computed at the first (eager) warm-up call
+
+        def encode():
+            if not held:  # a replay reads them in place; the captured closure keeps them alive
+                visual = self.model.visual
+                held.append(None if visual is None else visual.grid_inputs(grids))
+            return self.model.encode_images(pixel_values(static, temporal), grids, held[0])
+
+        g = self._replay(key, encode)
         if g is None:
             return self.model.encode_images(pixel_values(patches, temporal), grids)
         return g.output.clone()

@@ -103,6 +103,9 @@ def test_every_op_takes_its_reference_path_there(no_kernels, capsys):
         "gated_output": (ops.gated_output, (r(B, H, T, D), r(B, T, H, D))),
         "norm_rope": (ops.norm_rope, (r(B, T, H, D), r(D), 1e-6, 1.0, r(B, T, 8), r(B, T, 8))),
         "rotary_qk": (ops.rotary_qk, (r(T, 3, H, D), r(T, 1, D), r(T, 1, D))),
+        "layer_norm": (ops.layer_norm, (x, w, r(64), 1e-6)),
+        "add_layer_norm": (ops.add_layer_norm, (x, res, w, r(64), 1e-6)),
+        "linear_gelu_tanh": (ops.linear_gelu_tanh, (r(7, 64), r(32, 64), r(32))),
     }
     for name, (fn, args) in cases.items():
         got = fn(*[_gpu(t) if isinstance(t, torch.Tensor) else t for t in args])

@@ -90,13 +90,14 @@ def _delta_flags(fuse_o: bool, fuse_wu: bool, s0: bool = True, st: bool = True) 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_small_kernels_compile(target):
-    """Norms, rotary, gate, SwiGLU, copies, the Gated DeltaNet gates, a PNG's unfilter, the device
+    """Norms (the vision tower's LayerNorm too), rotary, gate, SwiGLU, copies, the Gated DeltaNet gates, a PNG's unfilter, the device
     probe and the FP32 multiply-add microbenchmark, at the blocks and warps the runtime launches them with (2b: hidden
     2048, 8 query heads of 256, 16 value heads)."""
     from dohnuts.ops._copy_kernel import _copy4d_kernel
     from dohnuts.ops._fma_kernel import _fma_chain_kernel
     from dohnuts.ops._gate_kernel import _gate_kernel
     from dohnuts.ops._gdn_gates_kernel import _gdn_gates_kernel
+    from dohnuts.ops._layer_norm_kernel import _layer_norm_kernel
     from dohnuts.ops._norm_kernels import _norm_rope_kernel, _rms_norm_kernel
     from dohnuts.ops._probe_kernel import _dot16_kernel
     from dohnuts.ops._swiglu_kernel import BLOCK, swiglu_packed_kernel
@@ -106,6 +107,9 @@ def test_small_kernels_compile(target):
     for has_res in (True, False):
         compile_kernel(_rms_norm_kernel, t, dict(HAS_RES=has_res, BLOCK=2048),
                        _types(_rms_norm_kernel, _bf16("X", "R", "W", "Y", "RO")), num_warps=8)
+    for has_res in (True, False):  # the vision tower's (1024 wide)
+        compile_kernel(_layer_norm_kernel, t, dict(HAS_RES=has_res, BLOCK=1024),
+                       _types(_layer_norm_kernel, _bf16("X", "R", "W", "B", "Y", "RO")), num_warps=4)
     compile_kernel(_norm_rope_kernel, t, dict(BLOCK_H=8, BLOCK_D=256),
                    _types(_norm_rope_kernel, _bf16("X", "W", "COS", "SIN", "Y")), num_warps=4)
     compile_kernel(_gate_kernel, t, dict(BLOCK_H=8, BLOCK_D=256), _types(_gate_kernel, _bf16("O", "G", "Y")))

@@ -235,6 +235,36 @@ for dt in (torch.float32, torch.bfloat16):
         step = 1e-6 if dt == torch.float32 else v_.float().abs() * 2.0 ** -7
         assert ((u.float() - v_.float()).abs() <= step).all(), ("rotary_qk", dt)
 
+# The vision tower's LayerNorm with its residual add: a row width that is not a power of two,
+# strided rows, FP32 equal to the reference (F.layer_norm of the sum), BF16 within one step of it
+# (the interpreter's cast to BF16 truncates the sum where the GPU's rounds it to nearest, as torch's
+# add does: tests/gpu/test_ops.py checks the stream bit for bit there), no residual, an empty
+# input, and a residual of another dtype refused.
+from dohnuts.ops._layer_norm_kernel import layer_norm_triton
+from dohnuts.ops.norm import add_layer_norm_reference, layer_norm_reference
+
+wl, bl = torch.randn(40, generator=g), torch.randn(40, generator=g)
+rowsl = torch.randn(6, 3 * 40, generator=g) * 3 + 1  # a mean and scale far from 0 and 1
+for dt in (torch.float32, torch.bfloat16):
+    x, r, wd, bd = rowsl[:, 40:80].to(dt), rowsl[:, :40].to(dt), wl.to(dt), bl.to(dt)  # strided rows
+    y, s = layer_norm_triton(x, wd, bd, 1e-6, residual=r)
+    y_ref, s_ref = add_layer_norm_reference(x, r, wd, bd, 1e-6)
+    sum_step = 0 if dt == torch.float32 else s_ref.float().abs() * 2.0 ** -7
+    assert y.dtype == s.dtype == dt and ((s.float() - s_ref.float()).abs() <= sum_step).all(), ("sum", dt)
+    y_ref = layer_norm_reference(s, wd, bd, 1e-6)  # the norm of the sum the kernel stored
+    step = 1e-5 if dt == torch.float32 else y_ref.float().abs() * 2.0 ** -7 + 1e-6
+    assert ((y.float() - y_ref.float()).abs() <= step).all(), ("add_layer_norm", dt)
+    y1, y1_ref = layer_norm_triton(x, wd, bd, 1e-6), layer_norm_reference(x, wd, bd, 1e-6)
+    step = 1e-5 if dt == torch.float32 else y1_ref.float().abs() * 2.0 ** -7 + 1e-6
+    assert ((y1.float() - y1_ref.float()).abs() <= step).all(), ("layer_norm", dt)
+assert layer_norm_triton(torch.zeros(0, 40), wl, bl, 1e-6).shape == (0, 40)
+try:
+    layer_norm_triton(rowsl[:, :40], wl, bl, 1e-6, residual=rowsl[:, :40].bfloat16())
+except ValueError as e:
+    assert "residual" in str(e)
+else:
+    raise AssertionError("a residual of another dtype accepted")
+
 # The attention output gate: o (B, H, T, D) as attention returns it, the gate a strided view.
 from dohnuts.ops._gate_kernel import gated_output_triton
 from dohnuts.ops.attention import gated_output_reference

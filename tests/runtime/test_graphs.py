@@ -87,11 +87,15 @@ def test_image_requests_replay_with_the_prefix_cutting_the_image(tmp_path):
 def test_vision_graph_encodes_each_image_and_hands_out_its_own_tensor(tmp_path):
     """The tower's graph reads uint8 patches from its static buffer: a second image of the same
     size gets its own features (a stale buffer fails), and the first result stays intact (the cache
-    keeps it, so it must not be the graph's static output)."""
+    keeps it, so it must not be the graph's static output). The grids' positions and rotary are
+    computed once, at the graph's first call, and read by every replay."""
     from dohnuts.runtime.images import pixel_values, prepare_image
 
     graphed = _graphed(api.load("tiny"))
     vision = graphed.cfg.vision
+    tower = graphed.model.visual
+    made = []
+    tower.grid_inputs = lambda grid_thw: made.append(1) or type(tower).grid_inputs(tower, grid_thw)
     imgs = [prepare_image(_png(tmp_path / f"{i}.png", i), vision) for i in range(2)]
     grids = torch.tensor([imgs[0].grid_thw])
     with torch.no_grad():
@@ -104,6 +108,7 @@ def test_vision_graph_encodes_each_image_and_hands_out_its_own_tensor(tmp_path):
     assert torch.equal(first, kept)  # not overwritten by the second replay
     assert not torch.equal(first, second)
     assert graphed.graphs.stats().captures == 1 and graphed.graphs.stats().replays == 2
+    assert len(made) == 1 + 2  # the graph's once; each eager call above its own
 
 
 def test_bucket_padding_is_counted_as_padded_work():

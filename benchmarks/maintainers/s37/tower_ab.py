@@ -1,0 +1,86 @@
+"""Scratch (session 37): the vision tower as landed (add + LayerNorm fused, fc1's GELU in the GEMM's
+epilogue, the grids' inputs computed once a graph) against the tower before it (a copy of the old
+forwards below), each in its own 2b session's CUDA graph (`graphs.encode`, as a cold call runs it),
+taking turns by rounds; outputs compared with each other and with the FP32 tower.
+    PYTHONPATH=/tmp/site:$PWD python3 benchmarks/maintainers/s37/tower_ab.py OUT.json"""
+import copy, json, statistics, sys
+import numpy as np
+import torch
+import torch.nn.functional as F
+import dohnuts
+from dohnuts.model import vision as V
+from dohnuts.runtime.images import pixel_values
+
+NEW = {k: getattr(V, k).forward for k in ("VisionTower", "VisionBlock", "VisionMLP")}
+
+
+def old_mlp(self, x):
+    return self.linear_fc2(self.act(self.linear_fc1(x)))
+
+
+def old_block(self, x, rope, seqlens):
+    x = x + self.attn(self.norm1(x), rope, seqlens)
+    return x + self.mlp(self.norm2(x))
+
+
+def old_tower(self, patches, grid_thw, grid_inputs=None):
+    grids = V._check_grids(grid_thw, self.cfg)
+    x = self.patch_embed(patches)
+    x = x + self.position_embeddings(grids).to(x.dtype)
+    rope = self.rotary(grids, x.device)
+    seqlens = [h * w for t, h, w in grids for _ in range(t)]
+    for block in self.blocks:
+        x = block(x, rope, seqlens)
+    return self.merger(x)
+
+
+OLD = {"VisionTower": old_tower, "VisionBlock": old_block, "VisionMLP": old_mlp}
+
+
+def use(fns):
+    for k, f in fns.items():
+        getattr(V, k).forward = f
+
+
+torch.manual_seed(0)
+g = torch.Generator().manual_seed(0)
+sessions = {}
+for name, fns in (("before", OLD), ("landed", NEW)):
+    use(fns)
+    sessions[name] = dohnuts.load("qwen3.5-2b", device="cuda")
+vision = sessions["landed"].cfg.vision
+grids = torch.tensor([[1, 28, 28]])
+imgs = [torch.randint(0, 256, (784, 768), dtype=torch.uint8, generator=g).cuda() for _ in range(4)]
+# the FP32 tower of the same weights, the old forwards (plain torch)
+use(OLD)
+tower32 = copy.deepcopy(sessions["landed"].model.visual).float()
+with torch.no_grad():
+    ref32 = tower32(pixel_values(imgs[0], 2), grids)
+del tower32
+out = {}
+with torch.no_grad():
+    feats = {}
+    for name, s in sessions.items():
+        use(OLD if name == "before" else NEW)
+        feats[name] = s.graphs.encode(imgs[0], grids).float()
+    rel = lambda a, b: float((a - b).norm() / b.norm())  # noqa: E731
+    out["rel_err"] = {"landed_vs_before": rel(feats["landed"], feats["before"]),
+                      "before_vs_fp32": rel(feats["before"], ref32), "landed_vs_fp32": rel(feats["landed"], ref32)}
+    print(out, flush=True)
+    times = {n: [] for n in sessions}
+    for rnd in range(8):
+        for name, s in (sessions.items() if rnd % 2 == 0 else reversed(list(sessions.items()))):
+            use(OLD if name == "before" else NEW)
+            for i in range(25):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                s.graphs.encode(imgs[i % 4], grids)
+                b.record()
+                b.synchronize()
+                times[name].append(a.elapsed_time(b))
+out["ms"] = {n: {"median": round(statistics.median(v), 4), "p10": round(float(np.percentile(v, 10)), 4),
+                 "p90": round(float(np.percentile(v, 90)), 4),
+                 "round_medians": [round(statistics.median(v[i:i + 25]), 4) for i in range(0, len(v), 25)]}
+             for n, v in times.items()}
+print(json.dumps(out, indent=1))
+json.dump(out, open(sys.argv[1], "w"), indent=1)
