@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import dohnuts
 from dohnuts.model import vision as V
 from dohnuts.runtime.images import pixel_values
+from dohnuts.runtime.timing import StageTimer
 
 NEW = {k: getattr(V, k).forward for k in ("VisionTower", "VisionBlock", "VisionMLP")}
 
@@ -72,12 +73,10 @@ with torch.no_grad():
         for name, s in (sessions.items() if rnd % 2 == 0 else reversed(list(sessions.items()))):
             use(OLD if name == "before" else NEW)
             for i in range(25):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                s.graphs.encode(imgs[i % 4], grids)
-                b.record()
-                b.synchronize()
-                times[name].append(a.elapsed_time(b))
+                timer = StageTimer(torch.device("cuda", 0))  # the runtime's one GPU timer
+                with timer.stage("tower"):
+                    s.graphs.encode(imgs[i % 4], grids)
+                times[name].append(timer.result()["tower"].device_ms)
 out["ms"] = {n: {"median": round(statistics.median(v), 4), "p10": round(float(np.percentile(v, 10)), 4),
                  "p90": round(float(np.percentile(v, 90)), 4),
                  "round_medians": [round(statistics.median(v[i:i + 25]), 4) for i in range(0, len(v), 25)]}
