@@ -233,11 +233,11 @@ class PassGraphs:
             if not held:  # a replay reads them in place; the captured closure keeps them alive
                 visual = self.model.visual
                 held.append(None if visual is None else visual.grid_inputs(grids))
-            return self.model.encode_images(pixel_values(static, temporal, self.model.compute_dtype), grids, held[0])
+            return self.model.encode_images(pixel_values(static, temporal), grids, held[0])
 
         g = self._replay(key, encode)
         if g is None:
-            return self.model.encode_images(pixel_values(patches, temporal, self.model.compute_dtype), grids)
+            return self.model.encode_images(pixel_values(patches, temporal), grids)
         return g.output.clone()
 
     def _replay(self, key: tuple, fn: Callable[[], object]) -> _Captured | None:

@@ -44,7 +44,6 @@ piece's is one of sha256). A fixed piece size keeps the key one machine's and th
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import io
 import math
@@ -410,31 +409,18 @@ def patchify(pixels: np.ndarray, patch_size: int, merge_size: int) -> torch.Tens
     return torch.from_numpy(np.ascontiguousarray(x).reshape(gh * gw, C * P * P))
 
 
-def _normalised(x: torch.Tensor) -> torch.Tensor:
-    """uint8 values → float32: x / 255 in float64 rounded to float32, then (x − mean) / std in
-    float32 — the reference processor's arithmetic (the policy's mean and std are one value for
-    every channel)."""
-    return ((x.double() * (1 / 255)).float() - IMAGE_MEAN[0]) / IMAGE_STD[0]
-
-
-@functools.cache
-def _pixel_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """The 256 values a uint8 pixel becomes (`_normalised` of each), in `dtype`, on `device`: one
-    table a device and dtype, made at the first (eager) call — a CUDA graph's replays read it."""
-    return _normalised(torch.arange(256, dtype=torch.uint8, device=device)).to(dtype)
-
-
-def pixel_values(patches: torch.Tensor, temporal_patch_size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """uint8 patches (N, C·P·P) → the tower's input (N, C·Tp·P·P) in `dtype`, on their device: each
-    value normalised by the reference processor's arithmetic (`_normalised`), the frame repeated
-    Tp times, so in float32 the result equals the processor's `pixel_values` bit for bit (and in
-    another dtype, that rounded). Each pixel is looked up in the table of the 256 values it can
-    take: two kernels on the GPU (the index, the gather of every frame), capturable in a CUDA graph
-    (no host tensor is read)."""
+def pixel_values(patches: torch.Tensor, temporal_patch_size: int) -> torch.Tensor:
+    """uint8 patches (N, C·P·P) → the tower's float32 input (N, C·Tp·P·P), on their device:
+    x / 255 in float64 rounded to float32, normalised in float32 ((x − mean) / std), the frame
+    repeated Tp times — the reference processor's arithmetic element by element, so the result
+    equals its `pixel_values` bit for bit. A few elementwise kernels on the GPU, and capturable
+    in a CUDA graph (no host tensor is read)."""
     N, row = patches.shape
+    x = (patches.double() * (1 / 255)).float()  # (N, C·P·P)
     C = len(IMAGE_MEAN)
-    idx = patches.long().view(N, C, 1, row // C).expand(N, C, temporal_patch_size, row // C)
-    return _pixel_table(patches.device, dtype)[idx].view(N, C * temporal_patch_size * (row // C))
+    x = (x - IMAGE_MEAN[0]) / IMAGE_STD[0]  # the policy's mean and std are one value for every channel
+    x = x.view(N, C, 1, row // C)
+    return x.expand(N, C, temporal_patch_size, row // C).reshape(N, C * temporal_patch_size * (row // C))
 
 
 def patchify_device(pixels: torch.Tensor, patch_size: int, merge_size: int) -> torch.Tensor:

@@ -220,8 +220,7 @@ class Session:
             patches = patches.to(self.device, non_blocking=True)
             if self.graphs is not None:
                 return self.graphs.encode(patches, grids)
-            return self.model.encode_images(pixel_values(patches, self.cfg.vision.temporal_patch_size,
-                                                         self.model.compute_dtype), grids)
+            return self.model.encode_images(pixel_values(patches, self.cfg.vision.temporal_patch_size), grids)
 
         with torch.no_grad():
             feats = iter(zip(self.image_cache.features(imgs, encode, staged), encodes, imgs))

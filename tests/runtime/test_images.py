@@ -58,9 +58,6 @@ def test_patches_equal_transformers_processor(h, w, mode):
     assert ours.patches.dtype == torch.uint8  # the host's part: pixels cut into patches
     values = pixel_values(ours.patches, VISION.temporal_patch_size)  # the device's part
     assert values.dtype == torch.float32 and torch.equal(values, ref["pixel_values"])  # bit for bit
-    # the tower's dtype: the same values rounded once (what the GPU's tower reads)
-    assert torch.equal(pixel_values(ours.patches, VISION.temporal_patch_size, torch.bfloat16),
-                       ref["pixel_values"].to(torch.bfloat16))
     assert ours.token_count == ours.patches.shape[0] // VISION.spatial_merge_size ** 2
 
 
