@@ -250,11 +250,12 @@ class VisionTower(nn.Module):
         """What the tower's input depends on only through the grids (not the pixels): the position
         embeddings (N, D) in the weights' dtype and the rotary's cos, sin (N, 1, Dh) in FP32. A
         CUDA graph of one resolution computes them once, before its capture, and its replays read
-        them (dohnuts.runtime.graphs) instead of running their fifty-odd small kernels every call."""
+        them (dohnuts.runtime.graphs) instead of running their small kernels every call."""
         grids = _check_grids(grid_thw, self.cfg)
         return GridInputs(self.position_embeddings(grids), *self.rotary(grids, self.pos_embed.weight.device))
 
-    def forward(self, patches: torch.Tensor, grid_thw: torch.Tensor, grid_inputs: GridInputs | None = None) -> torch.Tensor:
+    def forward(self, patches: torch.Tensor, grid_thw: torch.Tensor,
+                grid_inputs: GridInputs | None = None) -> torch.Tensor:
         """patches (N, C·Tp·P·P) in the weights' dtype → merged features; `grid_inputs` are
         `self.grid_inputs(grid_thw)` (computed here when not given)."""
         cfg = self.cfg

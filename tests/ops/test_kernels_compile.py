@@ -90,9 +90,10 @@ def _delta_flags(fuse_o: bool, fuse_wu: bool, s0: bool = True, st: bool = True) 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_small_kernels_compile(target):
-    """Norms (the vision tower's LayerNorm too), rotary, gate, SwiGLU, copies, the Gated DeltaNet gates, a PNG's unfilter, the device
-    probe and the FP32 multiply-add microbenchmark, at the blocks and warps the runtime launches them with (2b: hidden
-    2048, 8 query heads of 256, 16 value heads)."""
+    """Norms (the vision tower's LayerNorm too), rotary, gate, SwiGLU, copies, the Gated DeltaNet
+    gates, a PNG's unfilter, the device probe and the FP32 multiply-add microbenchmark, at the
+    blocks and warps the runtime launches them with (2b: hidden 2048, 8 query heads of 256, 16
+    value heads; the tower 1024 wide)."""
     from dohnuts.ops._copy_kernel import _copy4d_kernel
     from dohnuts.ops._fma_kernel import _fma_chain_kernel
     from dohnuts.ops._gate_kernel import _gate_kernel
