@@ -64,8 +64,7 @@ class GatedDeltaNet(nn.Module):
         (_, p, _), (_, t, _) = groups
         mixed, b, a = self.project(x)  # (R, ·) each
         (q, k, v), normalised = ops.causal_conv1d_qkv_shared(
-            mixed, self.conv1d.weight.squeeze(1), [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim],
-            cfg.linear_key_head_dim, p, t)
+            mixed, self.conv1d.weight.squeeze(1), self._qkv_sizes(), cfg.linear_key_head_dim, p, t)
         R = x.shape[0]
         o = ops.gated_delta_rule_shared(
             q.view(R, cfg.linear_num_key_heads, cfg.linear_key_head_dim),
@@ -99,11 +98,13 @@ class GatedDeltaNet(nn.Module):
         """The short conv of (B, T, ·): ((q, k, v), conv state, whether q and k come out normalised).
         On the GPU (training and inference alike) one kernel for the three parts: q, k and v come
         out contiguous, q and k L2-normalised."""
+        return ops.causal_conv1d_qkv(mixed, self.conv1d.weight.squeeze(1), self._qkv_sizes(),
+                                     self.cfg.linear_key_head_dim, conv_state, return_state)
+
+    def _qkv_sizes(self) -> list[int]:
+        """The conv's three parts of the packed projection: q, k and v channels."""
         cfg = self.cfg
-        return ops.causal_conv1d_qkv(
-            mixed, self.conv1d.weight.squeeze(1), [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim],
-            cfg.linear_key_head_dim, conv_state, return_state,
-        )
+        return [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim]
 
     def _heads(self, qkv):
         """The conv's outputs (B, T, ·) → q, k (B, T, H, K) and v (B, T, HV, V)."""

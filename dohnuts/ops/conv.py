@@ -122,6 +122,13 @@ def causal_conv1d_parts(
     return fn(x, weight, sizes, initial_state, output_final_state)
 
 
+def _qkv_fused(x: torch.Tensor, sizes: list[int], key_head_dim: int) -> bool:
+    """Whether q, k and v go through one fused launch: a GPU that runs the kernels, three parts, a
+    power-of-two key head dim that divides every part."""
+    return (use_fused(x) and len(sizes) == 3 and key_head_dim & (key_head_dim - 1) == 0
+            and all(n % key_head_dim == 0 for n in sizes))
+
+
 def causal_conv1d_qkv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -140,8 +147,7 @@ def causal_conv1d_qkv(
     and the state their gradients (dohnuts.ops._conv_bwd_kernel). The caller then skips the delta
     rule's own normalisation (normalised = True). On the reference path this is
     `causal_conv1d_parts` and the delta rule normalises (normalised = False)."""
-    if (use_fused(x) and len(sizes) == 3 and key_head_dim & (key_head_dim - 1) == 0
-            and all(n % key_head_dim == 0 for n in sizes)):
+    if _qkv_fused(x, sizes, key_head_dim):
         # Triton and fla: on a GPU only (the CPU runs the reference path without them)
         from dohnuts.ops._conv_bwd_kernel import conv_silu_parts
 
@@ -172,8 +178,7 @@ def causal_conv1d_qkv_shared(
     the prefix's call and the suffixes' it replaces. On the reference path those two calls and a
     concatenation per part."""
     R, C = x.shape
-    if (use_fused(x) and len(sizes) == 3 and key_head_dim & (key_head_dim - 1) == 0
-            and all(n % key_head_dim == 0 for n in sizes)):
+    if _qkv_fused(x, sizes, key_head_dim):
         # Triton and fla: on a GPU only (the CPU runs the reference path without them)
         from dohnuts.ops._conv_bwd_kernel import conv_silu_shared
 
