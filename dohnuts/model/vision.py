@@ -219,7 +219,7 @@ class VisionTower(nn.Module):
         """The learned square table resampled to each grid: bilinear, align_corners=True (as HF's
         F.interpolate), written as two small matrix products with the interpolation weights —
         torch's bilinear kernel on a (1, D, side, side) table runs one thread per output pixel
-        over all D channels: 1.67 ms of a 448² image's 3.8-ms tower on the H200."""
+        over all D channels, much the slower (docs/history/evolution.md M35)."""
         side = int(round(self.cfg.num_position_embeddings ** 0.5))
         table = self.pos_embed.weight.view(side, side, -1).float()  # (side, side, D)
         out = []

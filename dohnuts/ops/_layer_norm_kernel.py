@@ -4,7 +4,10 @@
 the sum itself when a residual is given. The sum is rounded to the stream's dtype before it is
 normalised, as the unfused `x = x + a; norm(x)` does, so the two paths differ only in the order of
 the FP32 reduction; the mean and variance are taken in FP32 and the output rounded once. Where the
-tower ran torch's LayerNorm and an add as two kernels reading the stream twice, it runs one.
+tower ran torch's LayerNorm and an add as two kernels reading the stream twice, it runs one. A
+kernel of its own rather than a flag of `_rms_norm_kernel`, whose row load it resembles: that one
+normalises the unrounded FP32 sum, and its source keys its entries in the tuned tables
+(dohnuts.ops._tuned), which only the GPU they were made on can remake.
 Inference only: the tower is frozen, so there is no backward; under autograd the op takes its
 reference path (`dohnuts.ops.norm.layer_norm_reference`). Imported on the first fused call on a
 CUDA device; CPU tensors run in Triton's interpreter, which is how the CPU tests check it.
