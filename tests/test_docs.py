@@ -286,7 +286,7 @@ RESULTS_PATH = re.compile(r"results/(?:[\w.*-]|\{[\w.,-]*\}|/(?:\n[ \t]*(?=[\w{]
 # "`results/h200/x` at commit d37d1f2": the path as it stood in git, named after the path or after the
 # code span that holds it
 AT_COMMIT = re.compile(r"\s+at\s+commit\s+([0-9a-f]{7,40})\b")
-SPAN_REST = re.compile(r"[^`\n]*`")
+SPAN_REST = re.compile(r"[^`]*`")  # a code span may go on past a line break
 
 
 def _expanded(path: str) -> list[str]:
@@ -308,7 +308,8 @@ def cited_results(text: str) -> list[tuple[str, str | None]]:
             continue
         end = m.start() + len(raw.rstrip("."))
         if text[text.rfind("\n", 0, m.start()) + 1:m.start()].count("`") % 2:  # inside a code span
-            end = SPAN_REST.match(text, end).end()
+            rest = SPAN_REST.match(text, end)
+            end = rest.end() if rest else end  # an unclosed span: the path's own end
         at = AT_COMMIT.match(text, end)
         cited.extend((p, at and at.group(1)) for p in _expanded(path))
     return cited
@@ -367,6 +368,8 @@ def test_the_results_check_can_fail():
                            "  2026-12-04-s20-images`") == ["results/baselines/cpu-tiny-*.json"]
     assert missing_results("`results/h200/2026-12-01-s11/ab-after`, removed") == [
         "results/h200/2026-12-01-s11/ab-after"]
+    assert missing_results("(`dohnuts-bench analyze results/h200/no-such\n--out DIR`), and `results/h200/unclosed") == [
+        "results/h200/no-such", "results/h200/unclosed"]  # a span past a line break, a span never closed
     if _tree("d37d1f2") is not None:  # a full clone: the commit's tree is read
         assert missing_results("`results/h200/2026-12-01-s11/ab-after` at commit d37d1f2") == []
         assert missing_results("`dohnuts-bench analyze results/h200/2026-12-01-s11/ab-after --out x` at commit "
