@@ -15,7 +15,6 @@ transformers' `Qwen3_5Model.get_rope_index`.
 
 from __future__ import annotations
 
-import itertools
 from typing import NamedTuple
 
 import torch
@@ -25,7 +24,7 @@ from torch import nn
 from dohnuts.config import VisionConfig
 from dohnuts.model.blocks import Embedding
 from dohnuts.model.checkpoint import allocate, assign_weights, init_weights
-from dohnuts.ops import add_layer_norm, linear_gelu_tanh, rotary_qk
+from dohnuts.ops import add_layer_norm, block_diagonal_attention, linear_gelu_tanh, rotary_qk
 
 # One function for each activation VisionConfig accepts (dohnuts.config.VisionActivation).
 _ACTIVATIONS = {
@@ -65,34 +64,6 @@ class VisionPatchEmbed(nn.Module):
         # Conv3d weight (D, C, Tp, P, P) flattens in the same (C, Tp, P, P) order as a patch row.
         w = self.proj.weight.flatten(1)  # (D, C·Tp·P·P)
         return F.linear(patches.to(w.dtype), w, self.proj.bias)  # (N, D)
-
-
-def block_diagonal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
-    """Non-causal attention within each segment of a packed sequence, never across segments.
-
-    q, k, v (N, H, D) with N = sum(seqlens) → (N, H, D). Segments of equal length run as one
-    batched SDPA call (the common case of many same-sized images costs one kernel launch); no
-    N×N mask is ever built.
-    """
-    N, H, D = q.shape
-    if len(set(seqlens)) == 1:  # all segments equal (one image, or same-sized images): a plain view
-        n, length = len(seqlens), seqlens[0]
-        qs, ks, vs = (x.view(n, length, H, D).transpose(1, 2) for x in (q, k, v))  # (n, H, L, D)
-        o = F.scaled_dot_product_attention(qs, ks, vs, scale=D ** -0.5)  # (n, H, L, D)
-        return o.transpose(1, 2).reshape(N, H, D)
-    out = torch.empty_like(q)
-    starts = [0, *itertools.accumulate(seqlens[:-1])]
-    by_length: dict[int, list[int]] = {}
-    for start, length in zip(starts, seqlens):
-        by_length.setdefault(length, []).append(start)
-    for length, group in by_length.items():
-        idx = (torch.tensor(group, device=q.device)[:, None] + torch.arange(length, device=q.device)).flatten()
-        n = len(group)
-        # (n·L, H, D) → (n, H, L, D): one batch row per segment.
-        qs, ks, vs = (x[idx].view(n, length, H, D).transpose(1, 2) for x in (q, k, v))
-        o = F.scaled_dot_product_attention(qs, ks, vs, scale=D ** -0.5)  # (n, H, L, D)
-        out[idx] = o.transpose(1, 2).reshape(n * length, H, D)
-    return out
 
 
 class VisionAttention(nn.Module):

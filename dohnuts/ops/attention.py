@@ -1,4 +1,5 @@
-"""Causal grouped-query attention with keys/values that may include a cached past.
+"""Causal grouped-query attention with keys/values that may include a cached past, and the vision
+tower's non-causal attention within segments (`block_diagonal_attention`).
 
 q holds the last Tq positions of a sequence whose keys/values span Tk >= Tq positions (the
 first Tk - Tq come from a KV cache, e.g. a shared prefix). Query i sits at absolute position
@@ -7,10 +8,12 @@ Tk - Tq + i and sees keys 0..Tk - Tq + i.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
-from dohnuts.ops._dispatch import use_fused
+from dohnuts.ops._dispatch import recording, use_fused
 
 
 def _suffix_causal_mask(tq: int, tk: int, device: torch.device) -> torch.Tensor:
@@ -108,3 +111,49 @@ def gated_output(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     Fused: one Triton kernel reading both in place, with a one-kernel Triton backward."""
     fn = gated_output_fused if use_fused(o) else gated_output_reference
     return fn(o, gate)
+
+
+def block_diagonal_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                       seqlens: list[int]) -> torch.Tensor:
+    """SDPA per group of equal segments: segments of one length run as one batched call (one
+    launch for many same-sized images); no N×N mask is ever built."""
+    N, H, D = q.shape
+    if len(set(seqlens)) == 1:  # all segments equal (one image, or same-sized images): a plain view
+        n, length = len(seqlens), seqlens[0]
+        qs, ks, vs = (x.view(n, length, H, D).transpose(1, 2) for x in (q, k, v))  # (n, H, L, D)
+        o = F.scaled_dot_product_attention(qs, ks, vs, scale=D ** -0.5)  # (n, H, L, D)
+        return o.transpose(1, 2).reshape(N, H, D)
+    out = torch.empty_like(q)
+    starts = [0, *itertools.accumulate(seqlens[:-1])]
+    by_length: dict[int, list[int]] = {}
+    for start, length in zip(starts, seqlens):
+        by_length.setdefault(length, []).append(start)
+    for length, group in by_length.items():
+        idx = (torch.tensor(group, device=q.device)[:, None] + torch.arange(length, device=q.device)).flatten()
+        n = len(group)
+        # (n·L, H, D) → (n, H, L, D): one batch row per segment.
+        qs, ks, vs = (x[idx].view(n, length, H, D).transpose(1, 2) for x in (q, k, v))
+        o = F.scaled_dot_product_attention(qs, ks, vs, scale=D ** -0.5)  # (n, H, L, D)
+        out[idx] = o.transpose(1, 2).reshape(n * length, H, D)
+    return out
+
+
+def _segments_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens: list[int]) -> bool:
+    # Triton: on a GPU only (the CPU runs the reference path without it)
+    from dohnuts.ops._segment_attention_kernel import HEAD_DIMS
+
+    return (len(set(seqlens)) == 1 and q.shape[-1] in HEAD_DIMS and q.dtype == k.dtype == v.dtype
+            and all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (q, k, v)))
+
+
+def block_diagonal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
+    """Non-causal attention within each segment of a packed sequence, never across segments: q, k,
+    v (N, H, D) with N = sum(seqlens), rows at any stride → (N, H, D), scaled by D^-½. The fused
+    path (one Triton kernel, `dohnuts.ops._segment_attention_kernel`) takes segments of one length
+    and is inference-only (the vision tower is frozen); under autograd, for segments of several
+    lengths and on the CPU, the reference (SDPA) runs."""
+    if use_fused(q) and not recording(q, k, v) and _segments_fused(q, k, v, seqlens):
+        from dohnuts.ops._segment_attention_kernel import segment_attention_triton
+
+        return segment_attention_triton(q, k, v, seqlens[0])
+    return block_diagonal_attention_reference(q, k, v, seqlens)

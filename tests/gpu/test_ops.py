@@ -494,6 +494,30 @@ def test_vision_layer_norm_kernel_rounds_like_the_reference():
         assert (diff > 0).float().mean() < 0.05  # rounding differences only
 
 
+def test_vision_attention_kernel_against_sdpa():
+    """The tower's attention (16 heads of 64, BF16) as the tower calls it — q and k contiguous, v a
+    strided view of the packed projection — one 448² image (784 patches, a partial key block), four
+    of them and one of 1,024 patches: the Triton kernel as close to the FP32 attention as SDPA's
+    (cuDNN) BF16 result, bit for bit the same from launch to launch, and segments of two lengths on
+    the reference path."""
+    from dohnuts.ops.attention import block_diagonal_attention, block_diagonal_attention_reference
+
+    g = torch.Generator(device=DEV).manual_seed(0)
+    for n_seg, length in ((1, 784), (4, 784), (1, 1024)):
+        qkv = torch.randn(n_seg * length, 3, 16, 64, device=DEV, generator=g).bfloat16()
+        q, k, v = qkv[:, 0].contiguous() * 2, qkv[:, 1].contiguous(), qkv[:, 2]
+        seqlens = [length] * n_seg
+        exact = block_diagonal_attention_reference(q.float(), k.float(), v.float(), seqlens)
+        got, sdpa = block_diagonal_attention(q, k, v, seqlens), block_diagonal_attention_reference(q, k, v, seqlens)
+        assert got.dtype == torch.bfloat16 and got.shape == q.shape and got.is_contiguous()
+        assert relative_error(got.float(), exact) <= 1.25 * relative_error(sdpa.float(), exact), (n_seg, length)
+        assert torch.equal(got, block_diagonal_attention(q, k, v, seqlens))
+    mixed = [784, 1024]
+    qkv = torch.randn(sum(mixed), 3, 16, 64, device=DEV, generator=g).bfloat16()
+    q, k, v = qkv[:, 0].contiguous(), qkv[:, 1].contiguous(), qkv[:, 2]
+    assert torch.equal(block_diagonal_attention(q, k, v, mixed), block_diagonal_attention_reference(q, k, v, mixed))
+
+
 def test_vision_mlp_gelu_in_the_gemm_epilogue():
     """fc1 with its GELU in the GEMM's epilogue: in FP32 within 2e-5 of gelu_tanh(linear) and not
     the exact (erf) GELU (they differ by up to 5e-4); in BF16 at 2b sizes (784 × 1024 → 4096) at

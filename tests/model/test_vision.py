@@ -13,12 +13,12 @@ from dohnuts.model.checkpoint import Tensors, assign_weights
 from dohnuts.model.text import TextBackbone
 from dohnuts.model.vision import (
     VisionTower,
-    block_diagonal_attention,
     build_vision_tower,
     image_token_count,
     mrope_position_ids,
     splice_image_features,
 )
+from dohnuts.ops import block_diagonal_attention
 from tests.reference import hf_full_config, relative_error
 
 CFG = preset("tiny")

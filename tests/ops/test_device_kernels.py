@@ -106,6 +106,8 @@ def test_every_op_takes_its_reference_path_there(no_kernels, capsys):
         "layer_norm": (ops.layer_norm, (x, w, r(64), 1e-6)),
         "add_layer_norm": (ops.add_layer_norm, (x, res, w, r(64), 1e-6)),
         "linear_gelu_tanh": (ops.linear_gelu_tanh, (r(7, 64), r(32, 64), r(32))),
+        "block_diagonal_attention": (ops.block_diagonal_attention, (r(3 * T, H, D), r(3 * T, H, D), r(3 * T, H, D),
+                                                                     [T, T, T])),
     }
     for name, (fn, args) in cases.items():
         got = fn(*[_gpu(t) if isinstance(t, torch.Tensor) else t for t in args])

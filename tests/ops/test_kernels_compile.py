@@ -90,8 +90,8 @@ def _delta_flags(fuse_o: bool, fuse_wu: bool, s0: bool = True, st: bool = True) 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_small_kernels_compile(target):
-    """Norms (the vision tower's LayerNorm too), rotary, gate, SwiGLU, copies, the Gated DeltaNet
-    gates, a PNG's unfilter, the device probe and the FP32 multiply-add microbenchmark, at the
+    """Norms (the vision tower's LayerNorm too), the tower's attention, rotary, gate, SwiGLU, copies,
+    the Gated DeltaNet gates, a PNG's unfilter, the device probe and the FP32 multiply-add microbenchmark, at the
     blocks and warps the runtime launches them with (2b: hidden 2048, 8 query heads of 256, 16
     value heads; the tower 1024 wide)."""
     from dohnuts.ops._copy_kernel import _copy4d_kernel
@@ -101,6 +101,11 @@ def test_small_kernels_compile(target):
     from dohnuts.ops._layer_norm_kernel import _layer_norm_kernel
     from dohnuts.ops._norm_kernels import _norm_rope_kernel, _rms_norm_kernel
     from dohnuts.ops._probe_kernel import _dot16_kernel
+    from dohnuts.ops._segment_attention_kernel import BLOCK_M as SA_BLOCK_M
+    from dohnuts.ops._segment_attention_kernel import BLOCK_N as SA_BLOCK_N
+    from dohnuts.ops._segment_attention_kernel import STAGES as SA_STAGES
+    from dohnuts.ops._segment_attention_kernel import WARPS as SA_WARPS
+    from dohnuts.ops._segment_attention_kernel import _segment_attention_kernel
     from dohnuts.ops._swiglu_kernel import BLOCK, swiglu_packed_kernel
     from dohnuts.ops._unfilter_kernel import _unfilter_kernel
 
@@ -111,6 +116,11 @@ def test_small_kernels_compile(target):
     for has_res in (True, False):  # the vision tower's (1024 wide)
         compile_kernel(_layer_norm_kernel, t, dict(HAS_RES=has_res, BLOCK=1024),
                        _types(_layer_norm_kernel, _bf16("X", "R", "W", "B", "Y", "RO")), num_warps=4)
+    for even in (True, False):  # the tower's attention: 16 heads of 64, 784 patches (a partial key block)
+        compile_kernel(_segment_attention_kernel, t,
+                       dict(D=64, BLOCK_M=SA_BLOCK_M, BLOCK_N=SA_BLOCK_N, EVEN=even),
+                       _types(_segment_attention_kernel, _bf16("Q", "K", "V", "O")), num_warps=SA_WARPS,
+                       num_stages=SA_STAGES)
     compile_kernel(_norm_rope_kernel, t, dict(BLOCK_H=8, BLOCK_D=256),
                    _types(_norm_rope_kernel, _bf16("X", "W", "COS", "SIN", "Y")), num_warps=4)
     compile_kernel(_gate_kernel, t, dict(BLOCK_H=8, BLOCK_D=256), _types(_gate_kernel, _bf16("O", "G", "Y")))

@@ -265,6 +265,30 @@ except ValueError as e:
 else:
     raise AssertionError("a residual of another dtype accepted")
 
+# The vision tower's attention within equal segments: q and k contiguous as the rotary writes
+# them, v a strided view of a packed (N, 3, H, D) projection; segments of 40 rows (a partial key
+# block of the kernel's 64) and of 128 (whole blocks only); in FP32 within 1e-5 of the reference
+# (SDPA per segment) — the interpreter's `tl.dot` of BF16 operands is wrong (Triton 3.9 here), so
+# BF16 is the GPU test's (tests/gpu/test_ops.py); rows that are not whole segments, and a head of
+# 40 values, refused.
+from dohnuts.ops._segment_attention_kernel import segment_attention_triton
+from dohnuts.ops.attention import block_diagonal_attention_reference
+
+for n_seg, length in ((3, 40), (2, 128)):
+    qkv = torch.randn(n_seg * length, 3, 2, 16, generator=g)
+    q, k, v = qkv[:, 0].contiguous() * 2, qkv[:, 1].contiguous(), qkv[:, 2]
+    got = segment_attention_triton(q, k, v, length)
+    want = block_diagonal_attention_reference(q, k, v, [length] * n_seg)
+    assert got.shape == q.shape and got.is_contiguous()
+    assert (got - want).abs().max() < 1e-5, ("segment_attention", n_seg, length)
+for bad in ((q[:-1], k[:-1], v[:-1], 128), (torch.randn(8, 2, 40), torch.randn(8, 2, 40), torch.randn(8, 2, 40), 8)):
+    try:
+        segment_attention_triton(*bad)
+    except ValueError as e:
+        assert "segment_attention" in str(e)
+    else:
+        raise AssertionError("segment_attention accepted a bad shape")
+
 # The attention output gate: o (B, H, T, D) as attention returns it, the gate a strided view.
 from dohnuts.ops._gate_kernel import gated_output_triton
 from dohnuts.ops.attention import gated_output_reference
