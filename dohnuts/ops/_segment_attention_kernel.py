@@ -11,7 +11,7 @@ online softmax in FP32 (exp2 of the scaled logits), the output rounded once.
 Its own kernel rather than SDPA's: inside the tower's CUDA graph SDPA's cuDNN kernel is preceded
 by a memset and the graph idles after it; the kernel and config here were chosen by measuring the
 whole tower as a graph (docs/history/evolution.md M51). Inference only: the tower is frozen, so
-there is no backward; under autograd, on the CPU and for segments of several lengths the op
+there is no backward; under autograd, in FP32, on the CPU and for segments of several lengths the op
 takes its reference path (`dohnuts.ops.attention.block_diagonal_attention_reference`). Imported
 on the first fused call on a CUDA device; CPU tensors run in Triton's interpreter, which is how
 the CPU tests check it.
@@ -66,8 +66,8 @@ def _segment_attention_kernel(Q, K, V, O, L, scale, stride_q, stride_k, stride_v
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(V + (base + offs_n)[:, None] * stride_v + h * D + offs_d[None, :], mask=mask_n[:, None], other=0.0)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-    tl.store(O + (base + offs_m)[:, None] * stride_o + h * D + offs_d[None, :], (acc / l_i[:, None]).to(O.dtype.element_ty),
-             mask=mask_m[:, None])
+    o = (acc / l_i[:, None]).to(O.dtype.element_ty)
+    tl.store(O + (base + offs_m)[:, None] * stride_o + h * D + offs_d[None, :], o, mask=mask_m[:, None])
 
 
 def segment_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int) -> torch.Tensor:

@@ -142,16 +142,18 @@ def _segments_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens: 
     # Triton: on a GPU only (the CPU runs the reference path without it)
     from dohnuts.ops._segment_attention_kernel import HEAD_DIMS
 
-    return (len(set(seqlens)) == 1 and q.shape[-1] in HEAD_DIMS and q.dtype == k.dtype == v.dtype
+    return (len(set(seqlens)) == 1 and q.shape[-1] in HEAD_DIMS and q.dtype in (torch.bfloat16, torch.float16)
+            and q.dtype == k.dtype == v.dtype
             and all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (q, k, v)))
 
 
 def block_diagonal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
     """Non-causal attention within each segment of a packed sequence, never across segments: q, k,
     v (N, H, D) with N = sum(seqlens), rows at any stride → (N, H, D), scaled by D^-½. The fused
-    path (one Triton kernel, `dohnuts.ops._segment_attention_kernel`) takes segments of one length
-    and is inference-only (the vision tower is frozen); under autograd, for segments of several
-    lengths and on the CPU, the reference (SDPA) runs."""
+    path (one Triton kernel, `dohnuts.ops._segment_attention_kernel`) takes 16-bit inputs in segments
+    of one length and is inference-only (the vision tower is frozen); under autograd, in FP32 (its
+    products would run in TF32), for segments of several lengths and on the CPU, the reference (SDPA)
+    runs."""
     if use_fused(q) and not recording(q, k, v) and _segments_fused(q, k, v, seqlens):
         from dohnuts.ops._segment_attention_kernel import segment_attention_triton
 
