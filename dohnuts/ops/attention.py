@@ -155,6 +155,7 @@ def block_diagonal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     products would run in TF32), for segments of several lengths and on the CPU, the reference (SDPA)
     runs."""
     if use_fused(q) and not recording(q, k, v) and _segments_fused(q, k, v, seqlens):
+        # Triton: on a GPU only (the CPU runs the reference path without it)
         from dohnuts.ops._segment_attention_kernel import segment_attention_triton
 
         return segment_attention_triton(q, k, v, seqlens[0])
