@@ -9,8 +9,8 @@ program a block of queries of one head of one segment, the keys and values in bl
 online softmax in FP32 (exp2 of the scaled logits), the output rounded once.
 
 Its own kernel rather than SDPA's: inside the tower's CUDA graph SDPA's cuDNN kernel is preceded
-by a memset and the graph idles after it; the kernel and config here were chosen by measuring the
-whole tower as a graph (docs/history/evolution.md M51). Inference only: the tower is frozen, so
+by a memset and the graph idles between the two; the kernel and config here were chosen by
+measuring the whole tower as a graph (docs/history/evolution.md M51). Inference only: the tower is frozen, so
 there is no backward; under autograd, in FP32, on the CPU and for segments of several lengths the op
 takes its reference path (`dohnuts.ops.attention.block_diagonal_attention_reference`). Imported
 on the first fused call on a CUDA device; CPU tensors run in Triton's interpreter, which is how
