@@ -78,7 +78,8 @@ def test_a_stage_is_a_named_range_only_when_asked():
 
 def test_stage_kernels_places_each_kernel_by_the_stage_range_on_the_device():
     """Hand-built trace, 2 calls: kernels inside a stage's device range count to it (a graph's
-    kernels have no launching operator, only a time); one outside every range is said apart."""
+    kernels have no launching operator, only a time); one outside every range is said apart; each
+    stage's idle device time and its longest gap."""
     from dohnuts.bench.measure.trace import stage_kernels, stage_kernels_text
 
     def ev(cat, name, ts, dur):
@@ -96,5 +97,19 @@ def test_stage_kernels_places_each_kernel_by_the_stage_range_on_the_device():
     assert rounded == ({"forward": {"ms": 0.07, "kernels": {"gemm": 0.06, "Memcpy DtoD": 0.01}},
                    "backward": {"ms": 0.1005, "kernels": {"gemm": 0.1, "Memset": 0.0005}},
                    "(outside the stages)": {"ms": 0.02, "kernels": {"late": 0.02}}})
+    # Each stage's ranges per call and what no kernel ran of them (hand-computed): forward's two
+    # ranges of 100 µs hold 60 + 20 and 60 µs of kernels, its longest gap the 30 µs after the second
+    # gemm; backward's 300 µs hold 200 + 1 µs, the 79 µs between the gemm and the memset.
+    assert {s: (round(e["range_ms"], 6), round(e["idle_ms"], 6), e["gap"]) for s, e in got.items() if "range_ms" in e} \
+        == {"forward": (0.1, 0.03, {"us": 30, "after": "gemm", "before": "the range's end"}),
+            "backward": (0.15, 0.0495, {"us": 79, "after": "gemm", "before": "Memset"})}
+    assert "range_ms" not in got["(outside the stages)"]
     text = stage_kernels_text(got)
-    assert text.splitlines()[1:3] == ["backward: 0.101 ms", "        0.100 ms   99.5%  gemm"]
+    assert text.splitlines()[1:3] == [
+        "backward: 0.101 ms of kernels in a 0.150 ms range, 0.050 ms idle (the longest gap 79.0 µs, after gemm, "
+        "before Memset)", "        0.100 ms   99.5%  gemm"]
+    # kernels on two streams at once count once; one that runs past its range's end, to the end
+    both = {"traceEvents": [ev("gpu_user_annotation", "dohnuts:shared", 0, 100), ev("kernel", "a", 0, 60),
+                            ev("kernel", "b", 20, 30), ev("kernel", "c", 70, 50)]}
+    shared = stage_kernels(both, calls=1)["shared"]
+    assert round(shared["idle_ms"], 6) == 0.01 and shared["gap"] == {"us": 10, "after": "a", "before": "c"}

@@ -11,9 +11,10 @@ kernel costs most" in a few kilobytes, for a GPU whose traces are too large to b
 holds three tables:
 - the operators and kernels by self time;
 - the same grouped by the operators' input shapes (which `aten::copy_` moves which tensor);
-- on a GPU, each stage's device time and its costliest kernels (`stage_kernels`). The kernels
-  are placed by the stage's range on the device timeline, so a stage replayed as a CUDA graph,
-  whose kernels have no launching operator, is attributed too.
+- on a GPU, each stage's device time and its costliest kernels (`stage_kernels`), and how much
+  of the stage's range on the device no kernel ran, with its longest gap. The kernels are placed
+  by the stage's range on the device timeline, so a stage replayed as a CUDA graph, whose kernels
+  have no launching operator, is attributed too.
 
 The profiled calls are not measurements: no record is written for them, so a profiled run's
 numbers are those of an unprofiled one.
@@ -192,26 +193,61 @@ def stage_kernels(trace: dict, calls: int) -> dict[str, dict]:
     """Per harness stage, the device time of the kernels (and copies, sets) that ran inside its
     range on the device, per call: {stage: {"ms": total, "kernels": {name: ms}}}; kernels outside
     every stage range go under "(outside the stages)". Ranges are the "dohnuts:<stage>" annotations
-    the profiler places on the device timeline (`gpu_user_annotation`)."""
+    the profiler places on the device timeline (`gpu_user_annotation`).
+
+    A stage with ranges also gets, per call, its ranges' device time ("range_ms") and the part of
+    it no kernel ran ("idle_ms": the range less the union of its kernels, so kernels on two streams
+    at once count once), and its longest idle gap ("gap": µs, and the kernels before and after it —
+    or the range's start or end): where a host that issues late, or a launch's own setup, leaves
+    the device waiting inside the stage."""
     events = trace.get("traceEvents") or []
     ranges = sorted((e["ts"], e["ts"] + e.get("dur", 0), e["name"].removeprefix("dohnuts:")) for e in events
                     if e.get("cat") == "gpu_user_annotation" and str(e.get("name", "")).startswith("dohnuts:"))
     out: dict[str, dict] = {}
+    inside: dict[int, list] = {}  # range index → its kernels' (start, end, name)
     for e in events:
         if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset") or "ts" not in e:
             continue
-        stage = next((name for start, end, name in ranges if start <= e["ts"] < end), "(outside the stages)")
+        i = next((i for i, (start, end, _) in enumerate(ranges) if start <= e["ts"] < end), None)
+        stage = ranges[i][2] if i is not None else "(outside the stages)"
         entry = out.setdefault(stage, {"ms": 0.0, "kernels": {}})
         ms = e.get("dur", 0) / 1000 / max(calls, 1)
         entry["ms"] += ms
         entry["kernels"][e["name"]] = entry["kernels"].get(e["name"], 0.0) + ms
+        if i is not None:
+            inside.setdefault(i, []).append((e["ts"], e["ts"] + e.get("dur", 0), e["name"]))
+    for i, (start, end, stage) in enumerate(ranges):
+        if stage not in out:  # a range no kernel ran in: nothing to attribute
+            continue
+        entry = out[stage]
+        busy, at, prev = 0.0, start, "the range's start"
+        gaps = [] if "gap" not in entry else [entry["gap"]]
+        for k0, k1, name in sorted(inside.get(i, [])):
+            k1 = min(k1, end)
+            if k0 > at:
+                gaps.append({"us": k0 - at, "after": prev, "before": name})
+            busy += max(0.0, k1 - max(k0, at))
+            if k1 > at:
+                at, prev = k1, name
+        if end > at:
+            gaps.append({"us": end - at, "after": prev, "before": "the range's end"})
+        entry["range_ms"] = entry.get("range_ms", 0.0) + (end - start) / 1000 / max(calls, 1)
+        entry["idle_ms"] = entry.get("idle_ms", 0.0) + (end - start - busy) / 1000 / max(calls, 1)
+        if gaps:
+            entry["gap"] = max(gaps, key=lambda g: g["us"])
     return out
 
 
 def stage_kernels_text(stages: dict[str, dict]) -> str:
     lines = ["Device time per stage and call, by the stage's range on the device, with its costliest kernels"]
     for stage, entry in sorted(stages.items(), key=lambda kv: -kv[1]["ms"]):
-        lines.append(f"{stage}: {entry['ms']:.3f} ms")
+        line = f"{stage}: {entry['ms']:.3f} ms"
+        if "range_ms" in entry:
+            line += f" of kernels in a {entry['range_ms']:.3f} ms range, {entry['idle_ms']:.3f} ms idle"
+            if entry.get("gap", {}).get("us", 0) >= 0.1:
+                g = entry["gap"]
+                line += f" (the longest gap {g['us']:.1f} µs, after {g['after'][:50]}, before {g['before'][:50]})"
+        lines.append(line)
         top = sorted(entry["kernels"].items(), key=lambda kv: -kv[1])[:STAGE_KERNELS]
         lines += [f"    {ms:9.3f} ms  {ms / entry['ms']:6.1%}  {name[:110]}" for name, ms in top if entry["ms"] > 0]
     return "\n".join(lines)
