@@ -29,7 +29,8 @@ for _ in range(3):
 torch.cuda.synchronize()
 N = 2
 acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-with torch.profiler.profile(activities=acts, with_stack=True, record_shapes=False) as prof:
+cfg_x = torch._C._profiler._ExperimentalConfig(verbose=True)  # Python frames in the stacks
+with torch.profiler.profile(activities=acts, with_stack=True, record_shapes=True, experimental_config=cfg_x) as prof:
     for _ in range(N):
         pred.call(req)
     torch.cuda.synchronize()
@@ -38,12 +39,15 @@ SMALL = ("aten::fill_", "aten::zero_", "aten::copy_", "aten::cat", "cudaMemsetAs
          "aten::clone", "aten::contiguous", "aten::to", "aten::_to_copy", "aten::full", "aten::zeros", "aten::new_zeros",
          "aten::arange", "aten::mul", "aten::add", "aten::sub", "aten::exp", "aten::where", "aten::masked_fill_",
          "aten::stack", "aten::expand", "aten::scatter_", "aten::index_put_")
-lines = []
-for row in sorted(prof.key_averages(group_by_stack_n=7), key=lambda r: -r.count):
-    if row.key not in SMALL:
+import collections
+groups = collections.Counter()
+for evt in prof.events():
+    if evt.name not in SMALL:
         continue
-    stack = [f for f in row.stack if "dohnuts" in f or "fla/" in f][:5]
-    lines.append(f"{row.count / N:6.1f} a call  {row.key:22s} cuda {row.device_time_total / N:8.1f} us  " + " <- ".join(stack))
+    frames = [f.split("site-packages/")[-1].split("/work/")[-1] for f in (evt.stack or [])
+              if ("dohnuts" in f or "fla/" in f) and "profiler" not in f][:4]
+    groups[(evt.name, " <- ".join(frames) or "(no dohnuts frame)", str(evt.input_shapes)[:60])] += 1
+lines = [f"{n / N:6.1f} a call  {name:18s} {shapes:60s} {stack}" for (name, stack, shapes), n in groups.most_common(60)]
 out = "\n".join(lines)
 Path(sys.argv[1]).write_text(out + "\n")
 print(out[:12000])
