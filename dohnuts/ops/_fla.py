@@ -94,8 +94,12 @@ def fla() -> SimpleNamespace:
     # the steps of chunk_gated_delta_rule's forward and backward, for dohnuts' own autograd Function
     # (dohnuts.ops.delta_rule.ChunkedDeltaRule: dohnuts' forward kernels, fla's backward)
     from fla.modules.norm.l2norm import l2norm_bwd, l2norm_fwd
-    from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu, chunk_gated_delta_rule_fwd_h
-    from fla.ops.common.chunk_o import chunk_bwd_dqkwg, chunk_bwd_dv_local, chunk_fwd_o
+    from fla.ops.common.chunk_delta_h import (
+        chunk_gated_delta_rule_bwd_dhu,
+        chunk_gated_delta_rule_fwd_h,
+        chunk_gated_delta_rule_fwd_kernel_h_blockdim64,
+    )
+    from fla.ops.common.chunk_o import chunk_bwd_dqkwg, chunk_bwd_dv_local, chunk_fwd_kernel_o, chunk_fwd_o
     from fla.ops.gated_delta_rule.chunk_fwd import (
         chunk_gated_delta_rule_fwd_intra,
         chunk_gated_delta_rule_fwd_kkt_solve_kernel,

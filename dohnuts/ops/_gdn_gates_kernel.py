@@ -148,3 +148,56 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: to
     """The differentiable `gdn_gates_triton`: one forward kernel with or without autograd; under
     autograd the backward is `gdn_gates_bwd_triton` (gradients to a, b, A_log and dt_bias)."""
     return GdnGates.apply(a, b, A_log, dt_bias, chunk_size, scale)
+
+
+# ---- a shared pass's gates in one launch ---------------------------------------------------------
+# A kernel of its own, not a flag of `_gdn_gates_kernel`: a tuned table's compiled entries key each
+# kernel by its source and line, and the H200 table's entries for the two above stay valid (M52).
+
+@triton.jit
+def _gdn_gates_varlen_kernel(A, Bl, A_log, dt_bias, G, BETA, H, sat, sbt, scale, cu_seqlens, chunk_indices,
+                             BH: tl.constexpr, BT: tl.constexpr):
+    # `_gdn_gates_kernel` over rows of several sequences one after another: program i_t is chunk
+    # chunk_indices[i_t] = (sequence, chunk of it), chunked from the sequence's own start
+    i_t = tl.program_id(0).to(tl.int64)
+    i_n = tl.load(chunk_indices + 2 * i_t).to(tl.int64)
+    i_c = tl.load(chunk_indices + 2 * i_t + 1).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    t = tl.load(cu_seqlens + i_n).to(tl.int64) + i_c * BT + tl.arange(0, BT)[:, None]
+    h = tl.arange(0, BH)[None, :]
+    m = (t < eos) & (h < H)
+    a = tl.load(A + t * sat + h, mask=m, other=0.0).to(tl.float32)
+    a += tl.load(dt_bias + h, mask=h < H, other=0.0).to(tl.float32)
+    softplus = tl.where(a < 20.0, tl.log(1.0 + tl.exp(a)), a)
+    decay = -tl.exp(tl.load(A_log + h, mask=h < H, other=0.0).to(tl.float32)) * softplus
+    out = t * H + h  # dense (rows, H)
+    # Rows past the sequence's end come after every real row of the chunk: they cannot reach a real
+    # row's cumsum.
+    tl.store(G + out, tl.cumsum(decay, axis=0) * scale, mask=m)
+    b = tl.load(Bl + t * sbt + h, mask=m, other=0.0).to(tl.float32)
+    tl.store(BETA + out, tl.sigmoid(b), mask=m)
+
+
+def gdn_gates_varlen_triton(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+                            chunk_index: tuple[torch.Tensor, torch.Tensor], chunk_size: int,
+                            scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`gdn_gates_triton` over rows of several sequences one after another — a shared pass's prefix
+    and suffixes — in one launch: a, b (R, H) with unit head stride (any row stride), `chunk_index`
+    (cu_seqlens, chunk_indices) as fla's varlen kernels take them
+    (`dohnuts.ops.delta_rule.shared_chunk_index`), each sequence chunked from its own start →
+    (g, beta), (R, H) FP32 contiguous: the numbers of a launch per sequence (forward only)."""
+    R, H = a.shape
+    if b.shape != a.shape or A_log.shape != (H,) or dt_bias.shape != (H,):
+        raise ValueError(f"gdn_gates_varlen: a {tuple(a.shape)}, b {tuple(b.shape)}, A_log {tuple(A_log.shape)}, "
+                         f"dt_bias {tuple(dt_bias.shape)}: need a and b of one shape (R, H), A_log and dt_bias (H,)")
+    a = a if a.stride(-1) == 1 else a.contiguous()
+    b = b if b.stride(-1) == 1 else b.contiguous()
+    g = torch.empty(R, H, dtype=torch.float32, device=a.device)
+    beta = torch.empty_like(g)
+    cu_seqlens, chunk_indices = chunk_index
+    if R * H:
+        with torch.cuda.device(a.device) if a.is_cuda else contextlib.nullcontext():
+            _gdn_gates_varlen_kernel[(chunk_indices.shape[0],)](
+                a, b, A_log, dt_bias, g, beta, H, a.stride(0), b.stride(0), float(scale), cu_seqlens, chunk_indices,
+                BH=triton.next_power_of_2(H), BT=chunk_size, num_warps=4)
+    return g, beta

@@ -324,11 +324,45 @@ def _group_forward(f, q, k, v, g, beta, initial_state, scale, output_final_state
         w, u, A = f.chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, chunk_size=CHUNK)
     else:
         w, u = f.recompute_w_u_fwd(k=k, v=v, beta=beta, A=A, g=g)
-    state_step = delta_h_triton if _forked(initial_state, K) else f.chunk_gated_delta_rule_fwd_h
+    state_step = delta_h_triton if _forked(initial_state, K) else _fla_state_step
     h, v_new, final = state_step(k=k, w=w, u=u, g=g, initial_state=initial_state,
                                  output_final_state=output_final_state, chunk_size=CHUNK)
-    o = f.chunk_fwd_o(q=q, k=k, v=v_new, h=h, g=g, scale=scale, chunk_size=CHUNK)
-    return (o, final, A) if out is None else (out.copy_(o), final, A)
+    return _fla_output(f, q, k, v_new, h, g, scale, out), final, A
+
+
+def _fla_state_step(k, w, u, g, initial_state, output_final_state, chunk_size):
+    """fla's `chunk_gated_delta_rule_fwd_h` for equal-length sequences, its kernel launched here
+    with the final state left uninitialised: the kernel writes every element of it (each program
+    its head's block of values, all K rows), where fla's wrapper zero-fills it first — one launch
+    a layer fewer in a shared pass's prefix."""
+    # Triton and fla: on a GPU only (the CPU runs the reference path without them)
+    import triton
+
+    B, T, H, K = k.shape
+    HV, V = u.shape[2], u.shape[3]
+    h = k.new_empty(B, triton.cdiv(T, chunk_size), HV, K, V)
+    final = torch.empty(B, HV, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
+    v_new = torch.empty_like(u)
+    fla().chunk_gated_delta_rule_fwd_kernel_h_blockdim64[lambda meta: (triton.cdiv(V, meta["BV"]) * B * HV,)](
+        k=k, v=u, w=w, v_new=v_new, g=g, gk=None, h=h, h0=initial_state, ht=final, cu_seqlens=None,
+        chunk_offsets=None, T=T, H=H, HV=HV, K=K, V=V, BT=chunk_size, STATE_V_FIRST=False)
+    return h, v_new, final
+
+
+def _fla_output(f, q, k, v_new, h, g, scale, out=None):
+    """fla's `chunk_fwd_o` for equal-length sequences, its kernel launched here writing into `out`
+    (a contiguous tensor like v_new: a shared pass's buffer), not into a new tensor then copied."""
+    # Triton: on a GPU only (the CPU runs the reference path without it)
+    import triton
+
+    B, T, H, K = q.shape
+    HV, V = v_new.shape[2], v_new.shape[3]
+    o = torch.empty_like(v_new) if out is None else out
+    nt = triton.cdiv(T, CHUNK)
+    f.chunk_fwd_kernel_o[lambda meta: (triton.cdiv(V, meta["BV"]) * nt, B * HV)](
+        q=q, k=k, v=v_new, h=h, g=g, g_gamma=None, o=o, cu_seqlens=None, chunk_indices=None, scale=scale, T=T,
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, STATE_V_FIRST=False)
+    return o
 
 
 def _group_backward(f, q, k, v, g, beta, A, h0, forked, scale, do, dht):
@@ -395,10 +429,11 @@ def gated_delta_rule_shared(q, k, v, a, b, A_log, dt_bias, prefix: int, suffix_l
 
 
 class SharedDeltaRule(torch.autograd.Function):
-    """`gated_delta_rule_shared`'s fused path: the gates of both groups (dohnuts' gate kernel, a
-    launch a group, into one buffer), one launch of fla's kkt_solve kernel over every chunk of the
-    prefix and the suffixes (varlen: the suffixes' chunks do not wait for the prefix's state), then
-    `ChunkedDeltaRule`'s forward per group — the prefix's (fla's split path), the suffixes' from its
+    """`gated_delta_rule_shared`'s fused path: the gates of both groups (dohnuts' gate kernel, one
+    launch over every chunk of both, varlen), one launch of fla's kkt_solve kernel over every chunk
+    of the prefix and the suffixes (varlen: the suffixes' chunks do not wait for the prefix's state),
+    then `ChunkedDeltaRule`'s forward per group — the prefix's (fla's split path: its final state
+    and its output written where they are kept, no zero fill and no copy), the suffixes' from its
     final state, forked — writing one output buffer. The numbers are those of two
     `ChunkedDeltaRule` calls: the same kernels on the same chunks.
 
@@ -409,7 +444,7 @@ class SharedDeltaRule(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, a, b, A_log, dt_bias, chunk_index, P, L, scale):
         # Triton and fla: on a GPU only (the CPU runs the reference path without them)
-        from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
+        from dohnuts.ops._gdn_gates_kernel import gdn_gates_varlen_triton
 
         f = fla()
         R, K, (HV, V) = k.shape[0], k.shape[-1], v.shape[1:]
@@ -420,11 +455,7 @@ class SharedDeltaRule(torch.autograd.Function):
         with _device(q):
             q, k, v = (t.contiguous() for t in (q, k, v))
             (qp, kp, vp), (qs, ks, vs) = _shared_parts(P, B, L, q, k, v)
-            g = torch.empty(R, HV, dtype=torch.float32, device=kp.device)
-            beta = torch.empty_like(g)
-            for rows, shape in ((slice(0, P), (1, P, HV)), (slice(P, R), (B, L, HV))):
-                gdn_gates_triton(a[rows].view(shape), b[rows].view(shape), A_log, dt_bias, CHUNK, f.RCP_LN2,
-                                 out=(g[rows].view(shape), beta[rows].view(shape)))
+            g, beta = gdn_gates_varlen_triton(a, b, A_log, dt_bias, chunk_index, CHUNK, f.RCP_LN2)
             # A group on fla's split path, and fla's backward, read whole 64 × 64 blocks: zeros above
             # the diagonal there; the fused output kernel selects them away (as in `_kkt_solve`)
             A = torch.empty(R, HV, CHUNK, device=k.device, dtype=k.dtype)

@@ -220,6 +220,22 @@ def check_gates(full: bool) -> None:
                 g_ng, beta_ng = gdn_gates(pk[..., 5:5 + H], pk[..., 5 + H:], A_log, dt, chunk_size=64, scale=scale)
             assert torch.equal(gg, g_ng) and torch.equal(beta, beta_ng), "no-grad forward"
 
+    # one launch over a shared pass's rows (a prefix of P, then B suffixes of L, each chunked from its
+    # own start: varlen) against a launch per group, bitwise; rows read through a packed row stride
+    from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton, gdn_gates_varlen_triton
+    from dohnuts.ops.delta_rule import shared_chunk_index
+
+    for P, B, L in ((70, 3, 20), (128, 2, 64), (64, 2, 150)):
+        H, R = 16, P + B * L
+        packed = torch.randn(R, 5 + 2 * H, generator=g) * 2
+        a, b = packed[:, 5:5 + H], packed[:, 5 + H:]
+        A_log, dt = torch.rand(H, generator=g).mul(15).add(1).log(), torch.randn(H, generator=g)
+        one = gdn_gates_varlen_triton(a, b, A_log, dt, shared_chunk_index(P, B, L, a.device), 64, scale)
+        for rows, shape in ((slice(0, P), (1, P, H)), (slice(P, R), (B, L, H))):
+            per = gdn_gates_triton(a[rows].view(shape), b[rows].view(shape), A_log, dt, 64, scale)
+            for x, y in zip(one, per):
+                assert torch.equal(x[rows], y.reshape(-1, H)), ("varlen gates", P, B, L)
+
 
 # ---- the delta rule (dohnuts.ops.delta_rule.ChunkedDeltaRule) ------------------------------------
 
@@ -235,6 +251,7 @@ def _delta_inputs(g, B, T, H, HV, K, V, state):
 def check_delta_rule(full: bool) -> None:
     from dohnuts.ops import delta_rule
     from dohnuts.ops._fla import fla
+    from dohnuts.ops._gdn_gates_kernel import gdn_gates_triton
     from dohnuts.ops.delta_rule import (
         _l2norm, gated_delta_rule_from_logits, gated_delta_rule_fused, gated_delta_rule_reference, gdn_gates_reference,
     )
@@ -301,6 +318,25 @@ def check_delta_rule(full: bool) -> None:
                                                        use_qk_l2norm=not normalised)
         assert torch.equal(o, o_ng) and torch.equal(st, st_ng), (*what, "no-grad forward")
         del leaves
+
+    # the split path's state and output steps, launched by dohnuts (the final state left
+    # uninitialised, the output into a given buffer), against fla's wrappers that zero-fill and copy:
+    # bitwise, every fresh float allocation NaN
+    f = fla()
+    q0, k0, v0, packed0, A_log0, dt0, s00 = _delta_inputs(g, B, T, H, HV, K, V, "none")
+    gg, bb = gdn_gates_triton(*split(packed0), A_log0, dt0, chunk_size=64, scale=f.RCP_LN2)
+    with torch.no_grad(), _nan_empty():
+        w, u, _ = f.chunk_gated_delta_rule_fwd_intra(k=k0, v=v0, g=gg, beta=bb, chunk_size=64)
+        for h0 in (None, s00):
+            want = f.chunk_gated_delta_rule_fwd_h(k=k0, w=w, u=u, g=gg, initial_state=h0, output_final_state=True,
+                                                  chunk_size=64)
+            got = delta_rule._fla_state_step(k=k0, w=w, u=u, g=gg, initial_state=h0, output_final_state=True,
+                                             chunk_size=64)
+            assert all(torch.equal(x, y) for x, y in zip(got, want)), ("state step", h0 is None)
+        buf = torch.empty_like(v0)
+        o = delta_rule._fla_output(f, q0, k0, got[1], got[0], gg, K ** -0.5, out=buf)
+        assert o is buf and torch.equal(o, f.chunk_fwd_o(q=q0, k=k0, v=got[1], h=got[0], g=gg, scale=K ** -0.5,
+                                                          chunk_size=64)), "output step"
 
     # explicit gates (gated_delta_rule's fused path): g per token in natural log, β given; its
     # chunk cumsum is torch, so g's gradient is the Function's taken back through it

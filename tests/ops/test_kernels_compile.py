@@ -97,7 +97,7 @@ def test_small_kernels_compile(target):
     from dohnuts.ops._copy_kernel import _copy4d_kernel
     from dohnuts.ops._fma_kernel import _fma_chain_kernel
     from dohnuts.ops._gate_kernel import _gate_kernel
-    from dohnuts.ops._gdn_gates_kernel import _gdn_gates_kernel
+    from dohnuts.ops._gdn_gates_kernel import _gdn_gates_kernel, _gdn_gates_varlen_kernel
     from dohnuts.ops._layer_norm_kernel import _layer_norm_kernel
     from dohnuts.ops._norm_kernels import _norm_rope_kernel, _rms_norm_kernel
     from dohnuts.ops._probe_kernel import _dot16_kernel
@@ -132,6 +132,10 @@ def test_small_kernels_compile(target):
     for bh in (16, 32):
         kernel = compile_kernel(_gdn_gates_kernel, t, dict(BH=bh, BT=64), _types(_gdn_gates_kernel, gates))
         assert kernel.metadata.name == "_gdn_gates_kernel"
+    # a shared pass's one launch over its prefix's and suffixes' chunks
+    varlen = compile_kernel(_gdn_gates_varlen_kernel, t, dict(BH=16, BT=64), _types(
+        _gdn_gates_varlen_kernel, gates | dict.fromkeys(("cu_seqlens", "chunk_indices"), "*i32")))
+    assert varlen.metadata.name == "_gdn_gates_varlen_kernel"
     fma = compile_kernel(_fma_chain_kernel, t, dict(ITERS=256, BLOCK=1024), {"X": FP32, "Y": FP32, "N": I32},
                          num_warps=8)  # the FP32 vector microbenchmark (dohnuts.ops.fma), as microbench launches it
     assert fma.metadata.name == "_fma_chain_kernel"
