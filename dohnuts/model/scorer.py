@@ -171,7 +171,8 @@ def candidate_logits(scores: torch.Tensor, cand_matrix: torch.Tensor) -> torch.T
 
 
 def decide(scores: torch.Tensor, cand_matrix: torch.Tensor, temperature: float = 1.0):
-    """Per question: probabilities softmax(s / T) (Q, Kmax) and the chosen index (Q,)."""
+    """Per question: probabilities softmax(s / T) (Q, Kmax), the chosen index (Q,) and the scores
+    themselves by question (`candidate_logits`: what a result lists, one copy to the host)."""
     logits = candidate_logits(scores, cand_matrix)
     probs = torch.softmax(logits / temperature, dim=-1)
-    return probs, logits.argmax(dim=-1)
+    return probs, logits.argmax(dim=-1), logits

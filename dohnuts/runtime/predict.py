@@ -82,8 +82,7 @@ class Predictor:
         with torch.inference_mode():
             scores, work = self.session.score(hb, dev, timer)
             with timer.stage("d2h"):
-                probs, choice = self.session.decide(scores, dev.cand_matrix)
-                out = [probs, choice, scores]
+                out = list(self.session.decide(scores, dev.cand_matrix))  # probs, choice, scores by question
                 if not self.pipeline.cuda:
                     return out, None, work
                 host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in out]
@@ -97,16 +96,10 @@ class Predictor:
     def serialize(hb: HostBatch, host, done) -> RequestResult:
         if done is not None:
             done.synchronize()
-        probs, choice, scores = (t.tolist() for t in host)
-        cand = hb.tensors.cand_matrix.tolist()
-        results = []
-        for qi, q in enumerate(hb.plan.request.questions):
-            k = len(q.candidates)
-            results.append(QuestionResult(
-                id=q.id, scores=[scores[cand[qi][j]] for j in range(k)], probabilities=probs[qi][:k],
-                choice=int(choice[qi]),
-            ))
-        return RequestResult(hb.plan.request.id, results)
+        probs, choice, scores = (t.tolist() for t in host)  # (Q, Kmax), (Q,), (Q, Kmax): a row a question
+        return RequestResult(hb.plan.request.id, [
+            QuestionResult(id=q.id, scores=s[:len(q.candidates)], probabilities=p[:len(q.candidates)], choice=c)
+            for q, s, p, c in zip(hb.plan.request.questions, scores, probs, choice)])
 
     def _out_of_memory(self, hb: HostBatch, source: str | None) -> RequestError:
         """A failed allocation as the request's own error (its memory given back first)."""

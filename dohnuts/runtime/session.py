@@ -253,7 +253,8 @@ class Session:
             return self.model.head_scores(h, x.head_index)
 
     def decide(self, scores: torch.Tensor, cand_matrix: torch.Tensor):
-        """Per question: calibrated probabilities (Q, Kmax) at this session's temperature, choice (Q,)."""
+        """Per question: calibrated probabilities (Q, Kmax) at this session's temperature, choice (Q,),
+        the candidates' scores (Q, Kmax; −inf past a question's candidates)."""
         return decide(scores, cand_matrix, self.temperature)
 
     def predict(self, requests: Iterable[Request]) -> list:

@@ -26,6 +26,33 @@ def test_predict_api_returns_probabilities_and_choice():
     assert torch.allclose(torch.tensor(q.probabilities), expect, atol=1e-6)
 
 
+def test_each_question_lists_its_own_candidates_scores_in_order():
+    """Questions of 2, 4 and 1 candidates in one request: each result lists the head's score of each
+    of its candidates in order (the scores of the pass, read through the candidate matrix), their
+    softmax and its argmax — nothing of another question's, no padding."""
+    from dohnuts.runtime.predict import Predictor
+
+    model = api.load("tiny")
+    req = Request(id="r", questions=(Question("a", "two?", ("x", "yy")), Question("b", "four?", ("p", "qq", "r", "ss")),
+                                     Question("c", "one?", ("only",))))
+    pred = Predictor(model)
+    try:
+        hb = pred.prepare(req)
+        dev, ready = pred.pipeline.transfer(hb)
+        with torch.inference_mode():
+            raw, _ = model.score(hb, dev)
+        res, _ = pred.call(req)
+    finally:
+        pred.close()
+    cand = hb.tensors.cand_matrix.tolist()
+    for qi, (q, n) in enumerate(zip(res.questions, (2, 4, 1))):
+        want = [raw[cand[qi][j]].item() for j in range(n)]
+        assert q.scores == want and len(q.probabilities) == n
+        assert q.choice == max(range(n), key=lambda i: want[i])
+        expect = torch.softmax(torch.tensor(want) / model.temperature, 0)
+        assert torch.allclose(torch.tensor(q.probabilities), expect, atol=1e-6)
+
+
 def test_bad_lines_reported_and_rest_scored(tmp_path, capsys):
     lines = [
         json.dumps(GOOD),
