@@ -208,8 +208,7 @@ class TransformersTarget:
         with timer.stage("head"):
             scores = self.ours.model.head_scores(h, dev.score_index)
         with timer.stage("d2h"):
-            probs, choice, _ = self.ours.decide(scores, dev.cand_matrix)
-            host = [probs.cpu(), choice.cpu(), scores.cpu()]
+            host = [t.cpu() for t in self.ours.decide(scores, dev.cand_matrix)]  # probs, choice, scores by question
         with timer.stage("serialize"):
             result = Predictor.serialize(hb, host, None)
             result.to_json()

@@ -123,3 +123,35 @@ def test_training_peer_checkpointing_changes_nothing_but_recomputation(tmp_path)
             torch.testing.assert_close(p, pa[name], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(ckpt.ours.model.head.weight, plain.ours.model.head.weight, rtol=1e-5, atol=1e-6)
     assert b.work.recomputed_tokens == b.work.computed_tokens > 0 and a.work.recomputed_tokens == 0
+
+
+def test_prediction_peer_lists_each_questions_scores_as_dohnuts_does(tmp_path):
+    """The transformers prediction peer on the CPU (its reference code), on dohnuts' own weights,
+    serializes the same results as dohnuts for a request whose questions have different numbers
+    of candidates: each question its own candidates' scores in order (within FP32 rounding of
+    two implementations), its probabilities and choice."""
+    pytest.importorskip("transformers")
+    from dohnuts.bench.calls import PredictCall
+    from dohnuts.runtime.predict import Predictor
+    from dohnuts.runtime.requests import Question, Request
+
+    path = tmp_path / "text.yaml"
+    path.write_text("kind: text\ntargets: [transformers]\nmodel: tiny\n")
+    pm = plugin_manager()
+    kinds, targets = collect(pm, "dohnuts_bench_register_workload_kinds"), collect(pm, "dohnuts_bench_register_targets")
+    spec = load_workload(path, kinds, targets)
+    factory = targets["transformers"]
+    target = factory.factory(spec, torch.device("cpu"), torch.float32, factory.options({}, source="test"))
+    req = Request(id="r", questions=(Question("a", "two?", ("x", "yy")), Question("b", "four?", ("p", "qq", "r", "s")),
+                                     Question("c", "one?", ("only",))))
+    got = target.run_call(PredictCall(req), NULL_TIMER).output
+    pred = Predictor(target.ours)
+    try:
+        want, _ = pred.call(req)
+    finally:
+        pred.close()
+    assert [q.id for q in got.questions] == ["a", "b", "c"]
+    for g, w in zip(got.questions, want.questions):
+        assert len(g.scores) == len(w.scores) == len(g.probabilities)
+        assert g.scores == pytest.approx(w.scores, rel=1e-4, abs=1e-5)
+        assert g.probabilities == pytest.approx(w.probabilities, abs=1e-5) and g.choice == w.choice
