@@ -323,11 +323,11 @@ def check_delta_rule(full: bool) -> None:
     # uninitialised, the output into a given buffer), against fla's wrappers that zero-fill and copy:
     # bitwise, every fresh float allocation NaN
     f = fla()
-    q0, k0, v0, packed0, A_log0, dt0, s00 = _delta_inputs(g, B, T, H, HV, K, V, "none")
+    q0, k0, v0, packed0, A_log0, dt0, _ = _delta_inputs(g, B, T, H, HV, K, V, "none")
     gg, bb = gdn_gates_triton(*split(packed0), A_log0, dt0, chunk_size=64, scale=f.RCP_LN2)
     with torch.no_grad(), _nan_empty():
         w, u, _ = f.chunk_gated_delta_rule_fwd_intra(k=k0, v=v0, g=gg, beta=bb, chunk_size=64)
-        for h0 in (None, s00):
+        for h0 in (None, torch.randn(B, HV, K, V, generator=g) * 0.3):  # from no state, from a state a row
             want = f.chunk_gated_delta_rule_fwd_h(k=k0, w=w, u=u, g=gg, initial_state=h0, output_final_state=True,
                                                   chunk_size=64)
             got = delta_rule._fla_state_step(k=k0, w=w, u=u, g=gg, initial_state=h0, output_final_state=True,
