@@ -319,9 +319,11 @@ def test_the_h200_tables_unfilter_entry_is_what_a_448_row_launch_looks_up(compil
 
 def test_the_h200_tables_varlen_kkt_entry_is_what_a_shared_pass_launch_looks_up(compiles, monkeypatch,
                                                                                  fla_entry_points):
-    """The table's entry for fla's kkt_solve kernel over a shared pass's rows (varlen: the prefix's
-    and the suffixes' chunks in one launch, `SharedDeltaRule`; added by hand with that op, M47) is
-    the specialisation the op's launch records here at 2b's sizes, as for the unfilter kernel above."""
+    """The table's entries for a shared pass's one-launch kernels over its rows (varlen: the prefix's
+    and the suffixes' chunks together, `SharedDeltaRule`), each added by hand with its op — fla's
+    kkt_solve kernel (M47) and dohnuts' gates (`_gdn_gates_varlen_kernel`, M52) — are the
+    specialisations the op's launches record here at 2b's sizes (a bf16 model: A_log and dt_bias
+    bf16), as for the unfilter kernel above."""
     import json
 
     from dohnuts.ops import delta_rule
@@ -336,9 +338,13 @@ def test_the_h200_tables_varlen_kkt_entry_is_what_a_shared_pass_launch_looks_up(
     q, k, v = (torch.empty(P + B * L, H, K, dtype=torch.bfloat16) for _ in range(3))
     ab = torch.empty(P + B * L, 2 * H, dtype=torch.bfloat16)
     with offline_launches("sm_90"), _precompile.record() as made:
-        delta_rule.SharedDeltaRule.apply(q, k, v, ab[:, :H], ab[:, H:], torch.zeros(H), torch.zeros(H),
+        delta_rule.SharedDeltaRule.apply(q, k, v, ab[:, :H], ab[:, H:], torch.zeros(H, dtype=torch.bfloat16),
+                                         torch.zeros(H, dtype=torch.bfloat16),
                                          delta_rule.shared_chunk_index(P, B, L, "cpu"), P, L, K ** -0.5)
     (launched,) = [e for e in made["compiled"] if e["name"] == "chunk_gated_delta_rule_fwd_kkt_solve_kernel"]
+    (gates,) = [e for e in json.loads((TABLES / "h200.json").read_text())["compiled"]
+                if e["name"] == "_gdn_gates_varlen_kernel"]
+    (launched_gates,) = [e for e in made["compiled"] if e["name"] == "_gdn_gates_varlen_kernel"]
 
     def spec(data: str) -> dict:
         d = json.loads(data)
@@ -347,3 +353,4 @@ def test_the_h200_tables_varlen_kkt_entry_is_what_a_shared_pass_launch_looks_up(
             k: d["options"][k] for k in ("num_warps", "num_ctas", "num_stages")}
 
     assert spec(varlen[0]["data"]) == spec(launched["data"])
+    assert spec(gates["data"]) == spec(launched_gates["data"])
