@@ -4,6 +4,8 @@ product (K-concatenation), device times by the stage timer, interleaved rounds.
 
 forward  now:  y = u·bdᵀ (writes N × Σout), then y += x·Wᵀ (cuBLAS, β = 1)
          wide: y = [x | u]·[W | bd]ᵀ (one GEMM, K = in + Σr)
+         cat:  wide, with x copied into the wide buffer first (what it costs unless x's producer writes there)
+         rev:  y = x·Wᵀ (β = 0), then y += u·bdᵀ
          base: y = x·Wᵀ alone (β = 0), the floor
 backward now:  dx = du·A (writes N × in), then dx += dy·W (β = 1)
          wide: dx = [dy | du]·[W ; A] (one GEMM, K = Σout + Σr)
@@ -49,6 +51,14 @@ for name, (fin, fout, r, count) in GROUPS.items():
     def fwd_wide():
         torch.mm(xw, ww.t(), out=y)
 
+    def fwd_cat():  # the wide GEMM with the input copied into the wide buffer first (no producer writes it)
+        xw[:, :fin].copy_(x)
+        torch.mm(xw, ww.t(), out=y)
+
+    def fwd_rev():  # the base GEMM first (β = 0), the adapters' update accumulated onto it
+        torch.mm(x, w.t(), out=y)
+        y.addmm_(u, bd.t())
+
     def fwd_base():
         torch.mm(x, w.t(), out=y)
 
@@ -67,7 +77,7 @@ for name, (fin, fout, r, count) in GROUPS.items():
     ref = dx.float().clone()
     bwd_wide()
     gap_b = (dx.float() - ref).abs().max().item()
-    fns = {"fwd_now": fwd_now, "fwd_wide": fwd_wide, "fwd_base": fwd_base, "bwd_now": bwd_now, "bwd_wide": bwd_wide}
+    fns = {"fwd_now": fwd_now, "fwd_wide": fwd_wide, "fwd_cat": fwd_cat, "fwd_rev": fwd_rev, "fwd_base": fwd_base, "bwd_now": bwd_now, "bwd_wide": bwd_wide}
     t = {k: [] for k in fns}
     for rnd in range(6):
         for k in (list(fns) if rnd % 2 == 0 else list(reversed(list(fns)))):
@@ -77,7 +87,7 @@ for name, (fin, fout, r, count) in GROUPS.items():
     out[name] = res
     print(name, res, flush=True)
 tot = {k: round(sum(v[k] * v["count_an_update"] for v in out.values()) / 1e3, 2)
-       for k in ("fwd_now", "fwd_wide", "fwd_base", "bwd_now", "bwd_wide")}
+       for k in ("fwd_now", "fwd_wide", "fwd_cat", "fwd_rev", "fwd_base", "bwd_now", "bwd_wide")}
 out["ms_an_update (forward counted once)"] = tot
 print(tot)
 json.dump(out, open(sys.argv[1], "w"), indent=1)
