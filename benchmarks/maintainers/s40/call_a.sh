@@ -2,12 +2,12 @@
 # Session 40, the first call that gets a machine. On an H200 (none lent since session 31): the
 # table remade from an empty cache — the suite and text-4b with their kernels recorded
 # (COMPILED_TABLE), the GPU tests after them, the tuned table from the cache (TUNE_TABLE). On an
-# H100: call1.sh (profiles, the LoRA lab).
+# H100: nothing (call 1 ran on one already).
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "GPU: $name"
 if [[ "$name" == *H200* ]]; then
   WORKLOADS='workloads/*.yaml workloads/gpu/text-4b.yaml' TESTS=all TEST_WORKERS=8 TUNE_TABLE=1 COMPILED_TABLE=1 \
     BUDGET=560 bash benchmarks/maintainers/gpu_session.sh
 else
-  bash benchmarks/maintainers/s40/call1.sh
+  echo "not an H200: nothing to run (call 1 ran on an H100 already)"
 fi
