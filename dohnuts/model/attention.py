@@ -9,7 +9,7 @@ from torch import nn
 from dohnuts import ops
 from dohnuts.config import TextConfig
 from dohnuts.model.blocks import ALL_ROWS, RMSNorm, take_rows
-from dohnuts.model.lora import linear_group
+from dohnuts.model.lora import input_spare, linear_group
 from dohnuts.model.packing import packed_weight
 from dohnuts.model.state import KVState
 
@@ -91,6 +91,14 @@ class Attention(nn.Module):
             state = state if state is not None else new
             outs.append(o.reshape(n * t, -1))
         return self.o_proj(torch.cat(outs))
+
+    def input_spare(self, rows=ALL_ROWS) -> int:
+        """The spare columns for this layer's input (`dohnuts.model.lora.input_spare`): the packed
+        q/k/v group's, or with `rows` the keys and values' (the queries read a gathered copy)."""
+        w = packed_weight(self.q_proj, self.k_proj, self.v_proj)
+        if rows is ALL_ROWS:
+            return input_spare((self.q_proj, self.k_proj, self.v_proj), w)
+        return input_spare((self.k_proj, self.v_proj), w)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (..., H) → (query and gate (..., Hq·2·D), keys (..., Hkv·D), values (..., Hkv·D)):

@@ -11,7 +11,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from dohnuts import ops
-from dohnuts.model.lora import linear_group
+from dohnuts.model.lora import input_spare, linear_group
 from dohnuts.model.packing import packed_weight
 
 
@@ -59,12 +59,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.zeros(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.rms_norm(x, self.weight, self.eps, weight_offset=1.0)
+    def forward(self, x: torch.Tensor, spare: int = 0) -> torch.Tensor:
+        """norm(x); `spare`: written with that many spare columns for the LoRA group reading it
+        (dohnuts.ops.spare)."""
+        return ops.rms_norm(x, self.weight, self.eps, weight_offset=1.0, spare=spare)
 
-    def add(self, delta: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(residual + delta), residual + delta), fused on the GPU."""
-        return ops.add_rms_norm(delta, residual, self.weight, self.eps, weight_offset=1.0)
+    def add(self, delta: torch.Tensor, residual: torch.Tensor, spare: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(residual + delta), residual + delta), fused on the GPU; `spare` as forward's."""
+        return ops.add_rms_norm(delta, residual, self.weight, self.eps, weight_offset=1.0, spare=spare)
 
     def rope(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Per-head norm then the rotary embedding: x (B, T, H, D) → (B, H, T, D), one kernel on the GPU."""
@@ -98,4 +100,9 @@ class MLP(nn.Module):
         if w is None:
             return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
         # one (..., 2I) GEMM output (adapters' updates added into it), read in place
-        return self.down_proj(ops.swiglu_packed(linear_group(x, (self.gate_proj, self.up_proj), w)))
+        spare = input_spare((self.down_proj,), self.down_proj.weight)
+        return self.down_proj(ops.swiglu_packed(linear_group(x, (self.gate_proj, self.up_proj), w), spare))
+
+    def input_spare(self) -> int:
+        """The spare columns for this MLP's input (`dohnuts.model.lora.input_spare`)."""
+        return input_spare((self.gate_proj, self.up_proj), packed_weight(self.gate_proj, self.up_proj))

@@ -10,7 +10,7 @@ from torch import nn
 from dohnuts import ops
 from dohnuts.config import TextConfig
 from dohnuts.model.blocks import ALL_ROWS, GatedRMSNorm, take_rows
-from dohnuts.model.lora import linear_group
+from dohnuts.model.lora import input_spare, linear_group
 from dohnuts.model.packing import packed_weight
 from dohnuts.model.state import LinearAttentionState, SharedRows
 
@@ -72,6 +72,12 @@ class GatedDeltaNet(nn.Module):
             v.view(R, cfg.linear_num_value_heads, cfg.linear_value_head_dim), a, b, self.A_log, self.dt_bias, p, t,
             groups.chunk_index(x.device), normalised)
         return self.finish(x, o)
+
+    def input_spare(self, rows=None) -> int:
+        """The spare columns for this layer's input (`dohnuts.model.lora.input_spare`): the packed
+        qkv/b/a group's, which reads it first (in_proj_z, after it, reads the rows as they are)."""
+        linears = (self.in_proj_qkv, self.in_proj_b, self.in_proj_a)
+        return input_spare(linears, packed_weight(*linears))
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (..., H) → (mixed (..., 2·H·K + HV·V), b (..., HV), a (..., HV)): one GEMM when the

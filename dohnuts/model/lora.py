@@ -15,6 +15,11 @@ once (an out-of-place `addmm`) and sum the input's gradients from every sibling 
 (an element-wise pass each). The adapters are FP32 master weights; a pass reads their compute-dtype
 copies (`_Copies`), made once after each optimizer step rather than cast in every pass, and the
 backward writes their gradients in FP32 straight from the GEMMs.
+
+Where the group's input was written with spare columns for it (dohnuts.ops.spare: a layer asks
+its norm or SwiGLU for `input_spare` columns), the forward is one GEMM instead: the adapters'
+rank-Σr product u goes into those columns and [x | u] · [W | B]ᵀ gives the output, the base
+weight and the adapters' B's kept side by side as one more compute copy (`_Copies.wide`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from dohnuts.ops import spare as spare_columns
 from dohnuts.schema.decode import NonBlank, check_fields, integer_in, number_in
 
 DEFAULT_TARGETS = (
@@ -158,9 +164,14 @@ class _Copies:
     on its diagonal block of the group's columns, zero elsewhere; `a_s` and `bd_s` the same scaled
     by the adapters' α / r. Rebuilt in place (CUDA graphs read their addresses) when a parameter
     is replaced, changed in place (its version), or an optimizer has stepped. An in-place change
-    through `.data` bumps no version and is not seen: change adapters through the parameters."""
+    through `.data` bumps no version and is not seen: change adapters through the parameters.
 
-    __slots__ = ("lora", "spans", "scales", "ranks", "key", "a", "a_s", "bd", "bd_s", "__weakref__")
+    `wide(w)`, made at the first call with a widened input: [W | bd] (Σout, in + Σr), the group's
+    base weight beside `bd`, for the forward's one GEMM over [x | u]; kept in step with both (the
+    base weight's pointer and version)."""
+
+    __slots__ = ("lora", "spans", "scales", "ranks", "key", "a", "a_s", "bd", "bd_s", "ww", "w", "w_key",
+                 "__weakref__")
 
     def __init__(self, linears: tuple[nn.Module, ...], dtype: torch.dtype, device: torch.device):
         self.lora, self.spans, self.scales, col = [], [], [], 0
@@ -177,6 +188,7 @@ class _Copies:
             self.a, self.a_s = (torch.empty(shape_a, dtype=dtype, device=device) for _ in range(2))
             self.bd, self.bd_s = (torch.zeros(shape_bd, dtype=dtype, device=device) for _ in range(2))
         self.key = None
+        self.ww = self.w = self.w_key = None
 
     def _key(self) -> tuple:
         return (_generation,) + tuple((id(p), p._version, p.data_ptr()) for m in self.lora
@@ -184,12 +196,12 @@ class _Copies:
 
     def fresh(self) -> _Copies:
         """Rebuild the copies in place if a master weight moved since they were made."""
+        if self.w is not None and _weight_key(self.w) != self.w_key:
+            self.wide(self.w)
         key = self._key()
         if key == self.key:
             return self
-        if self.a.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("LoRA adapters changed since their compute copies were made, inside a CUDA graph "
-                               "capture: refresh them before capturing (dohnuts.model.lora.refresh_adapter_copies)")
+        self._outside_capture()
         with torch.inference_mode(False), torch.no_grad():
             torch.cat([m.lora_A for m in self.lora], out=self.a)
             r0 = 0
@@ -198,8 +210,37 @@ class _Copies:
                 self.bd[c0:c1, r0:r0 + r].copy_(m.lora_B)
                 torch.mul(m.lora_B, s, out=self.bd_s[c0:c1, r0:r0 + r])
                 r0 += r
+            if self.ww is not None:
+                self.ww[:, self.ww.shape[1] - self.bd.shape[1]:].copy_(self.bd)
         self.key = self._key()
         return self
+
+    def _outside_capture(self) -> None:
+        if self.a.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("LoRA adapters changed since their compute copies were made, inside a CUDA graph "
+                               "capture: refresh them before capturing (dohnuts.model.lora.refresh_adapter_copies)")
+
+    def wide(self, w: torch.Tensor) -> torch.Tensor:
+        """[W | bd] (Σout, in + Σr) for the group's base weight w (Σout, in), in place when only the
+        base weight's values moved. Call after `fresh`."""
+        key = _weight_key(w)
+        if key == self.w_key and self.ww is not None:
+            return self.ww
+        self._outside_capture()
+        shape = (w.shape[0], w.shape[1] + self.bd.shape[1])
+        with torch.inference_mode(False), torch.no_grad():
+            if self.ww is None or self.ww.shape != shape:
+                self.ww = torch.empty(shape, dtype=self.bd.dtype, device=self.bd.device)
+            self.ww[:, :w.shape[1]].copy_(w)
+            self.ww[:, w.shape[1]:].copy_(self.bd)
+        self.w, self.w_key = w, key
+        return self.ww
+
+
+def _weight_key(w: torch.Tensor) -> tuple:
+    """What identifies a base weight's current values: its place, layout and version (an inference
+    tensor has no version: it cannot change outside inference mode)."""
+    return (w.data_ptr(), w.shape, w.stride(), w.dtype, 0 if w.is_inference() else w._version)
 
 
 def _copies(linears: tuple[nn.Module, ...], lora: list[LoRALinear], dtype: torch.dtype,
@@ -240,13 +281,21 @@ class _LinearGroup(torch.autograd.Function):
     first — one GEMM of inner size Σr, zero in the columns of plain members — and the base GEMM
     accumulates onto them (cuBLAS with C = D, β = 1), so the wide output is written once and read
     once inside a compute-bound GEMM. The backward does the same for the input's gradient. The
-    base weight and bias are frozen (a LoRA base); their gradients are computed anyway if asked."""
+    base weight and bias are frozen (a LoRA base); their gradients are computed anyway if asked.
+
+    `ww` ([W | bd], `_Copies.wide`; None: the above): x's spare columns are claimed
+    (dohnuts.ops.spare), u is written there and the output is the one GEMM [x | u] · wwᵀ."""
 
     @staticmethod
-    def forward(ctx, x, xd, w, bias, c, *masters):
-        u = torch.mm(x if xd is None else xd, c.a_s.t())  # (N, Σr): every adapter's sᵢ·(xd Aᵢᵀ) at once
-        y = torch.mm(u, c.bd.t()) if bias is None else torch.addmm(bias, u, c.bd.t())  # (N, Σout)
-        y.addmm_(x, w.t())  # the base GEMM, accumulating onto the adapters' updates
+    def forward(ctx, x, xd, w, bias, c, ww, *masters):
+        if ww is None:
+            u = torch.mm(x if xd is None else xd, c.a_s.t())  # (N, Σr): every adapter's sᵢ·(xd Aᵢᵀ) at once
+            y = torch.mm(u, c.bd.t()) if bias is None else torch.addmm(bias, u, c.bd.t())  # (N, Σout)
+            y.addmm_(x, w.t())  # the base GEMM, accumulating onto the adapters' updates
+        else:
+            xw = spare_columns.with_spare(x, c.a_s.shape[0])  # (N, in + Σr), u's columns after x's
+            u = torch.mm(x, c.a_s.t(), out=xw[:, x.shape[1]:])
+            y = torch.mm(xw, ww.t()) if bias is None else torch.addmm(bias, xw, ww.t())
         ctx.spans, ctx.ranks = c.spans, c.ranks
         ctx.dtype = masters[0].dtype
         ctx.dropout = xd is not None
@@ -279,7 +328,7 @@ class _LinearGroup(torch.autograd.Function):
         dw = torch.mm(dy.t(), x) if need[2] else None
         dbias = dy.sum(0) if need[3] else None
         grads = [g for pair in zip(das, dbs) for g in pair]
-        return dx, dxd, dw, dbias, None, *grads
+        return dx, dxd, dw, dbias, None, None, *grads
 
 
 def linear_group(x: torch.Tensor, linears: tuple[nn.Module, ...], weight: torch.Tensor) -> torch.Tensor:
@@ -288,7 +337,8 @@ def linear_group(x: torch.Tensor, linears: tuple[nn.Module, ...], weight: torch.
     for the bases, every LoRA member's update added into its columns (`_LinearGroup`). Plain
     members add nothing; a group with no adapter is just the GEMM. Under autocast every operand
     runs in the autocast dtype (the adapters' FP32 master weights through their compute copies,
-    made once per optimizer step)."""
+    made once per optimizer step). Given an input written with `input_spare(linears, weight)` spare
+    columns, the forward claims them for its one GEMM (`_LinearGroup`)."""
     lora = [m for m in linears if isinstance(m, LoRALinear)]
     bias = linears[0].bias if len(linears) == 1 else None
     if not lora:
@@ -301,6 +351,19 @@ def linear_group(x: torch.Tensor, linears: tuple[nn.Module, ...], weight: torch.
     xd = F.dropout(x2, p, lora[0].training) if p and lora[0].training else None
     c = _copies(linears, lora, dtype, x.device)
     masters = [t for m in lora for t in (m.lora_A, m.lora_B)]
+    ww = None
+    if spare_columns.claim(x2, c.a.shape[0]) and xd is None and weight.dtype == dtype:
+        ww = c.wide(weight)
     with torch.autocast(dev, enabled=False):
-        y = _LinearGroup.apply(x2, xd, weight.to(dtype), None if bias is None else bias.to(dtype), c, *masters)
+        y = _LinearGroup.apply(x2, xd, weight.to(dtype), None if bias is None else bias.to(dtype), c, ww, *masters)
     return y.view(*lead, c.bd.shape[0])
+
+
+def input_spare(linears: tuple[nn.Module, ...], weight: torch.Tensor | None) -> int:
+    """The spare columns (Σr) a producer should write the input of `linear_group(x, linears,
+    weight)` with, so that its forward runs as one GEMM (dohnuts.ops.spare); 0 where it would not
+    take them: no adapter, no packed weight (None), or a dropout that draws the adapters' input."""
+    lora = [m for m in linears if isinstance(m, LoRALinear)]
+    if weight is None or not lora or (lora[0].dropout and lora[0].training):
+        return 0
+    return sum(m.lora_A.shape[0] for m in lora)

@@ -40,9 +40,11 @@ class DecoderLayer(nn.Module):
         `rows` (B, Q) (the last layer of a scoring pass): everything after the token mixer runs
         only at those positions, and the residual stream and MLP output come back as (B, Q, H);
         None: the mixer's state alone (returns None, None, state)."""
-        h = self.input_layernorm(x) if delta is None else None
+        mixer = self.linear_attn if self.layer_type == "linear_attention" else self.self_attn
+        spare = mixer.input_spare(rows)
+        h = self.input_layernorm(x, spare) if delta is None else None
         if delta is not None:
-            h, x = self.input_layernorm.add(delta, x)
+            h, x = self.input_layernorm.add(delta, x, spare)
         if self.layer_type == "linear_attention":
             h, new_state = self.linear_attn(h, state, return_state, rows)
         else:
@@ -51,18 +53,19 @@ class DecoderLayer(nn.Module):
             return None, None, new_state
         if rows is not ALL_ROWS:
             x = take_rows(x, rows)
-        h, x = self.post_attention_layernorm.add(h, x)
+        h, x = self.post_attention_layernorm.add(h, x, self.mlp.input_spare())
         return x, self.mlp(h), new_state
 
     def forward_shared(self, x, delta, groups):
         """The layer over the rows (R, H) of a shared pass (`TextBackbone.forward_shared`): norms,
         projections and the MLP once over all rows, the token mixer per group. Returns (residual
         stream, MLP output); the prefix's state lives only inside the layer."""
-        h = self.input_layernorm(x) if delta is None else None
-        if delta is not None:
-            h, x = self.input_layernorm.add(delta, x)
         mixer = self.linear_attn if self.layer_type == "linear_attention" else self.self_attn
-        h, x = self.post_attention_layernorm.add(mixer.forward_shared(h, groups), x)
+        spare = mixer.input_spare(ALL_ROWS)
+        h = self.input_layernorm(x, spare) if delta is None else None
+        if delta is not None:
+            h, x = self.input_layernorm.add(delta, x, spare)
+        h, x = self.post_attention_layernorm.add(mixer.forward_shared(h, groups), x, self.mlp.input_spare())
         return x, self.mlp(h)
 
 

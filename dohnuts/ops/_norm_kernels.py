@@ -1,9 +1,7 @@
 """Triton kernels for inference-time RMSNorm: one launch where the model used to issue several.
 
-- `rms_norm_triton(x, w, eps, offset, residual)`: y = (x [+ residual]) / rms · (offset + w), and
-  the sum itself when a residual is given. The scale's offset is applied inside the kernel, so a
-  zero-centred norm (Qwen3.5: 1 + w) no longer launches a cast and an add of its weight per call
-  (two kernels for each of a pass's 61 norms).
+- `rms_norm_triton(x, w, eps, offset, residual)`: y = (x [+ residual]) / rms · (offset + w), and the
+  sum itself when a residual is given; the offset applied in the kernel (no cast and add of w a call).
 - `norm_rope_triton(x, w, eps, offset, cos, sin)`: a query or key projection (B, T, H, D), read in
   place from a strided GEMM output, → per-head RMSNorm, then the rotary embedding on the first R
   channels, written as (B, H, T, D) — what `rms_norm` + transpose + `apply_rotary` did in ~8
@@ -25,6 +23,8 @@ import contextlib
 import torch
 import triton
 import triton.language as tl
+
+from dohnuts.ops import spare as spare_columns
 
 
 @triton.jit
@@ -141,14 +141,16 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0,
-                    residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """x (..., D) → y in x's dtype; with `residual` → (y, x + residual in the residual's dtype)."""
+                    residual: torch.Tensor | None = None,
+                    spare: int = 0) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """x (..., D) → y in x's dtype; with `residual` → (y, x + residual in the residual's dtype).
+    y is written with `spare` spare columns for the LoRA group reading it (dohnuts.ops.spare)."""
     D = x.shape[-1]
     if weight.shape != (D,):
         raise ValueError(f"weight must have shape ({D},), got {tuple(weight.shape)}")
     x2 = _rows(x)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    y2 = y.view(-1, D)
+    y = spare_columns.empty(x.shape, spare, dtype=x.dtype, device=x.device)
+    y2 = y.reshape(-1, D)  # a view, row stride D + the spare's width
     r2 = ro = ro2 = None
     if residual is not None:
         if residual.shape != x.shape:
@@ -162,7 +164,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: f
         with _on_device(x):
             _rms_norm_kernel[(rows,)](
                 x2, x2 if r2 is None else r2, weight, y2, y2 if ro2 is None else ro2,
-                x2.stride(0), 0 if r2 is None else r2.stride(0), D, D, D, float(eps), float(offset),
+                x2.stride(0), 0 if r2 is None else r2.stride(0), y2.stride(0), D, D, float(eps), float(offset),
                 HAS_RES=residual is not None, BLOCK=block, num_warps=max(1, min(8, block // 256)))
     return y if residual is None else (y, ro)
 
@@ -200,8 +202,8 @@ class _RmsNorm(torch.autograd.Function):
     """rms_norm_triton with a backward; the residual form returns (y, x + residual)."""
 
     @staticmethod
-    def forward(ctx, x, weight, residual, eps, offset):
-        out = rms_norm_triton(x, weight, eps, offset, residual=residual)
+    def forward(ctx, x, weight, residual, eps, offset, spare):
+        out = rms_norm_triton(x, weight, eps, offset, residual=residual, spare=spare)
         ctx.eps, ctx.offset, ctx.has_res = eps, offset, residual is not None
         ctx.x_dtype = x.dtype
         # The backward needs the normalised rows: x, or the sum (the second output, already made).
@@ -230,13 +232,13 @@ class _RmsNorm(torch.autograd.Function):
                     HAS_DR=dr2 is not None, HAS_RES=dres is not None, STORE_DWP=need_w,
                     BLOCK=block, num_warps=_norm_warps(block))
         dw = dwp.sum(0).to(weight.dtype) if need_w else None
-        return dx, dw, dres, None, None
+        return dx, dw, dres, None, None, None
 
 
 def rms_norm_fn(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0,
-                residual: torch.Tensor | None = None):
+                residual: torch.Tensor | None = None, spare: int = 0):
     """`rms_norm_triton` as a differentiable op (same forward kernel, Triton backward)."""
-    return _RmsNorm.apply(x, weight, residual, eps, offset)
+    return _RmsNorm.apply(x, weight, residual, eps, offset, spare)
 
 
 class _NormRope(torch.autograd.Function):

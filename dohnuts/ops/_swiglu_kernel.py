@@ -1,9 +1,7 @@
 """Triton kernel for SwiGLU on a packed (..., 2I) gate/up GEMM output (dohnuts.ops.activation).
-
-`swiglu_packed_fn` is the differentiable op: this forward kernel and a backward kernel writing
-both halves of the packed gradient in one pass. Imported only on the first fused call on a CUDA
-device (like dohnuts.ops._fla): importing dohnuts never imports Triton.
-"""
+`swiglu_packed_fn` is the differentiable op: this forward kernel and a backward kernel writing both
+halves of the packed gradient in one pass. Imported only on the first fused call on a CUDA device
+(like dohnuts.ops._fla): importing dohnuts never imports Triton."""
 
 from __future__ import annotations
 
@@ -12,6 +10,8 @@ import contextlib
 import torch
 import triton
 import triton.language as tl
+
+from dohnuts.ops import spare as spare_columns
 
 BLOCK = 1024  # columns per program: 2b's I = 6144 is 6 programs per row, no autotuning needed
 
@@ -52,27 +52,29 @@ def _packed_rows(gu: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def swiglu_packed_triton(gu: torch.Tensor) -> torch.Tensor:
-    """gu (..., 2I) → (..., I) contiguous; reads each half in place (no split copies). No autograd."""
+def swiglu_packed_triton(gu: torch.Tensor, spare: int = 0) -> torch.Tensor:
+    """gu (..., 2I) → (..., I), contiguous or written with `spare` spare columns for the LoRA group
+    reading it (dohnuts.ops.spare); reads each half in place (no split copies). No autograd."""
     two_i = gu.shape[-1]
     I = two_i // 2
     x = _packed_rows(gu)
-    y = torch.empty(*gu.shape[:-1], I, dtype=gu.dtype, device=gu.device)
+    y = spare_columns.empty((*gu.shape[:-1], I), spare, dtype=gu.dtype, device=gu.device)
     rows = x.shape[0]
     if rows == 0 or I == 0:
         return y
     block = min(BLOCK, triton.next_power_of_2(I))
     # The launch goes to the current CUDA device: make it gu's. (CPU tensors: Triton's interpreter.)
     with torch.cuda.device(gu.device) if gu.is_cuda else contextlib.nullcontext():
-        swiglu_packed_kernel[(rows, triton.cdiv(I, block))](x, y, I, x.stride(0), I, BLOCK=block, num_warps=4)
+        swiglu_packed_kernel[(rows, triton.cdiv(I, block))](x, y, I, x.stride(0), I + spare_columns.width(spare),
+                                                             BLOCK=block, num_warps=4)
     return y
 
 
 class _SwigluPacked(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, gu):
+    def forward(ctx, gu, spare):
         ctx.save_for_backward(gu)
-        return swiglu_packed_triton(gu)
+        return swiglu_packed_triton(gu, spare)
 
     @staticmethod
     def backward(ctx, dy):
@@ -90,9 +92,9 @@ class _SwigluPacked(torch.autograd.Function):
             with torch.cuda.device(gu.device) if gu.is_cuda else contextlib.nullcontext():
                 swiglu_packed_bwd_kernel[(rows, triton.cdiv(I, block))](x, d, dgu, I, x.stride(0), d.stride(0),
                                                                        BLOCK=block, num_warps=4)
-        return dgu
+        return dgu, None
 
 
-def swiglu_packed_fn(gu: torch.Tensor) -> torch.Tensor:
+def swiglu_packed_fn(gu: torch.Tensor, spare: int = 0) -> torch.Tensor:
     """`swiglu_packed_triton` as a differentiable op (same forward kernel, Triton backward)."""
-    return _SwigluPacked.apply(gu)
+    return _SwigluPacked.apply(gu, spare)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from dohnuts.ops._dispatch import recording, use_fused
 from dohnuts.ops._fla import fla
+from dohnuts.ops.spare import widen
 
 
 def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -46,17 +47,21 @@ def swiglu_packed_reference(gu: torch.Tensor) -> torch.Tensor:
     return swiglu_reference(*_halves(gu))
 
 
-def swiglu_packed_fused(gu: torch.Tensor) -> torch.Tensor:
+def swiglu_packed_fused(gu: torch.Tensor, spare: int = 0) -> torch.Tensor:
     _halves(gu)  # the shape check
     # Triton and fla: on a GPU only (the CPU runs the reference path without them)
     from dohnuts.ops._swiglu_kernel import swiglu_packed_fn
 
-    return swiglu_packed_fn(gu)
+    return swiglu_packed_fn(gu, spare)
 
 
-def swiglu_packed(gu: torch.Tensor) -> torch.Tensor:
-    """silu(gu[..., :I]) * gu[..., I:] for gu (..., 2I) → (..., I): one kernel, no split copies."""
-    return swiglu_packed_fused(gu) if use_fused(gu) else swiglu_packed_reference(gu)
+def swiglu_packed(gu: torch.Tensor, spare: int = 0) -> torch.Tensor:
+    """silu(gu[..., :I]) * gu[..., I:] for gu (..., 2I) → (..., I): one kernel, no split copies.
+    `spare`: the output is written with that many spare columns for the LoRA group reading it
+    (dohnuts.ops.spare; the values and shape are the same)."""
+    if use_fused(gu):
+        return swiglu_packed_fused(gu, spare)
+    return widen(swiglu_packed_reference(gu), spare)
 
 
 def linear_gelu_tanh_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from dohnuts.ops._dispatch import recording, use_fused
 from dohnuts.ops._fla import fla
+from dohnuts.ops.spare import widen
 
 
 def _scale(weight: torch.Tensor, offset: float) -> torch.Tensor:
@@ -31,17 +32,22 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, weight
     return (y * _scale(weight, weight_offset)).to(x.dtype)
 
 
-def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
+def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0,
+                   spare: int = 0) -> torch.Tensor:
     # Triton and fla: on a GPU only (the CPU runs the reference path without them)
     from dohnuts.ops._norm_kernels import rms_norm_fn
 
-    return rms_norm_fn(x, weight, eps, weight_offset)
+    return rms_norm_fn(x, weight, eps, weight_offset, spare=spare)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
-    """y = x / rms(x) * (weight_offset + weight) over the last dim. x: (..., D), weight: (D,)."""
-    fn = rms_norm_fused if use_fused(x) else rms_norm_reference
-    return fn(x, weight, eps, weight_offset)
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0,
+             spare: int = 0) -> torch.Tensor:
+    """y = x / rms(x) * (weight_offset + weight) over the last dim. x: (..., D), weight: (D,).
+    `spare`: y is written with that many spare columns for the LoRA group reading it
+    (dohnuts.ops.spare; the values and shape are the same)."""
+    if use_fused(x):
+        return rms_norm_fused(x, weight, eps, weight_offset, spare)
+    return widen(rms_norm_reference(x, weight, eps, weight_offset), spare)
 
 
 def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
@@ -51,23 +57,25 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torc
 
 
 def add_rms_norm_fused(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                       eps: float, weight_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                       eps: float, weight_offset: float = 0.0, spare: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     # One kernel reads x and the residual once, writes the sum (in the residual's dtype) and the
     # normalised sum; the norm is taken of the unrounded FP32 sum (≤ 1 BF16 ulp from the reference).
     from dohnuts.ops._norm_kernels import rms_norm_fn
 
-    return rms_norm_fn(x, weight, eps, weight_offset, residual=residual)
+    return rms_norm_fn(x, weight, eps, weight_offset, residual=residual, spare=spare)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float, weight_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                 eps: float, weight_offset: float = 0.0, spare: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual update and the next norm in one: r = residual + x; returns
     (rmsnorm(r) * (weight_offset + weight), r).
 
     x, residual: (..., D); weight: (D,). Saves the separate add's full read and write of the
-    residual stream (two per decoder layer)."""
-    fn = add_rms_norm_fused if use_fused(x) else add_rms_norm_reference
-    return fn(x, residual, weight, eps, weight_offset)
+    residual stream (two per decoder layer). `spare`: as `rms_norm`'s, for the normalised rows."""
+    if use_fused(x):
+        return add_rms_norm_fused(x, residual, weight, eps, weight_offset, spare)
+    y, r = add_rms_norm_reference(x, residual, weight, eps, weight_offset)
+    return widen(y, spare), r
 
 
 def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

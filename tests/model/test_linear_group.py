@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from dohnuts.ops import spare
 from dohnuts.model.lora import LoRAConfig, LoRALinear, _LinearGroup, linear_group, refresh_adapter_copies
 from tests.reference import relative_error
 
@@ -94,11 +95,20 @@ def test_group_gradients_by_finite_differences():
     a1, b1, a2, b2 = t(3, 10), t(4, 3), t(2, 10), t(5, 2)
     spans, scales = ((0, 4), (6, 11)), (1.5, 0.5)
     assert torch.autograd.gradcheck(
-        lambda *z: _LinearGroup.apply(z[0], z[1], z[2], z[3], _copies_of(spans, scales, 11, *z[4:]), *z[4:]),
+        lambda *z: _LinearGroup.apply(z[0], z[1], z[2], z[3], _copies_of(spans, scales, 11, *z[4:]), None, *z[4:]),
         (x, xd, w, bias, a1, b1, a2, b2))
     assert torch.autograd.gradcheck(
-        lambda *z: _LinearGroup.apply(z[0], None, z[1], None, _copies_of(spans, scales, 11, *z[2:]), *z[2:]),
+        lambda *z: _LinearGroup.apply(z[0], None, z[1], None, _copies_of(spans, scales, 11, *z[2:]), None, *z[2:]),
         (x, w, a1, b1, a2, b2))
+
+    def wide(x, w, bias, *ab):
+        """The one-GEMM forward: x's rows in a buffer with spare columns, [W | bd] beside."""
+        c = _copies_of(spans, scales, 11, *ab)
+        xs = spare.widen(x, c.a.shape[0])
+        assert spare.claim(xs, c.a.shape[0])
+        return _LinearGroup.apply(xs, None, w, bias, c, torch.cat([w, c.bd], 1).detach(), *ab)
+
+    assert torch.autograd.gradcheck(wide, (x, w, bias, a1, b1, a2, b2))
 
 
 def test_a_single_adapted_linear_with_a_bias_and_dropout():
@@ -199,3 +209,34 @@ def test_copies_made_in_inference_mode_serve_training():
     _composition(x, members).square().sum().backward()
     for a, p in zip(got, _adapter_params(members)):
         assert relative_error(a, p.grad) < 1e-5
+
+
+def test_an_input_with_spare_columns_is_claimed_once_and_hidden_from_autograd():
+    """A group reading rows written with its Σr spare columns (dohnuts.ops.spare) writes u there and
+    gives the composition's output and gradients; an op that saved the rows before it (a product)
+    is undisturbed (the spare columns are an alias with a version counter of their own); a second
+    group on the same rows finds the mark cleared and runs the two-GEMM path, equal too."""
+    members, w = _group(lora=(True, True, False))
+    r = sum(m.lora_A.shape[0] for m in members if isinstance(m, LoRALinear))
+    x = torch.randn(2, 9, 10, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(2, 9, w.shape[0], dtype=torch.float64)
+    got = []
+    for widened in (True, False):
+        x.grad = None
+        for p in _adapter_params(members):
+            p.grad = None
+        rows = spare.widen(x * 1.5, r) if widened else x * 1.5
+        early = (rows * rows).sum()  # saves the rows before any group writes
+        y1 = linear_group(rows, members, w)
+        y2 = linear_group(rows, members, w)
+        if widened:
+            u = torch.as_strided(rows.detach(), (18, r), (rows.stride(-2), 1), rows.storage_offset() + 10)
+            a_s = torch.cat([m.scaling * m.lora_A for m in members if isinstance(m, LoRALinear)]).detach()
+            assert relative_error(u, rows.detach().reshape(18, 10) @ a_s.t()) < 1e-12  # u written there
+            assert spare.claim(rows.reshape(18, 10), r) is False  # claimed once
+        (early + (y1 * dy).sum() + (y2 * dy).sum()).backward()
+        got.append([y1.detach(), y2.detach(), x.grad.clone()] + [p.grad.clone() for p in _adapter_params(members)])
+    want = _composition(x.detach() * 1.5, members).detach()
+    assert relative_error(got[0][0], want) < 1e-12 and relative_error(got[0][1], want) < 1e-12
+    for a, b in zip(*got):
+        assert relative_error(a, b) < 1e-12

@@ -272,3 +272,45 @@ def test_attention_gate_sigmoid_needs_no_copy():
     s = torch.sigmoid(gate)
     assert not gate.is_contiguous() and s.is_contiguous()
     assert s.reshape(B, T, H * D).data_ptr() == s.data_ptr()
+
+
+def test_adapted_groups_read_their_input_widened_with_the_same_loss_and_gradients(monkeypatch):
+    """Training's microbatch (its recomputation included): the groups whose input comes from a
+    norm or SwiGLU written with spare columns (MLP gate/up and down, attention's keys and values,
+    the mixer's qkv/b/a) run one GEMM over [x | u] (dohnuts.ops.spare); in_proj_z (a second
+    reader of the mixer's input), out_proj, o_proj and the queries keep two (tiny's one attention
+    layer is its last, whose queries run at the scored rows alone, on a gathered copy). Loss and
+    every trainable gradient equal the run where no group claims its spare columns."""
+    from dohnuts.model import lora as lora_module
+    from dohnuts.ops import spare
+    from dohnuts.train.task import synthetic_requests
+
+    session = api.load("tiny", lora=LoRAConfig(rank=4))
+    _same_adapters(session)
+    (req,) = synthetic_requests(1, questions=5, shared_prefix=300, seed=4)
+    hb = session.prepare(req, train=True)
+    wide_members: set[str] = set()
+    names = {id(m): n for n, m in session.model.named_modules()}
+    real_apply = lora_module._LinearGroup.apply
+
+    def spy(x, xd, w, bias, c, ww, *masters):
+        if ww is not None:
+            wide_members.update(names[id(m)].rsplit(".", 1)[1] for m in c.lora)
+        return real_apply(x, xd, w, bias, c, ww, *masters)
+
+    monkeypatch.setattr(lora_module._LinearGroup, "apply", spy)
+    out = []
+    for claims in (True, False):
+        if not claims:
+            monkeypatch.setattr(spare, "claim", lambda x, n: False)
+        session.model.zero_grad()
+        session.model.train()
+        loss = microbatch_loss(session.model, hb.tensors, RLCDConfig())
+        loss.backward()
+        out.append((float(loss.detach()),
+                    torch.cat([p.grad.flatten() for p in session.model.trainable_parameters()])))
+        if claims:
+            assert wide_members == {"gate_proj", "up_proj", "down_proj", "k_proj", "v_proj", "in_proj_qkv"}
+    (loss_w, grad_w), (loss_n, grad_n) = out
+    assert abs(loss_w - loss_n) < 1e-5 * max(1.0, abs(loss_n))
+    assert relative_error(grad_w, grad_n) < 1e-5 and float(grad_n.norm()) > 0

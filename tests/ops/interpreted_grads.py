@@ -70,6 +70,11 @@ check("gate", lambda o, qg: gated_output_fn(o.transpose(1, 2), qg[..., D:2 * D])
 # SwiGLU on a packed (rows, 2I) view with I not a multiple of the block
 gu = torch.randn(3, 4, 2 * 1100 + 10, generator=g)[..., 5:5 + 2 * 1100]
 check("swiglu", swiglu_packed_fn, swiglu_packed_reference, [(gu, True)])
+# outputs written with spare columns for a LoRA group (dohnuts.ops.spare): the same gradients
+check("swiglu spare", lambda gu: swiglu_packed_fn(gu, 24), swiglu_packed_reference, [(gu, True)])
+x, r = torch.randn(4, 9, 96, generator=g), torch.randn(4, 9, 96, generator=g)
+check("add_rms spare", lambda x, r, w: rms_norm_fn(x, w, 1e-6, 1.0, residual=r, spare=40),
+      lambda x, r, w: add_rms_norm_reference(x, r, w, 1e-6, 1.0), [(x, True), (r, True), (w, False)])
 # bf16 inputs: gradients in the input dtypes
 xb = torch.randn(6, 64, generator=g).bfloat16()
 rb = torch.randn(6, 64, generator=g)

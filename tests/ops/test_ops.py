@@ -155,6 +155,12 @@ for gu in cases:
 y = swiglu_packed_triton(cases[1].bfloat16())
 assert y.dtype == torch.bfloat16
 assert ((y.float() - swiglu_packed_reference(cases[1].bfloat16().float())).abs().max()) < 0.05
+# with spare columns for a LoRA group (dohnuts.ops.spare): the same values, rows 16 columns wider
+for gu in cases[:3]:
+    y = swiglu_packed_triton(gu, spare=5)
+    I = gu.shape[-1] // 2
+    assert torch.equal(y, swiglu_packed_triton(gu)) and y.stride(-2) == I + 16
+    assert y.untyped_storage().nbytes() == y.numel() // I * (I + 16) * 4
 print("ok")
 """
 
@@ -194,6 +200,13 @@ for x in (torch.randn(4, 9, 96, generator=g), wide[..., 96:192]):  # contiguous,
 y, s = rms_norm_triton(wide[..., :96].bfloat16(), w, 1e-6, 1.0, residual=wide[..., :96].float())
 assert y.dtype == torch.bfloat16 and s.dtype == torch.float32  # the sum keeps the residual's dtype
 assert rms_norm_triton(torch.zeros(0, 96), w, 1e-6).shape == (0, 96)
+# with spare columns for a LoRA group (dohnuts.ops.spare): the same values, rows 32 columns wider
+x, r = wide[..., 96:192], torch.randn(5, 7, 96, generator=g)
+y = rms_norm_triton(x, w, 1e-6, 1.0, spare=17)
+assert torch.equal(y, rms_norm_triton(x, w, 1e-6, 1.0)) and y.stride(-2) == 96 + 32
+assert y.untyped_storage().nbytes() == 5 * 7 * 128 * 4
+(y, s), (y0, s0) = rms_norm_triton(x, w, 1e-6, 1.0, residual=r, spare=8), rms_norm_triton(x, w, 1e-6, 1.0, residual=r)
+assert torch.equal(y, y0) and torch.equal(s, s0) and y.stride(-2) == 96 + 16 and s.is_contiguous()
 
 # norm + rope: q read in place from a packed (B, T, H, 2D) projection (query and gate interleaved
 # per head), 3 heads (not a power of two), D = 40 channels of which R = 16 rotate.
