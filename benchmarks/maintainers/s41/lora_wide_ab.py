@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-from bench_plugins.targets.dohnuts_target import DohnutsTarget
 from dohnuts.bench.contracts import WorkloadContext
 from dohnuts.bench.measure.workload import load_workload
 from dohnuts.bench.plugins import collect, plugin_manager
@@ -26,7 +25,8 @@ def use(variant):
     spare.claim = CLAIM if variant == "wide" else (lambda x, n: False)
 
 
-pm = plugin_manager()
+pm = plugin_manager()  # makes dohnuts_bench_plugins (bench_plugins/) importable from a checkout
+from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget  # noqa: E402
 kinds, targets = collect(pm, "dohnuts_bench_register_workload_kinds"), collect(pm, "dohnuts_bench_register_targets")
 spec = load_workload("workloads/gpu/train-step-2b.yaml", kinds, targets, gpu=True)
 cfg, ckpt = resolve_source(spec.model)
