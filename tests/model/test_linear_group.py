@@ -79,7 +79,7 @@ def _copies_of(spans, scales, width, *ab):
             bd_s[c0:c1, r0:r0 + r] = s * b
             r0 += r
         return SimpleNamespace(a=torch.cat(a_parts), a_s=torch.cat([s * a for s, a in zip(scales, a_parts)]),
-                               bd=bd, bd_s=bd_s, spans=list(spans), ranks=ranks)
+                               bd=bd, bd_s=bd_s, spans=list(spans), ranks=ranks, scales=list(scales))
 
 
 def test_group_gradients_by_finite_differences():

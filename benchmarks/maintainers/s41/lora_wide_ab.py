@@ -1,6 +1,8 @@
 """Scratch (session 41): train-step-2b's optimizer updates with the adapted groups' one GEMM over a
-widened input (dohnuts.ops.spare, as landed) against two GEMMs (every claim refused: the code
-before it, but for the producers' wider buffers). Each variant its own bench target (2b, rank 16,
+widened input (dohnuts.ops.spare, as landed: `wide`, its backward reading dy once through the wide
+weight) against the same forward with the backward before it (`wide_fwd`: du = dy·bd_s, then
+dx = du·A + dy·W) and against two GEMMs (`two`: every claim refused, the code before it but for the
+producers' wider buffers). Each variant its own bench target (2b, rank 16,
 CUDA graphs captured under its code: the claim runs inside the captured microbatch); interleaved
 rounds of updates on the same calls: wall time and the forward/backward/optimizer stages' device
 time (StageTimer), the losses side by side, peak memory.
@@ -14,15 +16,47 @@ from dohnuts.bench.contracts import WorkloadContext
 from dohnuts.bench.measure.workload import load_workload
 from dohnuts.bench.plugins import collect, plugin_manager
 from dohnuts.model.build import resolve_source
+from dohnuts.model.lora import _LinearGroup, _mm
 from dohnuts.ops import spare
 from dohnuts.runtime.timing import StageTimer
 from dohnuts.runtime.tokenizer import tokenizer_for
 
 CLAIM = spare.claim
+NEW_BWD = _LinearGroup.backward
+
+
+def old_backward(ctx, dy):
+    """The backward before it, for a wide forward too (as at commit 1739c62)."""
+    x, xd, w, a, bd_s, u, a_s, ww = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    dy = dy.contiguous()
+    du = torch.mm(dy, bd_s)
+    dbs = [None] * len(ctx.ranks)
+    if any(need[6::2]):
+        dbd = _mm(dy.t(), u, ctx.dtype)
+        r0 = 0
+        for i, ((c0, c1), r) in enumerate(zip(ctx.spans, ctx.ranks)):
+            dbs[i] = dbd[c0:c1, r0:r0 + r]
+            r0 += r
+    dx = dxd = None
+    if need[0]:
+        if ctx.dropout:
+            dx = torch.mm(dy, w)
+        else:
+            dx = torch.mm(du, a)
+            dx.addmm_(dy, w)
+    if ctx.dropout and need[1]:
+        dxd = torch.mm(du, a)
+    das = _mm(du.t(), x if xd is None else xd, ctx.dtype).split(ctx.ranks)
+    dw = torch.mm(dy.t(), x) if need[2] else None
+    dbias = dy.sum(0) if need[3] else None
+    grads = [g for pair in zip(das, dbs) for g in pair]
+    return dx, dxd, dw, dbias, None, None, *grads
 
 
 def use(variant):
-    spare.claim = CLAIM if variant == "wide" else (lambda x, n: False)
+    spare.claim = CLAIM if variant != "two" else (lambda x, n: False)
+    _LinearGroup.backward = staticmethod(NEW_BWD if variant == "wide" else old_backward)
 
 
 pm = plugin_manager()  # makes dohnuts_bench_plugins (bench_plugins/) importable from a checkout
@@ -33,8 +67,9 @@ cfg, ckpt = resolve_source(spec.model)
 tmp = Path(tempfile.mkdtemp())
 calls = kinds[spec.kind].calls(WorkloadContext(spec, tokenizer_for(cfg, ckpt), cfg, tmp, random.Random(spec.seed)))
 dev = torch.device("cuda", 0)
-res, tg, losses = {}, {}, {"two": [], "wide": []}
-for variant in ("two", "wide"):
+VARIANTS = ("two", "wide_fwd", "wide")
+res, tg, losses = {}, {}, {v: [] for v in VARIANTS}
+for variant in VARIANTS:
     use(variant)
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -45,10 +80,10 @@ for variant in ("two", "wide"):
     torch.cuda.synchronize()
     res[f"{variant}_peak_gib_over_start"] = round((torch.cuda.max_memory_allocated() - base) / 2**30, 2)
 print("losses after warm-up", losses, flush=True)
-times = {v: {"wall": [], "forward": [], "backward": [], "optimizer": []} for v in ("two", "wide")}
+times = {v: {"wall": [], "forward": [], "backward": [], "optimizer": []} for v in VARIANTS}
 n = 3
 for rnd in range(8):
-    for variant in (("two", "wide") if rnd % 2 == 0 else ("wide", "two")):
+    for variant in (VARIANTS if rnd % 2 == 0 else VARIANTS[::-1]):
         use(variant)
         for i in range(n):
             timer = StageTimer(dev)
