@@ -73,11 +73,13 @@ class GatedDeltaNet(nn.Module):
             groups.chunk_index(x.device), normalised)
         return self.finish(x, o)
 
-    def input_spare(self, rows=None) -> int:
+    def input_spare(self, rows=ALL_ROWS) -> int:
         """The spare columns for this layer's input (`dohnuts.model.lora.input_spare`): the packed
-        qkv/b/a group's, which reads it first (in_proj_z, after it, reads the rows as they are)."""
+        qkv/b/a group's, which reads it first, then in_proj_z's (at every row only when `rows` is
+        ALL_ROWS; at a gathered copy of them otherwise)."""
         linears = (self.in_proj_qkv, self.in_proj_b, self.in_proj_a)
-        return input_spare(linears, packed_weight(*linears))
+        n = input_spare(linears, packed_weight(*linears))
+        return n + input_spare((self.in_proj_z,), self.in_proj_z.weight) if rows is ALL_ROWS else n
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (..., H) → (mixed (..., 2·H·K + HV·V), b (..., HV), a (..., HV)): one GEMM when the

@@ -166,9 +166,10 @@ class _Copies:
     is replaced, changed in place (its version), or an optimizer has stepped. An in-place change
     through `.data` bumps no version and is not seen: change adapters through the parameters.
 
-    `wide(w)`, made at the first call with a widened input: [W | bd] (Σout, in + Σr), the group's
-    base weight beside `bd`, for the forward's one GEMM over [x | u]; kept in step with both (the
-    base weight's pointer and version)."""
+    `wide(w, j)`, made at the first call with a widened input: [W | 0 | bd] (Σout, in + j + Σr), the
+    group's base weight, j zero columns (the spare columns claimed before this group's) and `bd`,
+    for the forward's one GEMM over the widened input; kept in step with both (the base weight's
+    pointer and version)."""
 
     __slots__ = ("lora", "spans", "scales", "ranks", "key", "a", "a_s", "bd", "bd_s", "ww", "w", "w_key",
                  "__weakref__")
@@ -196,8 +197,8 @@ class _Copies:
 
     def fresh(self) -> _Copies:
         """Rebuild the copies in place if a master weight moved since they were made."""
-        if self.w is not None and _weight_key(self.w) != self.w_key:
-            self.wide(self.w)
+        if self.w is not None and _weight_key(self.w) != self.w_key[:-1]:
+            self.wide(self.w, self.w_key[-1])
         key = self._key()
         if key == self.key:
             return self
@@ -220,19 +221,21 @@ class _Copies:
             raise RuntimeError("LoRA adapters changed since their compute copies were made, inside a CUDA graph "
                                "capture: refresh them before capturing (dohnuts.model.lora.refresh_adapter_copies)")
 
-    def wide(self, w: torch.Tensor) -> torch.Tensor:
-        """[W | bd] (Σout, in + Σr) for the group's base weight w (Σout, in), in place when only the
-        base weight's values moved. Call after `fresh`."""
-        key = _weight_key(w)
+    def wide(self, w: torch.Tensor, j: int = 0) -> torch.Tensor:
+        """[W | 0 | bd] (Σout, in + j + Σr) for the group's base weight w (Σout, in), in place when
+        only the base weight's values moved. Call after `fresh`."""
+        key = _weight_key(w) + (j,)
         if key == self.w_key and self.ww is not None:
             return self.ww
         self._outside_capture()
-        shape = (w.shape[0], w.shape[1] + self.bd.shape[1])
+        k, r = w.shape[1], self.bd.shape[1]
+        shape = (w.shape[0], k + j + r)
         with torch.inference_mode(False), torch.no_grad():
             if self.ww is None or self.ww.shape != shape:
                 self.ww = torch.empty(shape, dtype=self.bd.dtype, device=self.bd.device)
-            self.ww[:, :w.shape[1]].copy_(w)
-            self.ww[:, w.shape[1]:].copy_(self.bd)
+            self.ww[:, :k].copy_(w)
+            self.ww[:, k:k + j].zero_()
+            self.ww[:, k + j:].copy_(self.bd)
         self.w, self.w_key = w, key
         return self.ww
 
@@ -283,10 +286,11 @@ class _LinearGroup(torch.autograd.Function):
     once inside a compute-bound GEMM. The backward does the same for the input's gradient. The
     base weight and bias are frozen (a LoRA base); their gradients are computed anyway if asked.
 
-    `ww` ([W | bd], `_Copies.wide`; None: the above): x's spare columns are claimed
-    (dohnuts.ops.spare), u is written there and the output is the one GEMM [x | u] · wwᵀ. Its
-    backward reads dy once for both the base's share of the input gradient and the rank-Σr
-    gradient: dy · ww = [dy W | g], g = dy·bd, whose columns are the gradient of u over sᵢ; the
+    `ww` ([W | 0 | bd], `_Copies.wide`; None: the above): Σr of x's spare columns are claimed
+    (dohnuts.ops.spare), u is written there and the output is the one GEMM over x's row up to them
+    [x | … | u] · wwᵀ (the zero columns meet earlier claims' columns). Its backward reads dy once
+    for both the base's share of the input gradient and the rank-Σr gradient: dy · ww =
+    [dy W | 0 | g], g = dy·bd, whose columns are the gradient of u over sᵢ; the
     adapters' share g·(sᵢ Aᵢ) accumulates onto the first part, and the A's gradients (gᵀ x) are
     scaled by sᵢ afterwards."""
 
@@ -297,8 +301,8 @@ class _LinearGroup(torch.autograd.Function):
             y = torch.mm(u, c.bd.t()) if bias is None else torch.addmm(bias, u, c.bd.t())  # (N, Σout)
             y.addmm_(x, w.t())  # the base GEMM, accumulating onto the adapters' updates
         else:
-            xw = spare_columns.with_spare(x, c.a_s.shape[0])  # (N, in + Σr), u's columns after x's
-            u = torch.mm(x, c.a_s.t(), out=xw[:, x.shape[1]:])
+            xw = spare_columns.with_spare(x, ww.shape[1] - x.shape[1])  # (N, in + j + Σr): u's columns last
+            u = torch.mm(x, c.a_s.t(), out=xw[:, ww.shape[1] - c.a_s.shape[0]:])
             y = torch.mm(xw, ww.t()) if bias is None else torch.addmm(bias, xw, ww.t())
         ctx.spans, ctx.ranks, ctx.scales = c.spans, c.ranks, c.scales
         ctx.dtype = masters[0].dtype
@@ -320,8 +324,8 @@ class _LinearGroup(torch.autograd.Function):
                 r0 += r
         if ww is not None:
             k = x.shape[1]
-            dxw = torch.mm(dy, ww)  # (N, in + Σr): [dy W | g], dy read once
-            g = dxw[:, k:]
+            dxw = torch.mm(dy, ww)  # (N, in + j + Σr): [dy W | 0 | g], dy read once
+            g = dxw[:, ww.shape[1] - a_s.shape[0]:]
             dx = dxw[:, :k].addmm_(g, a_s) if need[0] else None  # + g·(sᵢ Aᵢ), the adapters' share
             das = _mm(g.t(), x, ctx.dtype).split(ctx.ranks)  # (Σr, in) → (rᵢ, in) each, then × sᵢ
             for d, s in zip(das, ctx.scales):
@@ -368,8 +372,10 @@ def linear_group(x: torch.Tensor, linears: tuple[nn.Module, ...], weight: torch.
     c = _copies(linears, lora, dtype, x.device)
     masters = [t for m in lora for t in (m.lora_A, m.lora_B)]
     ww = None
-    if spare_columns.claim(x2, c.a.shape[0]) and xd is None and weight.dtype == dtype:
-        ww = c.wide(weight)
+    if xd is None and weight.dtype == dtype:  # a claim writes its columns: only where the forward will
+        j = spare_columns.claim(x2, c.a.shape[0])
+        if j is not None:
+            ww = c.wide(weight, j)
     with torch.autocast(dev, enabled=False):
         y = _LinearGroup.apply(x2, xd, weight.to(dtype), None if bias is None else bias.to(dtype), c, ww, *masters)
     return y.view(*lead, c.bd.shape[0])

@@ -3,18 +3,21 @@
 A producer asked for `spare` columns (an RMSNorm, packed SwiGLU) writes its rows (..., D) as the
 first D columns of a (..., D + width(spare)) buffer and returns them as a (..., D) tensor with that
 row stride: what every reader sees is the same values and shape as without the spare. The tensor
-carries a mark. The adapted projection group reading it (`dohnuts.model.lora.linear_group`) may
-`claim` the spare once: it writes its adapters' rank-Σr product u into those columns and runs the
-frozen base and the adapters' up-projection as one GEMM over [x | u] · [W | B]ᵀ, where it
-otherwise wrote the output from u and read it back into the base GEMM. A claim clears the mark,
-so a second reader of the same rows (a claim asks for exactly its own Σr) computes as it did
-without it, and nothing reads the spare columns but the claimant.
+carries a mark: the spare columns not yet taken. An adapted projection group reading it
+(`dohnuts.model.lora.linear_group`) may `claim` its Σr of them, the next ones in order: it writes
+its adapters' rank-Σr product u there and runs the frozen base and the adapters' up-projection as
+one GEMM over the row's first D + j + Σr columns, [x | earlier claims' columns | u], against
+[W | 0 | B] — where it otherwise wrote the output from u and read it back into the base GEMM. A
+layer asks its producer for the Σr of every group that will read the rows (Gated DeltaNet's
+qkv/b/a group, then in_proj_z); a reader that finds too few columns left computes as without them.
+A claimant writes its columns at once (its forward follows the claim), so a later claimant's GEMM
+never reads unwritten memory, even against its zero weights.
 
-The rows and the claimant's wide view are aliases of one storage, not views of each other: each
-has its own version counter, so writing u bumps no version of the rows that another op (a gather,
-an earlier projection) saved for its backward, and autograd never sees the spare columns. The
-width is rounded up to 16 columns: rows stay aligned for the GEMM and keep the row strides'
-divisibility that Triton specialises on.
+The rows and a claimant's wide view are aliases of one storage, not views of each other: each has
+its own version counter, so writing u bumps no version of the rows that another op (a gather, an
+earlier projection) saved for its backward, and autograd never sees the spare columns. The width
+is rounded up to 16 columns: rows stay aligned for the GEMM and keep the row strides' divisibility
+that Triton specialises on.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def empty(shape: tuple[int, ...] | torch.Size, spare: int, *, dtype: torch.dtype
     *lead, d = shape
     buf = torch.empty(*lead, d + width(spare), dtype=dtype, device=device)
     rows = _alias(buf, buf, tuple(shape), buf.stride())
-    setattr(rows, _MARK, spare)
+    setattr(rows, _MARK, (0, spare))  # (taken, total)
     return rows
 
 
@@ -59,25 +62,26 @@ def widen(y: torch.Tensor, spare: int) -> torch.Tensor:
     return out
 
 
-def claim(x: torch.Tensor, spare: int) -> bool:
-    """Whether the 2-D rows x (N, K) may take `spare` columns past their K: x is a marked tensor
-    or a view of one covering all of it (row stride K + width(spare)) whose mark is `spare`. The
-    first call on a marked tensor clears its mark, whatever it answers: the first reader that
-    could claim the columns takes them or leaves them, once."""
-    owner = x if getattr(x, _MARK, 0) else x._base
-    mark = 0 if owner is None else getattr(owner, _MARK, 0)
-    if not mark:
-        return False
-    setattr(owner, _MARK, 0)
-    if mark != spare or x.dim() != 2 or not x.shape[0]:
-        return False
+def claim(x: torch.Tensor, spare: int) -> int | None:
+    """Take the next `spare` spare columns of the 2-D rows x (N, K): x is a marked tensor, or a view
+    of one covering all of it (row stride K + the buffer's width), with that many columns left.
+    Returns j, the columns taken before (this claim's are K + j … K + j + spare − 1), or None. The
+    caller must write its columns before any later claim (`dohnuts.model.lora._LinearGroup`)."""
+    owner = x if getattr(x, _MARK, None) is not None else x._base
+    left = None if owner is None else getattr(owner, _MARK, None)
+    if left is None or spare <= 0 or spare > left[1] - left[0] or x.dim() != 2 or not x.shape[0]:
+        return None
+    taken, total = left
     n, k = x.shape
-    row = k + width(spare)
-    return (owner.numel() == n * k and x.stride() == (row, 1) and x.storage_offset() == owner.storage_offset()
-            and x.untyped_storage().nbytes() >= (x.storage_offset() + n * row) * x.element_size())
+    row = k + width(total)
+    if not (owner.numel() == n * k and x.stride() == (row, 1) and x.storage_offset() == owner.storage_offset()
+            and x.untyped_storage().nbytes() >= (x.storage_offset() + n * row) * x.element_size()):
+        return None
+    setattr(owner, _MARK, (taken + spare, total))
+    return taken
 
 
-def with_spare(x: torch.Tensor, spare: int) -> torch.Tensor:
-    """The claimed rows x (N, K) with their `spare` columns after them: (N, K + spare), an alias of
-    x's storage (its own version counter, outside autograd)."""
-    return _alias(x, x, (x.shape[0], x.shape[1] + spare), x.stride())
+def with_spare(x: torch.Tensor, columns: int) -> torch.Tensor:
+    """The claimed rows x (N, K) with the first `columns` spare columns after them: (N, K + columns),
+    an alias of x's storage (its own version counter, outside autograd)."""
+    return _alias(x, x, (x.shape[0], x.shape[1] + columns), x.stride())

@@ -105,7 +105,7 @@ def test_group_gradients_by_finite_differences():
         """The one-GEMM forward: x's rows in a buffer with spare columns, [W | bd] beside."""
         c = _copies_of(spans, scales, 11, *ab)
         xs = spare.widen(x, c.a.shape[0])
-        assert spare.claim(xs, c.a.shape[0])
+        assert spare.claim(xs, c.a.shape[0]) == 0
         return _LinearGroup.apply(xs, None, w, bias, c, torch.cat([w, c.bd], 1).detach(), *ab)
 
     assert torch.autograd.gradcheck(wide, (x, w, bias, a1, b1, a2, b2))
@@ -215,7 +215,7 @@ def test_an_input_with_spare_columns_is_claimed_once_and_hidden_from_autograd():
     """A group reading rows written with its Σr spare columns (dohnuts.ops.spare) writes u there and
     gives the composition's output and gradients; an op that saved the rows before it (a product)
     is undisturbed (the spare columns are an alias with a version counter of their own); a second
-    group on the same rows finds the mark cleared and runs the two-GEMM path, equal too."""
+    group on the same rows finds no columns left and runs the two-GEMM path, equal too."""
     members, w = _group(lora=(True, True, False))
     r = sum(m.lora_A.shape[0] for m in members if isinstance(m, LoRALinear))
     x = torch.randn(2, 9, 10, dtype=torch.float64, requires_grad=True)
@@ -233,7 +233,7 @@ def test_an_input_with_spare_columns_is_claimed_once_and_hidden_from_autograd():
             u = torch.as_strided(rows.detach(), (18, r), (rows.stride(-2), 1), rows.storage_offset() + 10)
             a_s = torch.cat([m.scaling * m.lora_A for m in members if isinstance(m, LoRALinear)]).detach()
             assert relative_error(u, rows.detach().reshape(18, 10) @ a_s.t()) < 1e-12  # u written there
-            assert spare.claim(rows.reshape(18, 10), r) is False  # claimed once
+            assert spare.claim(rows.reshape(18, 10), r) is None  # no columns left
         (early + (y1 * dy).sum() + (y2 * dy).sum()).backward()
         got.append([y1.detach(), y2.detach(), x.grad.clone()] + [p.grad.clone() for p in _adapter_params(members)])
     want = _composition(x.detach() * 1.5, members).detach()

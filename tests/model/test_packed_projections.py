@@ -277,8 +277,8 @@ def test_attention_gate_sigmoid_needs_no_copy():
 def test_adapted_groups_read_their_input_widened_with_the_same_loss_and_gradients(monkeypatch):
     """Training's microbatch (its recomputation included): the groups whose input comes from a
     norm or SwiGLU written with spare columns (MLP gate/up and down, attention's keys and values,
-    the mixer's qkv/b/a) run one GEMM over [x | u] (dohnuts.ops.spare); in_proj_z (a second
-    reader of the mixer's input), out_proj, o_proj and the queries keep two (tiny's one attention
+    the mixer's qkv/b/a and then its in_proj_z, each in its own columns) run one GEMM over the
+    widened input (dohnuts.ops.spare); out_proj, o_proj and the queries keep two (tiny's one attention
     layer is its last, whose queries run at the scored rows alone, on a gathered copy). Loss and
     every trainable gradient equal the run where no group claims its spare columns (in float64:
     the gradients are sums that cancel, and FP32 would test rounding)."""
@@ -306,7 +306,7 @@ def test_adapted_groups_read_their_input_widened_with_the_same_loss_and_gradient
     out = []
     for claims in (True, False):
         if not claims:
-            monkeypatch.setattr(spare, "claim", lambda x, n: False)
+            monkeypatch.setattr(spare, "claim", lambda x, n: None)
         session.model.zero_grad()
         session.model.train()
         loss = microbatch_loss(session.model, hb.tensors, RLCDConfig())
@@ -314,7 +314,8 @@ def test_adapted_groups_read_their_input_widened_with_the_same_loss_and_gradient
         out.append((float(loss.detach()),
                     torch.cat([p.grad.flatten() for p in session.model.trainable_parameters()])))
         if claims:
-            assert wide_members == {"gate_proj", "up_proj", "down_proj", "k_proj", "v_proj", "in_proj_qkv"}
+            assert wide_members == {"gate_proj", "up_proj", "down_proj", "k_proj", "v_proj", "in_proj_qkv",
+                                    "in_proj_z"}
     (loss_w, grad_w), (loss_n, grad_n) = out
     assert abs(loss_w - loss_n) < 1e-12 * max(1.0, abs(loss_n))
     assert relative_error(grad_w, grad_n) < 1e-12 and float(grad_n.norm()) > 0
