@@ -288,11 +288,8 @@ class _LinearGroup(torch.autograd.Function):
 
     `ww` ([W | 0 | bd], `_Copies.wide`; None: the above): Σr of x's spare columns are claimed
     (dohnuts.ops.spare), u is written there and the output is the one GEMM over x's row up to them
-    [x | … | u] · wwᵀ (the zero columns meet earlier claims' columns). Its backward reads dy once
-    for both the base's share of the input gradient and the rank-Σr gradient: dy · ww =
-    [dy W | 0 | g], g = dy·bd, whose columns are the gradient of u over sᵢ; the
-    adapters' share g·(sᵢ Aᵢ) accumulates onto the first part, and the A's gradients (gᵀ x) are
-    scaled by sᵢ afterwards."""
+    [x | … | u] · wwᵀ (the zero columns meet earlier claims' columns). The backward is the same
+    either way."""
 
     @staticmethod
     def forward(ctx, x, xd, w, bias, c, ww, *masters):
@@ -304,17 +301,18 @@ class _LinearGroup(torch.autograd.Function):
             xw = spare_columns.with_spare(x, ww.shape[1] - x.shape[1])  # (N, in + j + Σr): u's columns last
             u = torch.mm(x, c.a_s.t(), out=xw[:, ww.shape[1] - c.a_s.shape[0]:])
             y = torch.mm(xw, ww.t()) if bias is None else torch.addmm(bias, xw, ww.t())
-        ctx.spans, ctx.ranks, ctx.scales = c.spans, c.ranks, c.scales
+        ctx.spans, ctx.ranks = c.spans, c.ranks
         ctx.dtype = masters[0].dtype
         ctx.dropout = xd is not None
-        ctx.save_for_backward(x, xd, w, c.a, c.bd_s, u, None if ww is None else c.a_s, ww)
+        ctx.save_for_backward(x, xd, w, c.a, c.bd_s, u)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, xd, w, a, bd_s, u, a_s, ww = ctx.saved_tensors
+        x, xd, w, a, bd_s, u = ctx.saved_tensors
         need = ctx.needs_input_grad
         dy = dy.contiguous()
+        du = torch.mm(dy, bd_s)  # (N, Σr): the gradient of xd Aᵢᵀ, the scales included
         dbs = [None] * len(ctx.ranks)
         if any(need[6::2]):
             dbd = _mm(dy.t(), u, ctx.dtype)  # (Σout, Σr): one GEMM; only the diagonal blocks are used
@@ -322,19 +320,6 @@ class _LinearGroup(torch.autograd.Function):
             for i, ((c0, c1), r) in enumerate(zip(ctx.spans, ctx.ranks)):
                 dbs[i] = dbd[c0:c1, r0:r0 + r]
                 r0 += r
-        if ww is not None:
-            k = x.shape[1]
-            dxw = torch.mm(dy, ww)  # (N, in + j + Σr): [dy W | 0 | g], dy read once
-            g = dxw[:, ww.shape[1] - a_s.shape[0]:]
-            dx = dxw[:, :k].addmm_(g, a_s) if need[0] else None  # + g·(sᵢ Aᵢ), the adapters' share
-            das = _mm(g.t(), x, ctx.dtype).split(ctx.ranks)  # (Σr, in) → (rᵢ, in) each, then × sᵢ
-            for d, s in zip(das, ctx.scales):
-                d.mul_(s)
-            dw = torch.mm(dy.t(), x) if need[2] else None
-            dbias = dy.sum(0) if need[3] else None
-            grads = [g for pair in zip(das, dbs) for g in pair]
-            return dx, None, dw, dbias, None, None, *grads
-        du = torch.mm(dy, bd_s)  # (N, Σr): the gradient of xd Aᵢᵀ, the scales included
         dx = dxd = None
         if need[0]:
             if ctx.dropout:
