@@ -168,8 +168,8 @@ class _Copies:
 
     `wide(w, j)`, made at the first call with a widened input: [W | 0 | bd] (Σout, in + j + Σr), the
     group's base weight, j zero columns (the spare columns claimed before this group's) and `bd`,
-    for the forward's one GEMM over the widened input; kept in step with both (the base weight's
-    pointer and version)."""
+    for the forward's one GEMM over the widened input; one a j, kept in step with both in place
+    (the base weight's pointer and version), never replaced while its shape holds."""
 
     __slots__ = ("lora", "spans", "scales", "ranks", "key", "a", "a_s", "bd", "bd_s", "ww", "w", "w_key",
                  "__weakref__")
@@ -189,7 +189,8 @@ class _Copies:
             self.a, self.a_s = (torch.empty(shape_a, dtype=dtype, device=device) for _ in range(2))
             self.bd, self.bd_s = (torch.zeros(shape_bd, dtype=dtype, device=device) for _ in range(2))
         self.key = None
-        self.ww = self.w = self.w_key = None
+        self.ww: dict[int, torch.Tensor] = {}
+        self.w = self.w_key = None
 
     def _key(self) -> tuple:
         return (_generation,) + tuple((id(p), p._version, p.data_ptr()) for m in self.lora
@@ -197,8 +198,8 @@ class _Copies:
 
     def fresh(self) -> _Copies:
         """Rebuild the copies in place if a master weight moved since they were made."""
-        if self.w is not None and _weight_key(self.w) != self.w_key[:-1]:
-            self.wide(self.w, self.w_key[-1])
+        if self.w is not None and _weight_key(self.w) != self.w_key:
+            self._base_moved(self.w)
         key = self._key()
         if key == self.key:
             return self
@@ -211,8 +212,8 @@ class _Copies:
                 self.bd[c0:c1, r0:r0 + r].copy_(m.lora_B)
                 torch.mul(m.lora_B, s, out=self.bd_s[c0:c1, r0:r0 + r])
                 r0 += r
-            if self.ww is not None:
-                self.ww[:, self.ww.shape[1] - self.bd.shape[1]:].copy_(self.bd)
+            for ww in self.ww.values():
+                ww[:, ww.shape[1] - self.bd.shape[1]:].copy_(self.bd)
         self.key = self._key()
         return self
 
@@ -222,22 +223,33 @@ class _Copies:
                                "capture: refresh them before capturing (dohnuts.model.lora.refresh_adapter_copies)")
 
     def wide(self, w: torch.Tensor, j: int = 0) -> torch.Tensor:
-        """[W | 0 | bd] (Σout, in + j + Σr) for the group's base weight w (Σout, in), in place when
-        only the base weight's values moved. Call after `fresh`."""
-        key = _weight_key(w) + (j,)
-        if key == self.w_key and self.ww is not None:
-            return self.ww
+        """[W | 0 | bd] (Σout, in + j + Σr) for the group's base weight w (Σout, in). Call after
+        `fresh`."""
+        if _weight_key(w) != self.w_key:
+            self._base_moved(w)
+        ww = self.ww.get(j)
+        if ww is None:
+            self._outside_capture()
+            k, r = w.shape[1], self.bd.shape[1]
+            with torch.inference_mode(False), torch.no_grad():
+                ww = self.ww[j] = torch.empty(w.shape[0], k + j + r, dtype=self.bd.dtype, device=self.bd.device)
+                ww[:, :k].copy_(w)
+                ww[:, k:k + j].zero_()
+                ww[:, k + j:].copy_(self.bd)
+        return ww
+
+    def _base_moved(self, w: torch.Tensor) -> None:
+        """The base weight's new values into every wide copy, in place (new copies where its shape
+        changed: a re-created group)."""
         self._outside_capture()
-        k, r = w.shape[1], self.bd.shape[1]
-        shape = (w.shape[0], k + j + r)
+        k = w.shape[1]
         with torch.inference_mode(False), torch.no_grad():
-            if self.ww is None or self.ww.shape != shape:
-                self.ww = torch.empty(shape, dtype=self.bd.dtype, device=self.bd.device)
-            self.ww[:, :k].copy_(w)
-            self.ww[:, k:k + j].zero_()
-            self.ww[:, k + j:].copy_(self.bd)
-        self.w, self.w_key = w, key
-        return self.ww
+            for j, ww in list(self.ww.items()):
+                if ww.shape != (w.shape[0], k + j + self.bd.shape[1]):
+                    del self.ww[j]
+                    continue
+                ww[:, :k].copy_(w)
+        self.w, self.w_key = w, _weight_key(w)
 
 
 def _weight_key(w: torch.Tensor) -> tuple:

@@ -240,3 +240,33 @@ def test_an_input_with_spare_columns_is_claimed_once_and_hidden_from_autograd():
     assert relative_error(got[0][0], want) < 1e-12 and relative_error(got[0][1], want) < 1e-12
     for a, b in zip(*got):
         assert relative_error(a, b) < 1e-12
+
+
+def test_the_wide_weight_follows_the_base_weight_and_the_adapters():
+    """`_Copies.wide` ([W | 0 | bd], one a claim offset j) is made once and refreshed in place: after
+    an optimizer step on the adapters and an in-place load of the base weight, widened calls (a
+    first claimant at j = 0 and a second at j = Σr) still equal the plain composition, and the
+    wide copies keep their addresses (CUDA graphs read them)."""
+    members, w = _group(dtype=torch.float32, lora=(True, True, False))
+    r = sum(m.lora_A.shape[0] for m in members if isinstance(m, LoRALinear))
+    opt = torch.optim.SGD(_adapter_params(members), lr=0.1)
+
+    def check():
+        rows = spare.widen(torch.randn(8, 10), 2 * r)
+        want = _composition(rows.detach().clone(), members).detach()
+        for _ in range(2):  # the first claims columns 0 … Σr − 1, the second Σr … 2Σr − 1
+            assert relative_error(linear_group(rows, members, w).detach(), want) < 1e-5
+
+    check()
+    entry = _copies_entry(members)
+    ptrs = {j: t.data_ptr() for j, t in entry.ww.items()}
+    assert sorted(ptrs) == [0, r]
+    linear_group(torch.randn(3, 10), members, w).square().sum().backward()
+    opt.step()
+    check()
+    with torch.no_grad():
+        w.mul_(0.5)
+        for m in members:  # the composition reads each member's weight: keep them w's rows
+            m.weight.copy_(w[sum(x.weight.shape[0] for x in members[:members.index(m)]):][:m.weight.shape[0]])
+    check()
+    assert {j: t.data_ptr() for j, t in entry.ww.items()} == ptrs
