@@ -370,7 +370,7 @@ def linear_group(x: torch.Tensor, linears: tuple[nn.Module, ...], weight: torch.
     masters = [t for m in lora for t in (m.lora_A, m.lora_B)]
     ww = None
     if xd is None and weight.dtype == dtype:  # a claim writes its columns: only where the forward will
-        j = spare_columns.claim(x2, c.a.shape[0])
+        j = spare_columns.claim(x2, c.a.shape[0], x)
         if j is not None:
             ww = c.wide(weight, j)
     with torch.autocast(dev, enabled=False):

@@ -1,7 +1,7 @@
 """Scratch (session 41): where the wide GEMM moves a GPU's scores — the tiny LoRA session of
 tests/gpu/test_training.py (seeded adapters), prediction and training's forward, with every claim
-refused (`two`), only first claims (`first`: j = 0) and all (`wide`); pairwise relative errors and
-the claims each run took, by offset.
+refused (`two`), only first claims (`first`: j = 0) and all (`wide`), in BF16 (training under
+autocast, as the test) and FP32; pairwise relative errors and the claims each run took, by offset.
     PYTHONPATH=/tmp/site:$PWD python3 benchmarks/maintainers/s41/wide_parity.py OUT.json"""
 import collections, json, sys
 
@@ -20,8 +20,8 @@ CLAIM = spare.claim
 claims = collections.Counter()
 
 
-def counted(x, n, only_first=False):
-    j = CLAIM(x, n)
+def counted(x, n, rows=None, only_first=False):
+    j = CLAIM(x, n, rows)
     if j is not None and only_first and j > 0:
         return None  # the columns stay taken: a later reader cannot claim them either
     if j is not None:
@@ -33,9 +33,11 @@ scores, taken = {}, {}
 with pytest.MonkeyPatch.context() as mp:
     _wide_tiny(mp)
     (req,) = synthetic_requests(1, questions=6, shared_prefix=300, seed=4)
-    for variant in ("two", "first", "wide"):
-        spare.claim = {"two": lambda x, n: None, "first": lambda x, n: counted(x, n, True), "wide": counted}[variant]
-        session = api.load("tiny", device=DEV, dtype=torch.bfloat16, lora=LoRAConfig(rank=4))
+    for dtype, variant in [(d, v) for d in (torch.bfloat16, torch.float32) for v in ("two", "first", "wide")]:
+        spare.claim = {"two": lambda x, n, rows=None: None, "first": lambda x, n, rows=None: counted(x, n, rows, True),
+                       "wide": counted}[variant]
+        variant = f"{variant}-{str(dtype)[6:]}"
+        session = api.load("tiny", device=DEV, dtype=dtype, lora=LoRAConfig(rank=4))
         g = torch.Generator(device=DEV).manual_seed(0)
         with torch.no_grad():
             for m in session.model.modules():
@@ -52,7 +54,7 @@ with pytest.MonkeyPatch.context() as mp:
                     s = session.score(hb, dev)[0].float()
             else:
                 session.model.train()
-                with torch.autocast("cuda", dtype=torch.bfloat16):
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
                     s = session.model(dev.score_inputs(None), recompute=True).float().detach()
             scores[(variant, mode)] = s
             taken[f"{variant}/{mode}"] = {f"j={j},r={n}": c for (j, n), c in sorted(claims.items())}
