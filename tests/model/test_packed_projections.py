@@ -275,13 +275,13 @@ def test_attention_gate_sigmoid_needs_no_copy():
 
 
 def test_adapted_groups_read_their_input_widened_with_the_same_loss_and_gradients(monkeypatch):
-    """Training's microbatch (its recomputation included): the groups whose input comes from a
-    norm or SwiGLU written with spare columns (MLP gate/up and down, attention's keys and values,
-    the mixer's qkv/b/a and then its in_proj_z, each in its own columns) run one GEMM over the
-    widened input (dohnuts.ops.spare); out_proj, o_proj and the queries keep two (tiny's one attention
-    layer is its last, whose queries run at the scored rows alone, on a gathered copy). Loss and
-    every trainable gradient equal the run where no group claims its spare columns (in float64:
-    the gradients are sums that cancel, and FP32 would test rounding)."""
+    """Training's microbatch (its recomputation included) and a prediction: the groups whose input
+    comes from a norm or SwiGLU written with spare columns (MLP gate/up and down, attention's keys
+    and values, the mixer's qkv/b/a and then its in_proj_z, each in its own columns) run one GEMM
+    over the widened input (dohnuts.ops.spare); out_proj, o_proj and the queries keep two (tiny's
+    one attention layer is its last, whose queries run at the scored rows alone, on a gathered
+    copy). Scores, loss and every trainable gradient equal the run where no group claims its
+    spare columns (in float64: the gradients are sums that cancel, and FP32 would test rounding)."""
     from dohnuts.model import lora as lora_module
     from dohnuts.ops import spare
     from dohnuts.train.task import synthetic_requests
@@ -303,10 +303,18 @@ def test_adapted_groups_read_their_input_widened_with_the_same_loss_and_gradient
         return real_apply(x, xd, w, bias, c, ww, *masters)
 
     monkeypatch.setattr(lora_module._LinearGroup, "apply", spy)
-    out = []
+    out, scores = [], []
     for claims in (True, False):
         if not claims:
-            monkeypatch.setattr(spare, "claim", lambda x, n: None)
+            monkeypatch.setattr(spare, "claim", lambda x, n, rows=None: None)
+        wide_members.clear()
+        session.model.eval()  # prediction (inference mode, where views record no base) claims alike
+        with torch.inference_mode():
+            scores.append(session.score(hb, hb.tensors)[0])
+        if claims:
+            assert wide_members == {"gate_proj", "up_proj", "down_proj", "k_proj", "v_proj", "in_proj_qkv",
+                                    "in_proj_z"}
+        wide_members.clear()
         session.model.zero_grad()
         session.model.train()
         loss = microbatch_loss(session.model, hb.tensors, RLCDConfig())
@@ -317,5 +325,6 @@ def test_adapted_groups_read_their_input_widened_with_the_same_loss_and_gradient
             assert wide_members == {"gate_proj", "up_proj", "down_proj", "k_proj", "v_proj", "in_proj_qkv",
                                     "in_proj_z"}
     (loss_w, grad_w), (loss_n, grad_n) = out
+    assert relative_error(scores[0], scores[1]) < 1e-12
     assert abs(loss_w - loss_n) < 1e-12 * max(1.0, abs(loss_n))
     assert relative_error(grad_w, grad_n) < 1e-12 and float(grad_n.norm()) > 0
