@@ -217,10 +217,10 @@ class _Copies:
         self.key = self._key()
         return self
 
-    def _outside_capture(self) -> None:
+    def _outside_capture(self, what: str = "LoRA adapters changed") -> None:
         if self.a.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("LoRA adapters changed since their compute copies were made, inside a CUDA graph "
-                               "capture: refresh them before capturing (dohnuts.model.lora.refresh_adapter_copies)")
+            raise RuntimeError(f"{what} since their compute copies were made, inside a CUDA graph capture: "
+                               "refresh them before capturing (dohnuts.model.lora.refresh_adapter_copies)")
 
     def wide(self, w: torch.Tensor, j: int = 0) -> torch.Tensor:
         """[W | 0 | bd] (Σout, in + j + Σr) for the group's base weight w (Σout, in). Call after
@@ -229,7 +229,7 @@ class _Copies:
             self._base_moved(w)
         ww = self.ww.get(j)
         if ww is None:
-            self._outside_capture()
+            self._outside_capture("a LoRA group's wide weight is missing")
             k, r = w.shape[1], self.bd.shape[1]
             with torch.inference_mode(False), torch.no_grad():
                 ww = self.ww[j] = torch.empty(w.shape[0], k + j + r, dtype=self.bd.dtype, device=self.bd.device)
@@ -241,7 +241,7 @@ class _Copies:
     def _base_moved(self, w: torch.Tensor) -> None:
         """The base weight's new values into every wide copy, in place (new copies where its shape
         changed: a re-created group)."""
-        self._outside_capture()
+        self._outside_capture("a LoRA group's base weight changed")
         k = w.shape[1]
         with torch.inference_mode(False), torch.no_grad():
             for j, ww in list(self.ww.items()):
