@@ -95,10 +95,8 @@ class Attention(nn.Module):
     def input_spare(self, rows=ALL_ROWS) -> int:
         """The spare columns for this layer's input (`dohnuts.model.lora.input_spare`): the packed
         q/k/v group's, or with `rows` the keys and values' (the queries read a gathered copy)."""
-        w = packed_weight(self.q_proj, self.k_proj, self.v_proj)
-        if rows is ALL_ROWS:
-            return input_spare((self.q_proj, self.k_proj, self.v_proj), w)
-        return input_spare((self.k_proj, self.v_proj), w)
+        linears = (self.q_proj, self.k_proj, self.v_proj) if rows is ALL_ROWS else (self.k_proj, self.v_proj)
+        return input_spare(linears, lambda: packed_weight(self.q_proj, self.k_proj, self.v_proj))
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (..., H) → (query and gate (..., Hq·2·D), keys (..., Hkv·D), values (..., Hkv·D)):

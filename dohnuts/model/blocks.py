@@ -100,9 +100,9 @@ class MLP(nn.Module):
         if w is None:
             return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
         # one (..., 2I) GEMM output (adapters' updates added into it), read in place
-        spare = input_spare((self.down_proj,), self.down_proj.weight)
+        spare = input_spare((self.down_proj,), lambda: self.down_proj.weight)
         return self.down_proj(ops.swiglu_packed(linear_group(x, (self.gate_proj, self.up_proj), w), spare))
 
     def input_spare(self) -> int:
         """The spare columns for this MLP's input (`dohnuts.model.lora.input_spare`)."""
-        return input_spare((self.gate_proj, self.up_proj), packed_weight(self.gate_proj, self.up_proj))
+        return input_spare((self.gate_proj, self.up_proj), lambda: packed_weight(self.gate_proj, self.up_proj))

@@ -78,8 +78,8 @@ class GatedDeltaNet(nn.Module):
         qkv/b/a group's, which reads it first, then in_proj_z's (at every row only when `rows` is
         ALL_ROWS; at a gathered copy of them otherwise)."""
         linears = (self.in_proj_qkv, self.in_proj_b, self.in_proj_a)
-        n = input_spare(linears, packed_weight(*linears))
-        return n + input_spare((self.in_proj_z,), self.in_proj_z.weight) if rows is ALL_ROWS else n
+        n = input_spare(linears, lambda: packed_weight(*linears))
+        return n + input_spare((self.in_proj_z,), lambda: self.in_proj_z.weight) if rows is ALL_ROWS else n
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (..., H) → (mixed (..., 2·H·K + HV·V), b (..., HV), a (..., HV)): one GEMM when the

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import warnings
 import weakref
+from collections.abc import Callable
 from typing import Annotated
 
 import msgspec
@@ -354,7 +355,7 @@ def linear_group(x: torch.Tensor, linears: tuple[nn.Module, ...], weight: torch.
     for the bases, every LoRA member's update added into its columns (`_LinearGroup`). Plain
     members add nothing; a group with no adapter is just the GEMM. Under autocast every operand
     runs in the autocast dtype (the adapters' FP32 master weights through their compute copies,
-    made once per optimizer step). Given an input written with `input_spare(linears, weight)` spare
+    made once per optimizer step). Given an input written with `input_spare(linears, …)` spare
     columns, the forward claims them for its one GEMM (`_LinearGroup`)."""
     lora = [m for m in linears if isinstance(m, LoRALinear)]
     bias = linears[0].bias if len(linears) == 1 else None
@@ -378,11 +379,12 @@ def linear_group(x: torch.Tensor, linears: tuple[nn.Module, ...], weight: torch.
     return y.view(*lead, c.bd.shape[0])
 
 
-def input_spare(linears: tuple[nn.Module, ...], weight: torch.Tensor | None) -> int:
+def input_spare(linears: tuple[nn.Module, ...], weight: Callable[[], torch.Tensor | None]) -> int:
     """The spare columns (Σr) a producer should write the input of `linear_group(x, linears,
-    weight)` with, so that its forward runs as one GEMM (dohnuts.ops.spare); 0 where it would not
-    take them: no adapter, no packed weight (None), or a dropout that draws the adapters' input."""
+    weight())` with, so that its forward runs as one GEMM (dohnuts.ops.spare); 0 where it would not
+    take them: no adapter, a dropout that draws the adapters' input, or no packed weight (`weight`
+    gives None; asked only when the group has adapters, so a model without them pays no check)."""
     lora = [m for m in linears if isinstance(m, LoRALinear)]
-    if weight is None or not lora or (lora[0].dropout and lora[0].training):
+    if not lora or (lora[0].dropout and lora[0].training) or weight() is None:
         return 0
     return sum(m.lora_A.shape[0] for m in lora)

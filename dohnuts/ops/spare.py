@@ -63,11 +63,11 @@ def widen(y: torch.Tensor, spare: int) -> torch.Tensor:
 
 
 def claim(x: torch.Tensor, spare: int, rows: torch.Tensor | None = None) -> int | None:
-    """Take the next `spare` spare columns of the 2-D rows x (N, K): x is a marked tensor, or a view
-    of one covering all of it (row stride K + the buffer's width) — `rows`, or x's base (inference
-    mode records no base) — with that many columns left. Returns j, the columns taken before (this
-    claim's are K + j … K + j + spare − 1), or None. The caller must write its columns before any
-    later claim (`dohnuts.model.lora._LinearGroup`)."""
+    """Take the next `spare` spare columns of the 2-D rows x (N, K), with that many left: x is a
+    marked tensor, or a view covering all of one (row stride K + the buffer's width) — the marked
+    tensor given as `rows` (the group's own input: inference mode records no view base) or x's
+    base. Returns j, the columns taken before (this claim's are K + j … K + j + spare − 1), or None.
+    The caller must write its columns before any later claim (`dohnuts.model.lora._LinearGroup`)."""
     owner = next((t for t in (x, rows, x._base) if t is not None and getattr(t, _MARK, None) is not None), None)
     left = None if owner is None else getattr(owner, _MARK, None)
     if left is None or spare <= 0 or spare > left[1] - left[0] or x.dim() != 2 or not x.shape[0]:
