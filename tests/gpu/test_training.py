@@ -14,16 +14,18 @@ pytestmark = pytest.mark.gpu
 
 def _lora_session(monkeypatch):
     """A BF16 session of the tiny preset with Qwen3.5's linear-attention head dims and rank-4
-    adapters whose B is not zero (so the adapters change the scores and take gradients)."""
+    adapters whose B is not zero (so the adapters change the scores and take gradients), drawn from
+    their own generator: the same adapters whichever tests ran before."""
     import dohnuts.api as api
     from dohnuts.model.lora import LoRAConfig, LoRALinear
 
     _wide_tiny(monkeypatch)
     session = api.load("tiny", device=DEV, dtype=torch.bfloat16, lora=LoRAConfig(rank=4))
+    g = torch.Generator(device=DEV).manual_seed(0)
     with torch.no_grad():
         for m in session.model.modules():
             if isinstance(m, LoRALinear):
-                m.lora_B.normal_(0, 0.05)
+                m.lora_B.normal_(0, 0.05, generator=g)
     return session
 
 
