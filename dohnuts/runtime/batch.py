@@ -20,12 +20,6 @@ from dohnuts.runtime.requests import require_rewards
 from dohnuts.runtime.work import WorkCounts
 
 
-# The integer tensors in `Batch.packed`'s order: a graph's inputs first (a prediction pass reads
-# the first four), so those of a packed batch reach their static buffers in one copy
-# (dohnuts.runtime.graphs.static_inputs).
-PACKED_FIRST = ("ids", "prefix_ids", "positions", "score_rows", "score_index", "cand_matrix", "score_slot")
-
-
 @dataclass(frozen=True)
 class Batch:
     """Tensors of one model invocation (host or device side)."""
@@ -64,18 +58,17 @@ class Batch:
                            lambda t: t if t.device.type != "cpu" else t.pin_memory())  # patches cut on the GPU stay
 
     def packed(self, allocate=lambda n: torch.empty(n, dtype=torch.long), keep=lambda t: t) -> Batch:
-        """The batch with its integer (long) tensors as views of ONE buffer from `allocate(n)`, in
-        `PACKED_FIRST`'s order, which `to` moves in one copy; other tensors go through `keep`. Each pinned allocation and
+        """The batch with its integer (long) tensors as views of ONE buffer from `allocate(n)`,
+        which `to` moves in one copy; other tensors go through `keep`. Each pinned allocation and
         each copy call costs host time on a single call's critical path: a batch has seven
         integer tensors."""
         out, layout, total = {}, {}, 0
-        names = PACKED_FIRST + tuple(f.name for f in fields(self) if f.name not in PACKED_FIRST)
-        for name in names:
-            v = getattr(self, name)
+        for f in fields(self):
+            v = getattr(self, f.name)
             if isinstance(v, torch.Tensor) and v.dtype == torch.long:
-                layout[name] = (total, v.shape)
+                layout[f.name] = (total, v.shape)
                 total += v.numel()
-            out[name] = keep(v) if isinstance(v, torch.Tensor) and v.dtype != torch.long else v
+            out[f.name] = keep(v) if isinstance(v, torch.Tensor) and v.dtype != torch.long else v
         buf = allocate(total)
         for name, (offset, shape) in layout.items():
             view = buf[offset:offset + shape.numel()].view(shape)

@@ -29,9 +29,7 @@ request. A shape outside every bucket, or past the graph budget, runs eagerly an
 
 Static buffers. A graph reads its inputs from fixed tensors (one per name and shape, shared by
 the graphs that take that shape) and writes fixed outputs; `hidden()` copies each request's
-inputs into the buffers before replaying. The integer inputs are views of one buffer
-(`static_inputs`), filled by one copy when the request's own are adjacent in its batch's packed
-buffer (`Batch.packed`), as a pinned batch's are. A shared prefix's state lives only inside the shared
+inputs into the buffers before replaying. A shared prefix's state lives only inside the shared
 pass's graph and is overwritten by the next replay (no state outlives its request). Parameters
 are read in place, so optimizer steps
 need no recapture; replacing modules (LoRA merge or attach) does, and the session clears the
@@ -57,7 +55,6 @@ import torch
 from dohnuts.model.inputs import ScoreInputs
 from dohnuts.model.lora import refresh_adapter_copies
 from dohnuts.model.scorer import ScoringModel, choose_pass, no_stage
-from dohnuts.runtime.batch import PACKED_FIRST
 from dohnuts.runtime.images import pixel_values
 
 
@@ -101,56 +98,6 @@ class GraphStats:
                 "replays": self.replays, "eager": dict(self.eager), "graphs": self.graphs}
 
 
-def static_inputs(buffers: dict, named: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor | None]:
-    """`named`'s tensors copied into static buffers (`buffers`, the caller's, keyed by shape):
-    the integer ones into views of ONE buffer laid out in `named`'s order, each other alone; None
-    stays None. Where the integer tensors are contiguous and adjacent in that order in one storage
-    (a packed device batch, `Batch.to`), they arrive in one copy, else one copy each — into the
-    same views either way, so a graph captured from one kind of batch reads the other's."""
-    longs = {n: t for n, t in named.items() if t is not None and t.dtype == torch.long}
-    out = dict(named)
-    if longs:
-        key = ("long inputs",) + tuple((n, tuple(t.shape)) for n, t in longs.items())
-        views = buffers.get(key)
-        if views is None:
-            first = next(iter(longs.values()))
-            buf = torch.empty(sum(t.numel() for t in longs.values()), dtype=torch.long, device=first.device)
-            views, offset = {}, 0
-            for n, t in longs.items():
-                views[n] = buf[offset:offset + t.numel()].view(t.shape)
-                offset += t.numel()
-            buffers[key] = views = (buf, views)
-        buf, views = views
-        span = _adjacent(list(longs.values()))
-        if span is not None:
-            buf.copy_(span)
-        else:
-            for n, t in longs.items():
-                views[n].copy_(t)
-        out.update(views)
-    for n, t in named.items():
-        if t is not None and n not in longs:
-            key = (n, tuple(t.shape), t.dtype)
-            b = buffers.get(key)
-            if b is None:
-                b = buffers[key] = torch.empty_like(t)
-            b.copy_(t)
-            out[n] = b
-    return out
-
-
-def _adjacent(ts: list[torch.Tensor]) -> torch.Tensor | None:
-    """One 1-D view over `ts` where they lie contiguous, in order and back to back in one storage."""
-    storage, start = ts[0].untyped_storage().data_ptr(), ts[0].storage_offset()
-    offset = start
-    for t in ts:
-        if (t.untyped_storage().data_ptr() != storage or t.storage_offset() != offset
-                or not t.is_contiguous()):
-            return None
-        offset += t.numel()
-    return ts[0].as_strided((offset - start,), (1,), start)
-
-
 class _Captured:
     """One captured pass: replay() recomputes `output` in place from the static buffers."""
 
@@ -188,7 +135,7 @@ class PassGraphs:
         self.stats_ = GraphStats()
         self._graphs: dict[tuple, _Captured] = {}
         self._failed: dict[tuple, str] = {}
-        self._buffers: dict[tuple, object] = {}  # static_inputs's buffers (and `_buffer`'s)
+        self._buffers: dict[tuple, torch.Tensor] = {}
         self._pool = None if emulate else torch.cuda.graph_pool_handle()
 
     def stats(self) -> GraphStats:
@@ -212,8 +159,15 @@ class PassGraphs:
 
     def _static(self, x: ScoreInputs) -> ScoreInputs:
         """Copy the request's inputs into the static buffers; returns the inputs graphs read."""
-        names = PACKED_FIRST[:4] + ("image_features",)  # what a pass reads
-        return replace(x, **static_inputs(self._buffers, {n: getattr(x, n) for n in names}))
+        out = {}
+        for name in ("ids", "prefix_ids", "positions", "image_features", "score_rows"):
+            t = getattr(x, name)
+            if t is not None:
+                buf = self._buffer(name, t)
+                buf.copy_(t)
+                t = buf
+            out[name] = t
+        return replace(x, **out)
 
     # -- passes ---------------------------------------------------------------------------------
 

@@ -28,8 +28,8 @@ from dataclasses import replace
 import torch
 
 from dohnuts.model.lora import refresh_adapter_copies
-from dohnuts.runtime.batch import PACKED_FIRST, Batch
-from dohnuts.runtime.graphs import GraphStats, ShapeBuckets, static_inputs
+from dohnuts.runtime.batch import Batch
+from dohnuts.runtime.graphs import GraphStats, ShapeBuckets
 from dohnuts.train.loss import microbatch_loss
 from dohnuts.train.objective import RLCDConfig
 
@@ -88,7 +88,7 @@ class MicrobatchGraphs:
         self.stats_ = GraphStats()
         self._graphs: dict[tuple, _MicrobatchGraph] = {}
         self._failed: set[tuple] = set()
-        self._buffers: dict[tuple, object] = {}  # static_inputs's buffers
+        self._buffers: dict[tuple, torch.Tensor] = {}
         self._pool = None if emulate else torch.cuda.graph_pool_handle()
 
     def stats(self) -> GraphStats:
@@ -98,10 +98,21 @@ class MicrobatchGraphs:
         self.stats_.eager[reason] = self.stats_.eager.get(reason, 0) + 1
 
     def _static(self, batch: Batch, features: torch.Tensor | None) -> tuple[Batch, torch.Tensor | None]:
-        static = static_inputs(self._buffers, {n: getattr(batch, n) for n in PACKED_FIRST + ("rewards",)}
-                               | {"image_features": features})
-        features = static.pop("image_features")
-        return replace(batch, **static, pixel_patches=None), features
+        def buf(name: str, t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None:
+                return None
+            key = (name, tuple(t.shape), t.dtype)
+            if key not in self._buffers:
+                self._buffers[key] = torch.empty_like(t)
+            b = self._buffers[key]
+            b.copy_(t)
+            return b
+
+        static = replace(batch, **{n: buf(n, getattr(batch, n)) for n in
+                                   ("ids", "score_index", "cand_matrix", "prefix_ids", "positions", "rewards",
+                                    "score_rows", "score_slot")},
+                         pixel_patches=None)
+        return static, buf("image_features", features)
 
     def _loss_fn(self, batch: Batch, features: torch.Tensor | None) -> Callable[[], torch.Tensor]:
         model, objective, divisor = self.model, self.objective, self.divisor

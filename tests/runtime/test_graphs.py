@@ -6,8 +6,6 @@ honoured. The CUDA replay itself is tested in tests/gpu/test_runtime.py."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 import torch
@@ -20,25 +18,6 @@ from dohnuts.runtime.graphs import PassGraphs, ShapeBuckets
 from dohnuts.runtime.requests import Question, Request
 from dohnuts.train.task import synthetic_requests
 from tests.reference import adapted_tiny, relative_error, unshared
-
-
-@pytest.fixture
-def packed(request, monkeypatch):
-    """`packed` parameters: "packed" — every prepared batch's integer tensors in one buffer, as a
-    pinned batch's on a GPU (so their static copies go in one); "mixed" — every other batch so,
-    the rest apart (the same static buffers must serve both kinds); "apart" — as on a CPU."""
-    from dohnuts.runtime.session import Session
-
-    kind, prepare, calls = request.param, Session.prepare, [0]
-
-    def prepare_packed(self, *a, **kw):
-        hb = prepare(self, *a, **kw)
-        calls[0] += 1
-        return replace(hb, tensors=hb.tensors.packed()) if kind == "packed" or calls[0] % 2 else hb
-
-    if kind != "apart":
-        monkeypatch.setattr(Session, "prepare", prepare_packed)
-    return kind
 
 
 def _graphed(session, **kw):
@@ -74,11 +53,9 @@ def test_buckets():
         assert 0 <= pad < max(16, n / 16), n
 
 
-@pytest.mark.parametrize("packed", ["apart", "packed", "mixed"], indirect=True)
 @pytest.mark.parametrize("share", [True, False])
-def test_replay_equals_eager_for_changing_inputs(share, packed):
-    """Shared requests replay the graph of the shared pass, unshared ones that of one full pass;
-    inputs copied into the static buffers one by one or in one copy (`packed`)."""
+def test_replay_equals_eager_for_changing_inputs(share):
+    """Shared requests replay the graph of the shared pass, unshared ones that of one full pass."""
     eager = api.load("tiny")
     graphed = _graphed(api.load("tiny"))
     # Same shape bucket, different tokens: each replay must see its own request's inputs.
@@ -186,11 +163,10 @@ def test_weight_updates_are_seen_and_module_changes_recapture():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("packed", ["apart", "mixed"], indirect=True)
-def test_training_microbatch_graphs_equal_eager_updates(tmp_path, packed):
+def test_training_microbatch_graphs_equal_eager_updates(tmp_path):
     """Three updates through captured (emulated) forward/backward graphs — bucket-padded rows, a
-    shared prefix, an image, changing inputs of one shape, batches packed or not (`packed`) —
-    leave the same adapters and losses as eager updates."""
+    shared prefix, an image, changing inputs of one shape — leave the same adapters and losses as
+    eager updates."""
     from dohnuts.train.graphs import MicrobatchGraphs
     from dohnuts.train.objective import RLCDConfig
     from dohnuts.train.step import MICROBATCHES, OptimConfig, Updater, make_optimizer
@@ -216,36 +192,3 @@ def test_training_microbatch_graphs_equal_eager_updates(tmp_path, packed):
     assert relative_error(graph_params, eager_params) < 1e-4
     stats = graphs.stats()
     assert stats.replays == 12 and stats.captures >= 2 and not stats.eager  # text and image shapes
-
-
-def test_static_inputs_copy_a_packed_batch_in_one_and_serve_both_kinds(tmp_path):
-    """`static_inputs`: a packed batch's integer tensors (`Batch.packed`, moved by `to`) are one
-    span in `PACKED_FIRST`'s order — a pass's four inputs and training's seven — so they reach the
-    static buffers in one copy; a batch whose tensors lie apart fills the very same views one by
-    one, and each call leaves its own values there (a float tensor keeps a buffer of its own)."""
-    from dohnuts.runtime.batch import PACKED_FIRST
-    from dohnuts.runtime.graphs import _adjacent, static_inputs
-
-    s = api.load("tiny")
-    qs = (Question("q1", "what?", ("red", "green"), (0.0, 1.0)), Question("q2", "how many?", ("one", "two"), (1.0, 0.0)),
-          Question("q3", "where?", ("here", "there"), (0.0, 1.0)))
-    reqs = [Request(id=f"r{i}", questions=qs, prefix="a photo", image=_png(tmp_path / f"{i}.png", i)) for i in range(2)]
-    apart = [s.prepare(r, train=True).tensors for r in reqs]
-    packed = [b.packed().to(torch.device("cpu")) for b in apart]
-    assert all(getattr(apart[0], n) is not None for n in PACKED_FIRST)  # every integer input present
-    for names in (PACKED_FIRST[:4], PACKED_FIRST):
-        span = _adjacent([getattr(packed[0], n) for n in names])
-        assert span is not None and span.untyped_storage().data_ptr() == packed[0].ids.untyped_storage().data_ptr()
-        assert torch.equal(span, torch.cat([getattr(apart[0], n).flatten() for n in names]))
-        assert _adjacent([getattr(apart[0], n) for n in names]) is None  # collate's own tensors
-        assert _adjacent([getattr(packed[0], n) for n in reversed(names)]) is None  # out of order
-    buffers = {}
-    for i, batch in [(0, packed[0]), (1, apart[1]), (0, apart[0]), (1, packed[1]), (0, packed[0])]:
-        named = {n: getattr(batch, n) for n in PACKED_FIRST + ("rewards",)}
-        static = static_inputs(buffers, named)
-        if i == 0 and batch is packed[0]:
-            first = {n: t.data_ptr() for n, t in static.items()}
-        assert {n: t.data_ptr() for n, t in static.items()} == first  # the same buffers whatever came
-        for n, t in static.items():
-            assert torch.equal(t, getattr(apart[i], n)) and t.data_ptr() != getattr(batch, n).data_ptr(), n
-    assert len({id(v) for v in buffers.values()}) == 2  # one integer buffer, one for the rewards
