@@ -1,0 +1,121 @@
+"""Scratch (session 43): the PNG unfilter's wavefront with four rows a thread — at step s, thread t undoes
+rows 4t … 4t + 3 at column s − t, the first from the row above (thread t − 1's last, stored the step
+before), the other three from the row just undone in registers — so H/4 + W − 1 dependent steps of a
+global round trip and a barrier, over 4× fewer warps, against today's H + W − 1 (one row a thread).
+Equality with libspng (every filter type, Paeth only, Pillow's) and µs a launch at 448² and 1024².
+    PYTHONPATH=/tmp/site:$PWD python3 benchmarks/maintainers/s43/unfilter_rows4.py OUT.json
+(on a CPU under TRITON_INTERPRET=1: the equality checks only, small images)"""
+import json, os, statistics, sys
+import numpy as np
+import imagecodecs
+import torch
+import triton
+import triton.language as tl
+
+from dohnuts.ops._unfilter_kernel import unfilter_triton
+from dohnuts.runtime.images import _png_image_data
+from tests.runtime.png_cases import noise, png, smooth
+
+
+@triton.jit
+def _predict(ftype, left, up, upleft):
+    p = left + up - upleft
+    pa = tl.abs(p - left)
+    pb = tl.abs(p - up)
+    pc = tl.abs(p - upleft)
+    paeth = tl.where((pa <= pb) & (pa <= pc), left, tl.where(pb <= pc, up, upleft))
+    return tl.where(ftype == 0, 0, tl.where(ftype == 1, left, tl.where(ftype == 2, up,
+                    tl.where(ftype == 3, (left + up) >> 1, paeth))))
+
+
+@triton.jit
+def _unfilter4_kernel(F, P, H, W, stride_f, BLOCK_T: tl.constexpr):
+    t = tl.arange(0, BLOCK_T)[:, None]
+    k = tl.arange(0, 4)[None, :]
+    r0 = t * 4
+    ok0, ok1, ok2, ok3 = r0 < H, r0 + 1 < H, r0 + 2 < H, r0 + 3 < H
+    f0 = tl.load(F + r0 * stride_f, mask=ok0, other=0).to(tl.int32)
+    f1 = tl.load(F + (r0 + 1) * stride_f, mask=ok1, other=0).to(tl.int32)
+    f2 = tl.load(F + (r0 + 2) * stride_f, mask=ok2, other=0).to(tl.int32)
+    f3 = tl.load(F + (r0 + 3) * stride_f, mask=ok3, other=0).to(tl.int32)
+    l0 = tl.zeros([BLOCK_T, 4], tl.int32)
+    l1 = tl.zeros([BLOCK_T, 4], tl.int32)
+    l2 = tl.zeros([BLOCK_T, 4], tl.int32)
+    l3 = tl.zeros([BLOCK_T, 4], tl.int32)
+    ul0 = tl.zeros([BLOCK_T, 4], tl.int32)
+    first = (t == 0) & (k < 3)  # step 0: thread 0 at column 0
+    n0 = tl.load(F + r0 * stride_f + 1 + k, mask=first & ok0, other=0).to(tl.int32)
+    n1 = tl.load(F + (r0 + 1) * stride_f + 1 + k, mask=first & ok1, other=0).to(tl.int32)
+    n2 = tl.load(F + (r0 + 2) * stride_f + 1 + k, mask=first & ok2, other=0).to(tl.int32)
+    n3 = tl.load(F + (r0 + 3) * stride_f + 1 + k, mask=first & ok3, other=0).to(tl.int32)
+    steps = (H + 3) // 4 + W - 1
+    for s in range(0, steps):
+        c = s - t
+        ok = (c >= 0) & (c < W) & (k < 3)
+        a0, a1, a2, a3 = n0, n1, n2, n3  # loaded the step before: off the chain of dependent steps
+        nxt = (c + 1 >= 0) & (c + 1 < W) & (k < 3)
+        n0 = tl.load(F + r0 * stride_f + 4 + c * 3 + k, mask=nxt & ok0, other=0).to(tl.int32)
+        n1 = tl.load(F + (r0 + 1) * stride_f + 4 + c * 3 + k, mask=nxt & ok1, other=0).to(tl.int32)
+        n2 = tl.load(F + (r0 + 2) * stride_f + 4 + c * 3 + k, mask=nxt & ok2, other=0).to(tl.int32)
+        n3 = tl.load(F + (r0 + 3) * stride_f + 4 + c * 3 + k, mask=nxt & ok3, other=0).to(tl.int32)
+        up0 = tl.load(P + (r0 - 1) * (W * 3) + c * 3 + k, mask=ok & ok0 & (r0 > 0), other=0).to(tl.int32)
+        v0 = (a0 + _predict(f0, l0, up0, ul0)) & 255
+        v1 = (a1 + _predict(f1, l1, v0, l0)) & 255
+        v2 = (a2 + _predict(f2, l2, v1, l1)) & 255
+        v3 = (a3 + _predict(f3, l3, v2, l2)) & 255
+        tl.store(P + r0 * (W * 3) + c * 3 + k, v0.to(tl.uint8), mask=ok & ok0)
+        tl.store(P + (r0 + 1) * (W * 3) + c * 3 + k, v1.to(tl.uint8), mask=ok & ok1)
+        tl.store(P + (r0 + 2) * (W * 3) + c * 3 + k, v2.to(tl.uint8), mask=ok & ok2)
+        tl.store(P + (r0 + 3) * (W * 3) + c * 3 + k, v3.to(tl.uint8), mask=ok & ok3)
+        ul0 = tl.where(ok, up0, ul0)
+        l0 = tl.where(ok, v0, l0)
+        l1 = tl.where(ok, v1, l1)
+        l2 = tl.where(ok, v2, l2)
+        l3 = tl.where(ok, v3, l3)
+        tl.debug_barrier()  # this step's last rows are the next step's rows above
+
+
+def unfilter4(filtered, height, width, warps=None):
+    out = torch.empty((height, width, 3), dtype=torch.uint8, device=filtered.device)
+    block = triton.next_power_of_2(triton.cdiv(height, 4))
+    _unfilter4_kernel[(1,)](filtered, out, height, width, filtered.stride(0), BLOCK_T=block,
+                            num_warps=warps or max(1, min(32, block // 32)))
+    return out
+
+
+def cases(sizes, dev):
+    rng = np.random.default_rng(0)
+    for h, w in sizes:
+        for name, pixels, kinds in [("each", noise(h, w, 1), np.arange(h) % 5), ("mixed", noise(h, w, 2), rng.integers(0, 5, h)),
+                                    ("paeth", noise(h, w, 3), np.full(h, 4)), ("pillow", smooth(h, w), None)]:
+            data = png(pixels, kinds)
+            rows = np.frombuffer(imagecodecs.zlibng_decode(_png_image_data(data)), np.uint8).copy()
+            yield (h, w, name), torch.from_numpy(rows).view(h, -1).to(dev), imagecodecs.spng_decode(data)
+
+
+if __name__ == "__main__":
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    dev = "cpu" if interp else "cuda"
+    res = {"equal": {}, "us": {}}
+    sizes = [(1, 9), (2, 3), (5, 7), (7, 5), (24, 19), (33, 40)] if interp else \
+        [(1, 9), (5, 7), (33, 40), (447, 449), (448, 448), (1024, 1024), (768, 1024)]
+    for what, f, want in cases(sizes, dev):
+        key = "x".join(map(str, what))
+        res["equal"][key] = bool(np.array_equal(unfilter4(f, what[0], what[1]).cpu().numpy(), want))
+        if not interp:
+            for wp in (1, 2, 4, 8):
+                res["equal"][f"{key}_w{wp}"] = bool(np.array_equal(unfilter4(f, what[0], what[1], wp).cpu().numpy(), want))
+        if not interp and what[0] >= 448 and what[2] in ("mixed", "pillow"):
+            from triton.testing import do_bench
+            fns = {"today": lambda: unfilter_triton(f, what[0], what[1])}
+            for wp in (1, 2, 4, 8):
+                fns[f"rows4_w{wp}"] = (lambda wp=wp: unfilter4(f, what[0], what[1], wp))
+            t = {n: [] for n in fns}
+            for _ in range(5):
+                for n, fn in fns.items():
+                    t[n].append(do_bench(fn, warmup=5, rep=40) * 1e3)
+            res["us"][key] = {n: round(statistics.median(v), 1) for n, v in t.items()}
+            print(what, res["us"][key], flush=True)
+    print("all equal:", all(res["equal"].values()), [k for k, v in res["equal"].items() if not v])
+    if len(sys.argv) > 1:
+        json.dump(res, open(sys.argv[1], "w"), indent=1)
