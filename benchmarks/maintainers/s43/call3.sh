@@ -5,3 +5,4 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 export PYTHONPATH=/tmp/site:$PWD
 timeout 300 python3 benchmarks/maintainers/s43/unfilter_rows4.py $OUT/unfilter_rows4.json 2>&1 | tail -12
 timeout 240 python3 benchmarks/maintainers/s43/prepare_ab.py 2>&1 | tee $OUT/prepare_ab.txt | grep -v "^\s*$" | tail -40
+timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_images_device.py 2>&1 | tail -3 | tee $OUT/gpu_images_tests.txt

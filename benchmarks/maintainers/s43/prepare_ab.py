@@ -9,7 +9,8 @@ import dohnuts.ops._unfilter_kernel as kern
 
 spec = importlib.util.spec_from_file_location("rows4", "benchmarks/maintainers/s43/unfilter_rows4.py")
 lab = importlib.util.module_from_spec(spec); spec.loader.exec_module(lab)
-variants = {"today": kern.unfilter_triton, "rows4": lab.unfilter4, "rows4cols2": lab.unfilter42}
+variants = {"one row a thread (before)": lab.unfilter_triton, "rows4 (landed)": kern.unfilter_triton,
+            "rows4 (lab)": lab.unfilter4, "rows4cols2": lab.unfilter42}
 for rnd in range(3):
     for name, unf in variants.items():
         kern.unfilter_triton = unf
