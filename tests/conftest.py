@@ -112,16 +112,15 @@ def share_mathtext_parses() -> None:
     are mathtext (`$\\mathdefault{10^{2}}$`); matplotlib caches a parse (`MathTextParser._parse_cached`)
     by the parser, the text, dpi, font properties and glyph flags, but 50 entries deep, and every
     Agg canvas brings a parser of its own: in a test process that draws report after report,
-    nearly every label was parsed again — 32 of the test command's 64 CPU seconds in savefig
-    (the tests' processes; the commands they start keep their own). Here the cache is keyed by
-    the parser's one setting, its output type, instead of the parser itself, and keeps every
-    entry (a few hundred labels): the same function of the same key, so the same boxes and the
-    same files — the reports of tests/bench/test_headline.py written with and without it are
-    byte for byte the same. tests/bench/test_headline.py 26.9 → 20.5 CPU s, tests/bench/ (3 workers)
-    339 → 293."""
+    nearly every label was parsed again (the CPU it cost: docs/history/evolution.md M56). Here the
+    cache is keyed by the parser's one setting, its output type, instead of the parser itself, and
+    keeps every entry (a few hundred labels): the same function of the same key, so the same boxes
+    and the same files. A matplotlib whose cache is not that function is left as it is."""
     from matplotlib.mathtext import MathTextParser
 
-    parse = MathTextParser._parse_cached.__wrapped__
+    parse = getattr(MathTextParser.__dict__.get("_parse_cached"), "__wrapped__", None)
+    if parse is None or not hasattr(MathTextParser("agg"), "_output_type"):
+        return  # another matplotlib: speed only, nothing to share
     parsed: dict = {}
 
     def _parse_cached(self, s, dpi, prop, antialiased, load_glyph_flags):

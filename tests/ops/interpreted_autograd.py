@@ -60,18 +60,20 @@ def patch_interpreter_device_calls() -> None:
     At every such call (fla's kernels make about 22,000 in the delta-rule check, dohnuts' norm
     and rotary kernels thousands) Triton's interpreter patches the language's builtins again, and
     to find them it lists every member of `triton.language`, its `core`, `math`, `tensor` and
-    `tensor_descriptor_base` with `inspect.getmembers` — a quarter of an interpreted check's CPU
-    time. The builtins are the same at every call: listed once here, before any kernel runs (none
+    `tensor_descriptor_base` with `inspect.getmembers` (the CPU it cost: docs/history/evolution.md
+    M56). The builtins are the same at every call: listed once here, before any kernel runs (none
     patched yet), each call patches those of them that are still builtins, as the interpreter's
     own loop does — the same attributes patched with the same wrappers, in the same scope. Any
-    other object is listed by the interpreter's own function. The delta-rule check 24.8 → 18.9 CPU
-    s, the shared mixer's 27.1 → 20.8, the conv's 15.1 → 12.6, the norms' 15.7 → 13.4."""
+    other object is listed by the interpreter's own function; a Triton without those internals is
+    left as it is."""
     import inspect
 
     import triton.language as tl
     import triton.runtime.interpreter as interpreter
 
-    listed = interpreter._patch_builtin
+    listed = getattr(interpreter, "_patch_builtin", None)
+    if listed is None or not hasattr(interpreter, "_patch_attr") or not hasattr(tl.core, "tensor_descriptor_base"):
+        return  # another Triton: speed only
     builtins = {id(pkg): (pkg, [name for name, member in inspect.getmembers(pkg) if tl.core.is_builtin(member)])
                 for pkg in (tl, tl.core, tl.math, tl.tensor, tl.core.tensor_descriptor_base)}
 
