@@ -27,6 +27,7 @@ fla stays hidden, and transformers is imported by the first test that needs it (
 command's controlling process, which runs no test).
 """
 
+import importlib.util
 import os
 import sys
 
@@ -102,6 +103,59 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def share_mathtext_parses() -> None:
+    """Speed alone: in a test process, matplotlib parses a text's mathtext once, not once per canvas.
+
+    Every report draws its rooflines (a PNG and an SVG a workload) on log axes whose tick labels
+    are mathtext (`$\\mathdefault{10^{2}}$`); matplotlib caches a parse (`MathTextParser._parse_cached`)
+    by the parser, the text, dpi, font properties and glyph flags, but 50 entries deep, and every
+    Agg canvas brings a parser of its own: in a test process that draws report after report,
+    nearly every label was parsed again (the CPU it cost: docs/history/evolution.md M56). Here the
+    cache is keyed by the parser's one setting, its output type, instead of the parser itself, and
+    keeps every entry (a few hundred labels): the same function of the same key, so the same boxes
+    and the same files. A matplotlib whose cache is not that function is left as it is."""
+    from matplotlib.mathtext import MathTextParser
+
+    parse = getattr(MathTextParser.__dict__.get("_parse_cached"), "__wrapped__", None)
+    if parse is None or not hasattr(MathTextParser("agg"), "_output_type"):
+        return  # another matplotlib: speed only, nothing to share
+    parsed: dict = {}
+
+    def _parse_cached(self, s, dpi, prop, antialiased, load_glyph_flags):
+        key = (self._output_type, s, dpi, prop, antialiased, load_glyph_flags)
+        if key not in parsed:
+            parsed[key] = parse(self, s, dpi, prop, antialiased, load_glyph_flags)
+        return parsed[key]
+
+    MathTextParser._parse_cached = _parse_cached
+
+
+class _ShareMathtextParsesOnImport:
+    """An import finder that finds nothing of its own: when matplotlib's mathtext is imported (by
+    the first test that draws; not at collection, where every test process would import
+    matplotlib), the module is loaded as it would be, then share_mathtext_parses runs."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "matplotlib.mathtext":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        load = spec.loader.exec_module
+
+        def load_and_share(module):
+            load(module)
+            share_mathtext_parses()
+
+        spec.loader.exec_module = load_and_share
+        return spec
+
+
+if "matplotlib.mathtext" in sys.modules:
+    share_mathtext_parses()
+else:
+    sys.meta_path.insert(0, _ShareMathtextParsesOnImport())
 
 
 @pytest.fixture(scope="session")

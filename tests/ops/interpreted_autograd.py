@@ -53,6 +53,42 @@ def patch_interpreter_for_fla() -> None:
     interpreter.FunctionRewriter.ast_transformer = LoopVariablesAreTensors()
 
 
+def patch_interpreter_device_calls() -> None:
+    """Speed alone: the interpreter's calls of one jitted function from another run as before,
+    without listing the language's modules again at every call.
+
+    At every such call (fla's kernels make about 22,000 in the delta-rule check, dohnuts' norm
+    and rotary kernels thousands) Triton's interpreter patches the language's builtins again, and
+    to find them it lists every member of `triton.language`, its `core`, `math`, `tensor` and
+    `tensor_descriptor_base` with `inspect.getmembers` (the CPU it cost: docs/history/evolution.md
+    M56). The builtins are the same at every call: listed once here, before any kernel runs (none
+    patched yet), each call patches those of them that are still builtins, as the interpreter's
+    own loop does — the same attributes patched with the same wrappers, in the same scope. Any
+    other object is listed by the interpreter's own function; a Triton without those internals is
+    left as it is."""
+    import inspect
+
+    import triton.language as tl
+    import triton.runtime.interpreter as interpreter
+
+    listed = getattr(interpreter, "_patch_builtin", None)
+    if listed is None or not hasattr(interpreter, "_patch_attr") or not hasattr(tl.core, "tensor_descriptor_base"):
+        return  # another Triton: speed only
+    builtins = {id(pkg): (pkg, [name for name, member in inspect.getmembers(pkg) if tl.core.is_builtin(member)])
+                for pkg in (tl, tl.core, tl.math, tl.tensor, tl.core.tensor_descriptor_base)}
+
+    def patch_builtin(pkg, builder, scope):
+        known = builtins.get(id(pkg))
+        if known is None or known[0] is not pkg:
+            return listed(pkg, builder, scope)
+        for name in known[1]:
+            member = getattr(pkg, name)
+            if tl.core.is_builtin(member):
+                interpreter._patch_attr(pkg, name, member, builder, scope)
+
+    interpreter._patch_builtin = patch_builtin
+
+
 def rel(got: torch.Tensor, want: torch.Tensor) -> float:
     """Norm-wise relative error of `got` against the FP64 `want`."""
     return ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
@@ -436,6 +472,7 @@ def main(name: str, full: bool = True) -> None:
     """`full`: every combination a check has (the `full` lane); else the covering subset the test
     command runs."""
     patch_interpreter_for_fla()
+    patch_interpreter_device_calls()
     CHECKS[name](full)
     print("ok")
 

@@ -182,6 +182,8 @@ def test_swiglu_packed_triton_kernel_in_the_interpreter():
 
 _INTERPRETED_NORMS = """
 import torch
+from tests.ops.interpreted_autograd import patch_interpreter_device_calls
+patch_interpreter_device_calls()  # speed alone (its docstring)
 from dohnuts.ops._norm_kernels import norm_rope_triton, rms_norm_triton
 from dohnuts.ops.norm import add_rms_norm_reference, rms_norm_reference
 from dohnuts.ops.rope import norm_rope_reference
