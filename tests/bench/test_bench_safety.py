@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import tempfile
 import threading
 from pathlib import Path
 
@@ -359,20 +360,28 @@ def _edit(**changes):
     ("zero_wall", _edit(wall_ms=0), "field 'wall_ms': must be positive"),
     ("device_string", _edit(device="cpu"), "field 'device'"),
 ])
-def test_analyze_refuses_bad_records_in_one_line(measured_run, tmp_path, capsys, case, edit, message):
+def test_analyze_refuses_bad_records_in_one_line(measured_run, tmp_path, capsys, case, edit, message, monkeypatch):
     path = _copy_results(measured_run, tmp_path / case, edit)
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     assert main(["analyze", str(path)]) == 2
     _one_line_error(capsys, str(path), message)
     assert not (path.parent / "summary.json").exists()
+    assert not any(temporary.iterdir())  # the temporary report folder, never named, went with the failure
 
 
 @pytest.mark.parametrize("content", [b"", b"\n\n", b'{"a": 1}\n{"b": 2}\n', b"\x00\xff\xfe\x01binary",
                                      b'{"schema": 2, "x": 1}\n'], ids=["empty", "blank", "foreign", "binary", "schema2"])
-def test_analyze_of_a_file_without_schema_1_records_exits_2(tmp_path, capsys, content):
+def test_analyze_of_a_file_without_schema_1_records_exits_2(tmp_path, capsys, content, monkeypatch):
     path = tmp_path / "results.jsonl"
     path.write_bytes(content)
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     assert main(["analyze", str(path)]) == 2
     _one_line_error(capsys, str(path))
+    assert not any(temporary.iterdir())
 
 
 def test_analyze_with_a_corrupt_run_json_beside_the_results(measured_run, tmp_path, capsys):

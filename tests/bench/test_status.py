@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -135,9 +136,10 @@ def test_ctrl_c_while_the_ceilings_are_measured_keeps_no_run_and_claims_no_resul
     assert not (tmp_path / "runs").exists()
 
 
-def test_analyze_never_writes_beside_its_input(tmp_path, capsys):
+def test_analyze_never_writes_beside_its_input(tmp_path, capsys, monkeypatch):
     """A committed run re-analysed: its folder is left as it was; the report files go to a new
     temporary folder named on stderr, or to --out."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the new folder under this test's own
     run = tmp_path / "committed"
     shutil.copytree(ROOT / "tests" / "bench" / "fixtures" / "cpu-gloo-4", run)
     before = {p.name: p.read_bytes() for p in run.iterdir()}

@@ -13,6 +13,7 @@ field when it is not usable); the records as dohnuts.bench.analysis.records read
 from __future__ import annotations
 
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -65,6 +66,18 @@ def _temporary_output(results: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"dohnuts-bench-analyze-{name}-"))
 
 
+def _analysed(path: Path, hwspec, meta: dict, out_dir: Path, revalidate: bool) -> None:
+    try:
+        analyze_and_report(path, hwspec, meta.get("measured") or {}, out_dir, stdout_console(), revalidate=revalidate)
+    except DohnutsError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as exc:
+        # Records that pass the structural checks but that an analysis still cannot read (a
+        # foreign or hand-edited file): one line naming the file, not a traceback.
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        raise RecordError(f"cannot be analysed ({reason})", source=str(path)) from None
+
+
 def run(args) -> int:
     path = results_path(args.results)
     meta = read_run_meta(path.parent / "run.json")
@@ -75,15 +88,11 @@ def run(args) -> int:
     out_dir = (check_output_folder(args.out, inputs=[*run_inputs(path), hwspec_file], field="--out", error=ConfigError)
                if args.out else _temporary_output(path))
     try:
-        analyze_and_report(path, hwspec, meta.get("measured") or {}, out_dir, stdout_console(),
-                           revalidate=args.revalidate)
-    except DohnutsError:
+        _analysed(path, hwspec, meta, out_dir, args.revalidate)
+    except BaseException:
+        if not args.out:  # the temporary folder was never named to the user: it goes with the failure
+            shutil.rmtree(out_dir, ignore_errors=True)
         raise
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as exc:
-        # Records that pass the structural checks but that an analysis still cannot read (a
-        # foreign or hand-edited file): one line naming the file, not a traceback.
-        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
-        raise RecordError(f"cannot be analysed ({reason})", source=str(path)) from None
     if not args.out:
         log.info("report files: %s (a new temporary folder; --out DIR chooses one)", out_dir)
     return 0
