@@ -86,8 +86,8 @@ def _unfilter_kernel(F, P, H, W, stride_f, BLOCK_T: tl.constexpr):
 
 
 def warps(height: int) -> int:
-    """The launch's warps: a warp a 32 row groups (128 rows), at least one."""
-    return max(1, min(32, triton.next_power_of_2(triton.cdiv(height, ROWS)) // 32))
+    """The launch's warps: a thread a row group's channel (its four lanes, the fourth masked), at most 32."""
+    return max(1, min(32, triton.next_power_of_2(triton.cdiv(height, ROWS)) // 8))
 
 
 def unfilter_triton(filtered: torch.Tensor, height: int, width: int) -> torch.Tensor:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import torch
 
 from tests.reference import relative_error
@@ -16,6 +19,37 @@ def _pair(*shape, scale=1.0, seed=0):
 
 def _grads(*xs):
     return [x.grad for x in xs]
+
+@contextlib.contextmanager
+def busy_preparing_thread():
+    """A worker thread that does, in a loop, what a preparing thread does beside a call's passes:
+    page-locked allocations of new sizes, a copy and a kernel on its own stream, a wait on that
+    stream and on the device. Yields a one-item list counting its rounds; the first is done before
+    the block starts."""
+    stop, rounds = threading.Event(), [0]
+    started = threading.Event()
+
+    def work():
+        side = torch.cuda.Stream()
+        n = 1 << 16
+        while not stop.is_set():
+            n += 4096  # a new size: a new page-locked block
+            host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+            with torch.cuda.stream(side):
+                host.to(DEV, non_blocking=True).add_(1)
+            side.synchronize()
+            torch.cuda.synchronize()
+            rounds[0] += 1
+            started.set()
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    try:
+        assert started.wait(timeout=120)
+        yield rounds
+    finally:
+        stop.set()
+        worker.join(timeout=120)
 
 def _wide_tiny(monkeypatch):
     """The tiny preset with Qwen3.5's linear-attention head dims (128), which fla's kernels need
