@@ -148,9 +148,10 @@ def test_vision_graph_replays_the_eager_tower(tmp_path):
 
 
 
-def test_a_capture_survives_another_thread_s_device_work(monkeypatch):
-    """Passes captured while a worker thread does what a preparing thread does (tests.gpu.helpers.
-    busy_preparing_thread) are captured — not run eagerly for good — and replay the eager passes."""
+def test_a_capture_survives_another_thread_s_device_work(monkeypatch, tmp_path):
+    """Passes captured while a worker thread prepares new images on the same session (tests.gpu.
+    helpers.busy_preparing_thread) are captured — not run eagerly for good — and replay the eager
+    passes."""
     import dohnuts.api as api
     from dohnuts.train.task import synthetic_requests
 
@@ -158,7 +159,7 @@ def test_a_capture_survives_another_thread_s_device_work(monkeypatch):
     graphed = api.load("tiny", device=DEV, dtype=torch.bfloat16)
     eager = api.load("tiny", device=DEV, dtype=torch.bfloat16, _policy=EAGER)
     reqs = synthetic_requests(2, questions=4, shared_prefix=200, seed=3)
-    with busy_preparing_thread() as rounds:
+    with busy_preparing_thread(graphed, tmp_path) as rounds:
         got = graphed.predict(reqs)
     assert rounds[0] > 1  # the worker ran beside the captures
     want = eager.predict(reqs)

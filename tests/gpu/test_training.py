@@ -169,10 +169,11 @@ def test_pipelined_updates_equal_updates_one_by_one(monkeypatch):
         assert trace[u]["submitted"] <= trace[u - 1]["started"] <= trace[u - 1]["done"] <= trace[u]["started"]
 
 
-def test_a_training_capture_survives_another_thread_s_device_work(monkeypatch):
-    """A microbatch's forward and backward graphs captured while a worker thread does what the next
-    update's preparation does (tests.gpu.helpers.busy_preparing_thread): captured, not run eagerly
-    for good, and their gradients the eager microbatch's."""
+def test_a_training_capture_survives_another_thread_s_device_work(monkeypatch, tmp_path):
+    """A microbatch's forward and backward graphs captured while a worker thread prepares new images
+    on the same session, as the next update's preparation does (tests.gpu.helpers.
+    busy_preparing_thread): captured, not run eagerly for good, and their gradients the eager
+    microbatch's."""
     from dohnuts.runtime.pipeline import Pipeline
     from dohnuts.runtime.timing import NULL_TIMER
     from dohnuts.train.graphs import MicrobatchGraphs
@@ -189,7 +190,7 @@ def test_a_training_capture_survives_another_thread_s_device_work(monkeypatch):
     pipe = Pipeline(session.device)
     dev = pipe.wait(*pipe.transfer(session.prepare(req, train=True, bucket=True)))
     opt.zero_grad(set_to_none=False)
-    with busy_preparing_thread() as rounds:
+    with busy_preparing_thread(session, tmp_path) as rounds:
         loss_g = graphs.step(dev, None, NULL_TIMER)
     assert rounds[0] > 1 and loss_g is not None
     grads_g = torch.cat([p.grad.flatten().float() for p in params]).clone()

@@ -1,5 +1,5 @@
 """Scratch (session 44): does a worker thread's device work end a capture? The GPU tests'
-busy_preparing_thread beside (1) a tiny session's first predict calls (their passes captured) and
+busy_preparing_thread (new images prepared on the session) beside (1) a tiny session's first predict calls (their passes captured) and
 (2) a training microbatch's capture, with torch.cuda.graph's capture mode forced to "global" (the
 default, before) and "thread_local" (landed). Prints each mode's graph stats.
     PYTHONPATH=/tmp/site:$PWD python3 benchmarks/maintainers/s44/capture_modes.py"""
@@ -25,6 +25,7 @@ mp = pytest.MonkeyPatch()
 helpers._wide_tiny(mp)
 s = api.load("tiny", device="cuda", dtype=torch.bfloat16)
 reqs = synthetic_requests(2, questions=4, shared_prefix=200, seed=3)
-with helpers.busy_preparing_thread() as rounds:
+import pathlib, tempfile
+with helpers.busy_preparing_thread(s, pathlib.Path(tempfile.mkdtemp())) as rounds:
     s.predict(reqs)
 print(mode, "predict:", s.graphs.stats().to_dict(), "worker rounds", rounds[0], flush=True)
