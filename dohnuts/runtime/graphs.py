@@ -112,7 +112,9 @@ class _Captured:
             fn()
         torch.cuda.synchronize()
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        # thread_local: a preparing thread's pinned allocation or wait on its own stream, at any
+        # moment, must not end this capture (the default mode refuses them from every thread)
+        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
             self.output = fn()
 
     def replay(self) -> None:

@@ -47,9 +47,11 @@ class _MicrobatchGraph:
                 forward().backward()
             torch.cuda.synchronize()
             self.fwd, self.bwd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.fwd, pool=pool):
+            # thread_local: the next update's preparation (pinned allocations, waits on its own
+            # stream) runs on a worker thread meanwhile (dohnuts.runtime.graphs._Captured)
+            with torch.cuda.graph(self.fwd, pool=pool, capture_error_mode="thread_local"):
                 self.loss = forward()
-            with torch.cuda.graph(self.bwd, pool=pool):
+            with torch.cuda.graph(self.bwd, pool=pool, capture_error_mode="thread_local"):
                 self.loss.backward(retain_graph=True)  # accumulates into the existing .grad tensors
         finally:
             with torch.no_grad():  # the warm-up passes' gradients are not part of the update

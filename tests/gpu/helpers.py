@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import torch
 
 from tests.reference import relative_error
@@ -16,6 +19,44 @@ def _pair(*shape, scale=1.0, seed=0):
 
 def _grads(*xs):
     return [x.grad for x in xs]
+
+@contextlib.contextmanager
+def busy_preparing_thread(session, folder):
+    """A worker thread that prepares a new image's request on `session` in a loop, as a preparing
+    thread does beside a call's passes (its image forgotten each time: the PNG inflated into
+    page-locked memory, unfiltered and cut into patches on the thread's own stream, the pixels
+    back for the key). Yields a one-item list counting its rounds; the first is done before the
+    block starts."""
+    import numpy as np
+    from PIL import Image
+
+    from dohnuts.runtime.requests import Question, Request
+
+    path = folder / "busy.png"
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (448, 448, 3), dtype=np.uint8)).save(path)
+    req = Request(id="busy", questions=(Question("a", "what?", ("red", "green")),), prefix="a photo", image=str(path))
+    stop, started, rounds, failed = threading.Event(), threading.Event(), [0], []
+
+    def work():
+        try:
+            while not stop.is_set():
+                session.forget_images()
+                session.prepare(req)
+                rounds[0] += 1
+                started.set()
+        except BaseException as exc:  # said by the block's end, not lost in the thread
+            failed.append(exc)
+            started.set()
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    try:
+        assert started.wait(timeout=120) and not failed, failed
+        yield rounds
+    finally:
+        stop.set()
+        worker.join(timeout=120)
+    assert not failed, failed
 
 def _wide_tiny(monkeypatch):
     """The tiny preset with Qwen3.5's linear-attention head dims (128), which fla's kernels need

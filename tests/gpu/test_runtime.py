@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dohnuts.runtime.policy import EAGER
-from tests.gpu.helpers import DEV, _wide_tiny
+from tests.gpu.helpers import DEV, _wide_tiny, busy_preparing_thread
 from tests.reference import relative_error, unshared
 
 pytestmark = pytest.mark.gpu
@@ -145,3 +145,27 @@ def test_vision_graph_replays_the_eager_tower(tmp_path):
     assert torch.equal(first, kept) and relative_error(first, second) > 1e-2
     stats = session.graphs.stats()
     assert stats.captures == 1 and stats.replays == 2 and not stats.eager
+
+
+
+def test_a_capture_survives_another_thread_s_device_work(monkeypatch, tmp_path):
+    """Passes captured while a worker thread prepares new images on the same session (tests.gpu.
+    helpers.busy_preparing_thread) are captured — not run eagerly for good — and replay the eager
+    passes."""
+    import dohnuts.api as api
+    from dohnuts.train.task import synthetic_requests
+
+    _wide_tiny(monkeypatch)
+    graphed = api.load("tiny", device=DEV, dtype=torch.bfloat16)
+    eager = api.load("tiny", device=DEV, dtype=torch.bfloat16, _policy=EAGER)
+    reqs = synthetic_requests(2, questions=4, shared_prefix=200, seed=3)
+    with busy_preparing_thread(graphed, tmp_path) as rounds:
+        got = graphed.predict(reqs)
+    assert rounds[0] > 1  # the worker ran beside the captures
+    want = eager.predict(reqs)
+    for g, w in zip(got, want):
+        gs = torch.tensor([s for q in g.questions for s in q.scores])
+        ws = torch.tensor([s for q in w.questions for s in q.scores])
+        assert relative_error(gs, ws) < 1e-3, g.id
+    stats = graphed.graphs.stats()
+    assert stats.captures >= 1 and not stats.eager, stats

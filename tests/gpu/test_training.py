@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.gpu.helpers import DEV, _wide_tiny
+from tests.gpu.helpers import DEV, _wide_tiny, busy_preparing_thread
 from tests.reference import relative_error, unshared
 
 pytestmark = pytest.mark.gpu
@@ -167,3 +167,38 @@ def test_pipelined_updates_equal_updates_one_by_one(monkeypatch):
     assert relative_error(params_b, params_a) < 2e-2
     for u in range(1, 3):
         assert trace[u]["submitted"] <= trace[u - 1]["started"] <= trace[u - 1]["done"] <= trace[u]["started"]
+
+
+def test_a_training_capture_survives_another_thread_s_device_work(monkeypatch, tmp_path):
+    """A microbatch's forward and backward graphs captured while a worker thread prepares new images
+    on the same session, as the next update's preparation does (tests.gpu.helpers.
+    busy_preparing_thread): captured, not run eagerly for good, and their gradients the eager
+    microbatch's."""
+    from dohnuts.runtime.pipeline import Pipeline
+    from dohnuts.runtime.timing import NULL_TIMER
+    from dohnuts.train.graphs import MicrobatchGraphs
+    from dohnuts.train.objective import RLCDConfig
+    from dohnuts.train.step import MICROBATCHES, OptimConfig, make_optimizer, microbatch_loss
+    from dohnuts.train.task import synthetic_requests
+
+    session = _lora_session(monkeypatch)
+    opt = make_optimizer(session, OptimConfig())
+    params = [p for g in opt.param_groups for p in g["params"]]
+    graphs = MicrobatchGraphs(session.model, RLCDConfig(), params, divisor=MICROBATCHES)
+    (req,) = synthetic_requests(1, questions=6, shared_prefix=300, seed=9)
+    session.model.train()
+    pipe = Pipeline(session.device)
+    dev = pipe.wait(*pipe.transfer(session.prepare(req, train=True, bucket=True)))
+    opt.zero_grad(set_to_none=False)
+    with busy_preparing_thread(session, tmp_path) as rounds:
+        loss_g = graphs.step(dev, None, NULL_TIMER)
+    assert rounds[0] > 1 and loss_g is not None
+    grads_g = torch.cat([p.grad.flatten().float() for p in params]).clone()
+    opt.zero_grad(set_to_none=False)
+    loss_e = microbatch_loss(session.model, dev, RLCDConfig()) / MICROBATCHES
+    loss_e.backward()
+    grads_e = torch.cat([p.grad.flatten().float() for p in params])
+    assert abs(float(loss_g) - float(loss_e)) < 1e-2 * max(1.0, abs(float(loss_e)))
+    assert relative_error(grads_g, grads_e) < 2e-2 and float(grads_e.norm()) > 0
+    stats = graphs.stats()
+    assert stats.captures == 1 and not stats.eager, stats

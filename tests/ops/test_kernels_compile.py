@@ -107,7 +107,8 @@ def test_small_kernels_compile(target):
     from dohnuts.ops._segment_attention_kernel import WARPS as SA_WARPS
     from dohnuts.ops._segment_attention_kernel import _segment_attention_kernel
     from dohnuts.ops._swiglu_kernel import BLOCK, swiglu_packed_kernel
-    from dohnuts.ops._unfilter_kernel import _unfilter_kernel
+    from dohnuts.ops._unfilter_kernel import ROWS, _unfilter_kernel
+    from dohnuts.ops._unfilter_kernel import warps as unfilter_warps
 
     t = TARGETS[target]
     for has_res in (True, False):
@@ -139,9 +140,9 @@ def test_small_kernels_compile(target):
     fma = compile_kernel(_fma_chain_kernel, t, dict(ITERS=256, BLOCK=1024), {"X": FP32, "Y": FP32, "N": I32},
                          num_warps=8)  # the FP32 vector microbenchmark (dohnuts.ops.fma), as microbench launches it
     assert fma.metadata.name == "_fma_chain_kernel"
-    for rows, warps in ((448, 16), (1024, 32)):  # a 448² image, and the tallest the kernel takes
-        unfilter = compile_kernel(_unfilter_kernel, t, dict(BLOCK_R=triton.next_power_of_2(rows)),
-                                  _types(_unfilter_kernel, {"F": "*u8", "P": "*u8"}), num_warps=warps)
+    for rows in (448, 1024):  # a 448² image, and the tallest the kernel takes
+        unfilter = compile_kernel(_unfilter_kernel, t, dict(BLOCK_T=triton.next_power_of_2(triton.cdiv(rows, ROWS))),
+                                  _types(_unfilter_kernel, {"F": "*u8", "P": "*u8"}), num_warps=unfilter_warps(rows))
         assert unfilter.metadata.name == "_unfilter_kernel"
     probe = compile_kernel(_dot16_kernel, t, dict(N=16), {"A": BF16, "B": BF16, "C": FP32}, num_warps=1)
     assert probe.metadata.target == t
