@@ -8,9 +8,8 @@ the one program runs a wavefront over groups of four rows: at step s the group o
 undoes column c = s − t (H/4 + W − 1 steps), its first row from the group above's last (stored the
 step before and read back after a barrier: the only memory on the chain of dependent steps), its
 other three from the row just undone, in registers, with the left and upper-left pixels kept there
-too. Each step's filtered bytes are loaded the step before. A thread a row group's channel
-(docs/history/evolution.md M57 has the A/B against one row a thread, H + W − 1 steps, and the
-warps swept). The arithmetic is the PNG
+too. Each step's filtered bytes are loaded the step before. A thread a row group's channel (M57 in
+docs/history/evolution.md: the A/B against one row a thread, the warps swept). The arithmetic is the PNG
 specification's, integer for integer, so the pixels equal libspng's bit for bit
 (tests/runtime/test_images_device_path.py in Triton's interpreter, tests/gpu/test_images_device.py
 on a GPU). CPU tensors run in Triton's interpreter.
