@@ -73,8 +73,9 @@ print("ok")
 
 @pytest.mark.slow
 def test_the_unfilter_kernel_in_the_interpreter_equals_libspng():
-    """The Triton kernel (one program, a wavefront over H + W − 1 steps) gives libspng's pixels for
-    every filter type, on contiguous rows and on rows with a wider stride."""
+    """The Triton kernel (one program, a wavefront over groups of four rows) gives libspng's pixels
+    for every filter type, heights that are and are not a multiple of four, on contiguous rows and
+    on rows with a wider stride."""
     import os
     import subprocess
     import sys
