@@ -217,7 +217,8 @@ def test_a_cpu_run_states_the_shapes_it_served(tmp_path):
         assert order == issue_order(6, len(order), seed=0)
     summary = json.loads((run_dir / "summary.json").read_text())["sections"]["serving"]
     (curve,) = summary["curves"]
-    assert curve["served_set"] == {"varied": True, "set_size": 6, "shapes": 6, "graph_captures": None}
+    assert curve["served_set"] == {"varied": True, "set_size": 6, "shapes": 6, "graph_captures": None,
+                                   "graph_eager": None}
     assert all(p["extra"]["served_set"]["shapes"] == 6 for p in curve["points"])
     text = (run_dir / "report.txt").read_text()
     assert "a varied set of 6 requests" in text and "6 distinct pass shapes" in text
@@ -270,6 +271,38 @@ def test_graph_captures_inside_measured_points_are_counted(tmp_path, monkeypatch
     assert f"the failing point captured {len(served - warm)} graph" in text
     assert f"the failing point captured {len(served - warm)} graph(s)" in (run_dir / "report.html").read_text()
 
+
+@pytest.mark.slow
+def test_passes_run_eagerly_inside_measured_points_are_counted_and_said(tmp_path, monkeypatch):
+    """With the dohnuts target's graphs emulated on the CPU and a budget of one graph, the warm-up
+    captures its bucket (2 questions × 64 tokens) and every served request of another bucket runs
+    eagerly: each point counts those passes, and the text report and the page say them beside the
+    captures (a target whose captures failed shows the same)."""
+    from dohnuts.runtime.graphs import PassGraphs
+    from dohnuts_bench_plugins.targets.dohnuts_target import DohnutsTarget
+
+    built = DohnutsTarget.__init__
+
+    def with_one_graph(self, *args, **kwargs):
+        built(self, *args, **kwargs)
+        self.model.graphs = PassGraphs(self.model.model, emulate=True, max_graphs=1)
+
+    monkeypatch.setattr(DohnutsTarget, "__init__", with_one_graph)
+    records, run_dir = _run(tmp_path, RUN + "scenario: server\nserving: {rates: [20], min_requests: 12, "
+                                             f"min_duration_s: 0, {VARY}}}\n")
+    sizes = draw_sizes(VaryFields(distinct=6, seq_tokens=(40, 100), questions=(1, 3)), seq_tokens=64, questions=2,
+                       resolutions=None, seed=0)
+    (recs,) = _points(records).values()
+    outside = sum(_bucket(sizes[r["extra"]["serving"]["set_index"]].questions,
+                          sizes[r["extra"]["serving"]["set_index"]].seq_tokens) != _bucket(2, 64) for r in recs)
+    facts = recs[0]["extra"]["serving"]["point"]["served_set"]
+    assert facts["graph_captures"] == 0 and facts["graph_eager"] == outside > 0
+    (curve,) = json.loads((run_dir / "summary.json").read_text())["sections"]["serving"]["curves"]
+    assert curve["served_set"]["graph_eager"] == outside
+    text = (run_dir / "report.txt").read_text()
+    assert f"0 ({outside} eager)" in text
+    assert f"{outside} passes run eagerly (outside every graph bucket, past the graph budget or a failed capture)" in text
+    assert f"{outside} passes run eagerly" in (run_dir / "report.html").read_text()
 
 @pytest.mark.slow
 def test_the_streams_serve_the_varied_set(tmp_path):

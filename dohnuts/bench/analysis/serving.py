@@ -88,6 +88,12 @@ class LoadCurve:
         return sum(counted) if counted else None
 
     @property
+    def graph_eager(self) -> int | None:
+        """Passes run eagerly while its points were measured, summed (None: no point counted graphs)."""
+        counted = [s.get("graph_eager") for s in self.served_sets if s.get("graph_eager") is not None]
+        return sum(counted) if counted else None
+
+    @property
     def search(self) -> SearchResult | None:
         searched = [p for p, role in zip(self.points, self.roles) if role in ("search", "fixed")]
         return search_result(searched) if self.slo_ms is not None and searched else None
@@ -109,7 +115,8 @@ class LoadCurve:
                 "single_call_ms": self.single_call_ms, "agreement": self.agreement,
                 "served_set": {"varied": self.varied, "set_size": max((s["set_size"] for s in self.served_sets),
                                                                       default=None),
-                               "shapes": self.shapes, "graph_captures": self.graph_captures}}
+                               "shapes": self.shapes, "graph_captures": self.graph_captures,
+                               "graph_eager": self.graph_eager}}
 
 
 def load_curves(records: list[CallRecord]) -> list[LoadCurve]:
@@ -144,11 +151,23 @@ def load_curves(records: list[CallRecord]) -> list[LoadCurve]:
 
 def served_cells(facts: dict | None) -> tuple[str, str]:
     """A point's or stream's distinct pass shapes and graph captures while measured, as report
-    cells ("—": not counted — records before the facts, or a target without graphs)."""
+    cells ("—": not counted — records before the facts, or a target without graphs); the passes
+    that ran eagerly beside the captures where there were any ("3 (12 eager)")."""
     if not facts:
         return "—", "—"
     captures = facts.get("graph_captures")
-    return str(facts["shapes"]), "—" if captures is None else str(captures)
+    if captures is None:
+        return str(facts["shapes"]), "—"
+    eager = facts.get("graph_eager") or 0
+    return str(facts["shapes"]), f"{captures} ({eager} eager)" if eager else str(captures)
+
+
+def eager_words(eager: int | None) -> str:
+    """The passes a curve ran eagerly while measured, in words ("" where none did)."""
+    if not eager:
+        return ""
+    return (f"; {eager} pass{'es' if eager != 1 else ''} run eagerly (outside every graph bucket, past the "
+            "graph budget or a failed capture)")
 
 
 def _agreement_dict(recs: list[CallRecord]) -> dict | None:

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from dohnuts.bench.analysis.measurement_quality import gap_words
 from dohnuts.bench.analysis.render import Col, FitTable
-from dohnuts.bench.analysis.serving import LoadCurve, QualityRow, StreamScenario, served_cells
+from dohnuts.bench.analysis.serving import LoadCurve, QualityRow, StreamScenario, eager_words, served_cells
 from dohnuts.bench.sections import Section
 from dohnuts.schema import printable
 
@@ -125,7 +125,8 @@ def served_words(c: LoadCurve) -> str | None:
     graphs = ("graph captures not counted: the target runs without CUDA graphs here (a CPU, an eager target)"
               if captures is None
               else f"{captures} graph capture{'s' if captures != 1 else ''} while measuring (warm-up excluded)")
-    return f"served: {what}; {c.shapes} distinct pass shape{'s' if c.shapes != 1 else ''} over its points; {graphs}"
+    return (f"served: {what}; {c.shapes} distinct pass shape{'s' if c.shapes != 1 else ''} over its points; {graphs}"
+            f"{eager_words(c.graph_eager)}")
 
 
 def curve_lines(c: LoadCurve) -> Text:

@@ -34,7 +34,7 @@ from urllib.parse import quote, urlsplit
 from dohnuts.bench.analysis.machine import STABLE_WORDS, opening_lines, timing_line
 from dohnuts.bench.analysis.measurement_quality import gap_words, overhead_text, quality_cells
 from dohnuts.bench.analysis.roofline import roofline_svg, stage_points
-from dohnuts.bench.analysis.serving import served_cells
+from dohnuts.bench.analysis.serving import eager_words, served_cells
 from dohnuts.bench.report.svg import headline_chart, latency_curve, throughput_curve, trend
 from dohnuts.bench.store.summary_file import page_error
 from dohnuts.schema import write_text_atomic
@@ -153,7 +153,8 @@ def _serving(section: dict | None) -> str:
                       f"<b data-key='graph_captures' data-group='{escape(group)}'>{captures}</b> graph capture(s) "
                       "while measuring (warm-up excluded)")
             out.append(f"<p>served: {escape(what)}; <b data-key='shapes' data-group='{escape(group)}'>"
-                       f"{served['shapes']}</b> distinct pass shape(s) over its points; {graphs}</p>")
+                       f"{served['shapes']}</b> distinct pass shape(s) over its points; {graphs}"
+                       f"{escape(eager_words(served.get('graph_eager')))}</p>")
         search = c.get("search")
         if search and closed:
             most = search.get("max_concurrency")
