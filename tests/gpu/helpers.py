@@ -25,8 +25,9 @@ def busy_preparing_thread(session, folder):
     """A worker thread that prepares a new image's request on `session` in a loop, as a preparing
     thread does beside a call's passes (its image forgotten each time: the PNG inflated into
     page-locked memory, unfiltered and cut into patches on the thread's own stream, the pixels
-    back for the key). Yields a one-item list counting its rounds; the first is done before the
-    block starts."""
+    back for the key). One preparation is done before the block starts and one is finished after
+    it ends (the waits are hang guards only), so the loop spans the whole block however busy the
+    machine; a preparation that raised fails the block."""
     import numpy as np
     from PIL import Image
 
@@ -35,27 +36,37 @@ def busy_preparing_thread(session, folder):
     path = folder / "busy.png"
     Image.fromarray(np.random.default_rng(1).integers(0, 256, (448, 448, 3), dtype=np.uint8)).save(path)
     req = Request(id="busy", questions=(Question("a", "what?", ("red", "green")),), prefix="a photo", image=str(path))
-    stop, started, rounds, failed = threading.Event(), threading.Event(), [0], []
+    stop, failed = threading.Event(), []
+    rounds = threading.Condition()
+    done = [0]
 
     def work():
         try:
             while not stop.is_set():
                 session.forget_images()
                 session.prepare(req)
-                rounds[0] += 1
-                started.set()
+                with rounds:
+                    done[0] += 1
+                    rounds.notify_all()
         except BaseException as exc:  # said by the block's end, not lost in the thread
             failed.append(exc)
-            started.set()
+            with rounds:
+                rounds.notify_all()
+
+    def one_more(after: int) -> None:
+        with rounds:
+            assert rounds.wait_for(lambda: done[0] > after or failed, timeout=300), "the worker hung"
+        assert not failed, failed
 
     worker = threading.Thread(target=work, daemon=True)
     worker.start()
     try:
-        assert started.wait(timeout=120) and not failed, failed
-        yield rounds
+        one_more(0)
+        yield
+        one_more(done[0])
     finally:
         stop.set()
-        worker.join(timeout=120)
+        worker.join(timeout=300)
     assert not failed, failed
 
 def _wide_tiny(monkeypatch):
