@@ -37,7 +37,9 @@ graphs then.
 
 Capture. On the first request of a shape the pass runs eagerly twice (Triton autotuning and
 lazy initialisation happen outside the capture), is captured into the shared memory pool, and
-is then replayed. Capture time, the pool's growth, replays and eager fallbacks are counted in
+is then replayed. A capture that fails leaves its shape eager (said once on stderr) and the
+captures after it go into a fresh pool (torch may leave the failed capture's pool recording,
+which failed the next capture into it). Capture time, the pool's growth, replays and eager fallbacks are counted in
 `GraphStats`. Without a GPU (`emulate=True`, the CPU tests) a "graph" re-runs its pass on the
 static buffers and copies the result into its static outputs: the same buffer discipline, so a
 stale buffer shows up on the CPU too.
@@ -195,6 +197,8 @@ class PassGraphs:
             g = _Captured(fn, self._pool, self.emulate)
         except Exception as exc:  # a pass that cannot be captured runs eagerly, said once
             self._failed[key] = f"{type(exc).__name__}: {exc}"
+            if not self.emulate:  # the failed capture's pool may be left recording: later ones get a new pool
+                self._pool = torch.cuda.graph_pool_handle()
             print(f"dohnuts: a pass of shape {key} cannot be captured as a CUDA graph and runs eagerly "
                   f"({self._failed[key].splitlines()[0]})", file=sys.stderr)
             return None

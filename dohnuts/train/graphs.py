@@ -145,6 +145,8 @@ class MicrobatchGraphs:
                 g = _MicrobatchGraph(self._loss_fn(static, feats), self.params, self._pool, self.emulate)
             except Exception as exc:
                 self._failed.add(key)
+                if not self.emulate:  # the failed capture's pool may be left recording: later ones get a new pool
+                    self._pool = torch.cuda.graph_pool_handle()
                 print(f"dohnuts: a training microbatch of shape {B}×{L} cannot be captured as CUDA graphs and runs "
                       f"eagerly ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
                       file=sys.stderr)

@@ -202,3 +202,55 @@ def test_a_training_capture_survives_another_thread_s_device_work(monkeypatch, t
     assert relative_error(grads_g, grads_e) < 2e-2 and float(grads_e.norm()) > 0
     stats = graphs.stats()
     assert stats.captures == 1 and not stats.eager, stats
+
+
+def test_a_training_capture_after_a_failed_one_is_captured(monkeypatch):
+    """A microbatch whose capture fails (its forward made to synchronise the device, which no
+    capture allows) runs eagerly; a microbatch of another shape after it is captured, into a fresh
+    pool, and its gradients are the eager microbatch's."""
+    from dohnuts.runtime.pipeline import Pipeline
+    from dohnuts.runtime.timing import NULL_TIMER
+    from dohnuts.train.graphs import MicrobatchGraphs
+    from dohnuts.train.objective import RLCDConfig
+    from dohnuts.train.step import MICROBATCHES, OptimConfig, make_optimizer, microbatch_loss
+    from dohnuts.train.task import synthetic_requests
+
+    session = _lora_session(monkeypatch)
+    opt = make_optimizer(session, OptimConfig())
+    params = [p for g in opt.param_groups for p in g["params"]]
+    graphs = MicrobatchGraphs(session.model, RLCDConfig(), params, divisor=MICROBATCHES)
+    (first,) = synthetic_requests(1, questions=6, shared_prefix=300, seed=9)
+    (second,) = synthetic_requests(1, questions=3, shared_prefix=100, seed=11)
+    session.model.train()
+    pipe = Pipeline(session.device)
+    dev1 = pipe.wait(*pipe.transfer(session.prepare(first, train=True, bucket=True)))
+    dev2 = pipe.wait(*pipe.transfer(session.prepare(second, train=True, bucket=True)))
+    assert dev1.ids.shape != dev2.ids.shape  # two keys
+    real = graphs._loss_fn
+
+    def uncapturable(batch, features):
+        forward = real(batch, features)
+
+        def synchronising():
+            loss = forward()
+            torch.cuda.synchronize()  # refused inside a capture: this capture fails
+            return loss
+
+        return synchronising
+
+    opt.zero_grad(set_to_none=False)
+    with monkeypatch.context() as m:
+        m.setattr(graphs, "_loss_fn", uncapturable)
+        assert graphs.step(dev1, None, NULL_TIMER) is None
+    opt.zero_grad(set_to_none=False)
+    loss_g = graphs.step(dev2, None, NULL_TIMER)
+    assert loss_g is not None
+    grads_g = torch.cat([p.grad.flatten().float() for p in params]).clone()
+    opt.zero_grad(set_to_none=False)
+    loss_e = microbatch_loss(session.model, dev2, RLCDConfig()) / MICROBATCHES
+    loss_e.backward()
+    grads_e = torch.cat([p.grad.flatten().float() for p in params])
+    assert abs(float(loss_g) - float(loss_e)) < 1e-2 * max(1.0, abs(float(loss_e)))
+    assert relative_error(grads_g, grads_e) < 2e-2 and float(grads_e.norm()) > 0
+    stats = graphs.stats()
+    assert stats.captures == 1 and stats.eager == {"graph budget or capture failure": 1}, stats
