@@ -29,6 +29,22 @@ def _lora_session(monkeypatch):
     return session
 
 
+def _replayed_equals_eager(session, opt, params, dev, loss_g) -> None:
+    """A microbatch's replayed loss `loss_g` and the gradients it left in `.grad` are the eager
+    microbatch's on the same batch (run here, from zeroed gradients)."""
+    from dohnuts.train.objective import RLCDConfig
+    from dohnuts.train.step import MICROBATCHES, microbatch_loss
+
+    assert loss_g is not None
+    grads_g = torch.cat([p.grad.flatten().float() for p in params]).clone()
+    opt.zero_grad(set_to_none=False)
+    loss_e = microbatch_loss(session.model, dev, RLCDConfig()) / MICROBATCHES
+    loss_e.backward()
+    grads_e = torch.cat([p.grad.flatten().float() for p in params])
+    assert abs(float(loss_g) - float(loss_e)) < 1e-2 * max(1.0, abs(float(loss_e)))
+    assert relative_error(grads_g, grads_e) < 2e-2 and float(grads_e.norm()) > 0
+
+
 def test_shared_prefix_equals_unshared_bf16(monkeypatch):
     """Scores and LoRA/head gradients with sharing equal those without, in BF16 on the GPU: the
     training pass of the shared request (the shared pass, every layer recomputed in the backward)
@@ -178,7 +194,7 @@ def test_a_training_capture_survives_another_thread_s_device_work(monkeypatch, t
     from dohnuts.runtime.timing import NULL_TIMER
     from dohnuts.train.graphs import MicrobatchGraphs
     from dohnuts.train.objective import RLCDConfig
-    from dohnuts.train.step import MICROBATCHES, OptimConfig, make_optimizer, microbatch_loss
+    from dohnuts.train.step import MICROBATCHES, OptimConfig, make_optimizer
     from dohnuts.train.task import synthetic_requests
 
     session = _lora_session(monkeypatch)
@@ -192,14 +208,7 @@ def test_a_training_capture_survives_another_thread_s_device_work(monkeypatch, t
     opt.zero_grad(set_to_none=False)
     with busy_preparing_thread(session, tmp_path):  # a preparation before, during and after the capture
         loss_g = graphs.step(dev, None, NULL_TIMER)
-    assert loss_g is not None
-    grads_g = torch.cat([p.grad.flatten().float() for p in params]).clone()
-    opt.zero_grad(set_to_none=False)
-    loss_e = microbatch_loss(session.model, dev, RLCDConfig()) / MICROBATCHES
-    loss_e.backward()
-    grads_e = torch.cat([p.grad.flatten().float() for p in params])
-    assert abs(float(loss_g) - float(loss_e)) < 1e-2 * max(1.0, abs(float(loss_e)))
-    assert relative_error(grads_g, grads_e) < 2e-2 and float(grads_e.norm()) > 0
+    _replayed_equals_eager(session, opt, params, dev, loss_g)
     stats = graphs.stats()
     assert stats.captures == 1 and not stats.eager, stats
 
@@ -212,7 +221,7 @@ def test_a_training_capture_after_a_failed_one_is_captured(monkeypatch):
     from dohnuts.runtime.timing import NULL_TIMER
     from dohnuts.train.graphs import MicrobatchGraphs
     from dohnuts.train.objective import RLCDConfig
-    from dohnuts.train.step import MICROBATCHES, OptimConfig, make_optimizer, microbatch_loss
+    from dohnuts.train.step import MICROBATCHES, OptimConfig, make_optimizer
     from dohnuts.train.task import synthetic_requests
 
     session = _lora_session(monkeypatch)
@@ -244,13 +253,6 @@ def test_a_training_capture_after_a_failed_one_is_captured(monkeypatch):
         assert graphs.step(dev1, None, NULL_TIMER) is None
     opt.zero_grad(set_to_none=False)
     loss_g = graphs.step(dev2, None, NULL_TIMER)
-    assert loss_g is not None
-    grads_g = torch.cat([p.grad.flatten().float() for p in params]).clone()
-    opt.zero_grad(set_to_none=False)
-    loss_e = microbatch_loss(session.model, dev2, RLCDConfig()) / MICROBATCHES
-    loss_e.backward()
-    grads_e = torch.cat([p.grad.flatten().float() for p in params])
-    assert abs(float(loss_g) - float(loss_e)) < 1e-2 * max(1.0, abs(float(loss_e)))
-    assert relative_error(grads_g, grads_e) < 2e-2 and float(grads_e.norm()) > 0
+    _replayed_equals_eager(session, opt, params, dev2, loss_g)
     stats = graphs.stats()
     assert stats.captures == 1 and stats.eager == {"graph budget or capture failure": 1}, stats
