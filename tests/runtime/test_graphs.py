@@ -192,3 +192,92 @@ def test_training_microbatch_graphs_equal_eager_updates(tmp_path):
     assert relative_error(graph_params, eager_params) < 1e-4
     stats = graphs.stats()
     assert stats.replays == 12 and stats.captures >= 2 and not stats.eager  # text and image shapes
+
+
+class _StandInCapture:
+    """A capture that records the pool it was handed and raises where told (torch.cuda's calls
+    stood in for: the pool discipline of a failed capture, tested without a GPU)."""
+
+    pools: list = []
+    fail_next = False
+
+    def __init__(self, fn, pool, emulate):  # as dohnuts.runtime.graphs._Captured
+        if _StandInCapture.fail_next:
+            _StandInCapture.fail_next = False
+            raise RuntimeError("operation not permitted when stream is capturing")
+        _StandInCapture.pools.append(pool)
+        self.fn, self.output, self.loss = fn, fn(), None
+
+    def replay(self):
+        self.output = self.fn()
+
+    def forward(self):
+        self.loss = self.fn()
+        return self.loss
+
+    def backward(self):
+        self.loss.backward()
+
+
+class _StandInMicrobatchCapture(_StandInCapture):
+    def __init__(self, forward, params, pool, emulate):  # as dohnuts.train.graphs._MicrobatchGraph
+        super().__init__(forward, pool, emulate)
+
+
+def _stand_in_cuda(monkeypatch):
+    handles = iter(range(100))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: ("pool", next(handles)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: 0)
+    monkeypatch.setattr(_StandInCapture, "pools", [])
+    monkeypatch.setattr(_StandInCapture, "fail_next", False)
+
+
+def test_the_captures_after_a_failed_one_get_a_fresh_pool(monkeypatch):
+    """Prediction's graphs: a capture that fails leaves its key eager for good, and the captures
+    after it are handed a new pool (torch may leave the failed capture's pool recording); the
+    graphs captured before keep replaying."""
+    import dohnuts.runtime.graphs as runtime_graphs
+
+    _stand_in_cuda(monkeypatch)
+    monkeypatch.setattr(runtime_graphs, "_Captured", _StandInCapture)
+    graphs = PassGraphs(api.load("tiny").model)  # its pool: ("pool", 0)
+    one = lambda: torch.ones(2)  # noqa: E731
+    assert graphs._replay(("a",), one) is not None
+    _StandInCapture.fail_next = True
+    assert graphs._replay(("b",), one) is None
+    assert graphs._replay(("c",), one) is not None and graphs._replay(("a",), one) is not None
+    assert graphs._replay(("b",), one) is None  # the failed key is not captured again
+    assert _StandInCapture.pools == [("pool", 0), ("pool", 1)]
+    stats = graphs.stats()
+    assert (stats.captures, stats.replays, stats.eager) == (2, 3, {"graph budget or capture failure": 2})
+
+
+def test_the_training_captures_after_a_failed_one_get_a_fresh_pool(monkeypatch):
+    """Training's microbatch graphs, as above: a microbatch whose capture fails runs eagerly, one of
+    another shape after it is captured into a new pool."""
+    import dohnuts.train.graphs as train_graphs
+    from dohnuts.runtime.pipeline import Pipeline
+    from dohnuts.runtime.timing import NULL_TIMER
+    from dohnuts.train.objective import RLCDConfig
+    from dohnuts.train.step import MICROBATCHES, OptimConfig, make_optimizer
+
+    _stand_in_cuda(monkeypatch)
+    monkeypatch.setattr(train_graphs, "_MicrobatchGraph", _StandInMicrobatchCapture)
+    session = adapted_tiny()
+    opt = make_optimizer(session, OptimConfig())
+    params = [p for g in opt.param_groups for p in g["params"]]
+    graphs = train_graphs.MicrobatchGraphs(session.model, RLCDConfig(), params, divisor=MICROBATCHES)
+    pipe = Pipeline(session.device)
+    first, second = (pipe.wait(*pipe.transfer(session.prepare(r, train=True, bucket=True))) for r in
+                     (synthetic_requests(1, questions=6, shared_prefix=300, seed=9)[0],
+                      synthetic_requests(1, questions=3, shared_prefix=100, seed=11)[0]))
+    assert first.ids.shape != second.ids.shape
+    _StandInCapture.fail_next = True
+    assert graphs.step(first, None, NULL_TIMER) is None
+    assert graphs.step(second, None, NULL_TIMER) is not None
+    assert graphs.step(first, None, NULL_TIMER) is None  # the failed shape stays eager
+    assert _StandInCapture.pools == [("pool", 1)]
+    stats = graphs.stats()
+    assert (stats.captures, stats.replays, stats.eager) == (1, 1, {"graph budget or capture failure": 2})
