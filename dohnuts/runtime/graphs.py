@@ -40,9 +40,9 @@ lazy initialisation happen outside the capture), is captured into the shared mem
 is then replayed. A capture that fails leaves its shape eager (said once on stderr) and the
 captures after it go into a fresh pool (torch may leave the failed capture's pool recording,
 which failed the next capture into it). Capture time, the pool's growth, replays and eager
-fallbacks are counted in `GraphStats`. Without a GPU (`emulate=True`, the CPU tests) a "graph" re-runs its pass on the
-static buffers and copies the result into its static outputs: the same buffer discipline, so a
-stale buffer shows up on the CPU too.
+fallbacks are counted in `GraphStats`. Without a GPU (`emulate=True`, the CPU tests) a "graph"
+re-runs its pass on the static buffers and copies the result into its static outputs: the same
+buffer discipline, so a stale buffer shows up on the CPU too.
 """
 
 from __future__ import annotations
