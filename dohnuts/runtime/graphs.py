@@ -39,7 +39,7 @@ Capture. On the first request of a shape the pass runs eagerly twice (Triton aut
 lazy initialisation happen outside the capture), is captured into the shared memory pool, and
 is then replayed. A capture that fails leaves its shape eager (said once on stderr) and the
 captures after it go into a fresh pool (torch may leave the failed capture's pool recording,
-which failed the next capture into it). Capture time, the pool's growth, replays and eager
+which failed the next capture into it), on the caller's stream (`capturing`). Capture time, the pool's growth, replays and eager
 fallbacks are counted in `GraphStats`. Without a GPU (`emulate=True`, the CPU tests) a "graph"
 re-runs its pass on the static buffers and copies the result into its static outputs: the same
 buffer discipline, so a stale buffer shows up on the CPU too.
@@ -49,7 +49,8 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -100,6 +101,21 @@ class GraphStats:
                 "replays": self.replays, "eager": dict(self.eager), "graphs": self.graphs}
 
 
+@contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, pool) -> Iterator[None]:
+    """`torch.cuda.graph` in thread_local mode — a preparing thread's pinned allocation or wait on
+    its own stream, at any moment, must not end this capture (the default mode refuses them from
+    every thread) — with the caller's stream current again however it ends: torch's context
+    leaves its capture stream current when `capture_end` raises (a failed capture), and the
+    thread's eager work would then run there."""
+    stream = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+            yield
+    finally:
+        torch.cuda.set_stream(stream)
+
+
 class _Captured:
     """One captured pass: replay() recomputes `output` in place from the static buffers."""
 
@@ -114,9 +130,7 @@ class _Captured:
             fn()
         torch.cuda.synchronize()
         self.graph = torch.cuda.CUDAGraph()
-        # thread_local: a preparing thread's pinned allocation or wait on its own stream, at any
-        # moment, must not end this capture (the default mode refuses them from every thread)
-        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
+        with capturing(self.graph, pool):
             self.output = fn()
 
     def replay(self) -> None:

@@ -29,7 +29,7 @@ import torch
 
 from dohnuts.model.lora import refresh_adapter_copies
 from dohnuts.runtime.batch import Batch
-from dohnuts.runtime.graphs import GraphStats, ShapeBuckets
+from dohnuts.runtime.graphs import GraphStats, ShapeBuckets, capturing
 from dohnuts.train.loss import microbatch_loss
 from dohnuts.train.objective import RLCDConfig
 
@@ -47,11 +47,10 @@ class _MicrobatchGraph:
                 forward().backward()
             torch.cuda.synchronize()
             self.fwd, self.bwd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-            # thread_local: the next update's preparation (pinned allocations, waits on its own
-            # stream) runs on a worker thread meanwhile (dohnuts.runtime.graphs._Captured)
-            with torch.cuda.graph(self.fwd, pool=pool, capture_error_mode="thread_local"):
+            # the next update's preparation runs on a worker thread meanwhile (`capturing`)
+            with capturing(self.fwd, pool):
                 self.loss = forward()
-            with torch.cuda.graph(self.bwd, pool=pool, capture_error_mode="thread_local"):
+            with capturing(self.bwd, pool):
                 self.loss.backward(retain_graph=True)  # accumulates into the existing .grad tensors
         finally:
             with torch.no_grad():  # the warm-up passes' gradients are not part of the update

@@ -173,7 +173,8 @@ def test_a_capture_survives_another_thread_s_device_work(monkeypatch, tmp_path):
 def test_passes_after_a_failed_capture_are_captured(monkeypatch):
     """A capture that fails (here a pass that synchronises the device, which no capture allows)
     leaves its own key eager, and the passes captured after it are captured and replay the eager
-    passes: the failed capture's pool is not reused (torch may leave it recording)."""
+    passes: the failed capture's pool is not reused (torch may leave it recording) and its stream
+    is not left current."""
     import dohnuts.api as api
     from dohnuts.train.task import synthetic_requests
 
@@ -186,7 +187,9 @@ def test_passes_after_a_failed_capture_are_captured(monkeypatch):
         torch.cuda.synchronize()  # refused inside a capture: this capture fails
         return y
 
+    stream = torch.cuda.current_stream()
     assert graphed.graphs._replay(("a pass that cannot be captured",), uncapturable) is None
+    assert torch.cuda.current_stream() == stream  # not the failed capture's stream
     reqs = synthetic_requests(2, questions=4, shared_prefix=200, seed=5)
     got, want = graphed.predict(reqs), eager.predict(reqs)
     for g, w in zip(got, want):

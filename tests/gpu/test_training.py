@@ -250,7 +250,9 @@ def test_a_training_capture_after_a_failed_one_is_captured(monkeypatch):
     opt.zero_grad(set_to_none=False)
     with monkeypatch.context() as m:
         m.setattr(graphs, "_loss_fn", uncapturable)
+        stream = torch.cuda.current_stream()
         assert graphs.step(dev1, None, NULL_TIMER) is None
+        assert torch.cuda.current_stream() == stream  # not the failed capture's stream
     opt.zero_grad(set_to_none=False)
     loss_g = graphs.step(dev2, None, NULL_TIMER)
     _replayed_equals_eager(session, opt, params, dev2, loss_g)

@@ -281,3 +281,33 @@ def test_the_training_captures_after_a_failed_one_get_a_fresh_pool(monkeypatch):
     assert _StandInCapture.pools == [("pool", 1)]
     stats = graphs.stats()
     assert (stats.captures, stats.replays, stats.eager) == (1, 1, {"graph budget or capture failure": 2})
+
+
+def test_a_capture_that_fails_at_its_end_gives_the_caller_its_stream_back(monkeypatch):
+    """`capturing`: torch's graph context leaves its capture stream current when `capture_end`
+    raises (stood in for here: a context that sets the stream and raises on exit without restoring
+    it); the caller's stream is current again after the failure, and after a capture that ends well."""
+    import contextlib
+
+    from dohnuts.runtime.graphs import capturing
+
+    current = ["caller's stream"]
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: current[0])
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda s: current.__setitem__(0, s))
+
+    @contextlib.contextmanager
+    def graph(g, pool=None, capture_error_mode="global"):
+        assert capture_error_mode == "thread_local"
+        current[0] = "capture stream"
+        yield
+        if g == "fails":
+            raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+        current[0] = "caller's stream"  # as torch's context exits when capture_end returns
+
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    with pytest.raises(RuntimeError, match="during capture"), capturing("fails", None):
+        assert current[0] == "capture stream"
+    assert current[0] == "caller's stream"
+    with capturing("ends well", None):
+        assert current[0] == "capture stream"
+    assert current[0] == "caller's stream"
