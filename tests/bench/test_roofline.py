@@ -86,3 +86,27 @@ def test_a_summary_without_roofs_says_so():
     from dohnuts.bench.report.html_page import _rooflines
 
     assert "holds no roofs" in _rooflines([], None)
+
+
+def test_a_decade_is_labelled_as_plain_text_and_nothing_else_is():
+    assert [roofline.decade_label(v) for v in (1.0, 10.0, 1e3, 1e15, 0.01, 1e-12)] == [
+        "10⁰", "10¹", "10³", "10¹⁵", "10⁻²", "10⁻¹²"]
+    assert [roofline.decade_label(v) for v in (2.0, 5e3, 0.0, -10.0, float("nan"))] == ["", "", "", "", ""]
+
+
+def test_the_axes_label_their_decades_as_text_without_mathtext(recwarn):
+    """Every decade the axes span is one plain `<text>` of the page's SVG (no mathtext's glyph-by-glyph
+    groups), and the PNG draws the superscripts without a missing glyph."""
+    roofs = [{"basis": "datasheet", "role": "matrix", "peak": "bf16_matmul", "peak_flops": 1e15, "memory": "hbm",
+              "memory_bytes_s": 4e12}]
+    svg = roofline.roofline_svg([("dohnuts", "mlp", 100.0, 3e14)], roofs, "w")
+    for exponent in range(0, 5):  # x: 1/4 … 4·10⁴
+        assert f">10{str(exponent).translate(roofline.SUPERSCRIPTS)}<" in svg, exponent
+    for exponent in range(12, 16):  # y: down to the memory roof at x = 1/4, up to twice the peak
+        assert f">10{str(exponent).translate(roofline.SUPERSCRIPTS)}<" in svg, exponent
+    assert "mathdefault" not in svg and "DejaVuSans-Oblique" not in svg
+    fig = roofline.figure({"w": [("dohnuts", "mlp", 100.0, 3e14)]}, roofs, "w")
+    import io
+
+    fig.savefig(io.BytesIO(), format="png")
+    assert not [w for w in recwarn if "missing from font" in str(w.message) or "Glyph" in str(w.message)]

@@ -36,6 +36,7 @@ ROLES = {"matrix": "black", "vector": "grey"}
 STYLES = {"datasheet": "-", "measured": "--", "sustained": ":"}  # a measured-only spec draws dashed
 MARKERS = "osD^v<>p*h"
 OFFSETS = ((4, 4), (4, -10), (-8, 8), (-8, -12))  # stage labels alternate around their points
+SUPERSCRIPTS = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
 def roofs(spec: HwSpec, precision: str) -> list[dict]:
@@ -82,6 +83,17 @@ def save_png(fig, path: Path) -> Path:
     return path
 
 
+def decade_label(value: float, _position=None) -> str:
+    """A log axis' tick label as plain text: a decade as 10 and its exponent in superscript digits
+    (10³, 10⁻²), any other value none. matplotlib's own log formatter writes every label as
+    mathtext, whose parsing was most of the drawing's time (docs/history/evolution.md, M59); the
+    same label drawn as text is also one `<text>` element of the page's SVG instead of several."""
+    if not value > 0:
+        return ""
+    exponent = round(math.log10(value))
+    return f"10{str(exponent).translate(SUPERSCRIPTS)}" if math.isclose(value, 10.0 ** exponent) else ""
+
+
 def roof_vertices(peak: float, memory: float, lo: float, hi: float, ylo: float) -> tuple[list, list]:
     """The roof min(peak, x · memory) over [lo, hi] as its vertices (a straight line and a flat one
     on log-log axes: exact with three points), starting where it rises above `ylo`."""
@@ -96,6 +108,7 @@ def figure(panels: dict[str, list], roof_list: list[dict], title: str, *, canvas
     roof in every panel, one legend below (the roofs, then a marker a target)."""
     # matplotlib: only when a figure is drawn
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
 
     if canvas == "svg":
         # matplotlib: only when a figure is drawn
@@ -142,6 +155,8 @@ def figure(panels: dict[str, list], roof_list: list[dict], title: str, *, canvas
         ax.set_xlim(lo, hi)
         ax.set_ylim(ylo, yhi)
         ax.minorticks_off()  # decades are enough to read a roofline (and keep the page's SVG small)
+        ax.xaxis.set_major_formatter(FuncFormatter(decade_label))
+        ax.yaxis.set_major_formatter(FuncFormatter(decade_label))
         ax.set_title(plot_text(names[i]), fontsize=9)
         ax.grid(True, which="major", alpha=0.3)
         if i % cols == 0:
