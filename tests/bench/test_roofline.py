@@ -100,7 +100,7 @@ def test_the_axes_label_their_decades_as_text_without_mathtext(recwarn):
     roofs = [{"basis": "datasheet", "role": "matrix", "peak": "bf16_matmul", "peak_flops": 1e15, "memory": "hbm",
               "memory_bytes_s": 4e12}]
     svg = roofline.roofline_svg([("dohnuts", "mlp", 100.0, 3e14)], roofs, "w")
-    for exponent in range(0, 5):  # x: 1/4 … 4·10⁴
+    for exponent in range(5):  # x: 1/4 … 4·10⁴
         assert f">10{str(exponent).translate(roofline.SUPERSCRIPTS)}<" in svg, exponent
     for exponent in range(12, 16):  # y: down to the memory roof at x = 1/4, up to twice the peak
         assert f">10{str(exponent).translate(roofline.SUPERSCRIPTS)}<" in svg, exponent
