@@ -1,11 +1,5 @@
 #!/usr/bin/env bash
-# Session 46, the lean call (little device time left): the failed-capture lab, then the GPU runtime
-# and training tests (the fresh pool after a failed capture, the capture tests' reworked helper).
+# Session 46, call 2 (any card): text-4b beside transformers at its best on one lease, at the code of
+# call 1's suite (not measured since M53).
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name --format=csv,noheader | head -1
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD TRITON_CACHE_DIR=$PWD/.triton_cache
-timeout 60 python3 benchmarks/maintainers/s46/failed_capture.py "$OUT/failed_capture.txt" 2>&1 | tail -12
-timeout -s INT -k 20 200 python3 -m pytest -q tests/gpu/test_runtime.py tests/gpu/test_training.py -n 4 -p no:cacheprovider -rfE \
-  2>&1 | tee "$OUT/gpu_tests.txt" | grep -E 'passed|failed|^FAILED|^ERROR|^E ' | cut -c1-240 | tail -30
+WORKLOADS='workloads/gpu/text-4b.yaml' BUDGET=330 bash benchmarks/maintainers/gpu_session.sh 2>&1 | tail -60
