@@ -32,7 +32,8 @@ def test_tiny_learns_synthetic_task():
     assert _accuracy(model, held_out) < chance + 0.1
     cfg = OptimConfig(lr=3e-3)
     updater = Updater(model, make_optimizer(model, cfg), RLCDConfig(), cfg)
-    for _ in updater.run([train[(4 * step + j) % len(train)] for j in range(4)] for step in range(50)):
+    for _ in updater.run([train[(4 * step + j) % len(train)] for j in range(4)] for step in range(30)):
         pass
     updater.close()
-    assert _accuracy(model, held_out) > 0.6  # measured 0.825 (deterministic: seeded data, LoRA, head)
+    # measured 0.817 after 30 updates (0.663 after 20, 0.833 after 50; deterministic: seeded data, LoRA, head)
+    assert _accuracy(model, held_out) > 0.6
