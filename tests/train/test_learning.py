@@ -35,5 +35,4 @@ def test_tiny_learns_synthetic_task():
     for _ in updater.run([train[(4 * step + j) % len(train)] for j in range(4)] for step in range(30)):
         pass
     updater.close()
-    # measured 0.817 after 30 updates (0.663 after 20, 0.833 after 50; deterministic: seeded data, LoRA, head)
-    assert _accuracy(model, held_out) > 0.6
+    assert _accuracy(model, held_out) > 0.6  # measured 0.817 (deterministic: seeded data, LoRA, head; ledger M60)
