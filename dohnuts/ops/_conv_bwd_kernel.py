@@ -5,7 +5,7 @@ dohnuts.ops._conv_kernel's forward —, and the autograd Function that pairs the
 Two launches over the forward's programs (head, token block, batch row), recomputing the conv
 from x and the initial state instead of saving it:
 
-- `_conv_bwd_du_kernel`: the gradient at the conv's output, du (FP32, (B, T, C)), through the L2
+- `_conv_bwd_du_kernel`: the gradient at the conv's output, du (x's dtype, (B, T, C)), through the L2
   norm of q and k and the SiLU, and each token block's share of the weight gradient;
 - `_conv_bwd_dx_kernel`: the input gradient (the transposed conv of du, plus the final state's
   gradient at the last W inputs) and the initial state's (its columns read by the first W − 1
@@ -77,7 +77,7 @@ def _conv_bwd_du_kernel(X, Wt, S0, DY0, DY1, DY2, DU, DWP, T, C, T_BUCKET, sxb, 
                         HAS_S0: tl.constexpr, STORE_DW: tl.constexpr, BT: tl.constexpr):
     """Program (head h, token block, batch row b), as `_conv_kernel`: recomputes u = conv(x) on the
     block, takes the output gradient of its part (DY0, DY1 or DY2: q, k, v) back through the L2
-    norm (heads below `norm_ch`) and SiLU to du (FP32, (B, T, C)), and (STORE_DW) writes the block's
+    norm (heads below `norm_ch`) and SiLU to du (DU's dtype, (B, T, C)), and (STORE_DW) writes the block's
     partial weight gradient (DWP: (B · blocks, C, W) FP32, summed by the caller: no atomics, so the
     sum is deterministic). Only the first block reads the initial state."""
     h = tl.program_id(0).to(tl.int64)
@@ -163,7 +163,7 @@ def conv_silu_parts_bwd_triton(x: torch.Tensor, weight: torch.Tensor, head_dim: 
     W = weight.shape[-1]
     if x.stride(-1) != 1:
         x = x.contiguous()
-    du = torch.empty(B, T, C, dtype=torch.float32, device=x.device)
+    du = torch.empty(B, T, C, dtype=x.dtype, device=x.device)  # stored as autograd would (M61); FP32 in registers
     dx = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
     bt_du = _BWD_BT if x.is_cuda else cpu_block_t
     partials = torch.empty(B * triton.cdiv(T, bt_du) if weight_grad else 1, C, W, dtype=torch.float32,

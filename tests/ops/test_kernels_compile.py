@@ -235,7 +235,7 @@ def _in_processes(fn, calls: list[tuple]) -> None:
 def _conv_bwd(target, du_flag, dx_flag, du_config, dx_config):
     from dohnuts.ops._conv_bwd_kernel import _BWD_BT, _conv_bwd_du_kernel, _conv_bwd_dx_kernel
 
-    grads = _bf16("X", "Wt", "S0", "DY0", "DY1", "DY2", "DST", "DX") | dict.fromkeys(("DU", "DWP", "DS0"), FP32)
+    grads = _bf16("X", "Wt", "S0", "DY0", "DY1", "DY2", "DST", "DX", "DU") | dict.fromkeys(("DWP", "DS0"), FP32)
     kernel = compile_kernel(_conv_bwd_du_kernel, target, dict(D=128, W=4, BT=_BWD_BT, **du_flag),
                             _types(_conv_bwd_du_kernel, grads), num_warps=du_config.num_warps)
     assert kernel.metadata.name == "_conv_bwd_du_kernel"
