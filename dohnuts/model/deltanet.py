@@ -11,7 +11,7 @@ from dohnuts import ops
 from dohnuts.config import TextConfig
 from dohnuts.model.blocks import ALL_ROWS, GatedRMSNorm, take_rows
 from dohnuts.model.lora import input_spare, linear_group
-from dohnuts.model.packing import packed_weight
+from dohnuts.model.packing import columns, packed_weight
 from dohnuts.model.state import LinearAttentionState, SharedRows
 
 
@@ -89,8 +89,9 @@ class GatedDeltaNet(nn.Module):
         w = packed_weight(self.in_proj_qkv, self.in_proj_b, self.in_proj_a)
         if w is None:
             return self.in_proj_qkv(x), self.in_proj_b(x), self.in_proj_a(x)
-        return linear_group(x, (self.in_proj_qkv, self.in_proj_b, self.in_proj_a), w).split(
-            [cfg.linear_conv_dim, hv, hv], dim=-1)
+        # the parts as column views, y's gradient written once (the conv's backward writes its columns)
+        return columns(linear_group(x, (self.in_proj_qkv, self.in_proj_b, self.in_proj_a), w),
+                       [cfg.linear_conv_dim, hv, hv])
 
     def mix(
         self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, state: LinearAttentionState | None,

@@ -106,3 +106,46 @@ def _tap_major(conv: nn.Conv1d) -> None:
         return
     stored = w.detach().squeeze(1).t().contiguous()  # (W, D)
     conv.weight = nn.Parameter(stored.t().unsqueeze(1), requires_grad=w.requires_grad)
+
+
+class _Columns(torch.autograd.Function):
+    """`columns`' op: the forward's views, a backward that writes the gradient of y once."""
+
+    @staticmethod
+    def forward(ctx, y, sizes):
+        ctx.sizes = sizes
+        ctx.set_materialize_grads(False)
+        return y.split(sizes, dim=-1)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        first = grads[0]
+        base = None if first is None else first._base
+        total = sum(ctx.sizes)
+        if not (base is not None and base.shape == (*first.shape[:-1], total) and base.is_contiguous()
+                and first.storage_offset() == base.storage_offset() and first.stride() == base.stride()):
+            like = next((g for g in grads if g is not None), None)
+            if like is None:
+                return None, None
+            return torch.cat([like.new_zeros(*like.shape[:-1], n) if g is None else g
+                              for g, n in zip(grads, ctx.sizes)], dim=-1), None
+        out = base  # the first part's gradient was written as the first columns of a buffer as wide as y
+        col = ctx.sizes[0]
+        for g, n in zip(grads[1:], ctx.sizes[1:]):
+            if g is None:
+                out[..., col:col + n].zero_()
+            else:
+                out[..., col:col + n].copy_(g)
+            col += n
+        return out, None
+
+
+def columns(y: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, ...]:
+    """y.split(sizes, dim=-1) — a packed projection's parts, views of its output's columns — whose
+    backward writes y's gradient once: where the first part's gradient comes as the first columns
+    of a buffer as wide as y (the conv's backward writes Gated DeltaNet's qkv gradient so,
+    `dohnuts.ops._conv_bwd_kernel`), the other parts' gradients are copied beside it and the buffer
+    is y's gradient; otherwise they are concatenated, as autograd's split would."""
+    if not torch.is_grad_enabled() or not y.requires_grad:
+        return y.split(sizes, dim=-1)
+    return _Columns.apply(y, list(sizes))

@@ -112,12 +112,13 @@ def _conv_bwd_du_kernel(X, Wt, S0, DY0, DY1, DY2, DU, DWP, T, C, T_BUCKET, sxb, 
 
 @triton.autotune(configs=_CONFIGS, key=["C", "D", "W", "T_BUCKET", "HAS_DST", "STORE_DS0"], cache_results=True)
 @triton.jit
-def _conv_bwd_dx_kernel(DU, Wt, DST, DX, DS0, T, C, T_BUCKET, swc, swk, sdb, sdc, sdw, D: tl.constexpr,
+def _conv_bwd_dx_kernel(DU, Wt, DST, DX, DS0, T, C, T_BUCKET, swc, swk, sdb, sdc, sdw, sdx, D: tl.constexpr,
                         W: tl.constexpr, WP: tl.constexpr, HAS_DST: tl.constexpr, STORE_DS0: tl.constexpr,
                         BT: tl.constexpr):
     """Program (head h, token block, batch row b): the transposed conv of du,
     dx[t] = Σ_k w[:, k] · du[t + W − 1 − k], plus the final state's gradient DST (B, C, W), any
-    strides, at the last W inputs; DX (B, T, C) dense. With STORE_DS0 the first block also writes
+    strides, at the last W inputs; DX (B, T, C), rows sdx apart (C: dense; wider: the first C
+    columns of a packed projection's gradient). With STORE_DS0 the first block also writes
     the initial state's gradient DS0 (B, C, W) FP32 dense: state column j is input j − W, read by
     outputs 0 .. j − 1, and is in the final state (column j − T) when T < W."""
     h = tl.program_id(0).to(tl.int64)
@@ -134,7 +135,7 @@ def _conv_bwd_dx_kernel(DU, Wt, DST, DX, DS0, T, C, T_BUCKET, swc, swk, sdb, sdc
         if (i_t + 1) * BT > T - W:  # the block holds some of the last W inputs
             jf = t - (T - W)  # final state column of input t
             acc += tl.load(DST + b * sdb + c * sdc + jf * sdw, mask=(jf >= 0) & (t < T), other=0.0).to(tl.float32)
-    tl.store(DX + (b * T + t) * C + c, acc.to(DX.dtype.element_ty), mask=t < T)
+    tl.store(DX + (b * T + t) * sdx + c, acc.to(DX.dtype.element_ty), mask=t < T)
     if STORE_DS0:
         if i_t == 0:
             js = tl.arange(0, WP)[:, None]  # state columns 0 .. W − 1 (WP ≥ W rows, the rest masked)
@@ -158,13 +159,21 @@ def conv_silu_parts_bwd_triton(x: torch.Tensor, weight: torch.Tensor, head_dim: 
     """The backward of `conv_silu_parts_triton` on the same x, weight, head_dim, sizes and state:
     `grads` the gradients of the part outputs ((B, T, size) each, contiguous, x's dtype),
     `final_grad` the final state's (B, C, W) (any strides) or None → (dx (B, T, C) in x's dtype,
-    dweight (C, W) FP32 if `weight_grad` else None, dstate (B, C, W) FP32 if `state_grad` else None)."""
+    dweight (C, W) FP32 if `weight_grad` else None, dstate (B, C, W) FP32 if `state_grad` else None).
+
+    dx is laid out like x where x is the first C columns of wider rows (a packed projection's
+    output, Gated DeltaNet's qkv/b/a): the first C columns of a buffer as wide, whose other columns
+    the projection's split fills with its other parts' gradients (`dohnuts.model.packing.columns`),
+    so the projection's gradient is written once. Otherwise dense."""
     B, T, C = x.shape
     W = weight.shape[-1]
     if x.stride(-1) != 1:
         x = x.contiguous()
+    row = x.stride(1)
+    wide = row > C and x.stride(0) == T * row and B * T > 0
     du = torch.empty(B, T, C, dtype=x.dtype, device=x.device)  # stored as autograd would (M61); FP32 in registers
-    dx = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
+    dx = (torch.empty(B, T, row, dtype=x.dtype, device=x.device)[..., :C] if wide
+          else torch.empty(B, T, C, dtype=x.dtype, device=x.device))
     bt_du = _BWD_BT if x.is_cuda else cpu_block_t
     partials = torch.empty(B * triton.cdiv(T, bt_du) if weight_grad else 1, C, W, dtype=torch.float32,
                            device=x.device)
@@ -187,7 +196,7 @@ def conv_silu_parts_bwd_triton(x: torch.Tensor, weight: torch.Tensor, head_dim: 
                         BT=bt_du)
         grid_du = (C // head_dim, triton.cdiv(T, bt_du), B)
         dx_args = (du, weight, dst, dx, ds0 if ds0 is not None else du, T, C, t_bucket, weight.stride(0),
-                   weight.stride(1), *dst_strides)
+                   weight.stride(1), *dst_strides, dx.stride(1))
         dx_flags = dict(D=head_dim, W=W, WP=max(2, triton.next_power_of_2(W)), HAS_DST=final_grad is not None,
                         STORE_DS0=state_grad)
         if x.is_cuda:

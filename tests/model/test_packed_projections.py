@@ -328,3 +328,45 @@ def test_adapted_groups_read_their_input_widened_with_the_same_loss_and_gradient
     assert relative_error(scores[0], scores[1]) < 1e-12
     assert abs(loss_w - loss_n) < 1e-12 * max(1.0, abs(loss_n))
     assert relative_error(grad_w, grad_n) < 1e-12 and float(grad_n.norm()) > 0
+
+
+def test_columns_split_views_and_write_the_gradient_once():
+    """`packing.columns`: y.split's views; a backward that concatenates the parts' gradients (zeros
+    for a part without one), or — where the first part's gradient comes as the first columns of a
+    buffer as wide as y (as the conv's backward writes it) — copies the others beside it and hands
+    that buffer back as y's gradient, the same values."""
+    from dohnuts.model.packing import columns
+
+    class WideGrad(torch.autograd.Function):  # an op whose backward writes its gradient as the conv's does
+        @staticmethod
+        def forward(ctx, x, width):
+            ctx.width = width
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx, d):
+            buf = torch.full((*d.shape[:-1], ctx.width), float("nan"))
+            buf[..., :d.shape[-1]] = d * 2.0
+            buffers.append(buf.data_ptr())
+            return buf[..., :d.shape[-1]], None
+
+    g = torch.Generator().manual_seed(0)
+    y0 = torch.randn(3, 5, 12, generator=g)
+    da, dc = torch.randn(3, 5, 7, generator=g), torch.randn(3, 5, 3, generator=g)
+    grads, buffers, seen = {}, [], []
+    for how in ("split", "columns", "wide"):
+        y = y0.clone().requires_grad_()
+        y1 = y * 1.0
+        y1.register_hook(lambda gr: seen.append(gr.data_ptr()))
+        a, b, c = y1.split([7, 2, 3], -1) if how == "split" else columns(y1, [7, 2, 3])
+        assert [t.shape[-1] for t in (a, b, c)] == [7, 2, 3] and torch.equal(torch.cat([a, b, c], -1), y1)
+        if how == "wide":
+            a = WideGrad.apply(a, 12) / 2.0
+        ((a * da).sum() + (c * dc).sum()).backward()  # b gets no gradient: its columns are zeros
+        grads[how] = y.grad
+    want = torch.cat([da, torch.zeros(3, 5, 2), dc], -1)
+    assert torch.equal(grads["split"], want) and torch.equal(grads["columns"], want)
+    assert torch.allclose(grads["wide"], want) and not grads["wide"].isnan().any()
+    assert seen[-1] == buffers[0]  # y's gradient is the buffer the first part's backward wrote: no copy
+    with torch.no_grad():  # without autograd: the plain views
+        assert all(t._base is y0 for t in columns(y0, [7, 5]))
