@@ -164,7 +164,7 @@ def check_conv(full: bool) -> None:
     # x the first C columns of a packed projection split by `columns` (Gated DeltaNet's qkv/b/a): dx
     # is written as the first columns of a buffer as wide as the projection, the other part's
     # gradient copied beside it, and that buffer is the projection's gradient — the same values
-    from dohnuts.model.packing import columns
+    from dohnuts.model.packing import _Columns, columns
 
     packed0, w0 = torch.randn(B, 45, C + 8, generator=g), torch.randn(C, W, generator=g) * 0.5
     dys, d8 = [torch.randn(B, 45, n, generator=g) for n in sizes], torch.randn(B, 45, 8, generator=g)
@@ -173,7 +173,7 @@ def check_conv(full: bool) -> None:
     _backward([*parts_r, pr[..., C:] * 3.0], [*dys, d8])
     pk, w = _leaves([packed0, w0])
     seen = {}
-    real_bwd = columns.__globals__["_Columns"].backward
+    real_bwd = _Columns.backward
 
     def spy(ctx, *grads):
         seen["first_is_wide"] = grads[0]._base is not None and grads[0]._base.shape[-1] == C + 8
@@ -181,13 +181,13 @@ def check_conv(full: bool) -> None:
         seen["written_once"] = out[0].data_ptr() == grads[0].data_ptr()
         return out
 
-    columns.__globals__["_Columns"].backward = staticmethod(spy)
+    _Columns.backward = staticmethod(spy)
     try:
         x, rest = columns(pk * 1.0, [C, 8])
         parts, _ = conv_silu_parts(x, w, hd, sizes, normalized_parts=2, cpu_block_t=32)
         _backward([*parts, rest * 3.0], [*dys, d8])
     finally:
-        columns.__globals__["_Columns"].backward = staticmethod(real_bwd)
+        _Columns.backward = staticmethod(real_bwd)
     assert seen == {"first_is_wide": True, "written_once": True}, seen
     assert rel(pk.grad, pr.grad) < 1e-5 and rel(w.grad, wr.grad) < 1e-5, "packed projection's gradient"
     # causal_conv1d_parts' fused path (no norm, 16 channels a program) is the same Function
