@@ -145,7 +145,9 @@ def columns(y: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, ...]:
     backward writes y's gradient once: where the first part's gradient comes as the first columns
     of a buffer as wide as y (the conv's backward writes Gated DeltaNet's qkv gradient so,
     `dohnuts.ops._conv_bwd_kernel`), the other parts' gradients are copied beside it and the buffer
-    is y's gradient; otherwise they are concatenated, as autograd's split would."""
+    is y's gradient; otherwise they are concatenated, as autograd's split would. The contract: a
+    first gradient that is a view of a contiguous buffer as wide as y offers that buffer's other
+    columns to be written (only the conv's backward makes such a view)."""
     if not torch.is_grad_enabled() or not y.requires_grad:
         return y.split(sizes, dim=-1)
     return _Columns.apply(y, list(sizes))
