@@ -244,7 +244,7 @@ class PassGraphs:
         tower's graph for these grids ((n, 3) long, on the host), eagerly where there is none. The
         result is the caller's own (the image cache keeps it), never the graph's static output."""
         temporal = self.model.cfg.vision.temporal_patch_size
-        key = ("vision", tuple(tuple(int(v) for v in g) for g in grids.tolist()))
+        key = ("vision", tuple(map(tuple, grids.tolist())))  # a long tensor's list holds ints
         static = self._buffer("patches", patches)
         static.copy_(patches)
         held: list = []  # the grids' positions and rotary, computed at the first (eager) warm-up call

@@ -199,31 +199,31 @@ class Session:
         """Features of every batch's image through the cache, in ONE call: all distinct misses
         are encoded together, a repeated image once. Device copies of patches a batch already
         holds are used; the rest are copied now. None for batches without an image."""
-        imgs = [hb.image for hb, _ in batches if hb.image is not None]
+        # One pass over the batches, as little host work as it can before the tower's launch: a
+        # single cold call's GPU idles through all of it (docs/history/evolution.md M62).
+        cache, imgs, staged, encodes, seen = self.image_cache, [], {}, [], set()
+        for hb, dev in batches:
+            img = hb.image
+            if img is None:
+                continue
+            if img.patches is None and img.key not in cache:
+                # Prepared without pixels (its features were cached), its entry evicted since:
+                # decode it now (rare: the cache filled up between preparation and use).
+                img = prepare_image(img.source, self.cfg.vision, device=self.device)
+            if dev is not None and dev.pixel_patches is not None:
+                staged[img.key] = dev.pixel_patches
+            # Which batch encodes its image: the first occurrence of a key not cached before this call.
+            encodes.append(img.key not in cache and img.key not in seen)
+            seen.add(img.key)
+            imgs.append(img)
         if not imgs:
             return [None] * len(batches)
-        # An image prepared without pixels (its features were cached) whose entry has been evicted
-        # since: decode it now (rare: the cache filled up between preparation and use).
-        imgs = [img if img.patches is not None or img.key in self.image_cache
-                else prepare_image(img.source, self.cfg.vision, device=self.device) for img in imgs]
-        staged = {hb.image.key: dev.pixel_patches for hb, dev in batches
-                  if hb.image is not None and dev is not None and dev.pixel_patches is not None}
-        # Which batch encodes its image: the first occurrence of a key not cached before this call.
-        encodes, seen = [], set()
-        for img in imgs:
-            encodes.append(img.key not in self.image_cache and img.key not in seen)
-            seen.add(img.key)
-
-        def encode(patches: torch.Tensor, grids: torch.Tensor) -> torch.Tensor:
-            # uint8 patches, made the tower's float input on the device; the grids stay on the host
-            # (the tower reads them for shapes only: no device read, so the pass can be captured)
-            patches = patches.to(self.device, non_blocking=True)
-            if self.graphs is not None:
-                return self.graphs.encode(patches, grids)
-            return self.model.encode_images(pixel_values(patches, self.cfg.vision.temporal_patch_size), grids)
-
-        with torch.no_grad():
-            feats = iter(zip(self.image_cache.features(imgs, encode, staged), encodes, imgs))
+        if torch.is_grad_enabled():  # training's update; prediction runs under inference mode already
+            with torch.no_grad():
+                found = cache.features(imgs, self._encode_images, staged)
+        else:
+            found = cache.features(imgs, self._encode_images, staged)
+        feats = iter(zip(found, encodes, imgs))
         out = []
         for hb, _ in batches:
             if hb.image is None:
@@ -232,6 +232,15 @@ class Session:
             f, encoded, img = next(feats)
             out.append(ImageUse(f, img.patch_count if encoded else 0))
         return out
+
+    def _encode_images(self, patches: torch.Tensor, grids: torch.Tensor) -> torch.Tensor:
+        """The image cache's encoder: uint8 patches, made the tower's float input on the device; the
+        grids stay on the host (the tower reads them for shapes only: no device read, so the pass
+        can be captured)."""
+        patches = patches.to(self.device, non_blocking=True)
+        if self.graphs is not None:
+            return self.graphs.encode(patches, grids)
+        return self.model.encode_images(pixel_values(patches, self.cfg.vision.temporal_patch_size), grids)
 
     def score(self, hb: HostBatch, dev: Batch, timer=NULL_TIMER) -> tuple[torch.Tensor, WorkCounts]:
         """Prediction scores (C,) FP32 of one prepared request on the device, and its work counts
