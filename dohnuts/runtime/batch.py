@@ -53,9 +53,26 @@ class Batch:
         return Batch(**moved)
 
     def pin(self) -> Batch:
-        """The batch in page-locked memory (so its host→device copies can be asynchronous)."""
-        return self.packed(lambda n: torch.empty(n, dtype=torch.long, pin_memory=True),
-                           lambda t: t if t.device.type != "cpu" else t.pin_memory())  # patches cut on the GPU stay
+        """The batch in page-locked memory (so its host→device copies can be asynchronous). A
+        batch collated into a page-locked buffer (`collate(allocate=pinned_long)`) keeps it: only
+        its other host tensors (rewards, patches decoded on the host) are pinned."""
+        packed = self.__dict__.get("_packed")
+        if packed is None or not packed[0].is_pinned():
+            return self.packed(pinned_long, _pinned_host)
+        changes = {f.name: p for f in fields(self) if f.name not in packed[1]
+                   and isinstance(v := getattr(self, f.name), torch.Tensor) and (p := _pinned_host(v)) is not v}
+        return self.keeping_buffer(**changes) if changes else self
+
+    def keeping_buffer(self, **changes) -> Batch:
+        """`replace(self, **changes)` that keeps the packed buffer (`to` still moves it in one
+        copy): `changes` may name only fields outside it (rewards, patches, plain values)."""
+        out = replace(self, **changes)
+        packed = self.__dict__.get("_packed")
+        if packed is not None:
+            if any(name in packed[1] for name in changes):
+                raise ValueError(f"{sorted(set(changes) & set(packed[1]))} are views of the packed buffer")
+            object.__setattr__(out, "_packed", packed)
+        return out
 
     def packed(self, allocate=lambda n: torch.empty(n, dtype=torch.long), keep=lambda t: t) -> Batch:
         """The batch with its integer (long) tensors as views of ONE buffer from `allocate(n)`,
@@ -99,15 +116,24 @@ class HostBatch:
 
     def pinned(self) -> HostBatch:
         """The same batch in page-locked memory (so the host→device copy can be asynchronous)."""
-        return replace(self, tensors=self.tensors.pin())
+        t = self.tensors.pin()
+        return self if t is self.tensors else replace(self, tensors=t)
 
 
 def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
-            positions: torch.Tensor | None = None, shape: tuple[int, int] | None = None) -> HostBatch:
-    """Build the (unpinned) tensors of one request. `positions` (3, T_max) for image requests.
+            positions: torch.Tensor | None = None, shape: tuple[int, int] | None = None,
+            allocate=None) -> HostBatch:
+    """Build the tensors of one request. `positions` (3, T_max) for image requests.
 
     `shape` (rows, length) pads the batched pass to a CUDA-graph bucket: whole padding rows below
-    the questions and right-padding after them (counted as padded work, never as useful)."""
+    the questions and right-padding after them (counted as padded work, never as useful).
+
+    The integer tensors are written straight into ONE buffer from `allocate(n)` (a flat int64
+    CPU tensor; default `torch.empty`, page-locked where the session is on CUDA): the batch is
+    packed as it is built (`Batch.packed`'s layout), and `to` moves it in one copy. Building
+    arrays first and copying them into a pinned buffer after cost a lent H100 host 0.45 ms
+    (collate: fresh arrays, their pages faulted in) + 0.25 ms (the copy) of text-2b's single call
+    (docs/history/evolution.md M63)."""
     P = plan.prefix_len
     seqs = plan.sequences
     lens = [len(s) - P for s in seqs]
@@ -118,10 +144,37 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
         B_pass, L = shape
     else:
         B_pass = B
-    ids_np = np.full((B_pass, L), pad_id, dtype=np.int64)  # shared with torch below, not copied
+    sp = plan.score_positions
+    counts = [len(p) for p in sp]
+    kmax, C = max(counts), sum(counts)
+    if positions is not None and positions.shape[1] < P + L:  # bucket padding past the longest sequence
+        extra = torch.arange(1, P + L - positions.shape[1] + 1)
+        positions = torch.cat([positions, positions[:, -1:] + extra], dim=1)
+
+    # The layout, in field order (a Batch's integer tensors): name → (offset, shape); each tensor
+    # a numpy view of the buffer handed to torch (`from_numpy`: 1 µs where a torch slice and view
+    # take 4, np.prod alone 3.5 — this runs on every call's critical path).
+    sizes = [("ids", (B_pass, L), B_pass * L), ("score_index", (C,), C), ("cand_matrix", (B, kmax), B * kmax)]
+    if P:
+        sizes.append(("prefix_ids", (1, P), P))
+    if positions is not None:
+        sizes.append(("positions", (3, 1, P + L), 3 * (P + L)))
+    sizes += [("score_rows", (B_pass, kmax), B_pass * kmax), ("score_slot", (C,), C)]
+    buf = (allocate or _empty_long)(sum(n for _, _, n in sizes))
+    flat = buf.numpy()
+    layout, arrays, total = {}, {}, 0
+    for name, shp, n in sizes:
+        layout[name] = (total, torch.Size(shp))
+        arrays[name] = flat[total:total + n].reshape(shp)
+        total += n
+
+    def part(name):
+        return arrays[name]
+
+    ids_np = part("ids")
+    ids_np.fill(pad_id)
     for row, s, n in zip(ids_np, seqs, lens):
         _pack_into(row, s[P:] if P else s, n)
-    ids = torch.from_numpy(ids_np)
 
     # The scored positions as a (B_pass, Kmax) grid, each row padded with its last one (all-padding
     # rows: position 0) — the pass's last layer computes outputs at the grid alone — then each
@@ -129,51 +182,58 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
     # whole-array numpy calls rather than a loop per question or per candidate: 32 questions × 4
     # candidates took 0.088 ms as lists, and 0.022 ms back to back but 0.07 ms after a 20 ms pause
     # as a dozen numpy calls over flat arrays (each call's code and data cold); 0.016 / 0.028 ms so.
-    sp = plan.score_positions
-    counts = [len(p) for p in sp]
-    kmax, C = max(counts), sum(counts)
     local = np.array([p + p[-1:] * (kmax - len(p)) for p in sp], dtype=np.int64) - P  # (B, Kmax)
-    slot = np.arange(B * kmax, dtype=np.int64)  # (C,) each candidate's slot in the grid
+    slot = part("score_slot")
     if C < B * kmax:  # some question has fewer candidates than Kmax: skip its padding slots
-        slot = np.flatnonzero(np.arange(kmax) < np.array(counts)[:, None])
-    score_index = (local + np.arange(0, B * L, L)[:, None]).ravel()[slot]  # (C,) row · L + position
-    cand = np.full((B, kmax), -1, dtype=np.int64)
+        slot[:] = np.flatnonzero(np.arange(kmax) < np.array(counts)[:, None])
+    else:
+        slot[:] = np.arange(C)
+    part("score_index")[:] = (local + np.arange(0, B * L, L)[:, None]).ravel()[slot]  # (C,) row · L + position
+    cand = part("cand_matrix")
+    cand.fill(-1)
     cand.ravel()[slot] = np.arange(C)
-    grid = local
-    if B_pass > B:
-        grid = np.zeros((B_pass, kmax), dtype=np.int64)
-        grid[:B] = local
+    grid = part("score_rows")
+    grid[:B] = local
+    grid[B:] = 0
     rewards = None
     if train or all(q.rewards is not None for q in plan.request.questions):
         if train:
             require_rewards(plan.request)
         rewards = torch.tensor([list(q.rewards) + [0.0] * (kmax - len(q.rewards)) for q in plan.request.questions],
                                dtype=torch.float32).view(B, kmax)
-
-    prefix_ids = None
     if P:
-        prefix_np = np.empty((1, P), dtype=np.int64)
-        _pack_into(prefix_np[0], seqs[0][:P], P)
-        prefix_ids = torch.from_numpy(prefix_np)
-    pos, next_pos = None, None
-    if positions is not None:
-        if positions.shape[1] < P + L:  # bucket padding past the longest sequence: keep counting
-            extra = torch.arange(1, P + L - positions.shape[1] + 1)
-            positions = torch.cat([positions, positions[:, -1:] + extra], dim=1)
-        pos = positions[:, : P + L].unsqueeze(1)  # (3, 1, P + L): every question shares the layout
+        _pack_into(part("prefix_ids")[0], seqs[0][:P], P)
+    next_pos = None
+    if positions is not None:  # (3, 1, P + L): every question shares the layout
+        part("positions")[:, 0] = positions[:, : P + L].numpy()
         if P:
             next_pos = int(positions[:, :P].max()) + 1
+    views = {name: torch.from_numpy(a) for name, a in arrays.items()}
     patches = image.patches if image is not None else None
-    batch = Batch(ids=ids, score_index=torch.from_numpy(score_index), cand_matrix=torch.from_numpy(cand),
-                  prefix_ids=prefix_ids, positions=pos, rewards=rewards, pixel_patches=patches,
-                  image_tokens=plan.image_tokens, prefix_next_position=next_pos,
-                  score_rows=torch.from_numpy(grid), score_slot=torch.from_numpy(slot))
+    batch = Batch(**views, rewards=rewards, pixel_patches=patches, image_tokens=plan.image_tokens,
+                  prefix_next_position=next_pos)
+    object.__setattr__(batch, "_packed", (buf, layout))
     work = WorkCounts(
         sequences=B, seq_lens=tuple(plan.lengths), padded_len=L, padded_rows=B_pass - B, prefix_len=P,
         candidates=C, scored_rows=B_pass * kmax, score_keys=sum(map(sum, sp)) + C,
         image_tokens=plan.image_tokens, train=train, common_prefix_len=plan.common_prefix(),
     )
     return HostBatch(plan=plan, tensors=batch, work=work, image=image)
+
+
+def _empty_long(n: int) -> torch.Tensor:
+    return torch.empty(n, dtype=torch.long)
+
+
+def _pinned_host(t: torch.Tensor) -> torch.Tensor:
+    """`t` page-locked if it is a host tensor (patches cut on the GPU stay where they are)."""
+    return t if t.device.type != "cpu" or t.is_pinned() else t.pin_memory()
+
+
+def pinned_long(n: int) -> torch.Tensor:
+    """A flat page-locked int64 buffer (torch's caching host allocator: reused once the copies
+    that read it are done)."""
+    return torch.empty(n, dtype=torch.long, pin_memory=True)
 
 
 def _pack_into(row: np.ndarray, tokens: tuple[int, ...], n: int) -> None:
@@ -185,4 +245,4 @@ def _pack_into(row: np.ndarray, tokens: tuple[int, ...], n: int) -> None:
 
 def without_patches(hb: HostBatch) -> HostBatch:
     """The same batch minus its pixel patches (the image's features are already cached)."""
-    return replace(hb, tensors=replace(hb.tensors, pixel_patches=None))
+    return replace(hb, tensors=hb.tensors.keeping_buffer(pixel_patches=None))

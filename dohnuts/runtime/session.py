@@ -27,7 +27,7 @@ from dohnuts.model.lora import LoRAConfig, apply_lora, merge_lora
 from dohnuts.model.packing import fuse_projections
 from dohnuts.model.scorer import ScoringModel, decide, no_stage
 from dohnuts.model.vision import mrope_position_ids
-from dohnuts.runtime.batch import Batch, HostBatch, collate, without_patches
+from dohnuts.runtime.batch import Batch, HostBatch, collate, pinned_long, without_patches
 from dohnuts.runtime.graphs import PassGraphs, ShapeBuckets
 from dohnuts.runtime.image_cache import ImageFeatureCache
 from dohnuts.runtime.images import ImageKeyMemo, PendingImage, PreparedImage, pixel_values, prepare_image, start_image
@@ -183,7 +183,7 @@ class Session:
             buckets = self.graphs.buckets if self.graphs is not None else ShapeBuckets()
             shape = buckets.fit(len(plan.sequences), max(plan.lengths) - plan.prefix_len)
         return collate(plan, pad_id=self.tokenizer.special.pad, image=image, train=train, positions=positions,
-                       shape=shape)
+                       shape=shape, allocate=pinned_long if self.device.type == "cuda" else None)
 
     def _start_image(self, path: str) -> tuple[PendingImage, str | None]:
         """The image under the fixed policy, its key perhaps still pending (`start_image`), and the

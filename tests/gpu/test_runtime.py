@@ -82,14 +82,21 @@ def test_stage_timer_reuses_its_events_and_keeps_each_stage_s_time():
     assert again.count == 2 and again.device_ms > got["sleep"].device_ms + 1.0
 
 
-def test_a_prepared_batch_is_pinned_in_one_buffer_and_moves_in_one_copy():
-    """On a GPU, `Session.prepare` pins the batch's integer tensors as views of one page-locked
-    buffer; `to(device)` (one asynchronous copy, then views) gives the same tensors."""
+def test_a_prepared_batch_is_pinned_in_one_buffer_and_moves_in_one_copy(monkeypatch):
+    """On a GPU, `Session.prepare` collates the batch's integer tensors straight into one
+    page-locked buffer (never packed again after); `to(device)` (one asynchronous copy, then
+    views) gives the same tensors."""
     import dohnuts.api as api
+    from dohnuts.runtime.batch import Batch
     from dohnuts.train.task import synthetic_requests
 
     session = api.load("tiny", device=DEV)
     (req,) = synthetic_requests(1, questions=3, shared_prefix=200, seed=1)
+
+    def repacked(*a, **k):
+        raise AssertionError("the collated batch was packed again")
+
+    monkeypatch.setattr(Batch, "packed", repacked)
     t = session.prepare(req).tensors
     buf, layout = t.__dict__["_packed"]
     assert buf.is_pinned() and layout and all(getattr(t, n).is_pinned() for n in layout)

@@ -159,3 +159,40 @@ def test_a_packed_batch_holds_the_same_tensors_in_one_buffer(prefix_len):
             else:
                 assert got == want, f.name
     assert p.rewards.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("prefix_len", [0, 3])
+def test_collate_writes_every_integer_tensor_into_one_buffer_from_allocate(prefix_len):
+    """collate packs as it builds: ONE call of `allocate` with the integer tensors' total size,
+    each tensor at its layout offset holding its own values (against `Batch.packed` of the same
+    batch), `to` moving the buffer in one copy, and `without_patches`/`pin` keeping the buffer."""
+    from dataclasses import fields
+
+    from dohnuts.runtime.batch import without_patches
+
+    asked = []
+
+    def allocate(n):
+        asked.append(n)
+        return torch.full((n,), -7, dtype=torch.long)  # nothing may stay unwritten
+
+    positions = torch.arange(3 * 11).view(3, 11)  # an image request's (3, T) positions
+    hb = collate(_plan(prefix_len=prefix_len), pad_id=PAD, shape=(4, 8), positions=positions, allocate=allocate)
+    t = hb.tensors
+    buf, layout = t.__dict__["_packed"]
+    repacked = t.packed()
+    _, want_layout = repacked.__dict__["_packed"]
+    assert asked == [buf.numel()] and list(layout) == list(want_layout)
+    assert buf.numel() == sum(s.numel() for _, s in layout.values()) and not (buf == -7).any()
+    for name, (offset, shape) in layout.items():
+        got = getattr(t, name)
+        assert got.shape == shape and torch.equal(buf[offset:offset + shape.numel()].view(shape), got), name
+        assert torch.equal(got, getattr(repacked, name)), name
+    assert t.positions.tolist() == positions[:, :prefix_len + 8].unsqueeze(1).tolist()
+    for q in (t.to(torch.device("cpu")), without_patches(hb).tensors, without_patches(hb).tensors.to(torch.device("cpu"))):
+        for f in fields(t):
+            want, got = getattr(t, f.name), getattr(q, f.name)
+            assert (torch.equal(got, want) if isinstance(want, torch.Tensor) else got == want), f.name
+    assert without_patches(hb).tensors.__dict__["_packed"][0] is buf
+    with pytest.raises(ValueError, match="views of the packed buffer"):
+        t.keeping_buffer(ids=t.ids.clone())

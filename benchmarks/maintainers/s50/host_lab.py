@@ -2,17 +2,17 @@
 serialize 0.48 against 0.37 / 0.056 on the CPU machine). A 2b session with its graphs, the
 text-2b request, `Predictor.call` as the harness runs it (a StageTimer: prepare's host time, the
 serialize stage's device time = from the GPU's last kernel to the host's end of serialize),
-the call's wait for the device in three forms taking turns call by call:
+two forms of the preparation taking turns call by call:
 
-  sync        `done.synchronize()` (the tree: cudaEventSynchronize, spinning in the driver)
-  poll        `while not done.query(): pass` (a Python loop on cudaEventQuery)
-  poll_sleep  `while not done.query(): time.sleep(0)` (the GIL released between queries)
+  tree        the tree's `collate` (its integer tensors written straight into one pinned buffer)
+  before      bfde253's (s50/batch_before.py: arrays built, then packed into a pinned buffer)
 
-prepare is attributed to the wait form of the call before it. Inside prepare: host µs of
-plan_request, collate and the pinned copy (marks). Then prepare alone after 80 ms away in three
-forms: a Python busy loop, a GPU sleep waited by cudaEventSynchronize, time.sleep.
+(call 1 ran a first form: the call's wait for the device as `done.synchronize()`, a Python
+`query()` loop, or one releasing the GIL between queries; prepare after each the same.) Inside
+prepare: host µs of plan_request, collate and `pinned` (marks). Then prepare alone after 80 ms
+away in three forms: a Python busy loop, a GPU sleep waited by cudaEventSynchronize, time.sleep.
 
-    PYTHONPATH=/tmp/site:$PWD python3 benchmarks/maintainers/s50/host_lab.py OUT.json
+    PYTHONPATH=/tmp/site:$PWD python3 benchmarks/maintainers/s50/host_lab.py OUT.json [WORKLOAD.yaml ...]
 """
 import json
 import random
@@ -32,7 +32,15 @@ def q(v):
             "p90": round(v[(len(v) * 9) // 10], 4), "n": len(v)}
 
 
-def main(path):
+def main(path, workloads):
+    out = {}
+    for i, w in enumerate(workloads):
+        out[w] = one(w, alone=i == 0)
+        print(json.dumps({w: out[w]}), flush=True)
+    json.dump(out, open(path, "w"), indent=1)
+
+
+def one(workload, alone):
     from dohnuts import api
     from dohnuts.bench.contracts import WorkloadContext
     from dohnuts.bench.measure.workload import load_workload
@@ -46,10 +54,14 @@ def main(path):
 
     pm = plugin_manager()
     kinds, targets = collect(pm, "dohnuts_bench_register_workload_kinds"), collect(pm, "dohnuts_bench_register_targets")
-    spec = load_workload("workloads/gpu/text-2b.yaml", kinds, targets, gpu=True)
+    spec = load_workload(workload, kinds, targets, gpu=True)
     cfg, ckpt = resolve_source(spec.model)
     calls = kinds[spec.kind].calls(WorkloadContext(spec, tokenizer_for(cfg, ckpt), cfg, Path(tempfile.mkdtemp()),
                                                    random.Random(spec.seed)))
+    if calls[0].request.image is not None:  # a steady state: image files older than the digest memo's racy window
+        from dohnuts.runtime.images import ImageKeyMemo
+
+        time.sleep(ImageKeyMemo.RACY_S)
     s = api.load(spec.model, device="cuda")
     pred = Predictor(s)
     marks = {}
@@ -69,32 +81,30 @@ def main(path):
     mark(S, "collate", "collate")
     mark(B.HostBatch, "pinned", "pinned")
 
-    def serialize_as(mode):
-        def ser(hb, host, done):
-            if done is not None:
-                if mode == "sync":
-                    done.synchronize()
-                elif mode == "poll":
-                    while not done.query():
-                        pass
-                else:
-                    while not done.query():
-                        time.sleep(0)
-            return plain(hb, host, None)
-        return ser
+    sys.path.insert(0, str(Path(__file__).parent))
+    import batch_before as OB
 
-    plain = Predictor.serialize  # a staticmethod: the plain function
-    modes = ["sync", "poll", "poll_sleep"]
-    res = {m: {"prepare_after_ms": [], "serialize_dev_ms": [], "serialize_host_ms": [], "wall_ms": [],
-               "parts_after_us": {"plan_request": [], "collate": [], "pinned": []}} for m in modes}
+    mark(OB, "collate", "collate")
+    mark(OB.HostBatch, "pinned", "pinned")
+    tree_collate = S.Session._collate
+
+    def before_collate(self, plan, image, train, positions, bucket):
+        shape = None
+        if bucket:
+            shape = self.graphs.buckets.fit(len(plan.sequences), max(plan.lengths) - plan.prefix_len)
+        return OB.collate(plan, pad_id=self.tokenizer.special.pad, image=image, train=train, positions=positions,
+                          shape=shape)
+
+    modes = ["tree", "before"]
+    res = {m: {"prepare_ms": [], "prepare_dev_ms": [], "h2d_dev_ms": [], "serialize_dev_ms": [], "wall_ms": [],
+               "parts_us": {"plan_request": [], "collate": [], "pinned": []}} for m in modes}
     reqs = [c.request for c in calls]
     for i in range(6):
         pred.call(reqs[i % len(reqs)])
     torch.cuda.synchronize()
-    prev = None
     for i in range(246):
-        mode = modes[i % 3]
-        pred.serialize = serialize_as(mode)
+        mode = modes[i % 2]
+        S.Session._collate = tree_collate if mode == "tree" else before_collate
         timer = StageTimer(torch.device("cuda"))
         marks.clear()
         t0 = time.perf_counter()
@@ -103,19 +113,21 @@ def main(path):
         parts = dict(marks)
         r = timer.result()
         if i >= 6:
+            res[mode]["prepare_ms"].append(r["prepare"].host_ms)
+            res[mode]["prepare_dev_ms"].append(r["prepare"].device_ms)
+            res[mode]["h2d_dev_ms"].append(r["h2d"].device_ms)
             res[mode]["serialize_dev_ms"].append(r["serialize"].device_ms)
-            res[mode]["serialize_host_ms"].append(r["serialize"].host_ms)
             res[mode]["wall_ms"].append(wall)
-            if prev is not None:
-                res[prev]["prepare_after_ms"].append(r["prepare"].host_ms)
-                for k in parts:
-                    res[prev]["parts_after_us"][k].append(parts[k] * 1e6)
-        prev = mode
-    del pred.serialize
+            for k in parts:
+                res[mode]["parts_us"][k].append(parts[k] * 1e6)
+    S.Session._collate = tree_collate
     out = {"gpu": torch.cuda.get_device_name(0), "calls": {}}
     for m in modes:
-        out["calls"][m] = {k: q(v) for k, v in res[m].items() if k != "parts_after_us"}
-        out["calls"][m]["parts_after_us"] = {k: q(v) for k, v in res[m]["parts_after_us"].items()}
+        out["calls"][m] = {k: q(v) for k, v in res[m].items() if k != "parts_us"}
+        out["calls"][m]["parts_us"] = {k: q(v) for k, v in res[m]["parts_us"].items() if v}
+    pred.close()
+    if not alone:
+        return out
     # prepare alone after 80 ms away, three ways of being away
     req = reqs[0]
     away = {"busy": [], "gpu_sync": [], "sleep": [], "b2b": []}
@@ -150,10 +162,8 @@ def main(path):
                                      capture_output=True, text=True).stdout.strip().splitlines()
     except OSError:
         pass
-    print(json.dumps(out), flush=True)
-    json.dump(out, open(path, "w"), indent=1)
-    pred.close()
+    return out
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:] or ["workloads/gpu/text-2b.yaml"])
