@@ -44,13 +44,17 @@ class Batch:
         if packed is not None:
             buf, layout = packed
             on_device = buf.to(device, non_blocking=non_blocking)
-            for name, (offset, shape) in layout.items():
-                moved[name] = on_device[offset:offset + shape.numel()].view(shape)
+            parts = on_device.split([shape.numel() for _, shape in layout.values()])  # one call, in layout order
+            for (name, (_, shape)), part in zip(layout.items(), parts):
+                moved[name] = part.view(shape)
         for f in fields(self):
             if f.name not in moved:
                 v = getattr(self, f.name)
                 moved[f.name] = v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
-        return Batch(**moved)
+        out = Batch(**moved)
+        if packed is not None:  # the device batch's buffer too (`Pipeline.wait` records its stream once)
+            object.__setattr__(out, "_packed", (on_device, layout))
+        return out
 
     def pin(self) -> Batch:
         """The batch in page-locked memory (so its host→device copies can be asynchronous). A

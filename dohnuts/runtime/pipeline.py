@@ -47,8 +47,11 @@ class Pipeline:
             return dev
         stream = torch.cuda.current_stream(self.device)
         stream.wait_event(ready)
-        for t in vars(dev).values():
-            if isinstance(t, torch.Tensor):
+        packed = vars(dev).get("_packed")  # a packed batch's tensors are views of one buffer: recorded once
+        if packed is not None:
+            packed[0].record_stream(stream)
+        for name, t in vars(dev).items():
+            if isinstance(t, torch.Tensor) and (packed is None or name not in packed[1]):
                 t.record_stream(stream)  # the copy stream allocated it; the compute stream uses it
         return dev
 

@@ -102,8 +102,11 @@ def test_a_prepared_batch_is_pinned_in_one_buffer_and_moves_in_one_copy(monkeypa
     assert buf.is_pinned() and layout and all(getattr(t, n).is_pinned() for n in layout)
     d = t.to(session.device)
     torch.cuda.synchronize()
+    on_device, same = d.__dict__["_packed"]  # the device batch's one buffer (`Pipeline.wait` records it once)
+    assert same is layout and on_device.device.type == "cuda" and torch.equal(on_device.cpu(), buf)
     for n in layout:
         assert getattr(d, n).device.type == "cuda" and torch.equal(getattr(d, n).cpu(), getattr(t, n)), n
+        assert getattr(d, n).untyped_storage().data_ptr() == on_device.untyped_storage().data_ptr(), n
 
 
 def test_the_microbenchmark_timings_are_the_stage_timer_s():

@@ -194,5 +194,7 @@ def test_collate_writes_every_integer_tensor_into_one_buffer_from_allocate(prefi
             want, got = getattr(t, f.name), getattr(q, f.name)
             assert (torch.equal(got, want) if isinstance(want, torch.Tensor) else got == want), f.name
     assert without_patches(hb).tensors.__dict__["_packed"][0] is buf
+    moved, layout_moved = t.to(torch.device("cpu")).__dict__["_packed"]  # the moved batch names its buffer
+    assert layout_moved is layout and torch.equal(moved, buf)
     with pytest.raises(ValueError, match="views of the packed buffer"):
         t.keeping_buffer(ids=t.ids.clone())
