@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+import msgspec
 import torch
 
 from dohnuts.errors import DohnutsError, RequestError
@@ -28,23 +29,29 @@ from dohnuts.runtime.work import WorkCounts
 from dohnuts.schema import dumps
 
 
-@dataclass(frozen=True)
-class QuestionResult:
+class QuestionResult(msgspec.Struct, frozen=True):
+    """One question's scores, calibrated probabilities and choice. A msgspec Struct: a call
+    builds one a question after the device is done, on a single call's critical path (32 of them
+    0.008 ms on this project's CPU against 0.032 as frozen dataclasses; docs/history/evolution.md M63)."""
+
     id: str
     scores: list[float]
     probabilities: list[float]
     choice: int
 
 
-@dataclass(frozen=True)
-class RequestResult:
+class RequestResult(msgspec.Struct, frozen=True):
     id: str
     questions: list[QuestionResult]
 
     def to_json(self) -> str:
-        """One compact JSON line (orjson: serialising is on a single call's critical path); a
-        non-finite score or probability is written as null (strict JSON)."""
-        return dumps({"id": self.id, "questions": [q.__dict__ for q in self.questions]}, compact=True)
+        """One compact JSON line (msgspec's encoder, straight from the Structs: serialising is on a
+        single call's critical path); a non-finite score or probability is written as null (strict
+        JSON)."""
+        return _ENCODER.encode(self).decode()
+
+
+_ENCODER = msgspec.json.Encoder()
 
 
 @dataclass(frozen=True)

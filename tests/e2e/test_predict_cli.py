@@ -96,12 +96,13 @@ def test_unknown_model_one_line_error(tmp_path, capsys):
 
 
 def test_a_result_line_round_trips_every_float_and_writes_non_finite_as_null():
-    """`RequestResult.to_json` (orjson): one line, every score and probability back exactly, a
+    """`RequestResult.to_json` (msgspec): one line, every score and probability back exactly, a
     non-finite score as null (valid JSON, unlike json's NaN)."""
     import json
     import random
 
-    pytest.importorskip("orjson")
+    import msgspec
+
     from dohnuts.runtime.predict import QuestionResult, RequestResult
 
     rng = random.Random(0)
@@ -109,6 +110,6 @@ def test_a_result_line_round_trips_every_float_and_writes_non_finite_as_null():
                          probabilities=[rng.random() for _ in range(4)], choice=i % 4) for i in range(8)]
     line = RequestResult("r", qs).to_json()
     assert "\n" not in line
-    assert json.loads(line) == {"id": "r", "questions": [q.__dict__ for q in qs]}
+    assert json.loads(line) == {"id": "r", "questions": [msgspec.structs.asdict(q) for q in qs]}
     bad = RequestResult("r", [QuestionResult("q", [float("nan"), float("inf")], [0.5, 0.5], 0)]).to_json()
     assert json.loads(bad)["questions"][0]["scores"] == [None, None]

@@ -157,12 +157,62 @@ def one(workload, alone):
         if i >= 8:
             away[kind].append((time.perf_counter() - t0) * 1e3)
     out["prepare_alone_ms"] = {k: q(v) for k, v in away.items()}
+    out["serialize_after_20ms_us"] = serialize_ab(pred_results(s, req))
     try:
         out["host"] = subprocess.run("lscpu | grep -E 'Model name|Hypervisor|MHz|^CPU\\(s\\)'", shell=True,
                                      capture_output=True, text=True).stdout.strip().splitlines()
     except OSError:
         pass
     return out
+
+
+def pred_results(s, req):
+    """One scored call's host results (probs, choice, scores) and its batch."""
+    from dohnuts.runtime.predict import Predictor
+
+    pred = Predictor(s)
+    hb = pred.prepare(req)
+    dev, ready = pred.pipeline.transfer(hb)
+    host, done, _ = pred.compute(hb, dev, ready)
+    done.synchronize()
+    pred.close()
+    return hb, host
+
+
+def serialize_ab(hb_host):
+    """`Predictor.serialize` + `to_json` with the tree's msgspec Structs against bfde253's frozen
+    dataclasses and orjson over their `__dict__`s, each after a 20-ms busy wait, taking turns."""
+    from dataclasses import dataclass
+
+    from dohnuts.runtime.predict import Predictor
+    from dohnuts.schema import dumps
+
+    @dataclass(frozen=True)
+    class OldQ:
+        id: str
+        scores: list
+        probabilities: list
+        choice: int
+
+    def old(hb, host):
+        probs, choice, scores = (t.tolist() for t in host)
+        qs = [OldQ(id=q.id, scores=s[:len(q.candidates)], probabilities=p[:len(q.candidates)], choice=c)
+              for q, s, p, c in zip(hb.plan.request.questions, scores, probs, choice)]
+        return dumps({"id": hb.plan.request.id, "questions": [q.__dict__ for q in qs]}, compact=True)
+
+    hb, host = hb_host
+    fns = {"tree": lambda: Predictor.serialize(hb, host, None).to_json(), "before": lambda: old(hb, host)}
+    assert json.loads(fns["tree"]()) == json.loads(fns["before"]())
+    res = {k: [] for k in fns}
+    for i in range(400):
+        k = "tree" if i % 2 else "before"
+        t = time.perf_counter() + 0.02
+        while time.perf_counter() < t:
+            pass
+        t0 = time.perf_counter()
+        fns[k]()
+        res[k].append((time.perf_counter() - t0) * 1e6)
+    return {k: q(v[10:]) for k, v in res.items()}
 
 
 if __name__ == "__main__":
