@@ -24,5 +24,5 @@ echo "lab done at $(($(date +%s) - START)) s"
 timeout -s INT 90 python3 -m pytest -q tests/gpu/test_runtime.py tests/gpu/test_images_device.py -n 8 -p no:cacheprovider -rfE 2>&1 \
   | tee "$OUT/gpu_tests.txt" | grep -E 'passed|failed|^FAILED|^ERROR' | cut -c1-300 | tail -4
 echo "tests done at $(($(date +%s) - START)) s"
-WORKLOADS='workloads/*.yaml' BUDGET=$((560 - $(date +%s) + START)) OUT=$OUT/suite bash benchmarks/maintainers/gpu_session.sh 2>&1 | tail -30
+WORKLOADS='workloads/*.yaml' BUDGET=$((470 - $(date +%s) + START)) OUT=$OUT/suite bash benchmarks/maintainers/gpu_session.sh 2>&1 | tail -30
 echo "all done at $(($(date +%s) - START)) s"
