@@ -12,8 +12,8 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/
 export PYTHONPATH=/tmp/site:$PWD TRITON_CACHE_DIR=$PWD/.triton_cache PYTHONUNBUFFERED=1
 if grep -q H200 "$OUT/gpu.txt"; then
   WORKLOADS='workloads/*.yaml workloads/gpu/text-4b.yaml' TUNE_TABLE=1 COMPILED_TABLE=1 \
-    BUDGET=390 OUT=$OUT/suite bash benchmarks/maintainers/gpu_session.sh 2>&1 | tail -30
-  timeout $((570 - $(date +%s) + START)) python3 benchmarks/maintainers/s50/host_lab.py "$OUT/host_lab_ab.json" \
+    BUDGET=340 OUT=$OUT/suite bash benchmarks/maintainers/gpu_session.sh 2>&1 | tail -30
+  timeout $((470 - $(date +%s) + START)) python3 benchmarks/maintainers/s50/host_lab.py "$OUT/host_lab_ab.json" \
     workloads/gpu/text-2b.yaml 2>&1 | grep -v "^USDT" | tail -2 | cut -c1-2500
   echo "all done at $(($(date +%s) - START)) s"
   exit
