@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 50, call 2. Any card but an H200: the preparation collated into its pinned buffer against
 # bfde253's (s50/host_lab.py: text-2b, shared-prefix-2b, image-cache-warm-2b, call by call), the
-# runtime GPU tests, then the suite on the tree (the vision trim, the collate, the results). On an
+# runtime GPU tests first, then the suite on the tree (the vision trim, the collate, the results),
+# all inside TOTAL seconds (default 400). On an
 # H200: first the tuned table remade from an empty cache (s49/call6.sh's run, which measures the
 # suite and text-4b too), then the lab on text-2b alone.
 set -uo pipefail
@@ -12,17 +13,17 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/
 export PYTHONPATH=/tmp/site:$PWD TRITON_CACHE_DIR=$PWD/.triton_cache PYTHONUNBUFFERED=1
 if grep -q H200 "$OUT/gpu.txt"; then
   WORKLOADS='workloads/*.yaml workloads/gpu/text-4b.yaml' TUNE_TABLE=1 COMPILED_TABLE=1 \
-    BUDGET=340 OUT=$OUT/suite bash benchmarks/maintainers/gpu_session.sh 2>&1 | tail -30
-  timeout $((470 - $(date +%s) + START)) python3 benchmarks/maintainers/s50/host_lab.py "$OUT/host_lab_ab.json" \
+    BUDGET=$((${TOTAL:-400} - 130)) OUT=$OUT/suite bash benchmarks/maintainers/gpu_session.sh 2>&1 | tail -30
+  timeout $((${TOTAL:-400} - $(date +%s) + START)) python3 benchmarks/maintainers/s50/host_lab.py "$OUT/host_lab_ab.json" \
     workloads/gpu/text-2b.yaml 2>&1 | grep -v "^USDT" | tail -2 | cut -c1-2500
   echo "all done at $(($(date +%s) - START)) s"
   exit
 fi
-timeout 150 python3 benchmarks/maintainers/s50/host_lab.py "$OUT/host_lab_ab.json" workloads/gpu/text-2b.yaml \
-  workloads/gpu/shared-prefix-2b.yaml workloads/gpu/image-cache-warm-2b.yaml 2>&1 | grep -v "^USDT" | tail -4 | cut -c1-2500
-echo "lab done at $(($(date +%s) - START)) s"
-timeout -s INT 90 python3 -m pytest -q tests/gpu/test_runtime.py tests/gpu/test_images_device.py -n 8 -p no:cacheprovider -rfE 2>&1 \
+timeout -s INT 75 python3 -m pytest -q tests/gpu/test_runtime.py tests/gpu/test_images_device.py -n 8 -p no:cacheprovider -rfE 2>&1 \
   | tee "$OUT/gpu_tests.txt" | grep -E 'passed|failed|^FAILED|^ERROR' | cut -c1-300 | tail -4
 echo "tests done at $(($(date +%s) - START)) s"
-WORKLOADS='workloads/*.yaml' BUDGET=$((470 - $(date +%s) + START)) OUT=$OUT/suite bash benchmarks/maintainers/gpu_session.sh 2>&1 | tail -30
+timeout 130 python3 benchmarks/maintainers/s50/host_lab.py "$OUT/host_lab_ab.json" workloads/gpu/text-2b.yaml \
+  workloads/gpu/shared-prefix-2b.yaml workloads/gpu/image-cache-warm-2b.yaml 2>&1 | grep -v "^USDT" | tail -4 | cut -c1-2500
+echo "lab done at $(($(date +%s) - START)) s"
+WORKLOADS='workloads/*.yaml' BUDGET=$((${TOTAL:-400} - $(date +%s) + START)) OUT=$OUT/suite bash benchmarks/maintainers/gpu_session.sh 2>&1 | tail -30
 echo "all done at $(($(date +%s) - START)) s"
