@@ -44,9 +44,8 @@ class Batch:
         if packed is not None:
             buf, layout = packed
             on_device = buf.to(device, non_blocking=non_blocking)
-            parts = on_device.split([shape.numel() for _, shape in layout.values()])  # one call, in layout order
-            for (name, (_, shape)), part in zip(layout.items(), parts):
-                moved[name] = part.view(shape)
+            for name, (offset, shape) in layout.items():  # slices: `split` took an H100's host 35 µs more (M63)
+                moved[name] = on_device[offset:offset + shape.numel()].view(shape)
         for f in fields(self):
             if f.name not in moved:
                 v = getattr(self, f.name)
