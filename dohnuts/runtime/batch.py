@@ -44,7 +44,7 @@ class Batch:
         if packed is not None:
             buf, layout = packed
             on_device = buf.to(device, non_blocking=non_blocking)
-            for name, (offset, shape) in layout.items():  # slices: `split` took an H100's host 35 µs more (M63)
+            for name, (offset, shape) in layout.items():
                 moved[name] = on_device[offset:offset + shape.numel()].view(shape)
         for f in fields(self):
             if f.name not in moved:
@@ -133,10 +133,10 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
 
     The integer tensors are written straight into ONE buffer from `allocate(n)` (a flat int64
     CPU tensor; default `torch.empty`, page-locked where the session is on CUDA): the batch is
-    packed as it is built (`Batch.packed`'s layout), and `to` moves it in one copy. Building
-    arrays first and copying them into a pinned buffer after cost a lent H100 host 0.45 ms
-    (collate: fresh arrays, their pages faulted in) + 0.25 ms (the copy) of text-2b's single call
-    (docs/history/evolution.md M63)."""
+    packed as it is built (`Batch.packed`'s layout), and `to` moves it in one copy. Packing the
+    arrays into a pinned buffer after building them took a lent H100 host 0.17–0.21 ms of text-2b's
+    single call; writing in place saves ≈ 0.1 ms of it (the h2d stage after it ≈ 0.05 ms slower:
+    docs/history/evolution.md M63)."""
     P = plan.prefix_len
     seqs = plan.sequences
     lens = [len(s) - P for s in seqs]
@@ -155,8 +155,8 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
         positions = torch.cat([positions, positions[:, -1:] + extra], dim=1)
 
     # The layout, in field order (a Batch's integer tensors): name → (offset, shape); each tensor
-    # a numpy view of the buffer handed to torch (`from_numpy`: 1 µs where a torch slice and view
-    # take 4, np.prod alone 3.5 — this runs on every call's critical path).
+    # a numpy view of the buffer, handed to torch by `from_numpy` (1 µs where a torch slice and view
+    # take 4: this runs on every call's critical path).
     sizes = [("ids", (B_pass, L), B_pass * L), ("score_index", (C,), C), ("cand_matrix", (B, kmax), B * kmax)]
     if P:
         sizes.append(("prefix_ids", (1, P), P))
@@ -171,10 +171,7 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
         arrays[name] = flat[total:total + n].reshape(shp)
         total += n
 
-    def part(name):
-        return arrays[name]
-
-    ids_np = part("ids")
+    ids_np = arrays["ids"]
     ids_np.fill(pad_id)
     for row, s, n in zip(ids_np, seqs, lens):
         _pack_into(row, s[P:] if P else s, n)
@@ -186,16 +183,16 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
     # candidates took 0.088 ms as lists, and 0.022 ms back to back but 0.07 ms after a 20 ms pause
     # as a dozen numpy calls over flat arrays (each call's code and data cold); 0.016 / 0.028 ms so.
     local = np.array([p + p[-1:] * (kmax - len(p)) for p in sp], dtype=np.int64) - P  # (B, Kmax)
-    slot = part("score_slot")
+    slot = arrays["score_slot"]
     if C < B * kmax:  # some question has fewer candidates than Kmax: skip its padding slots
         slot[:] = np.flatnonzero(np.arange(kmax) < np.array(counts)[:, None])
     else:
         slot[:] = np.arange(C)
-    part("score_index")[:] = (local + np.arange(0, B * L, L)[:, None]).ravel()[slot]  # (C,) row · L + position
-    cand = part("cand_matrix")
+    arrays["score_index"][:] = (local + np.arange(0, B * L, L)[:, None]).ravel()[slot]  # (C,) row · L + position
+    cand = arrays["cand_matrix"]
     cand.fill(-1)
     cand.ravel()[slot] = np.arange(C)
-    grid = part("score_rows")
+    grid = arrays["score_rows"]
     grid[:B] = local
     grid[B:] = 0
     rewards = None
@@ -205,10 +202,10 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
         rewards = torch.tensor([list(q.rewards) + [0.0] * (kmax - len(q.rewards)) for q in plan.request.questions],
                                dtype=torch.float32).view(B, kmax)
     if P:
-        _pack_into(part("prefix_ids")[0], seqs[0][:P], P)
+        _pack_into(arrays["prefix_ids"][0], seqs[0][:P], P)
     next_pos = None
     if positions is not None:  # (3, 1, P + L): every question shares the layout
-        part("positions")[:, 0] = positions[:, : P + L].numpy()
+        arrays["positions"][:, 0] = positions[:, : P + L].numpy()
         if P:
             next_pos = int(positions[:, :P].max()) + 1
     views = {name: torch.from_numpy(a) for name, a in arrays.items()}
