@@ -135,8 +135,8 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
     CPU tensor; default `torch.empty`, page-locked where the session is on CUDA): the batch is
     packed as it is built (`Batch.packed`'s layout), and `to` moves it in one copy. Packing the
     arrays into a pinned buffer after building them took a lent H100 host 0.17–0.21 ms of text-2b's
-    single call; writing in place saves ≈ 0.1 ms of it (the h2d stage after it ≈ 0.05 ms slower:
-    docs/history/evolution.md M63)."""
+    single call; writing in place saved ≈ 0.1 ms of it (the h2d stage after it ≈ 0.05 ms slower:
+    docs/history/evolution.md M63, measured with `from_numpy` views)."""
     P = plan.prefix_len
     seqs = plan.sequences
     lens = [len(s) - P for s in seqs]
@@ -154,9 +154,10 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
         extra = torch.arange(1, P + L - positions.shape[1] + 1)
         positions = torch.cat([positions, positions[:, -1:] + extra], dim=1)
 
-    # The layout, in field order (a Batch's integer tensors): name → (offset, shape); each tensor
-    # a numpy view of the buffer, handed to torch by `from_numpy` (1 µs where a torch slice and view
-    # take 4: this runs on every call's critical path).
+    # The layout, in field order (a Batch's integer tensors): name → (offset, shape); each written
+    # through a numpy view of the buffer, and handed out as a torch view of it (not `from_numpy`,
+    # 10 µs faster for six: a per-tensor asynchronous copy from such a tensor would record no event
+    # on the pinned block, which could then be reused while the copy still reads it).
     sizes = [("ids", (B_pass, L), B_pass * L), ("score_index", (C,), C), ("cand_matrix", (B, kmax), B * kmax)]
     if P:
         sizes.append(("prefix_ids", (1, P), P))
@@ -208,7 +209,7 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
         arrays["positions"][:, 0] = positions[:, : P + L].numpy()
         if P:
             next_pos = int(positions[:, :P].max()) + 1
-    views = {name: torch.from_numpy(a) for name, a in arrays.items()}
+    views = {name: buf[offset:offset + shape.numel()].view(shape) for name, (offset, shape) in layout.items()}
     patches = image.patches if image is not None else None
     batch = Batch(**views, rewards=rewards, pixel_patches=patches, image_tokens=plan.image_tokens,
                   prefix_next_position=next_pos)

@@ -184,9 +184,10 @@ def test_collate_writes_every_integer_tensor_into_one_buffer_from_allocate(prefi
     _, want_layout = repacked.__dict__["_packed"]
     assert asked == [buf.numel()] and list(layout) == list(want_layout)
     assert buf.numel() == sum(s.numel() for _, s in layout.values()) and not (buf == -7).any()
-    for name, (offset, shape) in layout.items():
+    for name, (offset, shape) in layout.items():  # torch views of the buffer: a copy from one records its block
         got = getattr(t, name)
         assert got.shape == shape and torch.equal(buf[offset:offset + shape.numel()].view(shape), got), name
+        assert got.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr(), name
         assert torch.equal(got, getattr(repacked, name)), name
     assert t.positions.tolist() == positions[:, :prefix_len + 8].unsqueeze(1).tolist()
     for q in (t.to(torch.device("cpu")), without_patches(hb).tensors, without_patches(hb).tensors.to(torch.device("cpu"))):
