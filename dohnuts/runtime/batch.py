@@ -77,8 +77,8 @@ class Batch:
             object.__setattr__(out, "_packed", packed)
         return out
 
-    def packed(self, allocate=lambda n: torch.empty(n, dtype=torch.long), keep=lambda t: t) -> Batch:
-        """The batch with its integer (long) tensors as views of ONE buffer from `allocate(n)`,
+    def packed(self, allocate=None, keep=lambda t: t) -> Batch:
+        """The batch with its integer (long) tensors as views of ONE buffer from `allocate(n)` (default `torch.empty`),
         which `to` moves in one copy; other tensors go through `keep`. Each pinned allocation and
         each copy call costs host time on a single call's critical path: a batch has seven
         integer tensors."""
@@ -89,7 +89,7 @@ class Batch:
                 layout[f.name] = (total, v.shape)
                 total += v.numel()
             out[f.name] = keep(v) if isinstance(v, torch.Tensor) and v.dtype != torch.long else v
-        buf = allocate(total)
+        buf = (allocate or _empty_long)(total)
         for name, (offset, shape) in layout.items():
             view = buf[offset:offset + shape.numel()].view(shape)
             view.copy_(getattr(self, name))
@@ -133,10 +133,9 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
 
     The integer tensors are written straight into ONE buffer from `allocate(n)` (a flat int64
     CPU tensor; default `torch.empty`, page-locked where the session is on CUDA): the batch is
-    packed as it is built (`Batch.packed`'s layout), and `to` moves it in one copy. Packing the
-    arrays into a pinned buffer after building them took a lent H100 host 0.17–0.21 ms of text-2b's
-    single call; writing in place saved ≈ 0.1 ms of it (the h2d stage after it ≈ 0.05 ms slower:
-    docs/history/evolution.md M63, measured with `from_numpy` views)."""
+    packed as it is built (`Batch.packed`'s layout), and `to` moves it in one copy: no second pass
+    copying fresh arrays into a pinned buffer on a single call's critical path (docs/history/
+    evolution.md M63)."""
     P = plan.prefix_len
     seqs = plan.sequences
     lens = [len(s) - P for s in seqs]
@@ -155,9 +154,9 @@ def collate(plan: RequestPlan, *, pad_id: int, image=None, train: bool = False,
         positions = torch.cat([positions, positions[:, -1:] + extra], dim=1)
 
     # The layout, in field order (a Batch's integer tensors): name → (offset, shape); each written
-    # through a numpy view of the buffer, and handed out as a torch view of it (not `from_numpy`,
-    # 10 µs faster for six: a per-tensor asynchronous copy from such a tensor would record no event
-    # on the pinned block, which could then be reused while the copy still reads it).
+    # through a numpy view of the buffer, and handed out as a torch view of it — not `from_numpy`,
+    # cheaper, but a per-tensor asynchronous copy from such a tensor records no event on the pinned
+    # block, which could then be reused while the copy still reads it.
     sizes = [("ids", (B_pass, L), B_pass * L), ("score_index", (C,), C), ("cand_matrix", (B, kmax), B * kmax)]
     if P:
         sizes.append(("prefix_ids", (1, P), P))

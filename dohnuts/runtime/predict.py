@@ -31,8 +31,8 @@ from dohnuts.schema import dumps
 
 class QuestionResult(msgspec.Struct, frozen=True):
     """One question's scores, calibrated probabilities and choice. A msgspec Struct: a call
-    builds one a question after the device is done, on a single call's critical path (32 of them
-    0.008 ms on this project's CPU against 0.032 as frozen dataclasses; docs/history/evolution.md M63)."""
+    builds one a question after the device is done, on a single call's critical path, where a
+    frozen dataclass's construction costs several times more (docs/history/evolution.md M63)."""
 
     id: str
     scores: list[float]
