@@ -5,7 +5,8 @@ aside: what `dohnuts-bench run` must keep producing when its code is reorganised
     python tests/bench/record_shapes.py RUN_DIR > tests/bench/fixtures/cpu-standard-suite-shapes.json
 
 Set aside: times (every `*_ms`, `*_s`, `*_j` field, `wall_ms`, the run's id and clock), the host
-(telemetry samples, provenance, the machine's id, CPU model and load), the loss and gradient norm of a
+(telemetry samples, provenance, the machine's id, CPU model and load, the peers' installed
+transformers and peft versions), the loss and gradient norm of a
 training step (they follow its iteration, and how many iterations a run measures follows the
 spread of its times), and each measured number of the run's ceilings. What stays: every field's
 name and, for the fields that do not depend on time, its value: workloads, targets, phases, work
@@ -24,6 +25,8 @@ from pathlib import Path
 TIME_KEYS = {"run_id", "iteration", "aa_half", "telemetry", "provenance", "harness_overhead", "loss", "grad_norm",
              "timing", "load1", "before", "id", "process_started", "cpus", "cpu_model"}
 TIME_SUFFIXES = ("_ms", "_s", "_j", "_fraction", "_cores", "_per_s")
+# a peer's installed package versions (`extra.peer`): the host's environment, not the run's code
+PEER_VERSIONS = ("version", "peft")
 
 
 def _type_shape(value):
@@ -40,7 +43,10 @@ def _kept(value, key: str = ""):
     if key in TIME_KEYS or key.endswith(TIME_SUFFIXES):
         return type(value).__name__
     if isinstance(value, dict):
-        return {k: _kept(v, k) for k, v in sorted(value.items())}
+        kept = {k: _kept(v, k) for k, v in sorted(value.items())}
+        if key == "peer":
+            kept.update({k: type(value[k]).__name__ for k in PEER_VERSIONS if k in value})
+        return kept
     if isinstance(value, list):
         return [_kept(v, key) for v in value]
     if isinstance(value, float):

@@ -18,7 +18,9 @@ gained `spent_s` and `targets_s` (dohnuts.bench.measure.run_clock.spent); no rec
 once for train-step's pipelined updates (M45): a new group, `train-step · dohnuts · stream`; no
 other record changed.
 And once for the host's CPU model (M46): run.json's `measured.machine.cpu_model` and summary.json's
-`sections.machine.cpu_model`, set aside as the host's; no record changed.
+`sections.machine.cpu_model`, set aside as the host's; no record changed. And once for the peers'
+installed versions (session 51: peft 0.22.0's release failed a clean clone's run on `extra.peer.peft`):
+`extra.peer.version` and `extra.peer.peft` set aside as the host's environment; no record changed.
 Regenerate it only for a change that means to change the records:
 
     python -m dohnuts.bench.cli run --out /tmp/suite --quiet
