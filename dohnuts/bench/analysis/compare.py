@@ -186,34 +186,6 @@ def changed_machines(records_a: list[CallRecord], records_b: list[CallRecord]) -
              "difference includes the machine's, not only the code's")]
 
 
-# Hosts whose Python runs the harness's empty stage this much apart run a call's host stages apart
-# too: three H100 leases of one week ran it in 0.0185, 0.0342 and 0.0397 ms, and the same code's
-# `prepare` moved 0.51 → 1.41 ms between the first and the last (docs/history/evolution.md M65).
-HOST_SPEED_FACTOR = 1.25
-
-
-def host_speed(records: list[CallRecord]) -> float | None:
-    """The run's host yardstick: the median of its steady calls' `harness_overhead.empty_stage_ms`
-    (the harness timing an empty stage, calibrated once per device at the run's start: Python and
-    the device API's calls, what a call's host stages are made of). None where no record has one."""
-    values = [rec.harness_overhead.empty_stage_ms for rec in records if _steady(rec)
-              and rec.harness_overhead is not None and rec.harness_overhead.empty_stage_ms]
-    return float(np.median(values)) if values else None
-
-
-def changed_hosts(records_a: list[CallRecord], records_b: list[CallRecord]) -> list[str]:
-    """One line when the two runs' hosts ran the harness's empty stage `HOST_SPEED_FACTOR` or more
-    apart (`host_speed`): the host stages (prepare, h2d, serialize: Python and the device API's
-    calls) then move with the host, whatever the code did — a lent GPU's host differs by lease."""
-    a, b = host_speed(records_a), host_speed(records_b)
-    if a is None or b is None or max(a, b) < HOST_SPEED_FACTOR * min(a, b):
-        return []
-    slower = "B" if b > a else "A"
-    return [(f"the runs' hosts differ: the harness's empty stage took {a:.4f} ms in A and {b:.4f} in B "
-             f"({max(a, b) / min(a, b):.2f}×, {slower} slower): the host stages (prepare, h2d, serialize) "
-             "follow the host, not only the code")]
-
-
 def steady_loads(records: list[CallRecord]) -> dict[tuple[str, str], Load]:
     """{(workload, target): load_verdict.Load} over the steady-state records that recorded a load."""
     per: dict[tuple[str, str], list] = defaultdict(list)
@@ -334,15 +306,14 @@ def compare_runs(records_a: list[CallRecord], records_b: list[CallRecord], *, co
     """B against A per (workload, target) measured in both, for "wall" and every stage (rule:
     module docstring; the loads each run measured under weighed by load_verdict). Deterministic
     for a given seed. Warnings (one line each) say the runs measured on different machines
-    (`changed_machines`) or hosts of different speed (`changed_hosts`), name workloads whose file changed between the runs
+    (`changed_machines`), name workloads whose file changed between the runs
     (`changed_workloads`), then groups whose spread is too large to resolve a change of
     `min_effect` with the calls measured."""
     _check_options(confidence, resamples, min_effect, method)
     sa, sb = steady_samples(records_a), steady_samples(records_b)
     loads_a, loads_b = steady_loads(records_a), steady_loads(records_b)
     common = [k for k in sa if k in sb]
-    rows, notes = [], (changed_machines(records_a, records_b) + changed_hosts(records_a, records_b)
-                       + changed_workloads(records_a, records_b))
+    rows, notes = [], changed_machines(records_a, records_b) + changed_workloads(records_a, records_b)
     for workload, target in common:
         stages = list(dict.fromkeys([WALL, *sa[(workload, target)], *sb[(workload, target)]]))
         wall_a = float(np.median(sa[(workload, target)][WALL]))
