@@ -6,7 +6,9 @@ targets recorded as failed while the run goes on."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import tempfile
 import threading
 from pathlib import Path
@@ -329,6 +331,43 @@ def test_ctrl_c_during_the_report_exits_130_with_results_intact(tmp_path, monkey
     assert iterations == ([-1, 0, 1] if during_run else [-1, 0, 1, 2, 3])
     assert all(r["schema"] == 2 for r in records)
     assert _strict_json((run_dir / "run.json").read_text())["run_id"] == run_dir.name
+
+
+class _Terminate:
+    """SIGTERM to this process at the measured call 2, before its record (as a time limit sends it)."""
+
+    @hookimpl
+    def dohnuts_bench_after_call(self, run, spec, target_name, record):
+        if record.iteration == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGTERM") or os.name != "posix", reason="POSIX signals")
+def test_sigterm_keeps_the_run_as_ctrl_c_does_exit_143(tmp_path, monkeypatch, capsys):
+    # Without the handler Python dies at once: results.jsonl whole but no run.json (the measured
+    # ceilings, so no bound) and no report — what `timeout` left of a profiled suite (M66).
+    _plugins(monkeypatch, _Terminate())
+    missed: list[int] = []
+
+    def guard(signum, frame):  # where `run` installs no handler of its own: counted, the test process lives
+        missed.append(signum)
+
+    original = signal.signal(signal.SIGTERM, guard)
+    try:
+        path = _workload(tmp_path, SMALL.replace("repeat: 2", "repeat: 4"))
+        code = main(["run", str(path), "--out", str(tmp_path / "runs"), "--quiet"])
+        assert signal.getsignal(signal.SIGTERM) is guard  # the process's handler back after the run
+    finally:
+        signal.signal(signal.SIGTERM, original)
+    assert not missed and code == 143
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "terminated (SIGTERM)" in err
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    records = [_strict_json(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records if r["phase"] != "stream"] == [-1, 0, 1]
+    meta = _strict_json((run_dir / "run.json").read_text())
+    assert meta["run_id"] == run_dir.name and meta["measured"]  # the ceilings measured before the calls
+    assert (run_dir / "summary.json").is_file() and (run_dir / "report.txt").is_file()
 
 
 def test_ctrl_c_during_analyze_exits_130(measured_run, tmp_path, monkeypatch, capsys):

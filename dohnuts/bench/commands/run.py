@@ -19,7 +19,8 @@ A run is a `RunSession` (pytest-benchmark's BenchmarkSession), its phases its me
 `store` comes before `report`: an interrupted or failed report leaves the run's data whole. The
 built-in analysis and report are called here directly; the hooks are the extensions' way in. The
 exit statuses are those of dohnuts.bench.cli (0; 1: a target failed, out of memory; 2: refused;
-130: interrupted).
+130: interrupted; 143: terminated). SIGTERM — a job scheduler's time limit, `timeout`, a container
+stopping — is taken as Ctrl-C: the completed calls kept, then run.json, the analysis and the report.
 
 Status, progress and warnings go to stderr through `logging` (dohnuts.bench.report.status); the
 report alone goes to stdout. A CPU run measures with `--threads` torch threads (default 1, as every
@@ -30,8 +31,11 @@ docs/measurement.md, "A CPU run").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
+import signal
+import sys
 from pathlib import Path
 
 from dohnuts.bench import plugins
@@ -134,6 +138,40 @@ def run(args, console=None) -> int:
     threads = torch.get_num_threads()
     try:
         session = RunSession(args, registries, files, console or stdout_console())
-        return session.run()
+        with sigterm_as_interrupt() as terminated:
+            try:
+                code = session.run()
+            except KeyboardInterrupt:
+                if not terminated:
+                    raise
+                code = 130  # before the first record (the session left no run behind) or past its own handling
+        if terminated and code == 130:
+            print("dohnuts-bench: terminated (SIGTERM), handled as Ctrl-C", file=sys.stderr)
+            return 128 + signal.SIGTERM
+        return code
     finally:
         torch.set_num_threads(threads)  # a CPU run sets its own (--threads); the process gets its own back
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM raised as KeyboardInterrupt in the main thread while the block runs, so that a run
+    stopped by a scheduler keeps what Ctrl-C keeps (without it Python dies at once: no run.json, so
+    neither the run's measured ceilings nor its bounds). Yields a list that holds the signal once
+    one arrived; the previous handler comes back after. Off the main thread (an embedding caller)
+    nothing is installed."""
+    arrived: list[int] = []
+
+    def handler(signum, frame):
+        arrived.append(signum)
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # signal.signal works in the main thread only
+        yield arrived
+        return
+    try:
+        yield arrived
+    finally:
+        signal.signal(signal.SIGTERM, previous)
