@@ -44,8 +44,9 @@ runs out of device memory fails alone (run.json `failures`), the run goes on, th
 written, and the exit status is 1. Ctrl-C leaves a valid results.jsonl holding every completed
 record (exit 130), a second Ctrl-C during the report too; before the first call is recorded (e.g.
 while the ceilings are measured) it leaves no run behind. `run` takes SIGTERM (a scheduler's time
-limit, `timeout`) as Ctrl-C, so a stopped run still has its run.json and report (exit 143). `analyze` refuses a file holding no
-record it reads, a corrupt line or run.json, or a non-finite number, the same way (exit 2).
+limit, `timeout`) as Ctrl-C, so a stopped run still has its run.json and report (exit 143).
+`analyze` refuses a file holding no record it reads, a corrupt line or run.json, or a non-finite
+number, the same way (exit 2).
 """
 
 from __future__ import annotations
