@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dohnuts.bench.analysis.hwspec import BUILTIN_DIR, REQUIRED_ROLES, ROLES, find_hwspec, load_hwspec
+from dohnuts.bench.analysis.hwspec import (
+    BUILTIN_DIR, REQUIRED_ROLES, ROLES, find_hwspec, hwspec_for_device, load_hwspec,
+)
 from dohnuts.errors import ConfigError
 
 
@@ -143,7 +145,7 @@ def test_unreadable_and_unknown_specs(tmp_path):
 
 def test_every_builtin_spec_loads_and_fills_every_role():
     files = sorted(BUILTIN_DIR.glob("*.yaml"))
-    assert {f.stem for f in files} >= {"rx7900xtx", "h200"}
+    assert {f.stem for f in files} >= {"rx7900xtx", "h100", "h200"}
     for f in files:
         spec = load_hwspec(f)
         for precision in spec.precisions():
@@ -152,6 +154,24 @@ def test_every_builtin_spec_loads_and_fills_every_role():
                     assert spec.ceiling(role, precision).value > 0
         for c in spec.ceilings.values():
             assert c.source, f"{f.name}: {c.name} has no source"
+
+
+@pytest.mark.parametrize("device, spec", [
+    ("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"), ("AMD Radeon RX 7900 XTX", "rx7900xtx"),
+    ("NVIDIA H100 PCIe", None), ("NVIDIA A100-SXM4-80GB", None), ("cpu", None)])
+def test_a_run_without_hwspec_takes_the_builtin_its_device_names_match(device, spec):
+    # the PCIe H100 (114 SMs, HBM2e at 2 TB/s) is another device: no spec rather than the SXM card's
+    found = hwspec_for_device(None, device)
+    assert (found and Path(found.source).stem) == spec
+    assert found is None or found.matches(device)
+
+
+def test_the_h100_datasheet_ceilings():
+    spec = find_hwspec("h100")
+    assert spec.overlap_compute_kinds  # Hopper: tensor cores and FP32 pipes apart, as the H200's spec
+    assert spec.ceiling("matrix", "bf16").value == 989e12 and spec.ceiling("memory", "bf16").value == 3.35e12
+    assert spec.ceiling("host_link", "bf16").value == pytest.approx(32e9 * 16 * 128 / 130 / 8)
+    assert spec.ceiling("matrix", "bf16", "measured").provenance == "measured"
 
 
 def test_readme_documents_every_field():

@@ -182,7 +182,7 @@ def load_hwspec(path: str | Path) -> HwSpec:
 
 
 def find_hwspec(name_or_path: str | Path) -> HwSpec:
-    """A path to a YAML file, or the name of a built-in spec (`rx7900xtx`, `h200`)."""
+    """A path to a YAML file, or the name of a built-in spec (`rx7900xtx`, `h100`, `h200`)."""
     if isinstance(name_or_path, str) and ("\x00" in name_or_path or not name_or_path.strip()):
         raise ConfigError("is neither a file nor a built-in hwspec", source=repr(name_or_path))
     path = Path(name_or_path)
@@ -200,13 +200,14 @@ def find_hwspec(name_or_path: str | Path) -> HwSpec:
 
 
 def hwspec_for_device(name: str | None, device_name: str) -> HwSpec | None:
-    """The spec named (a built-in name or a path), else the built-in matching the device, else None."""
+    """The spec named (a built-in name or a path), else the built-in whose `device_names` match the
+    device (the first in file-name order), else None."""
     if name:
         return find_hwspec(name)
-    low = device_name.lower()
-    for key, spec in (("h200", "h200"), ("7900 xtx", "rx7900xtx"), ("7900xtx", "rx7900xtx")):
-        if key in low:
-            return find_hwspec(spec)
+    for path in sorted(BUILTIN_DIR.glob("*.yaml")) if BUILTIN_DIR.is_dir() else ():
+        spec = load_hwspec(path)
+        if spec.matches(device_name):
+            return spec
     return None
 
 
