@@ -97,15 +97,26 @@ def plan_request(req: Request, tokenizer, *, max_len: int, image_tokens: int = 0
     head: list[int] = []
     if image_tokens:
         head = [sp.vision_start] + [sp.image] * image_tokens + [sp.vision_end]
+    # Every string of the request tokenized in one call (a checkpoint's tokenizer runs them on its own
+    # threads: `HFTokenizer.encode_many`), each on its own as before: the prefix, then per question
+    # its text and its candidates, in order.
+    texts = [req.prefix + "\n"] if req.prefix else []
+    for q in req.questions:
+        texts.append(f"Question: {q.text}\n")
+        texts += [f"Answer: {cand}" for cand in q.candidates]
+    encoded = tokenizer.encode_many(texts)
+    k = 0  # the next text's index in `encoded`
     if req.prefix:
-        head += tokenizer.encode(req.prefix + "\n")
+        head += encoded[0]
+        k = 1
     # Each sequence is the shared head then the question's own tokens, joined once as tuples: the
     # head is not copied into every question's list first (docs/history/evolution.md M49).
     head_t, h = tuple(head), len(head)
     seqs, positions = [], []
-    encode, score = tokenizer.encode, sp.score
+    score = sp.score
     for qi, q in enumerate(req.questions):
-        body = encode(f"Question: {q.text}\n")  # a new list (both tokenizers): extended in place below
+        body = encoded[k]  # a new list (both tokenizers): extended in place below
+        k += 1
         if h + len(body) >= max_len:  # no room left for a candidate: blame what filled the context
             if h < max_len:
                 what, field = "question", f"questions[{qi}].text"
@@ -118,8 +129,9 @@ def plan_request(req: Request, tokenizer, *, max_len: int, image_tokens: int = 0
                 f"of {max_len}", source=source or req.id, field=field,
             )
         pos = []
-        for ci, cand in enumerate(q.candidates):
-            body += encode(f"Answer: {cand}")
+        for ci in range(len(q.candidates)):
+            body += encoded[k]
+            k += 1
             body.append(score)
             pos.append(h + len(body) - 1)
             if h + len(body) > max_len:
