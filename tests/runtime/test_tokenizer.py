@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from dohnuts.config import preset
@@ -14,15 +15,15 @@ from dohnuts.errors import CheckpointError, RequestError
 from dohnuts.runtime.plan import plan_request
 from dohnuts.runtime.requests import Question, Request
 from dohnuts.runtime.tokenizer import ByteTokenizer, HFTokenizer, tokenizer_for
+from tests.reference import relative_error
 
 TEXTS = ["Question: which is larger?\n", "Answer: 12", "Answer:  two  spaces", "", " ", "\n\n",
          "Answer: naïve café — ünïcödé ✓ 東京", "Answer: <|im_end|> inside", "Answer: " + "ab" * 300]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A checkpoint folder with a small byte-level BPE `tokenizer.json` (Qwen's kind of tokenizer,
-    its end-of-turn and end-of-text tokens added as specials)."""
+def _bpe(folder, vocab_size: int):
+    """A byte-level BPE `tokenizer.json` (Qwen's kind of tokenizer, its end-of-turn and end-of-text
+    tokens added as specials) of `vocab_size` ids, trained on random words, written into `folder`."""
     rng = random.Random(0)
     words = ["".join(rng.choice("abcdefghij klmnop") for _ in range(rng.randint(1, 8))) for _ in range(300)]
     tok = Tokenizer(models.BPE())
@@ -30,11 +31,17 @@ def checkpoint(tmp_path_factory):
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(
         [" ".join(rng.choice(words) for _ in range(30)) for _ in range(200)] + TEXTS,
-        trainers.BpeTrainer(vocab_size=600, special_tokens=["<|endoftext|>", "<|im_end|>"],
+        trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_end|>"],
                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    folder = tmp_path_factory.mktemp("checkpoint")
+    folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))
     return folder
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A checkpoint folder holding a BPE of 600 ids (more than the tiny preset's 264)."""
+    return _bpe(tmp_path_factory.mktemp("checkpoint"), 600)
 
 
 def test_a_checkpoint_folder_with_a_tokenizer_json_gets_it_with_its_special_ids(checkpoint):
@@ -113,3 +120,37 @@ def test_a_file_that_is_not_a_tokenizer_or_lacks_the_end_tokens_is_refused_namin
     plain.save(str(bad))
     with pytest.raises(CheckpointError, match=r"tokenizer\.json.*no <\|im_end\|> or <\|endoftext\|> token"):
         HFTokenizer(bad, preset("tiny"))
+
+
+def test_a_checkpoint_with_a_tokenizer_json_predicts_as_its_questions_alone_and_unshared(checkpoint, tmp_path):
+    """End to end through `dohnuts.load(...).predict`: a tiny text checkpoint beside a BPE
+    `tokenizer.json` — refused while the tokenizer has more ids than the model's vocabulary, then one
+    that fits. A request whose prefix is shared (computed once, forked) scores as each of its
+    questions alone (no prefix shared) and as the measurement-only unshared plan."""
+    import shutil
+
+    import dohnuts.api as api
+    from tests.model.test_checkpoint import _tiny_checkpoint
+    from tests.reference import scores_of, unshared
+
+    root = _tiny_checkpoint(tmp_path / "ckpt")
+    shutil.copy(checkpoint / "tokenizer.json", root / "tokenizer.json")  # 600 ids: over the tiny's 264
+    with pytest.raises(CheckpointError, match=r"config\.json: field 'vocab_size': is 264, but the largest id of "
+                                              r"its tokenizer \(tokenizer\.json\) is 599"):
+        api.load(str(root), device="cpu")
+    _bpe(root, 262)  # 256 bytes, the two end tokens and 4 merges: ids below 264
+    session = api.load(str(root), device="cpu")
+    assert isinstance(session.tokenizer, HFTokenizer)
+    qs = tuple(Question(f"q{i}", f"case {i}: which one?", ("alpha", "beta gamma", "delta")) for i in range(6))
+    req = Request("r", qs, prefix="shared context, klm nop abc " * 12)
+    hb = session.prepare(req)
+    assert hb.plan.prefix_len > 0  # the sharing rule splits it: the forked path runs
+    with torch.inference_mode():
+        together = scores_of(session.predict([req]))
+        alone = torch.cat([scores_of(session.predict([Request(f"r{i}", (q,), prefix=req.prefix)]))
+                           for i, q in enumerate(qs)])
+        with unshared(session):
+            plain = scores_of(session.predict([req]))
+    assert together.shape == (18,) and torch.isfinite(together).all()
+    assert relative_error(together, alone) < 1e-4
+    assert relative_error(together, plain) < 1e-4
