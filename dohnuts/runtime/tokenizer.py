@@ -72,7 +72,8 @@ class HFTokenizer:
             raise CheckpointError("has no <|im_end|> or <|endoftext|> token to mark candidates", source=str(path))
         self.special = SpecialIds(pad=pad, score=score, image=cfg.image_token_id,
                                   vision_start=cfg.vision_start_token_id, vision_end=cfg.vision_end_token_id)
-        # The batch encoder without character offsets (tokenizers >= 0.21), else the one with them.
+        # The batch encoder without character offsets where the installed tokenizers has it, else the
+        # one with them.
         self._encode_batch = getattr(self._tok, "encode_batch_fast", None) or self._tok.encode_batch
 
     def encode(self, text: str) -> list[int]:
@@ -81,9 +82,8 @@ class HFTokenizer:
     def encode_many(self, texts: list[str]) -> list[list[int]]:
         """`encode` of each text, in ONE call into the library: each text is still tokenized on its
         own (the same ids as `encode`'s), on the library's threads (Rayon; TOKENIZERS_PARALLELISM
-        governs them) and without a Python round trip a text. A request's 160 strings took
-        1.31 ms one at a time and 0.92–1.06 ms in one call to `encode_batch` on the CI
-        machine (docs/history/evolution.md M51; M67 for `encode_batch_fast`)."""
+        governs them) and without a Python round trip a text (docs/history/evolution.md M51 and M67
+        have the times)."""
         return [e.ids for e in self._encode_batch(texts, add_special_tokens=False)]
 
     @property
