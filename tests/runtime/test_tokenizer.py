@@ -154,3 +154,18 @@ def test_a_checkpoint_with_a_tokenizer_json_predicts_as_its_questions_alone_and_
     assert together.shape == (18,) and torch.isfinite(together).all()
     assert relative_error(together, alone) < 1e-4
     assert relative_error(together, plain) < 1e-4
+
+
+def test_threads_preparing_at_once_get_the_ids_one_thread_gets(checkpoint):
+    """`Session.prepare` runs on the predictor's worker threads: their batch calls into the library
+    (each on its threads, the GIL released) give what a lone caller gets."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tok = HFTokenizer(checkpoint / "tokenizer.json", preset("tiny"))
+    rng = random.Random(1)
+    batches = [[f"Answer: {rng.random()} {'klm nop ' * rng.randint(0, 30)}" for _ in range(rng.randint(1, 60))]
+               for _ in range(48)]
+    alone = [[tok.encode(t) for t in texts] for texts in batches]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        together = list(pool.map(tok.encode_many, batches))
+    assert together == alone
