@@ -232,3 +232,72 @@ def test_a_sustained_matmul_adds_the_sustained_basis():
         assert with_measured_ceilings(find_hwspec("h200"), run).bases("bf16") == ("datasheet", "measured")
     with pytest.raises(ValueError, match="unknown basis"):
         spec.ceiling("matrix", "bf16", "burst")
+
+
+@pytest.mark.parametrize("device,overlap", [
+    ({"type": "cpu", "name": "x86_64"}, False),  # one thread runs matrix and vector work in turn
+    ({"type": "cuda", "name": "NVIDIA H100 PCIe", "capability": "9.0", "hip": None}, True),
+    ({"type": "cuda", "name": "NVIDIA A100-SXM4-80GB", "capability": "8.0", "hip": None}, True),
+    ({"type": "cuda", "name": "NVIDIA GeForce RTX 4090", "capability": "8.9", "hip": None}, True),
+    ({"type": "cuda", "name": "Tesla P100-PCIE-16GB", "capability": "6.0", "hip": None}, False),  # no tensor cores
+    ({"type": "cuda", "name": "AMD Instinct MI300X", "capability": "9.4", "hip": "6.4", "arch": "gfx942:sramecc+:xnack-"},
+     True),  # CDNA: matrix cores beside the vector ALUs
+    ({"type": "cuda", "name": "AMD Radeon RX 7800 XT", "capability": "11.0", "hip": "6.4", "arch": "gfx1101"},
+     False),  # RDNA 3: WMMA on the SIMDs, as rx7900xtx.yaml says
+    ({"type": "cuda", "name": "AMD Radeon RX 9070 XT", "capability": "12.0", "hip": "6.4", "arch": "gfx1201"}, False),
+    ({"type": "cuda", "name": "a GPU"}, True),  # no capability recorded: the bound that holds on any GPU
+    (None, False), ({}, False),
+])
+def test_a_synthesised_spec_sums_compute_kinds_only_where_the_device_shares_their_units(device, overlap):
+    from dohnuts.bench.analysis.hwspec import compute_kinds_overlap
+
+    assert compute_kinds_overlap(device) is overlap
+    for name in ("h100", "h200"):  # the datasheet specs of the kinds of GPU the rule answers True for
+        assert find_hwspec(name).overlap_compute_kinds
+    assert not find_hwspec("rx7900xtx").overlap_compute_kinds
+
+
+def test_a_synthesised_specs_compute_bound_is_the_maximum_or_the_sum_of_the_kinds_by_hand():
+    """2 TFLOP of matrix work at 500 TFLOP/s (4 ms) and 0.3 TFLOP of vector work at 50 TFLOP/s
+    (6 ms), 1 GB through 2 TB/s memory (0.5 ms): 6 ms with the kinds maximised, 10 ms added."""
+    from dohnuts.bench.analysis.bounds import work_bound
+    from dohnuts.bench.analysis.cost import Work
+    from dohnuts.bench.analysis.hwspec import measured_hwspec
+
+    run = {"bf16_matmul": {"value": 500e12}, "fp32_vector": {"value": 50e12}, "device_copy": {"value": 2e12},
+           "h2d_pinned": {"value": 50e9}}
+    work = Work({"linear": 2e12, "elementwise": 0.3e12}, device_bytes=1e9)
+    side_by_side = measured_hwspec("NVIDIA A100-SXM4-80GB", run, overlap_compute_kinds=True)
+    shared = measured_hwspec("x86_64", run)
+    assert side_by_side.overlap_compute_kinds and not shared.overlap_compute_kinds
+    assert "maximised" in side_by_side.description and "added" in shared.description
+    for spec, ms in ((side_by_side, 6.0), (shared, 10.0)):
+        bound = work_bound(work, spec, "bf16", basis="measured")
+        assert bound.ms == pytest.approx(ms) and bound.terms_ms["matrix"] == pytest.approx(4.0)
+        assert bound.limiter == "compute" and bound.ceiling == "fp32_vector_this_run"
+
+
+def test_a_run_no_datasheet_describes_is_bounded_on_its_devices_model(main_job_run):
+    """Analysed without a spec, the committed H100 reference (recorded before hwspecs/h100.yaml)
+    maximises the kinds as the H100 spec does — its text calls' measured-basis bound is the H100
+    spec's — and says so; the README's main job on this CPU adds them and says so."""
+    import json
+
+    from dohnuts.bench.analysis.records import read_records
+    from dohnuts.bench.analysis.run_sections import run_sections
+
+    run = Path(__file__).resolve().parents[2] / "results" / "h100" / "2026-12-07-s52-fresh-suite"
+    records = [r for r in read_records(run / "results.jsonl.gz") if r.workload.name == "text"]
+    measured = json.loads((run / "run.json").read_text())["measured"]
+
+    def efficiency(spec):
+        (section,) = [s for s in run_sections(records, spec, measured) if s.title == "efficiency"]
+        return section
+
+    alone, h100 = efficiency(None), efficiency(find_hwspec("h100"))
+    assert alone.data["hwspec"]["overlap_compute_kinds"] and "maximised" in str(alone.renderable.renderables[0])
+    bounds = [{g["target"]: g["call"]["bound"]["measured"]["critical_ms"] for g in s.data["groups"]} for s in (alone, h100)]
+    assert bounds[0]["dohnuts"] == pytest.approx(bounds[1]["dohnuts"], rel=1e-9)
+    assert bounds[0]["dohnuts"] == pytest.approx(54.54, abs=0.01)  # 66.2 % of its 82.39-ms median, as M66 re-read it
+    (report,) = (main_job_run / "runs" / "bench").glob("*/report.txt")
+    assert "matrix and vector time added (their units shared)" in report.read_text()

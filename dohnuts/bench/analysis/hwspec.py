@@ -351,10 +351,35 @@ SYNTHESIS = {
 }
 
 
-def measured_hwspec(device_name: str, measured: Mapping[str, Mapping[str, Any]]) -> HwSpec | None:
+def compute_kinds_overlap(device: Mapping[str, Any] | None) -> bool:
+    """Whether a device no datasheet spec describes may run matrix and vector work at once, from its
+    provenance (`dohnuts.bench.measure.provenance.device_info`: type, capability, hip, arch). A lower
+    bound must hold on the device as it is, and the maximum of the kinds' times always does; their
+    sum only where they share their units. So they are summed on a CPU (one thread runs them in turn
+    on the same cores), on AMD's RDNA GPUs (gfx10 to gfx12: WMMA runs on the SIMDs' vector ALUs, as
+    rx7900xtx.yaml says) and on NVIDIA GPUs without tensor cores (capability below 7.0); every other
+    GPU — tensor cores or CDNA's matrix cores beside the vector pipes (h100.yaml, h200.yaml), or one
+    its provenance does not describe — takes the maximum."""
+    device = device if isinstance(device, Mapping) else {}
+    if device.get("type") != "cuda":  # torch calls AMD GPUs cuda too; anything else runs on the CPU
+        return False
+    if device.get("hip"):
+        arch = str(device.get("arch") or "")
+        return not arch.startswith(("gfx10", "gfx11", "gfx12"))
+    try:
+        major = int(str(device.get("capability")).split(".")[0])
+    except ValueError:
+        return True  # a GPU whose capability was not recorded: the bound that holds on any GPU
+    return major >= 7
+
+
+def measured_hwspec(device_name: str, measured: Mapping[str, Mapping[str, Any]], *,
+                    overlap_compute_kinds: bool = False) -> HwSpec | None:
     """A spec of this machine from the ceilings measured at the start of the run, when no datasheet
     spec names the device: measured roles only (reported as the `measured` basis, never as a
-    datasheet). A precision is covered only when every role has a ceiling; None when none is."""
+    datasheet), the compute kinds' times maximised or summed as `overlap_compute_kinds` says
+    (`compute_kinds_overlap` of the run's device). A precision is covered only when every role has
+    a ceiling; None when none is."""
     ceilings: dict[str, Ceiling] = {}
     roles: dict[str, dict[str, str]] = {}
     for key, entry in measured.items():
@@ -377,6 +402,9 @@ def measured_hwspec(device_name: str, measured: Mapping[str, Mapping[str, Any]])
     complete = {p: t for p, t in roles.items() if set(REQUIRED_ROLES) <= set(t)}
     if not complete:
         return None
+    model = ("matrix and vector time maximised: units beside each other" if overlap_compute_kinds
+             else "matrix and vector time added: units shared")
     return HwSpec(name=f"{device_name} (measured at run start, no datasheet spec)", ceilings=ceilings, roles={},
                   measured_roles=complete, device_names=(device_name,), source=None,
-                  description="synthesised from the run's microbenchmarks; efficiency against them only")
+                  overlap_compute_kinds=overlap_compute_kinds,
+                  description=f"synthesised from the run's microbenchmarks ({model}); efficiency against them only")

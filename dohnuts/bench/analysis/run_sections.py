@@ -13,7 +13,7 @@ from rich.console import Group
 from rich.text import Text
 
 from dohnuts.bench.analysis.headline import build_headline, headline_renderables
-from dohnuts.bench.analysis.hwspec import HwSpec, measured_hwspec, with_measured_ceilings
+from dohnuts.bench.analysis.hwspec import HwSpec, compute_kinds_overlap, measured_hwspec, with_measured_ceilings
 from dohnuts.bench.analysis.machine import machine_conditions, machine_renderables
 from dohnuts.bench.analysis.render import analysis_tables
 from dohnuts.bench.analysis.records import CallRecord
@@ -35,7 +35,7 @@ def run_sections(records: list[CallRecord], hwspec: HwSpec | None, measured: dic
     if hwspec is None:
         # No datasheet spec describes this device (the CPU, an unknown GPU): bound every stage by
         # what this machine measured at the start of the run, and say so.
-        spec = measured_hwspec(device, ceilings)
+        spec = measured_hwspec(device, ceilings, overlap_compute_kinds=compute_kinds_overlap(_device_info(records)))
         if spec is None:
             return [_headline(records, None, measured),
                     Section("efficiency", Text(f"efficiency: no hardware spec for device {device!r} and no measured "
@@ -44,13 +44,26 @@ def run_sections(records: list[CallRecord], hwspec: HwSpec | None, measured: dic
     else:
         spec = with_measured_ceilings(hwspec, ceilings)
     analysis = analyze_records(records, spec)
-    origin = spec.source or ("ceilings measured at the start of this run" if not spec.roles else "built in")
+    origin = spec.source or "built in"
+    if not spec.roles:  # synthesised: say how its compute kinds combine (compute_kinds_overlap)
+        origin = ("ceilings measured at the start of this run; matrix and vector time "
+                  + ("maximised (their units side by side)" if spec.overlap_compute_kinds else "added (their units shared)"))
     parts = [Text(f"{spec.name}: bounds and efficiency ({origin})", style="bold")]
     parts += analysis_tables(analysis)
     parts += [Text(f"warning: {w}", style="yellow") for w in analysis.warnings]
     return ([_headline(records, analysis, measured),
              Section("efficiency", Group(*parts), data=analysis.to_dict())]
             + _scaling(records) + _serving(records, analysis) + [_machine(records, measured)])
+
+
+def _device_info(records: list[CallRecord]) -> dict:
+    """The run's device as its records' provenance describes it (type, capability, hip, arch), or
+    as far as the records' own device field says (older records)."""
+    for r in records:
+        info = (r.provenance or {}).get("device")
+        if isinstance(info, dict) and info.get("type"):
+            return info
+    return {"type": records[0].device.type} if records else {}
 
 
 def _headline(records, analysis, measured) -> Section:
