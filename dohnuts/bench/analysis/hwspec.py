@@ -345,6 +345,7 @@ SYNTHESIS = {
     "fp32_vector": {"fp32": ("vector",), "bf16": ("vector",)},
     "device_copy": {"fp32": ("memory",), "bf16": ("memory",)},
     "h2d_pinned": {"fp32": ("host_link",), "bf16": ("host_link",)},
+    "d2h_pinned": {"fp32": ("host_link",), "bf16": ("host_link",)},  # the faster direction kept
     "host_copy": {"fp32": ("host_link",), "bf16": ("host_link",)},
     "allreduce_busbw": {"fp32": ("interconnect",), "bf16": ("interconnect",)},
     "fp32_fma": {"fp32": ("vector",), "bf16": ("vector",)},
@@ -378,8 +379,9 @@ def measured_hwspec(device_name: str, measured: Mapping[str, Mapping[str, Any]],
     """A spec of this machine from the ceilings measured at the start of the run, when no datasheet
     spec names the device: measured roles only (reported as the `measured` basis, never as a
     datasheet), the compute kinds' times maximised or summed as `overlap_compute_kinds` says
-    (`compute_kinds_overlap` of the run's device). A precision is covered only when every role has
-    a ceiling; None when none is."""
+    (`compute_kinds_overlap` of the run's device), and the sustained basis where the run measured
+    the matmul back to back. A precision is covered only when every role has a ceiling; None when
+    none is."""
     ceilings: dict[str, Ceiling] = {}
     roles: dict[str, dict[str, str]] = {}
     for key, entry in measured.items():
@@ -402,9 +404,23 @@ def measured_hwspec(device_name: str, measured: Mapping[str, Mapping[str, Any]],
     complete = {p: t for p, t in roles.items() if set(REQUIRED_ROLES) <= set(t)}
     if not complete:
         return None
+    # The matmul run back to back for seconds (a GPU run): the sustained basis, as a datasheet
+    # spec's run gets it (`with_measured_ceilings`); its other roles fall back to the measured ones.
+    sustained: dict[str, dict[str, str]] = {}
+    for key, (role_names, precisions) in SUSTAINED_MEASUREMENTS.items():
+        entry = measured.get(key)
+        value = entry.get("value") if isinstance(entry, Mapping) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            continue
+        name = f"{key}_this_run"
+        ceilings[name] = Ceiling(name=name, kind="compute", value=float(value), provenance="measured",
+                                 source=str(entry.get("method") or key) + " (measured at the start of this run)",
+                                 date=None if entry.get("date") is None else str(entry["date"]))
+        for precision in (p for p in precisions if p in complete):
+            sustained.setdefault(precision, {}).update({role: name for role in role_names})
     model = ("matrix and vector time maximised: units beside each other" if overlap_compute_kinds
              else "matrix and vector time added: units shared")
     return HwSpec(name=f"{device_name} (measured at run start, no datasheet spec)", ceilings=ceilings, roles={},
-                  measured_roles=complete, device_names=(device_name,), source=None,
+                  measured_roles=complete, sustained_roles=sustained, device_names=(device_name,), source=None,
                   overlap_compute_kinds=overlap_compute_kinds,
                   description=f"synthesised from the run's microbenchmarks ({model}); efficiency against them only")
