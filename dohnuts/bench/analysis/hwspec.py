@@ -384,17 +384,23 @@ def measured_hwspec(device_name: str, measured: Mapping[str, Mapping[str, Any]],
     none is."""
     ceilings: dict[str, Ceiling] = {}
     roles: dict[str, dict[str, str]] = {}
+    sustained_found: dict[str, str] = {}  # a matmul run back to back for seconds (a GPU run) → its ceiling
     for key, entry in measured.items():
-        if key not in SYNTHESIS or not isinstance(entry, Mapping):
+        if key not in SYNTHESIS and key not in SUSTAINED_MEASUREMENTS or not isinstance(entry, Mapping):
             continue
         value = entry.get("value")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             continue
-        kind = "compute" if next(iter(SYNTHESIS[key].values()))[0] in COMPUTE_ROLES else "bandwidth"
+        first_role = SUSTAINED_MEASUREMENTS[key][0][0] if key in SUSTAINED_MEASUREMENTS else \
+            next(iter(SYNTHESIS[key].values()))[0]
         name = f"{key}_this_run"
-        ceilings[name] = Ceiling(name=name, kind=kind, value=float(value), provenance="measured",
+        ceilings[name] = Ceiling(name=name, kind="compute" if first_role in COMPUTE_ROLES else "bandwidth",
+                                 value=float(value), provenance="measured",
                                  source=str(entry.get("method") or key) + " (measured at the start of this run)",
                                  date=None if entry.get("date") is None else str(entry["date"]))
+        if key in SUSTAINED_MEASUREMENTS:
+            sustained_found[key] = name
+            continue
         for precision, role_names in SYNTHESIS[key].items():
             table = roles.setdefault(precision, {})
             for role in role_names:
@@ -404,18 +410,11 @@ def measured_hwspec(device_name: str, measured: Mapping[str, Mapping[str, Any]],
     complete = {p: t for p, t in roles.items() if set(REQUIRED_ROLES) <= set(t)}
     if not complete:
         return None
-    # The matmul run back to back for seconds (a GPU run): the sustained basis, as a datasheet
-    # spec's run gets it (`with_measured_ceilings`); its other roles fall back to the measured ones.
+    # The sustained basis, as a datasheet spec's run gets it (`with_measured_ceilings`): the roles
+    # the sustained matmul meets; the others fall back to the measured ones.
     sustained: dict[str, dict[str, str]] = {}
-    for key, (role_names, precisions) in SUSTAINED_MEASUREMENTS.items():
-        entry = measured.get(key)
-        value = entry.get("value") if isinstance(entry, Mapping) else None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            continue
-        name = f"{key}_this_run"
-        ceilings[name] = Ceiling(name=name, kind="compute", value=float(value), provenance="measured",
-                                 source=str(entry.get("method") or key) + " (measured at the start of this run)",
-                                 date=None if entry.get("date") is None else str(entry["date"]))
+    for key, name in sustained_found.items():
+        role_names, precisions = SUSTAINED_MEASUREMENTS[key]
         for precision in (p for p in precisions if p in complete):
             sustained.setdefault(precision, {}).update({role: name for role in role_names})
     model = ("matrix and vector time maximised: units beside each other" if overlap_compute_kinds
