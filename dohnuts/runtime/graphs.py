@@ -246,7 +246,6 @@ class PassGraphs:
         temporal = self.model.cfg.vision.temporal_patch_size
         key = ("vision", tuple(map(tuple, grids.tolist())))  # a long tensor's list holds ints
         static = self._buffer("patches", patches)
-        static.copy_(patches)
         held: list = []  # the grids' positions and rotary, computed at the first (eager) warm-up call
 
         def encode():
@@ -255,7 +254,12 @@ class PassGraphs:
                 held.append(None if visual is None else visual.grid_inputs(grids))
             return self.model.encode_images(pixel_values(static, temporal), grids, held[0])
 
-        g = self._replay(key, encode)
+        # In inference mode: a prediction's capture (in inference mode) made the static buffer and
+        # output inference tensors, which training's encode (autograd on, under no_grad) may not
+        # write outside it; the clone below is made in the caller's mode.
+        with torch.inference_mode():
+            static.copy_(patches)
+            g = self._replay(key, encode)
         if g is None:
             return self.model.encode_images(pixel_values(patches, temporal), grids)
         return g.output.clone()

@@ -111,6 +111,28 @@ def test_vision_graph_encodes_each_image_and_hands_out_its_own_tensor(tmp_path):
     assert len(made) == 1 + 2  # the graph's once; each eager call above its own
 
 
+def test_training_encodes_an_image_of_a_grid_prediction_captured(tmp_path):
+    """The trainer evaluates its dev partition (prediction, inference mode) before the first update:
+    the tower's graph for a grid is then captured with inference tensors for its static buffer and
+    output. Training's next new image of that grid is encoded by the same graph with autograd on
+    (under no_grad) — it wrote into that buffer outside inference mode and raised — and gets
+    ordinary tensors equal to the eager tower's."""
+    from dohnuts.runtime.images import pixel_values
+
+    eager, graphed = api.load("tiny"), _graphed(api.load("tiny"))
+    qs = (Question("q1", "what?", ("red", "green"), (1.0, 0.0)),)
+    reqs = [Request(id=f"r{i}", questions=qs, prefix="a photo", image=_png(tmp_path / f"{i}.png", i)) for i in range(2)]
+    _scores(graphed, reqs[:1])  # the dev evaluation: the 448² tower captured in inference mode
+    hb = graphed.prepare(reqs[1], train=True)
+    assert torch.is_grad_enabled()
+    (use,) = graphed.image_features([(hb, None)])
+    grids = torch.tensor([hb.image.grid_thw])
+    with torch.no_grad():
+        want = eager.model.encode_images(pixel_values(hb.image.patches, graphed.cfg.vision.temporal_patch_size), grids)
+    assert torch.equal(use.features, want) and not use.features.is_inference()
+    assert graphed.graphs.stats().captures == 2 and use.encoded_patches == hb.image.patch_count  # (text, tower)
+
+
 def test_bucket_padding_is_counted_as_padded_work():
     session = _graphed(api.load("tiny"))
     (req,) = synthetic_requests(1, questions=3, seed=1)
