@@ -258,3 +258,37 @@ def test_a_training_capture_after_a_failed_one_is_captured(monkeypatch):
     _replayed_equals_eager(session, opt, params, dev2, loss_g)
     stats = graphs.stats()
     assert stats.captures == 1 and stats.eager == {"graph budget or capture failure": 1}, stats
+
+
+def test_an_update_after_a_prediction_encodes_a_new_image_of_the_grid_it_captured(monkeypatch, tmp_path):
+    """`dohnuts train` evaluates its dev partition before the first update: the prediction captures
+    the tower's graph of one image of the dev images' grid in inference mode. An update whose one new
+    image has that grid (its four requests share it: one miss, the same graph) encodes it with
+    autograd on — the graph's static input was an inference tensor, which that write raised on —
+    and its loss is the one a session that never predicted computes from the same weights."""
+    import numpy as np
+    from PIL import Image
+
+    from dohnuts.runtime.requests import Question, Request
+    from dohnuts.train.objective import RLCDConfig
+    from dohnuts.train.step import OptimConfig, Updater, make_optimizer
+
+    def request(i, image):
+        path = tmp_path / f"{image}.png"
+        Image.fromarray(np.random.default_rng(image).integers(0, 256, (448, 448, 3), dtype=np.uint8)).save(path)
+        qs = (Question("a", f"what {i}?", ("red", "green"), (1.0, 0.0)),
+              Question("b", "how many?", ("one", "two"), (0.0, 1.0)))
+        return Request(id=f"r{i}", questions=qs, prefix="a photo", image=str(path))
+
+    dev, update = [request(0, image=0)], [request(i, image=1) for i in range(1, 5)]
+    losses = []
+    for predicted in (True, False):
+        torch.manual_seed(0)
+        session = _lora_session(monkeypatch)
+        if predicted:
+            session.predict(dev)
+            assert session.graphs.stats().captures >= 2  # the text pass and the tower
+        updater = Updater(session, make_optimizer(session, OptimConfig()), RLCDConfig(), OptimConfig())
+        losses.append(updater.update(update).loss)
+        updater.close()
+    assert abs(losses[0] - losses[1]) < 1e-2 * max(1.0, abs(losses[1]))
